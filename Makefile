@@ -1,0 +1,31 @@
+# One command each: `make demo`, `make test`. Both run `setup` first; repeat runs
+# reuse .venv and the jar cache and need no network.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+JARS := .cache/jars/.package
+
+.PHONY: setup demo test clean
+
+setup: $(INSTALLED) $(JARS)
+
+$(INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+# Re-run after every (re)install: it also registers the jars with the venv's Spark.
+$(JARS): $(INSTALLED)
+	$(PY) -m coordinator.spark > /dev/null
+	touch $@
+
+demo: setup
+	$(PY) -m coordinator demo
+
+test: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .cache demo-lakehouse lakehouse

@@ -1,0 +1,100 @@
+"""Coordinator configuration: a TOML file, each key overridable by ``TXCOORD_<KEY>``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from coordinator.exceptions import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("conf") / "coordinator.toml"
+ENV_PREFIX = "TXCOORD_"
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Settings shared by producers and the checker (defaults: RocketMQ's).
+
+    ``lakehouse`` is the directory that holds every table; a relative path is
+    taken from the current directory.
+
+    Example::
+
+        config = CoordinatorConfig.load("conf/coordinator.toml")
+        config.transaction_check_max  # 15
+        CoordinatorConfig(lakehouse="/tmp/lh", transaction_timeout_ms=1000)
+    """
+
+    lakehouse: str = "lakehouse"
+    transaction_timeout_ms: int = 6000
+    transaction_check_interval_ms: int = 60000
+    transaction_check_max: int = 15
+    file_reserved_time_hours: int = 72
+    trigger_interval_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lakehouse, str) or not self.lakehouse.strip():
+            raise ConfigError(f"lakehouse must be a non-empty path, got {self.lakehouse!r}")
+        for f in dataclasses.fields(self):
+            if f.type != "int":
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{f.name} must be an integer, got {value!r}")
+            if value < 1:
+                raise ConfigError(f"{f.name} must be at least 1, got {value}")
+
+    @classmethod
+    def load(cls, path: Optional[os.PathLike | str] = None, environ: Optional[Mapping[str, str]] = None) -> "CoordinatorConfig":
+        """Read a TOML file (default ``conf/coordinator.toml``), then apply ``TXCOORD_*`` overrides.
+
+        A missing default file means "all defaults"; a missing file that was
+        named explicitly is an error, as are unknown keys and bad values.
+
+        Example::
+
+            # conf/coordinator.toml:  lakehouse = "/data/lh"
+            # environment:            TXCOORD_TRANSACTION_CHECK_MAX=5
+            CoordinatorConfig.load().transaction_check_max  # 5
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        file = Path(path) if path is not None else DEFAULT_CONFIG_PATH
+        if file.exists():
+            try:
+                values = tomllib.loads(file.read_text())
+            except tomllib.TOMLDecodeError as error:
+                raise ConfigError(f"{file}: not valid TOML: {error}") from error
+        elif path is not None:
+            raise ConfigError(f"configuration file {file} does not exist")
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError(f"{file}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(known)}")
+        for name, f in known.items():
+            variable = ENV_PREFIX + name.upper()
+            if variable in environ:
+                values[name] = _parse_env(variable, environ[variable], f.type)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "CoordinatorConfig":
+        """A copy with some settings changed.
+
+        Example::
+
+            fast = config.replace(transaction_timeout_ms=500)
+        """
+        return dataclasses.replace(self, **changes)
+
+
+def _parse_env(variable: str, raw: str, kind: str) -> Any:
+    if kind == "str":
+        return raw
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{variable} must be an integer, got {raw!r}") from None

@@ -1,0 +1,31 @@
+"""Every error the coordinator raises. All derive from :class:`CoordinatorError`."""
+
+
+class CoordinatorError(Exception):
+    """Base class of every error raised by the coordinator."""
+
+
+class ConfigError(CoordinatorError, ValueError):
+    """A configuration file or ``TXCOORD_*`` variable holds a bad value."""
+
+
+class MessageValidationError(CoordinatorError, ValueError):
+    """A message was refused at the producer: bad topic, body or property.
+
+    Nothing was written; the local transaction was not run.
+    """
+
+
+class HalfNotStoredError(CoordinatorError):
+    """The half message could not be made durable in the commit log.
+
+    The local transaction was not run; the send counts as ``ROLLBACK_MESSAGE``.
+    """
+
+
+class ProducerStateError(CoordinatorError):
+    """The producer was used before ``start()`` or after ``shutdown()``."""
+
+
+class SparkSetupError(CoordinatorError):
+    """Spark or the Delta jars are not set up: run ``make setup``."""

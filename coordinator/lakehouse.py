@@ -1,0 +1,48 @@
+"""Creating the lakehouse: every system table, once, from its definition in ``tables/``.
+
+Runs through delta-rs, so ``python -m coordinator init`` and producers start no JVM.
+Each table is created with an explicit, minimal protocol that Spark and delta-rs
+both read and write.
+"""
+
+from __future__ import annotations
+
+import os
+
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+
+from coordinator.tables import SYSTEM_TABLES, TableDef
+
+
+def create_table(table: TableDef, path: str) -> bool:
+    """Create ``table`` at ``path`` unless it exists; return whether it was created.
+
+    Safe to call from several processes at once: a lost creation race is not an error.
+
+    Example::
+
+        create_table(HALF, HALF.path("lakehouse"))  # True the first time, then False
+    """
+    if DeltaTable.is_deltatable(path):
+        return False
+    os.makedirs(path, exist_ok=True)
+    try:
+        DeltaTable.create(path, schema=table.arrow_schema(), mode="error", configuration=table.properties or None)
+    except DeltaError:
+        if DeltaTable.is_deltatable(path):
+            return False
+        raise
+    return True
+
+
+def init_lakehouse(lakehouse: str) -> list[str]:
+    """Create every missing system table under ``lakehouse``; return the names created.
+
+    Idempotent: a second call creates nothing.
+
+    Example::
+
+        init_lakehouse("lakehouse")  # ['system/commit_log', 'system/half', ...]
+    """
+    return [table.name for table in SYSTEM_TABLES if create_table(table, table.path(lakehouse))]

@@ -1,0 +1,5 @@
+"""Placeholder: being written (TransactionProducer)."""
+
+
+class TransactionProducer:  # replaced by the real producer
+    pass

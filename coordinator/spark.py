@@ -1,0 +1,169 @@
+"""The one Spark session factory: ``conf/spark-defaults.conf`` plus the cached Delta jars.
+
+``make setup`` calls :func:`install_delta_jars` once, which resolves Delta from
+Maven Central into ``.cache/`` and registers the jars with the virtualenv's
+Spark, so that both ``python jobs/checker.py`` and a plain ``spark-submit``
+find them. Every later start reads only local files.
+
+Example::
+
+    from coordinator.spark import get_spark
+    spark = get_spark("my-notebook")
+    spark.read.format("delta").load("lakehouse/topics/ORDER_TOPIC").show()
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Mapping, Optional
+
+from coordinator.exceptions import SparkSetupError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SPARK_CONF_FILE = Path(os.environ.get("TXCOORD_SPARK_CONF", PROJECT_ROOT / "conf" / "spark-defaults.conf"))
+CACHE_DIR = Path(os.environ.get("TXCOORD_CACHE_DIR", PROJECT_ROOT / ".cache"))
+JARS_DIR = CACHE_DIR / "jars"
+
+# Settings that only take effect when the JVM is launched; under spark-submit the
+# launcher has already applied them.
+_LAUNCH_SETTINGS = {"spark.master", "spark.jars", "spark.driver.memory", "spark.driver.extraJavaOptions"}
+
+
+def delta_package() -> str:
+    """Maven coordinates of the Delta build matching the installed pyspark and delta-spark.
+
+    Example::
+
+        delta_package()  # 'io.delta:delta-spark_4.2_2.13:4.4.0'
+    """
+    import pyspark
+
+    spark_minor = ".".join(pyspark.__version__.split(".")[:2])
+    return f"io.delta:delta-spark_{spark_minor}_2.13:{importlib.metadata.version('delta-spark')}"
+
+
+def read_spark_defaults(path: Path = SPARK_CONF_FILE) -> dict[str, str]:
+    """Parse a ``spark-defaults.conf`` file: ``key value`` per line, ``#`` comments.
+
+    Example::
+
+        read_spark_defaults()["spark.sql.session.timeZone"]  # 'UTC'
+    """
+    settings: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition(" ")
+        settings[key] = value.strip()
+    return settings
+
+
+def cached_jars() -> list[str]:
+    """The cached Delta jars; raises :class:`SparkSetupError` if ``make setup`` has not run."""
+    marker = JARS_DIR / ".package"
+    if not marker.exists() or marker.read_text().strip() != delta_package():
+        raise SparkSetupError(
+            f"the Delta jars for {delta_package()} are not in {JARS_DIR}: run `make setup` "
+            "(or `python -m coordinator.spark`) once with network access"
+        )
+    return sorted(glob.glob(str(JARS_DIR / "*.jar")))
+
+
+def get_spark(app_name: str = "txcoord", conf: Optional[Mapping[str, str]] = None):
+    """The Spark session, created on first call with Delta enabled.
+
+    Settings come from ``conf/spark-defaults.conf``, then ``conf`` (which wins).
+    Under ``spark-submit`` the launcher's master and jars are kept.
+
+    Example::
+
+        spark = get_spark("checker", {"spark.sql.shuffle.partitions": "8"})
+    """
+    from pyspark.sql import SparkSession
+
+    settings = read_spark_defaults()
+    settings.update(conf or {})
+    under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if under_spark_submit:
+        settings = {k: v for k, v in settings.items() if k not in _LAUNCH_SETTINGS}
+    else:
+        settings["spark.jars"] = ",".join(cached_jars())
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def install_delta_jars() -> list[str]:
+    """Resolve the Delta jars from Maven Central into the cache, once; return their paths.
+
+    Jars Spark already ships (Hadoop, Parquet, Jackson…) are left out so only one
+    version of each class is on the classpath. The jar list is also written to
+    the virtualenv Spark's ``conf/spark-defaults.conf`` so a plain ``spark-submit``
+    loads them too.
+    """
+    package = delta_package()
+    marker = JARS_DIR / ".package"
+    if not (marker.exists() and marker.read_text().strip() == package):
+        _resolve_with_ivy(package)
+    jars = cached_jars()
+    _register_with_spark_submit(jars)
+    return jars
+
+
+def _resolve_with_ivy(package: str) -> None:
+    ivy_dir = CACHE_DIR / "ivy"
+    # A jar list left by an earlier version would point the probe at jars that are gone.
+    (_spark_home() / "conf" / "spark-defaults.conf").unlink(missing_ok=True)
+    probe = (
+        "from pyspark.sql import SparkSession\n"
+        f"SparkSession.builder.master('local[1]').config('spark.jars.packages', {package!r})"
+        f".config('spark.jars.ivy', {str(ivy_dir)!r}).config('spark.ui.enabled', 'false').getOrCreate().stop()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SparkSetupError(f"could not resolve {package} from Maven Central:\n{result.stderr[-4000:]}")
+    spark_jars = {_artifact(name) for name in os.listdir(_spark_home() / "jars")}
+    if JARS_DIR.exists():
+        shutil.rmtree(JARS_DIR)
+    JARS_DIR.mkdir(parents=True)
+    for jar in glob.glob(str(ivy_dir / "jars" / "*.jar")):
+        # Ivy names retrieved jars "<organisation>_<artifact>-<revision>.jar".
+        artifact = _artifact(os.path.basename(jar).split("_", 1)[1])
+        if artifact not in spark_jars:
+            shutil.copy(jar, JARS_DIR)
+    (JARS_DIR / ".package").write_text(package + "\n")
+
+
+def _artifact(jar_name: str) -> str:
+    return re.sub(r"-\d[\w.\-]*\.jar$", "", jar_name)
+
+
+def _spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def _register_with_spark_submit(jars: list[str]) -> None:
+    conf_dir = _spark_home() / "conf"
+    conf_dir.mkdir(exist_ok=True)
+    (conf_dir / "spark-defaults.conf").write_text(
+        "# Written by `python -m coordinator.spark` (make setup): the Delta jars cached for this project.\n"
+        f"spark.jars {','.join(jars)}\n"
+    )
+
+
+if __name__ == "__main__":
+    for jar in install_delta_jars():
+        print(jar)

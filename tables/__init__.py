@@ -1,0 +1,238 @@
+"""Every table of the lakehouse: its path and its schema, defined once.
+
+Both engines use these definitions: producers (delta-rs, no JVM) through
+:func:`TableDef.arrow_schema`, the checker (Spark) through
+:func:`TableDef.spark_ddl`. Imported as ``coordinator.tables``.
+
+Types are written in Spark's DDL spelling and limited to what both engines
+read and write without extra table features: timestamps are time-zone aware
+(``timestamp`` is UTC in both), so no table ever needs ``timestampNtz``
+(delta-rs issue #2882).
+
+Example::
+
+    from coordinator.tables import COMMIT_LOG, topic_path
+    COMMIT_LOG.path("/data/lakehouse")      # '/data/lakehouse/system/commit_log'
+    topic_path("/data/lakehouse", "ORDER")  # '/data/lakehouse/topics/ORDER'
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+_ARROW_TYPES = {
+    "string": pa.string(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "boolean": pa.bool_(),
+    "binary": pa.binary(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "map<string,string>": pa.map_(pa.string(), pa.string()),
+}
+
+
+@dataclass(frozen=True)
+class TableDef:
+    """A Delta table of the lakehouse: where it lives and what it holds.
+
+    ``columns`` is an ordered tuple of ``(name, type)`` with ``type`` in
+    Spark DDL spelling. Every column is nullable: the commit log accepts
+    whatever a writer sends and the checker refuses bad rows itself, and the
+    checker's own tables gain no constraint that delta-rs would have to know.
+    """
+
+    name: str
+    columns: tuple[tuple[str, str], ...]
+    properties: dict[str, str] = field(default_factory=dict)
+
+    def path(self, lakehouse: str) -> str:
+        """Absolute path of this table under ``lakehouse``.
+
+        Example::
+
+            HALF.path("lh")  # '<cwd>/lh/system/half'
+        """
+        return os.path.join(os.path.abspath(lakehouse), *self.name.split("/"))
+
+    @property
+    def column_names(self) -> list[str]:
+        """The column names, in order."""
+        return [name for name, _ in self.columns]
+
+    def arrow_schema(self) -> pa.Schema:
+        """The schema as a pyarrow schema, for delta-rs.
+
+        Example::
+
+            COMMIT_LOG.arrow_schema().field("body").type  # DataType(binary)
+        """
+        return pa.schema([pa.field(name, _ARROW_TYPES[kind], nullable=True) for name, kind in self.columns])
+
+    def spark_ddl(self) -> str:
+        """The schema as a Spark DDL string, for ``spark.createDataFrame`` or ``.schema()``.
+
+        Example::
+
+            spark.createDataFrame([], OP.spark_ddl())
+        """
+        return ", ".join(f"`{name}` {kind}" for name, kind in self.columns)
+
+
+_MESSAGE = (
+    ("transaction_id", "string"),
+    ("producer_group", "string"),
+    ("msg_id", "string"),
+    ("message_index", "int"),
+    ("message_count", "int"),
+    ("topic", "string"),
+    ("keys", "string"),
+    ("tags", "string"),
+    ("properties", "map<string,string>"),
+    ("body", "binary"),
+    ("born_timestamp", "timestamp"),
+)
+
+#: Everything producers send: HALF records (prepared messages) and END records
+#: (the outcome of a local transaction, from the producer or answering a check).
+#: Append-only; change data feed on, so the checker reads each record with the
+#: version and time at which it entered the log.
+COMMIT_LOG = TableDef(
+    "system/commit_log",
+    (
+        ("record_id", "string"),
+        ("kind", "string"),
+        *_MESSAGE,
+        ("state", "string"),
+        ("check_id", "string"),
+    ),
+    {"delta.enableChangeDataFeed": "true", "delta.appendOnly": "true"},
+)
+
+#: The half queue: each accepted half message with its queue offset.
+HALF = TableDef(
+    "system/half",
+    (
+        ("queue_offset", "long"),
+        *_MESSAGE,
+        ("stored_timestamp", "timestamp"),
+        ("immunity_ms", "long"),
+        ("commit_version", "long"),
+        ("batch_id", "long"),
+    ),
+)
+
+#: The op queue: one row per resolved half, keyed by its half queue offset.
+OP = TableDef(
+    "system/op",
+    (
+        ("half_offset", "long"),
+        ("transaction_id", "string"),
+        ("producer_group", "string"),
+        ("outcome", "string"),
+        ("resolved_at", "timestamp"),
+        ("end_record_id", "string"),
+        ("check_id", "string"),
+        ("batch_id", "long"),
+    ),
+)
+
+#: One row per check-back sent to a producer group. Carries the transaction's
+#: first message so the producer can answer without reading the half queue.
+CHECK_REQUESTS = TableDef(
+    "system/check_requests",
+    (
+        ("check_id", "string"),
+        ("transaction_id", "string"),
+        ("producer_group", "string"),
+        ("check_times", "int"),
+        ("requested_at", "timestamp"),
+        ("half_offset", "long"),
+        ("msg_id", "string"),
+        ("topic", "string"),
+        ("keys", "string"),
+        ("tags", "string"),
+        ("properties", "map<string,string>"),
+        ("body", "binary"),
+        ("born_timestamp", "timestamp"),
+        ("batch_id", "long"),
+    ),
+    {"delta.enableChangeDataFeed": "true"},
+)
+
+#: Halves given up: checked the maximum number of times, or past retention.
+DISCARDED = TableDef(
+    "system/discarded",
+    (
+        ("transaction_id", "string"),
+        ("producer_group", "string"),
+        ("half_offset", "long"),
+        ("msg_id", "string"),
+        ("topic", "string"),
+        ("keys", "string"),
+        ("tags", "string"),
+        ("properties", "map<string,string>"),
+        ("body", "binary"),
+        ("born_timestamp", "timestamp"),
+        ("stored_timestamp", "timestamp"),
+        ("check_times", "int"),
+        ("reason", "string"),
+        ("discarded_at", "timestamp"),
+        ("batch_id", "long"),
+    ),
+)
+
+#: Every commit-log record the checker refused, with the reason.
+REJECTED = TableDef(
+    "system/rejected",
+    (
+        ("record_id", "string"),
+        ("kind", "string"),
+        ("transaction_id", "string"),
+        ("producer_group", "string"),
+        ("msg_id", "string"),
+        ("topic", "string"),
+        ("state", "string"),
+        ("check_id", "string"),
+        ("reason", "string"),
+        ("commit_version", "long"),
+        ("stored_timestamp", "timestamp"),
+        ("batch_id", "long"),
+    ),
+)
+
+#: A real topic: committed messages, visible to consumers and analysts.
+TOPIC = TableDef(
+    "topics/<TOPIC>",
+    (
+        ("transaction_id", "string"),
+        ("msg_id", "string"),
+        ("topic", "string"),
+        ("keys", "string"),
+        ("tags", "string"),
+        ("properties", "map<string,string>"),
+        ("body", "binary"),
+        ("born_timestamp", "timestamp"),
+        ("commit_timestamp", "timestamp"),
+        ("queue_offset", "long"),
+        ("batch_id", "long"),
+    ),
+)
+
+#: The tables ``coordinator init`` creates. Topic tables appear on first delivery.
+SYSTEM_TABLES = (COMMIT_LOG, HALF, OP, CHECK_REQUESTS, DISCARDED, REJECTED)
+
+
+def topic_path(lakehouse: str, topic: str) -> str:
+    """Absolute path of the table of ``topic``.
+
+    The topic must already be valid (see ``coordinator.message.validate_topic``):
+    a valid name holds no path separator and no dot, so it cannot leave ``topics/``.
+
+    Example::
+
+        topic_path("/lh", "ORDER_TOPIC")  # '/lh/topics/ORDER_TOPIC'
+    """
+    return os.path.join(os.path.abspath(lakehouse), "topics", topic)
