@@ -1,0 +1,76 @@
+"""Configuration: RocketMQ's defaults, a TOML file, TXCOORD_* overrides, and refusals."""
+
+import pytest
+
+from coordinator.config import CoordinatorConfig
+from coordinator.exceptions import ConfigError
+
+
+def write_toml(tmp_path, text):
+    path = tmp_path / "coordinator.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_are_rocketmqs():
+    config = CoordinatorConfig()
+    assert config.transaction_timeout_ms == 6000
+    assert config.transaction_check_interval_ms == 60000
+    assert config.transaction_check_max == 15
+    assert config.file_reserved_time_hours == 72
+
+
+def test_missing_default_file_means_all_defaults(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert CoordinatorConfig.load(environ={}) == CoordinatorConfig()
+
+
+def test_toml_file_is_read(tmp_path):
+    path = write_toml(tmp_path, 'lakehouse = "/data/lh"\ntransaction_check_max = 5\n')
+    config = CoordinatorConfig.load(path, environ={})
+    assert config.lakehouse == "/data/lh"
+    assert config.transaction_check_max == 5
+    assert config.transaction_timeout_ms == 6000
+
+
+def test_environment_overrides_the_file(tmp_path):
+    path = write_toml(tmp_path, 'lakehouse = "/data/lh"\ntransaction_check_max = 5\n')
+    environ = {"TXCOORD_TRANSACTION_CHECK_MAX": " 7 ", "TXCOORD_LAKEHOUSE": "/other", "UNRELATED": "x"}
+    config = CoordinatorConfig.load(path, environ=environ)
+    assert config.transaction_check_max == 7
+    assert config.lakehouse == "/other"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "transaction_check_max = 0\n",
+        "transaction_check_max = -3\n",
+        'transaction_check_max = "15"\n',
+        "transaction_check_max = true\n",
+        "transaction_timeout_ms = 1.5\n",
+        'lakehouse = ""\n',
+        "no_such_setting = 1\n",
+        "this is not toml\n",
+    ],
+)
+def test_bad_files_are_refused(tmp_path, text):
+    with pytest.raises(ConfigError):
+        CoordinatorConfig.load(write_toml(tmp_path, text), environ={})
+
+
+@pytest.mark.parametrize("value", ["abc", "", "1.5", "0"])
+def test_bad_environment_values_are_refused(tmp_path, value):
+    with pytest.raises(ConfigError):
+        CoordinatorConfig.load(write_toml(tmp_path, ""), environ={"TXCOORD_TRANSACTION_TIMEOUT_MS": value})
+
+
+def test_a_missing_explicit_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        CoordinatorConfig.load(tmp_path / "absent.toml", environ={})
+
+
+def test_replace_validates_too():
+    assert CoordinatorConfig().replace(transaction_timeout_ms=500).transaction_timeout_ms == 500
+    with pytest.raises(ConfigError):
+        CoordinatorConfig().replace(transaction_timeout_ms=0)
