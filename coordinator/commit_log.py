@@ -1,0 +1,224 @@
+"""The commit log, producer side: record formats and the group-committing writer.
+
+Every record a producer sends (a HALF for each prepared message, an END for each
+outcome) is appended to ``system/commit_log`` through delta-rs, so a producer
+starts no JVM. Sends from many threads are gathered into few Delta commits.
+
+Example::
+
+    writer = CommitLogWriter("lakehouse")
+    writer.submit([end_record("order_group", "3f2a...", LocalTransactionState.COMMIT_MESSAGE)])
+    writer.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import uuid
+from concurrent.futures import Future
+from datetime import datetime, timezone
+from typing import Optional, Sequence
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from coordinator.exceptions import ProducerStateError
+from coordinator.lakehouse import init_lakehouse
+from coordinator.listener import LocalTransactionState
+from coordinator.message import Message
+from coordinator.tables import COMMIT_LOG
+
+HALF = "HALF"
+END = "END"
+
+_log = logging.getLogger("coordinator.commit_log")
+_SCHEMA = COMMIT_LOG.arrow_schema()
+_COLUMNS = frozenset(COMMIT_LOG.column_names)
+_CLOSE = object()
+
+
+def half_records(group: str, transaction_id: str, messages: Sequence[Message]) -> list[dict]:
+    """The HALF records of one transaction: one per message, numbered in order.
+
+    Each message must already be validated and carry its ``msg_id``.
+
+    Example::
+
+        half_records("order_group", "3f2a...", [msg])[0]["kind"]  # 'HALF'
+    """
+    born = datetime.now(timezone.utc)
+    return [
+        {
+            "record_id": uuid.uuid4().hex,
+            "kind": HALF,
+            "transaction_id": transaction_id,
+            "producer_group": group,
+            "msg_id": msg.msg_id,
+            "message_index": index,
+            "message_count": len(messages),
+            "topic": msg.topic,
+            "keys": msg.keys,
+            "tags": msg.tags,
+            "properties": dict(msg.properties or {}),
+            "body": msg.body,
+            "born_timestamp": born,
+        }
+        for index, msg in enumerate(messages)
+    ]
+
+
+def end_record(group: str, transaction_id: str, state: LocalTransactionState, check_id: Optional[str] = None) -> dict:
+    """The END record reporting ``state``; ``check_id`` names the check it answers, if any.
+
+    Example::
+
+        end_record("order_group", "3f2a...", LocalTransactionState.ROLLBACK_MESSAGE)["state"]
+        # 'ROLLBACK_MESSAGE'
+    """
+    return {
+        "record_id": uuid.uuid4().hex,
+        "kind": END,
+        "transaction_id": transaction_id,
+        "producer_group": group,
+        "state": state.value,
+        "check_id": check_id,
+        "born_timestamp": datetime.now(timezone.utc),
+    }
+
+
+def records_to_arrow(records: Sequence[dict]) -> pa.Table:
+    """Records as a pyarrow table with the exact commit-log schema; missing columns are null.
+
+    Raises ``ValueError`` on a key that is not a commit-log column (it would
+    otherwise be dropped without a word).
+
+    Example::
+
+        records_to_arrow([end_record("g", "t", LocalTransactionState.UNKNOW)]).num_rows  # 1
+    """
+    for record in records:
+        unknown = record.keys() - _COLUMNS
+        if unknown:
+            raise ValueError(f"not commit-log columns: {', '.join(sorted(unknown))}")
+    return pa.Table.from_pylist(list(records), schema=_SCHEMA)
+
+
+class CommitLogWriter:
+    """Appends records to ``system/commit_log``, many submits per Delta commit.
+
+    One background thread takes everything waiting (up to ``max_batch_rows``,
+    never splitting a submit) and writes it as one commit, then resolves the
+    submitters' futures. The records of one :meth:`submit` always land in the
+    same commit. Several processes may append to the same table at once:
+    delta-rs retries an append that lost the race for a version.
+
+    Creates the lakehouse's tables if they are missing.
+
+    Example::
+
+        with CommitLogWriter("lakehouse") as writer:
+            writer.submit(half_records("order_group", txid, [msg])).result()  # durable now
+    """
+
+    def __init__(self, lakehouse: str, max_batch_rows: int = 5000) -> None:
+        if max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows must be at least 1, got {max_batch_rows}")
+        init_lakehouse(lakehouse)
+        self.path = COMMIT_LOG.path(lakehouse)
+        self.max_batch_rows = max_batch_rows
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # Held while enqueueing, so nothing can be queued behind the close marker and never resolve.
+        self._lock = threading.Lock()
+        self._closed = False
+        # Kept open between commits: re-reading the log from its last checkpoint on every commit costs more than the write.
+        self._table: Optional[DeltaTable] = None
+        self._thread = threading.Thread(target=self._run, name="commit-log-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, records: Sequence[dict]) -> Future:
+        """Queue ``records`` for the next commit; the future resolves to the commit's table version.
+
+        The records are never split between commits, even beyond ``max_batch_rows``.
+        The future holds the write's exception if the commit failed. Raises at
+        once (``ValueError`` or ``TypeError``) for a record that does not fit the
+        schema, and :class:`ProducerStateError` after :meth:`close`.
+
+        Example::
+
+            version = writer.submit(records).result()  # blocks until durable
+        """
+        if not records:
+            raise ValueError("nothing to submit")
+        data = records_to_arrow(records)
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise ProducerStateError("the commit-log writer is closed")
+            self._queue.put((data, future))
+        return future
+
+    def close(self) -> None:
+        """Write everything already submitted, then stop the writer thread. Idempotent.
+
+        Example::
+
+            writer.close()
+        """
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._queue.put(_CLOSE)
+        self._thread.join()
+
+    def __enter__(self) -> "CommitLogWriter":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        carried = None
+        while True:
+            item = carried if carried is not None else self._queue.get()
+            carried = None
+            if item is _CLOSE:
+                return
+            batch = [item]
+            rows = item[0].num_rows
+            while rows < self.max_batch_rows:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _CLOSE or rows + item[0].num_rows > self.max_batch_rows:
+                    carried = item
+                    break
+                batch.append(item)
+                rows += item[0].num_rows
+            self._commit(batch)
+
+    def _commit(self, batch: list[tuple[pa.Table, Future]]) -> None:
+        # A submit whose future was cancelled while it waited is not written.
+        batch = [(data, future) for data, future in batch if future.set_running_or_notify_cancel()]
+        if not batch:
+            return
+        futures = [future for _, future in batch]
+        try:
+            version = self._append(pa.concat_tables([data for data, _ in batch]))
+        except Exception as error:
+            # The table state after a failed commit is unknown: start from the log again next time.
+            self._table = None
+            _log.error("commit-log append failed for %d submits: %s", len(batch), error)
+            for future in futures:
+                future.set_exception(error)
+            return
+        for future in futures:
+            future.set_result(version)
+
+    def _append(self, data: pa.Table) -> int:
+        if self._table is None:
+            self._table = DeltaTable(self.path)
+        write_deltalake(self._table, data, mode="append")
+        return self._table.version()

@@ -1,0 +1,128 @@
+"""The group-committing commit-log writer, against real delta-rs tables."""
+
+import threading
+from collections import defaultdict
+
+import pytest
+
+import coordinator.commit_log as commit_log
+from coordinator.commit_log import CommitLogWriter, end_record
+from coordinator.exceptions import ProducerStateError
+from coordinator.listener import LocalTransactionState
+from tests.producer_side import commit_log_rows, commit_log_version
+
+
+@pytest.fixture
+def lakehouse(tmp_path):
+    return str(tmp_path / "lakehouse")
+
+
+def ends(transaction_id, count):
+    return [end_record("order_group", transaction_id, LocalTransactionState.COMMIT_MESSAGE) for _ in range(count)]
+
+
+class ScriptedWrites:
+    """Stands in for delta-rs' write: records each commit's row count, holds the first
+    commit until released (so later submits queue up behind it), and fails chosen calls."""
+
+    def __init__(self, real_write):
+        self.real_write = real_write
+        self.rows = []
+        self.failures = {}
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, table, data, **options):
+        self.rows.append(data.num_rows)
+        call = len(self.rows)
+        if call == 1:
+            self.entered.set()
+            self.release.wait(10)
+        if call in self.failures:
+            raise self.failures[call]
+        return self.real_write(table, data, **options)
+
+
+@pytest.fixture
+def writes(monkeypatch):
+    scripted = ScriptedWrites(commit_log.write_deltalake)
+    monkeypatch.setattr(commit_log, "write_deltalake", scripted)
+    return scripted
+
+
+def versions_by_transaction(lakehouse):
+    versions = defaultdict(set)
+    for row in commit_log_rows(lakehouse):
+        versions[row["transaction_id"]].add(row["_commit_version"])
+    return versions
+
+
+def test_submit_resolves_once_durable_with_the_commit_version(lakehouse):
+    with CommitLogWriter(lakehouse) as writer:
+        version = writer.submit(ends("t1", 3)).result(timeout=10)
+        assert version == commit_log_version(lakehouse) == 1
+        assert [r["transaction_id"] for r in commit_log_rows(lakehouse)] == ["t1"] * 3
+
+
+def test_waiting_submits_share_a_commit_up_to_max_batch_rows_and_are_never_split(lakehouse, writes):
+    with CommitLogWriter(lakehouse, max_batch_rows=4) as writer:
+        first = writer.submit(ends("first", 1))
+        assert writes.entered.wait(10)
+        futures = [writer.submit(ends(f"t{i}", 2)) for i in range(4)] + [writer.submit(ends("big", 6))]
+        writes.release.set()
+        versions = [f.result(timeout=10) for f in [first, *futures]]
+
+    assert writes.rows == [1, 4, 4, 6]
+    assert versions == [1, 2, 2, 3, 3, 4]
+    by_transaction = versions_by_transaction(lakehouse)
+    assert all(len(v) == 1 for v in by_transaction.values())
+    assert by_transaction["big"] == {4}
+
+
+def test_a_failed_commit_fails_every_submit_in_it_and_the_writer_carries_on(lakehouse, writes):
+    writes.failures[2] = OSError("disk full")
+    with CommitLogWriter(lakehouse) as writer:
+        first = writer.submit(ends("first", 1))
+        assert writes.entered.wait(10)
+        doomed = [writer.submit(ends("a", 1)), writer.submit(ends("b", 2))]
+        writes.release.set()
+        assert first.result(timeout=10) == 1
+        errors = [f.exception(timeout=10) for f in doomed]
+        assert errors == [writes.failures[2]] * 2
+        assert writer.submit(ends("after", 1)).result(timeout=10) == 2
+    assert writes.rows == [1, 3, 1]
+    assert set(versions_by_transaction(lakehouse)) == {"first", "after"}
+
+
+def test_a_cancelled_submit_is_not_written(lakehouse, writes):
+    with CommitLogWriter(lakehouse) as writer:
+        writer.submit(ends("first", 1))
+        assert writes.entered.wait(10)
+        cancelled = writer.submit(ends("cancelled", 1))
+        kept = writer.submit(ends("kept", 1))
+        assert cancelled.cancel()
+        writes.release.set()
+        kept.result(timeout=10)
+    assert writes.rows == [1, 1]
+    assert set(versions_by_transaction(lakehouse)) == {"first", "kept"}
+
+
+def test_close_flushes_pending_submits_and_is_idempotent(lakehouse):
+    writer = CommitLogWriter(lakehouse)
+    futures = [writer.submit(ends(f"t{i}", 1)) for i in range(50)]
+    writer.close()
+    writer.close()
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert len(commit_log_rows(lakehouse)) == 50
+    with pytest.raises(ProducerStateError):
+        writer.submit(ends("late", 1))
+
+
+def test_records_that_do_not_fit_the_schema_are_refused_at_submit(lakehouse):
+    with CommitLogWriter(lakehouse) as writer:
+        with pytest.raises(ValueError, match="stat"):
+            writer.submit([{"record_id": "r", "kind": "END", "stat": "COMMIT_MESSAGE"}])
+        with pytest.raises(ValueError):
+            writer.submit([])
+        with pytest.raises(Exception):
+            writer.submit([{"record_id": "r", "message_index": "not a number"}])
+    assert commit_log_version(lakehouse) == 0
