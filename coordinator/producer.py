@@ -1,5 +1,209 @@
-"""Placeholder: being written (TransactionProducer)."""
+"""The transaction producer: half messages, the local transaction, the end record.
+
+Needs no JVM: records go to ``system/commit_log`` through delta-rs, many
+concurrent sends per Delta commit (see :mod:`coordinator.commit_log`).
+
+Example::
+
+    with TransactionProducer("order_group", OrderListener(), config) as producer:
+        result = producer.send_message_in_transaction(Message("ORDER_TOPIC", b"..."), order)
+        result.local_transaction_state  # LocalTransactionState.COMMIT_MESSAGE
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from concurrent.futures import Future
+from typing import Any, Optional, Sequence
+
+from coordinator.checkback import CheckBackWorker
+from coordinator.commit_log import CommitLogWriter, end_record, half_records
+from coordinator.config import CoordinatorConfig
+from coordinator.exceptions import HalfNotStoredError, MessageValidationError, ProducerStateError
+from coordinator.listener import LocalTransactionState, TransactionListener
+from coordinator.message import Message, SendStatus, TransactionSendResult
+
+_log = logging.getLogger("coordinator.producer")
 
 
-class TransactionProducer:  # replaced by the real producer
-    pass
+class TransactionProducer:
+    """Sends messages in transactions for one producer group, and answers check-backs.
+
+    ``start()`` opens the commit-log writer (creating the lakehouse's tables if
+    needed) and starts the check-back worker; ``shutdown()`` stops the worker
+    and writes everything still pending. Safe to share between threads.
+
+    Example::
+
+        producer = TransactionProducer("order_group", OrderListener(), CoordinatorConfig.load())
+        producer.start()
+        try:
+            producer.send_message_in_transaction(Message("ORDER_TOPIC", b"..."), order)
+        finally:
+            producer.shutdown()
+    """
+
+    def __init__(self, group: str, listener: TransactionListener, config: CoordinatorConfig) -> None:
+        if not isinstance(group, str) or not group.strip():
+            raise MessageValidationError(f"producer group must be a non-empty string, got {group!r}")
+        self.group = group
+        self.listener = listener
+        self.config = config
+        self._lock = threading.Lock()
+        self._state = "created"
+        self._writer: Optional[CommitLogWriter] = None
+        self._checkback: Optional[CheckBackWorker] = None
+
+    def start(self) -> "TransactionProducer":
+        """Open the commit log and start answering check-backs. Idempotent; returns ``self``.
+
+        Raises :class:`ProducerStateError` after :meth:`shutdown`: a producer is not restarted.
+        (Shutting down a producer that never started does nothing.)
+
+        Example::
+
+            producer = TransactionProducer("order_group", listener, config).start()
+        """
+        with self._lock:
+            if self._state == "running":
+                return self
+            if self._state == "stopped":
+                raise ProducerStateError(f"producer {self.group!r} was shut down; create a new one")
+            writer = CommitLogWriter(self.config.lakehouse)
+            checkback = CheckBackWorker(self.config.lakehouse, self.group, self.listener, writer, self.config)
+            checkback.start()
+            self._writer, self._checkback, self._state = writer, checkback, "running"
+        _log.info("producer started group=%s lakehouse=%s", self.group, self.config.lakehouse)
+        return self
+
+    def shutdown(self) -> None:
+        """Stop answering check-backs, write every pending record, close the commit log. Idempotent.
+
+        Example::
+
+            producer.shutdown()
+        """
+        with self._lock:
+            if self._state != "running":
+                return
+            self._state = "stopped"
+        self._checkback.stop()
+        self._writer.close()
+        _log.info("producer shut down group=%s", self.group)
+
+    def __enter__(self) -> "TransactionProducer":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def send_message_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
+        """Send ``msg`` as a half, run the local transaction, report its outcome.
+
+        The listener's ``execute_local_transaction(msg, arg)`` runs only once the
+        half is durable; an exception or ``None`` from it counts as ``UNKNOW``
+        (the coordinator will check back). The outcome is sent one-way, as
+        RocketMQ does: if it is lost, the check-back repairs it.
+
+        Raises :class:`MessageValidationError` (nothing written) or
+        :class:`HalfNotStoredError` (local transaction not run).
+
+        Example::
+
+            result = producer.send_message_in_transaction(Message("ORDER_TOPIC", b"..."), order)
+            result.transaction_id, result.msg_id, result.local_transaction_state
+        """
+        return self._send([msg], msg, arg)
+
+    def send_messages_in_transaction(self, msgs: Sequence[Message], arg: Any = None) -> TransactionSendResult:
+        """Send several messages, possibly to several topics, in one local transaction.
+
+        All are delivered or none: their halves are stored in one Delta commit,
+        and one END resolves them together. The listener's
+        ``execute_local_transaction`` receives the list of messages.
+
+        Example::
+
+            result = producer.send_messages_in_transaction(
+                [Message("ORDER_TOPIC", b"..."), Message("AUDIT_TOPIC", b"...")], order)
+            result.msg_ids  # one id per message, in order
+        """
+        if isinstance(msgs, Message) or not isinstance(msgs, Sequence):
+            raise MessageValidationError(f"expected a list of messages, got {type(msgs).__name__}")
+        msgs = list(msgs)
+        return self._send(msgs, msgs, arg)
+
+    def _send(self, msgs: list[Message], listener_msg: Any, arg: Any) -> TransactionSendResult:
+        writer = self._running_writer()
+        _validate(msgs)
+        transaction_id = uuid.uuid4().hex
+        for msg in msgs:
+            msg.transaction_id = transaction_id
+            msg.msg_id = uuid.uuid4().hex
+        extra = {"transaction_id": transaction_id, "producer_group": self.group}
+        try:
+            version = writer.submit(half_records(self.group, transaction_id, msgs)).result()
+        except ProducerStateError:
+            raise
+        except Exception as error:
+            _log.error("half not stored transaction_id=%s group=%s: %s", transaction_id, self.group, error, extra=extra)
+            raise HalfNotStoredError(
+                f"transaction {transaction_id}: the half message(s) could not be stored; "
+                f"the local transaction was not run (state ROLLBACK_MESSAGE)"
+            ) from error
+        _log.debug("half stored transaction_id=%s messages=%d version=%d", transaction_id, len(msgs), version, extra=extra)
+
+        state = self._execute_local_transaction(listener_msg, arg, transaction_id, extra)
+        try:
+            writer.submit([end_record(self.group, transaction_id, state)]).add_done_callback(
+                lambda future: _log_lost_end(future, transaction_id, extra)
+            )
+        except ProducerStateError:
+            _log.warning("end not sent, producer shutting down transaction_id=%s state=%s; check-back will resolve it",
+                         transaction_id, state.value, extra=extra)
+        _log.info("transaction sent transaction_id=%s messages=%d state=%s", transaction_id, len(msgs), state.value, extra=extra)
+        return TransactionSendResult(
+            send_status=SendStatus.SEND_OK,
+            transaction_id=transaction_id,
+            msg_id=msgs[0].msg_id,
+            local_transaction_state=state,
+            msg_ids=tuple(msg.msg_id for msg in msgs),
+        )
+
+    def _execute_local_transaction(self, listener_msg: Any, arg: Any, transaction_id: str, extra: dict) -> LocalTransactionState:
+        try:
+            returned = self.listener.execute_local_transaction(listener_msg, arg)
+        except Exception:
+            _log.exception("local transaction failed transaction_id=%s; state UNKNOW", transaction_id, extra=extra)
+            return LocalTransactionState.UNKNOW
+        state = LocalTransactionState.coerce(returned)
+        if state is LocalTransactionState.UNKNOW and not isinstance(returned, LocalTransactionState):
+            _log.warning("local transaction returned %r transaction_id=%s; state UNKNOW", returned, transaction_id, extra=extra)
+        return state
+
+    def _running_writer(self) -> CommitLogWriter:
+        with self._lock:
+            if self._state == "created":
+                raise ProducerStateError(f"producer {self.group!r} is not started; call start() first")
+            if self._state == "stopped":
+                raise ProducerStateError(f"producer {self.group!r} was shut down")
+            return self._writer
+
+
+def _validate(msgs: list[Message]) -> None:
+    if not msgs:
+        raise MessageValidationError("a transaction needs at least one message")
+    if len({id(msg) for msg in msgs}) != len(msgs):
+        raise MessageValidationError("the same Message object appears twice; each message gets its own id")
+    for msg in msgs:
+        if not isinstance(msg, Message):
+            raise MessageValidationError(f"expected a Message, got {type(msg).__name__}")
+        msg.validate()
+
+
+def _log_lost_end(future: Future, transaction_id: str, extra: dict) -> None:
+    if future.exception() is not None:
+        _log.warning("end record not stored transaction_id=%s: %s; check-back will resolve it",
+                     transaction_id, future.exception(), extra=extra)

@@ -1,18 +1,91 @@
-"""Helpers for the producer-side tests: read the lakehouse with delta-rs."""
+"""Helpers for the producer-side tests: read the lakehouse with delta-rs, record listener calls."""
 
 from __future__ import annotations
 
-import pyarrow as pa
-from deltalake import DeltaTable
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import Callable
 
-from coordinator.tables import COMMIT_LOG
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from coordinator import LocalTransactionState, Message, TransactionListener
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG
 
 
 def commit_log_rows(lakehouse: str) -> list[dict]:
     """Every commit-log row, each with the ``_commit_version`` it was written in."""
     table = DeltaTable(COMMIT_LOG.path(lakehouse))
-    return pa.RecordBatchReader.from_stream(table.load_cdf(starting_version=0)).read_all().to_pylist()
+    changes = pa.RecordBatchReader.from_stream(table.load_cdf(starting_version=0)).read_all()
+    return changes.to_pylist()
 
 
 def commit_log_version(lakehouse: str) -> int:
     return DeltaTable(COMMIT_LOG.path(lakehouse)).version()
+
+
+def append_check_request(lakehouse: str, **overrides) -> dict:
+    """Append one check request the way the checker writes it; return the row."""
+    now = datetime.now(timezone.utc)
+    row = {
+        "check_id": uuid.uuid4().hex,
+        "transaction_id": uuid.uuid4().hex,
+        "producer_group": "order_group",
+        "check_times": 1,
+        "requested_at": now,
+        "half_offset": 7,
+        "msg_id": uuid.uuid4().hex,
+        "topic": "ORDER_TOPIC",
+        "keys": "order-42",
+        "tags": "created",
+        "properties": {"CHECK_IMMUNITY_TIME_IN_SECONDS": "10", "region": "eu"},
+        "body": b'{"order": 42}',
+        "born_timestamp": now,
+        "batch_id": 3,
+        **overrides,
+    }
+    write_deltalake(CHECK_REQUESTS.path(lakehouse), pa.Table.from_pylist([row], schema=CHECK_REQUESTS.arrow_schema()),
+                    mode="append")
+    return row
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float = 10.0) -> object:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        time.sleep(0.05)
+
+
+class RecordingListener(TransactionListener):
+    """Returns fixed answers (or raises them, if they are exceptions) and records every call."""
+
+    def __init__(self, execute_answer=LocalTransactionState.COMMIT_MESSAGE,
+                 check_answer=LocalTransactionState.COMMIT_MESSAGE) -> None:
+        self.execute_answer = execute_answer
+        self.check_answer = check_answer
+        self.executed: list[tuple[object, object]] = []
+        self.checked: list[Message] = []
+        self._lock = threading.Lock()
+
+    def execute_local_transaction(self, msg, arg):
+        with self._lock:
+            self.executed.append((msg, arg))
+        return _answer(self.execute_answer)
+
+    def check_local_transaction(self, msg):
+        with self._lock:
+            self.checked.append(msg)
+        return _answer(self.check_answer)
+
+
+def _answer(answer):
+    if isinstance(answer, BaseException):
+        raise answer
+    return answer

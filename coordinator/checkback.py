@@ -1,0 +1,198 @@
+"""The check-back worker: answers the checker's questions about unresolved transactions.
+
+The checker appends a row to ``system/check_requests`` for each half it wants
+resolved. The worker follows that table's change data feed, asks the listener's
+``check_local_transaction`` on a bounded thread pool, and appends an END record
+with the answer and the request's ``check_id`` to the commit log.
+
+Example::
+
+    worker = CheckBackWorker("lakehouse", "order_group", OrderListener(), writer, config)
+    worker.start()
+    ...
+    worker.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+from typing import Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from coordinator.commit_log import CommitLogWriter, end_record
+from coordinator.config import CoordinatorConfig
+from coordinator.exceptions import ProducerStateError
+from coordinator.listener import LocalTransactionState, TransactionListener
+from coordinator.message import Message
+from coordinator.tables import CHECK_REQUESTS
+
+_log = logging.getLogger("coordinator.checkback")
+
+#: Check ids remembered for de-duplication. A request is only ever re-read when it
+#: is rewritten, long after it was answered; this covers hours of checks.
+_REMEMBERED_CHECKS = 100_000
+
+_CDF_SCHEMA = CHECK_REQUESTS.arrow_schema().append(pa.field("_change_type", pa.string()))
+
+
+class CheckBackWorker:
+    """Follows ``system/check_requests`` for one producer group and answers each request once.
+
+    On start it also answers requests issued within the last
+    ``transaction_check_interval_ms`` (those a restarted producer missed while
+    it was down); older ones have been superseded by the checker's next round.
+    A missing table is waited for. Answers are sent one-way: a lost answer is
+    asked again by the checker.
+
+    Example::
+
+        worker = CheckBackWorker("lakehouse", "order_group", listener, writer, config, poll_interval_s=0.5)
+        worker.start()
+        worker.stop()  # waits for checks in progress
+    """
+
+    def __init__(
+        self,
+        lakehouse: str,
+        group: str,
+        listener: TransactionListener,
+        writer: CommitLogWriter,
+        config: CoordinatorConfig,
+        poll_interval_s: float = 0.2,
+        max_workers: int = 4,
+    ) -> None:
+        self.path = CHECK_REQUESTS.path(lakehouse)
+        self.group = group
+        self.listener = listener
+        self.writer = writer
+        self.config = config
+        self.poll_interval_s = poll_interval_s
+        self.max_workers = max_workers
+        self._answered: OrderedDict[str, None] = OrderedDict()
+        self._table: Optional[DeltaTable] = None
+        self._version = -1
+        self._stopping = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._pool: Optional[ThreadPoolExecutor] = None
+
+    def start(self) -> None:
+        """Start following check requests. Idempotent.
+
+        Example::
+
+            worker.start()
+        """
+        if self._thread is not None:
+            return
+        self._pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix=f"checkback-{self.group}")
+        self._thread = threading.Thread(target=self._run, name=f"checkback-follower-{self.group}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop following, and wait for the checks in progress; checks not yet begun are dropped
+        (the checker asks again). Idempotent.
+
+        Example::
+
+            worker.stop()
+        """
+        if self._thread is None:
+            return
+        self._stopping.set()
+        self._thread.join()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._poll()
+            except Exception:
+                # A read can fail transiently (a checkpoint being written, storage hiccups): try again next poll.
+                _log.exception("reading %s failed group=%s", self.path, self.group)
+            self._stopping.wait(self.poll_interval_s)
+
+    def _poll(self) -> None:
+        if self._table is None:
+            if not DeltaTable.is_deltatable(self.path):
+                return
+            table = DeltaTable(self.path)
+            self._dispatch(self._recent_requests(table))
+            self._table, self._version = table, table.version()
+            return
+        self._table.update_incremental()
+        latest = self._table.version()
+        if latest <= self._version:
+            return
+        changes = pa.RecordBatchReader.from_stream(
+            self._table.load_cdf(starting_version=self._version + 1, ending_version=latest)
+        ).read_all()
+        # delta-rs hands out view types, which arrow compute cannot compare with plain strings.
+        changes = changes.select(_CDF_SCHEMA.names).cast(_CDF_SCHEMA)
+        self._dispatch(changes.filter((pc.field("_change_type") == "insert") & (pc.field("producer_group") == self.group)))
+        self._version = latest
+
+    def _recent_requests(self, table: DeltaTable) -> pa.Table:
+        cutoff = datetime.now(timezone.utc) - timedelta(milliseconds=self.config.transaction_check_interval_ms)
+        recent = (pc.field("producer_group") == self.group) & (
+            pc.field("requested_at") >= pa.scalar(cutoff, type=pa.timestamp("us", tz="UTC"))
+        )
+        return table.to_pyarrow_dataset().to_table(filter=recent)
+
+    def _dispatch(self, requests: pa.Table) -> None:
+        for request in requests.select(CHECK_REQUESTS.column_names).to_pylist():
+            check_id = request["check_id"]
+            if check_id is None:
+                _log.warning("check request without check_id ignored transaction_id=%s", request["transaction_id"],
+                             extra={"transaction_id": request["transaction_id"]})
+                continue
+            if check_id in self._answered:
+                continue
+            self._answered[check_id] = None
+            if len(self._answered) > _REMEMBERED_CHECKS:
+                self._answered.popitem(last=False)
+            self._pool.submit(self._answer, request)
+
+    def _answer(self, request: dict) -> None:
+        transaction_id, check_id = request["transaction_id"], request["check_id"]
+        extra = {"transaction_id": transaction_id, "check_id": check_id, "producer_group": self.group}
+        msg = Message(
+            topic=request["topic"],
+            body=request["body"],
+            keys=request["keys"],
+            tags=request["tags"],
+            properties=dict(request["properties"] or ()),
+            transaction_id=transaction_id,
+            msg_id=request["msg_id"],
+        )
+        try:
+            returned = self.listener.check_local_transaction(msg)
+        except Exception:
+            _log.exception("check_local_transaction failed transaction_id=%s check_id=%s; state UNKNOW",
+                           transaction_id, check_id, extra=extra)
+            returned = LocalTransactionState.UNKNOW
+        state = LocalTransactionState.coerce(returned)
+        if state is LocalTransactionState.UNKNOW and not isinstance(returned, LocalTransactionState):
+            _log.warning("check_local_transaction returned %r transaction_id=%s check_id=%s; state UNKNOW",
+                         returned, transaction_id, check_id, extra=extra)
+        try:
+            future = self.writer.submit([end_record(self.group, transaction_id, state, check_id)])
+        except ProducerStateError:
+            _log.warning("check answer not sent, writer closed transaction_id=%s check_id=%s", transaction_id, check_id,
+                         extra=extra)
+            return
+        _log.info("check answered transaction_id=%s check_id=%s check_times=%s state=%s",
+                  transaction_id, check_id, request["check_times"], state.value, extra=extra)
+        future.add_done_callback(lambda done: _log_lost_answer(done, transaction_id, check_id, extra))
+
+
+def _log_lost_answer(future: Future, transaction_id: str, check_id: str, extra: dict) -> None:
+    if future.exception() is not None:
+        _log.warning("check answer not stored transaction_id=%s check_id=%s: %s; the checker will ask again",
+                     transaction_id, check_id, future.exception(), extra=extra)

@@ -1,0 +1,103 @@
+"""The check-back worker: follows check_requests, asks the listener, appends the answer."""
+
+import logging
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from coordinator import CoordinatorConfig, LocalTransactionState, TransactionProducer
+from coordinator.checkback import CheckBackWorker
+from coordinator.commit_log import CommitLogWriter
+from coordinator.lakehouse import init_lakehouse
+from tests.producer_side import RecordingListener, append_check_request, commit_log_rows, wait_until
+
+
+@pytest.fixture
+def lakehouse(tmp_path):
+    return str(tmp_path / "lakehouse")
+
+
+def answers(lakehouse, check_id):
+    return [r for r in commit_log_rows(lakehouse) if r["kind"] == "END" and r["check_id"] == check_id]
+
+
+def producer_for(lakehouse, listener):
+    return TransactionProducer("order_group", listener, CoordinatorConfig(lakehouse=lakehouse))
+
+
+def test_a_check_request_is_answered_with_an_end_record(lakehouse):
+    listener = RecordingListener(check_answer=LocalTransactionState.ROLLBACK_MESSAGE)
+    with producer_for(lakehouse, listener):
+        request = append_check_request(lakehouse)
+        [end] = wait_until(lambda: answers(lakehouse, request["check_id"]))
+    append_check_request(lakehouse)
+    time.sleep(0.5)  # a few poll intervals: a worker that outlived shutdown would ask the listener
+
+    [msg] = listener.checked
+    assert (msg.topic, msg.body, msg.keys, msg.tags) == ("ORDER_TOPIC", b'{"order": 42}', "order-42", "created")
+    assert msg.properties == request["properties"]
+    assert (msg.transaction_id, msg.msg_id) == (request["transaction_id"], request["msg_id"])
+    assert (end["transaction_id"], end["producer_group"], end["state"]) == (request["transaction_id"], "order_group", "ROLLBACK_MESSAGE")
+    assert (end["msg_id"], end["topic"], end["body"]) == (None, None, None)
+    assert listener.executed == []
+
+
+def test_other_groups_are_ignored_and_each_request_is_answered_once(lakehouse):
+    listener = RecordingListener()
+    with producer_for(lakehouse, listener):
+        others = append_check_request(lakehouse, producer_group="payment_group")
+        ours = append_check_request(lakehouse)
+        append_check_request(lakehouse, **{k: ours[k] for k in ("check_id", "transaction_id", "msg_id")})  # a replayed write
+        wait_until(lambda: answers(lakehouse, ours["check_id"]))
+        next_round = append_check_request(lakehouse, transaction_id=ours["transaction_id"], check_times=2)
+        wait_until(lambda: answers(lakehouse, next_round["check_id"]))
+
+    assert [m.transaction_id for m in listener.checked] == [ours["transaction_id"]] * 2
+    assert len(answers(lakehouse, ours["check_id"])) == 1
+    assert answers(lakehouse, others["check_id"]) == []
+
+
+@pytest.mark.parametrize("answer", [RuntimeError("database down"), None, "garbage"])
+def test_a_failing_or_silent_check_answers_unknow(lakehouse, answer, caplog):
+    with caplog.at_level(logging.WARNING, logger="coordinator.checkback"):
+        with producer_for(lakehouse, RecordingListener(check_answer=answer)):
+            request = append_check_request(lakehouse)
+            [end] = wait_until(lambda: answers(lakehouse, request["check_id"]))
+    assert end["state"] == "UNKNOW"
+    assert any(getattr(r, "transaction_id", None) == request["transaction_id"] and request["transaction_id"] in r.getMessage()
+               for r in caplog.records)
+
+
+def test_a_restarted_producer_answers_recent_requests_only(lakehouse):
+    init_lakehouse(lakehouse)
+    now = datetime.now(timezone.utc)
+    recent = append_check_request(lakehouse, requested_at=now - timedelta(seconds=30))
+    stale = append_check_request(lakehouse, requested_at=now - timedelta(minutes=5))
+    listener = RecordingListener()
+    with producer_for(lakehouse, listener):  # transaction_check_interval_ms: the default 60 s
+        wait_until(lambda: answers(lakehouse, recent["check_id"]))
+        fresh = append_check_request(lakehouse)  # a later poll: the stale request is long passed over
+        wait_until(lambda: answers(lakehouse, fresh["check_id"]))
+    assert sorted(m.transaction_id for m in listener.checked) == sorted([recent["transaction_id"], fresh["transaction_id"]])
+    assert answers(lakehouse, stale["check_id"]) == []
+
+
+def test_the_worker_waits_for_a_missing_table_and_stops_cleanly(tmp_path):
+    followed, answered_into = str(tmp_path / "not_yet"), str(tmp_path / "answers")
+    listener = RecordingListener()
+    with CommitLogWriter(answered_into) as writer:
+        worker = CheckBackWorker(followed, "order_group", listener, writer, CoordinatorConfig(lakehouse=followed),
+                                 poll_interval_s=0.05, max_workers=2)
+        worker.start()
+        worker.start()
+        time.sleep(0.2)  # a few polls of a table that does not exist
+        init_lakehouse(followed)
+        first = append_check_request(followed)
+        wait_until(lambda: answers(answered_into, first["check_id"]))
+        worker.stop()
+        worker.stop()
+        append_check_request(followed)
+        time.sleep(0.2)  # a few poll intervals: a worker still running would answer
+    assert len(listener.checked) == 1
+    assert len([r for r in commit_log_rows(answered_into) if r["kind"] == "END"]) == 1
