@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
+import time
 import uuid
 from concurrent.futures import Future
 from datetime import datetime, timezone
@@ -23,6 +25,7 @@ from typing import Optional, Sequence
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 from coordinator.exceptions import ProducerStateError
 from coordinator.lakehouse import init_lakehouse
@@ -37,6 +40,9 @@ _log = logging.getLogger("coordinator.commit_log")
 _SCHEMA = COMMIT_LOG.arrow_schema()
 _COLUMNS = frozenset(COMMIT_LOG.column_names)
 _CLOSE = object()
+#: Whole-commit attempts when delta-rs runs out of its own retries under contention.
+_CONTENDED_ATTEMPTS = 8
+_BACKOFF_S = 0.005
 
 
 def half_records(group: str, transaction_id: str, messages: Sequence[Message]) -> list[dict]:
@@ -112,7 +118,8 @@ class CommitLogWriter:
     never splitting a submit) and writes it as one commit, then resolves the
     submitters' futures. The records of one :meth:`submit` always land in the
     same commit. Several processes may append to the same table at once:
-    delta-rs retries an append that lost the race for a version.
+    delta-rs retries an append that lost the race for a version, and should it
+    give up under heavy contention, the writer tries again after a random pause.
 
     Creates the lakehouse's tables if they are missing.
 
@@ -218,7 +225,20 @@ class CommitLogWriter:
             future.set_result(version)
 
     def _append(self, data: pa.Table) -> int:
-        if self._table is None:
-            self._table = DeltaTable(self.path)
-        write_deltalake(self._table, data, mode="append")
-        return self._table.version()
+        attempt = 1
+        while True:
+            if self._table is None:
+                self._table = DeltaTable(self.path)
+            try:
+                write_deltalake(self._table, data, mode="append")
+                return self._table.version()
+            except CommitFailedError as error:
+                # delta-rs gave up after losing the race for a version to other writers
+                # `max_commit_retries` times in a row; nothing was committed, so trying again
+                # cannot duplicate. delta-rs retries at once, which keeps processes in lockstep:
+                # a random pause breaks it.
+                if attempt == _CONTENDED_ATTEMPTS:
+                    raise
+                _log.warning("commit-log append lost %s; attempt %d of %d", error, attempt, _CONTENDED_ATTEMPTS)
+                time.sleep(random.uniform(0, _BACKOFF_S * 2**attempt))
+                attempt += 1

@@ -1,4 +1,7 @@
-"""Helpers for the producer-side tests: read the lakehouse with delta-rs, record listener calls."""
+"""Helpers for the producer-side tests: read the lakehouse with delta-rs, record listener calls.
+
+Also holds the entry point of the multi-process test: ``spawn`` children import it by name.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from typing import Callable
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from coordinator import LocalTransactionState, Message, TransactionListener
+from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG
 
 
@@ -89,3 +92,27 @@ def _answer(answer):
     if isinstance(answer, BaseException):
         raise answer
     return answer
+
+
+def send_from_process(lakehouse: str, process_index: int, transactions: int) -> list[str]:
+    """Multi-process test child: send ``transactions`` transactions from 4 threads; return their ids."""
+    config = CoordinatorConfig(lakehouse=lakehouse)
+    ids: list[str] = []
+    errors: list[BaseException] = []
+    with TransactionProducer("order_group", RecordingListener(), config) as producer:
+        def send_share(first: int) -> None:
+            try:
+                for index in range(first, transactions, 4):
+                    body = f"process {process_index} transaction {index}".encode()
+                    ids.append(producer.send_message_in_transaction(Message("ORDER_TOPIC", body)).transaction_id)
+            except Exception as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=send_share, args=(first,)) for first in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    if errors:
+        raise errors[0]
+    return ids

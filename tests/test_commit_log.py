@@ -4,6 +4,7 @@ import threading
 from collections import defaultdict
 
 import pytest
+from deltalake.exceptions import CommitFailedError
 
 import coordinator.commit_log as commit_log
 from coordinator.commit_log import CommitLogWriter, end_record
@@ -91,6 +92,16 @@ def test_a_failed_commit_fails_every_submit_in_it_and_the_writer_carries_on(lake
         assert writer.submit(ends("after", 1)).result(timeout=10) == 2
     assert writes.rows == [1, 3, 1]
     assert set(versions_by_transaction(lakehouse)) == {"first", "after"}
+
+
+def test_an_append_that_lost_every_version_race_is_tried_again(lakehouse, writes):
+    writes.release.set()
+    writes.failures.update({1: CommitFailedError("Failed to commit transaction: 15"),
+                            2: CommitFailedError("Failed to commit transaction: 15")})
+    with CommitLogWriter(lakehouse) as writer:
+        assert writer.submit(ends("t", 2)).result(timeout=10) == 1
+    assert writes.rows == [2, 2, 2]
+    assert len(commit_log_rows(lakehouse)) == 2
 
 
 def test_a_cancelled_submit_is_not_written(lakehouse, writes):
