@@ -9,7 +9,16 @@ The producer side (this package's top level) needs no JVM::
 from coordinator.config import CoordinatorConfig
 from coordinator.listener import LocalTransactionState, TransactionListener
 from coordinator.message import Message, SendStatus, TransactionSendResult
-from coordinator.producer import TransactionProducer
+
+# The checker imports the vocabulary from this package too; loading the producer
+# (and delta-rs) only when asked for keeps the two sides apart.
+def __getattr__(name: str):
+    if name == "TransactionProducer":
+        from coordinator.producer import TransactionProducer
+
+        return TransactionProducer
+    raise AttributeError(f"module 'coordinator' has no attribute {name!r}")
+
 
 __all__ = [
     "CoordinatorConfig",

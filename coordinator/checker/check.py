@@ -1,0 +1,109 @@
+"""Step 3 — check: find unresolved halves that are due, ask their producer group, or give up.
+
+The pending set is the half queue anti-joined with the op queue on the half
+queue offset. Per transaction: a first check once the immunity time has passed
+since the half entered the commit log, then one every
+``transaction_check_interval_ms``; after ``transaction_check_max`` checks, or once
+older than ``file_reserved_time_hours``, the transaction is discarded (and that
+counts as resolved: an op row with outcome ``DISCARD``).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from coordinator.checker.context import BatchContext
+from coordinator.checker.resolve import DISCARD
+from coordinator.tables import CHECK_REQUESTS, HALF, OP
+
+EXPIRED = "expired: older than file_reserved_time_hours"
+
+
+def pending_halves(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame) -> DataFrame:
+    """Halves with no op row, counting this batch's halves and ops."""
+    halves = ctx.read(HALF).drop("batch_id").unionByName(new_halves)
+    ops = ctx.read(OP).select("half_offset").unionByName(new_ops.select("half_offset"))
+    return halves.join(ops, halves.queue_offset == ops.half_offset, "left_anti")
+
+
+def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """Decide, for every pending transaction, whether to check it, discard it, or wait.
+
+    Returns ``(check_requests, discarded, discard_ops)``.
+
+    Example::
+
+        requests, discarded, discard_ops = find_due(ctx, new_halves, ops)
+    """
+    config = ctx.config
+    pending = pending_halves(ctx, new_halves, new_ops)
+    first_messages = pending.filter(F.col("message_index") == 0)
+    history = (
+        ctx.read(CHECK_REQUESTS)
+        .join(first_messages.select("transaction_id"), "transaction_id", "left_semi")
+        .groupBy("transaction_id")
+        .agg(F.count(F.lit(1)).cast("int").alias("checks_so_far"), F.max("requested_at").alias("last_check"))
+    )
+    now_us = F.lit(ctx.now_us)
+    stored_us = F.unix_micros("stored_timestamp")
+    checks_so_far = F.coalesce("checks_so_far", F.lit(0))
+    expired = now_us > stored_us + F.lit(config.file_reserved_time_hours * 3_600_000_000)
+    due = F.when(
+        F.col("last_check").isNull(), now_us >= stored_us + F.col("immunity_ms") * 1000
+    ).otherwise(now_us >= F.unix_micros("last_check") + F.lit(config.transaction_check_interval_ms * 1000))
+    decided = (
+        first_messages.join(history, "transaction_id", "left")
+        .withColumn("checks_so_far", checks_so_far)
+        .withColumn(
+            "decision",
+            F.when(expired, F.lit(EXPIRED))
+            .when(due & (checks_so_far >= config.transaction_check_max), F.format_string("checked %d times without an answer", checks_so_far))
+            .when(due, F.lit("check")),
+        )
+        .filter(F.col("decision").isNotNull())
+    )
+    requests = decided.filter(F.col("decision") == "check").select(
+        F.concat_ws("-", "transaction_id", (F.col("checks_so_far") + 1).cast("string")).alias("check_id"),
+        "transaction_id",
+        "producer_group",
+        (F.col("checks_so_far") + 1).alias("check_times"),
+        ctx.now.alias("requested_at"),
+        F.col("queue_offset").alias("half_offset"),
+        "msg_id",
+        "topic",
+        "keys",
+        "tags",
+        "properties",
+        "body",
+        "born_timestamp",
+    )
+    given_up = decided.filter(F.col("decision") != "check").select(
+        "transaction_id", F.col("decision").alias("reason"), F.col("checks_so_far").alias("check_times")
+    )
+    discarded = pending.join(given_up, "transaction_id").select(
+        "transaction_id",
+        "producer_group",
+        F.col("queue_offset").alias("half_offset"),
+        "msg_id",
+        "topic",
+        "keys",
+        "tags",
+        "properties",
+        "body",
+        "born_timestamp",
+        "stored_timestamp",
+        "check_times",
+        "reason",
+        ctx.now.alias("discarded_at"),
+    )
+    discard_ops = discarded.select(
+        "half_offset",
+        "transaction_id",
+        "producer_group",
+        F.lit(DISCARD).alias("outcome"),
+        F.col("discarded_at").alias("resolved_at"),
+        F.lit(None).cast("string").alias("end_record_id"),
+        F.lit(None).cast("string").alias("check_id"),
+    )
+    return requests, discarded, discard_ops

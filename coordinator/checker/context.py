@@ -1,0 +1,75 @@
+"""What every step of a checker batch shares: its id, its clock, and replay-safe table I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from coordinator.config import CoordinatorConfig
+from coordinator.tables import TableDef
+
+#: Columns the checker adds to each commit-log record it reads.
+RECORD_EXTRA_COLUMNS = (
+    ("commit_version", "long"),  # the commit-log version the record entered with
+    ("stored_timestamp", "timestamp"),  # when that version was committed
+    ("is_heartbeat", "boolean"),  # a clock tick, not a record
+)
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """One micro-batch: its id, its clock and the lakehouse it works on.
+
+    ``now_us`` is read from the batch's own rows (heartbeat ticks and commit
+    times), never from the wall clock, so a replayed batch decides exactly as
+    the first run did. Reads of checker tables see only earlier batches
+    (``batch_id < self.batch_id``) for the same reason, and every write carries
+    ``txnAppId``/``txnVersion`` so Delta skips it when the batch is replayed.
+    """
+
+    spark: SparkSession
+    config: CoordinatorConfig
+    batch_id: int
+    now_us: int
+    app_id: str
+
+    @property
+    def now(self) -> Column:
+        """The batch clock as a timestamp column."""
+        return F.timestamp_micros(F.lit(self.now_us))
+
+    def path(self, table: TableDef) -> str:
+        return table.path(self.config.lakehouse)
+
+    def read(self, table: TableDef) -> DataFrame:
+        """``table`` as earlier batches left it.
+
+        Example::
+
+            pending_before = ctx.read(HALF).join(ctx.read(OP), ..., "left_anti")
+        """
+        return self.spark.read.format("delta").load(self.path(table)).filter(F.col("batch_id") < self.batch_id)
+
+    def conform(self, df: DataFrame, table: TableDef) -> DataFrame:
+        """``df`` with exactly ``table``'s columns and types, stamped with this batch's id."""
+        types = dict(table.columns)
+        df = df.withColumn("batch_id", F.lit(self.batch_id))
+        return df.select([F.col(name).cast(types[name]).alias(name) for name in table.column_names])
+
+    def append(self, df: DataFrame, table: TableDef, path: str | None = None) -> None:
+        """Append ``df`` to ``table`` once: a replay of this batch writes nothing again.
+
+        Example::
+
+            ctx.append(check_requests, CHECK_REQUESTS)
+        """
+        (
+            self.conform(df, table)
+            .write.format("delta")
+            .mode("append")
+            .option("txnAppId", self.app_id)
+            .option("txnVersion", self.batch_id)
+            .save(path or self.path(table))
+        )

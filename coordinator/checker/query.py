@@ -1,0 +1,129 @@
+"""The checker's streaming query: the commit log's change feed plus a heartbeat, one batch per trigger.
+
+The commit log is read as a change data feed so each record comes with the
+version and the time at which it entered the log. A ``rate`` source unioned
+with it ticks once a second, so batches (and therefore check-backs) keep
+coming when producers are quiet; its rows also carry the batch clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Optional
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from coordinator.checker.batch import DEFAULT_APP_ID, run_batch
+from coordinator.config import CoordinatorConfig
+from coordinator.lakehouse import init_lakehouse
+from coordinator.tables import COMMIT_LOG
+
+log = logging.getLogger("coordinator.checker")
+
+QUERY_NAME = "txcoord-checker"
+# Generous, so a single commit is never split between two batches (queue offsets
+# count positions inside a commit) while a backlog is still read in bounded steps.
+MAX_FILES_PER_TRIGGER = 10_000
+
+
+def checkpoint_location(config: CoordinatorConfig) -> str:
+    """Where the checker keeps its streaming checkpoint: inside the lakehouse it serves."""
+    return os.path.join(os.path.abspath(config.lakehouse), "system", "_checkpoints", "checker")
+
+
+def as_records(change_feed: DataFrame) -> DataFrame:
+    """Commit-log change-feed rows as checker records (see ``RECORD_EXTRA_COLUMNS``)."""
+    return change_feed.filter(F.col("_change_type") == "insert").select(
+        *COMMIT_LOG.column_names,
+        F.col("_commit_version").alias("commit_version"),
+        F.col("_commit_timestamp").alias("stored_timestamp"),
+        F.lit(False).alias("is_heartbeat"),
+    )
+
+
+def read_records(spark: SparkSession, config: CoordinatorConfig, starting_version: int, ending_version: int) -> DataFrame:
+    """The records of commit-log versions ``starting_version..ending_version`` (inclusive), as a batch.
+
+    Example::
+
+        run_batch(spark, config, read_records(spark, config, 1, 5), batch_id=0)
+    """
+    feed = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", starting_version)
+        .option("endingVersion", ending_version)
+        .load(COMMIT_LOG.path(config.lakehouse))
+    )
+    return as_records(feed)
+
+
+def heartbeat(spark: SparkSession) -> DataFrame:
+    """One tick a second, shaped like a record: only ``stored_timestamp`` and ``is_heartbeat`` are set."""
+    ticks = spark.readStream.format("rate").option("rowsPerSecond", 1).option("numPartitions", 1).load()
+    nulls = [F.lit(None).cast(kind).alias(name) for name, kind in COMMIT_LOG.columns]
+    return ticks.select(*nulls, F.lit(None).cast("long").alias("commit_version"), F.col("timestamp").alias("stored_timestamp"), F.lit(True).alias("is_heartbeat"))
+
+
+class CheckerQuery:
+    """The running checker: start it, then stop it between batches.
+
+    Example::
+
+        checker = CheckerQuery(spark, config).start()
+        ...
+        checker.stop()   # lets the batch in flight finish first
+    """
+
+    def __init__(self, spark: SparkSession, config: CoordinatorConfig, app_id: str = DEFAULT_APP_ID):
+        self.spark = spark
+        self.config = config
+        self.app_id = app_id
+        self.query: Optional[StreamingQuery] = None
+        self.last_summary = None
+        # Held while a batch runs: stop() takes it, so it never interrupts a batch.
+        self._batch_lock = threading.Lock()
+        self._stopping = False
+
+    def start(self) -> "CheckerQuery":
+        init_lakehouse(self.config.lakehouse)
+        feed = (
+            self.spark.readStream.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", 0)
+            .option("maxFilesPerTrigger", MAX_FILES_PER_TRIGGER)
+            .load(COMMIT_LOG.path(self.config.lakehouse))
+        )
+        records = as_records(feed).unionByName(heartbeat(self.spark))
+        self.query = (
+            records.writeStream.queryName(QUERY_NAME)
+            .foreachBatch(self._run_batch)
+            .option("checkpointLocation", checkpoint_location(self.config))
+            .trigger(processingTime=f"{self.config.trigger_interval_ms} milliseconds")
+            .start()
+        )
+        log.info("checker started on %s (checkpoint %s)", self.config.lakehouse, checkpoint_location(self.config))
+        return self
+
+    def _run_batch(self, records: DataFrame, batch_id: int) -> None:
+        with self._batch_lock:
+            if self._stopping:
+                # Not processed and not committed: the next start replays this batch.
+                raise RuntimeError("checker stopping; batch %d left for the next run" % batch_id)
+            self.last_summary = run_batch(self.spark, self.config, records, batch_id, self.app_id)
+
+    def stop(self) -> None:
+        """Stop after the batch in flight, if any, has finished and committed its writes."""
+        with self._batch_lock:
+            self._stopping = True
+            if self.query is not None:
+                self.query.stop()
+        log.info("checker stopped")
+
+    def await_termination(self, timeout_s: Optional[float] = None) -> bool:
+        """Wait for the query to end (``stop()`` or a failure, which is raised)."""
+        return self.query.awaitTermination(timeout_s)
