@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: stop_requested.set())
 
     spark = get_spark("txcoord-checker")
+    _forward_jvm_signals(spark, stop_requested)
     checker = CheckerQuery(spark, config).start()
     try:
         while not stop_requested.is_set():
@@ -44,6 +46,28 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
     return 0
+
+
+def _forward_jvm_signals(spark, stop_requested: threading.Event) -> None:
+    """Under spark-submit the JVM is the parent process and receives SIGTERM/SIGINT first;
+    by default it would exit at once, killing the batch in flight. Route both to our stop."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return  # started by Python: pyspark's JVM ignores SIGINT and is not sent SIGTERM
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    gateway = spark.sparkContext._gateway
+    ensure_callback_server_started(gateway)
+
+    class StopOnSignal:
+        def handle(self, signal_):
+            stop_requested.set()
+
+        class Java:
+            implements = ["sun.misc.SignalHandler"]
+
+    handler = StopOnSignal()
+    for name in ("TERM", "INT"):
+        gateway.jvm.sun.misc.Signal.handle(gateway.jvm.sun.misc.Signal(name), handler)
 
 
 if __name__ == "__main__":
