@@ -5,9 +5,8 @@ batch with an explicit clock (so timing rules are tested without sleeping)."""
 from __future__ import annotations
 
 import datetime as dt
-import time
 import uuid
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import pyarrow as pa
 import pytest
@@ -99,28 +98,29 @@ class ManualChecker:
         append_rows(COMMIT_LOG.path(self.config.lakehouse), COMMIT_LOG, list(rows))
         return DeltaTable(COMMIT_LOG.path(self.config.lakehouse)).version()
 
-    def records(self, now: Optional[dt.datetime]):
+    def records(self, first_version: int, last_version: int, now: dt.datetime):
         from coordinator.checker import read_records
         from coordinator.checker.context import RECORD_EXTRA_COLUMNS
 
-        latest = DeltaTable(COMMIT_LOG.path(self.config.lakehouse)).version()
         schema = COMMIT_LOG.spark_ddl() + ", " + ", ".join(f"{n} {t}" for n, t in RECORD_EXTRA_COLUMNS)
-        tick = [{"stored_timestamp": now or dt.datetime.now(UTC), "is_heartbeat": True}]
-        records = self.spark.createDataFrame(tick, schema)
-        if latest >= self.next_version:
-            records = read_records(self.spark, self.config, self.next_version, latest).unionByName(records)
-        return records, latest
+        records = self.spark.createDataFrame([{"stored_timestamp": now, "is_heartbeat": True}], schema)
+        if last_version >= first_version:
+            records = read_records(self.spark, self.config, first_version, last_version).unionByName(records)
+        return records
 
-    def run(self, now: Optional[dt.datetime] = None, batch_id: Optional[int] = None):
-        """Run one batch (``batch_id`` given: replay that batch over the same versions is the caller's job)."""
+    def run(self, now: Optional[dt.datetime] = None):
+        """Run the next batch over every commit-log version not yet processed, at clock ``now``."""
+        latest = DeltaTable(COMMIT_LOG.path(self.config.lakehouse)).version()
+        self.last_batch = (self.next_version, latest, now or dt.datetime.now(UTC), self.batch_id)
+        self.next_version, self.batch_id = latest + 1, self.batch_id + 1
+        return self.replay()
+
+    def replay(self):
+        """Run the last batch again, exactly as Spark does after a crash: same id, versions and clock."""
         from coordinator.checker import run_batch
 
-        records, latest = self.records(now)
-        summary = run_batch(self.spark, self.config, records, self.batch_id if batch_id is None else batch_id)
-        self.next_version = latest + 1
-        if batch_id is None:
-            self.batch_id += 1
-        return summary
+        first, last, now, batch_id = self.last_batch
+        return run_batch(self.spark, self.config, self.records(first, last, now), batch_id)
 
     def table(self, name: str):
         from coordinator.tables import SYSTEM_TABLES, topic_path
@@ -141,9 +141,3 @@ def stored_time(checker: ManualChecker, transaction_id: str) -> dt.datetime:
     return dt.datetime.fromtimestamp(row.us / 1e6, UTC)
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 30, interval_s: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met within %.0f s" % timeout_s)
-        time.sleep(interval_s)

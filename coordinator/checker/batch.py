@@ -21,7 +21,7 @@ from coordinator.checker.context import BatchContext
 from coordinator.checker.ingest import ingest_halves, refuse_unknown_kinds
 from coordinator.checker.resolve import COMMIT, ROLLBACK, promote, resolve_ends
 from coordinator.config import CoordinatorConfig
-from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TOPIC, topic_path
+from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TOPIC, TableDef, topic_path
 
 log = logging.getLogger("coordinator.checker")
 
@@ -82,14 +82,18 @@ def _decide_and_write(ctx: BatchContext, records: DataFrame) -> BatchSummary:
     def keep(df: DataFrame) -> DataFrame:
         return df.localCheckpoint(eager=True)
 
-    new_halves, half_rejections = ingest_halves(ctx, records)
-    new_halves = keep(new_halves)
-    ops, end_rejections = resolve_ends(ctx, records, new_halves)
-    ops = keep(ops)
+    record_count = records.count()
+    if record_count:
+        new_halves, half_rejections = ingest_halves(ctx, records)
+        new_halves = keep(new_halves)
+        ops, end_rejections = resolve_ends(ctx, records, new_halves)
+        ops = keep(ops)
+        rejected = keep(refuse_unknown_kinds(records).unionByName(half_rejections).unionByName(end_rejections))
+    else:  # a heartbeat-only batch: nothing to ingest or resolve, only checks to make
+        new_halves, ops, rejected = (_empty(ctx, table) for table in (HALF, OP, REJECTED))
     requests, discarded, discard_ops = find_due(ctx, new_halves, ops)
     requests, discarded = keep(requests), keep(discarded)
     deliveries = keep(promote(ctx, ops, new_halves))
-    rejected = keep(refuse_unknown_kinds(records).unionByName(half_rejections).unionByName(end_rejections))
     all_ops = keep(ops.unionByName(discard_ops))
 
     counts = {name: df.count() for name, df in [("halves", new_halves), ("ops", all_ops), ("checks", requests),
@@ -108,7 +112,7 @@ def _decide_and_write(ctx: BatchContext, records: DataFrame) -> BatchSummary:
             ctx.append(df, table)
     return BatchSummary(
         batch_id=ctx.batch_id,
-        records=records.count(),
+        records=record_count,
         halves=counts["halves"],
         commits=outcomes.get(COMMIT, 0),
         rollbacks=outcomes.get(ROLLBACK, 0),
@@ -117,3 +121,9 @@ def _decide_and_write(ctx: BatchContext, records: DataFrame) -> BatchSummary:
         discarded=counts["discarded"],
         rejected=counts["rejected"],
     )
+
+
+def _empty(ctx: BatchContext, table: TableDef) -> DataFrame:
+    """No rows, with ``table``'s columns less ``batch_id`` (as the steps produce them)."""
+    columns = ", ".join(f"`{name}` {kind}" for name, kind in table.columns if name != "batch_id")
+    return ctx.spark.createDataFrame([], columns)

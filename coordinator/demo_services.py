@@ -1,0 +1,301 @@
+"""The two services of the demo (DESIGN §1): an order service on SQLite, and the credits table.
+
+The order service keeps orders in its own SQLite database and announces each one
+on ``ORDER_TOPIC`` with a transactional message. Each demo order has a *fate*,
+fixed in advance from its index, that decides how its local transaction goes —
+so every path of the protocol is walked, the same way on every run.
+
+The credits service itself is a Spark job (``jobs/credits.py``); only its table
+and its points rule live here, so the demo can read its results without a JVM.
+
+Example::
+
+    store = OrderStore("demo-lakehouse/orders.db")
+    store.create()
+    listener = OrderListener(store)
+    orders = make_orders(12)          # orders[i].fate: Fate.COMMIT, Fate.DECLINED, ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import math
+import random
+import sqlite3
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+from coordinator.listener import LocalTransactionState, TransactionListener
+from coordinator.message import Message
+from coordinator.tables import TableDef
+
+ORDER_TOPIC = "ORDER_TOPIC"
+ORDER_GROUP = "order_group"
+#: Seed of the default demo plan; the same seed gives the same orders and fates.
+DEFAULT_SEED = 7
+
+CONFIRMED = "confirmed"
+MANUAL_REVIEW = "manual_review"
+
+#: Loyalty points granted per committed order, one row per order (``jobs/credits.py`` writes it).
+CREDITS = TableDef(
+    "services/credits",
+    (
+        ("order_id", "long"),
+        ("customer", "string"),
+        ("points", "long"),
+        ("msg_id", "string"),
+        ("transaction_id", "string"),
+        ("queue_offset", "long"),
+        ("granted_at", "timestamp"),
+        ("batch_id", "long"),
+    ),
+)
+
+
+class Fate(enum.Enum):
+    """How a demo order's local transaction goes, and how the protocol must end it."""
+
+    #: Inserted and committed; the producer reports COMMIT.
+    COMMIT = "commit"
+    #: Payment declined inside the transaction: the insert is rolled back; the producer reports ROLLBACK.
+    DECLINED = "declined"
+    #: Committed in SQLite, then the service "crashes" before reporting (UNKNOW): check-back finds it, COMMIT.
+    CRASH_AFTER_COMMIT = "crash_after_commit"
+    #: "Crashes" before reaching the database (UNKNOW): check-back finds no order, ROLLBACK.
+    CRASH_BEFORE_DB = "crash_before_db"
+    #: Held for manual review: every check-back answers UNKNOW, so the coordinator discards it.
+    STUCK = "stuck"
+
+    @property
+    def expected_outcome(self) -> str:
+        """The op-queue outcome this fate must end in: ``COMMIT``, ``ROLLBACK`` or ``DISCARD``.
+
+        Example::
+
+            Fate.CRASH_AFTER_COMMIT.expected_outcome  # 'COMMIT'
+        """
+        return {
+            Fate.COMMIT: "COMMIT",
+            Fate.CRASH_AFTER_COMMIT: "COMMIT",
+            Fate.DECLINED: "ROLLBACK",
+            Fate.CRASH_BEFORE_DB: "ROLLBACK",
+            Fate.STUCK: "DISCARD",
+        }[self]
+
+
+#: Smallest demo that still walks every path (one order per fate).
+MIN_ORDERS = len(Fate)
+_CUSTOMERS = ("ada", "grace", "linus", "barbara", "edsger", "margaret", "alan", "frances")
+
+
+@dataclass(frozen=True)
+class Order:
+    """One demo order and what will happen to it."""
+
+    order_id: int
+    customer: str
+    amount: float
+    fate: Fate
+
+    def body(self) -> bytes:
+        """The message body: the order as JSON.
+
+        Example::
+
+            Order(1, "ada", 12.5, Fate.COMMIT).body()  # b'{"order_id": 1, "customer": "ada", "amount": 12.5}'
+        """
+        return json.dumps({"order_id": self.order_id, "customer": self.customer, "amount": self.amount}).encode()
+
+    def message(self) -> Message:
+        """The "order created" message announcing this order."""
+        return Message(ORDER_TOPIC, self.body(), keys=f"order-{self.order_id}", tags="created")
+
+
+def plan_fates(count: int, seed: int = DEFAULT_SEED) -> list[Fate]:
+    """The fate of each of ``count`` orders: every fate at least once, mostly commits.
+
+    One or two orders get stuck (two from 30 orders on); the rest are drawn with a
+    seeded RNG, so a plan is the same on every run.
+
+    Example::
+
+        plan_fates(5)  # each Fate once, in a seeded order
+    """
+    if count < MIN_ORDERS:
+        raise ValueError(f"at least {MIN_ORDERS} orders are needed to walk every path, got {count}")
+    rng = random.Random(seed)
+    stuck = 2 if count >= 30 else 1
+    fates = [Fate.COMMIT, Fate.DECLINED, Fate.CRASH_AFTER_COMMIT, Fate.CRASH_BEFORE_DB] + [Fate.STUCK] * stuck
+    drawable = [Fate.COMMIT, Fate.DECLINED, Fate.CRASH_AFTER_COMMIT, Fate.CRASH_BEFORE_DB]
+    fates += rng.choices(drawable, weights=[70, 10, 10, 10], k=count - len(fates))
+    rng.shuffle(fates)
+    return fates
+
+
+def make_orders(count: int, seed: int = DEFAULT_SEED) -> list[Order]:
+    """``count`` orders, ids 1..count, with seeded customers, amounts and fates.
+
+    Example::
+
+        [o.order_id for o in make_orders(5)]  # [1, 2, 3, 4, 5]
+    """
+    fates = plan_fates(count, seed)
+    # A separate stream from the fates', so changing the fate rules keeps the amounts.
+    rng = random.Random(seed * 1_000_003 + 1)
+    return [
+        Order(index + 1, rng.choice(_CUSTOMERS), round(rng.uniform(5, 250), 2), fate)
+        for index, fate in enumerate(fates)
+    ]
+
+
+def points_for(amount: float) -> int:
+    """Loyalty points for an order: one per whole currency unit.
+
+    Example::
+
+        points_for(12.99)  # 12
+    """
+    return math.floor(amount)
+
+
+class PaymentDeclined(Exception):
+    """Raised inside the order's local transaction to roll it back."""
+
+
+class OrderStore:
+    """The order service's own database: a SQLite file with an ``orders`` table.
+
+    Each call opens its own connection, so the producer's threads and the
+    check-back worker's pool can use one store at once.
+
+    Example::
+
+        store = OrderStore("orders.db")
+        store.create()
+        with store.transaction() as db:
+            store.insert(db, order, CONFIRMED)
+        store.status_of(order.order_id)  # 'confirmed'
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def create(self) -> None:
+        """Create the ``orders`` table if missing. ``status`` is ``confirmed`` or ``manual_review``."""
+        with self.transaction() as db:
+            db.execute(
+                """CREATE TABLE IF NOT EXISTS orders (
+                       order_id   INTEGER PRIMARY KEY,
+                       customer   TEXT NOT NULL,
+                       amount     REAL NOT NULL CHECK (amount > 0),
+                       status     TEXT NOT NULL CHECK (status IN ('confirmed', 'manual_review')),
+                       created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+                   )"""
+            )
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A connection inside one SQLite transaction: committed on success, rolled back on any exception.
+
+        Example::
+
+            with store.transaction() as db:
+                db.execute("DELETE FROM orders")
+        """
+        # isolation_level=None: we issue BEGIN ourselves, so the transaction's bounds are exactly the block's.
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            # WAL lets check-back reads run while an order is being written.
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        finally:
+            db.close()
+
+    @staticmethod
+    def insert(db: sqlite3.Connection, order: Order, status: str) -> None:
+        """Insert ``order`` with ``status`` on ``db`` (inside a :meth:`transaction`)."""
+        db.execute(
+            "INSERT INTO orders (order_id, customer, amount, status) VALUES (?, ?, ?, ?)",
+            (order.order_id, order.customer, order.amount, status),
+        )
+
+    def status_of(self, order_id: int) -> Optional[str]:
+        """The order's status, or ``None`` if the database never saw it.
+
+        Example::
+
+            store.status_of(404)  # None
+        """
+        with contextlib.closing(sqlite3.connect(self.path, timeout=30)) as db:
+            row = db.execute("SELECT status FROM orders WHERE order_id = ?", (order_id,)).fetchone()
+        return None if row is None else row[0]
+
+    def order_ids(self, status: str = CONFIRMED) -> list[int]:
+        """Ids of the orders with ``status``, ascending.
+
+        Example::
+
+            store.order_ids()  # the confirmed orders: [1, 2, 5, ...]
+        """
+        with contextlib.closing(sqlite3.connect(self.path, timeout=30)) as db:
+            return [row[0] for row in db.execute("SELECT order_id FROM orders WHERE status = ? ORDER BY order_id", (status,))]
+
+
+class OrderListener(TransactionListener):
+    """The order service's local transaction and its answer to check-backs.
+
+    ``execute_local_transaction(msg, order)`` plays out ``order.fate``;
+    ``check_local_transaction`` looks the order up in SQLite, as a real service
+    would: confirmed → COMMIT, absent → ROLLBACK, held for review → UNKNOW.
+
+    Example::
+
+        producer = TransactionProducer(ORDER_GROUP, OrderListener(store), config).start()
+        producer.send_message_in_transaction(order.message(), order)
+    """
+
+    def __init__(self, store: OrderStore) -> None:
+        self.store = store
+
+    def execute_local_transaction(self, msg: Message, order: Any) -> LocalTransactionState:
+        if order.fate is Fate.CRASH_BEFORE_DB:
+            return LocalTransactionState.UNKNOW  # died before the database saw anything
+        status = MANUAL_REVIEW if order.fate is Fate.STUCK else CONFIRMED
+        try:
+            with self.store.transaction() as db:
+                self.store.insert(db, order, status)
+                if order.fate is Fate.DECLINED:
+                    raise PaymentDeclined(f"order {order.order_id}: payment declined")
+        except PaymentDeclined:
+            return LocalTransactionState.ROLLBACK_MESSAGE  # the insert was rolled back with the transaction
+        if order.fate in (Fate.CRASH_AFTER_COMMIT, Fate.STUCK):
+            # Committed locally, but the outcome never reaches the coordinator as a decision.
+            return LocalTransactionState.UNKNOW
+        return LocalTransactionState.COMMIT_MESSAGE
+
+    def check_local_transaction(self, msg: Message) -> LocalTransactionState:
+        status = self.store.status_of(order_id_of(msg.body))
+        if status == CONFIRMED:
+            return LocalTransactionState.COMMIT_MESSAGE
+        if status is None:
+            return LocalTransactionState.ROLLBACK_MESSAGE
+        return LocalTransactionState.UNKNOW  # held for manual review: this service cannot decide
+
+
+def order_id_of(body: bytes) -> int:
+    """The order id in a message body.
+
+    Example::
+
+        order_id_of(b'{"order_id": 7, "customer": "ada", "amount": 9.5}')  # 7
+    """
+    return int(json.loads(body)["order_id"])

@@ -1,0 +1,221 @@
+"""The credits service: grants loyalty points for every order announced on ``ORDER_TOPIC``.
+
+A Structured Streaming query over the Delta table ``topics/ORDER_TOPIC``; each
+micro-batch MERGEs one row per order into ``services/credits``, keyed by
+``order_id``, so a replayed batch (after a crash) or a re-delivered order grants
+nothing twice.
+
+Run it with Python, which stops it gracefully on SIGTERM/SIGINT (the batch in
+flight finishes, then exit 0)::
+
+    python jobs/credits.py --config demo-lakehouse/demo.toml
+    python jobs/credits.py --config X.toml --until-idle 20   # exit after 20 s without new orders
+
+``spark-submit jobs/credits.py`` works too, but there the JVM takes SIGTERM and
+stops at once; the idempotent MERGE makes that safe, only less tidy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Optional
+
+from deltalake import DeltaTable as DeltaRsTable
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from coordinator.config import CoordinatorConfig
+from coordinator.demo_services import CREDITS, ORDER_TOPIC
+from coordinator.exceptions import CoordinatorError
+from coordinator.lakehouse import create_table
+from coordinator.spark import get_spark
+from coordinator.tables import topic_path
+
+log = logging.getLogger("credits")
+
+QUERY_NAME = "txcoord-credits"
+_ORDER_SCHEMA = "order_id long, customer string, amount double"
+
+
+class StopRequested(Exception):
+    """Raised in a batch that starts after stop(): it is not committed, so the next run replays it."""
+
+
+def checkpoint_location(lakehouse: str) -> str:
+    """Where the credits query keeps its streaming checkpoint.
+
+    Example::
+
+        checkpoint_location("/lh")  # '/lh/services/_checkpoints/credits'
+    """
+    return os.path.join(os.path.abspath(lakehouse), "services", "_checkpoints", "credits")
+
+
+def credits_of(topic_rows: DataFrame) -> DataFrame:
+    """One credit row per order in ``topic_rows`` (the earliest message of each order wins).
+
+    Bodies that are not order JSON are left out.
+
+    Example::
+
+        credits_of(spark.read.format("delta").load("lh/topics/ORDER_TOPIC")).show()
+    """
+    orders = topic_rows.select(
+        "msg_id", "transaction_id", "queue_offset", F.from_json(F.col("body").cast("string"), _ORDER_SCHEMA).alias("order")
+    ).filter(F.col("order.order_id").isNotNull() & F.col("order.amount").isNotNull())
+    # MERGE inserts every unmatched source row, so duplicates inside one batch must go first.
+    earliest = F.row_number().over(Window.partitionBy("order.order_id").orderBy("queue_offset", "msg_id"))
+    return orders.withColumn("rank", earliest).filter(F.col("rank") == 1).select(
+        F.col("order.order_id").alias("order_id"),
+        F.col("order.customer").alias("customer"),
+        F.floor("order.amount").cast("long").alias("points"),  # same rule as demo_services.points_for
+        "msg_id",
+        "transaction_id",
+        "queue_offset",
+    )
+
+
+def grant_credits(spark: SparkSession, lakehouse: str, topic_rows: DataFrame, batch_id: int) -> int:
+    """MERGE the credits of ``topic_rows`` into ``services/credits``; orders already credited are skipped.
+
+    Returns how many orders the batch carried (granted now or before).
+
+    Example::
+
+        grant_credits(spark, "lh", batch_df, batch_id=3)
+    """
+    from delta.tables import DeltaTable
+
+    new = credits_of(topic_rows).withColumn("granted_at", F.current_timestamp()).withColumn("batch_id", F.lit(batch_id).cast("long"))
+    new = new.localCheckpoint(eager=True)  # read the batch once: it is counted and merged
+    orders = new.count()
+    if orders:
+        (
+            DeltaTable.forPath(spark, CREDITS.path(lakehouse))
+            .alias("credit")
+            .merge(new.alias("new"), "credit.order_id = new.order_id")
+            .whenNotMatchedInsertAll()
+            .execute()
+        )
+    return orders
+
+
+class CreditsQuery:
+    """The running credits stream: start it, then stop it between batches.
+
+    Example::
+
+        query = CreditsQuery(spark, config).start()
+        ...
+        query.stop()   # the batch in flight finishes first
+    """
+
+    def __init__(self, spark: SparkSession, config: CoordinatorConfig) -> None:
+        self.spark = spark
+        self.config = config
+        self.query = None
+        self.last_orders_at = time.monotonic()
+        self.orders_read = 0
+        # Held while a batch runs; stop() waits for it, so a MERGE is never cut short.
+        self._batch_lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    def start(self) -> "CreditsQuery":
+        create_table(CREDITS, CREDITS.path(self.config.lakehouse))
+        self.query = (
+            self.spark.readStream.format("delta")
+            .load(topic_path(self.config.lakehouse, ORDER_TOPIC))
+            .writeStream.queryName(QUERY_NAME)
+            .foreachBatch(self._run_batch)
+            .option("checkpointLocation", checkpoint_location(self.config.lakehouse))
+            .trigger(processingTime=f"{self.config.trigger_interval_ms} milliseconds")
+            .start()
+        )
+        log.info("credits stream started on %s", topic_path(self.config.lakehouse, ORDER_TOPIC))
+        return self
+
+    def _run_batch(self, topic_rows: DataFrame, batch_id: int) -> None:
+        with self._batch_lock:
+            if self._stopping.is_set():
+                raise StopRequested(f"credits stopping; batch {batch_id} left for the next run")
+            orders = grant_credits(self.spark, self.config.lakehouse, topic_rows, batch_id)
+            if orders:
+                self.orders_read += orders
+                self.last_orders_at = time.monotonic()
+            log.info("batch %d: %d order(s) read, %d in total", batch_id, orders, self.orders_read)
+
+    def idle_for(self) -> float:
+        """Seconds since the last batch that carried orders (or since start)."""
+        return time.monotonic() - self.last_orders_at
+
+    def stop(self) -> None:
+        """Stop after the batch in flight, if any, has merged its credits."""
+        self._stopping.set()
+        # Not held across query.stop(): a batch starting now would block on it while
+        # query.stop() waits for that batch; instead the batch sees _stopping and gives up.
+        with self._batch_lock:
+            pass
+        if self.query is not None:
+            self.query.stop()
+        log.info("credits stream stopped")
+
+
+def wait_for_table(path: str, give_up: threading.Event, timeout_s: Optional[float]) -> bool:
+    """Wait until a Delta table exists at ``path`` (a topic table appears on its first delivery).
+
+    Returns ``False`` if ``give_up`` is set or ``timeout_s`` passes first.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while not DeltaRsTable.is_deltatable(path):
+        if give_up.is_set() or (deadline is not None and time.monotonic() > deadline):
+            return False
+        give_up.wait(0.5)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Grant loyalty points for the orders on ORDER_TOPIC.")
+    parser.add_argument("--config", default=None, help="coordinator TOML file (default: conf/coordinator.toml)")
+    parser.add_argument("--until-idle", type=float, default=None, metavar="SECONDS",
+                        help="exit 0 once no order has arrived for this long (default: run until SIGTERM)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = CoordinatorConfig.load(args.config)
+    except CoordinatorError as error:
+        print(f"credits: {error}", file=sys.stderr)
+        return 2
+
+    stop_requested = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop_requested.set())
+
+    spark = get_spark("txcoord-credits")
+    try:
+        topic = topic_path(config.lakehouse, ORDER_TOPIC)
+        log.info("waiting for %s", topic)
+        if not wait_for_table(topic, stop_requested, args.until_idle):
+            log.info("no topic table yet; nothing to credit")
+            return 0
+        credits = CreditsQuery(spark, config).start()
+        while not stop_requested.is_set():
+            if credits.query.awaitTermination(1):
+                print("credits: the streaming query ended unexpectedly", file=sys.stderr)
+                return 1
+            if args.until_idle is not None and credits.idle_for() >= args.until_idle:
+                log.info("idle for %.0f s; stopping", credits.idle_for())
+                break
+        credits.stop()
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""The checker's rules (DESIGN §2, §4), one batch at a time, over records written straight
+to the commit log with delta-rs (the way any writer, well-behaved or not, can)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pytest
+from chispa import assert_df_equality
+from dataclasses import replace
+from pathlib import Path
+from pyspark.sql import functions as F
+
+from coordinator.checker.resolve import WAIT_FOR_CHECK
+from coordinator.message import CHECK_IMMUNITY_TIME_IN_SECONDS, MAX_BODY_BYTES
+from tests.conftest import end_record, half_record, stored_time
+
+SECOND = dt.timedelta(seconds=1)
+
+
+def reasons(checker) -> dict[str, str]:
+    """Rejections by record id."""
+    return {r.record_id: r.reason for r in checker.table("rejected").collect()}
+
+
+def test_commit_delivers_once_and_rollback_never(checker):
+    checker.write(half_record("t-commit", keys="k1", tags="tag", properties={"p": "1"}), half_record("t-rollback"))
+    checker.write(end_record("t-commit"), end_record("t-rollback", "ROLLBACK_MESSAGE"))
+    summary = checker.run()
+
+    assert (summary.halves, summary.commits, summary.rollbacks, summary.delivered) == (2, 1, 1, 1)
+    topic = checker.table("T").collect()
+    assert [(r.transaction_id, r.keys, r.tags, r.properties, bytes(r.body)) for r in topic] == [
+        ("t-commit", "k1", "tag", {"p": "1"}, b"hello")
+    ]
+    ops = {r.transaction_id: r.outcome for r in checker.table("op").collect()}
+    assert ops == {"t-commit": "COMMIT", "t-rollback": "ROLLBACK"}
+    half = checker.table("half").orderBy("queue_offset").collect()
+    assert half[0].queue_offset < half[1].queue_offset and len({r.queue_offset for r in half}) == 2
+
+
+def test_half_and_end_in_separate_batches_and_offsets_keep_increasing(checker):
+    patient = {CHECK_IMMUNITY_TIME_IN_SECONDS: "600"}  # a slow batch must not make the END late
+    checker.write(half_record("a", properties=patient))
+    checker.run()
+    checker.write(half_record("b", properties=patient))
+    checker.write(end_record("a"), end_record("b"))
+    summary = checker.run()
+
+    assert summary.commits == 2
+    offsets = [r.queue_offset for r in checker.table("half").orderBy("commit_version").collect()]
+    assert offsets == sorted(offsets) and len(set(offsets)) == 2
+    topic = checker.table("T").select("transaction_id", "queue_offset")
+    half = checker.table("half").select("transaction_id", "queue_offset")
+    assert_df_equality(topic, half, ignore_row_order=True)
+
+
+def test_two_topic_transaction_is_all_or_nothing(checker):
+    checker.write(
+        half_record("both", topic="ORDERS", message_index=0, message_count=2),
+        half_record("both", topic="AUDIT", message_index=1, message_count=2),
+        half_record("neither", topic="ORDERS", message_index=0, message_count=2),
+        half_record("neither", topic="AUDIT", message_index=1, message_count=2),
+    )
+    checker.write(end_record("both"), end_record("neither", "ROLLBACK_MESSAGE"))
+    checker.run()
+
+    assert [r.transaction_id for r in checker.table("ORDERS").collect()] == ["both"]
+    assert [r.transaction_id for r in checker.table("AUDIT").collect()] == ["both"]
+    assert checker.table("op").filter("transaction_id = 'neither'").count() == 2
+
+
+def test_incomplete_multi_message_transaction_is_refused_whole(checker):
+    checker.write(
+        half_record("partial", topic="ORDERS", message_index=0, message_count=3),
+        half_record("partial", topic="AUDIT", message_index=1, message_count=3),
+    )
+    checker.write(end_record("partial"))
+    checker.run()
+
+    assert checker.table("half").count() == 0
+    rejected = checker.table("rejected").groupBy("reason").count().collect()
+    assert {r.reason: r["count"] for r in rejected} == {
+        "transaction's messages incomplete or inconsistent": 2,
+        "unknown transaction": 1,
+    }
+
+
+def test_replayed_batch_writes_nothing_twice(checker):
+    tables = ["half", "op", "rejected", "check_requests", "T"]
+
+    def contents():
+        return {name: sorted(map(str, checker.table(name).drop("body").collect())) for name in tables}
+
+    checker.write(half_record("c"), half_record("r"), half_record("u"), half_record("bad", topic="../x"))
+    checker.write(end_record("c"), end_record("r", "ROLLBACK_MESSAGE"), end_record("ghost"))
+    first = checker.run()
+    before = contents()
+    replayed = checker.replay()
+    assert replace(replayed, duration_ms=0) == replace(first, duration_ms=0)
+    assert contents() == before
+
+    checks = checker.run(now=checker.last_batch[2] + dt.timedelta(seconds=10))
+    assert checks.checks == 1
+    before = contents()
+    assert replace(checker.replay(), duration_ms=0) == replace(checks, duration_ms=0)
+    assert contents() == before
+
+
+def test_crash_between_writes_is_repaired_by_replay(checker, monkeypatch):
+    import coordinator.checker.context as context
+
+    checker.write(half_record("x"))
+    checker.write(end_record("x"))
+    real_append = context.BatchContext.append
+
+    def crash_on_topic(self, df, table, path=None):
+        if table.name.startswith("topics/"):
+            raise RuntimeError("simulated crash after the op was written")
+        real_append(self, df, table, path)
+
+    monkeypatch.setattr(context.BatchContext, "append", crash_on_topic)
+    with pytest.raises(RuntimeError):
+        checker.run()
+    assert checker.table("op").count() == 1
+    monkeypatch.setattr(context.BatchContext, "append", real_append)
+    checker.replay()
+
+    assert checker.table("op").count() == 1
+    assert checker.table("half").count() == 1
+    assert [r.transaction_id for r in checker.table("T").collect()] == ["x"]
+
+
+def test_hostile_and_malformed_records_are_rejected_with_reasons(checker):
+    records = {
+        "traversal": half_record("h1", topic="../x"),
+        "long_topic": half_record("h2", topic="T" * 200),
+        "empty_body": half_record("h3", body=b""),
+        "huge_body": half_record("h4", body=b"x" * (MAX_BODY_BYTES + 1)),
+        "null_txn": half_record(None),
+        "bad_immunity": half_record("h5", properties={CHECK_IMMUNITY_TIME_IN_SECONDS: "-3"}),
+        "unknown_kind": half_record("h6", kind="DELETE_EVERYTHING"),
+        "valid": half_record("ok", group="g"),
+        "other_group_valid": half_record("owned", group="owner"),
+    }
+    checker.write(*records.values())
+    ends = {
+        "unknown_state": end_record("ok", state="MAYBE"),
+        "unknown_txn": end_record("nobody-sent-this"),
+        "forged_group": end_record("owned", group="intruder"),
+        "valid_end": end_record("ok"),
+        "second_end": end_record("ok", state="ROLLBACK_MESSAGE"),
+    }
+    checker.write(*ends.values())
+    summary = checker.run()
+
+    got = reasons(checker)
+    expected = {
+        "traversal": "topic does not match",
+        "long_topic": "topic longer than 127 characters",
+        "empty_body": "empty body",
+        "huge_body": "body larger than",
+        "null_txn": "missing transaction_id",
+        "bad_immunity": f"bad {CHECK_IMMUNITY_TIME_IN_SECONDS}",
+        "unknown_kind": "unknown record kind 'DELETE_EVERYTHING'",
+    }
+    for name, reason in expected.items():
+        assert got[records[name]["record_id"]].startswith(reason), (name, got.get(records[name]["record_id"]))
+    assert got[ends["unknown_state"]["record_id"]] == "unknown state 'MAYBE'"
+    assert got[ends["unknown_txn"]["record_id"]] == "unknown transaction"
+    assert got[ends["forged_group"]["record_id"]] == "producer group does not own the transaction"
+    assert got[ends["second_end"]["record_id"]] == "transaction already resolved"
+    assert ends["valid_end"]["record_id"] not in got
+    assert summary.rejected == len(expected) + 4
+    # Valid traffic around the bad records is untouched.
+    assert [r.transaction_id for r in checker.table("T").collect()] == ["ok"]
+    assert {r.transaction_id for r in checker.table("half").collect()} == {"ok", "owned"}
+    # Nothing left the lakehouse's topics/ directory.
+    assert sorted(p.name for p in Path(checker.config.lakehouse).iterdir()) == ["system", "topics"]
+    assert [p.name for p in (Path(checker.config.lakehouse) / "topics").iterdir()] == ["T"]
+
+
+def test_duplicate_transaction_id_and_end_before_half(checker):
+    checker.write(half_record("dup"))
+    checker.run()
+    again = half_record("dup")
+    checker.write(again)
+    early_end = end_record("later")
+    checker.write(early_end)
+    late_half = half_record("later")
+    checker.write(late_half)
+    checker.run()
+
+    got = reasons(checker)
+    assert got[again["record_id"]] == "duplicate transaction_id"
+    assert got[early_end["record_id"]] == "end precedes its half"
+    assert checker.table("half").count() == 2
+
+
+def test_first_resolution_is_final(checker):
+    checker.write(half_record("once"))
+    checker.write(end_record("once"))
+    checker.run()
+    rollback = end_record("once", "ROLLBACK_MESSAGE")
+    checker.write(rollback)
+    checker.run()
+
+    assert reasons(checker) == {rollback["record_id"]: "transaction already resolved"}
+    assert checker.table("op").collect()[0].outcome == "COMMIT"
+    assert checker.table("T").count() == 1
+
+
+def test_late_producer_end_waits_for_check_but_a_check_answer_is_accepted(checker):
+    checker.write(half_record("late", properties={CHECK_IMMUNITY_TIME_IN_SECONDS: "1"}))
+    time.sleep(1.5)
+    late = end_record("late")
+    checker.write(late)
+    checker.run()
+    assert reasons(checker) == {late["record_id"]: WAIT_FOR_CHECK}
+    assert not (Path(checker.config.lakehouse) / "topics" / "T").exists()
+
+    requests = checker.table("check_requests").collect()
+    assert [r.check_times for r in requests] == [1]
+    checker.write(end_record("late", check_id=requests[0].check_id))
+    checker.run()
+    assert checker.table("T").count() == 1
+
+
+def test_checker_downtime_rejects_nothing(checker):
+    """An END that entered the commit log in time is valid however late the checker reads it."""
+    checker.write(half_record("slow"))
+    checker.write(end_record("slow"))
+    summary = checker.run(now=dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=5))
+
+    assert (summary.commits, summary.rejected, summary.checks) == (1, 0, 0)
+
+
+def test_checks_respect_immunity_interval_and_maximum_then_discard(checker):
+    cfg = checker.config  # immunity 6 s, interval 60 s, maximum 5
+    checker.write(half_record("silent"), half_record("patient", properties={CHECK_IMMUNITY_TIME_IN_SECONDS: "30"}))
+    checker.run()
+    born = stored_time(checker, "silent")
+
+    def checks(txn):
+        return checker.table("check_requests").filter(F.col("transaction_id") == txn).count()
+
+    checker.run(now=born + 5 * SECOND)
+    assert checks("silent") == 0  # still immune
+    checker.run(now=born + 7 * SECOND)
+    assert (checks("silent"), checks("patient")) == (1, 0)  # default immunity passed, per-message one not
+    checker.run(now=born + 40 * SECOND)
+    assert (checks("silent"), checks("patient")) == (1, 1)  # interval not yet elapsed for "silent"
+    now = born + 7 * SECOND
+    for expected in range(2, cfg.transaction_check_max + 1):
+        now += 61 * SECOND
+        checker.run(now=now)
+        assert checks("silent") == expected
+    now += 61 * SECOND
+    summary = checker.run(now=now)
+
+    assert checks("silent") == cfg.transaction_check_max
+    discarded = checker.table("discarded").filter("transaction_id = 'silent'").collect()
+    assert [(r.check_times, r.reason) for r in discarded] == [(5, "checked 5 times without an answer")]
+    assert summary.discarded == 1
+    times = [r.check_times for r in checker.table("check_requests").filter("transaction_id = 'silent'").collect()]
+    assert sorted(times) == [1, 2, 3, 4, 5]
+    earliest_us = checker.table("check_requests").agg(F.min(F.unix_micros("requested_at"))).first()[0]
+    assert earliest_us >= (born + 6 * SECOND).timestamp() * 1e6
+    op = checker.table("op").filter("transaction_id = 'silent'").collect()
+    assert [r.outcome for r in op] == ["DISCARD"]
+    # A discarded transaction is resolved: an answer arriving now is refused.
+    answer = end_record("silent", check_id="silent-5")
+    checker.write(answer)
+    checker.run(now=now + SECOND)
+    assert reasons(checker)[answer["record_id"]] == "transaction already resolved"
+
+
+def test_halves_past_retention_are_discarded_unchecked(checker):
+    checker.config = checker.config.replace(file_reserved_time_hours=1)
+    checker.write(half_record("old"))
+    checker.run()
+    born = stored_time(checker, "old")
+    checker.run(now=born + dt.timedelta(hours=2))
+
+    assert checker.table("check_requests").count() == 0
+    assert [r.reason for r in checker.table("discarded").collect()] == ["expired: older than file_reserved_time_hours"]
