@@ -104,6 +104,23 @@ def get_spark(app_name: str = "txcoord", conf: Optional[Mapping[str, str]] = Non
     return spark
 
 
+def spark_submit(script: str | os.PathLike, *args: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run ``script`` with this virtualenv's ``spark-submit``.
+
+    ``spark-submit`` finds Spark and the driver's Python through ``PATH``; both must be
+    this virtualenv's, or the job cannot import ``coordinator``.
+
+    Example::
+
+        argv, env = spark_submit("jobs/checker.py", "--config", "conf/coordinator.toml")
+        subprocess.Popen(argv, env=env)
+    """
+    bin_dir = str(Path(sys.executable).parent)
+    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), PYSPARK_PYTHON=sys.executable,
+               PYSPARK_DRIVER_PYTHON=sys.executable)
+    return [os.path.join(bin_dir, "spark-submit"), str(script), *args], env
+
+
 def install_delta_jars() -> list[str]:
     """Resolve the Delta jars from Maven Central into the cache, once; return their paths.
 

@@ -1,0 +1,148 @@
+"""The whole protocol with the real producer, its check-back worker and the checker.
+
+The five transactions of the RocketMQ example (seeds/001): msg-4 commits, msg-5 rolls
+back, msg-1..3 end UNKNOW; their checks answer UNKNOW (forever), COMMIT and ROLLBACK.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
+from coordinator.checker import CheckerQuery
+from coordinator.spark import PROJECT_ROOT, spark_submit
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF
+from tests.conftest import half_record, stored_time
+from tests.producer_side import wait_until
+
+COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
+                            LocalTransactionState.UNKNOW)
+
+
+class SeedListener(TransactionListener):
+    """The listener of the RocketMQ example, recording every check it answers."""
+
+    first_phase = {"msg-1": UNKNOW, "msg-2": UNKNOW, "msg-3": UNKNOW, "msg-4": COMMIT, "msg-5": ROLLBACK}
+    check_answer = {"msg-1": UNKNOW, "msg-2": COMMIT, "msg-3": ROLLBACK}
+
+    def __init__(self):
+        self.checked: list[tuple[str, str, bytes, str]] = []
+
+    def execute_local_transaction(self, msg, arg):
+        return self.first_phase[msg.keys]
+
+    def check_local_transaction(self, msg):
+        self.checked.append((msg.keys, msg.topic, msg.body, msg.transaction_id, msg.tags, dict(msg.properties)))
+        return self.check_answer[msg.keys]
+
+
+def answered_checks(lakehouse: str) -> int:
+    log = DeltaTable(COMMIT_LOG.path(lakehouse)).to_pyarrow_table(columns=["check_id"])
+    return sum(1 for c in log.column("check_id").to_pylist() if c is not None)
+
+
+def test_five_transactions_of_the_rocketmq_example(checker):
+    config = checker.config  # immunity 6 s, interval 60 s, at most 5 checks
+    listener = SeedListener()
+    with TransactionProducer("TransactionProducer", listener, config) as producer:
+        results = {
+            f"msg-{i}": producer.send_message_in_transaction(
+                Message("TransactionTopicTest", f"Hello RocketMQ {i}".encode(), keys=f"msg-{i}", tags="TagA",
+                        properties={"k": str(i)})
+            )
+            for i in range(1, 6)
+        }
+        assert {k: r.local_transaction_state for k, r in results.items()} == SeedListener.first_phase
+        txn = {k: r.transaction_id for k, r in results.items()}
+        time.sleep(0.5)  # the one-way ENDs reach the commit log
+
+        first = checker.run()
+        assert (first.halves, first.commits, first.rollbacks, first.checks) == (5, 1, 1, 0)
+        born = stored_time(checker, txn["msg-1"])
+        checker.run(now=born + dt.timedelta(seconds=5))
+        assert checker.table("check_requests").count() == 0  # no check before the immunity time
+
+        now = born + dt.timedelta(seconds=7)
+        assert checker.run(now=now).checks == 3
+        wait_until(lambda: answered_checks(config.lakehouse) == 3)
+        resolved = checker.run(now=now + dt.timedelta(seconds=1))
+        assert (resolved.commits, resolved.rollbacks, resolved.rejected) == (1, 1, 0)
+        for round_ in range(2, config.transaction_check_max + 1):
+            now += dt.timedelta(seconds=61)
+            assert checker.run(now=now).checks == 1
+            wait_until(lambda: answered_checks(config.lakehouse) == 2 + round_)
+        now += dt.timedelta(seconds=61)
+        assert checker.run(now=now).discarded == 1
+
+    delivered = {r.keys: bytes(r.body) for r in checker.table("TransactionTopicTest").collect()}
+    assert delivered == {"msg-2": b"Hello RocketMQ 2", "msg-4": b"Hello RocketMQ 4"}
+    discarded = checker.table("discarded").collect()
+    assert [(r.keys, r.check_times, r.producer_group) for r in discarded] == [("msg-1", 5, "TransactionProducer")]
+    checks_by_key = {}
+    for keys, topic, body, transaction_id, tags, properties in listener.checked:
+        assert (topic, body, transaction_id, tags, properties) == (
+            "TransactionTopicTest", f"Hello RocketMQ {keys[-1]}".encode(), txn[keys], "TagA", {"k": keys[-1]})
+        checks_by_key[keys] = checks_by_key.get(keys, 0) + 1
+    assert checks_by_key == {"msg-1": 5, "msg-2": 1, "msg-3": 1}
+    outcomes = {r.transaction_id: r.outcome for r in checker.table("op").collect()}
+    assert outcomes == {txn["msg-1"]: "DISCARD", txn["msg-2"]: "COMMIT", txn["msg-3"]: "ROLLBACK",
+                        txn["msg-4"]: "COMMIT", txn["msg-5"]: "ROLLBACK"}
+
+
+def test_streaming_checker_heartbeat_fires_checks_with_no_new_records(spark, config):
+    config = config.replace(transaction_timeout_ms=1000, trigger_interval_ms=500)
+    checker = CheckerQuery(spark, config).start()
+    try:
+        from tests.conftest import append_rows
+
+        append_rows(COMMIT_LOG.path(config.lakehouse), COMMIT_LOG, [half_record("quiet")])
+        written_at = DeltaTable(COMMIT_LOG.path(config.lakehouse)).version()
+        # Nothing else is ever written to the commit log: only the heartbeat can bring the check.
+        wait_until(lambda: DeltaTable(CHECK_REQUESTS.path(config.lakehouse)).to_pyarrow_table().num_rows == 1, 120)
+        assert DeltaTable(COMMIT_LOG.path(config.lakehouse)).version() == written_at
+    finally:
+        checker.stop()
+    request = spark.read.format("delta").load(CHECK_REQUESTS.path(config.lakehouse)).first()
+    half = spark.read.format("delta").load(HALF.path(config.lakehouse)).first()
+    assert request.transaction_id == "quiet"
+    assert (request.requested_at - half.stored_timestamp) >= dt.timedelta(seconds=1)
+
+
+def test_checker_job_delivers_and_exits_zero_on_sigterm(tmp_path):
+    lakehouse = tmp_path / "lakehouse"
+    conf = tmp_path / "coordinator.toml"
+    conf.write_text(f'lakehouse = "{lakehouse}"\ntrigger_interval_ms = 500\n')
+
+    class Committing(TransactionListener):
+        def execute_local_transaction(self, msg, arg):
+            return COMMIT
+
+        def check_local_transaction(self, msg):
+            return COMMIT
+
+    from coordinator import CoordinatorConfig
+
+    with TransactionProducer("jobs", Committing(), CoordinatorConfig.load(conf)) as producer:
+        sent = [producer.send_message_in_transaction(Message("JOB_TOPIC", b"m%d" % i)).transaction_id for i in range(3)]
+    argv, env = spark_submit(PROJECT_ROOT / "jobs" / "checker.py", "--config", str(conf))
+    job = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    topic = lakehouse / "topics" / "JOB_TOPIC"
+    try:
+        wait_until(lambda: job.poll() is not None or (
+            DeltaTable.is_deltatable(str(topic)) and DeltaTable(str(topic)).to_pyarrow_table().num_rows == 3), 240)
+        job.send_signal(signal.SIGTERM)
+        output, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            print(job.communicate()[0][-5000:])
+    assert job.returncode == 0, output[-3000:]
+    assert "checker stopped" in output
+    delivered = DeltaTable(str(lakehouse / "topics" / "JOB_TOPIC")).to_pyarrow_table().column("transaction_id").to_pylist()
+    assert sorted(delivered) == sorted(sent)
