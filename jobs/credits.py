@@ -151,7 +151,9 @@ class CreditsQuery:
             log.info("batch %d: %d order(s) read, %d in total", batch_id, orders, self.orders_read)
 
     def idle_for(self) -> float:
-        """Seconds since the last batch that carried orders (or since start)."""
+        """Seconds since the last batch that carried orders (or since start); 0 while a batch runs."""
+        if self._batch_lock.locked():
+            return 0.0
         return time.monotonic() - self.last_orders_at
 
     def stop(self) -> None:

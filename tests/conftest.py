@@ -141,3 +141,8 @@ def stored_time(checker: ManualChecker, transaction_id: str) -> dt.datetime:
     return dt.datetime.fromtimestamp(row.us / 1e6, UTC)
 
 
+def pytest_collection_modifyitems(items):
+    """Run the tests marked ``slow`` first. Each starts Spark jobs of its own (two JVMs); run
+    first, they finish before this suite's shared session (a third JVM) exists, which a
+    two-core machine cannot carry at once."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -1,0 +1,104 @@
+"""The command line, as a user runs it: ``python -m coordinator ...`` in a subprocess (no JVM)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from deltalake import DeltaTable
+
+from coordinator.demo import read_table
+from coordinator.spark import PROJECT_ROOT
+from coordinator.tables import SYSTEM_TABLES
+
+
+def txcoord(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m coordinator *args``; ``TXCOORD_*`` from the caller's environment is left out."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TXCOORD_")}
+    return subprocess.run([sys.executable, "-m", "coordinator", *args], capture_output=True, text=True,
+                          cwd=PROJECT_ROOT, env={**clean, **(env or {})}, timeout=120)
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    path = tmp_path / "coordinator.toml"
+    path.write_text(f'lakehouse = "{tmp_path / "lakehouse"}"\ntransaction_check_max = 4\n')
+    return path
+
+
+def test_init_creates_the_tables_then_reports_already_initialised(config_file, tmp_path):
+    lakehouse = tmp_path / "lakehouse"
+
+    first = txcoord("init", "--config", str(config_file))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == [f"created {t.name}" for t in SYSTEM_TABLES] + [
+        f"lakehouse {lakehouse} initialised: {len(SYSTEM_TABLES)} table(s) created"
+    ]
+
+    second = txcoord("init", "--config", str(config_file))
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.splitlines() == [f"lakehouse {lakehouse} already initialised"]
+
+    for table in SYSTEM_TABLES:
+        assert DeltaTable(table.path(str(lakehouse))).version() == 0  # the second init wrote nothing
+        data = read_table(table.path(str(lakehouse)))
+        assert (data.column_names, data.num_rows) == (table.column_names, 0)
+
+
+def test_init_starts_no_jvm(config_file):
+    script = ("import sys; from coordinator.__main__ import main; code = main(['init', '--config', sys.argv[1]]); "
+              "assert 'pyspark' not in sys.modules, 'init imported pyspark'; sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", script, str(config_file)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    "content, env, message",
+    [
+        ("lakehouse = 'lh'\ncheck_max = 3\n", {}, "unknown key(s) check_max"),
+        ("lakehouse = 'lh'\ntransaction_check_max = 0\n", {}, "transaction_check_max must be at least 1, got 0"),
+        ("lakehouse = 'lh'\ntransaction_timeout_ms = 'soon'\n", {}, "transaction_timeout_ms must be an integer"),
+        ("lakehouse = \n", {}, "not valid TOML"),
+        ("lakehouse = 'lh'\n", {"TXCOORD_TRANSACTION_CHECK_MAX": "many"}, "TXCOORD_TRANSACTION_CHECK_MAX must be an integer"),
+    ],
+    ids=["unknown-key", "out-of-range", "wrong-type", "not-toml", "bad-env-override"],
+)
+def test_bad_config_exits_2_with_the_reason(tmp_path, content, env, message):
+    config = tmp_path / "bad.toml"
+    config.write_text(content)
+
+    result = txcoord("init", "--config", str(config), env=env)
+
+    assert result.returncode == 2
+    assert "configuration error" in result.stderr and message in result.stderr, result.stderr
+    assert result.stdout == ""
+    assert not (PROJECT_ROOT / "lh").exists()  # nothing was created
+
+
+def test_missing_config_file_exits_2(tmp_path):
+    result = txcoord("init", "--config", str(tmp_path / "absent.toml"))
+    assert result.returncode == 2
+    assert f"configuration file {tmp_path / 'absent.toml'} does not exist" in result.stderr
+
+
+def test_demo_refuses_too_few_orders_and_a_directory_it_did_not_make(tmp_path):
+    too_few = txcoord("demo", "--orders", "3", "--lakehouse", str(tmp_path / "demo"))
+    assert too_few.returncode == 2
+    assert "--orders: must be at least 5" in too_few.stderr
+    assert not (tmp_path / "demo").exists()
+
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    refused = txcoord("demo", "--lakehouse", str(precious))
+    assert refused.returncode == 2
+    assert "refusing to wipe" in refused.stderr
+    assert (precious / "thesis.tex").read_text() == "years of work"
+
+
+def test_no_subcommand_is_a_usage_error():
+    result = txcoord()
+    assert result.returncode == 2
+    assert "usage: txcoord" in result.stderr
