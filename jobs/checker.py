@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
@@ -49,10 +48,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _forward_jvm_signals(spark, stop_requested: threading.Event) -> None:
-    """Under spark-submit the JVM is the parent process and receives SIGTERM/SIGINT first;
-    by default it would exit at once, killing the batch in flight. Route both to our stop."""
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        return  # started by Python: pyspark's JVM ignores SIGINT and is not sent SIGTERM
+    """Make the JVM hand SIGTERM/SIGINT to our graceful stop instead of exiting at once.
+
+    Under spark-submit the JVM is the parent process and is signalled first; when Python
+    started the JVM, a signal sent to the whole process group (``kill -TERM -PGID``,
+    ``timeout``, service managers) reaches it too. Either way it would otherwise die
+    mid-batch.
+    """
     from pyspark.java_gateway import ensure_callback_server_started
 
     gateway = spark.sparkContext._gateway

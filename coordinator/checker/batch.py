@@ -93,7 +93,7 @@ def _decide_and_write(ctx: BatchContext, records: DataFrame) -> BatchSummary:
         new_halves, ops, rejected = (_empty(ctx, table) for table in (HALF, OP, REJECTED))
     requests, discarded, discard_ops = find_due(ctx, new_halves, ops)
     requests, discarded = keep(requests), keep(discarded)
-    deliveries = keep(promote(ctx, ops, new_halves))
+    deliveries = keep(promote(ctx, ops, new_halves)) if record_count else _empty(ctx, TOPIC)
     all_ops = keep(ops.unionByName(discard_ops))
 
     counts = {name: df.count() for name, df in [("halves", new_halves), ("ops", all_ops), ("checks", requests),

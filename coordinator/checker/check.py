@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from coordinator.checker.context import BatchContext
-from coordinator.checker.resolve import DISCARD
+from coordinator.checker.resolve import DISCARD, known_halves
 from coordinator.tables import CHECK_REQUESTS, HALF, OP
 
 EXPIRED = "expired: older than file_reserved_time_hours"
@@ -62,6 +62,8 @@ def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame) -> tu
             .when(due, F.lit("check")),
         )
         .filter(F.col("decision").isNotNull())
+        # Materialised once: the requests, the discards and their op rows all come from it.
+        .localCheckpoint(eager=True)
     )
     requests = decided.filter(F.col("decision") == "check").select(
         F.concat_ws("-", "transaction_id", (F.col("checks_so_far") + 1).cast("string")).alias("check_id"),
@@ -81,7 +83,7 @@ def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame) -> tu
     given_up = decided.filter(F.col("decision") != "check").select(
         "transaction_id", F.col("decision").alias("reason"), F.col("checks_so_far").alias("check_times")
     )
-    discarded = pending.join(given_up, "transaction_id").select(
+    discarded = known_halves(ctx, new_halves, given_up.select("transaction_id")).join(given_up, "transaction_id").select(
         "transaction_id",
         "producer_group",
         F.col("queue_offset").alias("half_offset"),
