@@ -9,7 +9,7 @@ Run it with Python, which stops it gracefully on SIGTERM/SIGINT (the batch in
 flight finishes, then exit 0)::
 
     python jobs/credits.py --config demo-lakehouse/demo.toml
-    python jobs/credits.py --config X.toml --until-idle 20   # exit after 20 s without new orders
+    python jobs/credits.py --config X.toml --until-idle 20   # exit once caught up and idle for 20 s
 
 ``spark-submit jobs/credits.py`` works too, but there the JVM takes SIGTERM and
 stops at once; the idempotent MERGE makes that safe, only less tidy.
@@ -120,8 +120,8 @@ class CreditsQuery:
         self.spark = spark
         self.config = config
         self.query = None
-        self.last_orders_at = time.monotonic()
         self.orders_read = 0
+        self._caught_up_since: Optional[float] = None
         # Held while a batch runs; stop() waits for it, so a MERGE is never cut short.
         self._batch_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -145,16 +145,23 @@ class CreditsQuery:
             if self._stopping.is_set():
                 raise StopRequested(f"credits stopping; batch {batch_id} left for the next run")
             orders = grant_credits(self.spark, self.config.lakehouse, topic_rows, batch_id)
-            if orders:
-                self.orders_read += orders
-                self.last_orders_at = time.monotonic()
+            self.orders_read += orders
             log.info("batch %d: %d order(s) read, %d in total", batch_id, orders, self.orders_read)
 
     def idle_for(self) -> float:
-        """Seconds since the last batch that carried orders (or since start); 0 while a batch runs."""
-        if self._batch_lock.locked():
+        """Seconds the stream has been caught up, with nothing new in the topic.
+
+        0 until the query has looked at the topic once, and whenever it has work:
+        "idle" must never mean "still starting".
+        """
+        busy = (self._batch_lock.locked() or self.query.lastProgress is None
+                or self.query.status["isDataAvailable"])
+        if busy:
+            self._caught_up_since = None
             return 0.0
-        return time.monotonic() - self.last_orders_at
+        if self._caught_up_since is None:
+            self._caught_up_since = time.monotonic()
+        return time.monotonic() - self._caught_up_since
 
     def stop(self) -> None:
         """Stop after the batch in flight, if any, has merged its credits."""
@@ -185,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Grant loyalty points for the orders on ORDER_TOPIC.")
     parser.add_argument("--config", default=None, help="coordinator TOML file (default: conf/coordinator.toml)")
     parser.add_argument("--until-idle", type=float, default=None, metavar="SECONDS",
-                        help="exit 0 once no order has arrived for this long (default: run until SIGTERM)")
+                        help="exit 0 once caught up and no order has arrived for this long (default: run until SIGTERM)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:

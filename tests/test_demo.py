@@ -1,13 +1,15 @@
 """``python -m coordinator demo`` end to end: the real checker job, the credits job, SQLite.
 
-One demo run (12 orders, every fate at least once) is shared by the tests of this
-module; each checks one promise against the resulting tables and database, not
-against the printout. Marked ``slow`` (about two minutes); it runs in ``make test``.
+One demo run (12 orders, every fate at least once) is shared by the tests marked
+``slow`` (about two minutes; they run in ``make test``, first); each checks one
+promise against the resulting tables and database, not against the printout.
+The others test the demo's parts without Spark.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -17,12 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.demo import read_table
-from coordinator.demo_services import CREDITS, ORDER_TOPIC, Fate, make_orders, order_id_of, points_for
+from coordinator.demo import DemoError, Job, Resolution, Tally, invariant_failures, read_table
+from coordinator.demo_services import (CREDITS, MIN_ORDERS, ORDER_TOPIC, Fate, Order, OrderListener, OrderStore,
+                                       make_orders, order_id_of, points_for)
 from coordinator.spark import PROJECT_ROOT
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, topic_path
-
-pytestmark = pytest.mark.slow
 
 ORDERS = 12
 CHECK_MAX = 3  # the demo's transaction_check_max
@@ -33,11 +34,16 @@ def rows(path: str, *columns: str) -> list[dict]:
     return read_table(path, list(columns)).to_pylist()
 
 
+def environment() -> dict[str, str]:
+    """Ours, less ``TXCOORD_*``: the demo's settings must be its own."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TXCOORD_")}
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """Run the demo once; yield ``(lakehouse, completed process, seconds)``."""
     lakehouse = tmp_path_factory.mktemp("demo") / "lakehouse"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TXCOORD_")}
+    env = environment()
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "coordinator", "demo", "--lakehouse", str(lakehouse), "--orders", str(ORDERS),
@@ -58,16 +64,72 @@ def confirmed_in_sqlite(lakehouse: Path, status: str = "confirmed") -> list[int]
         return sorted(r[0] for r in db.execute("SELECT order_id FROM orders WHERE status = ?", (status,)))
 
 
-def test_the_plan_walks_every_path():
-    assert set(o.fate for o in PLAN.values()) == set(Fate)
+def test_every_plan_walks_every_path_and_is_reproducible():
+    for count in (MIN_ORDERS, ORDERS, 40, 100):
+        orders = make_orders(count)
+        assert set(o.fate for o in orders) == set(Fate)
+        assert orders == make_orders(count)
+        assert [o.order_id for o in orders] == list(range(1, count + 1))
+    assert Counter(o.fate for o in make_orders(40))[Fate.STUCK] == 2
+    with pytest.raises(ValueError):
+        make_orders(MIN_ORDERS - 1)
 
 
+@pytest.mark.parametrize(
+    "fate, state, status, check",
+    [
+        (Fate.COMMIT, "COMMIT_MESSAGE", "confirmed", "COMMIT_MESSAGE"),
+        (Fate.DECLINED, "ROLLBACK_MESSAGE", None, "ROLLBACK_MESSAGE"),
+        (Fate.CRASH_AFTER_COMMIT, "UNKNOW", "confirmed", "COMMIT_MESSAGE"),
+        (Fate.CRASH_BEFORE_DB, "UNKNOW", None, "ROLLBACK_MESSAGE"),
+        (Fate.STUCK, "UNKNOW", "manual_review", "UNKNOW"),
+    ],
+)
+def test_the_order_service_plays_each_fate_and_answers_checks_from_sqlite(tmp_path, fate, state, status, check):
+    store = OrderStore(str(tmp_path / "orders.db"))
+    store.create()
+    listener = OrderListener(store)
+    order = Order(7, "ada", 19.99, fate)
+
+    assert listener.execute_local_transaction(order.message(), order).value == state
+    assert store.status_of(7) == status
+    assert listener.check_local_transaction(order.message()).value == check
+
+
+def test_a_dead_job_is_reported_with_the_end_of_its_log(tmp_path):
+    job = Job("checker", [sys.executable, "-c", "print('line one'); print('boom'); raise SystemExit(3)"],
+              tmp_path / "job.log").start()
+    job.process.wait(30)
+    with pytest.raises(DemoError, match=r"(?s)checker job exited unexpectedly with code 3.*boom"):
+        job.ensure_running()
+
+
+def test_a_job_is_stopped_with_sigterm(tmp_path):
+    graceful = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); "
+                "print('ready', flush=True); time.sleep(60)")
+    job = Job("credits", [sys.executable, "-c", graceful], tmp_path / "job.log").start()
+    while "ready" not in (tmp_path / "job.log").read_text():
+        time.sleep(0.05)
+    assert job.stop(timeout_s=30) == 0
+
+
+def test_the_invariant_catches_a_duplicate_delivery_with_equal_counts():
+    sent = {"t1": Order(1, "ada", 10.0, Fate.COMMIT), "t2": Order(2, "alan", 20.0, Fate.COMMIT)}
+    tally = Tally(resolutions={1: Resolution("COMMIT", False), 2: Resolution("COMMIT", False)},
+                  confirmed=[1, 2], topic_order_ids=[1, 1], credit_order_ids=[1, 2])
+    assert invariant_failures(tally, sent) == [
+        "messages in topic differ from confirmed orders in SQLite: missing [2], extra [1]"
+    ]
+
+
+@pytest.mark.slow
 def test_demo_exits_zero(demo):
     _, result, seconds = demo
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     print(f"demo with {ORDERS} orders took {seconds:.0f} s")
 
 
+@pytest.mark.slow
 def test_orders_in_sqlite_equal_messages_in_topic_equal_credits(demo):
     lakehouse, _, _ = demo
     confirmed = confirmed_in_sqlite(lakehouse)
@@ -78,6 +140,7 @@ def test_orders_in_sqlite_equal_messages_in_topic_equal_credits(demo):
     assert confirmed == sorted(o.order_id for o in PLAN.values() if o.fate.expected_outcome == "COMMIT")
 
 
+@pytest.mark.slow
 def test_every_order_ends_as_its_fate_requires(demo, order_of_transaction):
     lakehouse, _, _ = demo
     outcome, by_check = {}, {}
@@ -91,6 +154,7 @@ def test_every_order_ends_as_its_fate_requires(demo, order_of_transaction):
     assert all(by_check[i] for i, order in PLAN.items() if order.fate in undecided)
 
 
+@pytest.mark.slow
 def test_stuck_orders_are_checked_the_maximum_times_then_discarded(demo, order_of_transaction):
     lakehouse, _, _ = demo
     checks = Counter(order_of_transaction[r["transaction_id"]] for r in rows(CHECK_REQUESTS.path(str(lakehouse)), "transaction_id"))
@@ -104,7 +168,26 @@ def test_stuck_orders_are_checked_the_maximum_times_then_discarded(demo, order_o
     assert confirmed_in_sqlite(lakehouse, "manual_review") == stuck
 
 
+@pytest.mark.slow
 def test_credits_follow_the_points_rule(demo):
     lakehouse, _, _ = demo
     credits = {r["order_id"]: r["points"] for r in rows(CREDITS.path(str(lakehouse)), "order_id", "points")}
     assert credits and credits == {i: points_for(PLAN[i].amount) for i in credits}
+
+
+@pytest.mark.slow
+def test_replaying_the_whole_topic_grants_nothing_twice(demo):
+    """The credits job run standalone, from a lost checkpoint: every order is read again, none is credited again."""
+    lakehouse, _, _ = demo
+    before = sorted((r["order_id"], r["points"]) for r in rows(CREDITS.path(str(lakehouse)), "order_id", "points"))
+    shutil.rmtree(lakehouse / "services" / "_checkpoints" / "credits")
+
+    result = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "jobs" / "credits.py"), "--config", str(lakehouse / "demo.toml"),
+         "--until-idle", "3"],
+        capture_output=True, text=True, cwd=lakehouse, env=environment(), timeout=300,
+    )
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f", {len(before)} in total" in result.stderr  # the replay did read every order again
+    assert sorted((r["order_id"], r["points"]) for r in rows(CREDITS.path(str(lakehouse)), "order_id", "points")) == before
