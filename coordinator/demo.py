@@ -464,7 +464,7 @@ def run_demo(lakehouse: str = DEFAULT_LAKEHOUSE, orders: int = DEFAULT_ORDERS, t
     plan = make_orders(orders, seed)
     _log_producer_to(paths.producer_log)
     out(f"demo lakehouse: {paths.root}")
-    out(f"settings: " + ", ".join(f"{k}={v}" for k, v in DEMO_SETTINGS.items()))
+    out("settings: " + ", ".join(f"{k}={v}" for k, v in DEMO_SETTINGS.items()))
     out("planned fates: " + ", ".join(f"{fate.value} {n}" for fate, n in Counter(o.fate for o in plan).items()))
 
     jobs: list[Job] = []
@@ -492,23 +492,35 @@ def run_demo(lakehouse: str = DEFAULT_LAKEHOUSE, orders: int = DEFAULT_ORDERS, t
             producer.shutdown()
         _stop_quietly(jobs)
 
-    tally = read_tally(config, store, sent)
     out("")
+    return report(read_tally(config, store, sent), plan, sent, not_sent, config, failures, out,
+                  f"logs: {paths.checker_log}, {paths.credits_log}, {paths.producer_log}; "
+                  f"finished in {time.monotonic() - started:.0f} s")
+
+
+def report(tally: Tally, plan: list[Order], sent: dict[str, Order], not_sent: list[Order], config: CoordinatorConfig,
+           failures: list[str], out: Out, footer: str) -> int:
+    """Print the summary and the verdict; return the exit code (1 on any failure, 0 otherwise).
+
+    Example::
+
+        report(read_tally(config, store, sent), plan, sent, [], config, [], print, "")  # 0 when all is well
+    """
     for line in summary_lines(tally, plan, not_sent, config):
         out(line)
     for mismatch in fate_mismatches(tally, plan):
         out(f"  note: {mismatch}")
-    failures = invariant_failures(tally, sent) + failures
     out("")
-    out(f"logs: {paths.checker_log}, {paths.credits_log}, {paths.producer_log}; finished in {time.monotonic() - started:.0f} s")
-    if failures:
-        for failure in failures:
-            out(f"FAILED: {failure}")
-        out(f"INVARIANT FAILED: orders in SQLite {len(tally.confirmed)}, messages in topic "
-            f"{len(tally.topic_order_ids)}, credits granted {len(tally.credit_order_ids)}")
+    out(footer)
+    broken = invariant_failures(tally, sent)
+    for failure in broken + failures:
+        out(f"FAILED: {failure}")
+    counts = (len(tally.confirmed), len(tally.topic_order_ids), len(tally.credit_order_ids))
+    if broken:
+        out("INVARIANT FAILED: orders in SQLite {}, messages in topic {}, credits granted {}".format(*counts))
         return 1
-    out(f"invariant holds: orders in SQLite = messages in topic = credits granted = {len(tally.confirmed)}")
-    return 0
+    out(f"invariant holds: orders in SQLite = messages in topic = credits granted = {counts[0]}")
+    return 1 if failures else 0
 
 
 def _stop_jobs(jobs: list[Job], out: Out) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.demo import DemoError, Job, Resolution, Tally, invariant_failures, read_table
+from coordinator.demo import DemoError, Job, Resolution, Tally, invariant_failures, read_table, report
 from coordinator.demo_services import (CREDITS, MIN_ORDERS, ORDER_TOPIC, Fate, Order, OrderListener, OrderStore,
                                        make_orders, order_id_of, points_for)
 from coordinator.spark import PROJECT_ROOT
@@ -191,3 +191,25 @@ def test_replaying_the_whole_topic_grants_nothing_twice(demo):
     assert result.returncode == 0, result.stderr[-3000:]
     assert f", {len(before)} in total" in result.stderr  # the replay did read every order again
     assert sorted((r["order_id"], r["points"]) for r in rows(CREDITS.path(str(lakehouse)), "order_id", "points")) == before
+
+
+def test_the_verdict_separates_a_broken_invariant_from_a_failed_job():
+    from coordinator.config import CoordinatorConfig
+
+    plan = [Order(1, "ada", 10.0, Fate.COMMIT)]
+    sent = {"t1": plan[0]}
+    good = Tally(resolutions={1: Resolution("COMMIT", False)}, confirmed=[1], topic_order_ids=[1], credit_order_ids=[1])
+    lines: list[str] = []
+
+    assert report(good, plan, sent, [], CoordinatorConfig(), [], lines.append, "") == 0
+    assert lines[-1] == "invariant holds: orders in SQLite = messages in topic = credits granted = 1"
+
+    lines.clear()
+    assert report(good, plan, sent, [], CoordinatorConfig(), ["the checker job exited with code 1"], lines.append, "") == 1
+    assert lines[-2:] == ["FAILED: the checker job exited with code 1",
+                          "invariant holds: orders in SQLite = messages in topic = credits granted = 1"]
+
+    lines.clear()
+    lost = Tally(resolutions={1: Resolution("COMMIT", False)}, confirmed=[1], topic_order_ids=[], credit_order_ids=[])
+    assert report(lost, plan, sent, [], CoordinatorConfig(), [], lines.append, "") == 1
+    assert lines[-1] == "INVARIANT FAILED: orders in SQLite 1, messages in topic 0, credits granted 0"
