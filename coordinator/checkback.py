@@ -29,6 +29,7 @@ from deltalake import DeltaTable
 from coordinator.commit_log import CommitLogWriter, end_record
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import ProducerStateError
+from coordinator.lakehouse import read_table
 from coordinator.listener import LocalTransactionState, TransactionListener
 from coordinator.message import Message
 from coordinator.tables import CHECK_REQUESTS
@@ -143,7 +144,7 @@ class CheckBackWorker:
         recent = (pc.field("producer_group") == self.group) & (
             pc.field("requested_at") >= pa.scalar(cutoff, type=pa.timestamp("us", tz="UTC"))
         )
-        return table.to_pyarrow_dataset().to_table(filter=recent)
+        return read_table(self.path, filter=recent)
 
     def _dispatch(self, requests: pa.Table) -> None:
         for request in requests.select(CHECK_REQUESTS.column_names).to_pylist():

@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import shutil
 import signal
 import subprocess
@@ -32,8 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-import pyarrow as pa
-import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from coordinator.config import CoordinatorConfig
@@ -52,8 +49,9 @@ from coordinator.demo_services import (
     order_id_of,
 )
 from coordinator.exceptions import HalfNotStoredError
+from coordinator.lakehouse import read_table
 from coordinator.message import TransactionSendResult
-from coordinator.spark import PROJECT_ROOT
+from coordinator.spark import PROJECT_ROOT, spark_job_environment, spark_submit
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, OP, REJECTED, topic_path
 
 DEFAULT_LAKEHOUSE = "demo-lakehouse"
@@ -143,14 +141,10 @@ def write_demo_config(paths: DemoPaths) -> CoordinatorConfig:
 
 
 def job_environment() -> dict[str, str]:
-    """The environment of the demo's Spark jobs.
-
-    Without ``TXCOORD_*`` (they would override the demo's config), and with this
-    interpreter as pyspark's Python: ``spark-submit`` otherwise runs whatever
-    ``python3`` is first on ``PATH``, which need not have the project installed.
-    """
-    env = {key: value for key, value in os.environ.items() if not key.startswith("TXCOORD_")}
-    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    """The environment of the demo's Spark jobs: the project's (see ``spark_job_environment``),
+    without ``TXCOORD_*``, which would override the demo's config."""
+    env = {key: value for key, value in spark_job_environment().items() if not key.startswith("TXCOORD_")}
+    env.update(PYTHONUNBUFFERED="1")
     return env
 
 
@@ -216,11 +210,10 @@ class Job:
 
 def checker_job(paths: DemoPaths) -> Job:
     """The real checker, exactly as deployed: ``spark-submit jobs/checker.py --config <demo toml>``."""
-    spark_submit = Path(sys.executable).parent / "spark-submit"
-    if not spark_submit.exists():
-        raise DemoError(f"{spark_submit} not found: run the demo with the project's virtualenv (`make demo`)")
-    return Job("checker", [str(spark_submit), str(PROJECT_ROOT / "jobs" / "checker.py"), "--config", str(paths.config)],
-               paths.checker_log, cwd=paths.root)
+    argv, _ = spark_submit(PROJECT_ROOT / "jobs" / "checker.py", "--config", str(paths.config))
+    if not Path(argv[0]).exists():
+        raise DemoError(f"{argv[0]} not found: run the demo with the project's virtualenv (`make demo`)")
+    return Job("checker", argv, paths.checker_log, cwd=paths.root)
 
 
 def credits_job(paths: DemoPaths) -> Job:
@@ -277,20 +270,6 @@ class Tally:
     def count(self, outcome: str, by_check: Optional[bool] = None) -> int:
         """Orders resolved with ``outcome`` (and, if given, by a check-back or not)."""
         return sum(1 for r in self.resolutions.values() if r.outcome == outcome and by_check in (None, r.by_check))
-
-
-def read_table(path: str, columns: Optional[list[str]] = None) -> pa.Table:
-    """The current snapshot of the local Delta table at ``path`` (``columns`` only, if given).
-
-    Example::
-
-        read_table(OP.path("lh"), ["transaction_id", "outcome"]).num_rows
-    """
-    # Files are read through pyarrow's own filesystem, not delta-rs's default handler: with that one,
-    # a process that has read Spark-written tables often aborts at exit with "terminate called
-    # without an active exception" (exit 134; deltalake 1.6.6, cf. delta-rs#2184).
-    local = pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem())
-    return DeltaTable(path).to_pyarrow_dataset(filesystem=local).to_table(columns=columns)
 
 
 def read_rows(path: str, columns: list[str]) -> list[dict]:

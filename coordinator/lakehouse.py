@@ -8,6 +8,11 @@ both read and write.
 from __future__ import annotations
 
 import os
+from typing import Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
 
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
@@ -46,3 +51,17 @@ def init_lakehouse(lakehouse: str) -> list[str]:
         init_lakehouse("lakehouse")  # ['system/commit_log', 'system/half', ...]
     """
     return [table.name for table in SYSTEM_TABLES if create_table(table, table.path(lakehouse))]
+
+
+def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[pc.Expression] = None) -> pa.Table:
+    """The current snapshot of the local Delta table at ``path``: ``columns`` and rows matching ``filter``, if given.
+
+    Example::
+
+        read_table(OP.path("lh"), ["transaction_id", "outcome"]).num_rows
+    """
+    # Files are read through pyarrow's own filesystem, not delta-rs's default handler: with that one,
+    # a process that has read Spark-written tables often aborts at exit with "terminate called
+    # without an active exception" (exit 134; deltalake 1.6.6, cf. delta-rs#2184).
+    local = pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem())
+    return DeltaTable(path).to_pyarrow_dataset(filesystem=local).to_table(columns=columns, filter=filter)

@@ -115,10 +115,18 @@ def spark_submit(script: str | os.PathLike, *args: str) -> tuple[list[str], dict
         argv, env = spark_submit("jobs/checker.py", "--config", "conf/coordinator.toml")
         subprocess.Popen(argv, env=env)
     """
+    return [str(Path(sys.executable).parent / "spark-submit"), str(script), *args], spark_job_environment()
+
+
+def spark_job_environment() -> dict[str, str]:
+    """This environment, with this virtualenv first on ``PATH`` and as pyspark's Python.
+
+    ``spark-submit`` otherwise runs whatever ``python3`` is first on ``PATH``, which
+    need not have the project installed.
+    """
     bin_dir = str(Path(sys.executable).parent)
-    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), PYSPARK_PYTHON=sys.executable,
-               PYSPARK_DRIVER_PYTHON=sys.executable)
-    return [os.path.join(bin_dir, "spark-submit"), str(script), *args], env
+    return dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), PYSPARK_PYTHON=sys.executable,
+                PYSPARK_DRIVER_PYTHON=sys.executable)
 
 
 def install_delta_jars() -> list[str]:

@@ -150,9 +150,10 @@ def test_hostile_and_malformed_records_are_rejected_with_reasons(checker):
         "unknown_txn": end_record("nobody-sent-this"),
         "forged_group": end_record("owned", group="intruder"),
         "valid_end": end_record("ok"),
-        "second_end": end_record("ok", state="ROLLBACK_MESSAGE"),
     }
     checker.write(*ends.values())
+    ends["second_end"] = end_record("ok", state="ROLLBACK_MESSAGE")  # a later commit: the first END has won
+    checker.write(ends["second_end"])
     summary = checker.run()
 
     got = reasons(checker)
@@ -166,7 +167,7 @@ def test_hostile_and_malformed_records_are_rejected_with_reasons(checker):
         "unknown_kind": "unknown record kind 'DELETE_EVERYTHING'",
     }
     for name, reason in expected.items():
-        assert got[records[name]["record_id"]].startswith(reason), (name, got.get(records[name]["record_id"]))
+        assert got.get(records[name]["record_id"], "").startswith(reason), (name, sorted(got.values()))
     assert got[ends["unknown_state"]["record_id"]] == "unknown state 'MAYBE'"
     assert got[ends["unknown_txn"]["record_id"]] == "unknown transaction"
     assert got[ends["forged_group"]["record_id"]] == "producer group does not own the transaction"
@@ -251,12 +252,17 @@ def test_checks_respect_immunity_interval_and_maximum_then_discard(checker):
     assert (checks("silent"), checks("patient")) == (1, 0)  # default immunity passed, per-message one not
     checker.run(now=born + 40 * SECOND)
     assert (checks("silent"), checks("patient")) == (1, 1)  # interval not yet elapsed for "silent"
-    now = born + 7 * SECOND
+    def last_check_visible():
+        silent = checker.table("check_requests").filter("transaction_id = 'silent'")
+        return silent.agg(F.max("_metadata.file_modification_time")).first()[0].astimezone(dt.timezone.utc)
+
+    checker.run(now=last_check_visible() + 59 * SECOND)
+    assert checks("silent") == 1  # the interval runs from when the last check became visible
     for expected in range(2, cfg.transaction_check_max + 1):
-        now += 61 * SECOND
+        now = last_check_visible() + 61 * SECOND
         checker.run(now=now)
         assert checks("silent") == expected
-    now += 61 * SECOND
+    now = last_check_visible() + 61 * SECOND
     summary = checker.run(now=now)
 
     assert checks("silent") == cfg.transaction_check_max

@@ -10,7 +10,6 @@ import datetime as dt
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 from deltalake import DeltaTable
 
@@ -74,10 +73,11 @@ def test_five_transactions_of_the_rocketmq_example(checker):
         resolved = checker.run(now=now + dt.timedelta(seconds=1))
         assert (resolved.commits, resolved.rollbacks, resolved.rejected) == (1, 1, 0)
         for round_ in range(2, config.transaction_check_max + 1):
-            now += dt.timedelta(seconds=61)
+            # The interval runs from when the last check was written, in real time.
+            now = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=61)
             assert checker.run(now=now).checks == 1
             wait_until(lambda: answered_checks(config.lakehouse) == 2 + round_)
-        now += dt.timedelta(seconds=61)
+        now = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=61)
         assert checker.run(now=now).discarded == 1
 
     delivered = {r.keys: bytes(r.body) for r in checker.table("TransactionTopicTest").collect()}

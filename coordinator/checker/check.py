@@ -40,10 +40,14 @@ def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame) -> tu
     pending = pending_halves(ctx, new_halves, new_ops)
     first_messages = pending.filter(F.col("message_index") == 0)
     history = (
+        # The interval runs from when the last request became visible to producers (its data file
+        # was written at the end of that batch), not from the batch clock it carries: a slow batch
+        # must not eat into the time a producer has to answer.
         ctx.read(CHECK_REQUESTS)
+        .select("transaction_id", F.col("_metadata.file_modification_time").alias("written_at"))
         .join(first_messages.select("transaction_id"), "transaction_id", "left_semi")
         .groupBy("transaction_id")
-        .agg(F.count(F.lit(1)).cast("int").alias("checks_so_far"), F.max("requested_at").alias("last_check"))
+        .agg(F.count(F.lit(1)).cast("int").alias("checks_so_far"), F.max("written_at").alias("last_check"))
     )
     now_us = F.lit(ctx.now_us)
     stored_us = F.unix_micros("stored_timestamp")

@@ -120,8 +120,10 @@ class CheckerQuery:
         """Stop after the batch in flight, if any, has finished and committed its writes."""
         with self._batch_lock:
             self._stopping = True
-            if self.query is not None:
-                self.query.stop()
+        # Outside the lock: a batch starting now must be able to see the flag and fail fast,
+        # which is what lets query.stop() return.
+        if self.query is not None:
+            self.query.stop()
         log.info("checker stopped")
 
     def await_termination(self, timeout_s: Optional[float] = None) -> bool:
