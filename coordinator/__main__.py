@@ -18,8 +18,7 @@ from typing import Optional
 
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import ConfigError
-
-EXIT_USAGE = 2
+from coordinator.job_runtime import EXIT_USAGE
 
 
 def build_parser() -> argparse.ArgumentParser:

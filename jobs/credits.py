@@ -11,8 +11,7 @@ flight finishes, then exit 0)::
     python jobs/credits.py --config demo-lakehouse/demo.toml
     python jobs/credits.py --config X.toml --until-idle 20   # exit once caught up and idle for 20 s
 
-``spark-submit jobs/credits.py`` works too, but there the JVM takes SIGTERM and
-stops at once; the idempotent MERGE makes that safe, only less tidy.
+``spark-submit jobs/credits.py`` works too, with the same graceful stop.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -32,9 +30,8 @@ from pyspark.sql import functions as F
 
 from coordinator.config import CoordinatorConfig
 from coordinator.demo_services import CREDITS, ORDER_TOPIC
-from coordinator.exceptions import CoordinatorError
 from coordinator.lakehouse import create_table
-from coordinator.spark import get_spark
+from coordinator.job_runtime import start_job
 from coordinator.tables import topic_path
 
 log = logging.getLogger("credits")
@@ -189,23 +186,12 @@ def wait_for_table(path: str, give_up: threading.Event, timeout_s: Optional[floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Grant loyalty points for the orders on ORDER_TOPIC.")
+    parser = argparse.ArgumentParser(prog="credits", description="Grant loyalty points for the orders on ORDER_TOPIC.")
     parser.add_argument("--config", default=None, help="coordinator TOML file (default: conf/coordinator.toml)")
     parser.add_argument("--until-idle", type=float, default=None, metavar="SECONDS",
                         help="exit 0 once caught up and no order has arrived for this long (default: run until SIGTERM)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    try:
-        config = CoordinatorConfig.load(args.config)
-    except CoordinatorError as error:
-        print(f"credits: {error}", file=sys.stderr)
-        return 2
-
-    stop_requested = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop_requested.set())
-
-    spark = get_spark("txcoord-credits")
+    job = start_job("txcoord-credits", parser, argv)
+    args, config, spark, stop_requested = job.args, job.config, job.spark, job.stop_requested
     try:
         topic = topic_path(config.lakehouse, ORDER_TOPIC)
         log.info("waiting for %s", topic)
