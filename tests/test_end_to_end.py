@@ -9,12 +9,12 @@ from __future__ import annotations
 import datetime as dt
 import signal
 import subprocess
-import time
 
 from deltalake import DeltaTable
 
 from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
 from coordinator.checker import CheckerQuery
+from coordinator.lakehouse import read_table
 from coordinator.spark import PROJECT_ROOT, spark_submit
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF
 from tests.conftest import half_record, stored_time
@@ -41,8 +41,13 @@ class SeedListener(TransactionListener):
         return self.check_answer[msg.keys]
 
 
+def end_records(lakehouse: str) -> int:
+    kinds = read_table(COMMIT_LOG.path(lakehouse), ["kind"]).column("kind").to_pylist()
+    return kinds.count("END")
+
+
 def answered_checks(lakehouse: str) -> int:
-    log = DeltaTable(COMMIT_LOG.path(lakehouse)).to_pyarrow_table(columns=["check_id"])
+    log = read_table(COMMIT_LOG.path(lakehouse), ["check_id"])
     return sum(1 for c in log.column("check_id").to_pylist() if c is not None)
 
 
@@ -59,7 +64,7 @@ def test_five_transactions_of_the_rocketmq_example(checker):
         }
         assert {k: r.local_transaction_state for k, r in results.items()} == SeedListener.first_phase
         txn = {k: r.transaction_id for k, r in results.items()}
-        time.sleep(0.5)  # the one-way ENDs reach the commit log
+        wait_until(lambda: end_records(config.lakehouse) == 5)  # the one-way ENDs reach the commit log
 
         first = checker.run()
         assert (first.halves, first.commits, first.rollbacks, first.checks) == (5, 1, 1, 0)
@@ -104,7 +109,7 @@ def test_streaming_checker_heartbeat_fires_checks_with_no_new_records(spark, con
         append_rows(COMMIT_LOG.path(config.lakehouse), COMMIT_LOG, [half_record("quiet")])
         written_at = DeltaTable(COMMIT_LOG.path(config.lakehouse)).version()
         # Nothing else is ever written to the commit log: only the heartbeat can bring the check.
-        wait_until(lambda: DeltaTable(CHECK_REQUESTS.path(config.lakehouse)).to_pyarrow_table().num_rows == 1, 120)
+        wait_until(lambda: read_table(CHECK_REQUESTS.path(config.lakehouse)).num_rows == 1, 120)
         assert DeltaTable(COMMIT_LOG.path(config.lakehouse)).version() == written_at
     finally:
         checker.stop()
@@ -135,7 +140,7 @@ def test_checker_job_delivers_and_exits_zero_on_sigterm(tmp_path):
     topic = lakehouse / "topics" / "JOB_TOPIC"
     try:
         wait_until(lambda: job.poll() is not None or (
-            DeltaTable.is_deltatable(str(topic)) and DeltaTable(str(topic)).to_pyarrow_table().num_rows == 3), 240)
+            DeltaTable.is_deltatable(str(topic)) and read_table(str(topic)).num_rows == 3), 240)
         job.send_signal(signal.SIGTERM)
         output, _ = job.communicate(timeout=120)
     finally:
@@ -144,5 +149,5 @@ def test_checker_job_delivers_and_exits_zero_on_sigterm(tmp_path):
             print(job.communicate()[0][-5000:])
     assert job.returncode == 0, output[-3000:]
     assert "checker stopped" in output
-    delivered = DeltaTable(str(lakehouse / "topics" / "JOB_TOPIC")).to_pyarrow_table().column("transaction_id").to_pylist()
+    delivered = read_table(str(lakehouse / "topics" / "JOB_TOPIC")).column("transaction_id").to_pylist()
     assert sorted(delivered) == sorted(sent)

@@ -9,7 +9,7 @@ import sys
 import pytest
 from deltalake import DeltaTable
 
-from coordinator.lakehouse import init_lakehouse
+from coordinator.lakehouse import init_lakehouse, read_table
 from coordinator.tables import SYSTEM_TABLES, TOPIC, TableDef
 from tests.conftest import append_rows
 
@@ -36,7 +36,7 @@ def test_both_engines_read_and_write(spark, tmp_path, table):
     append_rows(path, table, [sample_row(table, "from-delta-rs-again")])
 
     seen_by_spark = spark.read.format("delta").load(path)
-    seen_by_delta_rs = DeltaTable(path).to_pyarrow_table()
+    seen_by_delta_rs = read_table(path)
     expected = ["from-delta-rs", "from-delta-rs-again", "from-spark"]
     assert sorted(r[key] for r in seen_by_spark.collect()) == expected
     assert sorted(seen_by_delta_rs.column(key).to_pylist()) == expected
@@ -62,7 +62,7 @@ def test_topic_schema_matches_what_the_checker_writes(spark, checker):
     checker.run()
     topic = spark.read.format("delta").load(f"{checker.config.lakehouse}/topics/T")
     assert topic.schema.simpleString() == spark.createDataFrame([], TOPIC.spark_ddl()).schema.simpleString()
-    assert DeltaTable(f"{checker.config.lakehouse}/topics/T").to_pyarrow_table().num_rows == 1
+    assert read_table(f"{checker.config.lakehouse}/topics/T").num_rows == 1
 
 
 def test_init_is_idempotent_and_needs_no_jvm(tmp_path):
