@@ -13,7 +13,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from coordinator.checker.context import BatchContext
+from coordinator.checker.context import MESSAGE_FIELDS, BatchContext
 from coordinator.checker.resolve import DISCARD, known_halves
 from coordinator.tables import CHECK_REQUESTS, HALF, OP
 
@@ -76,13 +76,7 @@ def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame) -> tu
         (F.col("checks_so_far") + 1).alias("check_times"),
         ctx.now.alias("requested_at"),
         F.col("queue_offset").alias("half_offset"),
-        "msg_id",
-        "topic",
-        "keys",
-        "tags",
-        "properties",
-        "body",
-        "born_timestamp",
+        *MESSAGE_FIELDS,
     )
     given_up = decided.filter(F.col("decision") != "check").select(
         "transaction_id", F.col("decision").alias("reason"), F.col("checks_so_far").alias("check_times")
@@ -91,13 +85,7 @@ def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame) -> tu
         "transaction_id",
         "producer_group",
         F.col("queue_offset").alias("half_offset"),
-        "msg_id",
-        "topic",
-        "keys",
-        "tags",
-        "properties",
-        "body",
-        "born_timestamp",
+        *MESSAGE_FIELDS,
         "stored_timestamp",
         "check_times",
         "reason",

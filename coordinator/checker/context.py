@@ -17,6 +17,9 @@ RECORD_EXTRA_COLUMNS = (
     ("is_heartbeat", "boolean"),  # a clock tick, not a record
 )
 
+#: A message's own fields, carried from the half queue into topics, check requests and discards.
+MESSAGE_FIELDS = ("msg_id", "topic", "keys", "tags", "properties", "body", "born_timestamp")
+
 
 @dataclass(frozen=True)
 class BatchContext:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from coordinator.checker.context import BatchContext
+from coordinator.checker.context import MESSAGE_FIELDS, BatchContext
 from coordinator.checker.ingest import END_KIND
 from coordinator.checker.refusals import as_rejections, first_failure
 from coordinator.listener import LocalTransactionState
@@ -104,13 +104,7 @@ def promote(ctx: BatchContext, ops: DataFrame, new_halves: DataFrame) -> DataFra
         "queue_offset",
     ).select(
         "transaction_id",
-        "msg_id",
-        "topic",
-        "keys",
-        "tags",
-        "properties",
-        "body",
-        "born_timestamp",
+        *MESSAGE_FIELDS,
         "commit_timestamp",
         "queue_offset",
     )
