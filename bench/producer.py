@@ -1,0 +1,109 @@
+"""Producer benchmark: committed transactions per second and send latency, one process.
+
+The local transaction is a no-op that commits, so what is measured is the
+coordinator's own cost: validating, group-committing halves to the commit log
+through delta-rs, and queueing the one-way END. No JVM is involved.
+
+    python bench/producer.py                      # 1, 16 and 64 threads, plus batched sends
+    python bench/producer.py --seconds 5 --threads 16
+
+Prints a table and writes ``bench/results/producer.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
+
+RESULTS = Path(__file__).parent / "results"
+BODY = b"x" * 200
+
+
+class Commits(TransactionListener):
+    def execute_local_transaction(self, msg, arg):
+        return LocalTransactionState.COMMIT_MESSAGE
+
+    def check_local_transaction(self, msg):
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(threads: int, seconds: float, messages_per_txn: int) -> dict:
+    """Send from ``threads`` threads for ``seconds``; return throughput and latency figures."""
+    with tempfile.TemporaryDirectory() as lakehouse:
+        config = CoordinatorConfig(lakehouse=lakehouse)
+        latencies: list[float] = []
+        lock = threading.Lock()
+        stop_at = time.monotonic() + seconds
+
+        def sender(producer: TransactionProducer) -> None:
+            mine = []
+            while time.monotonic() < stop_at:
+                started = time.perf_counter()
+                if messages_per_txn == 1:
+                    producer.send_message_in_transaction(Message("BENCH", BODY))
+                else:
+                    producer.send_messages_in_transaction([Message("BENCH", BODY) for _ in range(messages_per_txn)])
+                mine.append(time.perf_counter() - started)
+            with lock:
+                latencies.extend(mine)
+
+        with TransactionProducer("bench", Commits(), config) as producer:
+            began = time.perf_counter()
+            workers = [threading.Thread(target=sender, args=(producer,)) for _ in range(threads)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+            elapsed = time.perf_counter() - began
+        return {
+            "threads": threads,
+            "messages_per_txn": messages_per_txn,
+            "transactions": len(latencies),
+            "seconds": round(elapsed, 3),
+            "txn_per_s": round(len(latencies) / elapsed, 1),
+            "messages_per_s": round(len(latencies) * messages_per_txn / elapsed, 1),
+            "send_p50_ms": round(statistics.median(latencies) * 1000, 2),
+            "send_p99_ms": round(percentile(latencies, 0.99) * 1000, 2),
+        }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="sending time per configuration")
+    parser.add_argument("--threads", type=int, nargs="*", default=[1, 16, 64])
+    parser.add_argument("--batch", type=int, default=10, help="messages per send_messages_in_transaction run")
+    args = parser.parse_args(argv)
+    runs = [run(threads, args.seconds, 1) for threads in args.threads]
+    runs.append(run(max(args.threads), args.seconds, args.batch))
+    print(f"{'threads':>7} {'msgs/txn':>8} {'txns':>7} {'txn/s':>8} {'msg/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
+    for r in runs:
+        print(f"{r['threads']:>7} {r['messages_per_txn']:>8} {r['transactions']:>7} {r['txn_per_s']:>8} "
+              f"{r['messages_per_s']:>8} {r['send_p50_ms']:>8} {r['send_p99_ms']:>8}")
+    report = {
+        "benchmark": "producer",
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "runs": runs,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "producer.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
