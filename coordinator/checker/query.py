@@ -84,7 +84,6 @@ class CheckerQuery:
         self.config = config
         self.app_id = app_id
         self.query: Optional[StreamingQuery] = None
-        self.last_summary = None
         # Held while a batch runs: stop() takes it, so it never interrupts a batch.
         self._batch_lock = threading.Lock()
         self._stopping = False
@@ -114,7 +113,7 @@ class CheckerQuery:
             if self._stopping:
                 # Not processed and not committed: the next start replays this batch.
                 raise RuntimeError("checker stopping; batch %d left for the next run" % batch_id)
-            self.last_summary = run_batch(self.spark, self.config, records, batch_id, self.app_id)
+            run_batch(self.spark, self.config, records, batch_id, self.app_id)
 
     def stop(self) -> None:
         """Stop after the batch in flight, if any, has finished and committed its writes."""
