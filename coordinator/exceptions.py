@@ -29,3 +29,11 @@ class ProducerStateError(CoordinatorError):
 
 class SparkSetupError(CoordinatorError):
     """Spark or the Delta jars are not set up: run ``make setup``."""
+
+
+class CheckerAlreadyRunningError(CoordinatorError):
+    """Another checker holds this lakehouse's lease and is alive: only one may run."""
+
+
+class LeaseLostError(CoordinatorError):
+    """This checker's lease was taken over (it stalled past the lease's expiry): it must stop."""

@@ -1,7 +1,9 @@
 """The checker job: ``spark-submit jobs/checker.py --config conf/coordinator.toml``.
 
 Runs until SIGTERM or SIGINT, then lets the batch in flight finish and exits 0.
-Also runs as ``python jobs/checker.py --config ...``.
+Also runs as ``python jobs/checker.py --config ...``. Exit status: 0 stopped on request,
+1 the streaming query failed, 2 bad arguments or configuration, 3 another checker is
+running on the same lakehouse.
 """
 
 from __future__ import annotations
@@ -10,14 +12,23 @@ import argparse
 import sys
 
 from coordinator.checker import CheckerQuery
+from coordinator.exceptions import CheckerAlreadyRunningError
 from coordinator.job_runtime import start_job
+
+EXIT_ALREADY_RUNNING = 3
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="checker", description="Run the transaction checker over a lakehouse.")
     parser.add_argument("--config", default=None, help="coordinator TOML file (default: conf/coordinator.toml)")
     job = start_job("txcoord-checker", parser, argv)
-    checker = CheckerQuery(job.spark, job.config).start()
+    try:
+        checker = CheckerQuery(job.spark, job.config).start()
+    except CheckerAlreadyRunningError as error:
+        # Said before Spark stops: under spark-submit the JVM relays this process's output.
+        print(f"checker: {error}", file=sys.stderr, flush=True)
+        job.spark.stop()
+        return EXIT_ALREADY_RUNNING
     try:
         while not job.stop_requested.is_set():
             if checker.await_termination(1):

@@ -10,10 +10,13 @@ import datetime as dt
 import signal
 import subprocess
 
+import pytest
 from deltalake import DeltaTable
 
 from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
 from coordinator.checker import CheckerQuery
+from coordinator.checker.lease import CheckerLease
+from coordinator.exceptions import CheckerAlreadyRunningError
 from coordinator.lakehouse import read_table
 from coordinator.spark import PROJECT_ROOT, spark_submit
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF
@@ -104,6 +107,8 @@ def test_streaming_checker_heartbeat_fires_checks_with_no_new_records(spark, con
     config = config.replace(transaction_timeout_ms=1000, trigger_interval_ms=500)
     checker = CheckerQuery(spark, config).start()
     try:
+        with pytest.raises(CheckerAlreadyRunningError, match="another checker holds"):
+            CheckerQuery(spark, config).start()  # one active checker per lakehouse
         from tests.conftest import append_rows
 
         append_rows(COMMIT_LOG.path(config.lakehouse), COMMIT_LOG, [half_record("quiet")])
@@ -113,6 +118,7 @@ def test_streaming_checker_heartbeat_fires_checks_with_no_new_records(spark, con
         assert DeltaTable(COMMIT_LOG.path(config.lakehouse)).version() == written_at
     finally:
         checker.stop()
+    CheckerLease(config.lakehouse).acquire()  # released on stop: a new checker may start at once
     request = spark.read.format("delta").load(CHECK_REQUESTS.path(config.lakehouse)).first()
     half = spark.read.format("delta").load(HALF.path(config.lakehouse)).first()
     assert request.transaction_id == "quiet"
@@ -141,6 +147,7 @@ def test_checker_job_delivers_and_exits_zero_on_sigterm(tmp_path):
     try:
         wait_until(lambda: job.poll() is not None or (
             DeltaTable.is_deltatable(str(topic)) and read_table(str(topic)).num_rows == 3), 240)
+        second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
         job.send_signal(signal.SIGTERM)
         output, _ = job.communicate(timeout=120)
     finally:
@@ -149,5 +156,7 @@ def test_checker_job_delivers_and_exits_zero_on_sigterm(tmp_path):
             print(job.communicate()[0][-5000:])
     assert job.returncode == 0, output[-3000:]
     assert "checker stopped" in output
+    # spark-submit relays the Python driver's stderr on its stdout.
+    assert second.returncode == 3 and "another checker holds" in second.stdout + second.stderr, second.stdout[-3000:]
     delivered = read_table(str(lakehouse / "topics" / "JOB_TOPIC")).column("transaction_id").to_pylist()
     assert sorted(delivered) == sorted(sent)

@@ -18,7 +18,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from coordinator.checker.batch import DEFAULT_APP_ID, run_batch
+from coordinator.checker.lease import CheckerLease
 from coordinator.config import CoordinatorConfig
+from coordinator.exceptions import LeaseLostError
 from coordinator.lakehouse import init_lakehouse
 from coordinator.tables import COMMIT_LOG
 
@@ -84,12 +86,29 @@ class CheckerQuery:
         self.config = config
         self.app_id = app_id
         self.query: Optional[StreamingQuery] = None
+        self.lease = CheckerLease(config.lakehouse)
+        self._renewer: Optional[threading.Thread] = None
+        self._stop_renewing = threading.Event()
+        self._lease_lock = threading.Lock()
         # Held while a batch runs: stop() takes it, so it never interrupts a batch.
         self._batch_lock = threading.Lock()
         self._stopping = False
 
     def start(self) -> "CheckerQuery":
+        """Take the lakehouse's checker lease (raises :class:`CheckerAlreadyRunningError`), then start."""
         init_lakehouse(self.config.lakehouse)
+        self.lease.acquire()
+        try:
+            self.query = self._start_query()
+        except BaseException:
+            self.lease.release()
+            raise
+        self._renewer = threading.Thread(target=self._keep_lease, name="checker-lease", daemon=True)
+        self._renewer.start()
+        log.info("checker started on %s (checkpoint %s)", self.config.lakehouse, checkpoint_location(self.config))
+        return self
+
+    def _start_query(self) -> StreamingQuery:
         feed = (
             self.spark.readStream.format("delta")
             .option("readChangeFeed", "true")
@@ -98,21 +117,20 @@ class CheckerQuery:
             .load(COMMIT_LOG.path(self.config.lakehouse))
         )
         records = as_records(feed).unionByName(heartbeat(self.spark))
-        self.query = (
+        return (
             records.writeStream.queryName(QUERY_NAME)
             .foreachBatch(self._run_batch)
             .option("checkpointLocation", checkpoint_location(self.config))
             .trigger(processingTime=f"{self.config.trigger_interval_ms} milliseconds")
             .start()
         )
-        log.info("checker started on %s (checkpoint %s)", self.config.lakehouse, checkpoint_location(self.config))
-        return self
 
     def _run_batch(self, records: DataFrame, batch_id: int) -> None:
         with self._batch_lock:
             if self._stopping:
                 # Not processed and not committed: the next start replays this batch.
                 raise RuntimeError("checker stopping; batch %d left for the next run" % batch_id)
+            self._renew_lease()  # a checker whose lease was taken over writes nothing more
             run_batch(self.spark, self.config, records, batch_id, self.app_id)
 
     def stop(self) -> None:
@@ -123,7 +141,24 @@ class CheckerQuery:
         # which is what lets query.stop() return.
         if self.query is not None:
             self.query.stop()
+        if self._renewer is not None:
+            self._stop_renewing.set()
+            self._renewer.join()
+            self.lease.release()
         log.info("checker stopped")
+
+    def _keep_lease(self) -> None:
+        # Renewed on its own clock, not between batches: a long batch must not let the lease lapse.
+        while not self._stop_renewing.wait(self.lease.ttl_s / 3):
+            try:
+                self._renew_lease()
+            except LeaseLostError:
+                log.error("checker lease lost; the next batch will fail and the checker stop")
+                return
+
+    def _renew_lease(self) -> None:
+        with self._lease_lock:
+            self.lease.renew()
 
     def await_termination(self, timeout_s: Optional[float] = None) -> bool:
         """Wait for the query to end (``stop()`` or a failure, which is raised)."""
