@@ -31,17 +31,13 @@ from pyspark.sql import functions as F
 from coordinator.config import CoordinatorConfig
 from coordinator.demo_services import CREDITS, ORDER_TOPIC
 from coordinator.lakehouse import create_table
-from coordinator.job_runtime import start_job
+from coordinator.job_runtime import BatchGate, start_job
 from coordinator.tables import topic_path
 
 log = logging.getLogger("credits")
 
 QUERY_NAME = "txcoord-credits"
 _ORDER_SCHEMA = "order_id long, customer string, amount double"
-
-
-class StopRequested(Exception):
-    """Raised in a batch that starts after stop(): it is not committed, so the next run replays it."""
 
 
 def checkpoint_location(lakehouse: str) -> str:
@@ -119,9 +115,7 @@ class CreditsQuery:
         self.query = None
         self.orders_read = 0
         self._caught_up_since: Optional[float] = None
-        # Held while a batch runs; stop() waits for it, so a MERGE is never cut short.
-        self._batch_lock = threading.Lock()
-        self._stopping = threading.Event()
+        self._gate = BatchGate()  # a MERGE is never cut short by stop()
 
     def start(self) -> "CreditsQuery":
         create_table(CREDITS, CREDITS.path(self.config.lakehouse))
@@ -138,12 +132,12 @@ class CreditsQuery:
         return self
 
     def _run_batch(self, topic_rows: DataFrame, batch_id: int) -> None:
-        with self._batch_lock:
-            if self._stopping.is_set():
-                raise StopRequested(f"credits stopping; batch {batch_id} left for the next run")
+        def body() -> None:
             orders = grant_credits(self.spark, self.config.lakehouse, topic_rows, batch_id)
             self.orders_read += orders
             log.info("batch %d: %d order(s) read, %d in total", batch_id, orders, self.orders_read)
+
+        self._gate.run(batch_id, body)
 
     def idle_for(self) -> float:
         """Seconds the stream has been caught up, with nothing new in the topic.
@@ -151,7 +145,7 @@ class CreditsQuery:
         0 until the query has looked at the topic once, and whenever it has work:
         "idle" must never mean "still starting".
         """
-        busy = (self._batch_lock.locked() or self.query.lastProgress is None
+        busy = (self._gate.busy or self.query.lastProgress is None
                 or self.query.status["isDataAvailable"])
         if busy:
             self._caught_up_since = None
@@ -162,11 +156,7 @@ class CreditsQuery:
 
     def stop(self) -> None:
         """Stop after the batch in flight, if any, has merged its credits."""
-        self._stopping.set()
-        # Not held across query.stop(): a batch starting now would block on it while
-        # query.stop() waits for that batch; instead the batch sees _stopping and gives up.
-        with self._batch_lock:
-            pass
+        self._gate.close()
         if self.query is not None:
             self.query.stop()
         log.info("credits stream stopped")

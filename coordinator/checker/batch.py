@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 from pyspark.sql import DataFrame, SparkSession
@@ -69,7 +69,7 @@ def run_batch(
             return None
         ctx = BatchContext(spark=spark, config=config, batch_id=batch_id, now_us=now_us, app_id=app_id)
         summary = _decide_and_write(ctx, records.filter(~F.col("is_heartbeat")))
-        summary = BatchSummary(**{**asdict(summary), "duration_ms": int((time.monotonic() - started) * 1000)})
+        summary = replace(summary, duration_ms=int((time.monotonic() - started) * 1000))
         log.info("batch %d: %s", batch_id, ", ".join(f"{k}={v}" for k, v in asdict(summary).items() if k != "batch_id"))
         return summary
     finally:

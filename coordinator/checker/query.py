@@ -21,6 +21,7 @@ from coordinator.checker.batch import DEFAULT_APP_ID, run_batch
 from coordinator.checker.lease import CheckerLease
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import LeaseLostError
+from coordinator.job_runtime import BatchGate
 from coordinator.lakehouse import init_lakehouse
 from coordinator.tables import COMMIT_LOG
 
@@ -90,9 +91,7 @@ class CheckerQuery:
         self._renewer: Optional[threading.Thread] = None
         self._stop_renewing = threading.Event()
         self._lease_lock = threading.Lock()
-        # Held while a batch runs: stop() takes it, so it never interrupts a batch.
-        self._batch_lock = threading.Lock()
-        self._stopping = False
+        self._gate = BatchGate()
 
     def start(self) -> "CheckerQuery":
         """Take the lakehouse's checker lease (raises :class:`CheckerAlreadyRunningError`), then start."""
@@ -126,19 +125,15 @@ class CheckerQuery:
         )
 
     def _run_batch(self, records: DataFrame, batch_id: int) -> None:
-        with self._batch_lock:
-            if self._stopping:
-                # Not processed and not committed: the next start replays this batch.
-                raise RuntimeError("checker stopping; batch %d left for the next run" % batch_id)
+        def body() -> None:
             self._renew_lease()  # a checker whose lease was taken over writes nothing more
             run_batch(self.spark, self.config, records, batch_id, self.app_id)
 
+        self._gate.run(batch_id, body)
+
     def stop(self) -> None:
         """Stop after the batch in flight, if any, has finished and committed its writes."""
-        with self._batch_lock:
-            self._stopping = True
-        # Outside the lock: a batch starting now must be able to see the flag and fail fast,
-        # which is what lets query.stop() return.
+        self._gate.close()
         if self.query is not None:
             self.query.stop()
         if self._renewer is not None:
