@@ -37,3 +37,8 @@ class CheckerAlreadyRunningError(CoordinatorError):
 
 class LeaseLostError(CoordinatorError):
     """This checker's lease was taken over (it stalled past the lease's expiry): it must stop."""
+
+
+class CheckpointMismatchError(CoordinatorError):
+    """The checker's streaming checkpoint is missing, foreign or older than what the lakehouse
+    records; starting anyway would re-deliver or drop messages. The message says how to recover."""

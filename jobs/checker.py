@@ -3,7 +3,8 @@
 Runs until SIGTERM or SIGINT, then lets the batch in flight finish and exits 0.
 Also runs as ``python jobs/checker.py --config ...``. Exit status: 0 stopped on request,
 1 the streaming query failed, 2 bad arguments or configuration, 3 another checker is
-running on the same lakehouse.
+running on the same lakehouse, 4 the checkpoint is missing, foreign or older than the
+lakehouse (run once with ``--recover-checkpoint``, see the README).
 """
 
 from __future__ import annotations
@@ -12,23 +13,29 @@ import argparse
 import sys
 
 from coordinator.checker import CheckerQuery
-from coordinator.exceptions import CheckerAlreadyRunningError
+from coordinator.exceptions import CheckerAlreadyRunningError, CheckpointMismatchError
 from coordinator.job_runtime import start_job
 
 EXIT_ALREADY_RUNNING = 3
+EXIT_CHECKPOINT_MISMATCH = 4
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="checker", description="Run the transaction checker over a lakehouse.")
     parser.add_argument("--config", default=None, help="coordinator TOML file (default: conf/coordinator.toml)")
+    parser.add_argument("--recover-checkpoint", action="store_true",
+                        help="first replay the last recorded batch and start a new checkpoint after it "
+                             "(after exit code 4: the checkpoint was lost, foreign or stale)")
     job = start_job("txcoord-checker", parser, argv)
     try:
+        if job.args.recover_checkpoint:
+            CheckerQuery(job.spark, job.config).recover()
         checker = CheckerQuery(job.spark, job.config).start()
-    except CheckerAlreadyRunningError as error:
+    except (CheckerAlreadyRunningError, CheckpointMismatchError) as error:
         # Said before Spark stops: under spark-submit the JVM relays this process's output.
         print(f"checker: {error}", file=sys.stderr, flush=True)
         job.spark.stop()
-        return EXIT_ALREADY_RUNNING
+        return EXIT_ALREADY_RUNNING if isinstance(error, CheckerAlreadyRunningError) else EXIT_CHECKPOINT_MISMATCH
     try:
         while not job.stop_requested.is_set():
             if checker.await_termination(1):

@@ -3,9 +3,26 @@
 One module per batch step — :mod:`.ingest`, :mod:`.resolve` (with promote),
 :mod:`.check` — run in order by :mod:`.batch`; :mod:`.query` is the streaming
 query with its heartbeat. The checker never imports the producer side.
+
+:mod:`.lease` and :mod:`.progress` need no Spark, so JVM-free tools (``txcoord
+status``, maintenance) read them without loading pyspark: the Spark-side names
+below are loaded on first use.
 """
 
-from coordinator.checker.batch import BatchSummary, run_batch
-from coordinator.checker.query import CheckerQuery, read_records
+_SPARK_SIDE = {
+    "BatchSummary": "coordinator.checker.batch",
+    "run_batch": "coordinator.checker.batch",
+    "CheckerQuery": "coordinator.checker.query",
+    "read_records": "coordinator.checker.query",
+}
 
-__all__ = ["BatchSummary", "CheckerQuery", "read_records", "run_batch"]
+
+def __getattr__(name: str):
+    if name in _SPARK_SIDE:
+        import importlib
+
+        return getattr(importlib.import_module(_SPARK_SIDE[name]), name)
+    raise AttributeError(f"module 'coordinator.checker' has no attribute {name!r}")
+
+
+__all__ = sorted(_SPARK_SIDE)

@@ -38,11 +38,37 @@ class BatchSummary:
     halves: int = 0
     commits: int = 0
     rollbacks: int = 0
+    resolved: int = 0  # op rows written: halves committed, rolled back or discarded
     delivered: int = 0
     checks: int = 0
     discarded: int = 0
     rejected: int = 0
     duration_ms: int = 0
+
+
+@dataclass(frozen=True)
+class BatchBounds:
+    """The commit-log versions a batch read (``None`` if only heartbeat ticks) and its clock."""
+
+    first_version: Optional[int]
+    last_version: Optional[int]
+    now_us: int
+
+
+def batch_bounds(records: DataFrame) -> Optional[BatchBounds]:
+    """The bounds of a batch of records, or ``None`` for an empty batch.
+
+    The clock is the latest commit or tick time among the batch's own rows, never
+    the wall clock, so a replayed batch decides exactly as the first run did.
+
+    Example::
+
+        batch_bounds(records)  # BatchBounds(first_version=3, last_version=5, now_us=...)
+    """
+    first, last, now_us = records.agg(
+        F.min("commit_version"), F.max("commit_version"), F.max(F.unix_micros("stored_timestamp"))
+    ).first()
+    return None if now_us is None else BatchBounds(first, last, now_us)
 
 
 def run_batch(
@@ -51,11 +77,14 @@ def run_batch(
     records: DataFrame,
     batch_id: int,
     app_id: str = DEFAULT_APP_ID,
+    bounds: Optional[BatchBounds] = None,
 ) -> Optional[BatchSummary]:
     """Process one micro-batch of commit-log records (plus heartbeat ticks).
 
     ``records`` has the commit-log columns plus ``commit_version``,
-    ``stored_timestamp`` and ``is_heartbeat``. Returns ``None`` for an empty batch.
+    ``stored_timestamp`` and ``is_heartbeat``; ``bounds`` are its
+    :func:`batch_bounds`, computed here unless given (a replay from the progress
+    record gives them). Returns ``None`` for an empty batch.
 
     Example::
 
@@ -64,10 +93,10 @@ def run_batch(
     started = time.monotonic()
     records = records.persist()
     try:
-        now_us = records.agg(F.max(F.unix_micros("stored_timestamp"))).first()[0]
-        if now_us is None:
+        bounds = bounds or batch_bounds(records)
+        if bounds is None:
             return None
-        ctx = BatchContext(spark=spark, config=config, batch_id=batch_id, now_us=now_us, app_id=app_id)
+        ctx = BatchContext(spark=spark, config=config, batch_id=batch_id, now_us=bounds.now_us, app_id=app_id)
         summary = _decide_and_write(ctx, records.filter(~F.col("is_heartbeat")))
         summary = replace(summary, duration_ms=int((time.monotonic() - started) * 1000))
         log.info("batch %d: %s", batch_id, ", ".join(f"{k}={v}" for k, v in asdict(summary).items() if k != "batch_id"))
@@ -116,6 +145,7 @@ def _decide_and_write(ctx: BatchContext, records: DataFrame) -> BatchSummary:
         halves=counts["halves"],
         commits=outcomes.get(COMMIT, 0),
         rollbacks=outcomes.get(ROLLBACK, 0),
+        resolved=counts["ops"],
         delivered=counts["delivered"],
         checks=counts["checks"],
         discarded=counts["discarded"],

@@ -11,18 +11,22 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from coordinator.checker.batch import DEFAULT_APP_ID, run_batch
+from coordinator.checker.batch import DEFAULT_APP_ID, BatchBounds, batch_bounds, run_batch
+from coordinator.checker.context import RECORD_EXTRA_COLUMNS
 from coordinator.checker.lease import CheckerLease
+from coordinator.checker.progress import BatchRecord, CheckerProgress, CheckpointState, Progress
 from coordinator.config import CoordinatorConfig
-from coordinator.exceptions import LeaseLostError
+from coordinator.exceptions import CheckpointMismatchError, LeaseLostError
 from coordinator.job_runtime import BatchGate
 from coordinator.lakehouse import init_lakehouse
+from coordinator.metrics import CheckerMetrics
 from coordinator.tables import COMMIT_LOG
 
 log = logging.getLogger("coordinator.checker")
@@ -65,6 +69,12 @@ def read_records(spark: SparkSession, config: CoordinatorConfig, starting_versio
     return as_records(feed)
 
 
+def no_records(spark: SparkSession) -> DataFrame:
+    """An empty batch of records (what a heartbeat-only batch holds once its ticks are set aside)."""
+    columns = ", ".join(f"`{name}` {kind}" for name, kind in (*COMMIT_LOG.columns, *RECORD_EXTRA_COLUMNS))
+    return spark.createDataFrame([], columns)
+
+
 def heartbeat(spark: SparkSession) -> DataFrame:
     """One tick a second, shaped like a record: only ``stored_timestamp`` and ``is_heartbeat`` are set."""
     ticks = spark.readStream.format("rate").option("rowsPerSecond", 1).option("numPartitions", 1).load()
@@ -88,18 +98,25 @@ class CheckerQuery:
         self.app_id = app_id
         self.query: Optional[StreamingQuery] = None
         self.lease = CheckerLease(config.lakehouse)
+        self.metrics = CheckerMetrics(config.lakehouse, app_id, QUERY_NAME)
+        self.progress_store = CheckerProgress(config.lakehouse)
+        self._progress: Optional[Progress] = None
         self._renewer: Optional[threading.Thread] = None
         self._stop_renewing = threading.Event()
         self._lease_lock = threading.Lock()
         self._gate = BatchGate()
 
     def start(self) -> "CheckerQuery":
-        """Take the lakehouse's checker lease (raises :class:`CheckerAlreadyRunningError`), then start."""
+        """Take the lakehouse's checker lease (raises :class:`CheckerAlreadyRunningError`), check the
+        checkpoint against the lakehouse's progress record (raises :class:`CheckpointMismatchError`), then start."""
         init_lakehouse(self.config.lakehouse)
         self.lease.acquire()
         try:
-            self.query = self._start_query()
+            self._progress = self.progress_store.begin(CheckpointState.read(checkpoint_location(self.config)))
+            self.spark.streams.addListener(self.metrics)
+            self.query = self._start_query(self._progress.epoch.starting_version)
         except BaseException:
+            self.spark.streams.removeListener(self.metrics)
             self.lease.release()
             raise
         self._renewer = threading.Thread(target=self._keep_lease, name="checker-lease", daemon=True)
@@ -107,11 +124,50 @@ class CheckerQuery:
         log.info("checker started on %s (checkpoint %s)", self.config.lakehouse, checkpoint_location(self.config))
         return self
 
-    def _start_query(self) -> StreamingQuery:
+    def recover(self) -> Progress:
+        """Recover from a lost, foreign or stale checkpoint, then leave the checker ready to ``start()``.
+
+        Replays the last batch the progress record announced, over exactly the commit-log
+        versions and clock it recorded (each of its writes lands once, whether or not it
+        had been made), sets the old checkpoint aside, and begins a new epoch: a fresh
+        checkpoint starting at the first version after that batch, with batch ids that keep
+        increasing. Nothing is re-delivered and nothing is skipped.
+
+        Example::
+
+            CheckerQuery(spark, config).recover()
+            CheckerQuery(spark, config).start()
+        """
+        init_lakehouse(self.config.lakehouse)
+        self.lease.acquire()
+        try:
+            progress = self.progress_store.load()
+            if progress is None:
+                raise CheckpointMismatchError(f"{self.progress_store.path} does not exist: no checker has run here, "
+                                              "nothing to recover; start the checker normally")
+            last = progress.last_batch
+            if last is not None:
+                records = (no_records(self.spark) if last.first_version is None
+                           else read_records(self.spark, self.config, last.first_version, last.last_version))
+                bounds = BatchBounds(last.first_version, last.last_version, last.now_us)
+                run_batch(self.spark, self.config, records, last.batch_id, self.app_id, bounds)
+            location = checkpoint_location(self.config)
+            if os.path.exists(location):
+                aside = f"{location}.replaced-{time.strftime('%Y%m%dT%H%M%S')}"
+                os.rename(location, aside)
+                log.warning("checker checkpoint %s set aside as %s", location, aside)
+            following = self.progress_store.next_epoch(progress)
+            log.warning("checker recovered: epoch %d starts at commit-log version %d with batch %d",
+                        following.epoch.number, following.epoch.starting_version, following.epoch.first_batch_id)
+            return following
+        finally:
+            self.lease.release()
+
+    def _start_query(self, starting_version: int) -> StreamingQuery:
         feed = (
             self.spark.readStream.format("delta")
             .option("readChangeFeed", "true")
-            .option("startingVersion", 0)
+            .option("startingVersion", starting_version)
             .option("maxFilesPerTrigger", MAX_FILES_PER_TRIGGER)
             .load(COMMIT_LOG.path(self.config.lakehouse))
         )
@@ -124,18 +180,51 @@ class CheckerQuery:
             .start()
         )
 
-    def _run_batch(self, records: DataFrame, batch_id: int) -> None:
+    def _run_batch(self, records: DataFrame, stream_batch_id: int) -> None:
         def body() -> None:
             self._renew_lease()  # a checker whose lease was taken over writes nothing more
-            run_batch(self.spark, self.config, records, batch_id, self.app_id)
+            records.persist()
+            try:
+                announced = self._announce(records, stream_batch_id)
+                if announced is not None:
+                    bounds = BatchBounds(announced.first_version, announced.last_version, announced.now_us)
+                    self.metrics.batch_done(stream_batch_id, run_batch(self.spark, self.config, records, announced.batch_id,
+                                                                       self.app_id, bounds))
+            finally:
+                records.unpersist()
 
-        self._gate.run(batch_id, body)
+        self._gate.run(stream_batch_id, body)
+
+    def _announce(self, records: DataFrame, stream_batch_id: int) -> Optional[BatchRecord]:
+        """Record the batch in the progress record before it writes anything; ``None`` if it is empty.
+
+        A batch Spark replays after a crash was announced already: it runs again as announced.
+        """
+        progress = self._progress
+        if progress.epoch.checkpoint_id is None:  # the first batch of a new epoch: its checkpoint now exists
+            checkpoint_id = CheckpointState.read(checkpoint_location(self.config)).checkpoint_id
+            progress = self.progress_store.adopt(progress, checkpoint_id)
+        batch_id = progress.epoch.first_batch_id + stream_batch_id
+        if progress.last_batch is not None and progress.last_batch.batch_id == batch_id:
+            self._progress = progress
+            return progress.last_batch
+        bounds = batch_bounds(records)
+        if bounds is None:
+            self._progress = progress
+            return None
+        next_version = progress.next_version if bounds.last_version is None else bounds.last_version + 1
+        announced = BatchRecord(batch_id=batch_id, stream_batch_id=stream_batch_id, first_version=bounds.first_version,
+                                last_version=bounds.last_version, next_version=next_version, now_us=bounds.now_us)
+        self._progress = Progress(progress.epoch, announced)
+        self.progress_store.save(self._progress)
+        return announced
 
     def stop(self) -> None:
         """Stop after the batch in flight, if any, has finished and committed its writes."""
         self._gate.close()
         if self.query is not None:
             self.query.stop()
+            self.metrics.detach(self.spark)
         if self._renewer is not None:
             self._stop_renewing.set()
             self._renewer.join()

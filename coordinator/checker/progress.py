@@ -1,0 +1,199 @@
+"""What the checker has done, kept in the lakehouse so that a lost checkpoint is noticed and repaired.
+
+Spark's checkpoint says which commit-log versions the checker has read; the
+lakehouse says what it wrote. They must agree. ``system/_checker_progress.json``
+ties them together:
+
+* the **epoch**: which checkpoint the lakehouse is served by (its id), the global
+  batch id of that checkpoint's batch 0, and the commit-log version it starts at;
+* the **last batch**, recorded *before* that batch writes anything: its global id,
+  the commit-log versions it covers and its clock.
+
+On start, :func:`verify_checkpoint` compares the checkpoint with this record and
+refuses a checkpoint that is missing, belongs to another query, or is older than
+the lakehouse. :func:`CheckerProgress.next_epoch` is the recovery path: replay the
+last recorded batch exactly (its writes are idempotent) and start a new checkpoint
+at the first version after it, with batch ids that keep increasing.
+
+Reading this file needs no JVM: ``txcoord status`` and maintenance use it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass, replace
+from typing import Optional
+
+from coordinator.exceptions import CheckpointMismatchError
+
+PROGRESS_FILE = "_checker_progress.json"
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """One checkpoint's life on the lakehouse.
+
+    ``checkpoint_id`` is the streaming query's id (the checkpoint's ``metadata`` file),
+    ``None`` until the epoch's query first starts.
+    """
+
+    number: int
+    first_batch_id: int
+    starting_version: int
+    checkpoint_id: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """A batch as announced before its writes.
+
+    ``first_version``/``last_version`` bound the commit-log versions it read (both
+    ``None`` for a heartbeat-only batch); ``next_version`` is the first version no
+    batch up to this one has read; ``now_us`` is its clock.
+    """
+
+    batch_id: int
+    stream_batch_id: int
+    first_version: Optional[int]
+    last_version: Optional[int]
+    next_version: int
+    now_us: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    epoch: Epoch
+    last_batch: Optional[BatchRecord] = None
+
+    @property
+    def next_version(self) -> int:
+        """The first commit-log version the checker has not read."""
+        return self.last_batch.next_version if self.last_batch else self.epoch.starting_version
+
+    @property
+    def next_batch_id(self) -> int:
+        """The global id the next new batch (after the last recorded one) gets."""
+        return self.last_batch.batch_id + 1 if self.last_batch else self.epoch.first_batch_id
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    """What a streaming checkpoint directory holds: its query id and its highest batch ids."""
+
+    exists: bool
+    checkpoint_id: Optional[str] = None
+    last_planned_batch: Optional[int] = None  # highest ``offsets/`` entry
+
+    @classmethod
+    def read(cls, location: str) -> "CheckpointState":
+        """Inspect the checkpoint at ``location`` without starting Spark.
+
+        Example::
+
+            CheckpointState.read("lakehouse/system/_checkpoints/checker").checkpoint_id
+        """
+        try:
+            with open(os.path.join(location, "metadata")) as file:
+                checkpoint_id = json.load(file).get("id")
+        except FileNotFoundError:
+            return cls(exists=False)
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            checkpoint_id = None
+        offsets = os.path.join(location, "offsets")
+        batches = [int(name) for name in os.listdir(offsets) if name.isdigit()] if os.path.isdir(offsets) else []
+        return cls(exists=True, checkpoint_id=checkpoint_id, last_planned_batch=max(batches, default=None))
+
+
+class CheckerProgress:
+    """The progress record of one lakehouse's checker.
+
+    Example::
+
+        progress = CheckerProgress("lakehouse")
+        progress.load()            # None before the first checker ever ran
+    """
+
+    def __init__(self, lakehouse: str):
+        self.path = os.path.join(os.path.abspath(lakehouse), "system", PROGRESS_FILE)
+
+    def load(self) -> Optional[Progress]:
+        """The recorded progress, or ``None`` if no checker has recorded any."""
+        try:
+            with open(self.path) as file:
+                raw = json.load(file)
+        except FileNotFoundError:
+            return None
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise CheckpointMismatchError(f"{self.path} is unreadable ({error}); restore it from a backup") from None
+        last = raw.get("last_batch")
+        return Progress(epoch=Epoch(**raw["epoch"]), last_batch=BatchRecord(**last) if last else None)
+
+    def save(self, progress: Progress) -> None:
+        """Replace the record atomically (write aside, then rename)."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        staging = f"{self.path}.{uuid.uuid4().hex}"
+        with open(staging, "w") as file:
+            json.dump({"epoch": asdict(progress.epoch),
+                       "last_batch": asdict(progress.last_batch) if progress.last_batch else None}, file)
+        os.replace(staging, self.path)
+
+    def begin(self, checkpoint: CheckpointState) -> Progress:
+        """Check ``checkpoint`` against the record and return the progress to run with.
+
+        A first run starts epoch 0 at version 0. Raises :class:`CheckpointMismatchError`
+        when the checkpoint is missing, foreign or stale (see :func:`verify_checkpoint`).
+        """
+        progress = self.load()
+        if progress is None:
+            progress = Progress(Epoch(number=0, first_batch_id=0, starting_version=0, checkpoint_id=checkpoint.checkpoint_id))
+            self.save(progress)
+            return progress
+        verify_checkpoint(progress, checkpoint, self.path)
+        return progress
+
+    def adopt(self, progress: Progress, checkpoint_id: str) -> Progress:
+        """Record the id of the checkpoint a new epoch's query just created."""
+        if progress.epoch.checkpoint_id == checkpoint_id:
+            return progress
+        adopted = replace(progress, epoch=replace(progress.epoch, checkpoint_id=checkpoint_id))
+        self.save(adopted)
+        return adopted
+
+    def next_epoch(self, progress: Progress) -> Progress:
+        """Start a new epoch after the last recorded batch: a fresh checkpoint begins there."""
+        epoch = Epoch(number=progress.epoch.number + 1, first_batch_id=progress.next_batch_id,
+                      starting_version=progress.next_version)
+        following = Progress(epoch=epoch)
+        self.save(following)
+        return following
+
+
+def verify_checkpoint(progress: Progress, checkpoint: CheckpointState, record_path: str) -> None:
+    """Raise :class:`CheckpointMismatchError` unless ``checkpoint`` is the one ``progress`` was made with.
+
+    Example::
+
+        verify_checkpoint(progress, CheckpointState.read(location), progress_path)
+    """
+    epoch, last = progress.epoch, progress.last_batch
+    recovery = "run the checker once with --recover-checkpoint to continue after the last recorded batch (see README)"
+    if not checkpoint.exists:
+        if epoch.checkpoint_id is None and last is None:
+            return  # a new epoch whose query has not started yet
+        raise CheckpointMismatchError(
+            f"the checker's checkpoint is missing, but {record_path} shows epoch {epoch.number} processed the commit log "
+            f"up to version {progress.next_version - 1} (batch {last.batch_id if last else '-'}); {recovery}"
+        )
+    if epoch.checkpoint_id is not None and checkpoint.checkpoint_id != epoch.checkpoint_id:
+        raise CheckpointMismatchError(
+            f"the checker's checkpoint belongs to query {checkpoint.checkpoint_id}, not to {epoch.checkpoint_id} which "
+            f"{record_path} records for this lakehouse (a checkpoint from another lakehouse?); {recovery}"
+        )
+    planned = None if checkpoint.last_planned_batch is None else epoch.first_batch_id + checkpoint.last_planned_batch
+    if last is not None and (planned is None or planned < last.batch_id):
+        raise CheckpointMismatchError(
+            f"the checker's checkpoint stops at batch {planned if planned is not None else 'none'}, older than batch "
+            f"{last.batch_id} that {record_path} shows was processed (a checkpoint restored from an old copy?); {recovery}"
+        )

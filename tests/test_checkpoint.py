@@ -1,0 +1,130 @@
+"""A lost, foreign or stale checkpoint is refused at start, and recovery neither re-delivers nor drops."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from deltalake import DeltaTable
+
+from coordinator.checker import CheckerQuery
+from coordinator.checker.progress import BatchRecord, CheckerProgress, CheckpointState, Epoch, Progress, verify_checkpoint
+from coordinator.checker.query import checkpoint_location
+from coordinator.exceptions import CheckpointMismatchError
+from coordinator.lakehouse import read_table
+from coordinator.tables import COMMIT_LOG, OP, REJECTED, topic_path
+from tests.conftest import append_rows, end_record, half_record
+from tests.producer_side import wait_until
+
+RECORD = "/lh/system/_checker_progress.json"
+
+
+def progress(checkpoint_id="q1", first_batch_id=0, last_batch_id=None) -> Progress:
+    last = None if last_batch_id is None else BatchRecord(last_batch_id, last_batch_id - first_batch_id, 3, 4, 5, 10)
+    return Progress(Epoch(number=0, first_batch_id=first_batch_id, starting_version=0, checkpoint_id=checkpoint_id), last)
+
+
+def test_the_checkpoint_the_lakehouse_was_served_by_is_accepted():
+    verify_checkpoint(progress(last_batch_id=7), CheckpointState(True, "q1", last_planned_batch=7), RECORD)
+    verify_checkpoint(progress(last_batch_id=7), CheckpointState(True, "q1", last_planned_batch=8), RECORD)
+    verify_checkpoint(progress(checkpoint_id=None), CheckpointState(False), RECORD)  # a new epoch, not started
+
+
+@pytest.mark.parametrize("checkpoint, problem", [
+    (CheckpointState(False), "checkpoint is missing"),
+    (CheckpointState(True, "q2", last_planned_batch=9), "belongs to query q2, not to q1"),
+    (CheckpointState(True, "q1", last_planned_batch=5), "stops at batch 5, older than batch 7"),
+    (CheckpointState(True, "q1", last_planned_batch=None), "stops at batch none"),
+])
+def test_a_missing_foreign_or_stale_checkpoint_is_refused_with_the_way_out(checkpoint, problem):
+    with pytest.raises(CheckpointMismatchError, match=problem) as refused:
+        verify_checkpoint(progress(last_batch_id=7), checkpoint, RECORD)
+    assert "--recover-checkpoint" in str(refused.value)
+
+
+def test_batch_ids_of_a_later_epoch_continue_from_the_last_recorded_batch(tmp_path):
+    store = CheckerProgress(str(tmp_path))
+    store.save(progress(first_batch_id=0, last_batch_id=7))
+    following = store.next_epoch(store.load())
+    assert following.epoch == Epoch(number=1, first_batch_id=8, starting_version=5, checkpoint_id=None)
+    assert store.load() == following
+    with pytest.raises(CheckpointMismatchError, match="stops at batch 9, older than batch 10"):
+        verify_checkpoint(progress(first_batch_id=8, last_batch_id=10), CheckpointState(True, "q1", 1), RECORD)
+
+
+def delivered(lakehouse: str, topic: str = "T") -> list[str]:
+    path = topic_path(lakehouse, topic)
+    return sorted(read_table(path, ["transaction_id"]).column("transaction_id").to_pylist()) if DeltaTable.is_deltatable(path) else []
+
+
+def commit(lakehouse: str, *transaction_ids: str) -> None:
+    log = COMMIT_LOG.path(lakehouse)
+    append_rows(log, COMMIT_LOG, [half_record(t) for t in transaction_ids])
+    append_rows(log, COMMIT_LOG, [end_record(t) for t in transaction_ids])
+
+
+def test_lost_checkpoint_after_a_crash_mid_batch_is_recovered_without_loss_or_duplicate(spark, config, monkeypatch, tmp_path):
+    import coordinator.checker.context as context
+
+    config = config.replace(trigger_interval_ms=500)
+    lakehouse = config.lakehouse
+    checker = CheckerQuery(spark, config).start()
+    try:
+        commit(lakehouse, "before")
+        wait_until(lambda: delivered(lakehouse) == ["before"], 120)
+    finally:
+        checker.stop()
+
+    # The next batch dies between its op write and its topic write...
+    real_append = context.BatchContext.append
+
+    def crash_on_topic(self, df, table, path=None):
+        # Only the batch that delivers "in-flight": a stopped query may replay its last batch first.
+        if table.name.startswith("topics/") and df.filter(df.transaction_id == "in-flight").count():
+            raise RuntimeError("simulated crash after the op was written")
+        real_append(self, df, table, path)
+
+    monkeypatch.setattr(context.BatchContext, "append", crash_on_topic)
+    commit(lakehouse, "in-flight")
+    checker = CheckerQuery(spark, config).start()
+    try:
+        with pytest.raises(Exception, match="simulated crash"):
+            checker.await_termination(120)
+    finally:
+        checker.stop()
+    monkeypatch.setattr(context.BatchContext, "append", real_append)
+    in_flight_ops = read_table(OP.path(lakehouse), ["transaction_id"]).column("transaction_id").to_pylist()
+    assert in_flight_ops.count("in-flight") == 1 and delivered(lakehouse) == ["before"]
+
+    # ...and then its checkpoint is lost. Starting anyway would restart at version 0.
+    shutil.rmtree(checkpoint_location(config))
+    with pytest.raises(CheckpointMismatchError, match="checkpoint is missing"):
+        CheckerQuery(spark, config).start()
+
+    recovered = CheckerQuery(spark, config).recover()
+    assert delivered(lakehouse) == ["before", "in-flight"]  # the announced batch, completed exactly once
+    assert recovered.epoch.number == 1
+    # The new checkpoint starts after the last version: one nobody has written yet.
+    assert recovered.epoch.starting_version == DeltaTable(COMMIT_LOG.path(lakehouse)).version() + 1
+    checker = CheckerQuery(spark, config).start()
+    try:
+        commit(lakehouse, "after")
+        wait_until(lambda: delivered(lakehouse) == ["after", "before", "in-flight"], 120)
+        commit(lakehouse, "later")
+        wait_until(lambda: "later" in delivered(lakehouse), 120)
+    finally:
+        checker.stop()
+
+    assert delivered(lakehouse) == ["after", "before", "in-flight", "later"]
+    ops = read_table(OP.path(lakehouse), ["transaction_id"]).column("transaction_id").to_pylist()
+    assert sorted(ops) == ["after", "before", "in-flight", "later"]
+    assert read_table(REJECTED.path(lakehouse)).num_rows == 0  # nothing was read twice
+
+    # A checkpoint from another lakehouse is refused too.
+    other = tmp_path / "other-checkpoint"
+    shutil.copytree(checkpoint_location(config), other)
+    (other / "metadata").write_text('{"id":"00000000-0000-0000-0000-000000000000"}')
+    shutil.rmtree(checkpoint_location(config))
+    shutil.copytree(other, checkpoint_location(config))
+    with pytest.raises(CheckpointMismatchError, match="belongs to query 00000000"):
+        CheckerQuery(spark, config).start()
