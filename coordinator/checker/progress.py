@@ -73,6 +73,12 @@ class Progress:
         return self.last_batch.next_version if self.last_batch else self.epoch.starting_version
 
     @property
+    def oldest_needed_version(self) -> int:
+        """The oldest commit-log version the checker may still read: its last batch may be replayed."""
+        last = self.last_batch
+        return last.first_version if last is not None and last.first_version is not None else self.next_version
+
+    @property
     def next_batch_id(self) -> int:
         """The global id the next new batch (after the last recorded one) gets."""
         return self.last_batch.batch_id + 1 if self.last_batch else self.epoch.first_batch_id

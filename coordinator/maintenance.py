@@ -1,0 +1,142 @@
+"""Table maintenance: compact small files, checkpoint the Delta log, vacuum removed files.
+
+Every producer commit and every checker batch adds a small file, so tables need
+compacting, and their logs a checkpoint, to stay fast to read. Runs through
+delta-rs (no JVM) and is safe while producers and the checker are running:
+
+* compaction commits change no data (``dataChange=false``), so streaming readers
+  skip it and the checker's change-feed offsets stay valid;
+* the commit log is vacuumed only once the checker has read every version that
+  a compaction removed files from (its progress record says how far it has read);
+  until then the files an unread version adds must stay on disk;
+* ``system/check_requests`` is not compacted: the check interval is measured from
+  when each request's file was written, which compaction would reset (delaying
+  the next check, never hastening it).
+
+A ``retention_hours`` below Delta's default of 168 frees space sooner but may fail
+a reader in flight that still uses an older snapshot (for the checker: one batch,
+which is then replayed; nothing is lost). Keep it above your longest query.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from coordinator.checker.progress import CheckerProgress
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
+
+#: Delta's own default for ``delta.deletedFileRetentionDuration``.
+DEFAULT_RETENTION_HOURS = 168
+NOT_COMPACTED = {CHECK_REQUESTS.name}
+
+
+@dataclass
+class TableMaintenance:
+    """What maintenance did to one table.
+
+    ``skipped`` says why a step was left out (``None`` if nothing was).
+    """
+
+    table: str
+    files_before: int = 0
+    files_after: int = 0
+    files_compacted: int = 0
+    files_vacuumed: int = 0
+    version: int = -1
+    skipped: list[str] = field(default_factory=list)
+
+
+def maintained_tables(lakehouse: str) -> list[str]:
+    """Names of every table maintenance looks after: the system tables and every topic.
+
+    Example::
+
+        maintained_tables("lakehouse")  # ['system/commit_log', ..., 'topics/ORDER_TOPIC']
+    """
+    topics_dir = os.path.join(os.path.abspath(lakehouse), "topics")
+    topics = sorted(f"topics/{name}" for name in os.listdir(topics_dir)) if os.path.isdir(topics_dir) else []
+    return [table.name for table in SYSTEM_TABLES] + topics
+
+
+def maintain(
+    lakehouse: str,
+    *,
+    tables: Optional[list[str]] = None,
+    retention_hours: int = DEFAULT_RETENTION_HOURS,
+    on_table: Optional[Callable[[TableMaintenance], None]] = None,
+) -> list[TableMaintenance]:
+    """Vacuum, compact and checkpoint ``tables`` (default: :func:`maintained_tables`).
+
+    Vacuum runs first, so files a compaction removes stay on disk until at least the
+    next run. A step that loses a race with a concurrent writer is skipped and said so;
+    running maintenance again retries it. ``on_table`` is called after each table
+    (for progress display).
+
+    Example::
+
+        for result in maintain("lakehouse", retention_hours=24):
+            print(result.table, result.files_before, "->", result.files_after)
+    """
+    if retention_hours < 0:
+        raise ValueError("retention_hours must be 0 or more")
+    results = []
+    for name in tables if tables is not None else maintained_tables(lakehouse):
+        result = _maintain_table(lakehouse, name, retention_hours)
+        results.append(result)
+        if on_table is not None:
+            on_table(result)
+    return results
+
+
+def _maintain_table(lakehouse: str, name: str, retention_hours: int) -> TableMaintenance:
+    path = os.path.join(os.path.abspath(lakehouse), *name.split("/"))
+    result = TableMaintenance(name)
+    if not DeltaTable.is_deltatable(path):
+        result.skipped.append("not a Delta table")
+        return result
+    table = DeltaTable(path)
+    result.files_before = len(table.file_uris())
+    unsafe = _vacuum_hazard(lakehouse, name, table)
+    if unsafe:
+        result.skipped.append(unsafe)
+    else:
+        result.files_vacuumed = _attempt(result, "vacuum", lambda: len(table.vacuum(
+            retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)), 0)
+    if name in NOT_COMPACTED:
+        result.skipped.append("compaction: the check interval is timed from each request's file")
+    else:
+        metrics = _attempt(result, "compaction", lambda: DeltaTable(path).optimize.compact(), {})
+        result.files_compacted = metrics.get("numFilesRemoved", 0)
+    _attempt(result, "checkpoint", lambda: DeltaTable(path).create_checkpoint(), None)
+    _attempt(result, "log cleanup", lambda: DeltaTable(path).cleanup_metadata(), None)
+    final = DeltaTable(path)
+    result.files_after, result.version = len(final.file_uris()), final.version()
+    return result
+
+
+def _attempt(result: TableMaintenance, step: str, action: Callable, fallback):
+    try:
+        return action()
+    except (CommitFailedError, DeltaError) as error:
+        result.skipped.append(f"{step}: {error.__class__.__name__}: {str(error).splitlines()[0]}")
+        return fallback
+
+
+def _vacuum_hazard(lakehouse: str, name: str, table: DeltaTable) -> Optional[str]:
+    """Why vacuuming ``name`` now could lose data, or ``None`` if it cannot."""
+    if name != COMMIT_LOG.name:
+        return None
+    compacted_at = [entry["version"] for entry in table.history() if entry.get("operation") == "OPTIMIZE"]
+    if not compacted_at:
+        return None
+    progress = CheckerProgress(lakehouse).load()
+    still_needed = progress.oldest_needed_version if progress is not None else 0
+    if max(compacted_at) >= still_needed:
+        return (f"vacuum: the checker may still read the commit log from version {still_needed}, before the "
+                f"compaction at version {max(compacted_at)}; the files it removed are still needed")
+    return None
