@@ -17,7 +17,12 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from coordinator.tables import SYSTEM_TABLES, TableDef
+from coordinator.exceptions import CoordinatorError
+from coordinator.tables import COMMIT_LOG, HALF, OP, SYSTEM_TABLES, TableDef
+
+
+class LakehouseNotFoundError(CoordinatorError):
+    """The directory holds no lakehouse (``txcoord init`` creates one)."""
 
 
 def create_table(table: TableDef, path: str) -> bool:
@@ -65,3 +70,42 @@ def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[
     # without an active exception" (exit 134; deltalake 1.6.6, cf. delta-rs#2184).
     local = pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem())
     return DeltaTable(path).to_pyarrow_dataset(filesystem=local).to_table(columns=columns, filter=filter)
+
+
+def read_pending(lakehouse: str, columns: Optional[list[str]] = None) -> pa.Table:
+    """The halves of ``lakehouse`` that have no op row yet (unresolved), with ``columns`` of ``system/half``.
+
+    Reads both queues in full with delta-rs: meant for operators and metrics, not for a batch.
+
+    Example::
+
+        read_pending("lakehouse", ["transaction_id", "stored_timestamp"]).num_rows
+    """
+    columns = columns or HALF.column_names
+    halves = read_table(HALF.path(lakehouse), list(dict.fromkeys(columns + ["queue_offset"])))
+    resolved = read_table(OP.path(lakehouse), ["half_offset"]).column("half_offset")
+    return halves.filter(pc.invert(pc.is_in(halves.column("queue_offset"), value_set=resolved))).select(columns)
+
+
+def require_lakehouse(lakehouse: str) -> str:
+    """``lakehouse`` itself if it holds a commit log; else raise :class:`LakehouseNotFoundError`.
+
+    Example::
+
+        require_lakehouse("lakehouse")  # 'lakehouse'
+    """
+    if not DeltaTable.is_deltatable(COMMIT_LOG.path(lakehouse)):
+        raise LakehouseNotFoundError(f"no lakehouse at {os.path.abspath(lakehouse)} (run `txcoord init` to create one)")
+    return lakehouse
+
+
+def topic_names(lakehouse: str) -> list[str]:
+    """The topics that have a table in ``lakehouse`` (one appears on its first delivery), sorted.
+
+    Example::
+
+        topic_names("demo-lakehouse")  # ['ORDER_TOPIC']
+    """
+    root = os.path.join(os.path.abspath(lakehouse), "topics")
+    names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    return [name for name in names if DeltaTable.is_deltatable(os.path.join(root, name))]

@@ -221,8 +221,31 @@ TOPIC = TableDef(
     ),
 )
 
+#: One row per checker micro-batch, written by the checker's metrics listener
+#: (``coordinator.metrics``): how long it took, what came in, what it decided.
+METRICS = TableDef(
+    "system/metrics",
+    (
+        ("batch_id", "long"),
+        ("started_at", "timestamp"),  # when the trigger fired
+        ("finished_at", "timestamp"),  # when the batch had committed every write
+        ("duration_ms", "long"),  # the whole trigger: planning, the batch, committing offsets
+        ("input_rows", "long"),  # rows read, heartbeat ticks included
+        ("records", "long"),  # commit-log records
+        ("halves", "long"),  # halves ingested
+        ("commits", "long"),  # transactions committed
+        ("rollbacks", "long"),  # transactions rolled back
+        ("delivered", "long"),  # messages written to topics
+        ("checks", "long"),  # check requests sent
+        ("discarded", "long"),  # halves discarded
+        ("rejected", "long"),  # records refused
+        ("pending_halves", "long"),  # halves with no op row once the batch had committed
+        ("commit_log_version", "long"),  # the last commit-log version the checker had read
+    ),
+)
+
 #: The tables ``coordinator init`` creates. Topic tables appear on first delivery.
-SYSTEM_TABLES = (COMMIT_LOG, HALF, OP, CHECK_REQUESTS, DISCARDED, REJECTED)
+SYSTEM_TABLES = (COMMIT_LOG, HALF, OP, CHECK_REQUESTS, DISCARDED, REJECTED, METRICS)
 
 
 def topic_path(lakehouse: str, topic: str) -> str:
