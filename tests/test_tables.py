@@ -18,9 +18,26 @@ SAMPLE = {"string": "s", "int": 1, "long": 2, "boolean": True, "binary": b"\x00\
           "map<string,string>": {"k": "v"}}
 
 
-def sample_row(table: TableDef, marker: str) -> dict:
+MARKERS = ("from-delta-rs", "from-spark", "from-delta-rs-again")
+
+
+def marker_column(table: TableDef) -> str:
+    """The column that tells the test's rows apart: the first if it is a string, else ``transaction_id``,
+    else the first (``system/metrics`` has no string column)."""
+    names = dict(table.columns)
+    if table.columns[0][1] != "string" and "transaction_id" in names:
+        return "transaction_id"
+    return table.columns[0][0]
+
+
+def marker(table: TableDef, text: str):
+    """``text`` in the marker column's type."""
+    return text if dict(table.columns)[marker_column(table)] == "string" else MARKERS.index(text)
+
+
+def sample_row(table: TableDef, text: str) -> dict:
     row = {name: SAMPLE[kind] for name, kind in table.columns}
-    row[table.columns[0][0] if table.columns[0][1] == "string" else "transaction_id"] = marker
+    row[marker_column(table)] = marker(table, text)
     return row
 
 
@@ -29,7 +46,7 @@ def test_both_engines_read_and_write(spark, tmp_path, table):
     lakehouse = str(tmp_path / "lh")
     init_lakehouse(lakehouse)
     path = table.path(lakehouse)
-    key = table.columns[0][0] if table.columns[0][1] == "string" else "transaction_id"
+    key = marker_column(table)
 
     append_rows(path, table, [sample_row(table, "from-delta-rs")])
     spark.createDataFrame([sample_row(table, "from-spark")], table.spark_ddl()).write.format("delta").mode("append").save(path)
@@ -37,11 +54,11 @@ def test_both_engines_read_and_write(spark, tmp_path, table):
 
     seen_by_spark = spark.read.format("delta").load(path)
     seen_by_delta_rs = read_table(path)
-    expected = ["from-delta-rs", "from-delta-rs-again", "from-spark"]
+    expected = sorted(marker(table, text) for text in MARKERS)
     assert sorted(r[key] for r in seen_by_spark.collect()) == expected
     assert sorted(seen_by_delta_rs.column(key).to_pylist()) == expected
     assert seen_by_spark.schema.simpleString() == spark.createDataFrame([], table.spark_ddl()).schema.simpleString()
-    row = seen_by_spark.filter(f"{key} = 'from-delta-rs'").first().asDict()
+    row = seen_by_spark.filter(seen_by_spark[key] == marker(table, "from-delta-rs")).first().asDict()
     for name, kind in table.columns:
         got = row[name]
         if kind == "timestamp":
