@@ -50,6 +50,7 @@ from coordinator.demo_services import (
 )
 from coordinator.exceptions import HalfNotStoredError
 from coordinator.lakehouse import read_table
+from coordinator.logs import JsonFormatter
 from coordinator.message import TransactionSendResult
 from coordinator.spark import PROJECT_ROOT, spark_job_environment, spark_submit
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, OP, REJECTED, topic_path
@@ -529,7 +530,7 @@ def _stop_quietly(jobs: list[Job]) -> None:
 
 
 def _log_producer_to(path: Path) -> None:
-    """Send the producer side's log to a file: the console is for the story."""
+    """Send the producer side's log to a file, as JSON lines: the console is for the story."""
     logger = logging.getLogger("coordinator")
     for handler in list(logger.handlers):
         if getattr(handler, "_txcoord_demo", False):
@@ -537,7 +538,7 @@ def _log_producer_to(path: Path) -> None:
             handler.close()
     handler = logging.FileHandler(path)
     handler._txcoord_demo = True
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s"))
+    handler.setFormatter(JsonFormatter())
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False

@@ -5,6 +5,10 @@ batch with an explicit clock (so timing rules are tested without sleeping)."""
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
+import sys
+import time
 import uuid
 from typing import Any, Optional
 
@@ -14,6 +18,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import init_lakehouse
+from coordinator.spark import PROJECT_ROOT
 from coordinator.tables import COMMIT_LOG, TableDef
 
 UTC = dt.timezone.utc
@@ -139,6 +144,28 @@ def stored_time(checker: ManualChecker, transaction_id: str) -> dt.datetime:
     """When the half of ``transaction_id`` entered the commit log (UTC)."""
     row = checker.table("half").filter(f"transaction_id = '{transaction_id}'").selectExpr("unix_micros(stored_timestamp) AS us").first()
     return dt.datetime.fromtimestamp(row.us / 1e6, UTC)
+
+
+DEMO_ORDERS = 12
+
+
+def without_txcoord_settings() -> dict[str, str]:
+    """This environment less ``TXCOORD_*``: a demo's settings, and a test's, must be its own."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TXCOORD_")}
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory):
+    """Run ``txcoord demo`` once for the session (12 orders, every fate at least once);
+    yield ``(lakehouse, completed process, seconds)``. Tests that change the lakehouse copy it first."""
+    lakehouse = tmp_path_factory.mktemp("demo") / "lakehouse"
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "coordinator", "demo", "--lakehouse", str(lakehouse), "--orders", str(DEMO_ORDERS),
+         "--timeout", "240"],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, env=without_txcoord_settings(), timeout=420,
+    )
+    return lakehouse, result, time.monotonic() - started
 
 
 def pytest_collection_modifyitems(items):

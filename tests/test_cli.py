@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -102,3 +103,19 @@ def test_no_subcommand_is_a_usage_error():
     result = txcoord()
     assert result.returncode == 2
     assert "usage: txcoord" in result.stderr
+
+
+def test_status_and_inspect_of_a_directory_without_a_lakehouse_exit_2(tmp_path):
+    config = tmp_path / "nowhere.toml"
+    config.write_text(f'lakehouse = "{tmp_path / "nowhere"}"\n')
+    for command in (["status"], ["inspect", "t1"]):
+        result = txcoord(*command, "--config", str(config))
+        assert result.returncode == 2, result.stderr
+        assert f"no lakehouse at {tmp_path / 'nowhere'}" in result.stderr
+
+
+def test_init_json_lists_what_it_created(config_file, tmp_path):
+    first = json.loads(txcoord("init", "--config", str(config_file), "--json").stdout)
+    second = json.loads(txcoord("init", "--config", str(config_file), "--json").stdout)
+    assert first == {"lakehouse": str(tmp_path / "lakehouse"), "created": [t.name for t in SYSTEM_TABLES]}
+    assert second["created"] == []

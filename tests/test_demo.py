@@ -1,14 +1,14 @@
 """``python -m coordinator demo`` end to end: the real checker job, the credits job, SQLite.
 
-One demo run (12 orders, every fate at least once) is shared by the tests marked
-``slow`` (about two minutes; they run in ``make test``, first); each checks one
-promise against the resulting tables and database, not against the printout.
+One demo run (12 orders, every fate at least once; the ``demo`` fixture of
+``conftest.py``) is shared by the tests marked ``slow`` (about two minutes; they
+run in ``make test``, first); each checks one promise against the resulting
+tables and database, not against the printout.
 The others test the demo's parts without Spark.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -24,33 +24,14 @@ from coordinator.demo_services import (CREDITS, MIN_ORDERS, ORDER_TOPIC, Fate, O
                                        make_orders, order_id_of, points_for)
 from coordinator.spark import PROJECT_ROOT
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, topic_path
+from tests.conftest import DEMO_ORDERS as ORDERS, without_txcoord_settings
 
-ORDERS = 12
 CHECK_MAX = 3  # the demo's transaction_check_max
 PLAN = {order.order_id: order for order in make_orders(ORDERS)}
 
 
 def rows(path: str, *columns: str) -> list[dict]:
     return read_table(path, list(columns)).to_pylist()
-
-
-def environment() -> dict[str, str]:
-    """Ours, less ``TXCOORD_*``: the demo's settings must be its own."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("TXCOORD_")}
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """Run the demo once; yield ``(lakehouse, completed process, seconds)``."""
-    lakehouse = tmp_path_factory.mktemp("demo") / "lakehouse"
-    env = environment()
-    started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "coordinator", "demo", "--lakehouse", str(lakehouse), "--orders", str(ORDERS),
-         "--timeout", "240"],
-        capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=420,
-    )
-    return lakehouse, result, time.monotonic() - started
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +166,7 @@ def test_replaying_the_whole_topic_grants_nothing_twice(demo):
     result = subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "jobs" / "credits.py"), "--config", str(lakehouse / "demo.toml"),
          "--until-idle", "3"],
-        capture_output=True, text=True, cwd=lakehouse, env=environment(), timeout=300,
+        capture_output=True, text=True, cwd=lakehouse, env=without_txcoord_settings(), timeout=300,
     )
 
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,0 +1,120 @@
+"""One transaction's whole life, from every table that mentions it, in time order (no JVM).
+
+Shared by ``txcoord inspect TRANSACTION_ID`` and ``notebooks/transaction_audit.ipynb``.
+The steps, and where each comes from:
+
+===================  ==========================  ===========================================
+step                 table                       time
+===================  ==========================  ===========================================
+half sent            ``system/commit_log``       the message's born timestamp
+half stored          ``system/half``             when the half entered the commit log
+end request          ``system/commit_log``       the END's born timestamp (state, check id)
+check requested      ``system/check_requests``   the checker's batch clock
+resolved             ``system/op``               when the deciding END entered the commit log
+delivered            ``topics/<TOPIC>``          end of the delivering batch (``system/metrics``),
+                                                 else when the commit entered the commit log
+discarded            ``system/discarded``        the checker's batch clock
+rejected             ``system/rejected``         when the refused record entered the commit log
+===================  ==========================  ===========================================
+
+Example::
+
+    for event in transaction_timeline("lakehouse", "3f2a…"):
+        print(event.at, event.step, event.detail)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass
+
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from coordinator.lakehouse import read_table, require_lakehouse, topic_names
+from coordinator.status import read_metrics
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, HALF, OP, REJECTED, topic_path
+
+#: The steps of a transaction's life, in the order they happen (ties in time keep this order).
+STEPS = ("half sent", "half stored", "end request", "check requested", "resolved", "delivered", "discarded", "rejected")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One step of a transaction's life: when, what, which table says so, and the particulars."""
+
+    at: dt.datetime
+    step: str
+    table: str
+    detail: str
+
+    def to_dict(self) -> dict:
+        """JSON-ready (the time in ISO 8601)."""
+        return asdict(self) | {"at": self.at.isoformat()}
+
+
+def transaction_timeline(lakehouse: str, transaction_id: str) -> list[Event]:
+    """Every recorded step of ``transaction_id``, oldest first; ``[]`` if no table knows it.
+
+    Raises :class:`~coordinator.lakehouse.LakehouseNotFoundError` if there is no lakehouse.
+
+    Example::
+
+        [e.step for e in transaction_timeline("lakehouse", txn)]
+        # ['half sent', 'half stored', 'end request', 'resolved', 'delivered']
+    """
+    lakehouse = require_lakehouse(lakehouse)
+
+    def rows(path: str, columns: list[str]) -> list[dict]:
+        if not DeltaTable.is_deltatable(path):
+            return []
+        return read_table(path, columns, pc.field("transaction_id") == transaction_id).to_pylist()
+
+    events: list[Event] = []
+    for r in rows(COMMIT_LOG.path(lakehouse), ["kind", "msg_id", "message_index", "message_count", "topic", "state",
+                                               "check_id", "born_timestamp", "producer_group"]):
+        if r["kind"] == "HALF":
+            events.append(Event(r["born_timestamp"], "half sent", COMMIT_LOG.name,
+                                f"message {r['message_index'] + 1}/{r['message_count']} to {r['topic']} "
+                                f"(msg_id {r['msg_id']}, group {r['producer_group']})"))
+        else:
+            origin = f"answering check {r['check_id']}" if r["check_id"] else "from the producer"
+            events.append(Event(r["born_timestamp"], "end request", COMMIT_LOG.name, f"{r['state']} {origin}"))
+    for r in rows(HALF.path(lakehouse), ["queue_offset", "topic", "stored_timestamp", "immunity_ms", "batch_id"]):
+        events.append(Event(r["stored_timestamp"], "half stored", HALF.name,
+                            f"queue offset {r['queue_offset']} ({r['topic']}), immunity {r['immunity_ms']} ms, batch {r['batch_id']}"))
+    for r in rows(CHECK_REQUESTS.path(lakehouse), ["check_id", "check_times", "requested_at", "batch_id"]):
+        events.append(Event(r["requested_at"], "check requested", CHECK_REQUESTS.name,
+                            f"check {r['check_times']} ({r['check_id']}), batch {r['batch_id']}"))
+    for r in rows(OP.path(lakehouse), ["half_offset", "outcome", "resolved_at", "check_id", "batch_id"]):
+        by = f"by check {r['check_id']}" if r["check_id"] else ("by the producer" if r["outcome"] != "DISCARD" else "by the checker")
+        events.append(Event(r["resolved_at"], "resolved", OP.name,
+                            f"{r['outcome']} {by} (half offset {r['half_offset']}), batch {r['batch_id']}"))
+    finished = _batch_end_times(lakehouse)
+    for topic in topic_names(lakehouse):
+        for r in rows(topic_path(lakehouse, topic), ["msg_id", "queue_offset", "commit_timestamp", "batch_id"]):
+            events.append(Event(finished.get(r["batch_id"], r["commit_timestamp"]), "delivered", f"topics/{topic}",
+                                f"msg_id {r['msg_id']} (queue offset {r['queue_offset']}), batch {r['batch_id']}"))
+    for r in rows(DISCARDED.path(lakehouse), ["half_offset", "check_times", "reason", "discarded_at", "batch_id"]):
+        events.append(Event(r["discarded_at"], "discarded", DISCARDED.name,
+                            f"{r['reason']} ({r['check_times']} check(s), half offset {r['half_offset']}), batch {r['batch_id']}"))
+    for r in rows(REJECTED.path(lakehouse), ["kind", "state", "check_id", "reason", "stored_timestamp", "batch_id"]):
+        what = r["kind"] if r["state"] is None else f"{r['kind']} {r['state']}"
+        events.append(Event(r["stored_timestamp"], "rejected", REJECTED.name, f"{what} refused: {r['reason']}, batch {r['batch_id']}"))
+    return sorted(events, key=lambda e: (e.at, STEPS.index(e.step)))
+
+
+def outcome(events: list[Event]) -> str:
+    """How the transaction ended: ``COMMIT``, ``ROLLBACK``, ``DISCARD``, or ``PENDING`` (no op row yet).
+
+    Example::
+
+        outcome(transaction_timeline("lakehouse", txn))  # 'COMMIT'
+    """
+    resolved = [e.detail.split()[0] for e in events if e.step == "resolved"]
+    return resolved[0] if resolved else "PENDING"
+
+
+def _batch_end_times(lakehouse: str) -> dict[int, dt.datetime]:
+    metrics = read_metrics(lakehouse, ["batch_id", "finished_at"])
+    return dict(zip(metrics.column("batch_id").to_pylist(), metrics.column("finished_at").to_pylist()))

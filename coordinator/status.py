@@ -1,0 +1,200 @@
+"""A lakehouse's health at a glance, read without a JVM (delta-rs and two small files).
+
+What ``txcoord status`` prints and ``notebooks/health.ipynb`` plots: pending
+transactions and their ages, checks issued and due, discards, rejections, whether
+a checker holds the lakehouse's lease, its last recorded batch (``system/metrics``)
+and how far it lags behind the commit log.
+
+Example::
+
+    from coordinator.status import read_status
+    status = read_status(CoordinatorConfig.load("conf/coordinator.toml"))
+    status.pending_transactions, status.checker_alive, status.lag_versions
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from coordinator.checker.lease import LEASE_FILE
+from coordinator.config import CoordinatorConfig
+from coordinator.lakehouse import read_pending, read_table, require_lakehouse, topic_names
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, REJECTED, topic_path
+
+UTC = dt.timezone.utc
+
+
+@dataclass(frozen=True)
+class Status:
+    """The lakehouse's state at ``generated_at``. Ages and lags are in seconds."""
+
+    lakehouse: str
+    generated_at: dt.datetime
+    pending_transactions: int
+    oldest_pending_age_s: Optional[float]
+    checks_due: int
+    checks_issued: int
+    discarded: int
+    rejected: int
+    rejected_by_reason: dict[str, int]
+    checker_alive: bool
+    checker_holder: Optional[str]  # "host pid N", from the lease
+    lease_renewed_age_s: Optional[float]
+    last_batch_id: Optional[int]
+    last_batch_age_s: Optional[float]
+    last_batch_duration_ms: Optional[int]
+    commit_log_version: int  # the newest version of the commit log
+    lag_versions: Optional[int]  # commit-log versions the checker has not read (None: it never recorded a batch)
+    lag_s: Optional[float]  # age of the oldest of those versions
+    pending_ages_s: list[float] = field(repr=False, default_factory=list)
+
+    def to_dict(self) -> dict:
+        """Everything but the per-transaction ages, JSON-ready (times in ISO 8601).
+
+        Example::
+
+            json.dumps(status.to_dict())
+        """
+        values = asdict(self)
+        values.pop("pending_ages_s")
+        values["generated_at"] = self.generated_at.isoformat()
+        return values
+
+
+def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) -> Status:
+    """Read the lakehouse of ``config`` and summarise it; timing rules (checks due) are ``config``'s.
+
+    Raises :class:`~coordinator.lakehouse.LakehouseNotFoundError` if there is no commit log.
+
+    Example::
+
+        read_status(config).checks_due  # pending transactions whose next check (or discard) is due now
+    """
+    lakehouse = require_lakehouse(config.lakehouse)
+    now = now or dt.datetime.now(UTC)
+    pending = read_pending(lakehouse, ["transaction_id", "message_index", "stored_timestamp", "immunity_ms"])
+    first_messages = pending.filter(pc.equal(pending.column("message_index"), 0))
+    ages = sorted((now - stored).total_seconds() for stored in first_messages.column("stored_timestamp").to_pylist())
+    requests = read_table(CHECK_REQUESTS.path(lakehouse), ["transaction_id", "requested_at"])
+    rejected_reasons = Counter(read_table(REJECTED.path(lakehouse), ["reason"]).column("reason").to_pylist())
+    lease = read_lease(lakehouse)
+    lease_age = None if lease is None else now.timestamp() - lease["renewed_at"]
+    last = last_batch(lakehouse)
+    head = DeltaTable(COMMIT_LOG.path(lakehouse)).version()
+    lag_versions = None if last is None or last["commit_log_version"] is None else head - last["commit_log_version"]
+    return Status(
+        lakehouse=os.path.abspath(lakehouse),
+        generated_at=now,
+        pending_transactions=first_messages.num_rows,
+        oldest_pending_age_s=ages[-1] if ages else None,
+        checks_due=_checks_due(config, first_messages, requests, now),
+        checks_issued=requests.num_rows,
+        discarded=len(set(read_table(DISCARDED.path(lakehouse), ["transaction_id"]).column(0).to_pylist())),
+        rejected=sum(rejected_reasons.values()),
+        rejected_by_reason=dict(rejected_reasons.most_common()),
+        checker_alive=lease is not None and lease_age < lease["ttl_s"],
+        checker_holder=None if lease is None else f"{lease['host']} pid {lease['pid']}",
+        lease_renewed_age_s=lease_age,
+        last_batch_id=None if last is None else last["batch_id"],
+        last_batch_age_s=None if last is None else (now - last["finished_at"]).total_seconds(),
+        last_batch_duration_ms=None if last is None else last["duration_ms"],
+        commit_log_version=head,
+        lag_versions=lag_versions,
+        lag_s=_lag_seconds(lakehouse, head, lag_versions, now),
+        pending_ages_s=ages,
+    )
+
+
+def read_lease(lakehouse: str) -> Optional[dict]:
+    """The checker lease of ``lakehouse`` (owner, host, pid, renewed_at, ttl_s), or ``None`` if none is held.
+
+    Example::
+
+        read_lease("lakehouse")  # {'host': 'vm', 'pid': 4242, 'renewed_at': 1795310357.0, 'ttl_s': 30.0, ...}
+    """
+    try:
+        with open(os.path.join(os.path.abspath(lakehouse), "system", LEASE_FILE)) as file:
+            return json.load(file)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def read_metrics(lakehouse: str, columns: Optional[list[str]] = None) -> pa.Table:
+    """Every batch the checker recorded in ``system/metrics``, by batch id; empty if the table does not exist.
+
+    Example::
+
+        read_metrics("lakehouse", ["batch_id", "duration_ms"]).to_pandas().plot(x="batch_id")
+    """
+    path = METRICS.path(lakehouse)
+    if not DeltaTable.is_deltatable(path):
+        return METRICS.arrow_schema().empty_table().select(columns or METRICS.column_names)
+    return read_table(path, columns).sort_by("batch_id")
+
+
+def last_batch(lakehouse: str) -> Optional[dict]:
+    """The checker's latest recorded batch (a ``system/metrics`` row), or ``None``.
+
+    Example::
+
+        last_batch("lakehouse")["duration_ms"]
+    """
+    rows = read_metrics(lakehouse)
+    return rows.slice(rows.num_rows - 1).to_pylist()[0] if rows.num_rows else None
+
+
+def delivery_latencies(lakehouse: str) -> pa.Table:
+    """Commit→visible latency of every delivered message whose batch ``system/metrics`` recorded.
+
+    From when the deciding END entered the commit log (``commit_timestamp``) to the end
+    of the batch that wrote the message to its topic; columns ``topic``,
+    ``transaction_id``, ``batch_id``, ``latency_ms``.
+
+    Example::
+
+        delivery_latencies("lakehouse").column("latency_ms").to_pylist()  # [2310, 2310, 4120, ...]
+    """
+    finished = dict(zip(*read_metrics(lakehouse, ["batch_id", "finished_at"]).to_pydict().values()))
+    rows = []
+    for topic in topic_names(lakehouse):
+        columns = ["topic", "transaction_id", "batch_id", "commit_timestamp"]
+        for row in read_table(topic_path(lakehouse, topic), columns).to_pylist():
+            if row["batch_id"] in finished:
+                latency = finished[row["batch_id"]] - row["commit_timestamp"]
+                rows.append(row | {"latency_ms": int(latency.total_seconds() * 1000)})
+    schema = pa.schema([("topic", pa.string()), ("transaction_id", pa.string()), ("batch_id", pa.int64()),
+                        ("latency_ms", pa.int64())])
+    return pa.Table.from_pylist([{k: r[k] for k in schema.names} for r in rows], schema=schema)
+
+
+def _checks_due(config: CoordinatorConfig, first_messages: pa.Table, requests: pa.Table, now: dt.datetime) -> int:
+    # The checker's rule (coordinator/checker/check.py), by the requests' batch clocks rather than their files' times.
+    last_request = {}
+    for row in requests.to_pylist():
+        previous = last_request.get(row["transaction_id"])
+        last_request[row["transaction_id"]] = row["requested_at"] if previous is None else max(previous, row["requested_at"])
+    interval = dt.timedelta(milliseconds=config.transaction_check_interval_ms)
+    due = 0
+    for row in first_messages.select(["transaction_id", "stored_timestamp", "immunity_ms"]).to_pylist():
+        last = last_request.get(row["transaction_id"])
+        next_check = row["stored_timestamp"] + dt.timedelta(milliseconds=row["immunity_ms"]) if last is None else last + interval
+        due += next_check <= now
+    return due
+
+
+def _lag_seconds(lakehouse: str, head: int, lag_versions: Optional[int], now: dt.datetime) -> Optional[float]:
+    if lag_versions is None:
+        return None
+    if lag_versions <= 0:
+        return 0.0
+    oldest_unread = min(DeltaTable(COMMIT_LOG.path(lakehouse)).history(limit=lag_versions), key=lambda c: c["version"])
+    return max(0.0, now.timestamp() - oldest_unread["timestamp"] / 1000)

@@ -1,0 +1,27 @@
+"""The checker on a Spark standalone cluster (a master and two workers on this machine), through
+``scripts/cluster.py``: the same ``jobs/checker.py``, submitted with ``--master spark://…``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from coordinator.spark import PROJECT_ROOT
+from tests.conftest import without_txcoord_settings
+
+
+@pytest.mark.slow
+def test_the_checker_job_runs_unchanged_on_a_standalone_cluster():
+    result = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "cluster.py"), "--per-fate", "2", "--json"],
+                            capture_output=True, text=True, cwd=PROJECT_ROOT, env=without_txcoord_settings(), timeout=900)
+
+    assert result.stdout.lstrip().startswith("{"), result.stderr[-4000:]
+    summary = json.loads(result.stdout)
+    print(f"cluster run: {summary.get('seconds')} s, settled after {summary.get('settled_s')} s")
+    assert summary["failures"] == [], summary
+    assert result.returncode == 0
+    assert summary["application"] == [{"name": "txcoord-checker", "cores": 2, "state": "RUNNING"}]
+    assert (summary["transactions"], summary["delivered"], summary["discarded"]) == (10, 4, 2)

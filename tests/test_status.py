@@ -1,0 +1,103 @@
+"""``coordinator.status`` and ``coordinator.audit``: what operators read, checked against batches
+driven with an explicit clock (so ages and due checks are exact)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+
+import pytest
+from deltalake import DeltaTable
+
+from coordinator.audit import outcome, transaction_timeline
+from coordinator.checker.lease import CheckerLease
+from coordinator.lakehouse import LakehouseNotFoundError
+from coordinator.metrics import CheckerMetrics
+from coordinator.status import read_status
+from coordinator.tables import COMMIT_LOG, METRICS
+from tests.conftest import end_record, half_record, stored_time
+
+
+@pytest.fixture
+def traffic(checker):
+    """Four transactions after one batch: "late" pending, "patient" pending with a one-hour immunity,
+    "done" committed (two messages), and an END for "ghost", which no half announced."""
+    checker.write(half_record("late"), half_record("patient", properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "3600"}),
+                  half_record("done", message_count=2), half_record("done", message_index=1, message_count=2))
+    checker.write(end_record("done"), end_record("ghost"))
+    checker.run()
+    return checker
+
+
+def test_status_counts_pending_due_and_refused_transactions(traffic):
+    config, stored = traffic.config, stored_time(traffic, "late")
+
+    status = read_status(config, now=stored + dt.timedelta(seconds=10))
+
+    assert status.pending_transactions == 2
+    assert status.oldest_pending_age_s == pytest.approx(10, abs=0.01)
+    assert status.checks_due == 1  # "late" is past the 6 s immunity; "patient" has an hour
+    assert (status.checks_issued, status.discarded) == (0, 0)
+    assert (status.rejected, status.rejected_by_reason) == (1, {"unknown transaction": 1})
+    assert (status.checker_alive, status.last_batch_id, status.lag_versions) == (False, None, None)
+
+    traffic.run(now=stored + dt.timedelta(seconds=10))  # sends the check
+    asked = read_status(config, now=stored + dt.timedelta(seconds=11))
+    assert (asked.checks_issued, asked.checks_due) == (1, 0)
+    interval = dt.timedelta(milliseconds=config.transaction_check_interval_ms)
+    assert read_status(config, now=stored + dt.timedelta(seconds=10) + interval).checks_due == 1
+
+
+def test_status_reads_the_lease_and_the_last_recorded_batch(traffic):
+    config = traffic.config
+    lease = CheckerLease(config.lakehouse).acquire()
+    head = DeltaTable(COMMIT_LOG.path(config.lakehouse)).version()
+    finished = dt.datetime.now(dt.timezone.utc)
+    row = {name: 0 for name in METRICS.column_names} | {
+        "batch_id": 4, "started_at": finished - dt.timedelta(seconds=2), "finished_at": finished,
+        "duration_ms": 2000, "commit_log_version": head - 1}
+    CheckerMetrics(config.lakehouse, "test").record(row)
+
+    status = read_status(config, now=finished + dt.timedelta(seconds=3))
+
+    assert status.checker_alive and status.checker_holder.endswith(f"pid {lease._record()['pid']}")
+    assert (status.last_batch_id, status.last_batch_duration_ms) == (4, 2000)
+    assert status.last_batch_age_s == pytest.approx(3, abs=0.01)
+    assert (status.commit_log_version, status.lag_versions) == (head, 1)
+    written = DeltaTable(COMMIT_LOG.path(config.lakehouse)).history(1)[0]["timestamp"] / 1000
+    assert status.lag_s == pytest.approx(finished.timestamp() + 3 - written, abs=0.01)
+    lease.release()
+    assert not read_status(config).checker_alive
+
+
+def test_timeline_of_a_committed_and_of_a_refused_transaction(traffic):
+    events = transaction_timeline(traffic.config.lakehouse, "done")
+    assert [e.step for e in events] == ["half sent", "half sent", "half stored", "half stored", "end request",
+                                        "resolved", "resolved", "delivered", "delivered"]
+    assert outcome(events) == "COMMIT"
+    assert [e.table for e in events if e.step == "delivered"] == ["topics/T", "topics/T"]
+    assert events == sorted(events, key=lambda e: e.at)
+
+    ghost = transaction_timeline(traffic.config.lakehouse, "ghost")
+    assert [(e.step, e.detail.split(",")[0]) for e in ghost] == [
+        ("end request", "COMMIT_MESSAGE from the producer"), ("rejected", "END COMMIT_MESSAGE refused: unknown transaction")]
+    assert outcome(ghost) == "PENDING"
+    assert transaction_timeline(traffic.config.lakehouse, "never-sent") == []
+
+
+def test_a_missing_lakehouse_is_an_error(tmp_path):
+    from coordinator.config import CoordinatorConfig
+
+    with pytest.raises(LakehouseNotFoundError, match="no lakehouse at"):
+        read_status(CoordinatorConfig(lakehouse=str(tmp_path / "nowhere")))
+    with pytest.raises(LakehouseNotFoundError):
+        transaction_timeline(str(tmp_path / "nowhere"), "t")
+
+
+def test_status_and_inspect_start_no_jvm(config):
+    script = ("import sys; from coordinator.status import read_status; from coordinator.audit import transaction_timeline; "
+              "from coordinator.config import CoordinatorConfig; read_status(CoordinatorConfig(lakehouse=sys.argv[1])); "
+              "transaction_timeline(sys.argv[1], 't'); assert 'pyspark' not in sys.modules, 'pyspark was imported'")
+    result = subprocess.run([sys.executable, "-c", script, config.lakehouse], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
