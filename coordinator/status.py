@@ -138,7 +138,8 @@ def read_metrics(lakehouse: str, columns: Optional[list[str]] = None) -> pa.Tabl
     path = METRICS.path(lakehouse)
     if not DeltaTable.is_deltatable(path):
         return METRICS.arrow_schema().empty_table().select(columns or METRICS.column_names)
-    return read_table(path, columns).sort_by("batch_id")
+    table = read_table(path, columns)
+    return table.sort_by("batch_id") if "batch_id" in table.column_names else table
 
 
 def last_batch(lakehouse: str) -> Optional[dict]:
