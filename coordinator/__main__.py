@@ -227,7 +227,7 @@ def _console(stderr: bool = False):
     return console if console.is_terminal else Console(highlight=False, stderr=stderr, width=200)
 
 
-def _seconds(value: Optional[float]) -> str:
+def _seconds(value: float) -> str:
     """A duration for people: '850 ms', '12.3 s', '4 min 05 s', '3 h 20 min'."""
     if value < 1:
         return f"{value * 1000:.0f} ms"
