@@ -91,7 +91,7 @@ def run_init(args: argparse.Namespace) -> int:
         $ txcoord init --config conf/coordinator.toml
         created system/commit_log
         ...
-        lakehouse /work/lakehouse initialised: 6 table(s) created
+        lakehouse /work/lakehouse initialised: 7 table(s) created
     """
     from coordinator.lakehouse import init_lakehouse
 
