@@ -23,13 +23,19 @@ CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 #: Delay properties: not supported on transactional messages, cleared as RocketMQ does.
 DELAY_PROPERTIES = ("DELAY", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS")
 
-TOPIC_PATTERN = r"^[%|a-zA-Z0-9_-]+$"
+TOPIC_CHARACTERS = "%|a-zA-Z0-9_-"
+#: RocketMQ's topic rule. Matched against the whole name: a trailing newline, which ``$``
+#: lets through in both Python's and Java's regex engines, is refused too.
+TOPIC_PATTERN = rf"^[{TOPIC_CHARACTERS}]+$"
 TOPIC_MAX_LENGTH = 127
 MAX_BODY_BYTES = 4 * 1024 * 1024
 #: Upper bound of a per-message immunity: one week, far beyond any sane local transaction.
 MAX_IMMUNITY_SECONDS = 7 * 24 * 3600
 
-_TOPIC_RE = re.compile(TOPIC_PATTERN)
+_TOPIC_RE = re.compile(rf"[{TOPIC_CHARACTERS}]+")
+#: A per-message immunity, in seconds; the checker applies the same pattern.
+IMMUNITY_DIGITS = "[0-9]{1,9}"
+_IMMUNITY_RE = re.compile(IMMUNITY_DIGITS)
 
 
 def validate_topic(topic: object) -> str:
@@ -44,7 +50,7 @@ def validate_topic(topic: object) -> str:
         raise MessageValidationError(f"topic must be a non-empty string, got {topic!r}")
     if len(topic) > TOPIC_MAX_LENGTH:
         raise MessageValidationError(f"topic is {len(topic)} characters long; the maximum is {TOPIC_MAX_LENGTH}")
-    if not _TOPIC_RE.match(topic):
+    if not _TOPIC_RE.fullmatch(topic):
         raise MessageValidationError(f"topic {topic!r} does not match {TOPIC_PATTERN}")
     return topic
 
@@ -59,8 +65,9 @@ def parse_immunity_seconds(value: object) -> Optional[int]:
     """
     if value is None:
         return None
-    text = str(value).strip()
-    if not text.isdigit() or not 0 < int(text) <= MAX_IMMUNITY_SECONDS:
+    text = str(value)
+    # ASCII digits only, nothing around them: exactly what the checker's own rule accepts.
+    if not _IMMUNITY_RE.fullmatch(text) or not 0 < int(text) <= MAX_IMMUNITY_SECONDS:
         raise MessageValidationError(
             f"{CHECK_IMMUNITY_TIME_IN_SECONDS} must be a whole number of seconds in 1..{MAX_IMMUNITY_SECONDS}, got {value!r}"
         )

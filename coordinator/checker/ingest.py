@@ -10,8 +10,10 @@ from coordinator.checker.refusals import as_rejections, first_failure
 from coordinator.message import (
     CHECK_IMMUNITY_TIME_IN_SECONDS,
     DELAY_PROPERTIES,
+    IMMUNITY_DIGITS,
     MAX_BODY_BYTES,
     MAX_IMMUNITY_SECONDS,
+    TOPIC_CHARACTERS,
     TOPIC_MAX_LENGTH,
     TOPIC_PATTERN,
 )
@@ -58,7 +60,8 @@ def ingest_halves(ctx: BatchContext, records: DataFrame) -> tuple[DataFrame, Dat
                 (_blank("msg_id"), "missing msg_id"),
                 (_blank("topic"), "missing topic"),
                 (F.length("topic") > TOPIC_MAX_LENGTH, f"topic longer than {TOPIC_MAX_LENGTH} characters"),
-                (~F.col("topic").rlike(TOPIC_PATTERN), f"topic does not match {TOPIC_PATTERN}"),
+                # \z, Java's very end of input: its $ would let a trailing newline through.
+                (~F.col("topic").rlike(rf"^[{TOPIC_CHARACTERS}]+\z"), f"topic does not match {TOPIC_PATTERN}"),
                 (F.col("body").isNull() | (body_size == 0), "empty body"),
                 (body_size > MAX_BODY_BYTES, f"body larger than {MAX_BODY_BYTES} bytes"),
                 (
@@ -69,7 +72,7 @@ def ingest_halves(ctx: BatchContext, records: DataFrame) -> tuple[DataFrame, Dat
                 ),
                 (
                     immunity.isNotNull() & ~F.coalesce(
-                        immunity.rlike(r"^\d{1,9}$") & (immunity.cast("long").between(1, MAX_IMMUNITY_SECONDS)), F.lit(False)
+                        immunity.rlike(rf"^{IMMUNITY_DIGITS}\z") & (immunity.cast("long").between(1, MAX_IMMUNITY_SECONDS)), F.lit(False)
                     ),
                     f"bad {CHECK_IMMUNITY_TIME_IN_SECONDS}",
                 ),
