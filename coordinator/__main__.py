@@ -33,6 +33,7 @@ from coordinator.lakehouse import LakehouseNotFoundError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+_UNFOLDED = 10_000  # console width when not writing to a terminal
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -223,8 +224,8 @@ def _console(stderr: bool = False):
     from rich.console import Console
 
     console = Console(highlight=False, stderr=stderr)
-    # Into a file or a pipe, a line is not folded at 80 columns: scripts and logs read it better whole.
-    return console if console.is_terminal else Console(highlight=False, stderr=stderr, width=200)
+    # Into a file or a pipe, no line is folded: scripts and logs read each record on one line.
+    return console if console.is_terminal else Console(highlight=False, stderr=stderr, width=_UNFOLDED)
 
 
 def _seconds(value: float) -> str:
