@@ -89,7 +89,8 @@ class ManualChecker:
     """The checker's batch logic, driven one batch at a time over new commit-log versions.
 
     ``run(now)`` processes every version committed since the last run, with a
-    heartbeat tick at ``now`` (default: the wall clock) as the batch clock.
+    heartbeat tick at ``now`` (default: the wall clock) as the batch clock, and
+    hands each batch's ``pending_from`` to the next, as the streaming query does.
     """
 
     def __init__(self, spark, config: CoordinatorConfig):
@@ -97,6 +98,7 @@ class ManualChecker:
         self.config = config
         self.next_version = 0
         self.batch_id = 0
+        self.pending_from = 0
 
     def write(self, *rows: dict) -> int:
         """Append raw commit-log records as one commit; return its version."""
@@ -116,16 +118,18 @@ class ManualChecker:
     def run(self, now: Optional[dt.datetime] = None):
         """Run the next batch over every commit-log version not yet processed, at clock ``now``."""
         latest = DeltaTable(COMMIT_LOG.path(self.config.lakehouse)).version()
-        self.last_batch = (self.next_version, latest, now or dt.datetime.now(UTC), self.batch_id)
+        self.last_batch = (self.next_version, latest, now or dt.datetime.now(UTC), self.batch_id, self.pending_from)
         self.next_version, self.batch_id = latest + 1, self.batch_id + 1
-        return self.replay()
+        summary = self.replay()
+        self.pending_from = summary.pending_from
+        return summary
 
     def replay(self):
         """Run the last batch again, exactly as Spark does after a crash: same id, versions and clock."""
         from coordinator.checker import run_batch
 
-        first, last, now, batch_id = self.last_batch
-        return run_batch(self.spark, self.config, self.records(first, last, now), batch_id)
+        first, last, now, batch_id, pending_from = self.last_batch
+        return run_batch(self.spark, self.config, self.records(first, last, now), batch_id, pending_from=pending_from)
 
     def table(self, name: str):
         from coordinator.tables import SYSTEM_TABLES, topic_path

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from coordinator.checker.check import find_due
 from coordinator.checker.context import BatchContext
-from coordinator.checker.ingest import ingest_halves, refuse_unknown_kinds
+from coordinator.checker.ingest import OFFSETS_PER_COMMIT, ingest_halves, refuse_unknown_kinds
 from coordinator.checker.resolve import COMMIT, ROLLBACK, promote, resolve_ends
 from coordinator.config import CoordinatorConfig
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TOPIC, TableDef, topic_path
@@ -43,6 +43,8 @@ class BatchSummary:
     checks: int = 0
     discarded: int = 0
     rejected: int = 0
+    pending: int = 0  # halves still unresolved after this batch
+    pending_from: int = 0  # the next batch's ``pending_from``: no unresolved half lies below it
     duration_ms: int = 0
 
 
@@ -78,13 +80,16 @@ def run_batch(
     batch_id: int,
     app_id: str = DEFAULT_APP_ID,
     bounds: Optional[BatchBounds] = None,
+    pending_from: int = 0,
 ) -> Optional[BatchSummary]:
     """Process one micro-batch of commit-log records (plus heartbeat ticks).
 
     ``records`` has the commit-log columns plus ``commit_version``,
     ``stored_timestamp`` and ``is_heartbeat``; ``bounds`` are its
     :func:`batch_bounds`, computed here unless given (a replay from the progress
-    record gives them). Returns ``None`` for an empty batch.
+    record gives them). ``pending_from`` is the previous batch's
+    ``BatchSummary.pending_from`` (0, the default, looks through the whole half
+    queue). Returns ``None`` for an empty batch.
 
     Example::
 
@@ -96,8 +101,10 @@ def run_batch(
         bounds = bounds or batch_bounds(records)
         if bounds is None:
             return None
-        ctx = BatchContext(spark=spark, config=config, batch_id=batch_id, now_us=bounds.now_us, app_id=app_id)
-        summary = _decide_and_write(ctx, records.filter(~F.col("is_heartbeat")))
+        ctx = BatchContext(spark=spark, config=config, batch_id=batch_id, now_us=bounds.now_us, app_id=app_id,
+                           pending_from=pending_from)
+        next_offset = pending_from if bounds.last_version is None else (bounds.last_version + 1) * OFFSETS_PER_COMMIT
+        summary = _decide_and_write(ctx, records.filter(~F.col("is_heartbeat")), next_offset)
         summary = replace(summary, duration_ms=int((time.monotonic() - started) * 1000))
         log.info("batch %d: %s", batch_id, ", ".join(f"{k}={v}" for k, v in asdict(summary).items() if k != "batch_id"))
         return summary
@@ -105,7 +112,7 @@ def run_batch(
         records.unpersist()
 
 
-def _decide_and_write(ctx: BatchContext, records: DataFrame) -> BatchSummary:
+def _decide_and_write(ctx: BatchContext, records: DataFrame, next_offset: int) -> BatchSummary:
     # Each result is materialised once, with its lineage cut: writing a DataFrame whose plan
     # still reads the checker's own Delta tables costs far more than the data it holds.
     def keep(df: DataFrame) -> DataFrame:
@@ -120,8 +127,8 @@ def _decide_and_write(ctx: BatchContext, records: DataFrame) -> BatchSummary:
         rejected = keep(refuse_unknown_kinds(records).unionByName(half_rejections).unionByName(end_rejections))
     else:  # a heartbeat-only batch: nothing to ingest or resolve, only checks to make
         new_halves, ops, rejected = (_empty(ctx, table) for table in (HALF, OP, REJECTED))
-    requests, discarded, discard_ops = find_due(ctx, new_halves, ops)
-    requests, discarded = keep(requests), keep(discarded)
+    due = find_due(ctx, new_halves, ops, next_offset)
+    requests, discarded, discard_ops = keep(due.requests), keep(due.discarded), due.discard_ops
     deliveries = keep(promote(ctx, ops, new_halves)) if record_count else _empty(ctx, TOPIC)
     all_ops = keep(ops.unionByName(discard_ops))
 
@@ -150,6 +157,8 @@ def _decide_and_write(ctx: BatchContext, records: DataFrame) -> BatchSummary:
         checks=counts["checks"],
         discarded=counts["discarded"],
         rejected=counts["rejected"],
+        pending=due.pending,
+        pending_from=due.pending_from,
     )
 
 

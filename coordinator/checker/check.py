@@ -10,40 +10,62 @@ counts as resolved: an op row with outcome ``DISCARD``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from coordinator.checker.context import MESSAGE_FIELDS, BatchContext
-from coordinator.checker.resolve import DISCARD, known_halves
+from coordinator.checker.resolve import DISCARD
 from coordinator.tables import CHECK_REQUESTS, HALF, OP
 
 EXPIRED = "expired: older than file_reserved_time_hours"
 
 
+@dataclass(frozen=True)
+class Due:
+    """What the check step decided, and where the next batch may start looking for pending halves."""
+
+    requests: DataFrame
+    discarded: DataFrame
+    discard_ops: DataFrame
+    pending: int  # halves still unresolved after this batch
+    pending_from: int  # no unresolved half has a lower queue offset
+
+
 def pending_halves(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame) -> DataFrame:
-    """Halves with no op row, counting this batch's halves and ops."""
-    halves = ctx.read(HALF).drop("batch_id").unionByName(new_halves)
-    ops = ctx.read(OP).select("half_offset").unionByName(new_ops.select("half_offset"))
+    """Halves with no op row, counting this batch's halves and ops.
+
+    Only offsets from ``ctx.pending_from`` on are read: every half below it is resolved,
+    and Delta skips the files holding only those (offsets grow with each append).
+    """
+    halves = ctx.read(HALF).filter(F.col("queue_offset") >= ctx.pending_from).drop("batch_id").unionByName(new_halves)
+    ops = ctx.read(OP).filter(F.col("half_offset") >= ctx.pending_from).select("half_offset")
+    ops = ops.unionByName(new_ops.select("half_offset"))
     return halves.join(ops, halves.queue_offset == ops.half_offset, "left_anti")
 
 
-def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
+def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame, next_offset: int) -> Due:
     """Decide, for every pending transaction, whether to check it, discard it, or wait.
 
-    Returns ``(check_requests, discarded, discard_ops)``.
+    ``next_offset`` is the lowest queue offset a later half can get (the first after
+    this batch's commit-log versions): the next ``pending_from`` when nothing is pending.
 
     Example::
 
-        requests, discarded, discard_ops = find_due(ctx, new_halves, ops)
+        due = find_due(ctx, new_halves, ops, next_offset)
+        due.requests.count()
     """
     config = ctx.config
-    pending = pending_halves(ctx, new_halves, new_ops)
+    # Materialised once: the decisions, the discards and the next lower bound all come from it.
+    pending = pending_halves(ctx, new_halves, new_ops).localCheckpoint(eager=True)
     first_messages = pending.filter(F.col("message_index") == 0)
     history = (
         # The interval runs from when the last request became visible to producers (its data file
         # was written at the end of that batch), not from the batch clock it carries: a slow batch
         # must not eat into the time a producer has to answer.
         ctx.read(CHECK_REQUESTS)
+        .filter(F.col("half_offset") >= ctx.pending_from)
         .select("transaction_id", F.col("_metadata.file_modification_time").alias("written_at"))
         .join(first_messages.select("transaction_id"), "transaction_id", "left_semi")
         .groupBy("transaction_id")
@@ -81,7 +103,7 @@ def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame) -> tu
     given_up = decided.filter(F.col("decision") != "check").select(
         "transaction_id", F.col("decision").alias("reason"), F.col("checks_so_far").alias("check_times")
     )
-    discarded = known_halves(ctx, new_halves, given_up.select("transaction_id")).join(given_up, "transaction_id").select(
+    discarded = pending.join(given_up, "transaction_id").select(
         "transaction_id",
         "producer_group",
         F.col("queue_offset").alias("half_offset"),
@@ -100,4 +122,6 @@ def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame) -> tu
         F.lit(None).cast("string").alias("end_record_id"),
         F.lit(None).cast("string").alias("check_id"),
     )
-    return requests, discarded, discard_ops
+    remaining, lowest = pending.join(given_up, "transaction_id", "left_anti").agg(F.count(F.lit(1)), F.min("queue_offset")).first()
+    return Due(requests, discarded, discard_ops, pending=remaining,
+               pending_from=lowest if lowest is not None else max(ctx.pending_from, next_offset))

@@ -37,6 +37,9 @@ class BatchContext:
     batch_id: int
     now_us: int
     app_id: str
+    #: Every half below this queue offset is resolved (RocketMQ's half consume offset): the
+    #: pending set is looked for from here, so its cost ignores resolved history.
+    pending_from: int = 0
 
     @property
     def now(self) -> Column:
@@ -54,6 +57,22 @@ class BatchContext:
             pending_before = ctx.read(HALF).join(ctx.read(OP), ..., "left_anti")
         """
         return self.spark.read.format("delta").load(self.path(table)).filter(F.col("batch_id") < self.batch_id)
+
+    def read_transactions(self, table: TableDef, transaction_ids: DataFrame) -> DataFrame:
+        """The rows of ``table`` (as earlier batches left it) of the transactions in ``transaction_ids``.
+
+        Filters on the range of the ids first: producers' ids are time-ordered, so Delta's
+        data skipping leaves out every file of older transactions.
+
+        Example::
+
+            resolved_before = ctx.read_transactions(OP, ends.select("transaction_id"))
+        """
+        low, high = transaction_ids.agg(F.min("transaction_id"), F.max("transaction_id")).first()
+        rows = self.read(table)
+        if low is None:
+            return rows.limit(0)
+        return rows.filter(F.col("transaction_id").between(low, high)).join(transaction_ids, "transaction_id", "left_semi")
 
     def conform(self, df: DataFrame, table: TableDef) -> DataFrame:
         """``df`` with exactly ``table``'s columns and types, stamped with this batch's id."""

@@ -51,7 +51,8 @@ class BatchRecord:
 
     ``first_version``/``last_version`` bound the commit-log versions it read (both
     ``None`` for a heartbeat-only batch); ``next_version`` is the first version no
-    batch up to this one has read; ``now_us`` is its clock.
+    batch up to this one has read; ``now_us`` is its clock; ``pending_from`` is the
+    queue offset below which every half was resolved before it.
     """
 
     batch_id: int
@@ -60,6 +61,7 @@ class BatchRecord:
     last_version: Optional[int]
     next_version: int
     now_us: int
+    pending_from: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,11 @@ class Progress:
     def next_version(self) -> int:
         """The first commit-log version the checker has not read."""
         return self.last_batch.next_version if self.last_batch else self.epoch.starting_version
+
+    @property
+    def pending_from(self) -> int:
+        """A queue offset below which every half is resolved (0 before any batch)."""
+        return self.last_batch.pending_from if self.last_batch else 0
 
     @property
     def oldest_needed_version(self) -> int:

@@ -101,6 +101,7 @@ class CheckerQuery:
         self.metrics = CheckerMetrics(config.lakehouse, app_id, QUERY_NAME)
         self.progress_store = CheckerProgress(config.lakehouse)
         self._progress: Optional[Progress] = None
+        self._pending_from: Optional[int] = None  # from the last batch this process ran
         self._renewer: Optional[threading.Thread] = None
         self._stop_renewing = threading.Event()
         self._lease_lock = threading.Lock()
@@ -150,7 +151,7 @@ class CheckerQuery:
                 records = (no_records(self.spark) if last.first_version is None
                            else read_records(self.spark, self.config, last.first_version, last.last_version))
                 bounds = BatchBounds(last.first_version, last.last_version, last.now_us)
-                run_batch(self.spark, self.config, records, last.batch_id, self.app_id, bounds)
+                run_batch(self.spark, self.config, records, last.batch_id, self.app_id, bounds, last.pending_from)
             location = checkpoint_location(self.config)
             if os.path.exists(location):
                 aside = f"{location}.replaced-{time.strftime('%Y%m%dT%H%M%S')}"
@@ -188,8 +189,10 @@ class CheckerQuery:
                 announced = self._announce(records, stream_batch_id)
                 if announced is not None:
                     bounds = BatchBounds(announced.first_version, announced.last_version, announced.now_us)
-                    self.metrics.batch_done(stream_batch_id, run_batch(self.spark, self.config, records, announced.batch_id,
-                                                                       self.app_id, bounds))
+                    summary = run_batch(self.spark, self.config, records, announced.batch_id, self.app_id, bounds,
+                                        announced.pending_from)
+                    self._pending_from = summary.pending_from
+                    self.metrics.batch_done(stream_batch_id, summary)
             finally:
                 records.unpersist()
 
@@ -213,8 +216,11 @@ class CheckerQuery:
             self._progress = progress
             return None
         next_version = progress.next_version if bounds.last_version is None else bounds.last_version + 1
+        # After a restart the last recorded bound serves: the bound only ever grows.
+        pending_from = self._pending_from if self._pending_from is not None else progress.pending_from
         announced = BatchRecord(batch_id=batch_id, stream_batch_id=stream_batch_id, first_version=bounds.first_version,
-                                last_version=bounds.last_version, next_version=next_version, now_us=bounds.now_us)
+                                last_version=bounds.last_version, next_version=next_version, now_us=bounds.now_us,
+                                pending_from=pending_from)
         self._progress = Progress(progress.epoch, announced)
         self.progress_store.save(self._progress)
         return announced

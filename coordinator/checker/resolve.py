@@ -25,7 +25,7 @@ WAIT_FOR_CHECK = "arrived after the immunity time: wait for check"
 
 def known_halves(ctx: BatchContext, new_halves: DataFrame, transaction_ids: DataFrame) -> DataFrame:
     """Every half (earlier batches and this one) of the transactions in ``transaction_ids``."""
-    earlier = ctx.read(HALF).drop("batch_id").join(transaction_ids, "transaction_id", "left_semi")
+    earlier = ctx.read_transactions(HALF, transaction_ids).drop("batch_id")
     return earlier.unionByName(new_halves.join(transaction_ids, "transaction_id", "left_semi"))
 
 
@@ -51,7 +51,7 @@ def resolve_ends(ctx: BatchContext, records: DataFrame, new_halves: DataFrame) -
         F.max("immunity_ms").alias("immunity_ms"),
     )
     resolved_before = (
-        ctx.read(OP).join(txn_ids, "transaction_id", "left_semi").select("transaction_id").distinct().withColumn("resolved_before", F.lit(True))
+        ctx.read_transactions(OP, txn_ids).select("transaction_id").distinct().withColumn("resolved_before", F.lit(True))
     )
     ends = ends.join(txns, "transaction_id", "left").join(resolved_before, "transaction_id", "left")
     immunity_end_us = F.unix_micros("half_stored") + F.col("immunity_ms") * 1000
