@@ -117,7 +117,10 @@ def _refuse_whole_transactions(ctx: BatchContext, halves: DataFrame) -> DataFram
             F.when(F.col("commit_version") > first_version, F.lit("duplicate transaction_id")),
         ),
     )
-    seen_before = ctx.read(HALF).select("transaction_id").distinct().withColumn("seen_before", F.lit(True))
+    seen_before = (
+        ctx.read_transactions(HALF, halves.select("transaction_id").distinct())
+        .select("transaction_id").distinct().withColumn("seen_before", F.lit(True))
+    )
     halves = halves.join(seen_before, "transaction_id", "left")
     same_commit = Window.partitionBy("transaction_id", "commit_version")
     halves = halves.withColumn(
