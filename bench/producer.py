@@ -7,26 +7,27 @@ through delta-rs, and queueing the one-way END. No JVM is involved.
     python bench/producer.py                      # 1, 16 and 64 threads, plus batched sends
     python bench/producer.py --seconds 5 --threads 16
 
-Prints a table and writes ``bench/results/producer.json``.
+Prints a table and writes ``bench/results/producer.json`` (``--results`` to change), with the
+load average at start and end.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
+import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
 
-RESULTS = Path(__file__).parent / "results"
-BODY = b"x" * 200
+RESULTS = benchlib.RESULTS
+BODY = benchlib.BODY
 
 
 class Commits(TransactionListener):
@@ -87,22 +88,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seconds", type=float, default=10.0, help="sending time per configuration")
     parser.add_argument("--threads", type=int, nargs="*", default=[1, 16, 64])
     parser.add_argument("--batch", type=int, default=10, help="messages per send_messages_in_transaction run")
+    parser.add_argument("--results", default=str(RESULTS / "producer.json"))
     args = parser.parse_args(argv)
+    report = benchlib.start_report("producer", vars(args))
     runs = [run(threads, args.seconds, 1) for threads in args.threads]
     runs.append(run(max(args.threads), args.seconds, args.batch))
     print(f"{'threads':>7} {'msgs/txn':>8} {'txns':>7} {'txn/s':>8} {'msg/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
     for r in runs:
         print(f"{r['threads']:>7} {r['messages_per_txn']:>8} {r['transactions']:>7} {r['txn_per_s']:>8} "
               f"{r['messages_per_s']:>8} {r['send_p50_ms']:>8} {r['send_p99_ms']:>8}")
-    report = {
-        "benchmark": "producer",
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "runs": runs,
-    }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "producer.json").write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    report["runs"] = runs
+    return benchlib.finish_report(report, Path(args.results))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,444 @@
+"""What every benchmark shares: the report envelope (time, machine, load), percentiles,
+the real checker job as a subprocess, a steady-rate producer, and Delta log inspection.
+
+Other engineers share this machine: every report records ``os.getloadavg()`` at start
+and end, and a loaded machine is flagged at start, because its figures mean little.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+from urllib.parse import unquote
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+BODY = b"x" * 200
+#: Above this 1-minute load average (on this 2-core machine) the figures are not worth much.
+LOAD_WARNING = 1.5
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def start_report(benchmark: str, args: dict) -> dict:
+    """The report's envelope, with the load average now; warns when the machine is busy."""
+    now = load()
+    if now[0] > LOAD_WARNING:
+        print(f"WARNING: 1-minute load average {now[0]} > {LOAD_WARNING} on {os.cpu_count()} cores: "
+              "other jobs are running, these figures are not representative", file=sys.stderr, flush=True)
+    return {
+        "benchmark": benchmark,
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "loadavg_start": now,
+        "args": args,
+    }
+
+
+def finish_report(report: dict, path: Path) -> dict:
+    """Stamp the end load average and write the report as JSON to ``path``."""
+    report["loadavg_end"] = load()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"load average (1, 5, 15 min): start {report['loadavg_start']}, end {report['loadavg_end']}; "
+          f"written to {path}", flush=True)
+    return report
+
+
+def percentile(values: list[float], q: float) -> Optional[float]:
+    """The ``q`` quantile by nearest rank (``None`` for no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def median(values: list[float]) -> Optional[float]:
+    if not values:
+        return None
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Delta logs, read as files (no JVM, no delta-rs dataset)
+
+
+def log_versions(table_path: str) -> list[int]:
+    """The commit versions whose JSON is in ``_delta_log`` (log cleanup removes old ones)."""
+    names = glob.glob(os.path.join(table_path, "_delta_log", "*.json"))
+    return sorted(int(os.path.basename(name)[:-5]) for name in names if os.path.basename(name)[:-5].isdigit())
+
+
+def latest_version(table_path: str) -> int:
+    """The table's latest version, from the highest ``_delta_log/<version>.json`` (-1 if none)."""
+    latest = -1
+    try:
+        with os.scandir(os.path.join(table_path, "_delta_log")) as entries:
+            for entry in entries:
+                stem = entry.name[:-5]
+                if entry.name.endswith(".json") and stem.isdigit():
+                    latest = max(latest, int(stem))
+    except FileNotFoundError:
+        pass
+    return latest
+
+
+def commits(table_path: str) -> list[dict]:
+    """Every commit whose JSON is still in the log: ``version``, ``timestamp_ms`` (commitInfo),
+    ``log_mtime`` (when the JSON file was written, in seconds) and the data files it ``added``."""
+    result = []
+    for version in log_versions(table_path):
+        log_file = os.path.join(table_path, "_delta_log", f"{version:020d}.json")
+        timestamp_ms, added = None, []
+        with open(log_file) as lines:
+            for line in lines:
+                action = json.loads(line)
+                if "commitInfo" in action:
+                    timestamp_ms = action["commitInfo"].get("timestamp")
+                elif "add" in action and action["add"].get("dataChange", True):
+                    added.append(os.path.join(table_path, unquote(action["add"]["path"])))
+        result.append({"version": version, "timestamp_ms": timestamp_ms, "log_mtime": os.stat(log_file).st_mtime,
+                       "added": added})
+    return result
+
+
+def table_shape(table_path: str) -> dict:
+    """How big a table's log and file set are: JSON commits in ``_delta_log``, checkpoints,
+    data files in the current snapshot and Parquet files on disk (those not yet vacuumed)."""
+    from deltalake import DeltaTable
+
+    log_dir = os.path.join(table_path, "_delta_log")
+    if not os.path.isdir(log_dir):
+        return {"exists": False}
+    names = os.listdir(log_dir)
+    on_disk = sum(1 for _, _, files in os.walk(table_path) for name in files
+                  if name.endswith(".parquet") and "_delta_log" not in name)
+    table = DeltaTable(table_path)
+    return {
+        "exists": True,
+        "version": table.version(),
+        "log_json_files": sum(1 for name in names if name.endswith(".json") and name[:-5].isdigit()),
+        "checkpoints": sum(1 for name in names if ".checkpoint." in name and name.endswith(".parquet")),
+        "active_files": len(table.file_uris()),
+        "parquet_files_on_disk": on_disk,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The real checker job
+
+
+class CheckerJob:
+    """``spark-submit jobs/checker.py`` on a lakehouse, as deployed; its output goes to ``log_path``.
+
+    Example::
+
+        with CheckerJob(config_path, lakehouse) as checker:
+            checker.wait_ready(180)
+            checker.lag()
+    """
+
+    def __init__(self, config_path: str, lakehouse: str, log_path: str):
+        from coordinator.spark import spark_submit
+
+        self.lakehouse = lakehouse
+        self.progress_path = os.path.join(lakehouse, "system", "_checker_progress.json")
+        self.commit_log = os.path.join(lakehouse, "system", "commit_log")
+        argv, env = spark_submit(ROOT / "jobs" / "checker.py", "--config", config_path)
+        self.log_file = open(log_path, "w")
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=self.log_file, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        self.exit_code: Optional[int] = None
+
+    def progress(self) -> Optional[dict]:
+        try:
+            with open(self.progress_path) as file:
+                return json.load(file)
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def next_version(self) -> Optional[int]:
+        """The first commit-log version the checker has not yet announced a batch for."""
+        progress = self.progress()
+        if progress is None:
+            return None
+        last = progress.get("last_batch")
+        return last["next_version"] if last else progress["epoch"]["starting_version"]
+
+    def lag(self) -> Optional[int]:
+        """Commit-log versions written but not yet taken by a checker batch."""
+        next_version = self.next_version()
+        return None if next_version is None else max(0, latest_version(self.commit_log) - next_version + 1)
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Wait for the checker's first batch to be announced; return the seconds it took to start."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            progress = self.progress()
+            if progress is not None and progress.get("last_batch") is not None:
+                return round(time.monotonic() - self.started, 1)
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the checker exited with {self.process.returncode} before its first batch; "
+                                   f"see {self.log_file.name}")
+            time.sleep(0.5)
+        raise RuntimeError(f"the checker ran no batch within {timeout_s} s; see {self.log_file.name}")
+
+    def stop(self, timeout_s: float = 120) -> int:
+        """SIGTERM (the checker finishes its batch and exits 0); SIGKILL after ``timeout_s``."""
+        if self.exit_code is not None:
+            return self.exit_code
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.exit_code = self.process.returncode
+        self.log_file.close()
+        return self.exit_code
+
+    def __enter__(self) -> "CheckerJob":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def write_config(lakehouse: str, **settings) -> str:
+    """A coordinator TOML for ``lakehouse`` with ``settings``; returns its path."""
+    os.makedirs(lakehouse, exist_ok=True)
+    path = os.path.join(lakehouse, "bench.toml")
+    lines = [f'lakehouse = "{os.path.abspath(lakehouse)}"'] + [f"{key} = {value}" for key, value in settings.items()]
+    Path(path).write_text("\n".join(lines) + "\n")
+    return path
+
+
+class LagSampler(threading.Thread):
+    """Samples the checker's lag (commit-log versions not yet read) once a second."""
+
+    def __init__(self, checker: CheckerJob, t0: float):
+        super().__init__(name="lag-sampler", daemon=True)
+        self.checker, self.t0 = checker, t0
+        self.samples: list[tuple[float, int, int]] = []  # (seconds since t0, lag, latest commit-log version)
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(1.0):
+            lag = self.checker.lag()
+            if lag is not None:
+                self.samples.append((round(time.monotonic() - self.t0, 1), lag, latest_version(self.checker.commit_log)))
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+    def between(self, start_s: float, end_s: float) -> list[int]:
+        return [lag for t, lag, _ in self.samples if start_s <= t < end_s]
+
+
+# ---------------------------------------------------------------------------------------------
+# A steady offered rate
+
+
+class SteadySender:
+    """Offers ``rate`` transactions per second to ``topic`` from ``threads`` threads of one producer.
+
+    The schedule is fixed in advance (send k at ``t0 + k / rate``): a thread that falls
+    behind sends at once, so a slow producer shows as a lower achieved rate, not a lower
+    offered one. Each send's return time (``time.time()``) and transaction id are kept.
+    """
+
+    def __init__(self, producer, topic: str, rate: float, seconds: float, threads: int):
+        self.producer, self.topic, self.rate, self.seconds, self.threads = producer, topic, rate, seconds, threads
+        self.sent: list[tuple[str, float, float]] = []  # (transaction id, returned at (epoch s), send seconds)
+        self.errors = 0
+        self._lock = threading.Lock()
+        self._next = 0
+        self.total = int(rate * seconds)
+
+    def _take(self) -> Optional[int]:
+        with self._lock:
+            if self._next >= self.total:
+                return None
+            self._next += 1
+            return self._next - 1
+
+    def _worker(self, t0: float) -> None:
+        from coordinator import Message
+
+        mine, errors = [], 0
+        while (k := self._take()) is not None:
+            delay = t0 + k / self.rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            started = time.perf_counter()
+            try:
+                result = self.producer.send_message_in_transaction(Message(self.topic, BODY))
+            except Exception:
+                errors += 1
+                continue
+            mine.append((result.transaction_id, time.time(), time.perf_counter() - started))
+        with self._lock:
+            self.sent.extend(mine)
+            self.errors += errors
+
+    def run(self) -> float:
+        """Send everything; return the seconds it took."""
+        t0 = time.monotonic()
+        workers = [threading.Thread(target=self._worker, args=(t0,), name=f"sender-{i}") for i in range(self.threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        return time.monotonic() - t0
+
+
+class Commits:
+    """A no-op local transaction that commits (so the coordinator's own cost is what is measured)."""
+
+    def __new__(cls):
+        from coordinator import LocalTransactionState, TransactionListener
+
+        class _Commits(TransactionListener):
+            def execute_local_transaction(self, msg, arg):
+                return LocalTransactionState.COMMIT_MESSAGE
+
+            def check_local_transaction(self, msg):
+                return LocalTransactionState.COMMIT_MESSAGE
+
+        return _Commits()
+
+
+# ---------------------------------------------------------------------------------------------
+# The checker's batch logic, driven batch by batch (as tests/conftest.py's ManualChecker does)
+
+
+class BatchDriver:
+    """Runs ``run_batch`` over the commit-log versions written since the last batch, with an
+    explicit clock, carrying ``pending_from`` from batch to batch as the streaming query does.
+
+    Example::
+
+        driver = BatchDriver(spark, config, first_batch_id=0, pending_from=0)
+        driver.write(records)           # one commit-log commit (delta-rs)
+        summary, seconds = driver.run() # one batch over every new version, clock = now
+    """
+
+    def __init__(self, spark, config, first_batch_id: int = 0, pending_from: int = 0):
+        from deltalake import DeltaTable
+
+        from coordinator.tables import COMMIT_LOG
+
+        self.spark, self.config = spark, config
+        self.commit_log = COMMIT_LOG.path(config.lakehouse)
+        self.next_version = DeltaTable(self.commit_log).version() + 1
+        self.batch_id = first_batch_id
+        self.pending_from = pending_from
+
+    def write(self, records: list[dict]) -> int:
+        """Append raw commit-log records as one commit; return its version."""
+        from deltalake import DeltaTable, write_deltalake
+
+        from coordinator.commit_log import records_to_arrow
+
+        write_deltalake(self.commit_log, records_to_arrow(records), mode="append")
+        return DeltaTable(self.commit_log).version()
+
+    def records(self, first_version: int, last_version: int, now):
+        from coordinator.checker import read_records
+        from coordinator.checker.context import RECORD_EXTRA_COLUMNS
+        from coordinator.tables import COMMIT_LOG
+
+        schema = COMMIT_LOG.spark_ddl() + ", " + ", ".join(f"{n} {t}" for n, t in RECORD_EXTRA_COLUMNS)
+        records = self.spark.createDataFrame([{"stored_timestamp": now, "is_heartbeat": True}], schema)
+        if last_version >= first_version:
+            records = read_records(self.spark, self.config, first_version, last_version).unionByName(records)
+        return records
+
+    def run(self, now=None):
+        """One batch over every new version at clock ``now`` (default: the wall clock);
+        returns ``(summary, wall seconds of run_batch)``."""
+        from datetime import datetime, timezone
+
+        from deltalake import DeltaTable
+
+        from coordinator.checker import run_batch
+
+        latest = DeltaTable(self.commit_log).version()
+        records = self.records(self.next_version, latest, now or datetime.now(timezone.utc))
+        started = time.perf_counter()
+        summary = run_batch(self.spark, self.config, records, self.batch_id, pending_from=self.pending_from)
+        seconds = time.perf_counter() - started
+        self.next_version, self.batch_id, self.pending_from = latest + 1, self.batch_id + 1, summary.pending_from
+        return summary, seconds
+
+
+def half_rows(transaction_ids: list[str], group: str, topic: str, properties: Optional[dict] = None) -> list[dict]:
+    """One single-message HALF record per transaction id, as a producer writes it."""
+    import uuid
+
+    born = datetime.now(timezone.utc)
+    return [dict(record_id=uuid.uuid4().hex, kind="HALF", transaction_id=tid, producer_group=group,
+                 msg_id=uuid.uuid4().hex, message_index=0, message_count=1, topic=topic, keys=tid[-8:], tags=None,
+                 properties=dict(properties or {}), body=BODY, born_timestamp=born)
+            for tid in transaction_ids]
+
+
+def commit_rows(transaction_ids: list[str], group: str) -> list[dict]:
+    """The producer's own COMMIT END record of each transaction."""
+    from coordinator.commit_log import end_record
+    from coordinator.listener import LocalTransactionState
+
+    return [end_record(group, tid, LocalTransactionState.COMMIT_MESSAGE) for tid in transaction_ids]
+
+
+def jvm_memory(spark) -> dict:
+    """The Spark driver JVM's heap in use and committed (MiB), and its process RSS and peak RSS (MiB)."""
+    jvm = spark.sparkContext._jvm
+    runtime = jvm.java.lang.Runtime.getRuntime()
+    pid = int(jvm.java.lang.ProcessHandle.current().pid())
+    status = proc_status(pid)
+    return {"pid": pid, "heap_used_mib": round((runtime.totalMemory() - runtime.freeMemory()) / 2**20, 1),
+            "heap_committed_mib": round(runtime.totalMemory() / 2**20, 1),
+            "heap_max_mib": round(runtime.maxMemory() / 2**20, 1),
+            "rss_mib": status.get("VmRSS"), "peak_rss_mib": status.get("VmHWM")}
+
+
+def proc_status(pid: int) -> dict:
+    """``VmRSS`` and ``VmHWM`` (peak RSS) of ``pid`` in MiB, from ``/proc``."""
+    found = {}
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    found[key] = round(int(value.split()[0]) / 1024, 1)
+    except OSError:
+        pass
+    return found
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Reset ``pid``'s peak RSS (``VmHWM``) to its current RSS (Linux: ``clear_refs`` 5)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as file:
+            file.write("5")
+        return True
+    except OSError:
+        return False

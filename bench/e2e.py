@@ -1,0 +1,154 @@
+"""End to end: from ``send_message_in_transaction`` returning COMMIT to the message being readable
+in its topic table, at a sustained offered rate, with the real checker job on the same machine.
+
+The checker runs as deployed (``spark-submit jobs/checker.py``, ``--trigger-ms`` trigger). Once
+it has run its first batch, one producer process offers ``--rate`` transactions per second for
+``--seconds`` from ``--threads`` threads (no-op local transaction that commits, 200-byte body).
+Each send's return time and transaction id are kept. Afterwards, for each version of the topic
+table, its commit timestamp (``commitInfo`` in ``_delta_log``) and the transaction ids in the
+files it added give when each message became readable; latency = that timestamp − the send's
+return. The checker's lag (commit-log versions written but not yet taken by a batch, from
+``system/_checker_progress.json``) is sampled every second: it "kept up" when every message was
+delivered within ``--drain`` seconds after sending stopped and the lag in the last quarter of
+the sending time was no higher than in the second quarter (plus 2 versions of slack).
+
+    python bench/e2e.py                                  # 1,000 txn/s for 10 minutes
+    python bench/e2e.py --rate 50 --seconds 30 --threads 8
+
+Prints a table and writes ``bench/results/e2e.json`` (``--results`` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+
+TOPIC = "BENCH_E2E"
+
+
+def visible_at(lakehouse: str, topic: str) -> dict[str, tuple[float, float]]:
+    """Transaction id → (commitInfo timestamp, log file mtime), in epoch seconds, of the topic
+    version that delivered it."""
+    import pyarrow.parquet as pq
+
+    from coordinator.tables import topic_path
+
+    seen: dict[str, tuple[float, float]] = {}
+    for commit in benchlib.commits(topic_path(lakehouse, topic)):
+        if commit["timestamp_ms"] is None:
+            continue
+        for path in commit["added"]:
+            for tid in pq.read_table(path, columns=["transaction_id"]).column("transaction_id").to_pylist():
+                seen.setdefault(tid, (commit["timestamp_ms"] / 1000, commit["log_mtime"]))
+    return seen
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=1000, help="offered transactions per second")
+    parser.add_argument("--seconds", type=float, default=600, help="sending time")
+    parser.add_argument("--threads", type=int, default=128, help="sender threads (≥ rate × send latency)")
+    parser.add_argument("--trigger-ms", type=int, default=200, help="checker trigger_interval_ms")
+    parser.add_argument("--drain", type=float, default=120, help="seconds to wait for the last deliveries")
+    parser.add_argument("--startup-timeout", type=float, default=300, help="seconds to wait for the checker's first batch")
+    parser.add_argument("--lakehouse", default=None, help="default: a temporary directory, removed afterwards")
+    parser.add_argument("--results", default=str(benchlib.RESULTS / "e2e.json"))
+    args = parser.parse_args(argv)
+    report = benchlib.start_report("e2e", vars(args))
+
+    from coordinator import CoordinatorConfig, TransactionProducer
+    from coordinator.lakehouse import init_lakehouse
+    from coordinator.tables import topic_path
+
+    lakehouse = args.lakehouse or tempfile.mkdtemp(prefix="bench-e2e-")
+    if args.lakehouse:
+        shutil.rmtree(lakehouse, ignore_errors=True)
+    init_lakehouse(lakehouse)
+    config_path = benchlib.write_config(lakehouse, trigger_interval_ms=args.trigger_ms)
+    checker = benchlib.CheckerJob(config_path, lakehouse, os.path.join(lakehouse, "checker.log"))
+    sampler = None
+    try:
+        print(f"starting the checker (trigger {args.trigger_ms} ms)...", flush=True)
+        report["checker_start_s"] = checker.wait_ready(args.startup_timeout)
+        print(f"  first batch after {report['checker_start_s']} s; offering {args.rate:g} txn/s for {args.seconds:g} s "
+              f"from {args.threads} threads", flush=True)
+        t0 = time.monotonic()
+        sampler = benchlib.LagSampler(checker, t0)
+        sampler.start()
+        with TransactionProducer("bench-e2e", benchlib.Commits(), CoordinatorConfig(lakehouse=lakehouse)) as producer:
+            sender = benchlib.SteadySender(producer, TOPIC, args.rate, args.seconds, args.threads)
+            send_seconds = sender.run()
+        wanted = {tid for tid, _, _ in sender.sent}
+        print(f"  sent {len(wanted)} in {send_seconds:.1f} s ({len(wanted) / send_seconds:.1f} txn/s achieved, "
+              f"{sender.errors} errors); waiting for delivery...", flush=True)
+        drain_deadline = time.monotonic() + args.drain
+        delivered = {}
+        while time.monotonic() < drain_deadline:
+            if os.path.isdir(topic_path(lakehouse, TOPIC)):
+                delivered = visible_at(lakehouse, TOPIC)
+                if wanted <= delivered.keys():
+                    break
+            time.sleep(1)
+        drained_after = round(time.monotonic() - t0 - send_seconds, 1)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        exit_code = checker.stop()
+    missing = len(wanted - delivered.keys())
+
+    latencies = sorted(delivered[tid][0] - returned for tid, returned, _ in sender.sent if tid in delivered)
+    by_mtime = sorted(delivered[tid][1] - returned for tid, returned, _ in sender.sent if tid in delivered)
+    sends = [seconds for _, _, seconds in sender.sent]
+    quarter = send_seconds / 4
+    lag_q2, lag_q4 = sampler.between(quarter, 2 * quarter), sampler.between(3 * quarter, send_seconds)
+    lags = [lag for _, lag, _ in sampler.samples]
+    kept_up = (missing == 0 and bool(lag_q4) and max(lag_q4) <= max(lag_q2 or [0]) + 2)
+
+    def ms(value):
+        return None if value is None else round(value * 1000, 1)
+
+    figures = {
+        "offered_txn_per_s": args.rate,
+        "achieved_txn_per_s": round(len(sends) / send_seconds, 1),
+        "sent": len(sends),
+        "send_errors": sender.errors,
+        "delivered": len(wanted) - missing,
+        "missing_after_drain": missing,
+        "drained_after_s": drained_after,
+        "send_p50_ms": ms(benchlib.percentile(sends, 0.5)),
+        "send_p99_ms": ms(benchlib.percentile(sends, 0.99)),
+        "e2e_p50_ms": ms(benchlib.percentile(latencies, 0.5)),
+        "e2e_p99_ms": ms(benchlib.percentile(latencies, 0.99)),
+        "e2e_max_ms": ms(latencies[-1] if latencies else None),
+        "e2e_p99_ms_by_log_file_mtime": ms(benchlib.percentile(by_mtime, 0.99)),
+        "lag_max_versions": max(lags, default=None),
+        "lag_second_quarter_max": max(lag_q2, default=None),
+        "lag_last_quarter_max": max(lag_q4, default=None),
+        "kept_up": kept_up,
+        "checker_exit_code": exit_code,
+    }
+    print(f"\n{'offered':>8} {'achieved':>9} {'sent':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'lag max':>8} "
+          f"{'lag Q2':>7} {'lag Q4':>7} {'kept up':>8}")
+    f = figures
+    print(f"{f['offered_txn_per_s']:>8g} {f['achieved_txn_per_s']:>9} {f['sent']:>7} {f['e2e_p50_ms']!s:>8} "
+          f"{f['e2e_p99_ms']!s:>8} {f['e2e_max_ms']!s:>8} {f['lag_max_versions']!s:>8} {f['lag_second_quarter_max']!s:>7} "
+          f"{f['lag_last_quarter_max']!s:>7} {str(f['kept_up']):>8}")
+    print(f"send p50 {f['send_p50_ms']} ms, p99 {f['send_p99_ms']} ms; {missing} not delivered after the drain; "
+          f"checker exit code {exit_code}")
+    report.update(figures)
+    report["lag_samples"] = sampler.samples
+    if args.lakehouse is None:
+        shutil.rmtree(lakehouse, ignore_errors=True)
+    return benchlib.finish_report(report, Path(args.results))
+
+
+if __name__ == "__main__":
+    main()

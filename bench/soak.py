@@ -1,0 +1,175 @@
+"""Soak: ``--minutes`` at a steady rate with table maintenance on. Does a batch cost the same at
+the end as at the start, and do the Delta logs and file counts stay bounded?
+
+The real checker job (``spark-submit jobs/checker.py``) runs while one producer process offers
+``--rate`` transactions per second (no-op local transaction that commits), and a thread runs
+``coordinator.maintenance.maintain(lakehouse, retention_hours=--retention-hours)`` every
+``--maintenance-every`` seconds. Batch durations come from ``system/metrics`` (one row per
+checker batch, read with delta-rs); the start and end windows are the first and last
+``--window`` fraction of the sending time (the checker's first batch, its warm-up, is left
+out). The log length (``_delta_log/*.json``), checkpoints, active data files and Parquet files
+on disk of the commit log, system/half, system/op and the topic are taken when sending starts
+and when it ends.
+
+    python bench/soak.py                          # 30 minutes at 200 txn/s, maintenance every 5 min
+    python bench/soak.py --minutes 3 --rate 20 --maintenance-every 60
+
+Prints a table and writes ``bench/results/soak.json`` (``--results`` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+
+TOPIC = "BENCH_SOAK"
+
+
+class Maintainer(threading.Thread):
+    """Runs table maintenance every ``every_s`` seconds, as a scheduler would."""
+
+    def __init__(self, lakehouse: str, every_s: float, retention_hours: int, t0: float):
+        super().__init__(name="maintenance", daemon=True)
+        self.lakehouse, self.every_s, self.retention_hours, self.t0 = lakehouse, every_s, retention_hours, t0
+        self.runs: list[dict] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        from coordinator.maintenance import maintain
+
+        while not self._halt.wait(self.every_s):
+            started = time.monotonic()
+            try:
+                results = maintain(self.lakehouse, retention_hours=self.retention_hours)
+                error = None
+            except Exception as exc:  # recorded, never fatal: the soak goes on
+                results, error = [], f"{type(exc).__name__}: {exc}"
+            self.runs.append({
+                "at_s": round(started - self.t0, 1),
+                "seconds": round(time.monotonic() - started, 1),
+                "error": error,
+                "compacted": sum(r.files_compacted for r in results),
+                "vacuumed": sum(r.files_vacuumed for r in results),
+                "skipped": [f"{r.table}: {s}" for r in results for s in r.skipped],
+            })
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+def shapes(lakehouse: str) -> dict:
+    from coordinator.tables import COMMIT_LOG, HALF, OP, topic_path
+
+    return {name: benchlib.table_shape(path) for name, path in [
+        ("system/commit_log", COMMIT_LOG.path(lakehouse)), ("system/half", HALF.path(lakehouse)),
+        ("system/op", OP.path(lakehouse)), (f"topics/{TOPIC}", topic_path(lakehouse, TOPIC))]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=30)
+    parser.add_argument("--rate", type=float, default=200, help="offered transactions per second")
+    parser.add_argument("--threads", type=int, default=32)
+    parser.add_argument("--trigger-ms", type=int, default=1000, help="checker trigger_interval_ms")
+    parser.add_argument("--maintenance-every", type=float, default=300, help="seconds between maintenance runs")
+    parser.add_argument("--retention-hours", type=int, default=0)
+    parser.add_argument("--window", type=float, default=0.2, help="fraction of the run that makes the start / end window")
+    parser.add_argument("--startup-timeout", type=float, default=300)
+    parser.add_argument("--lakehouse", default=None, help="default: a temporary directory, removed afterwards")
+    parser.add_argument("--results", default=str(benchlib.RESULTS / "soak.json"))
+    args = parser.parse_args(argv)
+    report = benchlib.start_report("soak", vars(args))
+
+    from coordinator import CoordinatorConfig, TransactionProducer
+    from coordinator.lakehouse import init_lakehouse, read_table
+    from coordinator.tables import METRICS
+
+    lakehouse = args.lakehouse or tempfile.mkdtemp(prefix="bench-soak-")
+    if args.lakehouse:
+        shutil.rmtree(lakehouse, ignore_errors=True)
+    init_lakehouse(lakehouse)
+    config_path = benchlib.write_config(lakehouse, trigger_interval_ms=args.trigger_ms)
+    checker = benchlib.CheckerJob(config_path, lakehouse, os.path.join(lakehouse, "checker.log"))
+    sampler = maintainer = None
+    seconds = args.minutes * 60
+    try:
+        print(f"starting the checker (trigger {args.trigger_ms} ms)...", flush=True)
+        report["checker_start_s"] = checker.wait_ready(args.startup_timeout)
+        print(f"  first batch after {report['checker_start_s']} s; {args.rate:g} txn/s for {args.minutes:g} min, "
+              f"maintenance every {args.maintenance_every:g} s", flush=True)
+        report["shape_start"] = shapes(lakehouse)
+        t0 = time.monotonic()
+        start_wall = datetime.now(timezone.utc)
+        sampler = benchlib.LagSampler(checker, t0)
+        maintainer = Maintainer(lakehouse, args.maintenance_every, args.retention_hours, t0)
+        sampler.start()
+        maintainer.start()
+        with TransactionProducer("bench-soak", benchlib.Commits(), CoordinatorConfig(lakehouse=lakehouse)) as producer:
+            sender = benchlib.SteadySender(producer, TOPIC, args.rate, seconds, args.threads)
+            send_seconds = sender.run()
+        end_wall = datetime.now(timezone.utc)
+        report["shape_end"] = shapes(lakehouse)
+    finally:
+        for thread in (maintainer, sampler):
+            if thread is not None:
+                thread.stop()
+        exit_code = checker.stop()
+
+    metrics = read_table(METRICS.path(lakehouse), ["batch_id", "started_at", "duration_ms", "records"]).to_pylist()
+    window = seconds * args.window
+    during = [m for m in metrics if start_wall <= m["started_at"] <= end_wall]
+    start_batches = [m["duration_ms"] for m in during if (m["started_at"] - start_wall).total_seconds() < window]
+    end_batches = [m["duration_ms"] for m in during if (end_wall - m["started_at"]).total_seconds() < window]
+    start_median, end_median = benchlib.median(start_batches), benchlib.median(end_batches)
+    lags = [lag for _, lag, _ in sampler.samples]
+    figures = {
+        "sent": len(sender.sent),
+        "achieved_txn_per_s": round(len(sender.sent) / send_seconds, 1),
+        "send_errors": sender.errors,
+        "batches": len(during),
+        "batch_ms_start_median": start_median,
+        "batch_ms_end_median": end_median,
+        "batch_ms_end_over_start": round(end_median / start_median, 3) if start_median and end_median else None,
+        "batches_in_start_window": len(start_batches),
+        "batches_in_end_window": len(end_batches),
+        "lag_max_versions": max(lags, default=None),
+        "lag_end_versions": lags[-1] if lags else None,
+        "maintenance_runs": maintainer.runs,
+        "checker_exit_code": exit_code,
+    }
+    print(f"\n{'':>22} {'log json':>9} {'ckpts':>6} {'files':>7} {'on disk':>8}   (start → end)")
+    for name in report["shape_start"]:
+        a, b = report["shape_start"][name], report["shape_end"][name]
+        if not b.get("exists"):
+            print(f"{name:>22} (no table)")
+            continue
+        a = a if a.get("exists") else {k: 0 for k in b}
+        print(f"{name:>22} {a['log_json_files']:>4}→{b['log_json_files']:<4} {a['checkpoints']:>2}→{b['checkpoints']:<3} "
+              f"{a['active_files']:>3}→{b['active_files']:<3} {a['parquet_files_on_disk']:>3}→{b['parquet_files_on_disk']:<4}")
+    f = figures
+    print(f"\nbatches {f['batches']}; median batch ms: start {f['batch_ms_start_median']} ({f['batches_in_start_window']} "
+          f"batches), end {f['batch_ms_end_median']} ({f['batches_in_end_window']}), end/start {f['batch_ms_end_over_start']}")
+    print(f"sent {f['sent']} ({f['achieved_txn_per_s']} txn/s); lag max {f['lag_max_versions']}, at end "
+          f"{f['lag_end_versions']} versions; maintenance runs {len(maintainer.runs)}; checker exit code {exit_code}")
+    report.update(figures)
+    report["batch_durations"] = [(m["batch_id"], m["started_at"].isoformat(), m["duration_ms"], m["records"])
+                                 for m in metrics]
+    report["lag_samples"] = sampler.samples
+    if args.lakehouse is None:
+        shutil.rmtree(lakehouse, ignore_errors=True)
+    return benchlib.finish_report(report, Path(args.results))
+
+
+if __name__ == "__main__":
+    main()
