@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JARS := .cache/jars/.package
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test chaos clean
 
 setup: $(INSTALLED) $(JARS)
 
@@ -27,5 +27,9 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
+# Kill -9 the checker and producers at random and verify every invariant: `bench/chaos.py --help`.
+chaos: setup
+	$(PY) bench/chaos.py
+
 clean:
-	rm -rf $(VENV) .cache demo-lakehouse lakehouse
+	rm -rf $(VENV) .cache demo-lakehouse lakehouse chaos-lakehouse

@@ -1,0 +1,886 @@
+"""Chaos harness: DESIGN §6's invariants under kill -9, with real processes on this machine.
+
+Runs several producer processes (``bench/chaos_producer.py``, each with its own SQLite
+store and producer group), the real checker (``spark-submit jobs/checker.py``) and
+table maintenance (``coordinator.maintenance.maintain``) at once, then:
+
+- SIGKILLs the checker's whole process group at random moments (mid-batch, as batches
+  run back to back) and restarts it once its lease has expired;
+- SIGKILLs producer processes in the middle of their sends and group commits, and
+  restarts them at once (a restarted producer skips what it already attempted);
+- appends hostile records straight to ``system/commit_log``.
+
+Once every half is resolved (or the timeout passes), it stops everything gracefully and
+checks, from the Delta tables and each producer's SQLite ground truth: every locally
+committed transaction's messages are in their topics exactly once; nothing else is in
+any topic; every half is resolved or pending with fewer than ``transaction_check_max``
+checks, with the outcome its database dictates; no check before immunity, none beyond the
+maximum; every hostile record is in ``system/rejected``; neither the checker nor a
+producer failed on its own. Prints what it did and what it found, writes both as JSON,
+and exits 1 on any violation.
+
+    python bench/chaos.py                                   # the small default run
+    python bench/chaos.py --transactions 2000 --checker-kills 5 --producer-kills 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Optional
+
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+
+from chaos_producer import (
+    AUDIT_TOPIC,
+    COMMITTED,
+    HALF_NOT_STORED,
+    INTERRUPTED,
+    KIND_UNKNOWN_FOREVER,
+    KINDS,
+    ORDER_TOPIC,
+    REVIEW,
+    Store,
+    group_of,
+    plan_id_of,
+)
+from coordinator.commit_log import CommitLogWriter
+from coordinator.config import CoordinatorConfig
+from coordinator.lakehouse import init_lakehouse, read_table
+from coordinator.spark import PROJECT_ROOT, spark_submit
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF, OP, REJECTED
+
+BENCH = Path(__file__).resolve().parent
+PRODUCER_SCRIPT = BENCH / "chaos_producer.py"
+CONFIG_NAME = "chaos.toml"
+#: Short timings, so unknown transactions are checked and discarded within the run.
+SETTINGS = {
+    "transaction_timeout_ms": 3000,
+    "transaction_check_interval_ms": 3000,
+    "transaction_check_max": 3,
+    "trigger_interval_ms": 1000,
+}
+#: Relative frequency of each kind of planned transaction (every kind also appears at least once).
+KIND_WEIGHTS = {"commit": 40, "rollback": 10, "unknown_then_commit": 10, "unknown_then_rollback": 10,
+                "unknown_forever": 5, "listener_raises": 10, "multi_topic_commit": 15}
+#: The group hostile records pretend to be: no process answers its checks.
+FORGED_GROUP = "chaos_forged"
+#: The checker lease (coordinator/checker/lease.py); a restarted checker must wait for it to expire.
+LEASE_FILE = Path("system") / "_checker_lease.json"
+EXIT_CHECKER_ALREADY_RUNNING = 3
+_BATCH_LINE = re.compile(rb"batch \d+: ")
+_STARTED_LINE = b"checker started on "
+#: A checker run is killed once it has finished 0 to this many batches, then up to _MAX_KILL_DELAY_S later:
+#: during its first batch, a later one, or between two (a batch takes seconds here, and the next starts at once).
+_MAX_BATCHES_BEFORE_KILL = 2
+_MAX_KILL_DELAY_S = 10.0
+_POLL_S = 0.2
+#: A producer kill waits up to this long for a send to be in flight.
+_AIM_AT_SEND_S = 5.0
+_SETTLE_POLL_S = 3.0
+_STOP_TIMEOUT_S = 120.0
+_EXAMPLES = 5
+#: Run in a subprocess, so that delta-rs's exit-time abort over Spark-written tables (see
+#: coordinator.lakehouse.read_table) cannot take the harness down with it.
+_MAINTAIN = """
+import dataclasses, json, sys
+from coordinator.maintenance import maintain
+tables, retention_hours = json.loads(sys.argv[2]), int(sys.argv[3])
+print(json.dumps([dataclasses.asdict(r) for r in maintain(sys.argv[1], tables=tables, retention_hours=retention_hours)]))
+"""
+
+
+@dataclass(frozen=True)
+class Options:
+    transactions: int = 150
+    producers: int = 3
+    checker_kills: int = 2
+    producer_kills: int = 3
+    seed: int = 1
+    lakehouse: str = "chaos-lakehouse"
+    results: str = str(BENCH / "results" / "chaos.json")
+    timeout: float = 600.0
+    send_seconds: float = 45.0
+    maintenance_every: float = 10.0
+    retention_hours: int = 0
+
+
+def parse_options(argv: Optional[list[str]] = None) -> Options:
+    defaults = Options()
+    parser = argparse.ArgumentParser(description="Kill the checker and producers at random; verify DESIGN §6.")
+    parser.add_argument("--transactions", type=int, default=defaults.transactions, help="planned transactions in all")
+    parser.add_argument("--producers", type=int, default=defaults.producers, help="producer processes")
+    parser.add_argument("--checker-kills", type=int, default=defaults.checker_kills)
+    parser.add_argument("--producer-kills", type=int, default=defaults.producer_kills)
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seeds the plan and every random moment")
+    parser.add_argument("--lakehouse", default=defaults.lakehouse, help="wiped and recreated (must be empty or a chaos run's)")
+    parser.add_argument("--results", default=defaults.results, help="where to write the JSON report")
+    parser.add_argument("--timeout", type=float, default=defaults.timeout, help="give up this many seconds after the start")
+    parser.add_argument("--send-seconds", type=float, default=defaults.send_seconds,
+                        help="the producers spread their sends over this many seconds")
+    parser.add_argument("--maintenance-every", type=float, default=defaults.maintenance_every,
+                        help="seconds between two maintenance runs")
+    parser.add_argument("--retention-hours", type=int, default=defaults.retention_hours,
+                        help="vacuum retention passed to maintain(); 0 vacuums what a compaction removed at once")
+    args = parser.parse_args(argv)
+    if args.transactions < len(KINDS):
+        parser.error(f"--transactions must be at least {len(KINDS)}, one of each kind")
+    if args.producers < 1 or args.checker_kills < 0 or args.producer_kills < 0:
+        parser.error("--producers must be at least 1, kill counts at least 0")
+    return Options(**vars(args))
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Child:
+    """A child process in its own process group (so a kill reaches everything it spawned), logging to a file."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> None:
+        self.argv, self.env, self.log_path, self.cwd = argv, env, log_path, cwd
+        self.process: Optional[subprocess.Popen] = None
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        self.started_at = time.monotonic()
+
+    def exit_code(self) -> Optional[int]:
+        return None if self.process is None else self.process.poll()
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (spark-submit's JVM runs the Python driver as its child)."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+    def terminate(self) -> None:
+        """Ask for a graceful stop (SIGTERM)."""
+        if self.running:
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout_s: float) -> int:
+        """Wait for the exit, SIGKILL after ``timeout_s``; return the exit code."""
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.process.returncode
+
+    def tail(self, lines: int = 20) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def child_environment(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without ``TXCOORD_*`` (the run's TOML decides every setting), unbuffered."""
+    clean = {key: value for key, value in env.items() if not key.startswith("TXCOORD_")}
+    clean.update(PYTHONUNBUFFERED="1")
+    return clean
+
+
+class Checker:
+    """The real checker job, started, SIGKILLed and restarted; each run logs to its own file."""
+
+    def __init__(self, root: Path, config_path: Path) -> None:
+        self.root = root
+        self.argv, env = spark_submit(PROJECT_ROOT / "jobs" / "checker.py", "--config", str(config_path))
+        self.env = child_environment(env)
+        self.child: Optional[Child] = None
+        self.starts = 0
+        self.refused_starts = 0  # exit 3: the previous run's lease had not expired yet
+        self.failures: list[str] = []
+        self._log_read = 0
+        self.batches = 0
+        self.last_batch_at = 0.0
+        self.startup_s: Optional[float] = None  # from launch to holding the lease, as last measured
+        self.query_started = False
+
+    def start(self) -> None:
+        self.starts += 1
+        self.child = Child(self.argv, self.env, self.root / f"checker-{self.starts}.log", self.root)
+        self.child.start()
+        self._log_read, self.batches, self.last_batch_at, self.query_started = 0, 0, 0.0, False
+
+    def follow_log(self) -> None:
+        """Read this run's new log lines: has its query started, how many batches has it finished."""
+        try:
+            with open(self.child.log_path, "rb") as log:
+                log.seek(self._log_read)
+                new = log.read()
+        except FileNotFoundError:
+            return
+        complete = new[: new.rfind(b"\n") + 1]
+        self._log_read += len(complete)
+        if _STARTED_LINE in complete:
+            self.startup_s = time.monotonic() - self.child.started_at
+            self.query_started = True
+        finished = len(_BATCH_LINE.findall(complete))
+        if finished:
+            self.batches += finished
+            self.last_batch_at = time.monotonic()
+
+    def kill(self) -> dict:
+        self.follow_log()
+        now = time.monotonic()
+        self.child.kill()
+        return {"after_start_s": round(now - self.child.started_at, 1), "batches_finished": self.batches,
+                "since_last_batch_s": round(now - self.last_batch_at, 1) if self.batches else None}
+
+    def restart_delay(self) -> float:
+        """Seconds to wait before starting again after a kill: the killed run's lease must have expired
+        (its ttl is 30 s) by the time the new run asks for it, once its JVM is up."""
+        try:
+            lease = json.loads((self.root / LEASE_FILE).read_text())
+            expires_in = lease["renewed_at"] + lease["ttl_s"] - time.time()
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return 0.0
+        # Launched a little before expiry, so that the JVM's start overlaps the wait, but only by a fraction
+        # of the last start's time: one that reaches the lease too early is refused (exit 3), a whole JVM start lost.
+        head_start = 0.3 * self.startup_s if self.startup_s is not None else 0.0
+        return max(0.0, expires_in + 0.5 - head_start)
+
+
+class Producer:
+    """One producer process: its plan, its SQLite store, and its successive runs."""
+
+    def __init__(self, root: Path, index: int, config_path: Path, start_at: float, send_seconds: float) -> None:
+        self.index = index
+        self.db = root / f"producer-{index}.db"
+        self.done_file = root / f"producer-{index}.done"
+        self.plan_file = root / f"plan-{index}.json"
+        argv = [sys.executable, str(PRODUCER_SCRIPT), "--config", str(config_path), "--index", str(index),
+                "--plan", str(self.plan_file), "--db", str(self.db), "--start-at", repr(start_at),
+                "--send-seconds", repr(send_seconds), "--done-file", str(self.done_file)]
+        self.child = Child(argv, child_environment(dict(os.environ)),
+                           root / f"producer-{index}.log", root)
+        self.restarts = 0
+        self.failures: list[str] = []
+
+    @property
+    def done(self) -> bool:
+        return self.done_file.exists()
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def make_plan(transactions: int, producers: int, rng: random.Random) -> list[list[tuple[str, str]]]:
+    """Each producer's planned transactions ``(plan_id, kind)``; every kind at least once overall."""
+    kinds = list(KINDS) + rng.choices(list(KIND_WEIGHTS), weights=list(KIND_WEIGHTS.values()),
+                                      k=transactions - len(KINDS))
+    rng.shuffle(kinds)
+    plans: list[list[tuple[str, str]]] = [[] for _ in range(producers)]
+    for position, kind in enumerate(kinds):
+        index = position % producers
+        plans[index].append((f"p{index}-{len(plans[index]):05d}", kind))
+    return plans
+
+
+def prepare(root: Path) -> Path:
+    """Wipe and recreate the run's directory; refuse a non-empty one a chaos run did not make."""
+    if root.exists():
+        if any(root.iterdir()) and not (root / CONFIG_NAME).exists():
+            raise SystemExit(f"refusing to wipe {root}: not empty and no {CONFIG_NAME} in it; choose another --lakehouse")
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    config_path = root / CONFIG_NAME
+    lines = ["# Written by bench/chaos.py.", f"lakehouse = {json.dumps(str(root))}"]
+    config_path.write_text("\n".join(lines + [f"{key} = {value}" for key, value in SETTINGS.items()]) + "\n")
+    init_lakehouse(str(root))
+    return config_path
+
+
+class Maintenance:
+    """Runs ``coordinator.maintenance.maintain`` over the commit log and the topics, over and over, in a thread."""
+
+    def __init__(self, root: Path, every_s: float, retention_hours: int) -> None:
+        self.root, self.every_s, self.retention_hours = root, every_s, retention_hours
+        self.runs = 0
+        self.files_compacted = 0
+        self.files_vacuumed = 0
+        self.skipped: Counter = Counter()
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="maintenance", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            tables = ["system/commit_log", f"topics/{ORDER_TOPIC}", f"topics/{AUDIT_TOPIC}"]
+            result = subprocess.run([sys.executable, "-c", _MAINTAIN, str(self.root), json.dumps(tables),
+                                     str(self.retention_hours)],
+                                    capture_output=True, text=True, env=child_environment(dict(os.environ)))
+            self.runs += 1
+            if result.returncode != 0:
+                self.errors.append(f"exit {result.returncode}: {result.stderr.strip()[-1500:]}")
+                continue
+            for table in json.loads(result.stdout.strip().splitlines()[-1]):
+                self.files_compacted += table["files_compacted"]
+                self.files_vacuumed += table["files_vacuumed"]
+                # The first line names the step; what follows (versions, error details) varies run to run.
+                self.skipped.update(f"{table['table']}: {reason.split(':')[0]}" for reason in table["skipped"])
+
+
+@dataclass
+class BadInput:
+    """A hostile record appended straight to the commit log, and what became of it."""
+
+    what: str
+    record_id: str
+    reason: Optional[str] = None
+
+
+class HostileWriter:
+    """Appends records no well-behaved producer sends, straight to ``system/commit_log``."""
+
+    def __init__(self, root: Path, rng: random.Random) -> None:
+        self.root, self.rng = root, rng
+        self.injected: list[BadInput] = []
+
+    def inject_blind(self) -> None:
+        """Records that are refused whatever the lakehouse holds."""
+        early_txn = uuid.uuid4().hex
+        self._write([
+            ("unknown kind", _end(kind="BOGUS")),
+            ("null kind", _end(kind=None)),
+            ("half without transaction_id", _half(transaction_id=None)),
+            ("half with an empty body", _half(body=b"")),
+            ("half with an invalid topic", _half(topic="no spaces allowed!")),
+            ("half of an incomplete transaction", _half(message_count=2)),
+            ("end with an unknown state", _end(state="MAYBE")),
+            ("end of an unknown transaction", _end()),
+            ("end without transaction_id", _end(transaction_id=None)),
+            ("end before its half", _end(transaction_id=early_txn)),
+        ])
+        # The half the early END named, in a later commit: valid, but nobody answers its checks.
+        with CommitLogWriter(str(self.root)) as writer:
+            writer.submit([_half(transaction_id=early_txn)]).result()
+
+    def inject_targeted(self, plans: list[list[tuple[str, str]]], require_every_target: bool) -> bool:
+        """Records aimed at real transactions: a pending one, a rolled-back one, a committed one.
+
+        Returns ``False``, writing nothing, if ``require_every_target`` and one of them does not exist yet.
+        """
+        kind_of = {plan_id: kind for plan in plans for plan_id, kind in plan}
+        halves = _rows(HALF.path(str(self.root)), ["transaction_id", "producer_group", "body", "message_index"])
+        outcomes = {row["transaction_id"]: row["outcome"] for row in _rows(OP.path(str(self.root)), ["transaction_id", "outcome"])}
+        ours = [row for row in halves if row["producer_group"] != FORGED_GROUP and row["message_index"] == 0]
+
+        def pick(condition) -> Optional[dict]:
+            candidates = [row for row in ours if condition(row)]
+            return self.rng.choice(candidates) if candidates else None
+
+        pending_forever = pick(lambda row: kind_of.get(plan_id_of(row["body"])) == KIND_UNKNOWN_FOREVER
+                               and row["transaction_id"] not in outcomes)
+        rolled_back = pick(lambda row: outcomes.get(row["transaction_id"]) == "ROLLBACK")
+        committed = pick(lambda row: outcomes.get(row["transaction_id"]) == "COMMIT")
+        if require_every_target and None in (pending_forever, rolled_back, committed):
+            return False
+        records = []
+        if pending_forever:
+            records.append(("forged group commits a pending transaction",
+                            _end(transaction_id=pending_forever["transaction_id"])))
+            records.append(("null group commits a pending transaction",
+                            _end(transaction_id=pending_forever["transaction_id"], producer_group=None)))
+        if rolled_back:
+            records.append(("owner commits a rolled-back transaction",
+                            _end(transaction_id=rolled_back["transaction_id"], producer_group=rolled_back["producer_group"])))
+        if committed:
+            records.append(("second half for a committed transaction id",
+                            _half(transaction_id=committed["transaction_id"], producer_group=committed["producer_group"])))
+        if records:
+            self._write(records)
+        return True
+
+    def _write(self, records: list[tuple[str, dict]]) -> None:
+        with CommitLogWriter(str(self.root)) as writer:
+            writer.submit([record for _, record in records]).result()
+        self.injected += [BadInput(what, record["record_id"]) for what, record in records]
+
+
+def _half(**overrides) -> dict:
+    record = dict(record_id=uuid.uuid4().hex, kind="HALF", transaction_id=uuid.uuid4().hex, producer_group=FORGED_GROUP,
+                  msg_id=uuid.uuid4().hex, message_index=0, message_count=1, topic=ORDER_TOPIC, keys="forged",
+                  tags=None, properties={}, body=b"forged", born_timestamp=datetime.now(timezone.utc))
+    record.update(overrides)
+    return record
+
+
+def _end(**overrides) -> dict:
+    record = dict(record_id=uuid.uuid4().hex, kind="END", transaction_id=uuid.uuid4().hex, producer_group=FORGED_GROUP,
+                  state="COMMIT_MESSAGE", check_id=None, born_timestamp=datetime.now(timezone.utc))
+    record.update(overrides)
+    return record
+
+
+def _rows(path: str, columns: list[str]) -> list[dict]:
+    if not DeltaTable.is_deltatable(path):
+        return []
+    return read_table(path, columns).to_pylist()
+
+
+@dataclass
+class Activity:
+    """What the harness did."""
+
+    transactions_by_kind: dict[str, int] = field(default_factory=dict)
+    checker_kills: list[dict] = field(default_factory=list)
+    checker_starts: int = 0
+    checker_refused_starts: int = 0
+    producer_kills: list[dict] = field(default_factory=list)
+    producer_restarts: int = 0
+    maintenance_runs: int = 0
+    maintenance_errors: list[str] = field(default_factory=list)
+    maintenance_files_compacted: int = 0
+    maintenance_files_vacuumed: int = 0
+    maintenance_steps_skipped: dict[str, int] = field(default_factory=dict)
+    bad_inputs: list[dict] = field(default_factory=list)
+    settled: bool = False
+    duration_s: float = 0.0
+
+
+class Run:
+    """One chaos run, from an empty lakehouse to the verdict."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.rng = random.Random(options.seed)
+        self.root = Path(options.lakehouse).resolve()
+        self.activity = Activity()
+
+    def execute(self) -> dict:
+        options, rng = self.options, self.rng
+        self.started = started = time.monotonic()
+        config_path = prepare(self.root)
+        self.config = CoordinatorConfig.load(config_path, environ={})
+        self.plans = make_plan(options.transactions, options.producers, rng)
+        self.activity.transactions_by_kind = dict(Counter(kind for plan in self.plans for _, kind in plan))
+        start_at = time.time() + 2.0  # the producers' sending window opens once all have started
+        self.producers = [Producer(self.root, index, config_path, start_at, options.send_seconds)
+                          for index in range(options.producers)]
+        for producer, plan in zip(self.producers, self.plans):
+            producer.plan_file.write_text(json.dumps(plan))
+        self.checker = Checker(self.root, config_path)
+        self.restart_checker_at: Optional[float] = None
+        self.maintenance = Maintenance(self.root, options.maintenance_every, options.retention_hours)
+        self.hostile = HostileWriter(self.root, random.Random(options.seed))
+        window_end = started + 2.0 + options.send_seconds
+        producer_kill_at = sorted(rng.uniform(started + 2.0, window_end) for _ in range(options.producer_kills))
+        checker_kill_after = sorted(rng.uniform(started, window_end) for _ in range(options.checker_kills))
+        blind_injection_at = started + 2.0 + options.send_seconds * 0.3
+        deadline = started + options.timeout
+        try:
+            self.checker.start()
+            for producer in self.producers:
+                producer.child.start()
+            self.maintenance.start()
+            self._chaos(producer_kill_at, checker_kill_after, blind_injection_at, deadline)
+            self.activity.settled = self._settle(deadline)
+        finally:
+            stop_codes = self._stop_all()
+        self.activity.duration_s = round(time.monotonic() - started, 1)
+        return self._report(stop_codes)
+
+    def _chaos(self, producer_kill_at: list[float], checker_kill_after: list[float], blind_injection_at: float,
+               deadline: float) -> None:
+        """Kill, restart and inject until every planned kill is done and every producer has sent its plan."""
+        kill_after_batches: Optional[int] = None
+        kill_checker_at: Optional[float] = None
+        blind_injected = targeted_injected = False
+        next_target_search = 0.0
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            self._restart_failed_producers()
+            if producer_kill_at and now >= producer_kill_at[0]:
+                producer_kill_at.pop(0)
+                self._kill_a_producer()
+            if not blind_injected and now >= blind_injection_at:
+                self.hostile.inject_blind()
+                blind_injected = True
+            elif blind_injected and not targeted_injected and now >= next_target_search:
+                targeted_injected = self.hostile.inject_targeted(self.plans, require_every_target=True)
+                next_target_search = now + _SETTLE_POLL_S
+            checker = self.checker
+            if self._supervise_checker():
+                if checker_kill_after and kill_after_batches is None and checker.query_started and now >= checker_kill_after[0]:
+                    kill_after_batches = self.rng.randint(0, _MAX_BATCHES_BEFORE_KILL)
+                if kill_after_batches is not None and kill_checker_at is None and checker.batches >= kill_after_batches:
+                    kill_checker_at = now + self.rng.uniform(0, _MAX_KILL_DELAY_S)
+                if kill_checker_at is not None and now >= kill_checker_at:
+                    checker_kill_after.pop(0)
+                    kill_after_batches = kill_checker_at = None
+                    self.activity.checker_kills.append({"at_s": round(now - self.started, 1), **checker.kill()})
+                    self.restart_checker_at = time.monotonic() + checker.restart_delay()
+            # Done once the checker is up again: it has finished a batch since its last start.
+            if (not producer_kill_at and not checker_kill_after and blind_injected and self.restart_checker_at is None
+                    and checker.child.running and checker.batches and all(p.done for p in self.producers)):
+                if not targeted_injected:
+                    self.hostile.inject_targeted(self.plans, require_every_target=False)
+                return
+            time.sleep(_POLL_S)
+
+    def _supervise_checker(self) -> bool:
+        """Start the checker again when due, or when it exited on its own; return whether it is running."""
+        checker, now = self.checker, time.monotonic()
+        if self.restart_checker_at is not None:
+            if now < self.restart_checker_at:
+                return False
+            self.restart_checker_at = None
+            checker.start()
+        elif not checker.child.running:
+            code = checker.child.exit_code()
+            if code == EXIT_CHECKER_ALREADY_RUNNING:
+                checker.refused_starts += 1
+            else:
+                checker.failures.append(f"run {checker.starts} exited with code {code}:\n{checker.child.tail()}")
+            self.restart_checker_at = now + checker.restart_delay()
+            return False
+        checker.follow_log()
+        return True
+
+    def _kill_a_producer(self) -> None:
+        sending = [p for p in self.producers if p.child.running and not p.done]
+        if not sending:
+            return
+        producer = self.rng.choice(sending)
+        store = Store(str(producer.db))
+        # Aim at a send in flight (its half, local transaction or END not yet through), at a random point of it.
+        aim_until = time.monotonic() + _AIM_AT_SEND_S
+        while time.monotonic() < aim_until and store.sends_in_flight() == 0:
+            time.sleep(0.005)
+        time.sleep(self.rng.uniform(0, 0.01))  # a send lasts tens of milliseconds
+        in_flight = store.sends_in_flight()
+        producer.child.kill()
+        self.activity.producer_kills.append({"producer": producer.index, "sends_in_flight": in_flight,
+                                            "after_start_s": round(time.monotonic() - producer.child.started_at, 1)})
+        producer.restarts += 1
+        producer.child.start()
+
+    def _restart_failed_producers(self) -> None:
+        for producer in self.producers:
+            if not producer.child.running:
+                producer.failures.append(f"exited with code {producer.child.exit_code()}:\n{producer.child.tail()}")
+                producer.restarts += 1
+                producer.child.start()
+
+    def _settle(self, deadline: float) -> bool:
+        """Wait until the tables agree with the ground truth and nothing is left to resolve."""
+        while time.monotonic() < deadline:
+            self._restart_failed_producers()
+            self._supervise_checker()
+            try:
+                findings = verify(self.root, self.config, self.producers, self.hostile.injected, self.plans)
+            except (OSError, ValueError, DeltaError) as error:  # a file vacuumed between snapshot and read: read again
+                print(f"  (reading the tables failed, retrying: {error})", flush=True)
+                time.sleep(_SETTLE_POLL_S)
+                continue
+            if findings["pending_halves"] == 0 and findings["found"]["lost"] == 0:
+                return True
+            time.sleep(_SETTLE_POLL_S)
+        return False
+
+    def _stop_all(self) -> dict:
+        """SIGTERM whatever runs; return the exit codes (a process that was down already was reported then)."""
+        self.maintenance.stop()
+        children = {f"producer-{p.index}": p.child for p in self.producers}
+        children["checker"] = self.checker.child
+        running = {name: child for name, child in children.items() if child is not None and child.running}
+        for child in running.values():
+            child.terminate()
+        return {name: child.wait(_STOP_TIMEOUT_S) for name, child in running.items()}
+
+    def _report(self, stop_codes: dict) -> dict:
+        activity = self.activity
+        activity.checker_starts = self.checker.starts
+        activity.checker_refused_starts = self.checker.refused_starts
+        activity.producer_restarts = sum(p.restarts for p in self.producers)
+        activity.maintenance_runs = self.maintenance.runs
+        activity.maintenance_errors = self.maintenance.errors
+        activity.maintenance_files_compacted = self.maintenance.files_compacted
+        activity.maintenance_files_vacuumed = self.maintenance.files_vacuumed
+        activity.maintenance_steps_skipped = dict(self.maintenance.skipped)
+        findings = verify(self.root, self.config, self.producers, self.hostile.injected, self.plans)
+        activity.bad_inputs = [asdict(bad) for bad in self.hostile.injected]
+        failures = [f"checker: {f}" for f in self.checker.failures]
+        failures += [f"producer-{p.index}: {f}" for p in self.producers for f in p.failures]
+        failures += [f"{name} exited with code {code} on SIGTERM" for name, code in stop_codes.items() if code != 0]
+        failures += [f"maintenance: {error}" for error in self.maintenance.errors]
+        found = findings["found"]
+        found["process_failures"] = len(failures)
+        found["not_settled"] = 0 if activity.settled else 1
+        return {
+            "run": {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
+                    "options": asdict(self.options), "settings": SETTINGS},
+            "did": asdict(activity),
+            "outcomes_by_kind": findings["outcomes_by_kind"],
+            "found": found,
+            "violations": sum(found.values()),
+            "examples": {**findings["examples"], "process_failures": failures[:_EXAMPLES]},
+            "rejected_reasons": findings["rejected_reasons"],
+        }
+
+
+def machine() -> dict:
+    return {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+
+
+# --------------------------------------------------------------------------- verification
+
+
+@dataclass
+class GroundTruth:
+    """What the producers' SQLite databases say."""
+
+    status: dict[str, str] = field(default_factory=dict)  # transaction_id -> committed | review
+    messages: dict[str, dict] = field(default_factory=dict)  # msg_id -> transaction_id, topic, body
+    returned: dict[str, str] = field(default_factory=dict)  # transaction_id -> state its send returned
+    interrupted: list[str] = field(default_factory=list)  # plan ids whose send never returned
+    not_stored: list[str] = field(default_factory=list)  # plan ids whose half could not be stored
+
+    @classmethod
+    def read(cls, producers: list[Producer]) -> "GroundTruth":
+        truth = cls()
+        for producer in producers:
+            if not producer.db.exists():
+                continue
+            with Store(str(producer.db)).snapshot() as db:
+                truth.status.update(db.execute("SELECT transaction_id, status FROM orders"))
+                for msg_id, transaction_id, topic, body in db.execute(
+                        "SELECT msg_id, transaction_id, topic, body FROM order_messages"):
+                    truth.messages[msg_id] = {"transaction_id": transaction_id, "topic": topic, "body": bytes(body)}
+                for plan_id, transaction_id, state in db.execute(
+                        "SELECT plan_id, transaction_id, returned_state FROM attempts"):
+                    if state in (None, INTERRUPTED):
+                        truth.interrupted.append(plan_id)
+                    elif state == HALF_NOT_STORED:
+                        truth.not_stored.append(plan_id)
+                    else:
+                        truth.returned[transaction_id] = state
+        return truth
+
+
+def verify(root: Path, config: CoordinatorConfig, producers: list[Producer], bad_inputs: list[BadInput],
+           plans: list[list[tuple[str, str]]]) -> dict:
+    """Compare the lakehouse with the ground truth; every count under ``found`` must be 0."""
+    lakehouse = str(root)
+    truth = GroundTruth.read(producers)
+    kind_of = {plan_id: kind for plan in plans for plan_id, kind in plan}
+    groups = {group_of(p.index) for p in producers}
+    bad_ids = {bad.record_id for bad in bad_inputs}
+    log = _rows(COMMIT_LOG.path(lakehouse), ["record_id", "kind", "transaction_id", "producer_group", "msg_id", "state"])
+    halves = _rows(HALF.path(lakehouse), ["transaction_id", "producer_group", "queue_offset", "msg_id", "message_index",
+                                          "body", "stored_timestamp", "immunity_ms"])
+    ops = _rows(OP.path(lakehouse), ["half_offset", "transaction_id", "outcome", "end_record_id"])
+    checks = _rows(CHECK_REQUESTS.path(lakehouse), ["check_id", "transaction_id", "check_times", "requested_at"])
+    rejected = _rows(REJECTED.path(lakehouse), ["record_id", "reason", "producer_group"])
+    topic_rows = []
+    topics_dir = root / "topics"
+    for topic_dir in sorted(topics_dir.iterdir()) if topics_dir.exists() else []:
+        topic_rows += _rows(str(topic_dir), ["transaction_id", "msg_id", "topic", "body"])
+
+    examples: dict[str, list[str]] = defaultdict(list)
+    found: Counter = Counter()
+
+    def violation(name: str, example: str) -> None:
+        found[name] += 1
+        if len(examples[name]) < _EXAMPLES:
+            examples[name].append(example)
+
+    # Invariant 1: every locally committed transaction's messages, each exactly once, intact.
+    delivered = Counter(row["msg_id"] for row in topic_rows)
+    for msg_id, count in delivered.items():
+        if count > 1:
+            violation("duplicated", f"msg_id {msg_id} is {count} times in the topics")
+    missing_by_txn = Counter(message["transaction_id"] for msg_id, message in truth.messages.items()
+                             if truth.status.get(message["transaction_id"]) == COMMITTED and msg_id not in delivered)
+    for transaction_id, missing in missing_by_txn.items():
+        violation("lost", f"transaction {transaction_id} committed locally; {missing} of its messages not in any topic")
+    # Invariant 2: nothing else in any topic.
+    for row in topic_rows:
+        expected = truth.messages.get(row["msg_id"])
+        if expected is None or truth.status.get(expected["transaction_id"]) != COMMITTED:
+            violation("leaked", f"{row['topic']} holds msg_id {row['msg_id']} of transaction {row['transaction_id']}, "
+                                f"which did not commit locally")
+        elif (row["transaction_id"], row["topic"], bytes(row["body"])) != (
+                expected["transaction_id"], expected["topic"], expected["body"]):
+            violation("leaked", f"{row['topic']} holds msg_id {row['msg_id']} altered: {row['transaction_id']}, "
+                                f"{bytes(row['body'])[:40]!r}")
+
+    # Invariant 3: no half lost; each resolved as its producer's database says, or still legitimately pending.
+    half_msg_ids = Counter(row["msg_id"] for row in halves)
+    for msg_id, count in half_msg_ids.items():
+        if count > 1:
+            violation("duplicated", f"msg_id {msg_id} is {count} times in system/half")
+    logged_halves = [row for row in log if row["kind"] == "HALF" and row["producer_group"] in groups
+                     and row["record_id"] not in bad_ids]
+    for row in logged_halves:
+        if row["msg_id"] not in half_msg_ids:
+            violation("lost", f"half {row['msg_id']} of transaction {row['transaction_id']} is in the commit log, "
+                              f"not in system/half")
+    logged_txns = {row["transaction_id"] for row in logged_halves}
+    for transaction_id, state in truth.returned.items():
+        if transaction_id not in logged_txns:
+            violation("lost", f"send of {transaction_id} returned {state} but its half is not in the commit log")
+    outcomes: dict[str, set[str]] = defaultdict(set)
+    ops_per_half = Counter(row["half_offset"] for row in ops)
+    for offset, count in ops_per_half.items():
+        if count > 1:
+            violation("duplicated", f"half offset {offset} has {count} op rows")
+    for row in ops:
+        outcomes[row["transaction_id"]].add(row["outcome"])
+    checks_of = defaultdict(list)
+    for row in checks:
+        checks_of[row["transaction_id"]].append(row)
+    for check_id, count in Counter(row["check_id"] for row in checks).items():
+        if count > 1:
+            violation("duplicated", f"check {check_id} was requested {count} times")
+    pending = 0
+    outcomes_by_kind: dict[str, Counter] = defaultdict(Counter)
+    first_halves = [row for row in halves if row["message_index"] == 0]
+    for half in first_halves:
+        transaction_id = half["transaction_id"]
+        found_outcomes = outcomes.get(transaction_id, set())
+        if len(found_outcomes) > 1:
+            violation("duplicated", f"transaction {transaction_id} resolved as {sorted(found_outcomes)}")
+        outcome = next(iter(found_outcomes)) if len(found_outcomes) == 1 else None
+        times_checked = len(checks_of.get(transaction_id, ()))
+        if outcome is None:
+            pending += 1
+            if times_checked >= config.transaction_check_max:
+                violation("unresolved", f"transaction {transaction_id} pending after {times_checked} checks")
+        if half["producer_group"] not in groups:
+            continue  # hostile traffic: its outcome is checked through the topics and system/rejected
+        kind = kind_of.get(plan_id_of(half["body"]), "unplanned")
+        outcomes_by_kind[kind][outcome or "pending"] += 1
+        status = truth.status.get(transaction_id)
+        expected = {COMMITTED: "COMMIT", REVIEW: "DISCARD", None: "ROLLBACK"}[status]
+        if outcome is not None and outcome != expected and status != COMMITTED:  # committed ones count as lost above
+            violation("wrong_outcome", f"transaction {transaction_id} ({kind}, local status {status}) ended {outcome}")
+    # Invariant 4: no check before immunity, none beyond the maximum.
+    half_of = {row["transaction_id"]: row for row in first_halves}
+    for transaction_id, requests in checks_of.items():
+        half = half_of.get(transaction_id)
+        if len(requests) > config.transaction_check_max or max(r["check_times"] for r in requests) > config.transaction_check_max:
+            violation("over_checked", f"transaction {transaction_id} checked {len(requests)} times")
+        if half is None:
+            violation("early_checks", f"transaction {transaction_id} checked but not in system/half")
+            continue
+        immune_until = half["stored_timestamp"] + timedelta(milliseconds=half["immunity_ms"])
+        for request in requests:
+            if request["requested_at"] < immune_until:
+                violation("early_checks", f"check {request['check_id']} at {request['requested_at']}, "
+                                          f"immune until {immune_until}")
+    # Invariant 6: every hostile record refused, with its reason.
+    reasons = {row["record_id"]: row["reason"] for row in rejected}
+    for bad in bad_inputs:
+        bad.reason = reasons.get(bad.record_id)
+        if bad.reason is None:
+            violation("bad_input_unrecorded", f"{bad.what} (record {bad.record_id}) is not in system/rejected")
+    # Decisions not yet looked at: a COMMIT or ROLLBACK in the log that is neither an op nor a refusal.
+    looked_at = {row["end_record_id"] for row in ops} | set(reasons)
+    undecided_ends = sum(1 for row in log if row["kind"] == "END" and row["state"] in ("COMMIT_MESSAGE", "ROLLBACK_MESSAGE")
+                         and row["record_id"] not in looked_at)
+    valid_reasons = Counter(row["reason"] for row in rejected if row["producer_group"] in groups
+                            and row["record_id"] not in bad_ids)
+    return {
+        "found": {name: found[name] for name in ("lost", "duplicated", "leaked", "wrong_outcome", "early_checks",
+                                                   "over_checked", "unresolved", "bad_input_unrecorded")},
+        "violations": sum(found.values()),
+        "examples": {name: list(values) for name, values in examples.items()},
+        "pending_halves": pending + undecided_ends
+                          + sum(1 for bad in bad_inputs if bad.reason is None),
+        "outcomes_by_kind": {kind: dict(counts) for kind, counts in sorted(outcomes_by_kind.items())}
+                            | {"send interrupted by a kill": len(truth.interrupted),
+                               "half not stored": len(truth.not_stored)},
+        "rejected_reasons": {"valid producers' records": dict(valid_reasons)},
+    }
+
+
+# --------------------------------------------------------------------------- output
+
+
+def print_report(report: dict) -> None:
+    did, found = report["did"], report["found"]
+    print()
+    print("did")
+    rows = [(f"transactions: {kind}", count) for kind, count in sorted(did["transactions_by_kind"].items())]
+    rows += [("checker kills (SIGKILL, process group)", len(did["checker_kills"])),
+             ("checker starts", did["checker_starts"]),
+             ("checker starts refused (lease not expired)", did["checker_refused_starts"]),
+             ("producer kills (SIGKILL)", len(did["producer_kills"])),
+             ("producer restarts", did["producer_restarts"]),
+             ("maintenance runs", did["maintenance_runs"]),
+             ("maintenance errors", len(did["maintenance_errors"])),
+             ("maintenance: files compacted away / vacuumed",
+              f"{did['maintenance_files_compacted']} / {did['maintenance_files_vacuumed']}"),
+             ("bad inputs", len(did["bad_inputs"])),
+             ("settled", did["settled"]),
+             ("duration (s)", did["duration_s"])]
+    _print_rows(rows)
+    print("outcomes by kind")
+    _print_rows([(kind, json.dumps(counts) if isinstance(counts, dict) else counts)
+                 for kind, counts in report["outcomes_by_kind"].items()])
+    print("bad inputs → system/rejected")
+    _print_rows([(bad["what"], bad["reason"] or "NOT RECORDED") for bad in did["bad_inputs"]])
+    print("found (all must be 0)")
+    _print_rows(list(found.items()))
+    for name, examples in report["examples"].items():
+        for example in examples:
+            print(f"  {name}: {example}")
+    print(f"violations: {report['violations']}")
+
+
+def _print_rows(rows: list[tuple[str, object]]) -> None:
+    width = max((len(name) for name, _ in rows), default=0)
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    options = parse_options(argv)
+    print(f"chaos run: {options.transactions} transactions from {options.producers} producer processes, "
+          f"{options.checker_kills} checker kills, {options.producer_kills} producer kills, seed {options.seed}, "
+          f"in {Path(options.lakehouse).resolve()}", flush=True)
+    report = Run(options).execute()
+    print_report(report)
+    results = Path(options.results)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"report: {results}")
+    return 1 if report["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
