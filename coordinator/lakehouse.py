@@ -75,7 +75,7 @@ def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[
 def read_pending(lakehouse: str, columns: Optional[list[str]] = None) -> pa.Table:
     """The halves of ``lakehouse`` that have no op row yet (unresolved), with ``columns`` of ``system/half``.
 
-    Reads both queues in full with delta-rs: meant for operators and metrics, not for a batch.
+    Reads both queues in full with delta-rs: meant for operators (``txcoord status``), not for a batch.
 
     Example::
 

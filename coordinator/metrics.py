@@ -11,10 +11,6 @@ record is logged and never stops the checker.
 Each append carries the batch id as a Delta application transaction, so a batch
 recorded once is never recorded again (a replayed batch, a repeated progress event).
 
-The pending size is kept incrementally: read once from the tables when the listener
-records its first batch (delta-rs, no Spark job), then moved by each batch's halves
-ingested and halves resolved.
-
 ``txcoord status`` and ``notebooks/health.ipynb`` read the table back (``coordinator.status``).
 
 Example::
@@ -37,7 +33,6 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql.streaming import StreamingQueryListener
 
-from coordinator.lakehouse import read_pending
 from coordinator.tables import METRICS
 
 log = logging.getLogger("coordinator.metrics")
@@ -56,13 +51,11 @@ class CheckerMetrics(StreamingQueryListener):
     """
 
     def __init__(self, lakehouse: str, app_id: str, query_name: str = CHECKER_QUERY_NAME):
-        self.lakehouse = lakehouse
         self.path = METRICS.path(lakehouse)
         self.query_name = query_name
         # Its own application id: the checker's id already numbers the checker's own tables' writes.
         self.txn_app_id = f"{app_id}/metrics"
         self._summaries: dict[int, Any] = {}
-        self._pending_halves: Optional[int] = None
         self._table: Optional[DeltaTable] = None
         self._lock = threading.Lock()
 
@@ -82,7 +75,7 @@ class CheckerMetrics(StreamingQueryListener):
         if summary is None:
             return  # an empty batch, or a no-data progress report, or another run's
         try:
-            self.record(metrics_row(progress, summary, self._next_pending(summary)))
+            self.record(metrics_row(progress, summary))
         except Exception:  # the listener must never take the checker down
             log.exception("could not record the metrics of batch %d", summary.batch_id)
 
@@ -97,7 +90,7 @@ class CheckerMetrics(StreamingQueryListener):
 
         Example::
 
-            metrics.record(metrics_row(progress, summary, pending_halves=3))  # True, then False
+            metrics.record(metrics_row(progress, summary))  # True, then False
         """
         with self._lock:
             if self._table is None:
@@ -124,20 +117,13 @@ class CheckerMetrics(StreamingQueryListener):
             log.warning("the last batches' metrics may be missing: Spark's listener bus did not drain", exc_info=True)
         spark.streams.removeListener(self)
 
-    def _next_pending(self, summary) -> int:
-        if self._pending_halves is None:
-            self._pending_halves = read_pending(self.lakehouse, ["queue_offset"]).num_rows
-        else:
-            self._pending_halves += summary.halves - summary.resolved
-        return self._pending_halves
 
-
-def metrics_row(progress, summary, pending_halves: int) -> dict:
+def metrics_row(progress, summary) -> dict:
     """One ``system/metrics`` row from Spark's progress report and the checker's summary of the same batch.
 
     Example::
 
-        metrics_row(event.progress, summary, pending_halves=0)["duration_ms"]  # e.g. 2350
+        metrics_row(event.progress, summary)["duration_ms"]  # e.g. 2350
     """
     started = dt.datetime.fromisoformat(progress.timestamp.replace("Z", "+00:00"))
     duration_ms = int(progress.batchDuration)
@@ -155,7 +141,7 @@ def metrics_row(progress, summary, pending_halves: int) -> dict:
         "checks": summary.checks,
         "discarded": summary.discarded,
         "rejected": summary.rejected,
-        "pending_halves": pending_halves,
+        "pending_halves": summary.pending,
         "commit_log_version": commit_log_version(progress),
     }
 
