@@ -6,9 +6,9 @@ delta-rs (no JVM) and is safe while producers and the checker are running:
 
 * compaction commits change no data (``dataChange=false``), so streaming readers
   skip it and the checker's change-feed offsets stay valid;
-* the commit log is vacuumed only once the checker has read every version that
-  a compaction removed files from (its progress record says how far it has read);
-  until then the files an unread version adds must stay on disk;
+* the commit log's vacuum keeps every file the checker may still read: a file that
+  a compaction removed after the oldest version the checker may still read (its
+  progress record says which) stays on disk until the checker has moved past it;
 * ``system/check_requests`` is not compacted: the check interval is measured from
   when each request's file was written, which compaction would reset (delaying
   the next check, never hastening it).
@@ -101,12 +101,10 @@ def _maintain_table(lakehouse: str, name: str, retention_hours: int) -> TableMai
         return result
     table = DeltaTable(path)
     result.files_before = len(table.file_uris())
-    unsafe = _vacuum_hazard(lakehouse, name, table)
-    if unsafe:
-        result.skipped.append(unsafe)
-    else:
-        result.files_vacuumed = _attempt(result, "vacuum", lambda: len(table.vacuum(
-            retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)), 0)
+    keep_versions = _versions_still_read(lakehouse, name, table)
+    result.files_vacuumed = _attempt(result, "vacuum", lambda: len(table.vacuum(
+        retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False,
+        keep_versions=keep_versions or None)), 0)
     if name in NOT_COMPACTED:
         result.skipped.append("compaction: the check interval is timed from each request's file")
     else:
@@ -127,16 +125,16 @@ def _attempt(result: TableMaintenance, step: str, action: Callable, fallback):
         return fallback
 
 
-def _vacuum_hazard(lakehouse: str, name: str, table: DeltaTable) -> Optional[str]:
-    """Why vacuuming ``name`` now could lose data, or ``None`` if it cannot."""
+def _versions_still_read(lakehouse: str, name: str, table: DeltaTable) -> list[int]:
+    """Versions whose files vacuum must keep because the checker may still read them.
+
+    A compaction at version ``c`` removed files added at versions below ``c``. If the
+    checker may still read from a version below ``c``, some of those files are still
+    needed, and all of them are in the snapshot just before the compaction.
+    """
     if name != COMMIT_LOG.name:
-        return None
-    compacted_at = [entry["version"] for entry in table.history() if entry.get("operation") == "OPTIMIZE"]
-    if not compacted_at:
-        return None
+        return []
     progress = CheckerProgress(lakehouse).load()
-    still_needed = progress.oldest_needed_version if progress is not None else 0
-    if max(compacted_at) >= still_needed:
-        return (f"vacuum: the checker may still read the commit log from version {still_needed}, before the "
-                f"compaction at version {max(compacted_at)}; the files it removed are still needed")
-    return None
+    still_read = progress.oldest_needed_version if progress is not None else 0
+    return [entry["version"] - 1 for entry in table.history()
+            if entry.get("operation") == "OPTIMIZE" and entry["version"] > still_read]
