@@ -75,6 +75,7 @@ SETTINGS = {
     "transaction_check_interval_ms": 3000,
     "transaction_check_max": 3,
     "trigger_interval_ms": 1000,
+    "checker_lease_ttl_ms": 10000,  # a killed checker's successor waits this long
 }
 #: Relative frequency of each kind of planned transaction (every kind also appears at least once).
 KIND_WEIGHTS = {"commit": 40, "rollback": 10, "unknown_then_commit": 10, "unknown_then_rollback": 10,
@@ -253,7 +254,7 @@ class Checker:
 
     def restart_delay(self) -> float:
         """Seconds to wait before starting again after a kill: the killed run's lease must have expired
-        (its ttl is 30 s) by the time the new run asks for it, once its JVM is up."""
+        (``checker_lease_ttl_ms``) by the time the new run asks for it, once its JVM is up."""
         try:
             lease = json.loads((self.root / LEASE_FILE).read_text())
             expires_in = lease["renewed_at"] + lease["ttl_s"] - time.time()

@@ -97,7 +97,7 @@ class CheckerQuery:
         self.config = config
         self.app_id = app_id
         self.query: Optional[StreamingQuery] = None
-        self.lease = CheckerLease(config.lakehouse)
+        self.lease = CheckerLease(config.lakehouse, ttl_s=config.checker_lease_ttl_ms / 1000)
         self.metrics = CheckerMetrics(config.lakehouse, app_id, QUERY_NAME)
         self.progress_store = CheckerProgress(config.lakehouse)
         self._progress: Optional[Progress] = None
