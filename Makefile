@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JARS := .cache/jars/.package
 
-.PHONY: setup demo test chaos clean
+.PHONY: setup demo test chaos bench clean
 
 setup: $(INSTALLED) $(JARS)
 
@@ -30,6 +30,10 @@ test: setup
 # Kill -9 the checker and producers at random and verify every invariant: `bench/chaos.py --help`.
 chaos: setup
 	$(PY) bench/chaos.py
+
+# Small versions of the producer, end-to-end and history benchmarks (bench/run.py --help for the full suite).
+bench: setup
+	$(PY) bench/run.py --quick
 
 clean:
 	rm -rf $(VENV) .cache demo-lakehouse lakehouse chaos-lakehouse

@@ -11,10 +11,10 @@ workload's, time-ordered transaction ids from 30 days ago, every one committed.
 The same workload then runs through both with ``run_batch`` (the checker's batch logic, as
 tests/conftest.py drives it): ``--workload`` HALF records in one commit-log commit and their
 COMMIT ENDs in the next, one batch over both, then one heartbeat-only batch; ``--repeats``
-times, A and B alternating so that a change in machine load hits both alike. ``pending_from``
-is carried from batch to batch as the streaming checker carries it; B starts at N (what a
-checker that had resolved all of its history would hold). The first round warms up and is
-not counted.
+times, A and B alternating (in an order that flips every round) so that a change in machine
+load hits both alike. ``pending_from`` is carried from batch to batch as the streaming checker
+carries it; B starts at N (what a checker that had resolved all of its history would hold).
+The first round warms up and is not counted.
 
     python bench/history.py                                   # 1,000,000 resolved, 500 per batch
     python bench/history.py --history 100000 --workload small # the quick version
@@ -102,7 +102,8 @@ def run_workload(drivers: dict, workload: int, repeats: int) -> dict:
     """The same workload through every driver, alternating; returns each one's batch timings."""
     timings = {name: {"records": [], "heartbeat": [], "summaries": []} for name in drivers}
     for round_ in range(repeats + 1):  # round 0 warms up
-        for name, driver in drivers.items():
+        # The order flips every round, so that neither lakehouse always runs first.
+        for name, driver in (list(drivers.items()) if round_ % 2 == 0 else list(drivers.items())[::-1]):
             from coordinator.producer import time_ordered_id
 
             ids = [time_ordered_id() for _ in range(workload)]

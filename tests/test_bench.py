@@ -1,8 +1,10 @@
-"""The benchmark suite's own machinery: its Delta log reading (no JVM), and a tiny history run."""
+"""The benchmark suite's own machinery: its Delta log reading (no JVM), and a tiny history run
+(only with ``BENCH_TESTS=1``: it took 102 s on this 2-core machine at load 4-5)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -37,6 +39,8 @@ def test_percentile_and_median_by_nearest_rank():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("BENCH_TESTS") != "1",
+                    reason="about 100 s on two loaded cores, too long for CI: set BENCH_TESTS=1 to run it")
 def test_history_benchmark_runs_at_tiny_scale_and_reports_a_ratio(tmp_path):
     results = tmp_path / "history.json"
     argv = [sys.executable, str(PROJECT_ROOT / "bench" / "history.py"), "--history", "2000", "--workload", "5",
