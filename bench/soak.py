@@ -8,8 +8,9 @@ The real checker job (``spark-submit jobs/checker.py``) runs while one producer 
 checker batch, read with delta-rs); the start and end windows are the first and last
 ``--window`` fraction of the sending time (the checker's first batch, its warm-up, is left
 out). The log length (``_delta_log/*.json``), checkpoints, active data files and Parquet files
-on disk of the commit log, system/half, system/op and the topic are taken when sending starts
-and when it ends.
+on disk of the commit log, system/half, system/op and the topic are taken when sending starts,
+when it ends, and after one more maintenance run once the checker has stopped (the end figures
+depend on how long ago maintenance last ran).
 
     python bench/soak.py                          # 30 minutes at 200 txn/s, maintenance every 5 min
     python bench/soak.py --minutes 3 --rate 20 --maintenance-every 60
@@ -125,6 +126,11 @@ def main(argv: list[str] | None = None) -> dict:
             if thread is not None:
                 thread.stop()
         exit_code = checker.stop()
+    # The end shape depends on how long ago maintenance last ran: one more run shows what it leaves.
+    from coordinator.maintenance import maintain
+
+    maintain(lakehouse, retention_hours=args.retention_hours)
+    report["shape_end_after_maintenance"] = shapes(lakehouse)
 
     metrics = read_table(METRICS.path(lakehouse), ["batch_id", "started_at", "duration_ms", "records"]).to_pylist()
     window = seconds * args.window
@@ -148,15 +154,16 @@ def main(argv: list[str] | None = None) -> dict:
         "maintenance_runs": maintainer.runs,
         "checker_exit_code": exit_code,
     }
-    print(f"\n{'':>22} {'log json':>9} {'ckpts':>6} {'files':>7} {'on disk':>8}   (start → end)")
+    print(f"\n{'':>22} {'log json':>16} {'checkpoints':>12} {'active files':>16} {'files on disk':>16}")
+    print(f"{'':>22} {'(start → end → after one more maintenance run)':>64}")
     for name in report["shape_start"]:
-        a, b = report["shape_start"][name], report["shape_end"][name]
-        if not b.get("exists"):
+        a, b, c = (report[key][name] for key in ("shape_start", "shape_end", "shape_end_after_maintenance"))
+        if not c.get("exists"):
             print(f"{name:>22} (no table)")
             continue
-        a = a if a.get("exists") else {k: 0 for k in b}
-        print(f"{name:>22} {a['log_json_files']:>4}→{b['log_json_files']:<4} {a['checkpoints']:>2}→{b['checkpoints']:<3} "
-              f"{a['active_files']:>3}→{b['active_files']:<3} {a['parquet_files_on_disk']:>3}→{b['parquet_files_on_disk']:<4}")
+        a, b = (x if x.get("exists") else {k: 0 for k in c} for x in (a, b))
+        print(f"{name:>22} " + " ".join(f"{f'{a[k]}→{b[k]}→{c[k]}':>{w}}" for k, w in [
+            ("log_json_files", 16), ("checkpoints", 12), ("active_files", 16), ("parquet_files_on_disk", 16)]))
     f = figures
     print(f"\nbatches {f['batches']}; median batch ms: start {f['batch_ms_start_median']} ({f['batches_in_start_window']} "
           f"batches), end {f['batch_ms_end_median']} ({f['batches_in_end_window']}), end/start {f['batch_ms_end_over_start']}")
