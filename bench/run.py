@@ -1,7 +1,7 @@
 """Run the benchmark suite: each script in its own process, one after the other.
 
     python bench/run.py --quick   # small versions of 1-3 (producer, end to end, history): `make bench`
-    python bench/run.py           # the full versions of all five (well over an hour)
+    python bench/run.py           # the full versions of all five (45 minutes at least: soak 30, e2e 10)
 
 Each benchmark writes its own JSON under ``bench/results/`` (``*-quick.json`` for the quick
 versions); this script writes ``run.json`` / ``run-quick.json`` with the headline figures and
