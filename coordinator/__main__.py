@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=demo.DEFAULT_SEED, help="seed of the orders' fates (default: %(default)s)")
     run.add_argument("--timeout", type=float, default=demo.DEFAULT_TIMEOUT_S,
                      help="seconds to wait for every order to settle (default: %(default)s)")
+    run.add_argument("--json", action="store_true",
+                     help="print the outcome as one JSON document (the running commentary goes to stderr)")
     run.set_defaults(run=run_demo)
     return parser
 
@@ -152,9 +154,10 @@ def run_demo(args: argparse.Namespace) -> int:
     """Run the demo (see :mod:`coordinator.demo`); its exit code says whether the invariant held."""
     from coordinator import demo
 
+    out = functools.partial(print, flush=True, file=sys.stderr if args.json else sys.stdout)
     try:
         return demo.run_demo(args.lakehouse, orders=args.orders, threads=args.threads, seed=args.seed,
-                             timeout_s=args.timeout, out=functools.partial(print, flush=True))
+                             timeout_s=args.timeout, out=out, on_outcome=_print_json if args.json else None)
     except demo.DemoError as error:
         print(f"txcoord demo: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -423,10 +423,12 @@ def summary_lines(tally: Tally, orders: list[Order], not_sent: list[Order], conf
 
 
 def run_demo(lakehouse: str = DEFAULT_LAKEHOUSE, orders: int = DEFAULT_ORDERS, threads: int = DEFAULT_THREADS,
-             seed: int = DEFAULT_SEED, timeout_s: float = DEFAULT_TIMEOUT_S, out: Out = print) -> int:
+             seed: int = DEFAULT_SEED, timeout_s: float = DEFAULT_TIMEOUT_S, out: Out = print,
+             on_outcome: Optional[Callable[[dict], None]] = None) -> int:
     """Run the whole story; return the exit code (0: the invariant holds, 1: it does not or a job failed).
 
-    Progress and the summary go to ``out``; the producer side's log goes to
+    Progress and the summary go to ``out``, and the outcome's figures (:func:`outcome`)
+    to ``on_outcome`` if given; the producer side's log goes to
     ``producer.log`` in the demo directory (this sets up the ``coordinator`` logger).
     Raises :class:`DemoError` before anything starts if ``lakehouse`` is not the demo's to wipe.
 
@@ -473,9 +475,38 @@ def run_demo(lakehouse: str = DEFAULT_LAKEHOUSE, orders: int = DEFAULT_ORDERS, t
         _stop_quietly(jobs)
 
     out("")
-    return report(read_tally(config, store, sent), plan, sent, not_sent, config, failures, out,
+    tally = read_tally(config, store, sent)
+    if on_outcome is not None:
+        on_outcome(outcome(tally, sent, not_sent, failures))
+    return report(tally, plan, sent, not_sent, config, failures, out,
                   f"logs: {paths.checker_log}, {paths.credits_log}, {paths.producer_log}; "
                   f"finished in {time.monotonic() - started:.0f} s")
+
+
+def outcome(tally: Tally, sent: dict[str, Order], not_sent: list[Order], failures: list[str]) -> dict:
+    """The demo's result as figures, for ``txcoord demo --json``.
+
+    Example::
+
+        outcome(tally, sent, [], [])["invariant_holds"]  # True
+    """
+    broken = invariant_failures(tally, sent)
+    return {
+        "orders_sent": len(sent),
+        "orders_not_sent": len(not_sent),
+        "committed_first_phase": tally.count("COMMIT", by_check=False),
+        "committed_by_check_back": tally.count("COMMIT", by_check=True),
+        "rolled_back": tally.count("ROLLBACK"),
+        "discarded": tally.count("DISCARD"),
+        "unresolved": len(sent) - len(tally.resolutions),
+        "check_backs_sent": tally.checks,
+        "records_refused": sum(tally.refusals.values()),
+        "confirmed_orders": len(tally.confirmed),
+        "messages_in_topic": len(tally.topic_order_ids),
+        "credits_granted": len(tally.credit_order_ids),
+        "invariant_holds": not broken,
+        "failures": broken + failures,
+    }
 
 
 def report(tally: Tally, plan: list[Order], sent: dict[str, Order], not_sent: list[Order], config: CoordinatorConfig,

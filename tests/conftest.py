@@ -160,13 +160,13 @@ def without_txcoord_settings() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory):
-    """Run ``txcoord demo`` once for the session (12 orders, every fate at least once);
+    """Run ``txcoord demo --json`` once for the session (12 orders, every fate at least once);
     yield ``(lakehouse, completed process, seconds)``. Tests that change the lakehouse copy it first."""
     lakehouse = tmp_path_factory.mktemp("demo") / "lakehouse"
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "coordinator", "demo", "--lakehouse", str(lakehouse), "--orders", str(DEMO_ORDERS),
-         "--timeout", "240"],
+         "--timeout", "240", "--json"],
         capture_output=True, text=True, cwd=PROJECT_ROOT, env=without_txcoord_settings(), timeout=420,
     )
     return lakehouse, result, time.monotonic() - started

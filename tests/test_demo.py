@@ -9,6 +9,7 @@ The others test the demo's parts without Spark.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -104,10 +105,16 @@ def test_the_invariant_catches_a_duplicate_delivery_with_equal_counts():
 
 
 @pytest.mark.slow
-def test_demo_exits_zero(demo):
-    _, result, seconds = demo
+def test_demo_exits_zero_and_reports_its_outcome_as_json(demo):
+    lakehouse, result, seconds = demo
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     print(f"demo with {ORDERS} orders took {seconds:.0f} s")
+    outcome = json.loads(result.stdout)
+    assert "invariant holds" in result.stderr  # the commentary, kept off stdout
+    assert outcome["invariant_holds"] and outcome["failures"] == [] and outcome["orders_sent"] == ORDERS
+    confirmed = len(confirmed_in_sqlite(lakehouse))
+    assert outcome["confirmed_orders"] == outcome["messages_in_topic"] == outcome["credits_granted"] == confirmed
+    assert outcome["discarded"] == sum(1 for o in PLAN.values() if o.fate is Fate.STUCK)
 
 
 @pytest.mark.slow
