@@ -119,7 +119,7 @@ class Options:
     timeout: float = 600.0
     send_seconds: float = 45.0
     maintenance_every: float = 10.0
-    retention_hours: int = 0
+    retention_hours: int = 1
 
 
 def parse_options(argv: Optional[list[str]] = None) -> Options:
@@ -138,7 +138,7 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
     parser.add_argument("--maintenance-every", type=float, default=defaults.maintenance_every,
                         help="seconds between two maintenance runs")
     parser.add_argument("--retention-hours", type=int, default=defaults.retention_hours,
-                        help="vacuum retention passed to maintain(); 0 vacuums what a compaction removed at once")
+                        help="vacuum retention passed to maintain(), at least 1 (hours) while producers write")
     args = parser.parse_args(argv)
     if args.transactions < len(KINDS):
         parser.error(f"--transactions must be at least {len(KINDS)}, one of each kind")

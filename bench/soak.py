@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=32)
     parser.add_argument("--trigger-ms", type=int, default=1000, help="checker trigger_interval_ms")
     parser.add_argument("--maintenance-every", type=float, default=300, help="seconds between maintenance runs")
-    parser.add_argument("--retention-hours", type=int, default=0)
+    parser.add_argument("--retention-hours", type=int, default=1)
     parser.add_argument("--window", type=float, default=0.2, help="fraction of the run that makes the start / end window")
     parser.add_argument("--startup-timeout", type=float, default=300)
     parser.add_argument("--lakehouse", default=None, help="default: a temporary directory, removed afterwards")

@@ -316,7 +316,9 @@ def _print_maintenance(results, retention_hours: int) -> None:
 
 
 def _retention(text: str) -> int:
-    return _at_least(0, text)
+    from coordinator.maintenance import MIN_RETENTION_HOURS
+
+    return _at_least(MIN_RETENTION_HOURS, text, "a shorter vacuum deletes files that writers commit while it runs")
 
 
 def _order_count(text: str) -> int:

@@ -16,6 +16,13 @@ delta-rs (no JVM) and is safe while producers and the checker are running:
 A ``retention_hours`` below Delta's default of 168 frees space sooner but may fail
 a reader in flight that still uses an older snapshot (for the checker: one batch,
 which is then replayed; nothing is lost). Keep it above your longest query.
+
+It is never below one hour while anything may write: vacuum deletes every file its
+snapshot does not know that is older than the retention, and a file a producer
+commits after vacuum loaded its snapshot is one of those. (The chaos harness saw a
+zero-hour vacuum delete a commit-log file committed a moment before, which the
+checker then could never read.) ``quiesced=True`` lifts the floor for tables
+nothing writes to, such as a test's.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
 
 #: Delta's own default for ``delta.deletedFileRetentionDuration``.
 DEFAULT_RETENTION_HOURS = 168
+#: The shortest retention while writers may be running (delta-rs counts retention in whole hours).
+MIN_RETENTION_HOURS = 1
 NOT_COMPACTED = {CHECK_REQUESTS.name}
 
 
@@ -69,6 +78,7 @@ def maintain(
     tables: Optional[list[str]] = None,
     retention_hours: int = DEFAULT_RETENTION_HOURS,
     on_table: Optional[Callable[[TableMaintenance], None]] = None,
+    quiesced: bool = False,
 ) -> list[TableMaintenance]:
     """Vacuum, compact and checkpoint ``tables`` (default: :func:`maintained_tables`).
 
@@ -82,8 +92,10 @@ def maintain(
         for result in maintain("lakehouse", retention_hours=24):
             print(result.table, result.files_before, "->", result.files_after)
     """
-    if retention_hours < 0:
-        raise ValueError("retention_hours must be 0 or more")
+    floor = 0 if quiesced else MIN_RETENTION_HOURS
+    if retention_hours < floor:
+        raise ValueError(f"retention_hours must be at least {floor}: a shorter vacuum deletes files that writers "
+                         "commit while it runs (quiesced=True only when nothing writes to the tables)")
     results = []
     for name in tables if tables is not None else maintained_tables(lakehouse):
         result = _maintain_table(lakehouse, name, retention_hours)

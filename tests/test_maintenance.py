@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from deltalake import DeltaTable
 
 from coordinator.checker.progress import BatchRecord, CheckerProgress, Epoch, Progress
@@ -31,7 +32,7 @@ def test_compaction_keeps_every_row_and_replays_stay_idempotent(checker):
     lakehouse = checker.config.lakehouse
     assert "topics/T" in maintained_tables(lakehouse)
 
-    results = by_table(maintain(lakehouse, retention_hours=0))
+    results = by_table(maintain(lakehouse, retention_hours=0, quiesced=True))
 
     assert results["system/op"].files_before == 3 and results["system/op"].files_after == 1
     assert results["topics/T"].files_compacted == 3 and results["topics/T"].files_after == 1
@@ -54,7 +55,7 @@ def test_the_commit_log_is_vacuumed_only_once_the_checker_has_read_past_its_comp
     log = COMMIT_LOG.path(lakehouse)
     for name in ("a", "b"):
         checker.write(half_record(name))
-    maintain(lakehouse, tables=["system/commit_log"], retention_hours=0)
+    maintain(lakehouse, tables=["system/commit_log"], retention_hours=0, quiesced=True)
     compacted_at = DeltaTable(log).version()
     store = CheckerProgress(lakehouse)
 
@@ -63,13 +64,18 @@ def test_the_commit_log_is_vacuumed_only_once_the_checker_has_read_past_its_comp
         store.save(Progress(epoch, BatchRecord(5, 5, version, version, version + 1, 0)))
 
     checker_reads_from(compacted_at - 1)  # its last batch, which may be replayed, reads b's version again
-    held = by_table(maintain(lakehouse, tables=["system/commit_log"], retention_hours=0))["system/commit_log"]
+    held = by_table(maintain(lakehouse, tables=["system/commit_log"], retention_hours=0, quiesced=True))["system/commit_log"]
     assert held.files_vacuumed == 0 and not held.skipped
 
     checker_reads_from(compacted_at)  # past every version whose files the compaction removed
-    freed = by_table(maintain(lakehouse, tables=["system/commit_log"], retention_hours=0))["system/commit_log"]
+    freed = by_table(maintain(lakehouse, tables=["system/commit_log"], retention_hours=0, quiesced=True))["system/commit_log"]
     assert freed.files_vacuumed == 2 and not freed.skipped
     assert sorted(read_table(log, ["transaction_id"]).column("transaction_id").to_pylist()) == ["a", "b"]
+
+
+def test_a_retention_shorter_than_an_hour_is_refused_while_writers_may_run(config):
+    with pytest.raises(ValueError, match="at least 1: a shorter vacuum deletes files that writers commit"):
+        maintain(config.lakehouse, retention_hours=0)
 
 
 def test_maintenance_of_a_missing_table_says_so(config):
