@@ -229,6 +229,27 @@ def write_config(lakehouse: str, **settings) -> str:
     return path
 
 
+def checker_on_fresh_lakehouse(requested: Optional[str], benchmark: str, trigger_ms: int) -> tuple[str, CheckerJob]:
+    """An empty lakehouse (``requested``, wiped, or a new temporary directory) and its checker job, not yet
+    waited for. Returns ``(lakehouse, checker)``.
+
+    Example::
+
+        lakehouse, checker = checker_on_fresh_lakehouse(None, "e2e", trigger_ms=200)
+    """
+    import shutil
+    import tempfile
+
+    from coordinator.lakehouse import init_lakehouse
+
+    lakehouse = requested or tempfile.mkdtemp(prefix=f"bench-{benchmark}-")
+    if requested:
+        shutil.rmtree(lakehouse, ignore_errors=True)
+    init_lakehouse(lakehouse)
+    config_path = write_config(lakehouse, trigger_interval_ms=trigger_ms)
+    return lakehouse, CheckerJob(config_path, lakehouse, os.path.join(lakehouse, "checker.log"))
+
+
 class LagSampler(threading.Thread):
     """Samples the checker's lag (commit-log versions not yet read) once a second."""
 

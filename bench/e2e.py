@@ -24,7 +24,6 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -65,15 +64,9 @@ def main(argv: list[str] | None = None) -> dict:
     report = benchlib.start_report("e2e", vars(args))
 
     from coordinator import CoordinatorConfig, TransactionProducer
-    from coordinator.lakehouse import init_lakehouse
     from coordinator.tables import topic_path
 
-    lakehouse = args.lakehouse or tempfile.mkdtemp(prefix="bench-e2e-")
-    if args.lakehouse:
-        shutil.rmtree(lakehouse, ignore_errors=True)
-    init_lakehouse(lakehouse)
-    config_path = benchlib.write_config(lakehouse, trigger_interval_ms=args.trigger_ms)
-    checker = benchlib.CheckerJob(config_path, lakehouse, os.path.join(lakehouse, "checker.log"))
+    lakehouse, checker = benchlib.checker_on_fresh_lakehouse(args.lakehouse, "e2e", args.trigger_ms)
     sampler = None
     try:
         print(f"starting the checker (trigger {args.trigger_ms} ms)...", flush=True)

@@ -21,10 +21,8 @@ Prints a table and writes ``bench/results/soak.json`` (``--results`` to change).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from datetime import datetime, timezone
@@ -93,15 +91,10 @@ def main(argv: list[str] | None = None) -> dict:
     report = benchlib.start_report("soak", vars(args))
 
     from coordinator import CoordinatorConfig, TransactionProducer
-    from coordinator.lakehouse import init_lakehouse, read_table
+    from coordinator.lakehouse import read_table
     from coordinator.tables import METRICS
 
-    lakehouse = args.lakehouse or tempfile.mkdtemp(prefix="bench-soak-")
-    if args.lakehouse:
-        shutil.rmtree(lakehouse, ignore_errors=True)
-    init_lakehouse(lakehouse)
-    config_path = benchlib.write_config(lakehouse, trigger_interval_ms=args.trigger_ms)
-    checker = benchlib.CheckerJob(config_path, lakehouse, os.path.join(lakehouse, "checker.log"))
+    lakehouse, checker = benchlib.checker_on_fresh_lakehouse(args.lakehouse, "soak", args.trigger_ms)
     sampler = maintainer = None
     seconds = args.minutes * 60
     try:
