@@ -104,7 +104,9 @@ def run_batch(
         ctx = BatchContext(spark=spark, config=config, batch_id=batch_id, now_us=bounds.now_us, app_id=app_id,
                            pending_from=pending_from)
         next_offset = pending_from if bounds.last_version is None else (bounds.last_version + 1) * OFFSETS_PER_COMMIT
-        summary = _decide_and_write(ctx, records.filter(~F.col("is_heartbeat")), next_offset)
+        # Only commit-log rows carry a version: a batch without one holds nothing but heartbeat ticks.
+        has_records = bounds.last_version is not None
+        summary = _decide_and_write(ctx, records.filter(~F.col("is_heartbeat")), has_records, next_offset)
         summary = replace(summary, duration_ms=int((time.monotonic() - started) * 1000))
         log.info("batch %d: %s", batch_id, ", ".join(f"{k}={v}" for k, v in asdict(summary).items() if k != "batch_id"))
         return summary
@@ -112,51 +114,55 @@ def run_batch(
         records.unpersist()
 
 
-def _decide_and_write(ctx: BatchContext, records: DataFrame, next_offset: int) -> BatchSummary:
-    # Each result is materialised once, with its lineage cut: writing a DataFrame whose plan
-    # still reads the checker's own Delta tables costs far more than the data it holds.
-    def keep(df: DataFrame) -> DataFrame:
-        return df.localCheckpoint(eager=True)
-
-    record_count = records.count()
-    if record_count:
-        new_halves, half_rejections = ingest_halves(ctx, records)
-        new_halves = keep(new_halves)
-        ops, end_rejections = resolve_ends(ctx, records, new_halves)
-        ops = keep(ops)
-        rejected = keep(refuse_unknown_kinds(records).unionByName(half_rejections).unionByName(end_rejections))
+def _decide_and_write(ctx: BatchContext, records: DataFrame, has_records: bool, next_offset: int) -> BatchSummary:
+    # Results read more than once are materialised with their lineage cut: writing a DataFrame
+    # whose plan still reads the checker's own Delta tables costs far more than the data it holds.
+    # Each Spark job costs a batch about a tenth of a second here, so counts are taken once.
+    if has_records:
+        record_count = records.count()
+        earlier = ctx.earlier(records.select("transaction_id"))
+        new_halves, half_rejections = ingest_halves(ctx, records, earlier.halves)
+        halves = earlier.halves.unionByName(new_halves)
+        ops, end_rejections = resolve_ends(records, halves, earlier.resolved)
+        ops = ops.localCheckpoint(eager=True)
+        rejected = refuse_unknown_kinds(records).unionByName(half_rejections).unionByName(end_rejections)
+        half_count, rejected_count = new_halves.count(), rejected.count()
+        outcomes = {outcome: (transactions, rows) for outcome, transactions, rows in ops.groupBy("outcome").agg(
+            F.countDistinct("transaction_id"), F.count(F.lit(1))).collect()}
     else:  # a heartbeat-only batch: nothing to ingest or resolve, only checks to make
-        new_halves, ops, rejected = (_empty(ctx, table) for table in (HALF, OP, REJECTED))
+        new_halves = halves = _empty(ctx, HALF)
+        ops = _empty(ctx, OP)
+        record_count = half_count = rejected_count = 0
+        outcomes = {}
     due = find_due(ctx, new_halves, ops, next_offset)
-    requests, discarded, discard_ops = keep(due.requests), keep(due.discarded), due.discard_ops
-    deliveries = keep(promote(ctx, ops, new_halves)) if record_count else _empty(ctx, TOPIC)
-    all_ops = keep(ops.unionByName(discard_ops))
-
-    counts = {name: df.count() for name, df in [("halves", new_halves), ("ops", all_ops), ("checks", requests),
-                                                ("discarded", discarded), ("rejected", rejected), ("delivered", deliveries)]}
-    outcomes = dict(ops.groupBy("outcome").agg(F.countDistinct("transaction_id")).collect()) if counts["ops"] else {}
+    deliveries = promote(ops, halves).localCheckpoint(eager=True) if COMMIT in outcomes else None
+    per_topic = dict(deliveries.groupBy("topic").count().collect()) if deliveries is not None else {}
+    op_count = sum(rows for _, rows in outcomes.values()) + due.discards
     # Order matters only for readers' convenience: a half is in system/half before its
     # op, and an op before its topic rows. Correctness under replay does not rely on it.
-    for table, df, name in [(HALF, new_halves, "halves"), (OP, all_ops, "ops")]:
-        if counts[name]:
-            ctx.append(df, table)
-    if counts["delivered"]:
-        for (topic,) in deliveries.select("topic").distinct().collect():
-            ctx.append(deliveries.filter(F.col("topic") == topic), TOPIC, topic_path(ctx.config.lakehouse, topic))
-    for table, df, name in [(DISCARDED, discarded, "discarded"), (CHECK_REQUESTS, requests, "checks"), (REJECTED, rejected, "rejected")]:
-        if counts[name]:
-            ctx.append(df, table)
+    if half_count:
+        ctx.append(new_halves, HALF)
+    if op_count:
+        ctx.append(ops.unionByName(due.discard_ops) if due.discards else ops, OP)
+    for topic in sorted(per_topic):
+        ctx.append(deliveries.filter(F.col("topic") == topic), TOPIC, topic_path(ctx.config.lakehouse, topic))
+    if due.discards:
+        ctx.append(due.discarded, DISCARDED)
+    if due.checks:
+        ctx.append(due.requests, CHECK_REQUESTS)
+    if rejected_count:
+        ctx.append(rejected, REJECTED)
     return BatchSummary(
         batch_id=ctx.batch_id,
         records=record_count,
-        halves=counts["halves"],
-        commits=outcomes.get(COMMIT, 0),
-        rollbacks=outcomes.get(ROLLBACK, 0),
-        resolved=counts["ops"],
-        delivered=counts["delivered"],
-        checks=counts["checks"],
-        discarded=counts["discarded"],
-        rejected=counts["rejected"],
+        halves=half_count,
+        commits=outcomes.get(COMMIT, (0, 0))[0],
+        rollbacks=outcomes.get(ROLLBACK, (0, 0))[0],
+        resolved=op_count,
+        delivered=sum(per_topic.values()),
+        checks=due.checks,
+        discarded=due.discards,
+        rejected=rejected_count,
         pending=due.pending,
         pending_from=due.pending_from,
     )

@@ -26,9 +26,11 @@ EXPIRED = "expired: older than file_reserved_time_hours"
 class Due:
     """What the check step decided, and where the next batch may start looking for pending halves."""
 
-    requests: DataFrame
-    discarded: DataFrame
-    discard_ops: DataFrame
+    requests: DataFrame  # check_requests rows
+    discarded: DataFrame  # discarded rows, one per message
+    discard_ops: DataFrame  # the op rows of the discarded halves
+    checks: int  # rows in requests
+    discards: int  # rows in discarded (and in discard_ops)
     pending: int  # halves still unresolved after this batch
     pending_from: int  # no unresolved half has a lower queue offset
 
@@ -45,6 +47,23 @@ def pending_halves(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame)
     return halves.join(ops, halves.queue_offset == ops.half_offset, "left_anti")
 
 
+def check_history(ctx: BatchContext, transactions: DataFrame) -> DataFrame:
+    """Per transaction in ``transactions``: the checks requested so far and when the last one was.
+
+    The interval runs from when the last request became visible to producers (its data
+    file was written at the end of that batch), not from the batch clock it carries: a
+    slow batch must not eat into the time a producer has to answer.
+    """
+    return (
+        ctx.read(CHECK_REQUESTS)
+        .filter(F.col("half_offset") >= ctx.pending_from)
+        .select("transaction_id", F.col("_metadata.file_modification_time").alias("written_at"))
+        .join(transactions.select("transaction_id"), "transaction_id", "left_semi")
+        .groupBy("transaction_id")
+        .agg(F.count(F.lit(1)).cast("int").alias("checks_so_far"), F.max("written_at").alias("last_check"))
+    )
+
+
 def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame, next_offset: int) -> Due:
     """Decide, for every pending transaction, whether to check it, discard it, or wait.
 
@@ -54,32 +73,31 @@ def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame, next_
     Example::
 
         due = find_due(ctx, new_halves, ops, next_offset)
-        due.requests.count()
+        due.checks, due.requests
     """
     config = ctx.config
     # Materialised once: the decisions, the discards and the next lower bound all come from it.
     pending = pending_halves(ctx, new_halves, new_ops).localCheckpoint(eager=True)
-    first_messages = pending.filter(F.col("message_index") == 0)
-    history = (
-        # The interval runs from when the last request became visible to producers (its data file
-        # was written at the end of that batch), not from the batch clock it carries: a slow batch
-        # must not eat into the time a producer has to answer.
-        ctx.read(CHECK_REQUESTS)
-        .filter(F.col("half_offset") >= ctx.pending_from)
-        .select("transaction_id", F.col("_metadata.file_modification_time").alias("written_at"))
-        .join(first_messages.select("transaction_id"), "transaction_id", "left_semi")
-        .groupBy("transaction_id")
-        .agg(F.count(F.lit(1)).cast("int").alias("checks_so_far"), F.max("written_at").alias("last_check"))
-    )
     now_us = F.lit(ctx.now_us)
     stored_us = F.unix_micros("stored_timestamp")
-    checks_so_far = F.coalesce("checks_so_far", F.lit(0))
     expired = now_us > stored_us + F.lit(config.file_reserved_time_hours * 3_600_000_000)
+    # Only a transaction past its immunity time can have been checked or be due; the rest wait,
+    # and a batch where every pending transaction waits reads no check history at all.
+    is_candidate = (F.col("message_index") == 0) & (expired | (now_us >= stored_us + F.col("immunity_ms") * 1000))
+    pending_count, lowest, candidate_count = pending.agg(
+        F.count(F.lit(1)), F.min("queue_offset"), F.count(F.when(is_candidate, True))
+    ).first()
+    candidates = pending.filter(is_candidate)
+    if candidate_count:
+        history = check_history(ctx, candidates)
+    else:
+        history = ctx.spark.createDataFrame([], "transaction_id string, checks_so_far int, last_check timestamp")
+    checks_so_far = F.coalesce("checks_so_far", F.lit(0))
     due = F.when(
         F.col("last_check").isNull(), now_us >= stored_us + F.col("immunity_ms") * 1000
     ).otherwise(now_us >= F.unix_micros("last_check") + F.lit(config.transaction_check_interval_ms * 1000))
     decided = (
-        first_messages.join(history, "transaction_id", "left")
+        candidates.join(history, "transaction_id", "left")
         .withColumn("checks_so_far", checks_so_far)
         .withColumn(
             "decision",
@@ -88,9 +106,15 @@ def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame, next_
             .when(due, F.lit("check")),
         )
         .filter(F.col("decision").isNotNull())
-        # Materialised once: the requests, the discards and their op rows all come from it.
-        .localCheckpoint(eager=True)
     )
+    if candidate_count:
+        # Materialised once: the requests, the discards and their op rows all come from it.
+        decided = decided.localCheckpoint(eager=True)
+        checks, given_up_count = decided.agg(
+            F.count(F.when(F.col("decision") == "check", True)), F.count(F.when(F.col("decision") != "check", True))
+        ).first()
+    else:
+        checks = given_up_count = 0
     requests = decided.filter(F.col("decision") == "check").select(
         F.concat_ws("-", "transaction_id", (F.col("checks_so_far") + 1).cast("string")).alias("check_id"),
         "transaction_id",
@@ -122,6 +146,11 @@ def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame, next_
         F.lit(None).cast("string").alias("end_record_id"),
         F.lit(None).cast("string").alias("check_id"),
     )
-    remaining, lowest = pending.join(given_up, "transaction_id", "left_anti").agg(F.count(F.lit(1)), F.min("queue_offset")).first()
-    return Due(requests, discarded, discard_ops, pending=remaining,
+    discards = 0
+    if given_up_count:
+        discards = discarded.count()
+        pending_count, lowest = pending.join(given_up, "transaction_id", "left_anti").agg(
+            F.count(F.lit(1)), F.min("queue_offset")
+        ).first()
+    return Due(requests, discarded, discard_ops, checks=checks, discards=discards, pending=pending_count,
                pending_from=lowest if lowest is not None else max(ctx.pending_from, next_offset))

@@ -8,7 +8,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from coordinator.config import CoordinatorConfig
-from coordinator.tables import TableDef
+from coordinator.tables import HALF, OP, TableDef
 
 #: Columns the checker adds to each commit-log record it reads.
 RECORD_EXTRA_COLUMNS = (
@@ -19,6 +19,14 @@ RECORD_EXTRA_COLUMNS = (
 
 #: A message's own fields, carried from the half queue into topics, check requests and discards.
 MESSAGE_FIELDS = ("msg_id", "topic", "keys", "tags", "properties", "body", "born_timestamp")
+
+
+@dataclass(frozen=True)
+class EarlierRows:
+    """Rows earlier batches wrote about one batch's transactions (see :meth:`BatchContext.earlier`)."""
+
+    halves: DataFrame  # their system/half rows, without batch_id
+    resolved: DataFrame  # the transaction_id of each of them that already has op rows
 
 
 @dataclass(frozen=True)
@@ -58,21 +66,32 @@ class BatchContext:
         """
         return self.spark.read.format("delta").load(self.path(table)).filter(F.col("batch_id") < self.batch_id)
 
-    def read_transactions(self, table: TableDef, transaction_ids: DataFrame) -> DataFrame:
-        """The rows of ``table`` (as earlier batches left it) of the transactions in ``transaction_ids``.
+    def earlier(self, transaction_ids: DataFrame) -> "EarlierRows":
+        """What earlier batches wrote about the transactions in ``transaction_ids``: read once
+        per batch, and shared by every step that needs it.
 
         Filters on the range of the ids first: producers' ids are time-ordered, so Delta's
         data skipping leaves out every file of older transactions.
 
         Example::
 
-            resolved_before = ctx.read_transactions(OP, ends.select("transaction_id"))
+            earlier = ctx.earlier(records.select("transaction_id"))
+            earlier.halves.count()
         """
+        transaction_ids = transaction_ids.where(F.col("transaction_id").isNotNull()).distinct()
         low, high = transaction_ids.agg(F.min("transaction_id"), F.max("transaction_id")).first()
-        rows = self.read(table)
-        if low is None:
-            return rows.limit(0)
-        return rows.filter(F.col("transaction_id").between(low, high)).join(transaction_ids, "transaction_id", "left_semi")
+
+        def rows(table: TableDef) -> DataFrame:
+            rows = self.read(table)
+            if low is None:
+                return rows.limit(0)
+            return rows.filter(F.col("transaction_id").between(low, high)).join(transaction_ids, "transaction_id", "left_semi")
+
+        return EarlierRows(
+            # Materialised once: ingest, resolve and promote all read it.
+            halves=rows(HALF).drop("batch_id").localCheckpoint(eager=True),
+            resolved=rows(OP).select("transaction_id").distinct(),
+        )
 
     def conform(self, df: DataFrame, table: TableDef) -> DataFrame:
         """``df`` with exactly ``table``'s columns and types, stamped with this batch's id."""

@@ -17,7 +17,6 @@ from coordinator.message import (
     TOPIC_MAX_LENGTH,
     TOPIC_PATTERN,
 )
-from coordinator.tables import HALF
 
 HALF_KIND = "HALF"
 END_KIND = "END"
@@ -33,15 +32,16 @@ def refuse_unknown_kinds(records: DataFrame) -> DataFrame:
     return as_rejections(unknown.withColumn("reason", F.format_string("unknown record kind '%s'", F.coalesce("kind", F.lit("null")))))
 
 
-def ingest_halves(ctx: BatchContext, records: DataFrame) -> tuple[DataFrame, DataFrame]:
+def ingest_halves(ctx: BatchContext, records: DataFrame, earlier_halves: DataFrame) -> tuple[DataFrame, DataFrame]:
     """Split this batch's HALF records into accepted halves (``system/half`` rows) and rejections.
 
     A transaction is all-or-nothing: if one of its messages is refused, all are.
-    A transaction id already ingested by an earlier batch or commit is refused as a duplicate.
+    A transaction id already ingested by an earlier batch (one in ``earlier_halves``)
+    or commit is refused as a duplicate.
 
     Example::
 
-        halves, rejected = ingest_halves(ctx, records)
+        halves, rejected = ingest_halves(ctx, records, ctx.earlier(records.select("transaction_id")).halves)
     """
     halves = records.filter(F.col("kind") == HALF_KIND)
     position = F.row_number().over(Window.partitionBy("commit_version").orderBy("record_id", "transaction_id", "message_index")) - 1
@@ -81,7 +81,7 @@ def ingest_halves(ctx: BatchContext, records: DataFrame) -> tuple[DataFrame, Dat
         ),
     )
     # Materialised once: both the accepted halves and the rejections are read from it.
-    halves = _refuse_whole_transactions(ctx, halves).localCheckpoint(eager=True)
+    halves = _refuse_whole_transactions(halves, earlier_halves).localCheckpoint(eager=True)
     accepted = halves.filter(F.col("reason").isNull()).select(
         "queue_offset",
         "transaction_id",
@@ -106,7 +106,7 @@ def _blank(name: str):
     return F.col(name).isNull() | (F.trim(F.col(name)) == "")
 
 
-def _refuse_whole_transactions(ctx: BatchContext, halves: DataFrame) -> DataFrame:
+def _refuse_whole_transactions(halves: DataFrame, earlier_halves: DataFrame) -> DataFrame:
     """Apply the transaction-level rules: one commit, one group, every message present, a new id."""
     by_txn = Window.partitionBy("transaction_id")
     first_version = F.min("commit_version").over(by_txn)
@@ -117,10 +117,7 @@ def _refuse_whole_transactions(ctx: BatchContext, halves: DataFrame) -> DataFram
             F.when(F.col("commit_version") > first_version, F.lit("duplicate transaction_id")),
         ),
     )
-    seen_before = (
-        ctx.read_transactions(HALF, halves.select("transaction_id").distinct())
-        .select("transaction_id").distinct().withColumn("seen_before", F.lit(True))
-    )
+    seen_before = earlier_halves.select("transaction_id").distinct().withColumn("seen_before", F.lit(True))
     halves = halves.join(seen_before, "transaction_id", "left")
     same_commit = Window.partitionBy("transaction_id", "commit_version")
     halves = halves.withColumn(

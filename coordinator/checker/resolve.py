@@ -1,15 +1,14 @@
-"""Step 2 — resolve and promote: validate END records, append op rows, deliver commits to topics."""
+"""Step 2 — resolve and promote: validate END records, decide op rows, deliver commits to topics."""
 
 from __future__ import annotations
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from coordinator.checker.context import MESSAGE_FIELDS, BatchContext
+from coordinator.checker.context import MESSAGE_FIELDS
 from coordinator.checker.ingest import END_KIND
 from coordinator.checker.refusals import as_rejections, first_failure
 from coordinator.listener import LocalTransactionState
-from coordinator.tables import HALF, OP
 
 COMMIT = "COMMIT"
 ROLLBACK = "ROLLBACK"
@@ -23,15 +22,12 @@ _STATES = [state.value for state in LocalTransactionState]
 WAIT_FOR_CHECK = "arrived after the immunity time: wait for check"
 
 
-def known_halves(ctx: BatchContext, new_halves: DataFrame, transaction_ids: DataFrame) -> DataFrame:
-    """Every half (earlier batches and this one) of the transactions in ``transaction_ids``."""
-    earlier = ctx.read_transactions(HALF, transaction_ids).drop("batch_id")
-    return earlier.unionByName(new_halves.join(transaction_ids, "transaction_id", "left_semi"))
-
-
-def resolve_ends(ctx: BatchContext, records: DataFrame, new_halves: DataFrame) -> tuple[DataFrame, DataFrame]:
+def resolve_ends(records: DataFrame, halves: DataFrame, resolved_before: DataFrame) -> tuple[DataFrame, DataFrame]:
     """Validate this batch's END records (DESIGN §2 rule 8) and turn the first valid one per
     transaction into op rows, one per half message. Returns ``(ops, rejections)``.
+
+    ``halves`` holds every half (earlier batches' and this one's) of the batch's
+    transactions; ``resolved_before`` the ids of those already resolved by an earlier batch.
 
     ``UNKNOW`` ends are valid and change nothing. A producer's own COMMIT or ROLLBACK
     that entered the commit log after the half's immunity time is refused ("wait for
@@ -39,20 +35,17 @@ def resolve_ends(ctx: BatchContext, records: DataFrame, new_halves: DataFrame) -
 
     Example::
 
-        ops, rejected = resolve_ends(ctx, records, new_halves)
+        earlier = ctx.earlier(records.select("transaction_id"))
+        ops, rejected = resolve_ends(records, earlier.halves.unionByName(new_halves), earlier.resolved)
     """
     ends = records.filter(F.col("kind") == END_KIND)
-    txn_ids = ends.select("transaction_id").where(F.col("transaction_id").isNotNull()).distinct()
-    halves = known_halves(ctx, new_halves, txn_ids)
     txns = halves.groupBy("transaction_id").agg(
         F.first("producer_group").alias("half_group"),
         F.min("stored_timestamp").alias("half_stored"),
         F.max("commit_version").alias("half_version"),
         F.max("immunity_ms").alias("immunity_ms"),
     )
-    resolved_before = (
-        ctx.read_transactions(OP, txn_ids).select("transaction_id").distinct().withColumn("resolved_before", F.lit(True))
-    )
+    resolved_before = resolved_before.withColumn("resolved_before", F.lit(True))
     ends = ends.join(txns, "transaction_id", "left").join(resolved_before, "transaction_id", "left")
     immunity_end_us = F.unix_micros("half_stored") + F.col("immunity_ms") * 1000
     is_decision = F.col("state").isin(*_OUTCOME_OF_STATE)
@@ -90,15 +83,16 @@ def resolve_ends(ctx: BatchContext, records: DataFrame, new_halves: DataFrame) -
     return ops, rejected
 
 
-def promote(ctx: BatchContext, ops: DataFrame, new_halves: DataFrame) -> DataFrame:
+def promote(ops: DataFrame, halves: DataFrame) -> DataFrame:
     """The topic rows of this batch's committed transactions, each message once.
+
+    ``halves`` holds (at least) every half of the transactions ``ops`` commits.
 
     Example::
 
-        for topic in deliveries.select("topic").distinct(): ...
+        deliveries = promote(ops, halves)
     """
     committed = ops.filter(F.col("outcome") == COMMIT)
-    halves = known_halves(ctx, new_halves, committed.select("transaction_id").distinct())
     return halves.join(
         committed.select(F.col("half_offset").alias("queue_offset"), F.col("resolved_at").alias("commit_timestamp")),
         "queue_offset",
