@@ -3,8 +3,9 @@ the end as at the start, and do the Delta logs and file counts stay bounded?
 
 The real checker job (``spark-submit jobs/checker.py``) runs while one producer process offers
 ``--rate`` transactions per second (no-op local transaction that commits), and a thread runs
-``coordinator.maintenance.maintain(lakehouse, retention_hours=--retention-hours)`` every
-``--maintenance-every`` seconds. Batch durations come from ``system/metrics`` (one row per
+``coordinator.maintenance.maintain(lakehouse, retention_hours=--retention-hours,
+log_retention_hours=--log-retention-hours)`` every ``--maintenance-every`` seconds (the default
+log retention, a quarter of an hour, lets a 30-minute run show the logs levelling off). Batch durations come from ``system/metrics`` (one row per
 checker batch, read with delta-rs); the start and end windows are the first and last
 ``--window`` fraction of the sending time (the checker's first batch, its warm-up, is left
 out). The log length (``_delta_log/*.json``), checkpoints, active data files and Parquet files
@@ -37,9 +38,10 @@ TOPIC = "BENCH_SOAK"
 class Maintainer(threading.Thread):
     """Runs table maintenance every ``every_s`` seconds, as a scheduler would."""
 
-    def __init__(self, lakehouse: str, every_s: float, retention_hours: int, t0: float):
+    def __init__(self, lakehouse: str, every_s: float, retention_hours: int, log_retention_hours: float, t0: float):
         super().__init__(name="maintenance", daemon=True)
-        self.lakehouse, self.every_s, self.retention_hours, self.t0 = lakehouse, every_s, retention_hours, t0
+        self.lakehouse, self.every_s, self.t0 = lakehouse, every_s, t0
+        self.retention_hours, self.log_retention_hours = retention_hours, log_retention_hours
         self.runs: list[dict] = []
         self._halt = threading.Event()
 
@@ -49,7 +51,8 @@ class Maintainer(threading.Thread):
         while not self._halt.wait(self.every_s):
             started = time.monotonic()
             try:
-                results = maintain(self.lakehouse, retention_hours=self.retention_hours)
+                results = maintain(self.lakehouse, retention_hours=self.retention_hours,
+                                   log_retention_hours=self.log_retention_hours)
                 error = None
             except Exception as exc:  # recorded, never fatal: the soak goes on
                 results, error = [], f"{type(exc).__name__}: {exc}"
@@ -83,6 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--trigger-ms", type=int, default=1000, help="checker trigger_interval_ms")
     parser.add_argument("--maintenance-every", type=float, default=300, help="seconds between maintenance runs")
     parser.add_argument("--retention-hours", type=int, default=1)
+    parser.add_argument("--log-retention-hours", type=float, default=0.25,
+                        help="maintain's log_retention_hours: how long the Delta logs keep a commit")
     parser.add_argument("--window", type=float, default=0.2, help="fraction of the run that makes the start / end window")
     parser.add_argument("--startup-timeout", type=float, default=300)
     parser.add_argument("--lakehouse", default=None, help="default: a temporary directory, removed afterwards")
@@ -106,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
         t0 = time.monotonic()
         start_wall = datetime.now(timezone.utc)
         sampler = benchlib.LagSampler(checker, t0)
-        maintainer = Maintainer(lakehouse, args.maintenance_every, args.retention_hours, t0)
+        maintainer = Maintainer(lakehouse, args.maintenance_every, args.retention_hours, args.log_retention_hours, t0)
         sampler.start()
         maintainer.start()
         with TransactionProducer("bench-soak", benchlib.Commits(), CoordinatorConfig(lakehouse=lakehouse)) as producer:
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
     # The end shape depends on how long ago maintenance last ran: one more run shows what it leaves.
     from coordinator.maintenance import maintain
 
-    maintain(lakehouse, retention_hours=args.retention_hours)
+    maintain(lakehouse, retention_hours=args.retention_hours, log_retention_hours=args.log_retention_hours)
     report["shape_end_after_maintenance"] = shapes(lakehouse)
 
     metrics = read_table(METRICS.path(lakehouse), ["batch_id", "started_at", "duration_ms", "records"]).to_pylist()

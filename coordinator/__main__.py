@@ -5,7 +5,7 @@ Subcommands (each reads ``--config``, default ``conf/coordinator.toml``)::
     txcoord init                      # create the lakehouse's system tables
     txcoord status                    # pending, checks, discards, rejections, the checker and its lag
     txcoord inspect TRANSACTION_ID    # one transaction's timeline, from every table
-    txcoord maintain [--retention-hours H] [--table NAME]   # compact, checkpoint, vacuum
+    txcoord maintain [--retention-hours H] [--log-retention-hours H] [--table NAME]   # compact, checkpoint, vacuum
     txcoord demo [--lakehouse DIR] [--orders N]   # the order/credits story, end to end
 
 ``init``, ``status``, ``inspect`` and ``maintain`` start no JVM. Output is for people; ``--json``
@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     maintain = commands.add_parser("maintain", help="compact, checkpoint and vacuum the lakehouse's tables (no JVM)")
     maintain.add_argument("--retention-hours", type=_retention, default=None,
                           help="keep files removed less than this long ago (default: Delta's 168)")
+    maintain.add_argument("--log-retention-hours", type=_log_retention, default=None, metavar="H",
+                          help="set each table's delta.logRetentionDuration to H hours (fractions allowed), so log "
+                               "cleanup keeps the Delta logs bounded (default: leave each table's own, Delta's 30 days)")
     maintain.add_argument("--table", action="append", dest="tables", metavar="NAME",
                           help="only this table, e.g. system/commit_log or topics/ORDER_TOPIC (repeatable; default: all)")
     _common_options(maintain)
@@ -168,7 +171,7 @@ def run_maintain(args: argparse.Namespace) -> int:
 
     Example::
 
-        $ txcoord maintain --config conf/coordinator.toml --retention-hours 24
+        $ txcoord maintain --config conf/coordinator.toml --retention-hours 24 --log-retention-hours 2
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -183,13 +186,14 @@ def run_maintain(args: argparse.Namespace) -> int:
     with Progress(*columns, console=_console(stderr=True), transient=True) as progress:
         task = progress.add_task(tables[0], total=len(tables))
         position = iter(tables[1:])
-        results = maintain(lakehouse, tables=tables, retention_hours=retention,
+        results = maintain(lakehouse, tables=tables, retention_hours=retention, log_retention_hours=args.log_retention_hours,
                            on_table=lambda done: progress.update(task, advance=1, description=next(position, "")))
     if args.json:
         _print_json({"lakehouse": os.path.abspath(lakehouse), "retention_hours": retention,
+                     "log_retention_hours": args.log_retention_hours,
                      "tables": [dataclasses.asdict(result) for result in results]})
     else:
-        _print_maintenance(results, retention)
+        _print_maintenance(results, retention, args.log_retention_hours)
     return EXIT_OK
 
 
@@ -300,7 +304,7 @@ def _print_timeline(transaction_id: str, events) -> None:
     console.print(table)
 
 
-def _print_maintenance(results, retention_hours: int) -> None:
+def _print_maintenance(results, retention_hours: int, log_retention_hours: Optional[float]) -> None:
     from rich.table import Table
 
     table = Table(box=None, padding=(0, 2, 0, 0), pad_edge=False)
@@ -312,13 +316,25 @@ def _print_maintenance(results, retention_hours: int) -> None:
                       str(result.files_vacuumed), str(result.version), "; ".join(result.skipped))
     console = _console()
     console.print(table)
-    console.print(f"{len(results)} table(s) maintained; files removed more than {retention_hours} h ago were vacuumed")
+    console.print(f"{len(results)} table(s) maintained; files removed more than {retention_hours} h ago were vacuumed"
+                  + ("" if log_retention_hours is None else f"; logs keep commits for {log_retention_hours:g} h"))
 
 
 def _retention(text: str) -> int:
     from coordinator.maintenance import MIN_RETENTION_HOURS
 
     return _at_least(MIN_RETENTION_HOURS, text, "a shorter vacuum deletes files that writers commit while it runs")
+
+
+def _log_retention(text: str) -> float:
+    from coordinator.maintenance import log_retention_interval
+
+    try:
+        hours = float(text)
+        log_retention_interval(hours)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a positive number of hours: {text!r}") from None
+    return hours
 
 
 def _order_count(text: str) -> int:

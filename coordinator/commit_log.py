@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from typing import Optional, Sequence
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable, PostCommitHookProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from coordinator.exceptions import ProducerStateError
@@ -43,6 +43,9 @@ _CLOSE = object()
 #: Whole-commit attempts when delta-rs runs out of its own retries under contention.
 _CONTENDED_ATTEMPTS = 8
 _BACKOFF_S = 0.005
+#: delta-rs would clean expired commits from the log whenever an append writes a checkpoint, commits the
+#: checker may still need among them; only maintenance cleans the commit log's log, after checking.
+_KEEP_EXPIRED_LOGS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 
 
 def half_records(group: str, transaction_id: str, messages: Sequence[Message]) -> list[dict]:
@@ -120,6 +123,9 @@ class CommitLogWriter:
     same commit. Several processes may append to the same table at once:
     delta-rs retries an append that lost the race for a version, and should it
     give up under heavy contention, the writer tries again after a random pause.
+    Appends write the log's checkpoints but never delete expired commits from
+    it: :func:`coordinator.maintenance.maintain` does, once the checker no
+    longer needs them.
 
     Creates the lakehouse's tables if they are missing.
 
@@ -230,15 +236,18 @@ class CommitLogWriter:
             if self._table is None:
                 self._table = DeltaTable(self.path)
             try:
-                write_deltalake(self._table, data, mode="append")
+                write_deltalake(self._table, data, mode="append", post_commithook_properties=_KEEP_EXPIRED_LOGS)
                 return self._table.version()
             except CommitFailedError as error:
                 # delta-rs gave up after losing the race for a version to other writers
-                # `max_commit_retries` times in a row; nothing was committed, so trying again
-                # cannot duplicate. delta-rs retries at once, which keeps processes in lockstep:
-                # a random pause breaks it.
+                # `max_commit_retries` times in a row, or a metadata change (maintenance setting a
+                # table property) was committed after our snapshot; nothing was committed, so trying
+                # again cannot duplicate. delta-rs retries at once, which keeps processes in lockstep:
+                # a random pause breaks it. The retry must start from a snapshot that includes the
+                # metadata change, or it conflicts with it again.
                 if attempt == _CONTENDED_ATTEMPTS:
                     raise
                 _log.warning("commit-log append lost %s; attempt %d of %d", error, attempt, _CONTENDED_ATTEMPTS)
                 time.sleep(random.uniform(0, _BACKOFF_S * 2**attempt))
+                self._table.update_incremental()
                 attempt += 1

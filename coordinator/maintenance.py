@@ -23,15 +23,27 @@ commits after vacuum loaded its snapshot is one of those. (The chaos harness saw
 zero-hour vacuum delete a commit-log file committed a moment before, which the
 checker then could never read.) ``quiesced=True`` lifts the floor for tables
 nothing writes to, such as a test's.
+
+The Delta logs (``_delta_log/*.json``, one file per commit) are cleaned of commits
+older than each table's ``delta.logRetentionDuration`` (Delta's default: 30 days);
+``log_retention_hours`` sets that property, which bounds the logs. The commit log's
+change feed is read by the checker from its commits, so its log is cleaned only
+when no commit from the oldest version the checker may still read on is old enough
+to be deleted; otherwise the cleanup is skipped and said so (producers never clean
+it: see :class:`~coordinator.commit_log.CommitLogWriter`).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
+import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Callable, Optional
 
-from deltalake import DeltaTable
+from deltalake import DeltaTable, PostCommitHookProperties
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from coordinator.checker.progress import CheckerProgress
@@ -42,6 +54,19 @@ DEFAULT_RETENTION_HOURS = 168
 #: The shortest retention while writers may be running (delta-rs counts retention in whole hours).
 MIN_RETENTION_HOURS = 1
 NOT_COMPACTED = {CHECK_REQUESTS.name}
+#: The table property that says how long the log keeps a commit, and Delta's default for it.
+LOG_RETENTION_PROPERTY = "delta.logRetentionDuration"
+DEFAULT_LOG_RETENTION = timedelta(days=30)
+#: Set to "false" on the commit log with its retention: otherwise every writer cleans expired commits from
+#: the log after each commit (delta-rs) or checkpoint (Spark), unaware of what the checker still needs.
+#: A per-commit opt-out is not enough: delta-rs 1.6.6's compaction ignores its post-commit hook settings.
+AUTO_LOG_CLEANUP_PROPERTY = "delta.enableExpiredLogCleanup"
+# The units Delta's interval syntax accepts (delta-kernel parses whole numbers only: "interval 1.5 hours" is ignored).
+_INTERVAL_UNITS = {"week": 604_800, "day": 86_400, "hour": 3_600, "minute": 60, "second": 1,
+                   "millisecond": 1e-3, "microsecond": 1e-6, "nanosecond": 1e-9}
+# cleanup_metadata reads the clock after the commit log's guard does: a commit this close to expiring (or
+# half the retention, if that is shorter) counts as expired.
+_CLOCK_MARGIN = timedelta(minutes=1)
 
 
 @dataclass
@@ -79,33 +104,61 @@ def maintain(
     retention_hours: int = DEFAULT_RETENTION_HOURS,
     on_table: Optional[Callable[[TableMaintenance], None]] = None,
     quiesced: bool = False,
+    log_retention_hours: Optional[float] = None,
 ) -> list[TableMaintenance]:
-    """Vacuum, compact and checkpoint ``tables`` (default: :func:`maintained_tables`).
+    """Vacuum, compact, checkpoint and clean the logs of ``tables`` (default: :func:`maintained_tables`).
 
     Vacuum runs first, so files a compaction removes stay on disk until at least the
     next run. A step that loses a race with a concurrent writer is skipped and said so;
     running maintenance again retries it. ``on_table`` is called after each table
     (for progress display).
 
+    ``log_retention_hours`` (fractions allowed) sets each table's
+    ``delta.logRetentionDuration`` where it differs, so that the log cleanup removes
+    commits older than that; without it, each table keeps the retention it has. The
+    commit log's cleanup is skipped while it would remove a commit the checker still
+    needs. Raises ``ValueError`` for a retention that is not positive.
+
     Example::
 
-        for result in maintain("lakehouse", retention_hours=24):
-            print(result.table, result.files_before, "->", result.files_after)
+        for result in maintain("lakehouse", retention_hours=24, log_retention_hours=1.5):
+            print(result.table, result.files_before, "->", result.files_after, result.skipped)
     """
     floor = 0 if quiesced else MIN_RETENTION_HOURS
     if retention_hours < floor:
         raise ValueError(f"retention_hours must be at least {floor}: a shorter vacuum deletes files that writers "
                          "commit while it runs (quiesced=True only when nothing writes to the tables)")
+    log_retention = None if log_retention_hours is None else log_retention_interval(log_retention_hours)
     results = []
     for name in tables if tables is not None else maintained_tables(lakehouse):
-        result = _maintain_table(lakehouse, name, retention_hours)
+        result = _maintain_table(lakehouse, name, retention_hours, log_retention)
         results.append(result)
         if on_table is not None:
             on_table(result)
     return results
 
 
-def _maintain_table(lakehouse: str, name: str, retention_hours: int) -> TableMaintenance:
+def log_retention_interval(hours: float) -> str:
+    """``hours`` in Delta's interval syntax, for ``delta.logRetentionDuration``: a whole number of the largest unit that fits.
+
+    Raises ``ValueError`` unless ``hours`` is positive (rounded to the millisecond).
+
+    Example::
+
+        log_retention_interval(1.5)    # 'interval 90 minutes'
+        log_retention_interval(0.001)  # 'interval 3600 milliseconds'
+    """
+    milliseconds = round(hours * 3_600_000) if math.isfinite(hours) else 0
+    if not hours > 0 or milliseconds < 1:
+        raise ValueError(f"log_retention_hours must be a positive, finite number of hours (at least a millisecond), "
+                         f"got {hours!r}")
+    for unit, size in (("hour", 3_600_000), ("minute", 60_000), ("second", 1_000), ("millisecond", 1)):
+        if milliseconds % size == 0:
+            count = milliseconds // size
+            return f"interval {count} {unit}{'' if count == 1 else 's'}"
+
+
+def _maintain_table(lakehouse: str, name: str, retention_hours: int, log_retention: Optional[str]) -> TableMaintenance:
     path = os.path.join(os.path.abspath(lakehouse), *name.split("/"))
     result = TableMaintenance(name)
     if not DeltaTable.is_deltatable(path):
@@ -113,6 +166,8 @@ def _maintain_table(lakehouse: str, name: str, retention_hours: int) -> TableMai
         return result
     table = DeltaTable(path)
     result.files_before = len(table.file_uris())
+    if log_retention is not None:
+        _attempt(result, "log retention", lambda: _set_log_retention(table, name, log_retention), None)
     keep_versions = _versions_still_read(lakehouse, name, table)
     result.files_vacuumed = _attempt(result, "vacuum", lambda: len(table.vacuum(
         retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False,
@@ -123,7 +178,11 @@ def _maintain_table(lakehouse: str, name: str, retention_hours: int) -> TableMai
         metrics = _attempt(result, "compaction", lambda: DeltaTable(path).optimize.compact(), {})
         result.files_compacted = metrics.get("numFilesRemoved", 0)
     _attempt(result, "checkpoint", lambda: DeltaTable(path).create_checkpoint(), None)
-    _attempt(result, "log cleanup", lambda: DeltaTable(path).cleanup_metadata(), None)
+    still_needed = _commit_still_needed(lakehouse, path) if name == COMMIT_LOG.name else None
+    if still_needed is not None:
+        result.skipped.append(f"log cleanup: {still_needed}")
+    else:
+        _attempt(result, "log cleanup", lambda: DeltaTable(path).cleanup_metadata(), None)
     final = DeltaTable(path)
     result.files_after, result.version = len(final.file_uris()), final.version()
     return result
@@ -150,3 +209,57 @@ def _versions_still_read(lakehouse: str, name: str, table: DeltaTable) -> list[i
     still_read = progress.oldest_needed_version if progress is not None else 0
     return [entry["version"] - 1 for entry in table.history()
             if entry.get("operation") == "OPTIMIZE" and entry["version"] > still_read]
+
+
+def _set_log_retention(table: DeltaTable, name: str, log_retention: str) -> None:
+    """Give ``table`` the log retention (and the commit log no automatic cleanup), in one commit, if it lacks either.
+
+    Every commit changes what a writer must have read (a property change conflicts with appends in
+    flight), so an unchanged table gets none.
+    """
+    configuration = table.metadata().configuration
+    wanted = {LOG_RETENTION_PROPERTY: log_retention}
+    if name == COMMIT_LOG.name:
+        wanted[AUTO_LOG_CLEANUP_PROPERTY] = "false"
+    if _log_retention(table) == _parse_interval(log_retention) and \
+            all(configuration.get(key) == value for key, value in wanted.items() if key != LOG_RETENTION_PROPERTY):
+        return
+    # Its own post-commit hook must not clean the log with the new retention before the guard has looked.
+    table.alter.set_table_properties(wanted, post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False))
+
+
+def _commit_still_needed(lakehouse: str, path: str) -> Optional[str]:
+    """Why cleaning the commit log's log now could delete a commit the checker still reads (``None`` if it cannot).
+
+    The cleanup deletes commit files older than the log retention, by their time on
+    disk; the checker reads every commit from its oldest needed version on (all of
+    them when it has no progress record yet).
+    """
+    progress = CheckerProgress(lakehouse).load()
+    needed = progress.oldest_needed_version if progress is not None else 0
+    retention = _log_retention(DeltaTable(path))
+    cutoff = time.time() - (retention - min(_CLOCK_MARGIN, retention / 2)).total_seconds()
+    commits = ((os.path.splitext(entry.name)[0], entry) for entry in os.scandir(os.path.join(path, "_delta_log"))
+               if entry.name.endswith(".json"))
+    expired = min((int(version) for version, entry in commits
+                   if version.isdigit() and int(version) >= needed and entry.stat().st_mtime < cutoff), default=None)
+    if expired is None:
+        return None
+    return f"version {expired} is older than the log retention ({retention}), and the checker still reads from version {needed}"
+
+
+def _log_retention(table: DeltaTable) -> timedelta:
+    """How long ``table``'s log keeps a commit; zero if the property cannot be read (so nothing counts as safe)."""
+    value = table.metadata().configuration.get(LOG_RETENTION_PROPERTY)
+    if value is None:
+        return DEFAULT_LOG_RETENTION
+    parsed = _parse_interval(value)
+    return timedelta(0) if parsed is None else parsed
+
+
+def _parse_interval(text: str) -> Optional[timedelta]:
+    """Delta's ``interval <whole number> <unit>``, as delta-kernel reads it; ``None`` for anything else."""
+    match = re.fullmatch(r"interval\s+(\d+)\s+([a-z]+?)s?", text.strip())
+    if match is None or match.group(2) not in _INTERVAL_UNITS:
+        return None
+    return timedelta(seconds=int(match.group(1)) * _INTERVAL_UNITS[match.group(2)])

@@ -119,3 +119,17 @@ def test_init_json_lists_what_it_created(config_file, tmp_path):
     second = json.loads(txcoord("init", "--config", str(config_file), "--json").stdout)
     assert first == {"lakehouse": str(tmp_path / "lakehouse"), "created": [t.name for t in SYSTEM_TABLES]}
     assert second["created"] == []
+
+
+def test_maintain_sets_the_log_retention_and_refuses_one_that_is_not_positive(config_file, tmp_path):
+    assert txcoord("init", "--config", str(config_file)).returncode == 0
+
+    done = txcoord("maintain", "--config", str(config_file), "--log-retention-hours", "0.25", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["log_retention_hours"] == 0.25
+    configuration = DeltaTable(str(tmp_path / "lakehouse" / "system" / "commit_log")).metadata().configuration
+    assert configuration["delta.logRetentionDuration"] == "interval 15 minutes"
+
+    for bad in ("0", "-1", "soon"):
+        refused = txcoord("maintain", "--config", str(config_file), "--log-retention-hours", bad)
+        assert refused.returncode == 2 and f"not a positive number of hours: '{bad}'" in refused.stderr, refused.stderr

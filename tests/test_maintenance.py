@@ -1,15 +1,25 @@
-"""Maintenance compacts, checkpoints and vacuums without changing what any table holds."""
+"""Maintenance compacts, checkpoints, vacuums and cleans the logs without changing what any table holds."""
 
 from __future__ import annotations
 
+import glob
+import math
+import os
+import time
+
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from coordinator.checker import CheckerQuery
 from coordinator.checker.progress import BatchRecord, CheckerProgress, Epoch, Progress
+from coordinator.commit_log import CommitLogWriter
 from coordinator.lakehouse import read_table
-from coordinator.maintenance import maintain, maintained_tables
+from coordinator.maintenance import LOG_RETENTION_PROPERTY, maintain, maintained_tables
 from coordinator.tables import COMMIT_LOG
-from tests.conftest import end_record, half_record
+from tests.conftest import append_rows, end_record, half_record
+from tests.producer_side import wait_until
+from tests.test_checkpoint import commit, delivered
 
 
 def contents(checker) -> dict[str, list]:
@@ -19,6 +29,36 @@ def contents(checker) -> dict[str, list]:
 
 def by_table(results) -> dict:
     return {result.table: result for result in results}
+
+
+def checker_reads_from(lakehouse: str, version: int) -> None:
+    """Record a checker whose last batch (which may be replayed) read from commit-log ``version``."""
+    epoch = Epoch(number=0, first_batch_id=0, starting_version=0, checkpoint_id="q")
+    CheckerProgress(lakehouse).save(Progress(epoch, BatchRecord(5, 5, version, version, version + 1, 0)))
+
+
+def commits_in_log(path: str) -> list[int]:
+    """The versions whose JSON commit is still in the table's ``_delta_log``."""
+    return sorted(int(os.path.basename(name)[:-5]) for name in glob.glob(os.path.join(path, "_delta_log", "*.json")))
+
+
+def age_log(path: str, hours: float) -> None:
+    """Make every file in the table's log (commits and checkpoints) ``hours`` old.
+
+    delta-rs decides what has expired by the files' modification times, so ageing them
+    stands in for waiting: the test takes no time and the retention can be a realistic
+    hour, which no slow step of the test can outlast by accident.
+    """
+    then = time.time() - hours * 3600
+    for name in glob.glob(os.path.join(path, "_delta_log", "0*")):
+        os.utime(name, (then, then))
+
+
+def write_commits(path: str, count: int) -> int:
+    """Append ``count`` one-record commits to the commit log; return the last version."""
+    for _ in range(count):
+        append_rows(path, COMMIT_LOG, [half_record("t")])
+    return DeltaTable(path).version()
 
 
 def test_compaction_keeps_every_row_and_replays_stay_idempotent(checker):
@@ -57,17 +97,12 @@ def test_the_commit_log_is_vacuumed_only_once_the_checker_has_read_past_its_comp
         checker.write(half_record(name))
     maintain(lakehouse, tables=["system/commit_log"], retention_hours=0, quiesced=True)
     compacted_at = DeltaTable(log).version()
-    store = CheckerProgress(lakehouse)
 
-    def checker_reads_from(version: int) -> None:
-        epoch = Epoch(number=0, first_batch_id=0, starting_version=0, checkpoint_id="q")
-        store.save(Progress(epoch, BatchRecord(5, 5, version, version, version + 1, 0)))
-
-    checker_reads_from(compacted_at - 1)  # its last batch, which may be replayed, reads b's version again
+    checker_reads_from(lakehouse, compacted_at - 1)  # its last batch, which may be replayed, reads b's version again
     held = by_table(maintain(lakehouse, tables=["system/commit_log"], retention_hours=0, quiesced=True))["system/commit_log"]
     assert held.files_vacuumed == 0 and not held.skipped
 
-    checker_reads_from(compacted_at)  # past every version whose files the compaction removed
+    checker_reads_from(lakehouse, compacted_at)  # past every version whose files the compaction removed
     freed = by_table(maintain(lakehouse, tables=["system/commit_log"], retention_hours=0, quiesced=True))["system/commit_log"]
     assert freed.files_vacuumed == 2 and not freed.skipped
     assert sorted(read_table(log, ["transaction_id"]).column("transaction_id").to_pylist()) == ["a", "b"]
@@ -81,3 +116,128 @@ def test_a_retention_shorter_than_an_hour_is_refused_while_writers_may_run(confi
 def test_maintenance_of_a_missing_table_says_so(config):
     (result,) = maintain(config.lakehouse, tables=["topics/NOPE"])
     assert result.skipped == ["not a Delta table"] and result.files_after == 0
+
+
+def test_the_logs_shrink_to_a_bound_once_their_commits_are_older_than_the_log_retention(config):
+    lakehouse = config.lakehouse
+    log = COMMIT_LOG.path(lakehouse)
+    sizes, checkpoints = [], []
+    for _ in range(4):
+        write_commits(log, 20)
+        age_log(log, hours=2)
+        checker_reads_from(lakehouse, write_commits(log, 1))  # the checker is up to date
+        maintain(lakehouse, tables=[COMMIT_LOG.name], log_retention_hours=1)
+        sizes.append(len(commits_in_log(log)))
+        checkpoints.append(DeltaTable(log).version())  # each run checkpoints the head
+
+    # delta-rs keeps every commit from the oldest log file younger than the retention on, back to a
+    # checkpoint: each run removes the commits before the checkpoint of the run before it. So the
+    # log levels off at about what was committed between two runs, instead of growing by 20 a run.
+    assert commits_in_log(log)[0] == checkpoints[-2]
+    assert sizes[0] > 20 and max(sizes[1:]) <= 20 + 4, sizes
+    assert DeltaTable(log).metadata().configuration[LOG_RETENTION_PROPERTY] == "interval 1 hour"
+    assert read_table(log, ["transaction_id"]).num_rows == 4 * 21  # the data is all there
+
+
+def test_the_commit_log_keeps_every_commit_the_checker_still_needs_even_past_the_log_retention(config):
+    lakehouse = config.lakehouse
+    log = COMMIT_LOG.path(lakehouse)
+    write_commits(log, 10)
+    maintain(lakehouse, tables=[COMMIT_LOG.name])  # a checkpoint, so that the cleanup could delete up to it
+    compacted = DeltaTable(log).version()
+    head = write_commits(log, 10)
+    age_log(log, hours=2)
+
+    # No checker has recorded progress: it will read from version 0.
+    (unread,) = maintain(lakehouse, tables=[COMMIT_LOG.name], log_retention_hours=1)
+    assert any(reason.startswith("log cleanup: version 0 is older than the log retention (1:00:00), "
+                                 "and the checker still reads from version 0") for reason in unread.skipped)
+    assert commits_in_log(log)[0] == 0
+
+    checker_reads_from(lakehouse, 5)  # lagging: versions 5 on are past the retention, yet still needed
+    (lagging,) = maintain(lakehouse, tables=[COMMIT_LOG.name], log_retention_hours=1)
+    assert any("the checker still reads from version 5" in reason for reason in lagging.skipped)
+    assert commits_in_log(log)[:head + 1] == list(range(head + 1))
+    changes = pa.RecordBatchReader.from_stream(DeltaTable(log).load_cdf(starting_version=5)).read_all()
+    written = sorted(set(changes.column("_commit_version").to_pylist()))
+    assert written == [v for v in range(5, head + 1) if v != compacted]  # the checker can still read all it needs
+
+    checker_reads_from(lakehouse, write_commits(log, 1))  # caught up: the old commits may go now
+    (caught_up,) = maintain(lakehouse, tables=[COMMIT_LOG.name], log_retention_hours=1)
+    assert not any(reason.startswith("log cleanup") for reason in caught_up.skipped)
+    assert commits_in_log(log)[0] > 5
+
+
+def test_the_commit_log_writer_writes_checkpoints_but_never_cleans_the_log_itself(config):
+    log = COMMIT_LOG.path(config.lakehouse)
+    # A checkpoint every 2 commits, so the writer's own commits write one; by default delta-rs
+    # would then delete every expired commit before it.
+    DeltaTable(log).alter.set_table_properties({LOG_RETENTION_PROPERTY: "interval 1 hour", "delta.checkpointInterval": "2"})
+    write_commits(log, 5)
+    age_log(log, hours=2)
+    before = commits_in_log(log)
+
+    with CommitLogWriter(config.lakehouse) as writer:
+        for name in ("a", "b", "c"):
+            writer.submit([half_record(name)]).result()
+
+    checkpoints = glob.glob(os.path.join(log, "_delta_log", "*.checkpoint.parquet"))
+    assert any(int(os.path.basename(name)[:20]) > before[-1] for name in checkpoints)
+    assert commits_in_log(log) == list(range(before[-1] + 4))
+
+
+def test_an_open_commit_log_writer_keeps_writing_after_maintenance_changed_the_log_retention(config):
+    # A property change is a metadata commit: an append from a snapshot older than it conflicts with it.
+    with CommitLogWriter(config.lakehouse) as writer:
+        writer.submit([half_record("before")]).result()
+        maintain(config.lakehouse, tables=[COMMIT_LOG.name], log_retention_hours=2)
+        assert writer.submit([end_record("before")]).result() == DeltaTable(COMMIT_LOG.path(config.lakehouse)).version()
+
+
+def test_the_log_retention_is_set_on_every_table_and_only_when_it_changes(config):
+    lakehouse = config.lakehouse
+
+    def settings() -> dict[str, tuple]:
+        return {name: (DeltaTable(os.path.join(lakehouse, name)).metadata().configuration.get(LOG_RETENTION_PROPERTY),
+                       [entry["operation"] for entry in DeltaTable(os.path.join(lakehouse, name)).history()]
+                       .count("SET TBLPROPERTIES")) for name in maintained_tables(lakehouse)}
+
+    maintain(lakehouse, log_retention_hours=1.5)
+    assert set(settings().values()) == {("interval 90 minutes", 1)}
+
+    maintain(lakehouse, log_retention_hours=1.5)
+    assert set(settings().values()) == {("interval 90 minutes", 1)}  # no second metadata commit
+
+    maintain(lakehouse)  # without a log retention, each table keeps the one it has
+    assert set(settings().values()) == {("interval 90 minutes", 1)}
+
+    maintain(lakehouse, log_retention_hours=0.001)
+    assert set(settings().values()) == {("interval 3600 milliseconds", 2)}
+
+
+@pytest.mark.parametrize("hours", [0, -1, math.nan, math.inf, 1e-12])
+def test_a_log_retention_that_is_not_a_positive_duration_is_refused_before_any_change(config, hours):
+    log = COMMIT_LOG.path(config.lakehouse)
+    version = DeltaTable(log).version()
+    with pytest.raises(ValueError, match="log_retention_hours must be a positive, finite number of hours"):
+        maintain(config.lakehouse, log_retention_hours=hours)
+    assert DeltaTable(log).version() == version
+
+
+def test_the_streaming_checker_keeps_delivering_after_maintenance_changed_the_commit_logs_properties(spark, config):
+    # The property change is a metaData action in the change feed the checker streams: Delta's
+    # source must pass over it (the schema is unchanged) rather than fail the query.
+    config = config.replace(trigger_interval_ms=500)
+    lakehouse = config.lakehouse
+    checker = CheckerQuery(spark, config).start()
+    try:
+        commit(lakehouse, "before")
+        wait_until(lambda: delivered(lakehouse) == ["before"], 120)
+        (result,) = maintain(lakehouse, tables=[COMMIT_LOG.name], log_retention_hours=0.25)
+        assert not any(reason.startswith("log retention") for reason in result.skipped)
+        commit(lakehouse, "after")
+        wait_until(lambda: delivered(lakehouse) == ["after", "before"], 120)
+        assert checker.query.isActive and checker.query.exception() is None
+    finally:
+        checker.stop()
+    assert DeltaTable(COMMIT_LOG.path(lakehouse)).metadata().configuration[LOG_RETENTION_PROPERTY] == "interval 15 minutes"
