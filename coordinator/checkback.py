@@ -115,8 +115,11 @@ class CheckBackWorker:
             try:
                 self._poll()
             except Exception:
-                # A read can fail transiently (a checkpoint being written, storage hiccups): try again next poll.
+                # A read can fail transiently (a checkpoint being written, storage hiccups), or for good
+                # once log cleanup has removed the versions after the last one read: the next poll
+                # starts again from the recent requests, as at start (answered checks are not re-sent).
                 _log.exception("reading %s failed group=%s", self.path, self.group)
+                self._table = None
             self._stopping.wait(self.poll_interval_s)
 
     def _poll(self) -> None:

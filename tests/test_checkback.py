@@ -101,3 +101,35 @@ def test_the_worker_waits_for_a_missing_table_and_stops_cleanly(tmp_path):
         time.sleep(0.2)  # a few poll intervals: a worker still running would answer
     assert len(listener.checked) == 1
     assert len([r for r in commit_log_rows(answered_into) if r["kind"] == "END"]) == 1
+
+
+def test_a_worker_whose_unread_log_was_cleaned_up_starts_again_from_recent_requests(lakehouse):
+    import glob
+    import os
+
+    from deltalake import DeltaTable
+
+    from coordinator.tables import CHECK_REQUESTS
+
+    listener = RecordingListener()
+    with producer_for(lakehouse, listener) as producer:
+        first = append_check_request(lakehouse)
+        wait_until(lambda: answers(lakehouse, first["check_id"]))
+        worker = producer._checkback
+        worker._stopping.set()  # the worker stalls: log cleanup overtakes it
+        worker._thread.join()
+        missed = append_check_request(lakehouse)
+        append_check_request(lakehouse, producer_group="payment_group")
+        path = CHECK_REQUESTS.path(lakehouse)
+        DeltaTable(path).create_checkpoint()
+        checkpoint = DeltaTable(path).version()
+        for commit in glob.glob(os.path.join(path, "_delta_log", "*.json")):
+            if int(os.path.basename(commit).split(".")[0]) < checkpoint:
+                os.remove(commit)
+        worker._stopping.clear()
+        worker._thread = None
+        worker.start()  # the stalled worker resumes
+        [end] = wait_until(lambda: answers(lakehouse, missed["check_id"]))
+
+    assert end["transaction_id"] == missed["transaction_id"]
+    assert [m.transaction_id for m in listener.checked] == [first["transaction_id"], missed["transaction_id"]]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -9,6 +11,11 @@ from pyspark.sql import functions as F
 
 from coordinator.config import CoordinatorConfig
 from coordinator.tables import HALF, OP, TableDef
+
+log = logging.getLogger("coordinator.checker")
+
+_METADATA_CHANGED = "DELTA_METADATA_CHANGED"
+_WRITE_ATTEMPTS = 10
 
 #: Columns the checker adds to each commit-log record it reads.
 RECORD_EXTRA_COLUMNS = (
@@ -102,15 +109,27 @@ class BatchContext:
     def append(self, df: DataFrame, table: TableDef, path: str | None = None) -> None:
         """Append ``df`` to ``table`` once: a replay of this batch writes nothing again.
 
+        An append that loses to a concurrent metadata change (``txcoord maintain`` setting a
+        table property) is tried again: the change touches no data, and the append is idempotent.
+
         Example::
 
             ctx.append(check_requests, CHECK_REQUESTS)
         """
-        (
+        writer = (
             self.conform(df, table)
             .write.format("delta")
             .mode("append")
             .option("txnAppId", self.app_id)
             .option("txnVersion", self.batch_id)
-            .save(path or self.path(table))
         )
+        for attempt in range(1, _WRITE_ATTEMPTS + 1):
+            try:
+                writer.save(path or self.path(table))
+                return
+            except Exception as error:  # raised through py4j, so only its message names the cause
+                if _METADATA_CHANGED not in str(error) or attempt == _WRITE_ATTEMPTS:
+                    raise
+                log.warning("batch %d: append to %s lost to a metadata change; attempt %d of %d",
+                            self.batch_id, path or table.name, attempt + 1, _WRITE_ATTEMPTS)
+                time.sleep(0.1 * attempt)

@@ -1,0 +1,135 @@
+"""Batch cost: where a checker micro-batch's time goes, and the floor Spark and Delta set under it.
+
+One Spark session, one empty lakehouse. ``--batches`` times: ``--commits`` commit-log commits of
+``--transactions`` HALF records each, every one followed by a commit of their COMMIT ENDs (as
+producers write them), then one batch over all of them with ``run_batch`` (the checker's batch
+logic, as tests/conftest.py drives it), then one heartbeat-only batch. For each batch: wall
+seconds and the number of Spark jobs it ran. The first round warms the JVM up and is not counted.
+
+Then the floor, on a scratch Delta table of 200 rows, ``--floor-repeats`` times each, interleaved
+so machine load hits all alike: a plain Spark append; an idempotent append (``txnAppId`` /
+``txnVersion``, as every checker write is); the same idempotent append replayed (Delta skips it);
+a Delta read with a filter and a count.
+
+    python bench/batch_cost.py
+    python bench/batch_cost.py --batches 3 --floor-repeats 5
+
+Prints a table and writes ``bench/results/batch_cost.json`` (``--results`` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+
+GROUP = "bench-batch-cost"
+TOPIC = "BENCH_BATCH_COST"
+
+
+def timed_jobs(spark, action) -> tuple[float, int, object]:
+    """Run ``action()``; return its wall seconds, the Spark jobs it started, and its result."""
+    context = spark.sparkContext
+    group = f"bench-{time.monotonic_ns()}"
+    context.setJobGroup(group, "batch cost")
+    try:
+        started = time.perf_counter()
+        result = action()
+        seconds = time.perf_counter() - started
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    return seconds, len(context.statusTracker().getJobIdsForGroup(group)), result
+
+
+def batch_figures(spark, lakehouse: str, args) -> dict:
+    from coordinator.config import CoordinatorConfig
+    from coordinator.producer import time_ordered_id
+
+    driver = benchlib.BatchDriver(spark, CoordinatorConfig(lakehouse=lakehouse))
+    rows = {"records": [], "heartbeat": []}
+    for round_ in range(args.batches + 1):
+        for _ in range(args.commits):
+            ids = [time_ordered_id() for _ in range(args.transactions)]
+            driver.write(benchlib.half_rows(ids, GROUP, TOPIC))
+            driver.write(benchlib.commit_rows(ids, GROUP))
+        for kind in rows:
+            seconds, jobs, (summary, _) = timed_jobs(spark, driver.run)
+            if kind == "records":
+                assert summary.delivered == args.commits * args.transactions, summary
+            if round_:
+                rows[kind].append((seconds, jobs))
+                print(f"  round {round_} {kind:>9} batch: {seconds:6.2f} s, {jobs} Spark jobs", flush=True)
+    return {kind: {"seconds_median": round(benchlib.median([s for s, _ in values]), 3),
+                   "spark_jobs_median": benchlib.median([j for _, j in values]),
+                   "runs": [[round(s, 3), j] for s, j in values]}
+            for kind, values in rows.items()}
+
+
+def floor_figures(spark, workdir: str, repeats: int) -> dict:
+    path = f"{workdir}/floor"
+    data = spark.range(200).selectExpr("id", "cast(id as string) as s")
+    data.write.format("delta").save(path)
+
+    def append(version=None):
+        writer = data.write.format("delta").mode("append")
+        if version is not None:
+            writer = writer.option("txnAppId", "bench").option("txnVersion", version)
+        writer.save(path)
+
+    operations = {
+        "append": lambda i: append(),
+        "idempotent append": lambda i: append(i),
+        "idempotent append, replayed": lambda i: append(i),
+        "read, filter, count": lambda i: spark.read.format("delta").load(path).filter("id > 100").count(),
+    }
+    times = {name: [] for name in operations}
+    for i in range(repeats):
+        for name, operation in operations.items():
+            seconds, _, _ = timed_jobs(spark, lambda: operation(i))
+            times[name].append(seconds * 1000)
+    return {name: {"ms_median": round(benchlib.median(values), 1), "ms_min": round(min(values), 1)}
+            for name, values in times.items()}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=5, help="measured rounds (after one warm-up round)")
+    parser.add_argument("--commits", type=int, default=10, help="HALF commits (each with its END commit) per batch")
+    parser.add_argument("--transactions", type=int, default=20, help="transactions per commit")
+    parser.add_argument("--floor-repeats", type=int, default=15)
+    parser.add_argument("--results", default=str(benchlib.RESULTS / "batch_cost.json"))
+    args = parser.parse_args(argv)
+    report = benchlib.start_report("batch_cost", vars(args))
+
+    from coordinator.lakehouse import init_lakehouse
+    from coordinator.spark import get_spark
+
+    spark = get_spark("bench-batch-cost")
+    workdir = tempfile.mkdtemp(prefix="bench-batch-cost-")
+    try:
+        lakehouse = f"{workdir}/lakehouse"
+        init_lakehouse(lakehouse)
+        print(f"batches of {args.commits * args.transactions} transactions "
+              f"({2 * args.commits} commit-log versions), then a heartbeat-only batch:", flush=True)
+        report["batches"] = batch_figures(spark, lakehouse, args)
+        report["floor"] = floor_figures(spark, workdir, args.floor_repeats)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    print(f"\n{'batch':>28} {'median s':>9} {'Spark jobs':>11}")
+    for kind, figures in report["batches"].items():
+        print(f"{kind:>28} {figures['seconds_median']:>9} {figures['spark_jobs_median']:>11}")
+    print(f"\n{'one operation, 200 rows':>28} {'median ms':>10} {'min ms':>8}")
+    for name, figures in report["floor"].items():
+        print(f"{name:>28} {figures['ms_median']:>10} {figures['ms_min']:>8}")
+    return benchlib.finish_report(report, Path(args.results))
+
+
+if __name__ == "__main__":
+    main()
