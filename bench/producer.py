@@ -24,7 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
+from deltalake import DeltaTable
+
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
+from coordinator.tables import COMMIT_LOG
 
 RESULTS = benchlib.RESULTS
 BODY = benchlib.BODY
@@ -71,6 +74,7 @@ def run(threads: int, seconds: float, messages_per_txn: int) -> dict:
             for worker in workers:
                 worker.join()
             elapsed = time.perf_counter() - began
+        commits = DeltaTable(COMMIT_LOG.path(lakehouse)).version()  # version 0 created the table
         return {
             "threads": threads,
             "messages_per_txn": messages_per_txn,
@@ -80,6 +84,10 @@ def run(threads: int, seconds: float, messages_per_txn: int) -> dict:
             "messages_per_s": round(len(latencies) * messages_per_txn / elapsed, 1),
             "send_p50_ms": round(statistics.median(latencies) * 1000, 2),
             "send_p99_ms": round(percentile(latencies, 0.99) * 1000, 2),
+            # HALFs and ENDs share commits: how far group commit gathered the sends.
+            "commits": commits,
+            "commits_per_s": round(commits / elapsed, 1),
+            "txn_per_commit": round(len(latencies) / commits, 1),
         }
 
 
@@ -93,10 +101,12 @@ def main(argv: list[str] | None = None) -> dict:
     report = benchlib.start_report("producer", vars(args))
     runs = [run(threads, args.seconds, 1) for threads in args.threads]
     runs.append(run(max(args.threads), args.seconds, args.batch))
-    print(f"{'threads':>7} {'msgs/txn':>8} {'txns':>7} {'txn/s':>8} {'msg/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'threads':>7} {'msgs/txn':>8} {'txns':>7} {'txn/s':>8} {'msg/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'commits/s':>9} {'txn/commit':>10}")
     for r in runs:
         print(f"{r['threads']:>7} {r['messages_per_txn']:>8} {r['transactions']:>7} {r['txn_per_s']:>8} "
-              f"{r['messages_per_s']:>8} {r['send_p50_ms']:>8} {r['send_p99_ms']:>8}")
+              f"{r['messages_per_s']:>8} {r['send_p50_ms']:>8} {r['send_p99_ms']:>8} {r['commits_per_s']:>9} "
+              f"{r['txn_per_commit']:>10}")
     report["runs"] = runs
     return benchlib.finish_report(report, Path(args.results))
 

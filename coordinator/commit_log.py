@@ -107,11 +107,15 @@ def records_to_arrow(records: Sequence[dict]) -> pa.Table:
 
         records_to_arrow([end_record("g", "t", LocalTransactionState.UNKNOW)]).num_rows  # 1
     """
+    _check_columns(records)
+    return pa.Table.from_pylist(list(records), schema=_SCHEMA)
+
+
+def _check_columns(records: Sequence[dict]) -> None:
     for record in records:
         unknown = record.keys() - _COLUMNS
         if unknown:
             raise ValueError(f"not commit-log columns: {', '.join(sorted(unknown))}")
-    return pa.Table.from_pylist(list(records), schema=_SCHEMA)
 
 
 class CommitLogWriter:
@@ -154,9 +158,10 @@ class CommitLogWriter:
         """Queue ``records`` for the next commit; the future resolves to the commit's table version.
 
         The records are never split between commits, even beyond ``max_batch_rows``.
-        The future holds the write's exception if the commit failed. Raises at
-        once (``ValueError`` or ``TypeError``) for a record that does not fit the
-        schema, and :class:`ProducerStateError` after :meth:`close`.
+        The future holds the write's exception if the commit failed, or if a value
+        does not fit its column's type (the other submits of that commit are still
+        written). Raises at once (``ValueError``) for a key that is not a commit-log
+        column, and :class:`ProducerStateError` after :meth:`close`.
 
         Example::
 
@@ -164,12 +169,12 @@ class CommitLogWriter:
         """
         if not records:
             raise ValueError("nothing to submit")
-        data = records_to_arrow(records)
+        _check_columns(records)
         future: Future = Future()
         with self._lock:
             if self._closed:
                 raise ProducerStateError("the commit-log writer is closed")
-            self._queue.put((data, future))
+            self._queue.put((list(records), future))
         return future
 
     def close(self) -> None:
@@ -199,27 +204,36 @@ class CommitLogWriter:
             if item is _CLOSE:
                 return
             batch = [item]
-            rows = item[0].num_rows
+            rows = len(item[0])
             while rows < self.max_batch_rows:
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if item is _CLOSE or rows + item[0].num_rows > self.max_batch_rows:
+                if item is _CLOSE or rows + len(item[0]) > self.max_batch_rows:
                     carried = item
                     break
                 batch.append(item)
-                rows += item[0].num_rows
+                rows += len(item[0])
             self._commit(batch)
 
-    def _commit(self, batch: list[tuple[pa.Table, Future]]) -> None:
+    def _commit(self, batch: list[tuple[list[dict], Future]]) -> None:
         # A submit whose future was cancelled while it waited is not written.
-        batch = [(data, future) for data, future in batch if future.set_running_or_notify_cancel()]
+        batch = [(records, future) for records, future in batch if future.set_running_or_notify_cancel()]
         if not batch:
             return
+        # Converted here, all at once: one conversion per submit, in each sender's thread, cost
+        # more than the commit itself under many senders. A record that does not convert fails
+        # its own submit only.
+        try:
+            data = records_to_arrow([record for records, _ in batch for record in records])
+        except (TypeError, ValueError, pa.ArrowException):
+            data, batch = self._convert_each(batch)
+            if not batch:
+                return
         futures = [future for _, future in batch]
         try:
-            version = self._append(pa.concat_tables([data for data, _ in batch]))
+            version = self._append(data)
         except Exception as error:
             # The table state after a failed commit is unknown: start from the log again next time.
             self._table = None
@@ -229,6 +243,17 @@ class CommitLogWriter:
             return
         for future in futures:
             future.set_result(version)
+
+    @staticmethod
+    def _convert_each(batch: list[tuple[list[dict], Future]]) -> tuple[pa.Table, list[tuple[list[dict], Future]]]:
+        converted, kept = [], []
+        for records, future in batch:
+            try:
+                converted.append(records_to_arrow(records))
+                kept.append((records, future))
+            except (TypeError, ValueError, pa.ArrowException) as error:
+                future.set_exception(error)
+        return (pa.concat_tables(converted).combine_chunks() if converted else None), kept
 
     def _append(self, data: pa.Table) -> int:
         attempt = 1

@@ -3,6 +3,7 @@
 import threading
 from collections import defaultdict
 
+import pyarrow as pa
 import pytest
 from deltalake.exceptions import CommitFailedError
 
@@ -128,12 +129,21 @@ def test_close_flushes_pending_submits_and_is_idempotent(lakehouse):
         writer.submit(ends("late", 1))
 
 
-def test_records_that_do_not_fit_the_schema_are_refused_at_submit(lakehouse):
+def test_records_that_do_not_fit_the_schema_are_refused_and_lose_nothing_else(lakehouse, writes):
     with CommitLogWriter(lakehouse) as writer:
         with pytest.raises(ValueError, match="stat"):
             writer.submit([{"record_id": "r", "kind": "END", "stat": "COMMIT_MESSAGE"}])
         with pytest.raises(ValueError):
             writer.submit([])
-        with pytest.raises(Exception):
-            writer.submit([{"record_id": "r", "message_index": "not a number"}])
-    assert commit_log_version(lakehouse) == 0
+        assert commit_log_version(lakehouse) == 0
+        first = writer.submit(ends("first", 1))
+        assert writes.entered.wait(10)  # the next three queue up behind it, for one commit
+        before = writer.submit(ends("before", 1))
+        wrong_type = writer.submit([{"record_id": "r", "message_index": "not a number"}])
+        after = writer.submit(ends("after", 2))
+        writes.release.set()
+        with pytest.raises((TypeError, ValueError, pa.ArrowException)):
+            wrong_type.result(timeout=10)
+        assert (first.result(timeout=10), before.result(timeout=10), after.result(timeout=10)) == (1, 2, 2)
+    assert writes.rows == [1, 3]
+    assert sorted(row["transaction_id"] for row in commit_log_rows(lakehouse)) == ["after", "after", "before", "first"]
