@@ -4,7 +4,7 @@ The local transaction is a no-op that commits, so what is measured is the
 coordinator's own cost: validating, group-committing halves to the commit log
 through delta-rs, and queueing the one-way END. No JVM is involved.
 
-    python bench/producer.py                      # 1, 16 and 64 threads, plus batched sends
+    python bench/producer.py                      # 1, 16, 64, 128 and 256 threads, plus batched sends
     python bench/producer.py --seconds 5 --threads 16
 
 Prints a table and writes ``bench/results/producer.json`` (``--results`` to change), with the
@@ -94,7 +94,7 @@ def run(threads: int, seconds: float, messages_per_txn: int) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="sending time per configuration")
-    parser.add_argument("--threads", type=int, nargs="*", default=[1, 16, 64])
+    parser.add_argument("--threads", type=int, nargs="*", default=[1, 16, 64, 128, 256])
     parser.add_argument("--batch", type=int, default=10, help="messages per send_messages_in_transaction run")
     parser.add_argument("--results", default=str(RESULTS / "producer.json"))
     args = parser.parse_args(argv)

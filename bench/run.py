@@ -1,7 +1,7 @@
 """Run the benchmark suite: each script in its own process, one after the other.
 
     python bench/run.py --quick   # small versions of 1-3 (producer, end to end, history): `make bench`
-    python bench/run.py           # the full versions of all five (45 minutes at least: soak 30, e2e 10)
+    python bench/run.py           # the full versions of all five, then batch_cost (45 minutes at least: soak 30, e2e 10)
 
 Each benchmark writes its own JSON under ``bench/results/`` (``*-quick.json`` for the quick
 versions); this script writes ``run.json`` / ``run-quick.json`` with the headline figures and
@@ -32,7 +32,7 @@ import benchlib  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 QUICK = {
-    "producer": ["--seconds", "3", "--threads", "1", "16", "64"],
+    "producer": ["--seconds", "3", "--threads", "1", "16", "64", "128"],
     "history": ["--history", "100000", "--workload", "small", "--repeats", "3", "--appends", "20"],
     "e2e": ["--rate", "50", "--seconds", "30", "--threads", "8", "--drain", "60"],
 }
@@ -42,6 +42,7 @@ FULL = {
     "e2e": [],
     "unresolved": [],
     "soak": [],
+    "batch_cost": [],
 }
 
 
