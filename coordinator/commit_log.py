@@ -245,7 +245,7 @@ class CommitLogWriter:
             future.set_result(version)
 
     @staticmethod
-    def _convert_each(batch: list[tuple[list[dict], Future]]) -> tuple[pa.Table, list[tuple[list[dict], Future]]]:
+    def _convert_each(batch: list[tuple[list[dict], Future]]) -> tuple[Optional[pa.Table], list[tuple[list[dict], Future]]]:
         converted, kept = [], []
         for records, future in batch:
             try:

@@ -63,6 +63,13 @@ def commit(lakehouse: str, *transaction_ids: str) -> None:
     append_rows(log, COMMIT_LOG, [end_record(t) for t in transaction_ids])
 
 
+def commit_and_await_delivery(lakehouse: str, transaction_id: str) -> None:
+    """Commit ``transaction_id`` and wait (up to 120 s) for a running checker to deliver it, once."""
+    expected = sorted([*delivered(lakehouse), transaction_id])
+    commit(lakehouse, transaction_id)
+    wait_until(lambda: delivered(lakehouse) == expected, 120)
+
+
 def test_lost_checkpoint_after_a_crash_mid_batch_is_recovered_without_loss_or_duplicate(spark, config, monkeypatch, tmp_path):
     import coordinator.checker.context as context
 
@@ -70,8 +77,7 @@ def test_lost_checkpoint_after_a_crash_mid_batch_is_recovered_without_loss_or_du
     lakehouse = config.lakehouse
     checker = CheckerQuery(spark, config).start()
     try:
-        commit(lakehouse, "before")
-        wait_until(lambda: delivered(lakehouse) == ["before"], 120)
+        commit_and_await_delivery(lakehouse, "before")
     finally:
         checker.stop()
 
@@ -108,8 +114,7 @@ def test_lost_checkpoint_after_a_crash_mid_batch_is_recovered_without_loss_or_du
     assert recovered.epoch.starting_version == DeltaTable(COMMIT_LOG.path(lakehouse)).version() + 1
     checker = CheckerQuery(spark, config).start()
     try:
-        commit(lakehouse, "after")
-        wait_until(lambda: delivered(lakehouse) == ["after", "before", "in-flight"], 120)
+        commit_and_await_delivery(lakehouse, "after")  # delivered: after, before, in-flight
         commit(lakehouse, "later")
         wait_until(lambda: "later" in delivered(lakehouse), 120)
     finally:

@@ -18,8 +18,7 @@ from coordinator.lakehouse import read_table
 from coordinator.maintenance import LOG_RETENTION_PROPERTY, maintain, maintained_tables
 from coordinator.tables import COMMIT_LOG
 from tests.conftest import append_rows, end_record, half_record
-from tests.producer_side import wait_until
-from tests.test_checkpoint import commit, delivered
+from tests.test_checkpoint import commit_and_await_delivery
 
 
 def contents(checker) -> dict[str, list]:
@@ -231,12 +230,10 @@ def test_the_streaming_checker_keeps_delivering_after_maintenance_changed_the_co
     lakehouse = config.lakehouse
     checker = CheckerQuery(spark, config).start()
     try:
-        commit(lakehouse, "before")
-        wait_until(lambda: delivered(lakehouse) == ["before"], 120)
+        commit_and_await_delivery(lakehouse, "before")
         (result,) = maintain(lakehouse, tables=[COMMIT_LOG.name], log_retention_hours=0.25)
         assert not any(reason.startswith("log retention") for reason in result.skipped)
-        commit(lakehouse, "after")
-        wait_until(lambda: delivered(lakehouse) == ["after", "before"], 120)
+        commit_and_await_delivery(lakehouse, "after")
         assert checker.query.isActive and checker.query.exception() is None
     finally:
         checker.stop()

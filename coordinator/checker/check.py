@@ -83,7 +83,8 @@ def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame, next_
     expired = now_us > stored_us + F.lit(config.file_reserved_time_hours * 3_600_000_000)
     # Only a transaction past its immunity time can have been checked or be due; the rest wait,
     # and a batch where every pending transaction waits reads no check history at all.
-    is_candidate = (F.col("message_index") == 0) & (expired | (now_us >= stored_us + F.col("immunity_ms") * 1000))
+    immunity_passed = now_us >= stored_us + F.col("immunity_ms") * 1000
+    is_candidate = (F.col("message_index") == 0) & (expired | immunity_passed)
     pending_count, lowest, candidate_count = pending.agg(
         F.count(F.lit(1)), F.min("queue_offset"), F.count(F.when(is_candidate, True))
     ).first()
@@ -93,9 +94,8 @@ def find_due(ctx: BatchContext, new_halves: DataFrame, new_ops: DataFrame, next_
     else:
         history = ctx.spark.createDataFrame([], "transaction_id string, checks_so_far int, last_check timestamp")
     checks_so_far = F.coalesce("checks_so_far", F.lit(0))
-    due = F.when(
-        F.col("last_check").isNull(), now_us >= stored_us + F.col("immunity_ms") * 1000
-    ).otherwise(now_us >= F.unix_micros("last_check") + F.lit(config.transaction_check_interval_ms * 1000))
+    interval_passed = now_us >= F.unix_micros("last_check") + F.lit(config.transaction_check_interval_ms * 1000)
+    due = F.when(F.col("last_check").isNull(), immunity_passed).otherwise(interval_passed)
     decided = (
         candidates.join(history, "transaction_id", "left")
         .withColumn("checks_so_far", checks_so_far)

@@ -89,10 +89,10 @@ class BatchContext:
         low, high = transaction_ids.agg(F.min("transaction_id"), F.max("transaction_id")).first()
 
         def rows(table: TableDef) -> DataFrame:
-            rows = self.read(table)
+            all_rows = self.read(table)
             if low is None:
-                return rows.limit(0)
-            return rows.filter(F.col("transaction_id").between(low, high)).join(transaction_ids, "transaction_id", "left_semi")
+                return all_rows.limit(0)
+            return all_rows.filter(F.col("transaction_id").between(low, high)).join(transaction_ids, "transaction_id", "left_semi")
 
         return EarlierRows(
             # Materialised once: ingest, resolve and promote all read it.
