@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JARS := .cache/jars/.package
 
-.PHONY: setup demo test chaos bench clean
+.PHONY: setup demo test chaos bench peers clean
 
 setup: $(INSTALLED) $(JARS)
 
@@ -34,6 +34,10 @@ chaos: setup
 # Small versions of the producer, end-to-end and history benchmarks (bench/run.py --help for the full suite).
 bench: setup
 	$(PY) bench/run.py --quick
+
+# RocketMQ and Kafka transactions side by side with ours (needs a JDK and Maven; `bench/peers/run.py --help`).
+peers: setup
+	$(PY) bench/peers/run.py
 
 clean:
 	rm -rf $(VENV) .cache demo-lakehouse lakehouse chaos-lakehouse

@@ -18,7 +18,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 from urllib.parse import unquote
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +115,32 @@ def commits(table_path: str) -> list[dict]:
                        "added": added})
     return result
 
+
+
+class Delivery(NamedTuple):
+    """When a transaction's message became readable in its topic table, and how many rows it has there."""
+
+    timestamp_s: float  # commitInfo timestamp of the topic version that first held it
+    log_mtime: float  # when that version's log file was written
+    rows: int
+
+
+def deliveries(lakehouse: str, topic: str) -> dict[str, Delivery]:
+    """Transaction id → :class:`Delivery`, for every transaction in the topic table's log."""
+    import pyarrow.parquet as pq
+
+    from coordinator.tables import topic_path
+
+    found: dict[str, Delivery] = {}
+    for commit in commits(topic_path(lakehouse, topic)):
+        if commit["timestamp_ms"] is None:
+            continue
+        for path in commit["added"]:
+            for tid in pq.read_table(path, columns=["transaction_id"]).column("transaction_id").to_pylist():
+                first = found.get(tid)
+                found[tid] = (Delivery(commit["timestamp_ms"] / 1000, commit["log_mtime"], 1) if first is None
+                              else first._replace(rows=first.rows + 1))
+    return found
 
 def table_shape(table_path: str) -> dict:
     """How big a table's log and file set are: JSON commits in ``_delta_log``, checkpoints,

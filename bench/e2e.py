@@ -33,23 +33,6 @@ import benchlib  # noqa: E402
 TOPIC = "BENCH_E2E"
 
 
-def visible_at(lakehouse: str, topic: str) -> dict[str, tuple[float, float]]:
-    """Transaction id → (commitInfo timestamp, log file mtime), in epoch seconds, of the topic
-    version that delivered it."""
-    import pyarrow.parquet as pq
-
-    from coordinator.tables import topic_path
-
-    seen: dict[str, tuple[float, float]] = {}
-    for commit in benchlib.commits(topic_path(lakehouse, topic)):
-        if commit["timestamp_ms"] is None:
-            continue
-        for path in commit["added"]:
-            for tid in pq.read_table(path, columns=["transaction_id"]).column("transaction_id").to_pylist():
-                seen.setdefault(tid, (commit["timestamp_ms"] / 1000, commit["log_mtime"]))
-    return seen
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=1000, help="offered transactions per second")
@@ -86,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
         delivered = {}
         while time.monotonic() < drain_deadline:
             if os.path.isdir(topic_path(lakehouse, TOPIC)):
-                delivered = visible_at(lakehouse, TOPIC)
+                delivered = benchlib.deliveries(lakehouse, TOPIC)
                 if wanted <= delivered.keys():
                     break
             time.sleep(1)
@@ -97,8 +80,8 @@ def main(argv: list[str] | None = None) -> dict:
         exit_code = checker.stop()
     missing = len(wanted - delivered.keys())
 
-    latencies = sorted(delivered[tid][0] - returned for tid, returned, _ in sender.sent if tid in delivered)
-    by_mtime = sorted(delivered[tid][1] - returned for tid, returned, _ in sender.sent if tid in delivered)
+    latencies = sorted(delivered[tid].timestamp_s - returned for tid, returned, _ in sender.sent if tid in delivered)
+    by_mtime = sorted(delivered[tid].log_mtime - returned for tid, returned, _ in sender.sent if tid in delivered)
     sends = [seconds for _, _, seconds in sender.sent]
     quarter = send_seconds / 4
     lag_q2, lag_q4 = sampler.between(quarter, 2 * quarter), sampler.between(3 * quarter, send_seconds)

@@ -1,0 +1,192 @@
+"""Real RocketMQ and Kafka servers on loopback, each in its own working directory, started from the
+jars ``install.py`` resolved and stopped (with everything they wrote) afterwards.
+
+Durability is each system's default, stated in ``DURABILITY``: none of the three calls fsync
+before acknowledging a write, so all three acknowledge once the write is in the operating
+system's page cache (safe against a process crash, not against power loss).
+
+Example::
+
+    with RocketMQServer(workdir) as rocketmq:
+        rocketmq.driver_args("BenchPeers", 8)  # ["--namesrv", "127.0.0.1:<port>"], topic created
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Optional
+
+from install import KAFKA, ROCKETMQ, System
+
+#: The check-back settings shared with our checker (bench/peers/ours.py): immunity 6 s (both
+#: systems' default) and a check round every 10 s (RocketMQ's default is 30 s, ours 60 s).
+TRANSACTION_TIMEOUT_MS = 6000
+TRANSACTION_CHECK_INTERVAL_MS = 10000
+
+DURABILITY = {
+    "rocketmq": "flushDiskType=ASYNC_FLUSH (the default): acknowledged once in the page cache; one broker, no replica",
+    "kafka": "acks=all with one broker (replication factor 1) and the default log.flush settings: acknowledged "
+             "once in the page cache",
+    "ours": "a send returns once its half's Delta commit is on the local filesystem; delta-rs issues no fsync "
+            "(strace shows linkat/rename, no fsync), so: in the page cache",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def java(system: System, main_class: str, *args: str, heap: str = "512m", cwd: Path) -> list[str]:
+    return ["java", f"-Xms{heap}", f"-Xmx{heap}", f"-Duser.home={cwd}", f"-Drocketmq.home.dir={cwd}",
+            "-cp", system.classpath, main_class, *args]
+
+
+class Server:
+    """A Java server process in ``workdir``; its output goes to ``<name>.log`` there."""
+
+    def __init__(self, name: str, argv: list[str], workdir: Path):
+        self.name, self.workdir = name, workdir
+        self.log_path = workdir / f"{name}.log"
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(argv, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+    def wait_for_port(self, port: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}; see {self.log_path}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError(f"{self.name} did not listen on {port} within {timeout_s} s; see {self.log_path}")
+
+    def stop(self, timeout_s: float = 30) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+class RocketMQServer:
+    """A RocketMQ name server and one broker (ASYNC_MASTER, ASYNC_FLUSH) with the shared check-back settings."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.namesrv_port, self.broker_port = free_port(), free_port()
+        self.namesrv_address = f"127.0.0.1:{self.namesrv_port}"
+        self.broker_address = f"127.0.0.1:{self.broker_port}"
+        self.settings = {
+            "brokerClusterName": "BenchCluster", "brokerName": "broker-a", "brokerId": 0, "brokerIP1": "127.0.0.1",
+            "namesrvAddr": self.namesrv_address, "listenPort": self.broker_port,
+            "storePathRootDir": workdir / "store", "storePathCommitLog": workdir / "store" / "commitlog",
+            "brokerRole": "ASYNC_MASTER", "flushDiskType": "ASYNC_FLUSH", "autoCreateTopicEnable": "false",
+            "transactionTimeOut": TRANSACTION_TIMEOUT_MS, "transactionCheckInterval": TRANSACTION_CHECK_INTERVAL_MS,
+        }
+        self.servers: list[Server] = []
+
+    def __enter__(self) -> "RocketMQServer":
+        (self.workdir / "namesrv.conf").write_text(f"listenPort={self.namesrv_port}\n")
+        (self.workdir / "broker.conf").write_text("".join(f"{key}={value}\n" for key, value in self.settings.items()))
+        try:
+            namesrv = Server("namesrv", java(ROCKETMQ, "org.apache.rocketmq.namesrv.NamesrvStartup", "-c", "namesrv.conf",
+                                             heap="256m", cwd=self.workdir), self.workdir)
+            self.servers.append(namesrv)
+            namesrv.wait_for_port(self.namesrv_port)
+            broker = Server("broker", java(ROCKETMQ, "org.apache.rocketmq.broker.BrokerStartup", "-c", "broker.conf",
+                                           heap="1g", cwd=self.workdir), self.workdir)
+            self.servers.append(broker)
+            broker.wait_for_port(self.broker_port)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def driver_args(self, topic: str, queues: int, timeout_s: float = 60) -> list[str]:
+        """Create ``topic`` (``mqadmin updateTopic``, retried until the broker has registered with the name
+        server); return the driver's connection options."""
+        argv = java(ROCKETMQ, "org.apache.rocketmq.tools.command.MQAdminStartup", "updateTopic",
+                    "-n", self.namesrv_address, "-b", self.broker_address, "-t", topic,
+                    "-r", str(queues), "-w", str(queues), heap="256m", cwd=self.workdir)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            result = subprocess.run(argv, cwd=self.workdir, capture_output=True, text=True)
+            if "success" in result.stdout:
+                return ["--namesrv", self.namesrv_address]
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"could not create RocketMQ topic {topic}:\n{result.stdout[-2000:]}")
+            time.sleep(1)
+
+    def stop(self) -> None:
+        for server in reversed(self.servers):
+            server.stop()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+class KafkaServer:
+    """One Kafka node in KRaft mode (broker and controller in one process), formatted afresh."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.port, self.controller_port = free_port(), free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.settings = {
+            "process.roles": "broker,controller", "node.id": 1,
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER", "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": workdir / "data",
+            "offsets.topic.replication.factor": 1, "transaction.state.log.replication.factor": 1,
+            "transaction.state.log.min.isr": 1, "group.initial.rebalance.delay.ms": 0,
+        }
+        self.server: Optional[Server] = None
+
+    def __enter__(self) -> "KafkaServer":
+        config = self.workdir / "server.properties"
+        config.write_text("".join(f"{key}={value}\n" for key, value in self.settings.items()))
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        formatted = subprocess.run(java(KAFKA, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config),
+                                        heap="256m", cwd=self.workdir), cwd=self.workdir, capture_output=True, text=True)
+        if formatted.returncode != 0:
+            raise RuntimeError(f"kafka-storage format failed:\n{formatted.stdout[-2000:]}{formatted.stderr[-2000:]}")
+        self.server = Server("kafka", java(KAFKA, "kafka.Kafka", str(config), heap="1g", cwd=self.workdir), self.workdir)
+        try:
+            self.server.wait_for_port(self.port)
+        except BaseException:
+            self.server.stop()
+            raise
+        return self
+
+    def driver_args(self, topic: str, partitions: int) -> list[str]:
+        """The driver's connection options (the driver creates ``topic`` with ``partitions`` through the Admin API)."""
+        return ["--bootstrap", self.bootstrap]
+
+    def __exit__(self, *exc_info) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def fresh_workdir(parent: Path, name: str) -> Path:
+    path = parent / name
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
