@@ -112,12 +112,33 @@ def _record_deliveries(recorder: _Recorder, lakehouse: str, topic: str) -> int:
     return len(found)
 
 
-def run(plan: Plan, workdir: Path, topic: str, drain_s: float, grace_s: float, csv_path: Path) -> dict:
-    """Start the checker on a fresh lakehouse in ``workdir``, run ``plan``, write the rows to ``csv_path``.
-
-    Returns ``{"send_seconds", "drained_after_s", "checker_start_s", "checker_exit_code"}``.
-    """
+def _run_phase(plan: Plan, config_path: str, lakehouse: str, topic: str, drain_s: float, grace_s: float,
+               csv_path: Path) -> dict:
     from coordinator import CoordinatorConfig, TransactionProducer
+
+    recorder = _Recorder(plan)
+    expected = sum(1 for row in recorder.rows if row["outcome"] != ROLLBACK)
+    # A producer group per phase, as each Java driver is its own producer group: check-backs reach this phase's recorder.
+    with TransactionProducer(f"bench-peers-{topic}", _listener(recorder), CoordinatorConfig.load(config_path)) as producer:
+        send_seconds = _send_all(producer, recorder, topic)
+        drain_start = time.monotonic()
+        while time.monotonic() - drain_start < drain_s:
+            if _record_deliveries(recorder, lakehouse, topic) >= expected:
+                break
+            time.sleep(0.5)
+        drained_after_s = time.monotonic() - drain_start
+        time.sleep(grace_s)
+    _record_deliveries(recorder, lakehouse, topic)
+    workload.write_rows(str(csv_path), recorder.rows)
+    return {"send_seconds": send_seconds, "drained_after_s": round(drained_after_s, 3)}
+
+
+def run(phases: dict[str, tuple[Plan, str]], workdir: Path, drain_s: float, grace_s: float) -> dict[str, tuple[Path, dict]]:
+    """Start the checker on a fresh lakehouse in ``workdir`` and run each phase's plan on its topic, one after the
+    other, as the peers' servers serve every phase: ``{phase: (plan, topic)}`` → ``{phase: (csv path, summary)}``.
+
+    Each summary holds ``send_seconds``, ``drained_after_s``, ``checker_start_s`` and ``checker_exit_code``.
+    """
     from coordinator.lakehouse import init_lakehouse
 
     lakehouse = str(workdir / "lakehouse")
@@ -126,22 +147,15 @@ def run(plan: Plan, workdir: Path, topic: str, drain_s: float, grace_s: float, c
                                         transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
                                         transaction_check_interval_ms=TRANSACTION_CHECK_INTERVAL_MS)
     checker = benchlib.CheckerJob(config_path, lakehouse, str(workdir / "checker.log"))
+    results = {}
     try:
         checker_start_s = checker.wait_ready(300)
-        recorder = _Recorder(plan)
-        expected = sum(1 for row in recorder.rows if row["outcome"] != ROLLBACK)
-        with TransactionProducer("bench-peers", _listener(recorder), CoordinatorConfig.load(config_path)) as producer:
-            send_seconds = _send_all(producer, recorder, topic)
-            drain_start = time.monotonic()
-            while time.monotonic() - drain_start < drain_s:
-                if _record_deliveries(recorder, lakehouse, topic) >= expected:
-                    break
-                time.sleep(0.5)
-            drained_after_s = time.monotonic() - drain_start
-            time.sleep(grace_s)
-        _record_deliveries(recorder, lakehouse, topic)
+        for phase, (plan, topic) in phases.items():
+            csv_path = workdir / f"{topic}.csv"
+            summary = _run_phase(plan, config_path, lakehouse, topic, drain_s, grace_s, csv_path)
+            results[phase] = (csv_path, {**summary, "checker_start_s": checker_start_s})
     finally:
         exit_code = checker.stop()
-    workload.write_rows(str(csv_path), recorder.rows)
-    return {"send_seconds": send_seconds, "drained_after_s": round(drained_after_s, 3),
-            "checker_start_s": checker_start_s, "checker_exit_code": exit_code}
+    for _, summary in results.values():
+        summary["checker_exit_code"] = exit_code
+    return results

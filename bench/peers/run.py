@@ -100,11 +100,9 @@ def run_system(name: str, phases: dict[str, workload.Plan], workdir: Path, drain
 
     print(f"\n=== {name}", flush=True)
     if name == "ours":
-        for phase, plan in phases.items():
-            topic = f"PEERS_{phase.upper()}"
-            csv_path = workdir / f"{topic}.csv"
-            phase_dir = servers.fresh_workdir(workdir, phase)
-            record(phase, csv_path, ours.run(plan, phase_dir, topic, drain_s, grace_s, csv_path))
+        topics = {phase: (plan, f"PEERS_{phase.upper()}") for phase, plan in phases.items()}
+        for phase, (csv_path, summary) in ours.run(topics, workdir, drain_s, grace_s).items():
+            record(phase, csv_path, summary)
         return results
 
     system = install.install(install.SYSTEMS[name])
@@ -176,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--transactions", type=int, default=20_000, help="transactions in the max phase")
     parser.add_argument("--threads", type=int, default=64, help="producer threads, the same for every system")
     parser.add_argument("--paced-rate", type=float, default=200, help="offered transactions/s in the paced phase")
-    parser.add_argument("--paced-seconds", type=float, default=30)
+    parser.add_argument("--paced-seconds", type=float, default=60)
     parser.add_argument("--commit-percent", type=int, default=80)
     parser.add_argument("--rollback-percent", type=int, default=10)
     parser.add_argument("--body-bytes", type=int, default=200)

@@ -77,6 +77,12 @@ public final class KafkaPeer implements Workload.Peer {
             producer.initTransactions();
             producers.add(producer);
         }
+        workload.awaitConsumer(body -> {
+            KafkaProducer<byte[], byte[]> producer = producers.get(0);
+            producer.beginTransaction();
+            producer.send(new ProducerRecord<>(topic, body));
+            producer.commitTransaction();
+        });
     }
 
     @Override

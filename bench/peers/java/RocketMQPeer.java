@@ -50,7 +50,6 @@ public final class RocketMQPeer implements Workload.Peer {
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
         });
         consumer.start();
-        awaitQueues(Double.parseDouble(workload.option("ready-seconds")));
 
         checkExecutor = Executors.newFixedThreadPool(4);
         producer = new TransactionMQProducer("bench-peers-producer-" + topic);
@@ -68,17 +67,7 @@ public final class RocketMQPeer implements Workload.Peer {
             }
         });
         producer.start();
-    }
-
-    /** Rebalancing gives the consumer its queues shortly after start; sending earlier would time the rebalance. */
-    private void awaitQueues(double seconds) throws InterruptedException {
-        long deadline = System.nanoTime() + (long) (seconds * 1e9);
-        while (consumer.getDefaultMQPushConsumerImpl().getRebalanceImpl().getProcessQueueTable().isEmpty()) {
-            if (System.nanoTime() > deadline) {
-                throw new IllegalStateException("the consumer was given no queue within " + seconds + " s");
-            }
-            Thread.sleep(100);
-        }
+        workload.awaitConsumer(body -> producer.send(new Message(topic, body)));
     }
 
     @Override

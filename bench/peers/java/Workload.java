@@ -4,6 +4,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -50,6 +51,8 @@ final class Workload {
     private final AtomicIntegerArray checks;
     private final AtomicInteger errors = new AtomicInteger();
     private final AtomicInteger foreign = new AtomicInteger();
+    private final AtomicInteger probesSeen = new AtomicInteger();
+    private static final byte[] PROBE = "probe".getBytes(StandardCharsets.US_ASCII);
 
     Workload(String[] args) {
         options = new HashMap<>();
@@ -117,6 +120,10 @@ final class Workload {
 
     /** A consumer saw the message with this body. */
     void delivered(byte[] body) {
+        if (Arrays.equals(body, PROBE)) {
+            probesSeen.incrementAndGet();
+            return;
+        }
         int index = indexOf(body);
         if (index < 0) {
             foreign.incrementAndGet();
@@ -124,6 +131,36 @@ final class Workload {
         }
         firstSeen.compareAndSet(index, 0, now());
         deliveries.incrementAndGet(index);
+    }
+
+    /**
+     * Send one probe message (not part of the plan) with {@code send} and wait until the consumer has seen it,
+     * so that no system's consumer start-up (rebalancing, first fetch) is timed as delivery latency.
+     */
+    void awaitConsumer(ProbeSender send) throws Exception {
+        double seconds = Double.parseDouble(option("ready-seconds"));
+        long deadline = System.nanoTime() + (long) (seconds * 1e9);
+        while (true) {
+            try {
+                send.send(PROBE);
+                break;
+            } catch (Exception notYet) {  // e.g. RocketMQ: the new topic's route is not on the name server yet
+                if (System.nanoTime() > deadline) {
+                    throw notYet;
+                }
+                Thread.sleep(200);
+            }
+        }
+        while (probesSeen.get() == 0) {
+            if (System.nanoTime() > deadline) {
+                throw new IllegalStateException("the consumer did not receive a probe message within " + seconds + " s");
+            }
+            Thread.sleep(20);
+        }
+    }
+
+    interface ProbeSender {
+        void send(byte[] body) throws Exception;
     }
 
     /** A check-back asked about the message with this body; returns its planned answer. */
