@@ -1,9 +1,12 @@
 """The side-by-side benchmark's own logic (bench/peers): the shared plan, the figures made from
-each system's rows, delivery counting in a topic table, and the README table. Starting RocketMQ
-and Kafka is left to ``python bench/peers/run.py``."""
+each system's rows, delivery counting in a topic table, and the README table; and, only with
+``PEERS_TESTS=1``, a tiny run against real RocketMQ and Kafka servers."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 from collections import Counter
 
@@ -98,3 +101,22 @@ def test_ratios_are_ours_over_each_peer_and_the_table_says_kafka_aborts_unknowns
     kafka_row = next(line for line in table if line.startswith("| Kafka"))
     assert "aborted (no check-back)" in kafka_row and "(ours ×2)" not in kafka_row
     assert "500.0 (ours ×4)" in kafka_row and "(ours ×2,500)" in kafka_row
+
+
+@pytest.mark.skipif(os.environ.get("PEERS_TESTS") != "1",
+                    reason="starts RocketMQ and Kafka from Maven Central jars (about 2 min, and a download the "
+                           "first time): set PEERS_TESTS=1 to run it")
+def test_real_rocketmq_and_kafka_deliver_every_commit_once_and_treat_unknowns_as_they_promise(tmp_path):
+    results = tmp_path / "peers.json"
+    subprocess.run([sys.executable, str(PROJECT_ROOT / "bench" / "peers" / "run.py"), "--systems", "rocketmq", "kafka",
+                    "--transactions", "300", "--threads", "4", "--paced-rate", "50", "--paced-seconds", "2",
+                    "--drain", "120", "--grace", "1", "--results", str(results)], check=True, timeout=600)
+    phases = json.loads(results.read_text())["phases"]
+    for phase, plan_size in (("max", 300), ("paced", 100)):
+        for system in ("rocketmq", "kafka"):
+            figures = phases[phase][system]
+            assert figures["send_errors"] == 0 and figures["committed_missing"] == 0
+            assert figures["duplicate_deliveries"] == 0 and figures["rolled_back_delivered"] == 0
+        unknowns = plan_size // 10
+        assert phases[phase]["rocketmq"]["unknown_checked"] == phases[phase]["rocketmq"]["unknown_delivered"] == unknowns
+        assert phases[phase]["kafka"]["unknown_delivered"] == 0  # no check-back: aborted

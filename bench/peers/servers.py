@@ -163,9 +163,11 @@ class KafkaServer:
     def __enter__(self) -> "KafkaServer":
         config = self.workdir / "server.properties"
         config.write_text("".join(f"{key}={value}\n" for key, value in self.settings.items()))
+        # "=" joins the value: a URL-safe base64 id may start with "-", which would read as an option.
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        formatted = subprocess.run(java(KAFKA, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config),
-                                        heap="256m", cwd=self.workdir), cwd=self.workdir, capture_output=True, text=True)
+        format_storage = java(KAFKA, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config),
+                              heap="256m", cwd=self.workdir)
+        formatted = subprocess.run(format_storage, cwd=self.workdir, capture_output=True, text=True)
         if formatted.returncode != 0:
             raise RuntimeError(f"kafka-storage format failed:\n{formatted.stdout[-2000:]}{formatted.stderr[-2000:]}")
         self.server = Server("kafka", java(KAFKA, "kafka.Kafka", str(config), heap="1g", cwd=self.workdir), self.workdir)
