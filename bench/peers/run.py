@@ -119,20 +119,16 @@ def ratio(ours_value, peer_value):
     return None if not ours_value or not peer_value else round(ours_value / peer_value, 2)
 
 
+#: The figures compared in the table, and the phase each comes from.
+COMPARED = {"committed_txn_per_s": "max", "send_p50_ms": "max", "send_p99_ms": "max",
+            "commit_to_consumable_p50_ms": "paced", "commit_to_consumable_p99_ms": "paced"}
+
+
 def ratios(phases: dict[str, dict[str, dict]]) -> dict:
     """ours ÷ peer, per peer: above 1 means ours is higher (better for throughput, worse for latency)."""
-    result = {}
-    for peer in (name for name in phases["max"] if name != "ours"):
-        pairs = {
-            "committed_txn_per_s": ("max", "committed_txn_per_s"),
-            "send_p50_ms": ("max", "send_p50_ms"),
-            "send_p99_ms": ("max", "send_p99_ms"),
-            "commit_to_consumable_p50_ms": ("paced", "commit_to_consumable_p50_ms"),
-            "commit_to_consumable_p99_ms": ("paced", "commit_to_consumable_p99_ms"),
-        }
-        result[peer] = {key: ratio(phases[phase].get("ours", {}).get(field), phases[phase][peer].get(field))
-                        for key, (phase, field) in pairs.items()}
-    return result
+    return {peer: {field: ratio(phases[phase]["ours"].get(field), phases[phase][peer].get(field))
+                   for field, phase in COMPARED.items()}
+            for peer in phases["max"] if peer != "ours"}
 
 
 def markdown_table(report: dict) -> str:
