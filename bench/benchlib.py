@@ -116,7 +116,6 @@ def commits(table_path: str) -> list[dict]:
     return result
 
 
-
 class Delivery(NamedTuple):
     """When a transaction's message became readable in its topic table, and how many rows it has there."""
 
@@ -141,6 +140,7 @@ def deliveries(lakehouse: str, topic: str) -> dict[str, Delivery]:
                 found[tid] = (Delivery(commit["timestamp_ms"] / 1000, commit["log_mtime"], 1) if first is None
                               else first._replace(rows=first.rows + 1))
     return found
+
 
 def table_shape(table_path: str) -> dict:
     """How big a table's log and file set are: JSON commits in ``_delta_log``, checkpoints,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -73,10 +74,9 @@ def run_java_peer(system: install.System, plan: workload.Plan, topic: str, workd
                   drain_s: float, grace_s: float) -> tuple[Path, dict]:
     """One phase of a Java driver; returns its CSV's path and its summary line."""
     csv_path = workdir / f"{topic}.csv"
-    argv = ["java", "-Xms1g", "-Xmx1g", f"-Duser.home={workdir}", "-cp", system.classpath, system.driver,
-            *connect, "--topic", topic, *plan.driver_args(), "--drain-seconds", str(drain_s),
-            "--grace-seconds", str(grace_s), "--ready-seconds", "60", "--partitions", str(PARTITIONS),
-            "--out", str(csv_path)]
+    argv = servers.java(system, system.driver, *connect, "--topic", topic, *plan.driver_args(),
+                        "--drain-seconds", str(drain_s), "--grace-seconds", str(grace_s), "--ready-seconds", "60",
+                        "--partitions", str(PARTITIONS), "--out", str(csv_path), heap="1g", cwd=workdir)
     with open(workdir / f"{topic}.driver.log", "w") as log:
         result = subprocess.run(argv, cwd=workdir, stdout=subprocess.PIPE, stderr=log, text=True)
     summary_lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
@@ -208,7 +208,6 @@ def main(argv: list[str] | None = None) -> dict:
         report["ratios"] = ratios(report["phases"])
     report["seconds"] = round(time.monotonic() - started, 1)
     if args.workdir is None:
-        import shutil
         shutil.rmtree(root, ignore_errors=True)
     benchlib.finish_report(report, Path(args.results))
     print("\n" + markdown_table(report), flush=True)

@@ -47,6 +47,8 @@ def free_port() -> int:
 
 
 def java(system: System, main_class: str, *args: str, heap: str = "512m", cwd: Path) -> list[str]:
+    """``java`` running ``main_class`` on the system's class path. Both home properties point at ``cwd``:
+    RocketMQ's servers and clients write their logs under them, and those stay in the run's directory."""
     return ["java", f"-Xms{heap}", f"-Xmx{heap}", f"-Duser.home={cwd}", f"-Drocketmq.home.dir={cwd}",
             "-cp", system.classpath, main_class, *args]
 
