@@ -18,7 +18,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 from urllib.parse import unquote
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -303,57 +303,67 @@ class LagSampler(threading.Thread):
 # A steady offered rate
 
 
-class SteadySender:
-    """Offers ``rate`` transactions per second to ``topic`` from ``threads`` threads of one producer.
+def send_on_schedule(send_one: Callable[[int], None], total: int, rate: float, threads: int) -> float:
+    """Call ``send_one(k)`` for k in ``range(total)`` from ``threads`` threads, k at ``t0 + k / rate``
+    (at once when ``rate`` is 0); return the seconds it took.
 
-    The schedule is fixed in advance (send k at ``t0 + k / rate``): a thread that falls
-    behind sends at once, so a slow producer shows as a lower achieved rate, not a lower
-    offered one. Each send's return time (``time.time()``) and transaction id are kept.
+    The schedule is fixed in advance: a thread that falls behind sends at once, so a slow
+    producer shows as a lower achieved rate, not a lower offered one.
+
+    Example::
+
+        seconds = send_on_schedule(lambda k: producer.send_message_in_transaction(msg), 1000, rate=100, threads=8)
+    """
+    taken, lock = iter(range(total)), threading.Lock()
+    t0 = time.monotonic()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                k = next(taken, None)
+            if k is None:
+                return
+            if rate > 0 and (delay := t0 + k / rate - time.monotonic()) > 0:
+                time.sleep(delay)
+            send_one(k)
+
+    workers = [threading.Thread(target=worker, name=f"sender-{i}") for i in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    return time.monotonic() - t0
+
+
+class SteadySender:
+    """Offers ``rate`` transactions per second to ``topic`` from ``threads`` threads of one producer
+    (:func:`send_on_schedule`). Each send's return time (``time.time()``) and transaction id are kept.
     """
 
     def __init__(self, producer, topic: str, rate: float, seconds: float, threads: int):
-        self.producer, self.topic, self.rate, self.seconds, self.threads = producer, topic, rate, seconds, threads
+        self.producer, self.topic, self.rate, self.threads = producer, topic, rate, threads
         self.sent: list[tuple[str, float, float]] = []  # (transaction id, returned at (epoch s), send seconds)
         self.errors = 0
         self._lock = threading.Lock()
-        self._next = 0
         self.total = int(rate * seconds)
 
-    def _take(self) -> Optional[int]:
-        with self._lock:
-            if self._next >= self.total:
-                return None
-            self._next += 1
-            return self._next - 1
-
-    def _worker(self, t0: float) -> None:
+    def _send_one(self, k: int) -> None:
         from coordinator import Message
 
-        mine, errors = [], 0
-        while (k := self._take()) is not None:
-            delay = t0 + k / self.rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            started = time.perf_counter()
-            try:
-                result = self.producer.send_message_in_transaction(Message(self.topic, BODY))
-            except Exception:
-                errors += 1
-                continue
-            mine.append((result.transaction_id, time.time(), time.perf_counter() - started))
+        started = time.perf_counter()
+        try:
+            result = self.producer.send_message_in_transaction(Message(self.topic, BODY))
+        except Exception:
+            with self._lock:
+                self.errors += 1
+            return
+        sent = (result.transaction_id, time.time(), time.perf_counter() - started)
         with self._lock:
-            self.sent.extend(mine)
-            self.errors += errors
+            self.sent.append(sent)
 
     def run(self) -> float:
         """Send everything; return the seconds it took."""
-        t0 = time.monotonic()
-        workers = [threading.Thread(target=self._worker, args=(t0,), name=f"sender-{i}") for i in range(self.threads)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        return time.monotonic() - t0
+        return send_on_schedule(self._send_one, self.total, self.rate, self.threads)
 
 
 class Commits:

@@ -70,34 +70,21 @@ def _send_all(producer, recorder: _Recorder, topic: str) -> float:
     """Every planned transaction from ``plan.threads`` threads, on the plan's schedule; returns the sending seconds."""
     from coordinator import Message
 
-    plan, taken, lock = recorder.plan, iter(range(recorder.plan.transactions)), threading.Lock()
-    start = time.monotonic()
+    plan, lock = recorder.plan, threading.Lock()
 
-    def sender() -> None:
-        while True:
-            with lock:
-                k = next(taken, None)
-            if k is None:
-                return
-            if plan.rate > 0 and (delay := start + k / plan.rate - time.monotonic()) > 0:
-                time.sleep(delay)
-            row = recorder.rows[k]
-            row["started_ms"] = recorder.now_ms()
-            try:
-                result = producer.send_message_in_transaction(Message(topic, plan.body_of(k)), row["outcome"])
-            except Exception as error:  # counted as a send error, as the Java drivers do
-                print(f"  transaction {k} failed: {error}", flush=True)
-                continue
-            row["returned_ms"] = recorder.now_ms()
-            with lock:
-                recorder.transaction_ids[result.transaction_id] = k
+    def send_one(k: int) -> None:
+        row = recorder.rows[k]
+        row["started_ms"] = recorder.now_ms()
+        try:
+            result = producer.send_message_in_transaction(Message(topic, plan.body_of(k)), row["outcome"])
+        except Exception as error:  # counted as a send error, as the Java drivers do
+            print(f"  transaction {k} failed: {error}", flush=True)
+            return
+        row["returned_ms"] = recorder.now_ms()
+        with lock:
+            recorder.transaction_ids[result.transaction_id] = k
 
-    threads = [threading.Thread(target=sender, name=f"sender-{i}") for i in range(plan.threads)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return time.monotonic() - start
+    return benchlib.send_on_schedule(send_one, plan.transactions, plan.rate, plan.threads)
 
 
 def _record_deliveries(recorder: _Recorder, lakehouse: str, topic: str) -> int:
