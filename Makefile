@@ -31,7 +31,8 @@ test: setup
 chaos: setup
 	$(PY) bench/chaos.py
 
-# Small versions of the producer, end-to-end and history benchmarks (bench/run.py --help for the full suite).
+# One checker cold start and small versions of the producer, end-to-end, history and batch-cost benchmarks
+# (bench/run.py --help for the full suite).
 bench: setup
 	$(PY) bench/run.py --quick
 

@@ -1,5 +1,5 @@
 """What every benchmark shares: the report envelope (time, machine, load), percentiles,
-the real checker job as a subprocess, a steady-rate producer, and Delta log inspection.
+the real checker job as a subprocess (and its log), a steady-rate producer, and Delta log inspection.
 
 Other engineers share this machine: every report records ``os.getloadavg()`` at start
 and end, and a loaded machine is flagged at start, because its figures mean little.
@@ -11,6 +11,7 @@ import glob
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -276,6 +277,45 @@ def checker_on_fresh_lakehouse(requested: Optional[str], benchmark: str, trigger
     return lakehouse, CheckerJob(config_path, lakehouse, os.path.join(lakehouse, "checker.log"))
 
 
+#: What the checker logs (coordinator/checker/query.py, batch.py) once its streaming query runs, and after each
+#: finished batch. ``records=`` leaves out the other lines that name a batch (state rebuilt, append retried).
+STARTED_LINE = b"checker started on "
+BATCH_LINE = re.compile(rb"batch \d+: records=")
+
+
+class CheckerLog:
+    """Follows one checker run's log file as it grows: has its streaming query started, how many
+    batches has it finished.
+
+    Example::
+
+        log = CheckerLog(checker.log_file.name)
+        log.follow()
+        log.query_started, log.batches
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.query_started = False
+        self.batches = 0
+        self._read = 0  # bytes of complete lines already read
+
+    def follow(self) -> int:
+        """Read the complete lines written since the last call; return how many batches they finished."""
+        try:
+            with open(self.path, "rb") as log:
+                log.seek(self._read)
+                new = log.read()
+        except FileNotFoundError:
+            return 0
+        complete = new[: new.rfind(b"\n") + 1]  # a line still being written is read next time, whole
+        self._read += len(complete)
+        self.query_started = self.query_started or STARTED_LINE in complete
+        finished = len(BATCH_LINE.findall(complete))
+        self.batches += finished
+        return finished
+
+
 class LagSampler(threading.Thread):
     """Samples the checker's lag (commit-log versions not yet read) once a second."""
 
@@ -303,12 +343,15 @@ class LagSampler(threading.Thread):
 # A steady offered rate
 
 
-def send_on_schedule(send_one: Callable[[int], None], total: int, rate: float, threads: int) -> float:
+def send_on_schedule(send_one: Callable[[int], None], total: int, rate: float, threads: int,
+                     deadline_s: Optional[float] = None) -> float:
     """Call ``send_one(k)`` for k in ``range(total)`` from ``threads`` threads, k at ``t0 + k / rate``
     (at once when ``rate`` is 0); return the seconds it took.
 
     The schedule is fixed in advance: a thread that falls behind sends at once, so a slow
-    producer shows as a lower achieved rate, not a lower offered one.
+    producer shows as a lower achieved rate, not a lower offered one. With ``deadline_s``, no send
+    starts ``deadline_s`` or more after t0, so a run that falls behind still lasts its stated time;
+    the sends in flight then finish, and the caller counts those never started.
 
     Example::
 
@@ -316,6 +359,7 @@ def send_on_schedule(send_one: Callable[[int], None], total: int, rate: float, t
     """
     taken, lock = iter(range(total)), threading.Lock()
     t0 = time.monotonic()
+    stop_at = None if deadline_s is None else t0 + deadline_s
 
     def worker() -> None:
         while True:
@@ -323,8 +367,12 @@ def send_on_schedule(send_one: Callable[[int], None], total: int, rate: float, t
                 k = next(taken, None)
             if k is None:
                 return
-            if rate > 0 and (delay := t0 + k / rate - time.monotonic()) > 0:
-                time.sleep(delay)
+            now = time.monotonic()
+            due = t0 + k / rate if rate > 0 else now
+            if stop_at is not None and max(now, due) >= stop_at:
+                return
+            if due > now:
+                time.sleep(due - now)
             send_one(k)
 
     workers = [threading.Thread(target=worker, name=f"sender-{i}") for i in range(threads)]
@@ -336,12 +384,14 @@ def send_on_schedule(send_one: Callable[[int], None], total: int, rate: float, t
 
 
 class SteadySender:
-    """Offers ``rate`` transactions per second to ``topic`` from ``threads`` threads of one producer
-    (:func:`send_on_schedule`). Each send's return time (``time.time()``) and transaction id are kept.
+    """Offers ``rate`` transactions per second to ``topic`` for ``seconds`` from ``threads`` threads of
+    one producer (:func:`send_on_schedule`, with ``seconds`` as its deadline). Each send's return time
+    (``time.time()``) and transaction id are kept; ``unsent`` counts the scheduled sends a producer
+    that fell behind never started.
     """
 
     def __init__(self, producer, topic: str, rate: float, seconds: float, threads: int):
-        self.producer, self.topic, self.rate, self.threads = producer, topic, rate, threads
+        self.producer, self.topic, self.rate, self.seconds, self.threads = producer, topic, rate, seconds, threads
         self.sent: list[tuple[str, float, float]] = []  # (transaction id, returned at (epoch s), send seconds)
         self.errors = 0
         self._lock = threading.Lock()
@@ -361,9 +411,15 @@ class SteadySender:
         with self._lock:
             self.sent.append(sent)
 
+    @property
+    def unsent(self) -> int:
+        """Scheduled sends not started by the deadline (once :meth:`run` has returned)."""
+        return self.total - len(self.sent) - self.errors
+
     def run(self) -> float:
-        """Send everything; return the seconds it took."""
-        return send_on_schedule(self._send_one, self.total, self.rate, self.threads)
+        """Send on schedule until the deadline; return the seconds it took (the sends in flight at
+        the deadline finish first)."""
+        return send_on_schedule(self._send_one, self.total, self.rate, self.threads, deadline_s=self.seconds)
 
 
 class Commits:
@@ -407,6 +463,9 @@ class BatchDriver:
         self.next_version = DeltaTable(self.commit_log).version() + 1
         self.batch_id = first_batch_id
         self.pending_from = pending_from
+        from coordinator.checker.state import CheckerState
+
+        self.state = CheckerState()
 
     def write(self, records: list[dict]) -> int:
         """Append raw commit-log records as one commit; return its version."""
@@ -418,15 +477,12 @@ class BatchDriver:
         return DeltaTable(self.commit_log).version()
 
     def records(self, first_version: int, last_version: int, now):
-        from coordinator.checker import read_records
-        from coordinator.checker.context import RECORD_EXTRA_COLUMNS
-        from coordinator.tables import COMMIT_LOG
+        import pyarrow as pa
 
-        schema = COMMIT_LOG.spark_ddl() + ", " + ", ".join(f"{n} {t}" for n, t in RECORD_EXTRA_COLUMNS)
-        records = self.spark.createDataFrame([{"stored_timestamp": now, "is_heartbeat": True}], schema)
-        if last_version >= first_version:
-            records = read_records(self.spark, self.config, first_version, last_version).unionByName(records)
-        return records
+        from coordinator.checker.source import read_records, tick
+
+        records = read_records(self.commit_log, first_version, last_version)
+        return pa.concat_tables([records, tick(int(now.timestamp() * 1_000_000))])
 
     def run(self, now=None):
         """One batch over every new version at clock ``now`` (default: the wall clock);
@@ -438,9 +494,10 @@ class BatchDriver:
         from coordinator.checker import run_batch
 
         latest = DeltaTable(self.commit_log).version()
+        started = time.perf_counter()  # reading the new versions is part of the batch, as in the streaming query
         records = self.records(self.next_version, latest, now or datetime.now(timezone.utc))
-        started = time.perf_counter()
-        summary = run_batch(self.spark, self.config, records, self.batch_id, pending_from=self.pending_from)
+        summary = run_batch(self.config, records, self.batch_id, pending_from=self.pending_from,
+                            state=self.state)
         seconds = time.perf_counter() - started
         self.next_version, self.batch_id, self.pending_from = latest + 1, self.batch_id + 1, summary.pending_from
         return summary, seconds

@@ -5,7 +5,8 @@ store and producer group), the real checker (``spark-submit jobs/checker.py``) a
 table maintenance (``coordinator.maintenance.maintain``) at once, then:
 
 - SIGKILLs the checker's whole process group at random moments (mid-batch, as batches
-  run back to back) and restarts it once its lease has expired;
+  run back to back) and restarts it at once, as a supervisor would (the new run takes the
+  lease over as soon as the killed run's process is gone);
 - SIGKILLs producer processes in the middle of their sends and group commits, and
   restarts them at once (a restarted producer skips what it already attempted);
 - appends hostile records straight to ``system/commit_log``.
@@ -30,7 +31,6 @@ import json
 import os
 import platform
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -47,6 +47,7 @@ from typing import Optional
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
+import benchlib
 from chaos_producer import (
     AUDIT_TOPIC,
     COMMITTED,
@@ -75,18 +76,12 @@ SETTINGS = {
     "transaction_check_interval_ms": 3000,
     "transaction_check_max": 3,
     "trigger_interval_ms": 1000,
-    "checker_lease_ttl_ms": 10000,  # a killed checker's successor waits this long
 }
 #: Relative frequency of each kind of planned transaction (every kind also appears at least once).
 KIND_WEIGHTS = {"commit": 40, "rollback": 10, "unknown_then_commit": 10, "unknown_then_rollback": 10,
                 "unknown_forever": 5, "listener_raises": 10, "multi_topic_commit": 15}
 #: The group hostile records pretend to be: no process answers its checks.
 FORGED_GROUP = "chaos_forged"
-#: The checker lease (coordinator/checker/lease.py); a restarted checker must wait for it to expire.
-LEASE_FILE = Path("system") / "_checker_lease.json"
-EXIT_CHECKER_ALREADY_RUNNING = 3
-_BATCH_LINE = re.compile(rb"batch \d+: ")
-_STARTED_LINE = b"checker started on "
 #: A checker run is killed once it has finished 0 to this many batches, then up to _MAX_KILL_DELAY_S later:
 #: during its first batch, a later one, or between two (a batch takes seconds here, and the next starts at once).
 _MAX_BATCHES_BEFORE_KILL = 2
@@ -212,58 +207,29 @@ class Checker:
         self.argv, env = spark_submit(PROJECT_ROOT / "jobs" / "checker.py", "--config", str(config_path))
         self.env = child_environment(env)
         self.child: Optional[Child] = None
+        self.log: Optional[benchlib.CheckerLog] = None  # the current run's
         self.starts = 0
-        self.refused_starts = 0  # exit 3: the previous run's lease had not expired yet
         self.failures: list[str] = []
-        self._log_read = 0
-        self.batches = 0
         self.last_batch_at = 0.0
-        self.startup_s: Optional[float] = None  # from launch to holding the lease, as last measured
-        self.query_started = False
 
     def start(self) -> None:
         self.starts += 1
         self.child = Child(self.argv, self.env, self.root / f"checker-{self.starts}.log", self.root)
         self.child.start()
-        self._log_read, self.batches, self.last_batch_at, self.query_started = 0, 0, 0.0, False
+        self.log = benchlib.CheckerLog(str(self.child.log_path))
+        self.last_batch_at = 0.0
 
     def follow_log(self) -> None:
         """Read this run's new log lines: has its query started, how many batches has it finished."""
-        try:
-            with open(self.child.log_path, "rb") as log:
-                log.seek(self._log_read)
-                new = log.read()
-        except FileNotFoundError:
-            return
-        complete = new[: new.rfind(b"\n") + 1]
-        self._log_read += len(complete)
-        if _STARTED_LINE in complete:
-            self.startup_s = time.monotonic() - self.child.started_at
-            self.query_started = True
-        finished = len(_BATCH_LINE.findall(complete))
-        if finished:
-            self.batches += finished
+        if self.log.follow():
             self.last_batch_at = time.monotonic()
 
     def kill(self) -> dict:
         self.follow_log()
         now = time.monotonic()
         self.child.kill()
-        return {"after_start_s": round(now - self.child.started_at, 1), "batches_finished": self.batches,
-                "since_last_batch_s": round(now - self.last_batch_at, 1) if self.batches else None}
-
-    def restart_delay(self) -> float:
-        """Seconds to wait before starting again after a kill: the killed run's lease must have expired
-        (``checker_lease_ttl_ms``) by the time the new run asks for it, once its JVM is up."""
-        try:
-            lease = json.loads((self.root / LEASE_FILE).read_text())
-            expires_in = lease["renewed_at"] + lease["ttl_s"] - time.time()
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            return 0.0
-        # Launched a little before expiry, so that the JVM's start overlaps the wait, but only by a fraction
-        # of the last start's time: one that reaches the lease too early is refused (exit 3), a whole JVM start lost.
-        head_start = 0.3 * self.startup_s if self.startup_s is not None else 0.0
-        return max(0.0, expires_in + 0.5 - head_start)
+        return {"after_start_s": round(now - self.child.started_at, 1), "batches_finished": self.log.batches,
+                "since_last_batch_s": round(now - self.last_batch_at, 1) if self.log.batches else None}
 
 
 class Producer:
@@ -459,7 +425,6 @@ class Activity:
     transactions_by_kind: dict[str, int] = field(default_factory=dict)
     checker_kills: list[dict] = field(default_factory=list)
     checker_starts: int = 0
-    checker_refused_starts: int = 0
     producer_kills: list[dict] = field(default_factory=list)
     producer_restarts: int = 0
     maintenance_runs: int = 0
@@ -494,7 +459,6 @@ class Run:
         for producer, plan in zip(self.producers, self.plans):
             producer.plan_file.write_text(json.dumps(plan))
         self.checker = Checker(self.root, config_path)
-        self.restart_checker_at: Optional[float] = None
         self.maintenance = Maintenance(self.root, options.maintenance_every, options.retention_hours)
         self.hostile = HostileWriter(self.root, random.Random(options.seed))
         window_end = started + 2.0 + options.send_seconds
@@ -535,38 +499,31 @@ class Run:
                 next_target_search = now + _SETTLE_POLL_S
             checker = self.checker
             if self._supervise_checker():
-                if checker_kill_after and kill_after_batches is None and checker.query_started and now >= checker_kill_after[0]:
+                if (checker_kill_after and kill_after_batches is None and checker.log.query_started
+                        and now >= checker_kill_after[0]):
                     kill_after_batches = self.rng.randint(0, _MAX_BATCHES_BEFORE_KILL)
-                if kill_after_batches is not None and kill_checker_at is None and checker.batches >= kill_after_batches:
+                if kill_after_batches is not None and kill_checker_at is None and checker.log.batches >= kill_after_batches:
                     kill_checker_at = now + self.rng.uniform(0, _MAX_KILL_DELAY_S)
                 if kill_checker_at is not None and now >= kill_checker_at:
                     checker_kill_after.pop(0)
                     kill_after_batches = kill_checker_at = None
                     self.activity.checker_kills.append({"at_s": round(now - self.started, 1), **checker.kill()})
-                    self.restart_checker_at = time.monotonic() + checker.restart_delay()
+                    checker.start()  # the new run takes the lease over at once: the killed one's process is gone
             # Done once the checker is up again: it has finished a batch since its last start.
-            if (not producer_kill_at and not checker_kill_after and blind_injected and self.restart_checker_at is None
-                    and checker.child.running and checker.batches and all(p.done for p in self.producers)):
+            if (not producer_kill_at and not checker_kill_after and blind_injected and checker.child.running
+                    and checker.log.batches and all(p.done for p in self.producers)):
                 if not targeted_injected:
                     self.hostile.inject_targeted(self.plans, require_every_target=False)
                 return
             time.sleep(_POLL_S)
 
     def _supervise_checker(self) -> bool:
-        """Start the checker again when due, or when it exited on its own; return whether it is running."""
-        checker, now = self.checker, time.monotonic()
-        if self.restart_checker_at is not None:
-            if now < self.restart_checker_at:
-                return False
-            self.restart_checker_at = None
+        """Start the checker again at once if it exited on its own (a failure); return whether it is running."""
+        checker = self.checker
+        if not checker.child.running:
+            checker.failures.append(f"run {checker.starts} exited with code {checker.child.exit_code()}:\n"
+                                    f"{checker.child.tail()}")
             checker.start()
-        elif not checker.child.running:
-            code = checker.child.exit_code()
-            if code == EXIT_CHECKER_ALREADY_RUNNING:
-                checker.refused_starts += 1
-            else:
-                checker.failures.append(f"run {checker.starts} exited with code {code}:\n{checker.child.tail()}")
-            self.restart_checker_at = now + checker.restart_delay()
             return False
         checker.follow_log()
         return True
@@ -625,7 +582,6 @@ class Run:
     def _report(self, stop_codes: dict) -> dict:
         activity = self.activity
         activity.checker_starts = self.checker.starts
-        activity.checker_refused_starts = self.checker.refused_starts
         activity.producer_restarts = sum(p.restarts for p in self.producers)
         activity.maintenance_runs = self.maintenance.runs
         activity.maintenance_errors = self.maintenance.errors
@@ -839,7 +795,6 @@ def print_report(report: dict) -> None:
     rows = [(f"transactions: {kind}", count) for kind, count in sorted(did["transactions_by_kind"].items())]
     rows += [("checker kills (SIGKILL, process group)", len(did["checker_kills"])),
              ("checker starts", did["checker_starts"]),
-             ("checker starts refused (lease not expired)", did["checker_refused_starts"]),
              ("producer kills (SIGKILL)", len(did["producer_kills"])),
              ("producer restarts", did["producer_restarts"]),
              ("maintenance runs", did["maintenance_runs"]),

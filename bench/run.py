@@ -1,7 +1,9 @@
 """Run the benchmark suite: each script in its own process, one after the other.
 
-    python bench/run.py --quick   # small versions of 1-3 (producer, end to end, history): `make bench`
-    python bench/run.py           # the full versions of all five, then batch_cost (45 minutes at least: soak 30, e2e 10)
+    python bench/run.py --quick   # one cold start, then small versions of producer, end to end, history
+                                  # and batch_cost: `make bench`
+    python bench/run.py           # the full versions: cold_start, producer, history, e2e, unresolved,
+                                  # soak, batch_cost (45 minutes at least: soak 30, e2e 10)
 
 Each benchmark writes its own JSON under ``bench/results/`` (``*-quick.json`` for the quick
 versions); this script writes ``run.json`` / ``run-quick.json`` with the headline figures and
@@ -11,7 +13,13 @@ prints them, as one JSON object, on its last line:
   highest throughput, and that configuration's send p99;
 * ``e2e_p50_ms``, ``e2e_p99_ms``: commit → visible in the topic table (bench/e2e.py);
 * ``history_ratio``: median batch time with records, lakehouse with history / empty one
-  (bench/history.py).
+  (bench/history.py);
+* ``batch_records_ms``, ``batch_heartbeat_ms``, ``batch_records_jobs``: median batch time with
+  records and heartbeat-only, and the Spark jobs of one with records (bench/batch_cost.py), with
+  ``reference_spark_append_ms``, a plain Spark Delta append measured in the same run, to quote
+  them against;
+* ``cold_start_s``: median seconds from launching the checker job to its first finished batch
+  (bench/cold_start.py).
 
 The machine is shared: the load average at start and end is recorded, and a warning printed
 when the 1-minute load is above 1.5 at start.
@@ -32,11 +40,14 @@ import benchlib  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 QUICK = {
+    "cold_start": ["--runs", "1"],
     "producer": ["--seconds", "3", "--threads", "1", "16", "64", "128"],
     "history": ["--history", "100000", "--workload", "small", "--repeats", "3", "--appends", "20"],
     "e2e": ["--rate", "50", "--seconds", "30", "--threads", "8", "--drain", "60"],
+    "batch_cost": ["--batches", "3", "--floor-repeats", "3"],
 }
 FULL = {
+    "cold_start": [],
     "producer": [],
     "history": [],
     "e2e": [],
@@ -57,7 +68,8 @@ def run_one(name: str, extra: list[str], results: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small versions of producer, e2e and history (< 5 min on a quiet 2-core machine)")
+    parser.add_argument("--quick", action="store_true",
+                        help="one cold start and small versions of producer, e2e, history and batch_cost")
     parser.add_argument("--only", nargs="*", help="run only these benchmarks")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
@@ -76,6 +88,14 @@ def main(argv: list[str] | None = None) -> dict:
         summary.update(e2e_p50_ms=reports["e2e"]["e2e_p50_ms"], e2e_p99_ms=reports["e2e"]["e2e_p99_ms"])
     if "history" in reports:
         summary.update(history_ratio=reports["history"]["ratio"])
+    if "batch_cost" in reports:
+        batches, floor = reports["batch_cost"]["batches"], reports["batch_cost"]["floor"]
+        summary.update(batch_records_ms=round(batches["records"]["seconds_median"] * 1000, 1),
+                       batch_heartbeat_ms=round(batches["heartbeat"]["seconds_median"] * 1000, 1),
+                       batch_records_jobs=batches["records"]["spark_jobs_median"],
+                       reference_spark_append_ms=floor["append"]["ms_median"])
+    if "cold_start" in reports:
+        summary.update(cold_start_s=reports["cold_start"]["first_batch_s"]["median"])
     report.update(seconds=round(time.monotonic() - started, 1), summary=summary,
                   loadavg_by_benchmark={name: [r["loadavg_start"], r["loadavg_end"]] for name, r in reports.items()})
     benchlib.finish_report(report, benchlib.RESULTS / f"run{suffix}.json")

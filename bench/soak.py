@@ -2,7 +2,9 @@
 the end as at the start, and do the Delta logs and file counts stay bounded?
 
 The real checker job (``spark-submit jobs/checker.py``) runs while one producer process offers
-``--rate`` transactions per second (no-op local transaction that commits), and a thread runs
+``--rate`` transactions per second for ``--minutes`` (no-op local transaction that commits; a
+producer that falls behind still stops then, and the sends it never started are reported as
+``unsent``), and a thread runs
 ``coordinator.maintenance.maintain(lakehouse, retention_hours=--retention-hours,
 log_retention_hours=--log-retention-hours)`` every ``--maintenance-every`` seconds (the default
 log retention, a quarter of an hour, lets a 30-minute run show the logs levelling off). Batch durations come from ``system/metrics`` (one row per
@@ -141,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
         "sent": len(sender.sent),
         "achieved_txn_per_s": round(len(sender.sent) / send_seconds, 1),
         "send_errors": sender.errors,
+        "unsent": sender.unsent,
         "batches": len(during),
         "batch_ms_start_median": start_median,
         "batch_ms_end_median": end_median,
@@ -165,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
     f = figures
     print(f"\nbatches {f['batches']}; median batch ms: start {f['batch_ms_start_median']} ({f['batches_in_start_window']} "
           f"batches), end {f['batch_ms_end_median']} ({f['batches_in_end_window']}), end/start {f['batch_ms_end_over_start']}")
-    print(f"sent {f['sent']} ({f['achieved_txn_per_s']} txn/s); lag max {f['lag_max_versions']}, at end "
+    print(f"sent {f['sent']} ({f['achieved_txn_per_s']} txn/s), {f['unsent']} unsent; lag max {f['lag_max_versions']}, at end "
           f"{f['lag_end_versions']} versions; maintenance runs {len(maintainer.runs)}; checker exit code {exit_code}")
     report.update(figures)
     report["batch_durations"] = [(m["batch_id"], m["started_at"].isoformat(), m["duration_ms"], m["records"])

@@ -249,6 +249,9 @@ def _seconds(value: float) -> str:
 def _print_status(status) -> None:
     if status.checker_alive:
         checker = f"[green]alive[/green]: {status.checker_holder}, lease renewed {_seconds(status.lease_renewed_age_s)} ago"
+    elif status.checker_process_gone:
+        checker = (f"[red]not running[/red]: {status.checker_holder} is gone (lease renewed "
+                   f"{_seconds(status.lease_renewed_age_s)} ago)")
     elif status.checker_holder:
         checker = (f"[red]not running[/red]: the lease of {status.checker_holder} expired "
                    f"{_seconds(status.lease_renewed_age_s)} ago")

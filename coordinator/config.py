@@ -34,7 +34,7 @@ class CoordinatorConfig:
     transaction_check_interval_ms: int = 60000
     transaction_check_max: int = 15
     file_reserved_time_hours: int = 72
-    trigger_interval_ms: int = 1000
+    trigger_interval_ms: int = 100
     checker_lease_ttl_ms: int = 30000
 
     def __post_init__(self) -> None:

@@ -65,7 +65,7 @@ DEMO_SETTINGS = {
     "transaction_timeout_ms": 3000,
     "transaction_check_interval_ms": 3000,
     "transaction_check_max": 3,
-    "trigger_interval_ms": 1000,
+    "trigger_interval_ms": 100,
 }
 #: The demo's config file; a directory holding it was made by the demo and may be wiped.
 CONFIG_NAME = "demo.toml"

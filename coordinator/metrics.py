@@ -132,7 +132,7 @@ def metrics_row(progress, summary) -> dict:
         "started_at": started,
         "finished_at": started + dt.timedelta(milliseconds=duration_ms),
         "duration_ms": duration_ms,
-        "input_rows": int(progress.numInputRows),
+        "input_rows": summary.records + 1,  # its records and its clock tick (Spark sees one row: the segment)
         "records": summary.records,
         "halves": summary.halves,
         "commits": summary.commits,
@@ -147,18 +147,11 @@ def metrics_row(progress, summary) -> dict:
 
 
 def commit_log_version(progress) -> Optional[int]:
-    """The last commit-log version the checker has read, from its Delta source's end offset.
-
-    A Delta offset ``(reservoirVersion=v, index=-1)`` points before version ``v``'s first
-    change: everything up to ``v - 1`` was read. Any other index points inside ``v``.
+    """The last commit-log version the checker has read, from its source's end offset
+    (``{"version": first version not read, ...}``, see ``coordinator.checker.source``).
     """
     for source in progress.sources:
-        if not source.description.startswith("Delta"):
-            continue
         offset = json.loads(source.endOffset) if isinstance(source.endOffset, str) else source.endOffset
-        if not offset:
-            return None
-        version = int(offset["reservoirVersion"])
-        return version - 1 if int(offset.get("index", -1)) == -1 else version
+        if isinstance(offset, dict) and "version" in offset:
+            return int(offset["version"]) - 1
     return None
-

@@ -89,6 +89,8 @@ def get_spark(app_name: str = "txcoord", conf: Optional[Mapping[str, str]] = Non
     """
     from pyspark.sql import SparkSession
 
+    # The checker's commit-log source runs in a Python worker: this interpreter, with this package.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings = read_spark_defaults()
     settings.update(conf or {})
     under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ

@@ -2,7 +2,7 @@
 
 What ``txcoord status`` prints and ``notebooks/health.ipynb`` plots: pending
 transactions and their ages, checks issued and due, discards, rejections, whether
-a checker holds the lakehouse's lease, its last recorded batch (``system/metrics``)
+a live checker holds the lakehouse's lease, its last recorded batch (``system/metrics``)
 and how far it lags behind the commit log.
 
 Example::
@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from coordinator.checker.lease import LEASE_FILE
+from coordinator.checker.lease import LEASE_FILE, holder_gone
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import read_pending, read_table, require_lakehouse, topic_names
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, REJECTED, topic_path
@@ -48,6 +48,7 @@ class Status:
     rejected_by_reason: dict[str, int]
     checker_alive: bool
     checker_holder: Optional[str]  # "host pid N", from the lease
+    checker_process_gone: bool  # the lease names a process of this host that no longer runs
     lease_renewed_age_s: Optional[float]
     last_batch_id: Optional[int]
     last_batch_age_s: Optional[float]
@@ -88,6 +89,7 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
     rejected_reasons = Counter(read_table(REJECTED.path(lakehouse), ["reason"]).column("reason").to_pylist())
     lease = read_lease(lakehouse)
     lease_age = None if lease is None else now.timestamp() - lease["renewed_at"]
+    gone = lease is not None and holder_gone(lease)
     last = last_batch(lakehouse)
     head = DeltaTable(COMMIT_LOG.path(lakehouse)).version()
     lag_versions = None if last is None or last["commit_log_version"] is None else head - last["commit_log_version"]
@@ -101,8 +103,9 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
         discarded=len(set(read_table(DISCARDED.path(lakehouse), ["transaction_id"]).column(0).to_pylist())),
         rejected=sum(rejected_reasons.values()),
         rejected_by_reason=dict(rejected_reasons.most_common()),
-        checker_alive=lease is not None and lease_age < lease["ttl_s"],
+        checker_alive=lease is not None and lease_age < lease["ttl_s"] and not gone,
         checker_holder=None if lease is None else f"{lease['host']} pid {lease['pid']}",
+        checker_process_gone=gone,
         lease_renewed_age_s=lease_age,
         last_batch_id=None if last is None else last["batch_id"],
         last_batch_age_s=None if last is None else (now - last["finished_at"]).total_seconds(),

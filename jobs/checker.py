@@ -1,10 +1,13 @@
 """The checker job: ``spark-submit jobs/checker.py --config conf/coordinator.toml``.
 
 Runs until SIGTERM or SIGINT, then lets the batch in flight finish and exits 0.
-Also runs as ``python jobs/checker.py --config ...``. Exit status: 0 stopped on request,
-1 the streaming query failed, 2 bad arguments or configuration, 3 another checker is
-running on the same lakehouse, 4 the checkpoint is missing, foreign or older than the
-lakehouse (run once with ``--recover-checkpoint``, see the README).
+Also runs as ``python jobs/checker.py --config ...``. While another checker holds the
+lakehouse's lease it stands by, and starts the moment the lease lapses (at once if its
+holder's process is gone from this host, as after ``kill -9``). Exit status: 0 stopped on
+request (standing by too), 1 the streaming query failed, 2 bad arguments or configuration,
+3 another checker is running on the same lakehouse (only with ``--exit-if-running``, or
+with ``--recover-checkpoint``, which does not stand by), 4 the checkpoint is missing,
+foreign or older than the lakehouse (run once with ``--recover-checkpoint``, see the README).
 """
 
 from __future__ import annotations
@@ -26,16 +29,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recover-checkpoint", action="store_true",
                         help="first replay the last recorded batch and start a new checkpoint after it "
                              "(after exit code 4: the checkpoint was lost, foreign or stale)")
+    parser.add_argument("--exit-if-running", action="store_true",
+                        help=f"exit {EXIT_ALREADY_RUNNING} if another checker holds the lease, "
+                             "instead of standing by until it lapses")
     job = start_job("txcoord-checker", parser, argv)
     try:
         if job.args.recover_checkpoint:
             CheckerQuery(job.spark, job.config).recover()
-        checker = CheckerQuery(job.spark, job.config).start()
+        checker = CheckerQuery(job.spark, job.config).start(wait_for_lease=not job.args.exit_if_running,
+                                                            stop=job.stop_requested)
     except (CheckerAlreadyRunningError, CheckpointMismatchError) as error:
         # Said before Spark stops: under spark-submit the JVM relays this process's output.
         print(f"checker: {error}", file=sys.stderr, flush=True)
         job.spark.stop()
-        return EXIT_ALREADY_RUNNING if isinstance(error, CheckerAlreadyRunningError) else EXIT_CHECKPOINT_MISMATCH
+        if isinstance(error, CheckpointMismatchError):
+            return EXIT_CHECKPOINT_MISMATCH
+        return 0 if job.stop_requested.is_set() else EXIT_ALREADY_RUNNING
     try:
         while not job.stop_requested.is_set():
             if checker.await_termination(1):

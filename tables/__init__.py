@@ -230,7 +230,7 @@ METRICS = TableDef(
         ("started_at", "timestamp"),  # when the trigger fired
         ("finished_at", "timestamp"),  # when the batch had committed every write
         ("duration_ms", "long"),  # the whole trigger: planning, the batch, committing offsets
-        ("input_rows", "long"),  # rows read, heartbeat ticks included
+        ("input_rows", "long"),  # rows read: the batch's records and its clock tick
         ("records", "long"),  # commit-log records
         ("halves", "long"),  # halves ingested
         ("commits", "long"),  # transactions committed

@@ -99,6 +99,9 @@ class ManualChecker:
         self.next_version = 0
         self.batch_id = 0
         self.pending_from = 0
+        from coordinator.checker.state import CheckerState
+
+        self.state = CheckerState()
 
     def write(self, *rows: dict) -> int:
         """Append raw commit-log records as one commit; return its version."""
@@ -106,14 +109,10 @@ class ManualChecker:
         return DeltaTable(COMMIT_LOG.path(self.config.lakehouse)).version()
 
     def records(self, first_version: int, last_version: int, now: dt.datetime):
-        from coordinator.checker import read_records
-        from coordinator.checker.context import RECORD_EXTRA_COLUMNS
+        from coordinator.checker.source import read_records, tick
 
-        schema = COMMIT_LOG.spark_ddl() + ", " + ", ".join(f"{n} {t}" for n, t in RECORD_EXTRA_COLUMNS)
-        records = self.spark.createDataFrame([{"stored_timestamp": now, "is_heartbeat": True}], schema)
-        if last_version >= first_version:
-            records = read_records(self.spark, self.config, first_version, last_version).unionByName(records)
-        return records
+        records = read_records(COMMIT_LOG.path(self.config.lakehouse), first_version, last_version)
+        return pa.concat_tables([records, tick(int(now.timestamp() * 1_000_000))])
 
     def run(self, now: Optional[dt.datetime] = None):
         """Run the next batch over every commit-log version not yet processed, at clock ``now``."""
@@ -129,7 +128,8 @@ class ManualChecker:
         from coordinator.checker import run_batch
 
         first, last, now, batch_id, pending_from = self.last_batch
-        return run_batch(self.spark, self.config, self.records(first, last, now), batch_id, pending_from=pending_from)
+        return run_batch(self.config, self.records(first, last, now), batch_id,
+                         pending_from=pending_from, state=self.state)
 
     def table(self, name: str):
         from coordinator.tables import SYSTEM_TABLES, topic_path

@@ -109,22 +109,22 @@ def test_replayed_batch_writes_nothing_twice(checker):
 
 
 def test_crash_between_writes_is_repaired_by_replay(checker, monkeypatch):
-    import coordinator.checker.context as context
+    import coordinator.checker.writer as writer
 
     checker.write(half_record("x"))
     checker.write(end_record("x"))
-    real_append = context.BatchContext.append
+    real_append = writer.TableWriter.append
 
-    def crash_on_topic(self, df, table, path=None):
-        if table.name.startswith("topics/"):
+    def crash_on_topic(self, path, data, batch_id):
+        if "/topics/" in path:
             raise RuntimeError("simulated crash after the op was written")
-        real_append(self, df, table, path)
+        return real_append(self, path, data, batch_id)
 
-    monkeypatch.setattr(context.BatchContext, "append", crash_on_topic)
+    monkeypatch.setattr(writer.TableWriter, "append", crash_on_topic)
     with pytest.raises(RuntimeError):
         checker.run()
     assert checker.table("op").count() == 1
-    monkeypatch.setattr(context.BatchContext, "append", real_append)
+    monkeypatch.setattr(writer.TableWriter, "append", real_append)
     checker.replay()
 
     assert checker.table("op").count() == 1
@@ -252,6 +252,7 @@ def test_checks_respect_immunity_interval_and_maximum_then_discard(checker):
     assert (checks("silent"), checks("patient")) == (1, 0)  # default immunity passed, per-message one not
     checker.run(now=born + 40 * SECOND)
     assert (checks("silent"), checks("patient")) == (1, 1)  # interval not yet elapsed for "silent"
+    checker.write(end_record("patient", check_id="patient-1"))  # answered: only "silent" goes on
     def last_check_visible():
         silent = checker.table("check_requests").filter("transaction_id = 'silent'")
         return silent.agg(F.max("_metadata.file_modification_time")).first()[0].astimezone(dt.timezone.utc)

@@ -42,6 +42,20 @@ def test_a_missing_foreign_or_stale_checkpoint_is_refused_with_the_way_out(check
     assert "--recover-checkpoint" in str(refused.value)
 
 
+def test_a_checkpoint_of_the_change_feed_checker_is_read_as_such_and_refused_with_the_way_out(tmp_path):
+    """Checkers before the commit-log source kept Delta change-feed offsets: upgrading goes through recovery."""
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "metadata").write_text('{"id":"q1"}')
+    (tmp_path / "offsets" / "7").write_text('v1\n{"batchWatermarkMs":0}\n'
+                                             '{"sourceVersion":1,"reservoirId":"r","reservoirVersion":12,"index":-1}\n')
+    checkpoint = CheckpointState.read(str(tmp_path))
+    assert (checkpoint.checkpoint_id, checkpoint.last_planned_batch, checkpoint.change_feed_offsets) == ("q1", 7, True)
+    with pytest.raises(CheckpointMismatchError, match="change feed.*--recover-checkpoint"):
+        verify_checkpoint(progress(last_batch_id=7), checkpoint, RECORD)
+    (tmp_path / "offsets" / "8").write_text('v1\n{"batchWatermarkMs":0}\n{"version":13,"clock_us":5}\n')
+    verify_checkpoint(progress(last_batch_id=7), CheckpointState.read(str(tmp_path)), RECORD)
+
+
 def test_batch_ids_of_a_later_epoch_continue_from_the_last_recorded_batch(tmp_path):
     store = CheckerProgress(str(tmp_path))
     store.save(progress(first_batch_id=0, last_batch_id=7))
@@ -71,7 +85,7 @@ def commit_and_await_delivery(lakehouse: str, transaction_id: str) -> None:
 
 
 def test_lost_checkpoint_after_a_crash_mid_batch_is_recovered_without_loss_or_duplicate(spark, config, monkeypatch, tmp_path):
-    import coordinator.checker.context as context
+    import coordinator.checker.writer as writer
 
     config = config.replace(trigger_interval_ms=500)
     lakehouse = config.lakehouse
@@ -82,15 +96,15 @@ def test_lost_checkpoint_after_a_crash_mid_batch_is_recovered_without_loss_or_du
         checker.stop()
 
     # The next batch dies between its op write and its topic write...
-    real_append = context.BatchContext.append
+    real_append = writer.TableWriter.append
 
-    def crash_on_topic(self, df, table, path=None):
+    def crash_on_topic(self, path, data, batch_id):
         # Only the batch that delivers "in-flight": a stopped query may replay its last batch first.
-        if table.name.startswith("topics/") and df.filter(df.transaction_id == "in-flight").count():
+        if "/topics/" in path and "in-flight" in data.column("transaction_id").to_pylist():
             raise RuntimeError("simulated crash after the op was written")
-        real_append(self, df, table, path)
+        return real_append(self, path, data, batch_id)
 
-    monkeypatch.setattr(context.BatchContext, "append", crash_on_topic)
+    monkeypatch.setattr(writer.TableWriter, "append", crash_on_topic)
     commit(lakehouse, "in-flight")
     checker = CheckerQuery(spark, config).start()
     try:
@@ -98,7 +112,7 @@ def test_lost_checkpoint_after_a_crash_mid_batch_is_recovered_without_loss_or_du
             checker.await_termination(120)
     finally:
         checker.stop()
-    monkeypatch.setattr(context.BatchContext, "append", real_append)
+    monkeypatch.setattr(writer.TableWriter, "append", real_append)
     in_flight_ops = read_table(OP.path(lakehouse), ["transaction_id"]).column("transaction_id").to_pylist()
     assert in_flight_ops.count("in-flight") == 1 and delivered(lakehouse) == ["before"]
 

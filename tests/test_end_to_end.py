@@ -109,7 +109,7 @@ def test_streaming_checker_heartbeat_fires_checks_with_no_new_records(spark, con
     checker = CheckerQuery(spark, config).start()
     try:
         with pytest.raises(CheckerAlreadyRunningError, match="another checker holds"):
-            CheckerQuery(spark, config).start()  # one active checker per lakehouse
+            CheckerQuery(spark, config).start(wait_for_lease=False)  # one active checker per lakehouse
         from tests.conftest import append_rows
 
         append_rows(COMMIT_LOG.path(config.lakehouse), COMMIT_LOG, [half_record("quiet")])
@@ -149,8 +149,8 @@ def test_checker_job_delivers_refuses_a_second_checker_and_exits_zero_on_sigterm
         wait_until(lambda: job.poll() is not None or (
             DeltaTable.is_deltatable(str(topic)) and read_table(str(topic)).num_rows == 3), 240)
         # The same job started the other supported way, `python jobs/checker.py`, on the same lakehouse.
-        second = subprocess.run([sys.executable, str(PROJECT_ROOT / "jobs" / "checker.py"), "--config", str(conf)],
-                                capture_output=True, text=True, timeout=180)
+        second = subprocess.run([sys.executable, str(PROJECT_ROOT / "jobs" / "checker.py"), "--config", str(conf),
+                                 "--exit-if-running"], capture_output=True, text=True, timeout=180)
         job.send_signal(signal.SIGTERM)
         output, _ = job.communicate(timeout=120)
     finally:

@@ -1,12 +1,62 @@
-"""One active checker per lakehouse: the lease refuses a second holder and expires when its holder dies."""
+"""One active checker per lakehouse: the lease refuses a second holder, or keeps it standing by,
+and lapses when its holder releases it, stops renewing it, or is gone from this host."""
 
 import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
 
-from coordinator.checker.lease import CheckerLease
+from coordinator.checker.lease import CheckerLease, holder_gone
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
+
+# A checker's lease in a child process: it says "held", then sleeps until killed.
+HOLD = ("import sys, time; from coordinator.checker.lease import CheckerLease; "
+        "CheckerLease(sys.argv[1], ttl_s=30).acquire(); print('held', flush=True); time.sleep(120)")
+
+
+@pytest.fixture
+def standby_logs(caplog):
+    """The log records in which a waiting checker names the holder it stands by for."""
+    caplog.set_level(logging.INFO, logger="coordinator.checker")
+    return lambda: [r for r in caplog.records if "standing by" in r.getMessage()]
+
+
+def in_thread(function) -> tuple[threading.Event, list]:
+    """Run ``function`` in a thread; the event is set once it returned or raised, the list holds the outcome."""
+    done, outcome = threading.Event(), []
+
+    def run():
+        try:
+            outcome.append(function())
+        except Exception as error:
+            outcome.append(error)
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return done, outcome
+
+
+def wait_until(predicate, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def held_by_a_child(tmp_path) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    done, outcome = in_thread(child.stdout.readline)
+    if not done.wait(30):
+        child.kill()
+        pytest.fail("the child never took the lease")
+    assert outcome == ["held\n"]
+    return child
 
 
 def test_second_checker_is_refused_while_the_first_renews(tmp_path):
@@ -29,6 +79,114 @@ def test_a_dead_holder_is_taken_over_and_then_must_stop(tmp_path):
     successor.renew()
     dead.release()  # not its lease any more: must leave the successor's alone
     assert json.loads(open(successor.path).read())["owner"] == successor.owner
+
+
+@pytest.mark.parametrize("reaped", [True, False], ids=["gone", "zombie"])
+def test_a_killed_holder_on_this_host_is_taken_over_at_once(tmp_path, reaped):
+    child = held_by_a_child(tmp_path)
+    try:
+        with pytest.raises(CheckerAlreadyRunningError):
+            CheckerLease(str(tmp_path), ttl_s=30).acquire()  # alive: refused
+        os.kill(child.pid, signal.SIGKILL)
+        if reaped:
+            child.wait(10)
+        else:  # not reaped yet: a zombie, as when the parent of a killed checker has not waited for it
+            wait_until(lambda: open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", 10)
+        successor = CheckerLease(str(tmp_path), ttl_s=30).acquire()  # its 30 s lease was renewed a moment ago
+    finally:
+        child.kill()
+        child.wait(10)
+    successor.renew()
+
+
+def test_a_reused_pid_does_not_pass_for_the_holder(tmp_path):
+    holder = CheckerLease(str(tmp_path), ttl_s=30).acquire()
+    record = json.loads(open(holder.path).read())
+    assert not holder_gone(record)  # this process, as it recorded itself
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        # The same pid with another start time: the holder died and its pid went to `other`.
+        reused = record | {"pid": other.pid, "started": str(int(record["started"]) - 1)}
+        with open(holder.path, "w") as file:
+            json.dump(reused, file)
+        assert holder_gone(reused)
+        CheckerLease(str(tmp_path), ttl_s=30).acquire()
+    finally:
+        other.kill()
+        other.wait(10)
+
+
+def test_a_holder_on_another_host_is_awaited_for_its_whole_lease(tmp_path):
+    holder = CheckerLease(str(tmp_path), ttl_s=30).acquire()
+    record = json.loads(open(holder.path).read()) | {"host": "elsewhere", "pid": 2 ** 22 + 1}  # no such pid here
+    with open(holder.path, "w") as file:
+        json.dump(record, file)
+    assert not holder_gone(record)
+    with pytest.raises(CheckerAlreadyRunningError, match="host elsewhere"):
+        CheckerLease(str(tmp_path), ttl_s=30).acquire()
+
+
+def test_a_standby_waits_while_the_holder_renews_and_takes_over_once_it_stops(tmp_path, standby_logs):
+    holder = CheckerLease(str(tmp_path), ttl_s=0.5).acquire()
+    stop_renewing = threading.Event()
+
+    def keep_renewing():
+        while not stop_renewing.wait(0.05):
+            holder.renew()
+
+    renewer = threading.Thread(target=keep_renewing)
+    renewer.start()
+    standby = CheckerLease(str(tmp_path), ttl_s=0.5)
+    taken, outcome = in_thread(lambda: standby.acquire(wait=True))
+    try:
+        assert not taken.wait(1.2), outcome  # over twice the lease's life, renewed all along
+    finally:
+        stop_renewing.set()
+        renewer.join()
+    stopped_renewing_at = time.monotonic()
+    assert taken.wait(5) and outcome == [standby]
+    assert time.monotonic() - stopped_renewing_at > 0.3  # the lease ran out first (0.5 s after its last renewal)
+    with pytest.raises(LeaseLostError):
+        holder.renew()
+    assert len(standby_logs()) == 1, standby_logs()
+    assert f"pid {os.getpid()}" in standby_logs()[0].getMessage()
+
+
+def test_a_released_lease_is_taken_over_at_once(tmp_path, standby_logs):
+    holder = CheckerLease(str(tmp_path), ttl_s=5).acquire()
+    standby = CheckerLease(str(tmp_path), ttl_s=5)  # polls every 0.5 s
+    taken, outcome = in_thread(lambda: standby.acquire(wait=True))
+    wait_until(standby_logs, 10)
+    holder.release()
+    released_at = time.monotonic()
+    assert taken.wait(5) and outcome == [standby]
+    assert time.monotonic() - released_at < 2  # not the 5 s the lease had left
+    assert len(standby_logs()) == 1
+
+
+def test_a_waiting_killed_holder_is_taken_over_at_once(tmp_path, standby_logs):
+    child = held_by_a_child(tmp_path)
+    standby = CheckerLease(str(tmp_path), ttl_s=2)  # polls every 0.2 s
+    taken, outcome = in_thread(lambda: standby.acquire(wait=True))
+    try:
+        wait_until(standby_logs, 10)
+        assert f"pid {child.pid}" in standby_logs()[0].getMessage()
+        child.kill()
+        child.wait(10)
+        assert taken.wait(5) and outcome == [standby]  # not the 30 s the child's lease had left
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+def test_stop_ends_the_wait_promptly(tmp_path):
+    CheckerLease(str(tmp_path), ttl_s=30).acquire()
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(CheckerAlreadyRunningError, match="stopped while standing by"):
+        CheckerLease(str(tmp_path), ttl_s=30).acquire(wait=True, stop=stop)  # polls every second
+    assert time.monotonic() - started < 0.9
 
 
 def test_release_lets_the_next_checker_start_at_once(tmp_path):

@@ -18,6 +18,7 @@ from coordinator.metrics import CheckerMetrics
 from coordinator.status import read_status
 from coordinator.tables import COMMIT_LOG, METRICS
 from tests.conftest import end_record, half_record, stored_time
+from tests.test_lease import held_by_a_child
 
 
 @pytest.fixture
@@ -70,6 +71,24 @@ def test_status_reads_the_lease_and_the_last_recorded_batch(traffic):
     assert status.lag_s == pytest.approx(finished.timestamp() + 3 - written, abs=0.01)
     lease.release()
     assert not read_status(config).checker_alive
+
+
+def test_status_says_a_killed_checker_of_this_host_is_not_running(config, tmp_path, capsys):
+    from coordinator.__main__ import main
+
+    child = held_by_a_child(config.lakehouse)
+    try:
+        assert read_status(config).checker_alive
+        child.kill()
+        child.wait(10)
+        status = read_status(config)  # its 30 s lease is still fresh, but its process is gone
+        assert (status.checker_alive, status.checker_process_gone) == (False, True)
+        (tmp_path / "coordinator.toml").write_text(f'lakehouse = "{config.lakehouse}"\n')
+        assert main(["status", "--config", str(tmp_path / "coordinator.toml")]) == 1
+        assert f"not running: {status.checker_holder} is gone" in " ".join(capsys.readouterr().out.split())
+    finally:
+        child.kill()
+        child.wait(10)
 
 
 def test_timeline_of_a_committed_and_of_a_refused_transaction(traffic):

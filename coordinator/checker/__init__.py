@@ -13,7 +13,7 @@ _SPARK_SIDE = {
     "BatchSummary": "coordinator.checker.batch",
     "run_batch": "coordinator.checker.batch",
     "CheckerQuery": "coordinator.checker.query",
-    "read_records": "coordinator.checker.query",
+    "read_records": "coordinator.checker.source",
 }
 
 

@@ -1,9 +1,10 @@
 """One checker micro-batch: ingest, resolve, check, then write everything once.
 
-Every decision is computed first, from this batch's records and what earlier
-batches wrote; only then are the tables written, each in one idempotent append.
-A crash between two writes is repaired by Spark replaying the batch: the
-decisions come out the same and the writes already made are skipped.
+The batch's records are read on the driver; every decision is computed there, against what the checker keeps in memory (:mod:`.state`), and only
+then are the tables written, each in one idempotent delta-rs append. A crash between
+two writes is repaired by Spark replaying the batch: the state is rebuilt as earlier
+batches left the tables, the decisions come out the same, and the writes already
+made are skipped.
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from coordinator.checker.check import find_due
-from coordinator.checker.context import BatchContext
+from coordinator.checker.context import BatchContext, BatchRecords, shaped
 from coordinator.checker.ingest import OFFSETS_PER_COMMIT, ingest_halves, refuse_unknown_kinds
 from coordinator.checker.resolve import COMMIT, ROLLBACK, promote, resolve_ends
+from coordinator.checker.state import CheckerState, lookup_in_tables
+from coordinator.checker.writer import files_written_at_us
 from coordinator.config import CoordinatorConfig
-from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TOPIC, TableDef, topic_path
+from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TOPIC, topic_path
 
 log = logging.getLogger("coordinator.checker")
 
@@ -57,118 +60,129 @@ class BatchBounds:
     now_us: int
 
 
-def batch_bounds(records: DataFrame) -> Optional[BatchBounds]:
-    """The bounds of a batch of records, or ``None`` for an empty batch.
+def batch_bounds(records: pa.Table) -> Optional[BatchBounds]:
+    """The bounds of a collected batch, or ``None`` for an empty batch.
 
     The clock is the latest commit or tick time among the batch's own rows, never
     the wall clock, so a replayed batch decides exactly as the first run did.
 
     Example::
 
-        batch_bounds(records)  # BatchBounds(first_version=3, last_version=5, now_us=...)
+        batch_bounds(segment.records(commit_log))  # BatchBounds(first_version=3, last_version=5, now_us=...)
     """
-    first, last, now_us = records.agg(
-        F.min("commit_version"), F.max("commit_version"), F.max(F.unix_micros("stored_timestamp"))
-    ).first()
-    return None if now_us is None else BatchBounds(first, last, now_us)
+    versions = pc.min_max(records.column("commit_version"))
+    now_us = pc.max(records.column("stored_timestamp").cast(pa.int64())).as_py()
+    return None if now_us is None else BatchBounds(versions["min"].as_py(), versions["max"].as_py(), now_us)
 
 
 def run_batch(
-    spark: SparkSession,
     config: CoordinatorConfig,
-    records: DataFrame,
+    records: pa.Table,
     batch_id: int,
     app_id: str = DEFAULT_APP_ID,
     bounds: Optional[BatchBounds] = None,
     pending_from: int = 0,
+    state: Optional[CheckerState] = None,
 ) -> Optional[BatchSummary]:
     """Process one micro-batch of commit-log records (plus heartbeat ticks).
 
-    ``records`` has the commit-log columns plus ``commit_version``,
-    ``stored_timestamp`` and ``is_heartbeat``; ``bounds`` are its
+    ``records`` are the batch's rows (``coordinator.checker.source.Segment.records``): the
+    commit-log columns plus ``commit_version``, ``stored_timestamp`` and ``is_heartbeat``; ``bounds`` are its
     :func:`batch_bounds`, computed here unless given (a replay from the progress
     record gives them). ``pending_from`` is the previous batch's
-    ``BatchSummary.pending_from`` (0, the default, looks through the whole half
-    queue). Returns ``None`` for an empty batch.
+    ``BatchSummary.pending_from`` (0 looks through the whole half queue); ``state`` the
+    checker's memory, kept between calls (a fresh one, the default, is built from the
+    tables). Returns ``None`` for an empty batch.
 
     Example::
 
-        query = stream.writeStream.foreachBatch(lambda df, i: run_batch(spark, config, df, i)).start()
+        state = CheckerState()
+        run_batch(config, Segment(3, 5, clock_us).records(commit_log), batch_id=7, state=state)
     """
     started = time.monotonic()
-    records = records.persist()
-    try:
-        bounds = bounds or batch_bounds(records)
-        if bounds is None:
-            return None
-        ctx = BatchContext(spark=spark, config=config, batch_id=batch_id, now_us=bounds.now_us, app_id=app_id,
-                           pending_from=pending_from)
-        next_offset = pending_from if bounds.last_version is None else (bounds.last_version + 1) * OFFSETS_PER_COMMIT
-        # Only commit-log rows carry a version: a batch without one holds nothing but heartbeat ticks.
-        has_records = bounds.last_version is not None
-        summary = _decide_and_write(ctx, records.filter(~F.col("is_heartbeat")), has_records, next_offset)
-        summary = replace(summary, duration_ms=int((time.monotonic() - started) * 1000))
-        log.info("batch %d: %s", batch_id, ", ".join(f"{k}={v}" for k, v in asdict(summary).items() if k != "batch_id"))
-        return summary
-    finally:
-        records.unpersist()
+    bounds = bounds or batch_bounds(records)
+    if bounds is None:
+        return None
+    state = state if state is not None else CheckerState()
+    state.prepare(config, batch_id, pending_from, app_id)
+    summary = _decide_and_write(BatchContext(config, batch_id, bounds.now_us), BatchRecords.of(records),
+                                state, pending_from, bounds)
+    summary = replace(summary, duration_ms=int((time.monotonic() - started) * 1000))
+    log.info("batch %d: %s", batch_id, ", ".join(f"{k}={v}" for k, v in asdict(summary).items() if k != "batch_id"))
+    return summary
 
 
-def _decide_and_write(ctx: BatchContext, records: DataFrame, has_records: bool, next_offset: int) -> BatchSummary:
-    # Results read more than once are materialised with their lineage cut: writing a DataFrame
-    # whose plan still reads the checker's own Delta tables costs far more than the data it holds.
-    # Each Spark job costs a batch about a tenth of a second here, so counts are taken once.
-    if has_records:
-        record_count = records.count()
-        earlier = ctx.earlier(records.select("transaction_id"))
-        new_halves, half_rejections = ingest_halves(ctx, records, earlier.halves)
-        halves = earlier.halves.unionByName(new_halves)
-        ops, end_rejections = resolve_ends(records, halves, earlier.resolved)
-        ops = ops.localCheckpoint(eager=True)
-        rejected = refuse_unknown_kinds(records).unionByName(half_rejections).unionByName(end_rejections)
-        half_count, rejected_count = new_halves.count(), rejected.count()
-        outcomes = {outcome: (transactions, rows) for outcome, transactions, rows in ops.groupBy("outcome").agg(
-            F.countDistinct("transaction_id"), F.count(F.lit(1))).collect()}
-    else:  # a heartbeat-only batch: nothing to ingest or resolve, only checks to make
-        new_halves = halves = _empty(ctx, HALF)
-        ops = _empty(ctx, OP)
-        record_count = half_count = rejected_count = 0
-        outcomes = {}
-    due = find_due(ctx, new_halves, ops, next_offset)
-    deliveries = promote(ops, halves).localCheckpoint(eager=True) if COMMIT in outcomes else None
-    per_topic = dict(deliveries.groupBy("topic").count().collect()) if deliveries is not None else {}
-    op_count = sum(rows for _, rows in outcomes.values()) + due.discards
+def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerState,
+                      pending_from: int, bounds: BatchBounds) -> BatchSummary:
+    state.invalidate()  # until every write below has landed: a batch that fails leaves the next one to rebuild
+    ids = {r["transaction_id"] for r in records.rows if r["transaction_id"] is not None}
+    known, unsure = state.lookup(ids)
+    known.update(lookup_in_tables(ctx.config, ctx.batch_id, unsure))
+
+    ingested = ingest_halves(ctx, records, known)
+    state.add_pending(ingested.transactions, ingested.halves, ctx.config)
+    resolved = resolve_ends(records, state, known)
+    deliveries = promote(resolved, state)
+    due = find_due(ctx, state, set(resolved.outcomes))
+    rejected = refuse_unknown_kinds(records) + ingested.rejections + resolved.rejections
+
+    ops = resolved.ops + due.discard_ops
+    lakehouse, writer, batch_id = ctx.config.lakehouse, state.writer, ctx.batch_id
+    written = []
+
+    def append(table, data: pa.Table, path: Optional[str] = None) -> Optional[int]:
+        version = writer.append(path or table.path(lakehouse), data, batch_id)
+        written.append(version is not None)
+        return version
+
     # Order matters only for readers' convenience: a half is in system/half before its
     # op, and an op before its topic rows. Correctness under replay does not rely on it.
-    if half_count:
-        ctx.append(new_halves, HALF)
-    if op_count:
-        ctx.append(ops.unionByName(due.discard_ops) if due.discards else ops, OP)
-    for topic in sorted(per_topic):
-        ctx.append(deliveries.filter(F.col("topic") == topic), TOPIC, topic_path(ctx.config.lakehouse, topic))
-    if due.discards:
-        ctx.append(due.discarded, DISCARDED)
-    if due.checks:
-        ctx.append(due.requests, CHECK_REQUESTS)
-    if rejected_count:
-        ctx.append(rejected, REJECTED)
+    if ingested.halves.num_rows:
+        append(HALF, ingested.halves)
+    if ops:
+        append(OP, _rows_table(OP, ops, batch_id))
+    for topic in sorted(set(deliveries.column("topic").to_pylist())):
+        rows = deliveries.filter(pc.equal(deliveries.column("topic"), topic))
+        append(TOPIC, _table(TOPIC, rows, batch_id), topic_path(lakehouse, topic))
+    if due.discarded.num_rows:
+        append(DISCARDED, _table(DISCARDED, due.discarded, batch_id))
+    visible_at_us = None
+    if due.checked:
+        version = append(CHECK_REQUESTS, _table(CHECK_REQUESTS, due.requests, batch_id))
+        visible_at_us = None if version is None else files_written_at_us(CHECK_REQUESTS.path(lakehouse), version)
+    if rejected:
+        append(REJECTED, _rows_table(REJECTED, rejected, batch_id))
+
+    state.resolve([*resolved.outcomes, *due.given_up])
+    if visible_at_us is not None:
+        state.checked([p.transaction_id for p in due.checked], visible_at_us, ctx.config)
+    if all(written):
+        state.next_batch_id = batch_id + 1
+    # else: a replay found some of its writes made already; the next batch rebuilds from the tables.
+
+    lowest = state.lowest_pending_offset()
+    next_offset = pending_from if bounds.last_version is None else (bounds.last_version + 1) * OFFSETS_PER_COMMIT
+    outcomes = list(resolved.outcomes.values())
     return BatchSummary(
-        batch_id=ctx.batch_id,
-        records=record_count,
-        halves=half_count,
-        commits=outcomes.get(COMMIT, (0, 0))[0],
-        rollbacks=outcomes.get(ROLLBACK, (0, 0))[0],
-        resolved=op_count,
-        delivered=sum(per_topic.values()),
-        checks=due.checks,
-        discarded=due.discards,
-        rejected=rejected_count,
-        pending=due.pending,
-        pending_from=due.pending_from,
+        batch_id=batch_id,
+        records=len(records.rows),
+        halves=ingested.halves.num_rows,
+        commits=outcomes.count(COMMIT),
+        rollbacks=outcomes.count(ROLLBACK),
+        resolved=len(ops),
+        delivered=deliveries.num_rows,
+        checks=len(due.checked),
+        discarded=due.discarded.num_rows,
+        rejected=len(rejected),
+        pending=state.pending_half_count,
+        pending_from=lowest if lowest is not None else max(pending_from, next_offset),
     )
 
 
-def _empty(ctx: BatchContext, table: TableDef) -> DataFrame:
-    """No rows, with ``table``'s columns less ``batch_id`` (as the steps produce them)."""
-    columns = ", ".join(f"`{name}` {kind}" for name, kind in table.columns if name != "batch_id")
-    return ctx.spark.createDataFrame([], columns)
+def _table(table, data: pa.Table, batch_id: int) -> pa.Table:
+    return shaped(table, {name: data.column(name) for name in data.column_names}, data.num_rows, batch_id)
+
+
+def _rows_table(table, rows: list[dict], batch_id: int) -> pa.Table:
+    columns = {name: [row.get(name) for row in rows] for name in table.column_names if name != "batch_id"}
+    return shaped(table, columns, len(rows), batch_id)

@@ -1,21 +1,15 @@
-"""What every step of a checker batch shares: its id, its clock, and replay-safe table I/O."""
+"""What every step of a checker batch shares: its id and clock, its records, and row-to-table shaping."""
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
+from typing import Mapping, Optional
 
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from coordinator.config import CoordinatorConfig
-from coordinator.tables import HALF, OP, TableDef
-
-log = logging.getLogger("coordinator.checker")
-
-_METADATA_CHANGED = "DELTA_METADATA_CHANGED"
-_WRITE_ATTEMPTS = 10
+from coordinator.tables import TableDef
 
 #: Columns the checker adds to each commit-log record it reads.
 RECORD_EXTRA_COLUMNS = (
@@ -29,107 +23,72 @@ MESSAGE_FIELDS = ("msg_id", "topic", "keys", "tags", "properties", "body", "born
 
 
 @dataclass(frozen=True)
-class EarlierRows:
-    """Rows earlier batches wrote about one batch's transactions (see :meth:`BatchContext.earlier`)."""
-
-    halves: DataFrame  # their system/half rows, without batch_id
-    resolved: DataFrame  # the transaction_id of each of them that already has op rows
-
-
-@dataclass(frozen=True)
 class BatchContext:
-    """One micro-batch: its id, its clock and the lakehouse it works on.
+    """One micro-batch: its id, its clock and the configuration it runs with.
 
-    ``now_us`` is read from the batch's own rows (heartbeat ticks and commit
-    times), never from the wall clock, so a replayed batch decides exactly as
-    the first run did. Reads of checker tables see only earlier batches
-    (``batch_id < self.batch_id``) for the same reason, and every write carries
-    ``txnAppId``/``txnVersion`` so Delta skips it when the batch is replayed.
+    ``now_us`` is read from the batch's own rows (heartbeat ticks and commit times),
+    never from the wall clock, so a replayed batch decides exactly as the first run did.
     """
 
-    spark: SparkSession
     config: CoordinatorConfig
     batch_id: int
     now_us: int
-    app_id: str
-    #: Every half below this queue offset is resolved (RocketMQ's half consume offset): the
-    #: pending set is looked for from here, so its cost ignores resolved history.
-    pending_from: int = 0
 
-    @property
-    def now(self) -> Column:
-        """The batch clock as a timestamp column."""
-        return F.timestamp_micros(F.lit(self.now_us))
 
-    def path(self, table: TableDef) -> str:
-        return table.path(self.config.lakehouse)
+@dataclass(frozen=True)
+class BatchRecords:
+    """A batch's commit-log records (heartbeat ticks set aside), collected to the driver.
 
-    def read(self, table: TableDef) -> DataFrame:
-        """``table`` as earlier batches left it.
+    ``table`` holds every column; ``rows`` the same records as dicts without the two
+    heavy columns (``body``, ``born_timestamp``), plus ``row`` (the index in ``table``),
+    ``stored_us`` (``stored_timestamp`` in microseconds) and ``body_size``.
+    """
 
-        Example::
+    table: pa.Table
+    rows: list[dict]
 
-            pending_before = ctx.read(HALF).join(ctx.read(OP), ..., "left_anti")
-        """
-        return self.spark.read.format("delta").load(self.path(table)).filter(F.col("batch_id") < self.batch_id)
-
-    def earlier(self, transaction_ids: DataFrame) -> "EarlierRows":
-        """What earlier batches wrote about the transactions in ``transaction_ids``: read once
-        per batch, and shared by every step that needs it.
-
-        Filters on the range of the ids first: producers' ids are time-ordered, so Delta's
-        data skipping leaves out every file of older transactions.
+    @classmethod
+    def of(cls, collected: pa.Table) -> "BatchRecords":
+        """The records of a collected batch, ticks left out.
 
         Example::
 
-            earlier = ctx.earlier(records.select("transaction_id"))
-            earlier.halves.count()
+            BatchRecords.of(records_dataframe.toArrow()).rows[0]["kind"]  # 'HALF'
         """
-        transaction_ids = transaction_ids.where(F.col("transaction_id").isNotNull()).distinct()
-        low, high = transaction_ids.agg(F.min("transaction_id"), F.max("transaction_id")).first()
+        table = collected.filter(pc.invert(collected.column("is_heartbeat")))
+        light = table.drop_columns(["body", "born_timestamp", "stored_timestamp", "is_heartbeat"])
+        light = light.append_column("stored_us", table.column("stored_timestamp").cast(pa.int64()))
+        light = light.append_column("body_size", pc.binary_length(table.column("body")))
+        rows = light.to_pylist()
+        for index, row in enumerate(rows):
+            row["row"] = index
+        return cls(table, rows)
 
-        def rows(table: TableDef) -> DataFrame:
-            all_rows = self.read(table)
-            if low is None:
-                return all_rows.limit(0)
-            return all_rows.filter(F.col("transaction_id").between(low, high)).join(transaction_ids, "transaction_id", "left_semi")
 
-        return EarlierRows(
-            # Materialised once: ingest, resolve and promote all read it.
-            halves=rows(HALF).drop("batch_id").localCheckpoint(eager=True),
-            resolved=rows(OP).select("transaction_id").distinct(),
-        )
+def shaped(table: TableDef, columns: Mapping[str, object], num_rows: int, batch_id: Optional[int]) -> pa.Table:
+    """An Arrow table with exactly ``table``'s columns and types, stamped with ``batch_id``
+    (``None``: ``columns`` holds it).
 
-    def conform(self, df: DataFrame, table: TableDef) -> DataFrame:
-        """``df`` with exactly ``table``'s columns and types, stamped with this batch's id."""
-        types = dict(table.columns)
-        df = df.withColumn("batch_id", F.lit(self.batch_id))
-        return df.select([F.col(name).cast(types[name]).alias(name) for name in table.column_names])
+    ``columns`` maps names to Arrow arrays or Python lists (timestamps as epoch
+    microseconds); a column it leaves out is null.
 
-    def append(self, df: DataFrame, table: TableDef, path: str | None = None) -> None:
-        """Append ``df`` to ``table`` once: a replay of this batch writes nothing again.
+    Example::
 
-        An append that loses to a concurrent metadata change (``txcoord maintain`` setting a
-        table property) is tried again: the change touches no data, and the append is idempotent.
-
-        Example::
-
-            ctx.append(check_requests, CHECK_REQUESTS)
-        """
-        writer = (
-            self.conform(df, table)
-            .write.format("delta")
-            .mode("append")
-            .option("txnAppId", self.app_id)
-            .option("txnVersion", self.batch_id)
-        )
-        for attempt in range(1, _WRITE_ATTEMPTS + 1):
-            try:
-                writer.save(path or self.path(table))
-                return
-            except Exception as error:  # raised through py4j, so only its message names the cause
-                if _METADATA_CHANGED not in str(error) or attempt == _WRITE_ATTEMPTS:
-                    raise
-                log.warning("batch %d: append to %s lost to a metadata change; attempt %d of %d",
-                            self.batch_id, path or table.name, attempt + 1, _WRITE_ATTEMPTS)
-                time.sleep(0.1 * attempt)
+        shaped(OP, {"half_offset": [3], "outcome": ["COMMIT"]}, 1, batch_id=7)
+    """
+    schema = table.arrow_schema()
+    arrays = []
+    for column in schema:
+        value = columns.get(column.name)
+        if column.name == "batch_id" and batch_id is not None:
+            value = [batch_id] * num_rows
+        if value is None:
+            arrays.append(pa.nulls(num_rows, column.type))
+        elif isinstance(value, (pa.Array, pa.ChunkedArray)):
+            arrays.append(value if value.type == column.type else value.cast(column.type))
+        elif pa.types.is_timestamp(column.type):
+            arrays.append(pa.array(value, pa.int64()).cast(column.type))
+        else:
+            arrays.append(pa.array(value, column.type))
+    arrays = [array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array for array in arrays]
+    return pa.Table.from_arrays(arrays, schema=schema)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
-from pyspark.sql import functions as F
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Mapping
 
-from coordinator.checker.context import BatchContext
-from coordinator.checker.refusals import as_rejections, first_failure
+import pyarrow as pa
+
+from coordinator.checker.context import BatchContext, BatchRecords, shaped
+from coordinator.checker.refusals import first_failure, rejection
+from coordinator.checker.state import Known, PendingTransaction, pending_from_rows
 from coordinator.message import (
     CHECK_IMMUNITY_TIME_IN_SECONDS,
     DELAY_PROPERTIES,
@@ -17,6 +22,7 @@ from coordinator.message import (
     TOPIC_MAX_LENGTH,
     TOPIC_PATTERN,
 )
+from coordinator.tables import HALF
 
 HALF_KIND = "HALF"
 END_KIND = "END"
@@ -25,120 +31,137 @@ END_KIND = "END"
 #: unique, increasing in commit-log order, and the same every time a batch is replayed.
 OFFSETS_PER_COMMIT = 1 << 20
 
+_TOPIC = re.compile(f"[{TOPIC_CHARACTERS}]+")
+_IMMUNITY = re.compile(IMMUNITY_DIGITS)
 
-def refuse_unknown_kinds(records: DataFrame) -> DataFrame:
+
+@dataclass(frozen=True)
+class Ingested:
+    """The halves a batch accepted (``system/half`` rows, and one pending
+    transaction each) and the HALF records it refused (``system/rejected`` rows)."""
+
+    halves: pa.Table
+    transactions: list[PendingTransaction]
+    rejections: list[dict]
+
+
+def refuse_unknown_kinds(records: BatchRecords) -> list[dict]:
     """Records that are neither HALF nor END, as rejections."""
-    unknown = records.filter(~F.coalesce(F.col("kind").isin(HALF_KIND, END_KIND), F.lit(False)))
-    return as_rejections(unknown.withColumn("reason", F.format_string("unknown record kind '%s'", F.coalesce("kind", F.lit("null")))))
+    return [rejection(r, f"unknown record kind '{r['kind'] if r['kind'] is not None else 'null'}'")
+            for r in records.rows if r["kind"] not in (HALF_KIND, END_KIND)]
 
 
-def ingest_halves(ctx: BatchContext, records: DataFrame, earlier_halves: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """Split this batch's HALF records into accepted halves (``system/half`` rows) and rejections.
+def ingest_halves(ctx: BatchContext, records: BatchRecords, known: Mapping[str, Known]) -> Ingested:
+    """Split this batch's HALF records into accepted halves and rejections.
 
     A transaction is all-or-nothing: if one of its messages is refused, all are.
-    A transaction id already ingested by an earlier batch (one in ``earlier_halves``)
-    or commit is refused as a duplicate.
+    A transaction id already ingested by an earlier batch (one in ``known``) or
+    commit is refused as a duplicate.
 
     Example::
 
-        halves, rejected = ingest_halves(ctx, records, ctx.earlier(records.select("transaction_id")).halves)
+        ingested = ingest_halves(ctx, records, known)
+        ingested.halves.num_rows, len(ingested.rejections)
     """
-    halves = records.filter(F.col("kind") == HALF_KIND)
-    position = F.row_number().over(Window.partitionBy("commit_version").orderBy("record_id", "transaction_id", "message_index")) - 1
-    halves = halves.withColumn("position", position).withColumn(
-        "queue_offset", F.col("commit_version") * OFFSETS_PER_COMMIT + F.col("position")
-    )
-    immunity = F.col("properties").getItem(CHECK_IMMUNITY_TIME_IN_SECONDS)
-    body_size = F.length("body")
-    halves = halves.withColumn(
-        "reason",
-        first_failure(
-            [
-                (F.col("record_id").isNull(), "missing record_id"),
-                (_blank("transaction_id"), "missing transaction_id"),
-                (_blank("producer_group"), "missing producer_group"),
-                (_blank("msg_id"), "missing msg_id"),
-                (_blank("topic"), "missing topic"),
-                (F.length("topic") > TOPIC_MAX_LENGTH, f"topic longer than {TOPIC_MAX_LENGTH} characters"),
-                # \z, Java's very end of input: its $ would let a trailing newline through.
-                (~F.col("topic").rlike(rf"^[{TOPIC_CHARACTERS}]+\z"), f"topic does not match {TOPIC_PATTERN}"),
-                (F.col("body").isNull() | (body_size == 0), "empty body"),
-                (body_size > MAX_BODY_BYTES, f"body larger than {MAX_BODY_BYTES} bytes"),
-                (
-                    F.col("message_count").isNull() | (F.col("message_count") < 1)
-                    | F.col("message_index").isNull() | (F.col("message_index") < 0)
-                    | (F.col("message_index") >= F.col("message_count")),
-                    "bad message_index/message_count",
-                ),
-                (
-                    immunity.isNotNull() & ~F.coalesce(
-                        immunity.rlike(rf"^{IMMUNITY_DIGITS}\z") & (immunity.cast("long").between(1, MAX_IMMUNITY_SECONDS)), F.lit(False)
-                    ),
-                    f"bad {CHECK_IMMUNITY_TIME_IN_SECONDS}",
-                ),
-                (F.col("position") >= OFFSETS_PER_COMMIT, f"more than {OFFSETS_PER_COMMIT} records in one commit"),
-            ]
-        ),
-    )
-    # Materialised once: both the accepted halves and the rejections are read from it.
-    halves = _refuse_whole_transactions(halves, earlier_halves).localCheckpoint(eager=True)
-    accepted = halves.filter(F.col("reason").isNull()).select(
-        "queue_offset",
-        "transaction_id",
-        "producer_group",
-        "msg_id",
-        "message_index",
-        "message_count",
-        "topic",
-        "keys",
-        "tags",
-        F.map_filter("properties", lambda key, _: ~key.isin(*DELAY_PROPERTIES)).alias("properties"),
-        "body",
-        "born_timestamp",
-        "stored_timestamp",
-        F.coalesce(immunity.cast("long") * 1000, F.lit(ctx.config.transaction_timeout_ms)).alias("immunity_ms"),
-        "commit_version",
-    )
-    return accepted, as_rejections(halves.filter(F.col("reason").isNotNull()))
+    halves = [r for r in records.rows if r["kind"] == HALF_KIND]
+    _number(halves)
+    for record in halves:
+        record["reason"] = first_failure(record, _RECORD_RULES)
+    _refuse_whole_transactions(halves, known)
+    accepted = [r for r in halves if r["reason"] is None]
+    table = _half_rows(ctx, records, accepted)
+    return Ingested(table, pending_from_rows(table), [rejection(r, r["reason"]) for r in halves if r["reason"]])
+
+
+def _number(halves: list[dict]) -> None:
+    """Give each half its position in its commit and its queue offset (nulls sort first, as in SQL)."""
+    by_version = defaultdict(list)
+    for record in halves:
+        by_version[record["commit_version"]].append(record)
+    for version, commit in by_version.items():
+        commit.sort(key=lambda r: tuple((r[c] is not None, r[c] if r[c] is not None else 0)
+                                        for c in ("record_id", "transaction_id", "message_index")))
+        for position, record in enumerate(commit):
+            record["position"] = position
+            record["queue_offset"] = version * OFFSETS_PER_COMMIT + position
 
 
 def _blank(name: str):
-    return F.col(name).isNull() | (F.trim(F.col(name)) == "")
+    # SQL's trim, which the rule had first: spaces only.
+    return lambda r: r[name] is None or r[name].strip(" ") == ""
 
 
-def _refuse_whole_transactions(halves: DataFrame, earlier_halves: DataFrame) -> DataFrame:
+def _immunity(record: dict):
+    for key, value in record["properties"] or ():
+        if key == CHECK_IMMUNITY_TIME_IN_SECONDS:
+            return value
+    return None
+
+
+def _bad_immunity(record: dict) -> bool:
+    value = _immunity(record)
+    return value is not None and not (_IMMUNITY.fullmatch(value) and 1 <= int(value) <= MAX_IMMUNITY_SECONDS)
+
+
+def _bad_message_numbering(r: dict) -> bool:
+    index, count = r["message_index"], r["message_count"]
+    return count is None or count < 1 or index is None or index < 0 or index >= count
+
+
+_RECORD_RULES = [
+    (lambda r: r["record_id"] is None, "missing record_id"),
+    (_blank("transaction_id"), "missing transaction_id"),
+    (_blank("producer_group"), "missing producer_group"),
+    (_blank("msg_id"), "missing msg_id"),
+    (_blank("topic"), "missing topic"),
+    (lambda r: len(r["topic"]) > TOPIC_MAX_LENGTH, f"topic longer than {TOPIC_MAX_LENGTH} characters"),
+    (lambda r: not _TOPIC.fullmatch(r["topic"]), f"topic does not match {TOPIC_PATTERN}"),
+    (lambda r: not r["body_size"], "empty body"),
+    (lambda r: r["body_size"] > MAX_BODY_BYTES, f"body larger than {MAX_BODY_BYTES} bytes"),
+    (_bad_message_numbering, "bad message_index/message_count"),
+    (_bad_immunity, f"bad {CHECK_IMMUNITY_TIME_IN_SECONDS}"),
+    (lambda r: r["position"] >= OFFSETS_PER_COMMIT, f"more than {OFFSETS_PER_COMMIT} records in one commit"),
+]
+
+
+def _refuse_whole_transactions(halves: list[dict], known: Mapping[str, Known]) -> None:
     """Apply the transaction-level rules: one commit, one group, every message present, a new id."""
-    by_txn = Window.partitionBy("transaction_id")
-    first_version = F.min("commit_version").over(by_txn)
-    halves = halves.withColumn(
-        "reason",
-        F.coalesce(
-            "reason",
-            F.when(F.col("commit_version") > first_version, F.lit("duplicate transaction_id")),
-        ),
+    commits = defaultdict(list)  # (transaction id, commit version) -> its records
+    first_version: dict = {}
+    for record in halves:
+        key = (record["transaction_id"], record["commit_version"])
+        commits[key].append(record)
+        first_version[key[0]] = min(first_version.get(key[0], key[1]), key[1])
+    for (transaction_id, version), messages in commits.items():
+        counts = [r["message_count"] for r in messages if r["message_count"] is not None]
+        expected = max(counts, default=None)
+        indexes = {r["message_index"] for r in messages if r["message_index"] is not None}
+        incomplete = expected is not None and (len(messages) != expected or len(indexes) != expected or min(counts) != expected)
+        groups = [r["producer_group"] for r in messages if r["producer_group"] is not None]
+        for record in messages:
+            if record["reason"] is not None:
+                continue
+            if version > first_version[transaction_id] or transaction_id in known:
+                record["reason"] = "duplicate transaction_id"
+            elif incomplete:
+                record["reason"] = "transaction's messages incomplete or inconsistent"
+            elif groups and min(groups) != max(groups):
+                record["reason"] = "transaction's messages name different producer groups"
+        if any(r["reason"] is not None for r in messages):
+            for record in messages:
+                record["reason"] = record["reason"] or "another message of the transaction was refused"
+
+
+def _half_rows(ctx: BatchContext, records: BatchRecords, accepted: list[dict]) -> pa.Table:
+    """The accepted halves as ``system/half`` rows, in queue-offset order."""
+    accepted = sorted(accepted, key=lambda r: r["queue_offset"])
+    taken = records.table.take(pa.array([r["row"] for r in accepted], pa.int64()))
+    default_ms = ctx.config.transaction_timeout_ms
+    columns = {name: taken.column(name) for name in HALF.column_names if name in taken.column_names}
+    columns.update(
+        queue_offset=[r["queue_offset"] for r in accepted],
+        properties=[None if r["properties"] is None else [(k, v) for k, v in r["properties"] if k not in DELAY_PROPERTIES]
+                    for r in accepted],
+        immunity_ms=[int(_immunity(r)) * 1000 if _immunity(r) is not None else default_ms for r in accepted],
     )
-    seen_before = earlier_halves.select("transaction_id").distinct().withColumn("seen_before", F.lit(True))
-    halves = halves.join(seen_before, "transaction_id", "left")
-    same_commit = Window.partitionBy("transaction_id", "commit_version")
-    halves = halves.withColumn(
-        "reason",
-        F.coalesce(
-            "reason",
-            F.when(F.col("seen_before"), F.lit("duplicate transaction_id")),
-            F.when(
-                (F.count(F.lit(1)).over(same_commit) != F.max("message_count").over(same_commit))
-                | (F.size(F.collect_set("message_index").over(same_commit)) != F.max("message_count").over(same_commit))
-                | (F.min("message_count").over(same_commit) != F.max("message_count").over(same_commit)),
-                F.lit("transaction's messages incomplete or inconsistent"),
-            ),
-            F.when(
-                F.min("producer_group").over(same_commit) != F.max("producer_group").over(same_commit),
-                F.lit("transaction's messages name different producer groups"),
-            ),
-        ),
-    )
-    refused_in_txn = F.max(F.col("reason").isNotNull().cast("int")).over(same_commit) == 1
-    return halves.withColumn(
-        "reason",
-        F.coalesce("reason", F.when(refused_in_txn, F.lit("another message of the transaction was refused"))),
-    ).drop("seen_before")
+    return shaped(HALF, columns, len(accepted), ctx.batch_id)

@@ -1,19 +1,26 @@
 """One active checker per lakehouse: a lease file with an expiry.
 
 The checker holds ``system/_checker_lease.json`` while it runs and renews it every
-``ttl_s / 3``. A second checker refuses to start while the lease is fresh, and takes it
-over once its holder has stopped renewing it for ``ttl_s`` (the holder died). A holder
-that finds its lease taken over stops before writing anything else.
+``ttl_s / 3``. The lease lapses when its holder releases it, goes ``ttl_s`` without
+renewing it (the holder died elsewhere, or stalled), or, seen from the holder's own host,
+as soon as the holder's process is gone: a checker restarted after ``kill -9`` takes over
+at once. A second checker either refuses to start while the lease is held or stands by
+until it lapses. A holder that finds its lease taken over stops before writing anything else.
 
 The lease relies on atomic exclusive create and rename, which local and POSIX
-filesystems provide.
+filesystems provide. The holder's process is told apart by its host name, pid namespace,
+pid and start time (from ``/proc``), so a reused pid does not pass for the holder. Where
+that cannot be told (another host, another pid namespace, no ``/proc``), only the expiry
+counts. Hosts that share a lakehouse must have distinct host names.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from typing import Optional
@@ -21,6 +28,8 @@ from typing import Optional
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
 
 LEASE_FILE = "_checker_lease.json"
+
+log = logging.getLogger("coordinator.checker")
 
 
 class CheckerLease:
@@ -31,6 +40,7 @@ class CheckerLease:
         lease = CheckerLease("lakehouse").acquire()   # raises CheckerAlreadyRunningError if held
         lease.renew()                                  # raises LeaseLostError if taken over
         lease.release()
+        CheckerLease("lakehouse").acquire(wait=True, stop=stop_requested)  # stands by while held
     """
 
     def __init__(self, lakehouse: str, ttl_s: float = 30.0):
@@ -38,25 +48,33 @@ class CheckerLease:
         self.ttl_s = ttl_s
         self.owner = uuid.uuid4().hex
 
-    def acquire(self) -> "CheckerLease":
-        """Take the lease, or raise :class:`CheckerAlreadyRunningError` naming its live holder."""
+    def acquire(self, wait: bool = False, stop: Optional[threading.Event] = None) -> "CheckerLease":
+        """Take the lease. While it is held, raise :class:`CheckerAlreadyRunningError` naming its
+        holder, or with ``wait`` stand by and take it the moment it lapses.
+
+        A standby logs its holder once, then polls every ``min(1 s, ttl_s / 10)``. Setting
+        ``stop`` ends the wait with :class:`CheckerAlreadyRunningError`.
+        """
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        while True:
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = self._read(self.path)
-                if holder is not None and time.time() < holder["renewed_at"] + holder["ttl_s"]:
-                    age = time.time() - holder["renewed_at"]
-                    raise CheckerAlreadyRunningError(
-                        f"another checker holds {self.path} (host {holder['host']}, pid {holder['pid']}, renewed "
-                        f"{age:.0f} s ago); it is taken over only once it goes {holder['ttl_s']:.0f} s without renewal"
-                    ) from None
-                self._evict(holder)
-                continue
-            with os.fdopen(fd, "w") as file:
-                json.dump(self._record(), file)
-            return self
+        stop = stop or threading.Event()
+        standing_by = False
+        while (holder := self._take()) is not None:
+            age = time.time() - holder["renewed_at"]
+            held = (f"another checker holds {self.path} (host {holder['host']}, pid {holder['pid']}, "
+                    f"renewed {age:.0f} s ago)")
+            if not wait:
+                raise CheckerAlreadyRunningError(
+                    f"{held}; it is taken over once released or {holder['ttl_s']:.0f} s without renewal")
+            if not standing_by:
+                log.warning("%s; standing by to take over once it is released, its process is gone or it goes "
+                            "%.0f s without renewal (in %.0f s if it renews no more)",
+                            held, holder["ttl_s"], max(0.0, holder["ttl_s"] - age))
+                standing_by = True
+            if stop.wait(min(1.0, self.ttl_s / 10)):
+                raise CheckerAlreadyRunningError(f"stopped while standing by: {held}")
+        if standing_by:
+            log.info("took over the checker lease %s", self.path)
+        return self
 
     def renew(self) -> None:
         """Extend the lease; raise :class:`LeaseLostError` if another checker has taken it."""
@@ -74,12 +92,29 @@ class CheckerLease:
         if holder is not None and holder["owner"] == self.owner:
             os.remove(self.path)
 
+    def _take(self) -> Optional[dict]:
+        """Create the lease, evicting a lapsed one: ``None`` once it is ours, else its live holder's record."""
+        while True:
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._read(self.path)
+                fresh = holder is not None and time.time() < holder["renewed_at"] + holder["ttl_s"]
+                if fresh and not holder_gone(holder):
+                    return holder
+                self._evict(holder)
+                continue
+            with os.fdopen(fd, "w") as file:
+                json.dump(self._record(), file)
+            return None
+
     def _record(self) -> dict:
-        return {"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(),
-                "renewed_at": time.time(), "ttl_s": self.ttl_s}
+        pid = os.getpid()
+        return {"owner": self.owner, "host": socket.gethostname(), "pid": pid, "pid_namespace": _pid_namespace(),
+                "started": _process_start(pid), "renewed_at": time.time(), "ttl_s": self.ttl_s}
 
     def _evict(self, stale: Optional[dict]) -> None:
-        """Move an expired (or unreadable) lease aside, unless it changed since we read it."""
+        """Move a lapsed (or unreadable) lease aside, unless it changed since we read it."""
         aside = f"{self.path}.stale-{uuid.uuid4().hex}"
         try:
             os.rename(self.path, aside)
@@ -87,9 +122,9 @@ class CheckerLease:
             return  # someone else evicted it first
         moved = self._read(aside)
         if stale is not None and moved is not None and moved["owner"] != stale["owner"]:
-            # A fresh lease was created between our read and the rename: give it back.
+            # A fresh lease was created between our read and the rename: give it back, and read it again.
             os.rename(aside, self.path)
-            raise CheckerAlreadyRunningError(f"another checker just took {self.path}")
+            return
         os.remove(aside)
 
     @staticmethod
@@ -100,3 +135,39 @@ class CheckerLease:
             return record if {"owner", "renewed_at", "ttl_s", "host", "pid"} <= set(record) else None
         except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError, TypeError):
             return None
+
+
+def holder_gone(holder: dict) -> bool:
+    """Whether a lease record names a process of this host that no longer runs (its lease is void).
+
+    ``False`` when that cannot be told: the holder is on another host or in another pid
+    namespace, this host has no ``/proc``, or the lease predates the ``started`` field.
+    A pid that now belongs to another process, or to a zombie (killed, not yet reaped),
+    counts as gone.
+
+    Example::
+
+        holder_gone(json.load(open("lakehouse/system/_checker_lease.json")))  # True after kill -9 of its checker
+    """
+    if (holder.get("started") is None or holder.get("host") != socket.gethostname()
+            or holder.get("pid_namespace") != _pid_namespace()):
+        return False
+    return _process_start(holder["pid"]) != holder["started"]
+
+
+def _pid_namespace() -> Optional[str]:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _process_start(pid: int) -> Optional[str]:
+    """Process ``pid``'s start (clock ticks after boot), or ``None``: not running, or no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            stat = file.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after "(name)", which may hold spaces and parentheses
+    return None if fields[0] in ("Z", "X") else fields[19]  # fields 3 (state) and 22 (starttime) of proc(5)

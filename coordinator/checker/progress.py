@@ -98,6 +98,8 @@ class CheckpointState:
     exists: bool
     checkpoint_id: Optional[str] = None
     last_planned_batch: Optional[int] = None  # highest ``offsets/`` entry
+    #: Its offsets are the Delta change-feed source's, which checkers before the commit-log source used.
+    change_feed_offsets: bool = False
 
     @classmethod
     def read(cls, location: str) -> "CheckpointState":
@@ -116,7 +118,12 @@ class CheckpointState:
             checkpoint_id = None
         offsets = os.path.join(location, "offsets")
         batches = [int(name) for name in os.listdir(offsets) if name.isdigit()] if os.path.isdir(offsets) else []
-        return cls(exists=True, checkpoint_id=checkpoint_id, last_planned_batch=max(batches, default=None))
+        last = max(batches, default=None)
+        change_feed = False
+        if last is not None:
+            with open(os.path.join(offsets, str(last)), errors="replace") as file:
+                change_feed = "reservoirVersion" in file.read()
+        return cls(exists=True, checkpoint_id=checkpoint_id, last_planned_batch=last, change_feed_offsets=change_feed)
 
 
 class CheckerProgress:
@@ -203,6 +210,11 @@ def verify_checkpoint(progress: Progress, checkpoint: CheckpointState, record_pa
         raise CheckpointMismatchError(
             f"the checker's checkpoint belongs to query {checkpoint.checkpoint_id}, not to {epoch.checkpoint_id} which "
             f"{record_path} records for this lakehouse (a checkpoint from another lakehouse?); {recovery}"
+        )
+    if checkpoint.change_feed_offsets:
+        raise CheckpointMismatchError(
+            "the checker's checkpoint was written by an earlier version, which read the commit log through "
+            f"Delta's change feed; this one reads the log itself. {recovery[0].upper()}{recovery[1:]}"
         )
     planned = None if checkpoint.last_planned_batch is None else epoch.first_batch_id + checkpoint.last_planned_batch
     if last is not None and (planned is None or planned < last.batch_id):

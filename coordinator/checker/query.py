@@ -1,9 +1,9 @@
-"""The checker's streaming query: the commit log's change feed plus a heartbeat, one batch per trigger.
+"""The checker's streaming query: the commit log, one batch per trigger, a clock tick in each.
 
-The commit log is read as a change data feed so each record comes with the
-version and the time at which it entered the log. A ``rate`` source unioned
-with it ticks once a second, so batches (and therefore check-backs) keep
-coming when producers are quiet; its rows also carry the batch clock.
+The source (:mod:`.source`) reads each new commit-log version straight from its
+Delta log, so each record comes with the version and the time at which it entered
+the log, and ends a batch of one clock tick once a second when producers are quiet,
+so check-backs keep coming. Spark keeps the offsets in the query's checkpoint.
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ import threading
 import time
 from typing import Optional
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from coordinator.checker.batch import DEFAULT_APP_ID, BatchBounds, batch_bounds, run_batch
-from coordinator.checker.context import RECORD_EXTRA_COLUMNS
 from coordinator.checker.lease import CheckerLease
 from coordinator.checker.progress import BatchRecord, CheckerProgress, CheckpointState, Progress
+from coordinator.checker.source import CommitLogSource, Segment, segments
+from coordinator.checker.state import CheckerState
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import CheckpointMismatchError, LeaseLostError
 from coordinator.job_runtime import BatchGate
@@ -32,54 +33,11 @@ from coordinator.tables import COMMIT_LOG
 log = logging.getLogger("coordinator.checker")
 
 QUERY_NAME = "txcoord-checker"
-# Generous, so a single commit is never split between two batches (queue offsets
-# count positions inside a commit) while a backlog is still read in bounded steps.
-MAX_FILES_PER_TRIGGER = 10_000
 
 
 def checkpoint_location(config: CoordinatorConfig) -> str:
     """Where the checker keeps its streaming checkpoint: inside the lakehouse it serves."""
     return os.path.join(os.path.abspath(config.lakehouse), "system", "_checkpoints", "checker")
-
-
-def as_records(change_feed: DataFrame) -> DataFrame:
-    """Commit-log change-feed rows as checker records (see ``RECORD_EXTRA_COLUMNS``)."""
-    return change_feed.filter(F.col("_change_type") == "insert").select(
-        *COMMIT_LOG.column_names,
-        F.col("_commit_version").alias("commit_version"),
-        F.col("_commit_timestamp").alias("stored_timestamp"),
-        F.lit(False).alias("is_heartbeat"),
-    )
-
-
-def read_records(spark: SparkSession, config: CoordinatorConfig, starting_version: int, ending_version: int) -> DataFrame:
-    """The records of commit-log versions ``starting_version..ending_version`` (inclusive), as a batch.
-
-    Example::
-
-        run_batch(spark, config, read_records(spark, config, 1, 5), batch_id=0)
-    """
-    feed = (
-        spark.read.format("delta")
-        .option("readChangeFeed", "true")
-        .option("startingVersion", starting_version)
-        .option("endingVersion", ending_version)
-        .load(COMMIT_LOG.path(config.lakehouse))
-    )
-    return as_records(feed)
-
-
-def no_records(spark: SparkSession) -> DataFrame:
-    """An empty batch of records (what a heartbeat-only batch holds once its ticks are set aside)."""
-    columns = ", ".join(f"`{name}` {kind}" for name, kind in (*COMMIT_LOG.columns, *RECORD_EXTRA_COLUMNS))
-    return spark.createDataFrame([], columns)
-
-
-def heartbeat(spark: SparkSession) -> DataFrame:
-    """One tick a second, shaped like a record: only ``stored_timestamp`` and ``is_heartbeat`` are set."""
-    ticks = spark.readStream.format("rate").option("rowsPerSecond", 1).option("numPartitions", 1).load()
-    nulls = [F.lit(None).cast(kind).alias(name) for name, kind in COMMIT_LOG.columns]
-    return ticks.select(*nulls, F.lit(None).cast("long").alias("commit_version"), F.col("timestamp").alias("stored_timestamp"), F.lit(True).alias("is_heartbeat"))
 
 
 class CheckerQuery:
@@ -102,16 +60,22 @@ class CheckerQuery:
         self.progress_store = CheckerProgress(config.lakehouse)
         self._progress: Optional[Progress] = None
         self._pending_from: Optional[int] = None  # from the last batch this process ran
+        self.state = CheckerState()
+        self.commit_log = COMMIT_LOG.path(config.lakehouse)
         self._renewer: Optional[threading.Thread] = None
         self._stop_renewing = threading.Event()
         self._lease_lock = threading.Lock()
         self._gate = BatchGate()
 
-    def start(self) -> "CheckerQuery":
-        """Take the lakehouse's checker lease (raises :class:`CheckerAlreadyRunningError`), check the
-        checkpoint against the lakehouse's progress record (raises :class:`CheckpointMismatchError`), then start."""
+    def start(self, wait_for_lease: bool = True, stop: Optional[threading.Event] = None) -> "CheckerQuery":
+        """Take the lakehouse's checker lease, check the checkpoint against the lakehouse's progress
+        record (raises :class:`CheckpointMismatchError`), then start.
+
+        While another checker holds the lease, stand by until it lapses (see
+        :meth:`CheckerLease.acquire`); :class:`CheckerAlreadyRunningError` if ``stop`` is set
+        meanwhile, or at once with ``wait_for_lease=False``."""
         init_lakehouse(self.config.lakehouse)
-        self.lease.acquire()
+        self.lease.acquire(wait=wait_for_lease, stop=stop)
         try:
             self._progress = self.progress_store.begin(CheckpointState.read(checkpoint_location(self.config)))
             self.spark.streams.addListener(self.metrics)
@@ -134,6 +98,10 @@ class CheckerQuery:
         checkpoint starting at the first version after that batch, with batch ids that keep
         increasing. Nothing is re-delivered and nothing is skipped.
 
+        Does not stand by: while another checker holds the lease it raises
+        :class:`CheckerAlreadyRunningError`, as recovering under a running checker is a mistake
+        (a holder whose process is gone from this host is taken over at once).
+
         Example::
 
             CheckerQuery(spark, config).recover()
@@ -148,10 +116,10 @@ class CheckerQuery:
                                               "nothing to recover; start the checker normally")
             last = progress.last_batch
             if last is not None:
-                records = (no_records(self.spark) if last.first_version is None
-                           else read_records(self.spark, self.config, last.first_version, last.last_version))
+                first = last.next_version if last.first_version is None else last.first_version
+                records = Segment(first, last.next_version, last.now_us).records(self.commit_log)
                 bounds = BatchBounds(last.first_version, last.last_version, last.now_us)
-                run_batch(self.spark, self.config, records, last.batch_id, self.app_id, bounds, last.pending_from)
+                run_batch(self.config, records, last.batch_id, self.app_id, bounds, last.pending_from)
             location = checkpoint_location(self.config)
             if os.path.exists(location):
                 aside = f"{location}.replaced-{time.strftime('%Y%m%dT%H%M%S')}"
@@ -165,14 +133,13 @@ class CheckerQuery:
             self.lease.release()
 
     def _start_query(self, starting_version: int) -> StreamingQuery:
-        feed = (
-            self.spark.readStream.format("delta")
-            .option("readChangeFeed", "true")
+        self.spark.dataSource.register(CommitLogSource)
+        records = (
+            self.spark.readStream.format(CommitLogSource.name())
+            .option("path", self.commit_log)
             .option("startingVersion", starting_version)
-            .option("maxFilesPerTrigger", MAX_FILES_PER_TRIGGER)
-            .load(COMMIT_LOG.path(self.config.lakehouse))
+            .load()
         )
-        records = as_records(feed).unionByName(heartbeat(self.spark))
         return (
             records.writeStream.queryName(QUERY_NAME)
             .foreachBatch(self._run_batch)
@@ -181,24 +148,21 @@ class CheckerQuery:
             .start()
         )
 
-    def _run_batch(self, records: DataFrame, stream_batch_id: int) -> None:
+    def _run_batch(self, batch: DataFrame, stream_batch_id: int) -> None:
         def body() -> None:
             self._renew_lease()  # a checker whose lease was taken over writes nothing more
-            records.persist()
-            try:
-                announced = self._announce(records, stream_batch_id)
-                if announced is not None:
-                    bounds = BatchBounds(announced.first_version, announced.last_version, announced.now_us)
-                    summary = run_batch(self.spark, self.config, records, announced.batch_id, self.app_id, bounds,
-                                        announced.pending_from)
-                    self._pending_from = summary.pending_from
-                    self.metrics.batch_done(stream_batch_id, summary)
-            finally:
-                records.unpersist()
+            records = pa.concat_tables([segment.records(self.commit_log) for segment in segments(batch)])
+            announced = self._announce(records, stream_batch_id)
+            if announced is not None:
+                bounds = BatchBounds(announced.first_version, announced.last_version, announced.now_us)
+                summary = run_batch(self.config, records, announced.batch_id, self.app_id, bounds,
+                                    announced.pending_from, self.state)
+                self._pending_from = summary.pending_from
+                self.metrics.batch_done(stream_batch_id, summary)
 
         self._gate.run(stream_batch_id, body)
 
-    def _announce(self, records: DataFrame, stream_batch_id: int) -> Optional[BatchRecord]:
+    def _announce(self, records: pa.Table, stream_batch_id: int) -> Optional[BatchRecord]:
         """Record the batch in the progress record before it writes anything; ``None`` if it is empty.
 
         A batch Spark replays after a crash was announced already: it runs again as announced.

@@ -2,42 +2,38 @@
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-
-from coordinator.tables import REJECTED
+from typing import Callable, Optional, Sequence
 
 # Long hostile values are kept, shortened, so a refusal row stays readable and small.
 _MAX_ECHOED_CHARS = 256
+_ECHOED = ("record_id", "kind", "transaction_id", "producer_group", "msg_id", "topic", "state", "check_id")
 
 
-def first_failure(rules: Sequence[tuple[Column, str | Column]]) -> Column:
-    """The reason of the first rule whose condition holds, or null when every rule passes.
-
-    A null condition (from a null input) counts as a failure: bad input never slips through.
+def first_failure(record: dict, rules: Sequence[tuple[Callable[[dict], bool], str | Callable[[dict], str]]]) -> Optional[str]:
+    """The reason of the first rule that ``record`` fails, or ``None`` when it passes every one.
 
     Example::
 
-        df.withColumn("reason", first_failure([(F.col("topic").isNull(), "missing topic")]))
+        first_failure(record, [(lambda r: r["topic"] is None, "missing topic")])
     """
-    reason = None
-    for condition, why in reversed(rules):
-        why = why if isinstance(why, Column) else F.lit(why)
-        fails = F.coalesce(condition, F.lit(True))
-        reason = F.when(fails, why) if reason is None else F.when(fails, why).otherwise(reason)
-    return reason
+    for fails, why in rules:
+        if fails(record):
+            return why(record) if callable(why) else why
+    return None
 
 
-def as_rejections(records: DataFrame) -> DataFrame:
-    """Commit-log records with a ``reason`` column, shaped as ``system/rejected`` rows (minus ``batch_id``)."""
-    columns = []
-    for name, _ in REJECTED.columns:
-        if name == "batch_id":
-            continue
-        column = F.col(name) if name in records.columns else F.lit(None)
-        if name in ("record_id", "kind", "transaction_id", "producer_group", "msg_id", "topic", "state", "check_id"):
-            column = F.substring(column.cast("string"), 1, _MAX_ECHOED_CHARS)
-        columns.append(column.alias(name))
-    return records.select(columns)
+def rejection(record: dict, reason: str) -> dict:
+    """A ``system/rejected`` row (less ``batch_id``) for a record of :class:`BatchRecords` rows.
+
+    Example::
+
+        rejection(record, "unknown transaction")["reason"]  # 'unknown transaction'
+    """
+    row = {name: _echo(record.get(name)) for name in _ECHOED}
+    row.update(reason=reason, commit_version=record.get("commit_version"), stored_timestamp=record.get("stored_us"))
+    return row
+
+
+def _echo(value) -> Optional[str]:
+    return None if value is None else str(value)[:_MAX_ECHOED_CHARS]
+

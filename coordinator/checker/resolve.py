@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
-from pyspark.sql import functions as F
+from dataclasses import dataclass
+from typing import Mapping
 
-from coordinator.checker.context import MESSAGE_FIELDS
+import pyarrow as pa
+
+from coordinator.checker.context import MESSAGE_FIELDS, BatchRecords
 from coordinator.checker.ingest import END_KIND
-from coordinator.checker.refusals import as_rejections, first_failure
+from coordinator.checker.refusals import first_failure, rejection
+from coordinator.checker.state import CheckerState, Known
 from coordinator.listener import LocalTransactionState
 
 COMMIT = "COMMIT"
@@ -18,16 +21,25 @@ _OUTCOME_OF_STATE = {
     LocalTransactionState.COMMIT_MESSAGE.value: COMMIT,
     LocalTransactionState.ROLLBACK_MESSAGE.value: ROLLBACK,
 }
-_STATES = [state.value for state in LocalTransactionState]
+_STATES = {state.value for state in LocalTransactionState}
 WAIT_FOR_CHECK = "arrived after the immunity time: wait for check"
 
 
-def resolve_ends(records: DataFrame, halves: DataFrame, resolved_before: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """Validate this batch's END records (DESIGN §2 rule 8) and turn the first valid one per
-    transaction into op rows, one per half message. Returns ``(ops, rejections)``.
+@dataclass(frozen=True)
+class Resolved:
+    """What the END records of a batch decided: op rows, and each resolved transaction's outcome."""
 
-    ``halves`` holds every half (earlier batches' and this one's) of the batch's
-    transactions; ``resolved_before`` the ids of those already resolved by an earlier batch.
+    ops: list[dict]  # system/op rows (less batch_id), one per half message
+    outcomes: dict[str, str]  # transaction id -> COMMIT or ROLLBACK
+    rejections: list[dict]
+
+
+def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str, Known]) -> Resolved:
+    """Validate this batch's END records (DESIGN §2 rule 8) and turn the first valid one per
+    transaction into op rows, one per half message.
+
+    ``state.pending`` holds every unresolved transaction, this batch's new ones included;
+    ``known`` what earlier batches ingested of the batch's other transaction ids.
 
     ``UNKNOW`` ends are valid and change nothing. A producer's own COMMIT or ROLLBACK
     that entered the commit log after the half's immunity time is refused ("wait for
@@ -35,70 +47,59 @@ def resolve_ends(records: DataFrame, halves: DataFrame, resolved_before: DataFra
 
     Example::
 
-        earlier = ctx.earlier(records.select("transaction_id"))
-        ops, rejected = resolve_ends(records, earlier.halves.unionByName(new_halves), earlier.resolved)
+        resolved = resolve_ends(records, state, known)
+        resolved.outcomes  # {'019a...': 'COMMIT'}
     """
-    ends = records.filter(F.col("kind") == END_KIND)
-    txns = halves.groupBy("transaction_id").agg(
-        F.first("producer_group").alias("half_group"),
-        F.min("stored_timestamp").alias("half_stored"),
-        F.max("commit_version").alias("half_version"),
-        F.max("immunity_ms").alias("immunity_ms"),
-    )
-    resolved_before = resolved_before.withColumn("resolved_before", F.lit(True))
-    ends = ends.join(txns, "transaction_id", "left").join(resolved_before, "transaction_id", "left")
-    immunity_end_us = F.unix_micros("half_stored") + F.col("immunity_ms") * 1000
-    is_decision = F.col("state").isin(*_OUTCOME_OF_STATE)
-    ends = ends.withColumn(
-        "reason",
-        first_failure(
-            [
-                (F.col("record_id").isNull(), "missing record_id"),
-                (F.col("transaction_id").isNull(), "missing transaction_id"),
-                (~F.col("state").isin(*_STATES), F.format_string("unknown state '%s'", F.coalesce("state", F.lit("null")))),
-                (F.col("half_group").isNull(), "unknown transaction"),
-                (F.col("producer_group").isNull() | (F.col("producer_group") != F.col("half_group")), "producer group does not own the transaction"),
-                (F.col("commit_version") <= F.col("half_version"), "end precedes its half"),
-                (F.col("resolved_before").isNotNull(), "transaction already resolved"),
-                (is_decision & F.col("check_id").isNull() & (F.unix_micros("stored_timestamp") > immunity_end_us), WAIT_FOR_CHECK),
-            ]
-        ),
-    )
-    ends = ends.localCheckpoint(eager=True)
-    first_decision = F.row_number().over(Window.partitionBy("transaction_id").orderBy("commit_version", "record_id"))
-    decisions = ends.filter(F.col("reason").isNull() & is_decision).withColumn("rank", first_decision)
-    later_decisions = decisions.filter(F.col("rank") > 1).withColumn("reason", F.lit("transaction already resolved"))
-    winners = decisions.filter(F.col("rank") == 1)
-    outcome = F.create_map(*[F.lit(x) for pair in _OUTCOME_OF_STATE.items() for x in pair])[F.col("state")]
-    ops = winners.select(
-        "transaction_id",
-        outcome.alias("outcome"),
-        F.col("stored_timestamp").alias("resolved_at"),
-        F.col("record_id").alias("end_record_id"),
-        "check_id",
-    ).join(halves.select("transaction_id", F.col("queue_offset").alias("half_offset"), "producer_group"), "transaction_id")
-    rejected = as_rejections(ends.filter(F.col("reason").isNotNull()).drop("rank")).unionByName(
-        as_rejections(later_decisions.drop("rank"))
-    )
-    return ops, rejected
+    ends = [r for r in records.rows if r["kind"] == END_KIND]
+    rejections, decisions = [], []
+    for end in ends:
+        pending = state.pending.get(end["transaction_id"])
+        earlier = known.get(end["transaction_id"])
+        end["owner"] = pending.producer_group if pending else earlier.producer_group if earlier else None
+        end["pending"] = pending
+        reason = first_failure(end, _END_RULES)
+        if reason is not None:
+            rejections.append(rejection(end, reason))
+        elif end["state"] in _OUTCOME_OF_STATE:
+            decisions.append(end)
+    outcomes, ops = {}, []
+    for end in sorted(decisions, key=lambda r: (r["commit_version"], r["record_id"])):
+        pending = end["pending"]
+        if pending.transaction_id in outcomes:
+            rejections.append(rejection(end, "transaction already resolved"))
+            continue
+        outcome = outcomes[pending.transaction_id] = _OUTCOME_OF_STATE[end["state"]]
+        ops.extend(dict(half_offset=offset, transaction_id=pending.transaction_id, producer_group=pending.producer_group,
+                        outcome=outcome, resolved_at=end["stored_us"], end_record_id=end["record_id"],
+                        check_id=end["check_id"])
+                   for offset in pending.offsets)
+    return Resolved(ops, outcomes, rejections)
 
 
-def promote(ops: DataFrame, halves: DataFrame) -> DataFrame:
-    """The topic rows of this batch's committed transactions, each message once.
+_END_RULES = [
+    (lambda r: r["record_id"] is None, "missing record_id"),
+    (lambda r: r["transaction_id"] is None, "missing transaction_id"),
+    (lambda r: r["state"] not in _STATES, lambda r: f"unknown state '{r['state'] if r['state'] is not None else 'null'}'"),
+    (lambda r: r["owner"] is None, "unknown transaction"),
+    (lambda r: r["producer_group"] != r["owner"], "producer group does not own the transaction"),
+    (lambda r: r["pending"] is not None and r["commit_version"] <= r["pending"].half_version, "end precedes its half"),
+    (lambda r: r["pending"] is None, "transaction already resolved"),
+    (lambda r: r["state"] in _OUTCOME_OF_STATE and r["check_id"] is None and r["stored_us"] > r["pending"].own_end_until_us,
+     WAIT_FOR_CHECK),
+]
 
-    ``halves`` holds (at least) every half of the transactions ``ops`` commits.
+
+def promote(resolved: Resolved, state: CheckerState) -> pa.Table:
+    """The topic rows (less ``batch_id``) of this batch's committed transactions, each message once,
+    in queue-offset order.
 
     Example::
 
-        deliveries = promote(ops, halves)
+        deliveries = promote(resolved, state)
+        deliveries.column("topic")
     """
-    committed = ops.filter(F.col("outcome") == COMMIT)
-    return halves.join(
-        committed.select(F.col("half_offset").alias("queue_offset"), F.col("resolved_at").alias("commit_timestamp")),
-        "queue_offset",
-    ).select(
-        "transaction_id",
-        *MESSAGE_FIELDS,
-        "commit_timestamp",
-        "queue_offset",
-    )
+    committed = {op["half_offset"]: op["resolved_at"] for op in resolved.ops if op["outcome"] == COMMIT}
+    halves = state.rows.take(committed)
+    commit_times = pa.array([committed[offset] for offset in halves.column("queue_offset").to_pylist()], pa.int64())
+    return halves.select(["transaction_id", *MESSAGE_FIELDS, "queue_offset"]).append_column(
+        "commit_timestamp", commit_times.cast(halves.schema.field("born_timestamp").type))

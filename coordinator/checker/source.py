@@ -1,0 +1,172 @@
+"""The commit log as a Spark streaming source: each micro-batch is a segment of it.
+
+The commit log is append-only and written only by producers (delta-rs), one small
+commit per group commit. Spark's trigger asks the source how far the log has grown:
+the source lists the next versions' ``_delta_log/<version>.json`` files (a commit
+exists whole or not at all), so a trigger costs a few ``stat`` calls rather than a
+Delta snapshot rebuild. Each micro-batch is one row, its :class:`Segment`: the
+versions committed since the previous batch and the batch's **clock** (the wall
+clock when Spark planned it). Both are Spark offsets, kept in the checkpoint, so a
+replayed batch covers the same versions with the same clock. With no new commits
+the source still ends a batch once per :data:`HEARTBEAT_MS`, so check-backs keep
+coming when producers are quiet.
+
+The checker reads a segment's records itself, on the driver (:meth:`Segment.records`):
+the data files its versions added, each record with its version and when that version
+was committed (the log file's modification time, which is what Delta calls the
+commit's timestamp). Compaction commits (``dataChange=false``) add no records and are
+skipped, as Delta's own change feed does. The records never make a round trip
+through the JVM: the batch is decided on the driver anyway.
+
+The source is a ``SimpleDataSourceStreamReader`` (Spark 4's Python data source API).
+
+Example::
+
+    spark.dataSource.register(CommitLogSource)
+    stream = (spark.readStream.format(CommitLogSource.name())
+              .option("path", COMMIT_LOG.path(lakehouse)).option("startingVersion", 0).load())
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Iterator
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame
+from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
+
+from coordinator.tables import COMMIT_LOG
+
+#: With no new commit, a batch of one clock tick ends this often.
+HEARTBEAT_MS = 1000
+#: A backlog is read in bounded steps: at most this many commit-log versions per batch.
+MAX_VERSIONS_PER_BATCH = 2000
+
+#: A checker record: a commit-log record, the version it entered with and when, or a clock tick.
+RECORD_SCHEMA = pa.schema([*COMMIT_LOG.arrow_schema(), pa.field("commit_version", pa.int64()),
+                           pa.field("stored_timestamp", pa.timestamp("us", tz="UTC")),
+                           pa.field("is_heartbeat", pa.bool_())])
+
+
+def _log_file(commit_log: str, version: int) -> str:
+    return os.path.join(commit_log, "_delta_log", f"{version:020d}.json")
+
+
+def next_versions(commit_log: str, first_version: int, limit: int = MAX_VERSIONS_PER_BATCH) -> int:
+    """The first version at or after ``first_version`` that is not committed yet (at most ``limit`` on).
+
+    delta-rs commits by creating the version's log file atomically: if it exists, it is whole.
+    """
+    version = first_version
+    while version < first_version + limit and os.path.exists(_log_file(commit_log, version)):
+        version += 1
+    return version
+
+
+def read_records(commit_log: str, first_version: int, last_version: int) -> pa.Table:
+    """The records of commit-log versions ``first_version..last_version`` (inclusive), with
+    ``commit_version``, ``stored_timestamp`` and ``is_heartbeat`` (false), in commit order.
+
+    Example::
+
+        read_records(COMMIT_LOG.path("lakehouse"), 1, 5).num_rows
+    """
+    parts = []
+    for version in range(first_version, last_version + 1):
+        log_file = _log_file(commit_log, version)
+        stored_us = int(os.stat(log_file).st_mtime_ns // 1_000_000) * 1000  # Delta keeps milliseconds
+        with open(log_file) as lines:
+            actions = [json.loads(line) for line in lines if line.strip()]
+        for action in actions:
+            add = action.get("add")
+            if add is None or not add.get("dataChange", True):
+                continue
+            data = pq.read_table(os.path.join(commit_log, unquote(add["path"])))
+            data = data.select(COMMIT_LOG.column_names).cast(COMMIT_LOG.arrow_schema())
+            rows = data.num_rows
+            data = data.append_column("commit_version", pa.array([version] * rows, pa.int64()))
+            data = data.append_column("stored_timestamp", pa.array([stored_us] * rows, pa.int64()).cast(
+                RECORD_SCHEMA.field("stored_timestamp").type))
+            parts.append(data.append_column("is_heartbeat", pa.array([False] * rows, pa.bool_())))
+    return pa.concat_tables(parts) if parts else RECORD_SCHEMA.empty_table()
+
+
+def tick(clock_us: int) -> pa.Table:
+    """One clock tick, shaped like a record: only ``stored_timestamp`` and ``is_heartbeat`` are set."""
+    columns = {field.name: pa.nulls(1, field.type) for field in RECORD_SCHEMA}
+    columns["stored_timestamp"] = pa.array([clock_us], pa.int64()).cast(RECORD_SCHEMA.field("stored_timestamp").type)
+    columns["is_heartbeat"] = pa.array([True])
+    return pa.table(columns, schema=RECORD_SCHEMA)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """What one micro-batch covers: commit-log versions ``first_version`` up to (not including)
+    ``end_version``, and its clock (the wall clock when Spark planned it)."""
+
+    first_version: int
+    end_version: int
+    clock_us: int
+
+    def records(self, commit_log: str) -> pa.Table:
+        """The segment's records, then its clock tick: what the checker's batch decides over.
+
+        Example::
+
+            Segment(3, 5, clock_us).records(COMMIT_LOG.path("lakehouse")).num_rows
+        """
+        return pa.concat_tables([read_records(commit_log, self.first_version, self.end_version - 1), tick(self.clock_us)])
+
+
+class CommitLogReader(SimpleDataSourceStreamReader):
+    """Offsets are ``{"version": first version not read, "clock_us": the batch clock}``; each
+    batch is one row, its :class:`Segment`."""
+
+    def __init__(self, commit_log: str, starting_version: int):
+        self.commit_log = commit_log
+        self.starting_version = starting_version
+
+    def initialOffset(self) -> dict:
+        return {"version": self.starting_version, "clock_us": 0}
+
+    def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
+        following = next_versions(self.commit_log, start["version"])
+        now_us = time.time_ns() // 1000
+        if following == start["version"] and now_us - start["clock_us"] < HEARTBEAT_MS * 1000:
+            return iter(()), start
+        end = {"version": following, "clock_us": now_us}
+        return self.readBetweenOffsets(start, end), end
+
+    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple]:
+        # A list's iterator: Spark copies it to keep the batch for a replay, which a generator would not allow.
+        return iter([(start["version"], end["version"], end["clock_us"])])
+
+
+class CommitLogSource(DataSource):
+    """The ``txcoord_commit_log`` streaming source: options ``path`` (the commit log) and ``startingVersion``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "txcoord_commit_log"
+
+    def schema(self) -> str:
+        return "first_version long, end_version long, clock_us long"
+
+    def simpleStreamReader(self, schema) -> CommitLogReader:
+        return CommitLogReader(self.options["path"], int(self.options.get("startingVersion", 0)))
+
+
+def segments(batch: DataFrame) -> list[Segment]:
+    """The segments a micro-batch of this source holds (one; none if it is empty): one small Spark job.
+
+    Example::
+
+        segments(micro_batch)  # [Segment(first_version=3, end_version=5, clock_us=...)]
+    """
+    return [Segment(*row) for row in batch.collect()]

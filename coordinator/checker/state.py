@@ -1,0 +1,356 @@
+"""What the checker keeps in memory between batches, as RocketMQ keeps its op map.
+
+A batch reads from Delta only the commit-log versions it covers; everything else it
+needs is here:
+
+* the **pending set**: every unresolved transaction, with its halves' full rows (the
+  bodies its check requests, discards and deliveries carry), its check count and when
+  its last check became visible;
+* the **recently resolved** transactions' producer groups, so a late END is judged
+  without a read;
+* an **id floor**: every transaction id ever ingested that sorts above it is in one of
+  the two. Producers' ids are time-ordered, so a new half's id is nearly always above
+  it; only an id at or below it (an old transaction's late END, a replayed duplicate) is
+  looked up in Delta.
+
+The state is a pure function of the checker's tables as earlier batches left them: it
+is rebuilt from them at start, after a failed batch, and whenever a batch arrives that
+is not the next one (a replay), so a replayed batch decides exactly as its first run.
+The rebuild reads, with delta-rs on the driver, only the unresolved part of the half
+queue (``queue_offset >= pending_from``; the files' statistics leave out the rest), so
+it costs what the pending set holds, whatever the history's size.
+
+Example::
+
+    state = CheckerState()
+    state.prepare(config, batch_id=7, pending_from=0, app_id="txcoord-checker")  # a fresh state: rebuilds
+    state.pending_halves()                                      # halves with no op row
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+
+from coordinator.checker.context import shaped
+from coordinator.checker.writer import TableWriter
+from coordinator.config import CoordinatorConfig
+from coordinator.tables import CHECK_REQUESTS, HALF, OP
+
+log = logging.getLogger("coordinator.checker")
+
+#: Resolved transactions remembered for judging late ENDs; older ones are looked up in Delta.
+RESOLVED_REMEMBERED = 200_000
+
+
+@dataclass
+class PendingTransaction:
+    """An unresolved transaction: what judging its END and deciding its checks needs."""
+
+    transaction_id: str
+    producer_group: str
+    offsets: list[int]  # its halves' queue offsets, first message first
+    half_version: int  # the commit-log version its halves entered with
+    stored_us: int  # when that version was committed
+    immunity_ms: int  # its first message's: no check before stored_us + immunity
+    own_end_until_us: int  # its producer's own COMMIT/ROLLBACK is accepted until then (latest immunity)
+    checks: int = 0
+    last_check_us: Optional[int] = None  # when its last check request became visible
+
+    def next_event_us(self, config: CoordinatorConfig) -> int:
+        """The earliest batch clock at which this transaction may need a check or a discard."""
+        if self.last_check_us is None:
+            due = self.stored_us + self.immunity_ms * 1000
+        else:
+            due = self.last_check_us + config.transaction_check_interval_ms * 1000
+        expiry = self.stored_us + config.file_reserved_time_hours * 3_600_000_000 + 1
+        return min(due, expiry)
+
+
+@dataclass(frozen=True)
+class Known:
+    """What an earlier batch ingested under one transaction id."""
+
+    producer_group: str
+    pending: Optional[PendingTransaction]  # ``None``: resolved
+
+
+class HalfRows:
+    """Full rows (``system/half``'s) of the pending halves, as Arrow tables in the order they were ingested.
+
+    A table is dropped once none of its rows is pending, and compacted when most are resolved.
+    """
+
+    def __init__(self) -> None:
+        self._tables: dict[int, pa.Table] = {}
+        self._where: dict[int, tuple[int, int]] = {}  # queue offset -> (table key, row)
+        self._live: dict[int, int] = {}  # table key -> pending rows in it
+        self._next_key = 0
+
+    def add(self, halves: pa.Table) -> None:
+        if not halves.num_rows:
+            return
+        key, self._next_key = self._next_key, self._next_key + 1
+        self._tables[key] = halves
+        self._live[key] = halves.num_rows
+        for row, offset in enumerate(halves.column("queue_offset").to_pylist()):
+            self._where[offset] = (key, row)
+
+    def take(self, offsets: Iterable[int]) -> pa.Table:
+        """The rows of ``offsets`` (every one pending), in queue-offset order."""
+        by_table: dict[int, list[int]] = {}
+        for offset in sorted(offsets):
+            key, row = self._where[offset]
+            by_table.setdefault(key, []).append(row)
+        parts = [self._tables[key].take(pa.array(rows, pa.int64())) for key, rows in sorted(by_table.items())]
+        return pa.concat_tables(parts) if parts else HALF.arrow_schema().empty_table()
+
+    def remove(self, offsets: Iterable[int]) -> None:
+        touched = set()
+        for offset in offsets:
+            key, _ = self._where.pop(offset)
+            self._live[key] -= 1
+            touched.add(key)
+        for key in touched:
+            live, table = self._live[key], self._tables[key]
+            if live == 0:
+                del self._tables[key], self._live[key]
+            elif live * 2 < table.num_rows and table.num_rows > 64:
+                self._compact(key)
+
+    def _compact(self, key: int) -> None:
+        table = self._tables.pop(key)
+        del self._live[key]
+        offsets = table.column("queue_offset").to_pylist()
+        self.add(table.take([row for row, offset in enumerate(offsets) if self._where.get(offset) == (key, row)]))
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+@dataclass
+class CheckerState:
+    """The checker's memory between batches (see the module's docstring).
+
+    ``next_batch_id`` is the batch it is ready for; ``None`` until built.
+    """
+
+    next_batch_id: Optional[int] = None
+    pending: dict[str, PendingTransaction] = field(default_factory=dict)
+    rows: HalfRows = field(default_factory=HalfRows)
+    resolved: "OrderedDict[str, str]" = field(default_factory=OrderedDict)  # id -> producer group
+    id_floor: Optional[str] = None
+    writer: Optional[TableWriter] = None  # the batch's writes; what it knows of them is state too
+    _due: list = field(default_factory=list)  # heap of (next event us, transaction id)
+
+    def prepare(self, config: CoordinatorConfig, batch_id: int, pending_from: int, app_id: str) -> bool:
+        """Make the state ready for batch ``batch_id``, rebuilding it from the tables unless it
+        already is; return whether it was rebuilt."""
+        if self.next_batch_id == batch_id and self.writer is not None and self.writer.app_id == app_id:
+            return False
+        self._rebuild(config, batch_id, pending_from)
+        self.writer = TableWriter(app_id)
+        return True
+
+    def invalidate(self) -> None:
+        """Forget everything: the next batch rebuilds (after a failed batch, or a replayed write)."""
+        self.next_batch_id = None
+
+    # --- what a batch asks -------------------------------------------------------------------
+
+    def lookup(self, transaction_ids: Iterable[str]) -> tuple[dict[str, Known], set[str]]:
+        """What is known of ``transaction_ids``: ``(known, unsure)``, where ``unsure`` holds the ids
+        at or below the id floor that memory cannot answer for (see :func:`lookup_in_tables`).
+        An id in neither was never ingested."""
+        known, unsure = {}, set()
+        for transaction_id in transaction_ids:
+            if transaction_id in self.pending:
+                pending = self.pending[transaction_id]
+                known[transaction_id] = Known(pending.producer_group, pending)
+            elif transaction_id in self.resolved:
+                known[transaction_id] = Known(self.resolved[transaction_id], None)
+            elif self.id_floor is not None and transaction_id <= self.id_floor:
+                unsure.add(transaction_id)
+        return known, unsure
+
+    def due(self, now_us: int, config: CoordinatorConfig) -> list[PendingTransaction]:
+        """The pending transactions whose next check or expiry has come by ``now_us``."""
+        found = {}
+        later = []
+        while self._due and self._due[0][0] <= now_us:
+            _, transaction_id = heapq.heappop(self._due)
+            pending = self.pending.get(transaction_id)
+            if pending is None or transaction_id in found:
+                continue
+            event = pending.next_event_us(config)
+            if event <= now_us:
+                found[transaction_id] = pending
+            else:
+                later.append((event, transaction_id))
+        for entry in later:
+            heapq.heappush(self._due, entry)
+        return list(found.values())
+
+    @property
+    def pending_half_count(self) -> int:
+        return len(self.rows)
+
+    def lowest_pending_offset(self) -> Optional[int]:
+        # ``pending`` is filled in queue-offset order, so its first transaction holds the lowest.
+        first = next(iter(self.pending.values()), None)
+        return None if first is None else min(first.offsets)
+
+    # --- what a batch changes (only once all its writes have landed) ------------------------
+
+    def add_pending(self, transactions: Iterable[PendingTransaction], rows: pa.Table, config: CoordinatorConfig) -> None:
+        self.rows.add(rows)
+        for pending in transactions:
+            self.pending[pending.transaction_id] = pending
+            heapq.heappush(self._due, (pending.next_event_us(config), pending.transaction_id))
+
+    def checked(self, transaction_ids: Iterable[str], visible_at_us: int, config: CoordinatorConfig) -> None:
+        for transaction_id in transaction_ids:
+            pending = self.pending[transaction_id]
+            pending.checks += 1
+            pending.last_check_us = visible_at_us
+            heapq.heappush(self._due, (pending.next_event_us(config), transaction_id))
+
+    def resolve(self, transaction_ids: Iterable[str]) -> None:
+        for transaction_id in transaction_ids:
+            pending = self.pending.pop(transaction_id)
+            self.rows.remove(pending.offsets)
+            self.resolved[transaction_id] = pending.producer_group
+        while len(self.resolved) > RESOLVED_REMEMBERED:
+            forgotten, _ = self.resolved.popitem(last=False)
+            if self.id_floor is None or forgotten > self.id_floor:
+                self.id_floor = forgotten
+
+    # --- rebuilding from the tables ----------------------------------------------------------
+
+    def _rebuild(self, config: CoordinatorConfig, batch_id: int, pending_from: int) -> None:
+        lakehouse = config.lakehouse
+        earlier = pc.field("batch_id") < batch_id
+        halves = _read(HALF.path(lakehouse), filter=(pc.field("queue_offset") >= pending_from) & earlier)
+        resolved = _read(OP.path(lakehouse), ["half_offset"], (pc.field("half_offset") >= pending_from) & earlier)
+        pending_rows = halves.filter(pc.invert(pc.is_in(halves.column("queue_offset"),
+                                                        value_set=resolved.column("half_offset"))))
+        pending_rows = shaped(HALF, {name: pending_rows.column(name) for name in pending_rows.column_names},
+                              pending_rows.num_rows, batch_id=None).sort_by("queue_offset")
+        history = _check_history(CHECK_REQUESTS.path(lakehouse), (pc.field("half_offset") >= pending_from) & earlier)
+
+        self.next_batch_id = batch_id
+        self.pending, self.rows, self.resolved, self._due = {}, HalfRows(), OrderedDict(), []
+        self.id_floor = _highest_transaction_id(HALF.path(lakehouse))
+        transactions = pending_from_rows(pending_rows)
+        for pending in transactions:
+            pending.checks, pending.last_check_us = history.get(pending.transaction_id, (0, None))
+        self.add_pending(transactions, pending_rows, config)
+        log.info("checker state rebuilt for batch %d: %d pending transactions (%d halves) from queue offset %d",
+                 batch_id, len(self.pending), len(self.rows), pending_from)
+
+
+def _dataset(path: str) -> tuple[DeltaTable, ds.Dataset]:
+    # Files are read through pyarrow's own filesystem (see coordinator.lakehouse.read_table). The dataset's
+    # fragments carry each file's statistics, so a filter leaves out the files it cannot match.
+    delta = DeltaTable(path)
+    return delta, delta.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem()))
+
+
+def _read(path: str, columns: Optional[list[str]] = None, filter: Optional[pc.Expression] = None) -> pa.Table:
+    return _dataset(path)[1].to_table(columns=columns, filter=filter)
+
+
+def _check_history(path: str, filter: pc.Expression) -> dict[str, tuple[int, int]]:
+    """Per transaction: the check requests made so far, and when the last one became visible
+    (its file's ``modificationTime``, as the batch that wrote it recorded)."""
+    delta, dataset = _dataset(path)
+    actions = pa.table(delta.get_add_actions(flatten=True))
+    written_ms = dict(zip((unquote(p) for p in actions.column("path").to_pylist()),
+                          actions.column("modification_time").cast(pa.int64()).to_pylist()))
+    history: dict[str, tuple[int, int]] = {}
+    for fragment in dataset.get_fragments(filter=filter):
+        visible_us = written_ms[unquote(fragment.path)] * 1000
+        for transaction_id in fragment.to_table(columns=["transaction_id"], filter=filter).column(0).to_pylist():
+            checks, last = history.get(transaction_id, (0, visible_us))
+            history[transaction_id] = (checks + 1, max(last, visible_us))
+    return history
+
+
+def _highest_transaction_id(path: str) -> Optional[str]:
+    """An upper bound of every transaction id in the half queue, from its files' statistics (a
+    truncated maximum is rounded up); a file without one is read."""
+    delta, dataset = _dataset(path)
+    actions = pa.table(delta.get_add_actions(flatten=True))
+    if not actions.num_rows:
+        return None
+    bounds = actions.column("max.transaction_id").to_pylist() if "max.transaction_id" in actions.column_names \
+        else [None] * actions.num_rows
+    unknown = {unquote(p) for p, bound in zip(actions.column("path").to_pylist(), bounds) if bound is None}
+    for fragment in dataset.get_fragments():
+        if unquote(fragment.path) in unknown:
+            bounds.append(pc.max(fragment.to_table(columns=["transaction_id"]).column(0)).as_py())
+    return max((bound for bound in bounds if bound is not None), default=None)
+
+
+def pending_from_rows(halves: pa.Table) -> list[PendingTransaction]:
+    """One :class:`PendingTransaction` per transaction in ``halves`` (accepted half rows, all of
+    each transaction's messages).
+
+    Example::
+
+        pending_from_rows(new_halves)[0].offsets  # [queue offsets, first message first]
+    """
+    columns = halves.select(["transaction_id", "producer_group", "queue_offset", "message_index", "commit_version",
+                             "immunity_ms"]).to_pydict()
+    stored = halves.column("stored_timestamp").cast(pa.int64()).to_pylist()
+    messages: dict[str, list[tuple]] = {}
+    for i, transaction_id in enumerate(columns["transaction_id"]):
+        messages.setdefault(transaction_id, []).append(
+            (columns["message_index"][i], columns["queue_offset"][i], i))
+    result = []
+    for transaction_id, parts in messages.items():
+        parts.sort()
+        first = parts[0][2]
+        result.append(PendingTransaction(
+            transaction_id=transaction_id,
+            producer_group=columns["producer_group"][first],
+            offsets=[offset for _, offset, _ in parts],
+            half_version=max(columns["commit_version"][i] for _, _, i in parts),
+            stored_us=min(stored[i] for _, _, i in parts),
+            immunity_ms=columns["immunity_ms"][first],
+            own_end_until_us=min(stored[i] for _, _, i in parts) + max(columns["immunity_ms"][i] for _, _, i in parts) * 1000,
+        ))
+    return result
+
+
+def lookup_in_tables(config: CoordinatorConfig, batch_id: int, transaction_ids: set[str]) -> dict[str, Known]:
+    """Ids the memory could not answer for, looked up in ``system/half`` and ``system/op`` as earlier
+    batches left them. Every one found is resolved (the pending set is complete).
+
+    Filters on the ids' range first: ids are time-ordered, so the files' statistics leave out
+    every file of other times.
+    """
+    if not transaction_ids:
+        return {}
+    ids = pa.array(sorted(transaction_ids), pa.string())
+    wanted = ((pc.field("transaction_id") >= ids[0].as_py()) & (pc.field("transaction_id") <= ids[-1].as_py())
+              & pc.field("transaction_id").isin(ids) & (pc.field("batch_id") < batch_id))
+    halves = _read(HALF.path(config.lakehouse), ["transaction_id", "producer_group"], wanted)
+    resolved = set(_read(OP.path(config.lakehouse), ["transaction_id"], wanted).column(0).to_pylist())
+    groups = dict(zip(halves.column(0).to_pylist(), halves.column(1).to_pylist()))
+    missing = set(groups) - resolved
+    if missing:
+        raise RuntimeError(f"checker state is inconsistent: unresolved transactions {sorted(missing)[:5]} are not in "
+                           "the pending set; the batch fails and the state is rebuilt")
+    return {transaction_id: Known(group, None) for transaction_id, group in groups.items()}

@@ -1,0 +1,61 @@
+"""The checker's memory between batches (``coordinator.checker.state``): what it keeps is what a
+rebuild from the tables finds, so a restart or a replay decides as an unbroken run does."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from coordinator.checker.state import CheckerState
+from coordinator.message import CHECK_IMMUNITY_TIME_IN_SECONDS
+from tests.conftest import end_record, half_record, stored_time
+
+SECOND = dt.timedelta(seconds=1)
+
+
+def pending_view(state: CheckerState) -> dict:
+    return {tid: dataclasses.asdict(p) for tid, p in state.pending.items()}
+
+
+def rebuilt(checker) -> CheckerState:
+    fresh = CheckerState()
+    fresh.prepare(checker.config, checker.batch_id, checker.pending_from, "txcoord-checker")
+    return fresh
+
+
+def test_state_kept_in_memory_equals_the_state_rebuilt_from_the_tables(checker):
+    checker.write(half_record("committed"), half_record("rolled-back"), half_record("silent"),
+                  half_record("two", topic="A", message_index=0, message_count=2),
+                  half_record("two", topic="B", message_index=1, message_count=2),
+                  half_record("patient", properties={CHECK_IMMUNITY_TIME_IN_SECONDS: "600"}))
+    checker.write(end_record("committed"), end_record("rolled-back", "ROLLBACK_MESSAGE"), end_record("silent", "UNKNOW"))
+    checker.run()
+    born = stored_time(checker, "silent")
+    checker.run(now=born + 7 * SECOND)  # "silent" and "two" are checked once
+
+    kept = pending_view(checker.state)
+    assert sorted(kept) == ["patient", "silent", "two"]
+    assert (kept["silent"]["checks"], kept["two"]["checks"], kept["patient"]["checks"]) == (1, 1, 0)
+    assert kept["silent"]["last_check_us"] is not None
+    assert pending_view(rebuilt(checker)) == kept
+    assert rebuilt(checker).lowest_pending_offset() == checker.state.lowest_pending_offset() == checker.pending_from
+    assert len(rebuilt(checker).rows) == len(checker.state.rows) == 4
+
+
+def test_a_late_end_of_a_transaction_resolved_before_a_restart_is_judged_from_the_tables(checker):
+    checker.write(half_record("done"))
+    checker.write(end_record("done"))
+    checker.run()
+    checker.state = CheckerState()  # a restarted checker: nothing in memory but what it rebuilds
+    late = end_record("done", "ROLLBACK_MESSAGE")
+    forged = end_record("done", group="intruder")
+    again = half_record("done")
+    checker.write(late, forged)
+    checker.write(again)
+    summary = checker.run()
+
+    reasons = {r.record_id: r.reason for r in checker.table("rejected").collect()}
+    assert reasons == {late["record_id"]: "transaction already resolved",
+                       forged["record_id"]: "producer group does not own the transaction",
+                       again["record_id"]: "duplicate transaction_id"}
+    assert summary.rejected == 3 and checker.table("T").count() == 1
