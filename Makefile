@@ -17,7 +17,7 @@ $(INSTALLED): pyproject.toml
 	touch $@
 
 # Re-run after every (re)install: it also registers the jars with the venv's Spark.
-$(JARS): $(INSTALLED)
+$(JARS): $(INSTALLED) conf/spark-defaults.conf
 	$(PY) -m coordinator.spark > /dev/null
 	touch $@
 

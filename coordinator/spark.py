@@ -183,11 +183,14 @@ def _spark_home() -> Path:
 
 
 def _register_with_spark_submit(jars: list[str]) -> None:
+    # Launch settings apply only when the JVM starts: a plain `spark-submit` reads them from here.
+    launch = {k: v for k, v in read_spark_defaults().items() if k in _LAUNCH_SETTINGS and k not in ("spark.master", "spark.jars")}
     conf_dir = _spark_home() / "conf"
     conf_dir.mkdir(exist_ok=True)
     (conf_dir / "spark-defaults.conf").write_text(
-        "# Written by `python -m coordinator.spark` (make setup): the Delta jars cached for this project.\n"
-        f"spark.jars {','.join(jars)}\n"
+        "# Written by `python -m coordinator.spark` (make setup): the Delta jars cached for this project,\n"
+        "# and the driver's launch settings from conf/spark-defaults.conf.\n"
+        f"spark.jars {','.join(jars)}\n" + "".join(f"{k} {v}\n" for k, v in sorted(launch.items()))
     )
 
 
