@@ -74,7 +74,11 @@ def main(argv: list[str] | None = None) -> dict:
     lakehouse = args.lakehouse or tempfile.mkdtemp(prefix="bench-unresolved-")
     shutil.rmtree(lakehouse, ignore_errors=True)
     init_lakehouse(lakehouse)
-    config = CoordinatorConfig(lakehouse=lakehouse, transaction_timeout_ms=args.immunity_s * 1000)
+    # The rounds' clock runs ahead of the wall clock by the immunity, while the check interval runs from when
+    # each request's file was written (wall clock): the interval must outlast that lead for the next round to
+    # find nothing due.
+    config = CoordinatorConfig(lakehouse=lakehouse, transaction_timeout_ms=args.immunity_s * 1000,
+                               transaction_check_interval_ms=(args.immunity_s + 60) * 1000)
     spark = get_spark("bench-unresolved")
     try:
         driver = benchlib.BatchDriver(spark, config)

@@ -18,7 +18,10 @@ import workload
 from servers import TRANSACTION_CHECK_INTERVAL_MS, TRANSACTION_TIMEOUT_MS
 from workload import COMMIT, ROLLBACK, UNKNOWN, Plan
 
-TRIGGER_INTERVAL_MS = 200
+from coordinator.config import CoordinatorConfig
+
+#: The product's default: how often the checker looks for new commits.
+TRIGGER_INTERVAL_MS = CoordinatorConfig().trigger_interval_ms
 
 
 class _Recorder:
