@@ -6,6 +6,10 @@ producers write them), then one batch over all of them with ``run_batch`` (the c
 logic, as tests/conftest.py drives it), then one heartbeat-only batch. For each batch: wall
 seconds and the number of Spark jobs it ran. The first round warms the JVM up and is not counted.
 
+The same rounds then go through the real streaming query, in this process: each trigger's whole
+time (Spark's planning, offset and commit logs, and the batch) from ``system/metrics``, and the
+Spark jobs the query ran per trigger.
+
 Then the floor, on a scratch Delta table of 200 rows, ``--floor-repeats`` times each, interleaved
 so machine load hits all alike: a plain Spark append; an idempotent append (``txnAppId`` /
 ``txnVersion``, as every checker write is); the same idempotent append replayed (Delta skips it);
@@ -71,6 +75,57 @@ def batch_figures(spark, lakehouse: str, args) -> dict:
             for kind, values in rows.items()}
 
 
+def trigger_figures(spark, workdir: str, args) -> dict:
+    """The same rounds through the real streaming query (``CheckerQuery``, in this process): each
+    trigger's whole time, as ``system/metrics`` records it (planning, the offset and commit logs,
+    the batch), and the Spark jobs the query ran per trigger."""
+    from coordinator.checker import CheckerQuery
+    from coordinator.config import CoordinatorConfig
+    from coordinator.lakehouse import init_lakehouse, read_table
+    from coordinator.producer import time_ordered_id
+    from coordinator.tables import METRICS
+
+    lakehouse = f"{workdir}/streaming"
+    init_lakehouse(lakehouse)
+    config = CoordinatorConfig(lakehouse=lakehouse)
+    writer = benchlib.BatchDriver(spark, config)
+    transactions = args.commits * args.transactions
+
+    def recorded() -> list[dict]:
+        return read_table(METRICS.path(lakehouse)).sort_by("batch_id").to_pylist()
+
+    def wait_for(condition, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the streaming checker did not keep up")
+            time.sleep(0.05)
+
+    checker = CheckerQuery(spark, config).start()
+    try:
+        wait_for(lambda: len(recorded()) >= 2)
+        first_counted = None
+        for round_ in range(args.batches + 1):
+            if round_ == 1:
+                first_counted = max(r["batch_id"] for r in recorded()) + 1
+            ids = [time_ordered_id() for _ in range(transactions)]
+            writer.write(benchlib.half_rows(ids, GROUP, TOPIC))
+            writer.write(benchlib.commit_rows(ids, GROUP))
+            wait_for(lambda: sum(r["delivered"] for r in recorded()) == (round_ + 1) * transactions)
+            time.sleep(1.5)  # a heartbeat-only batch or two
+        jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup(str(checker.query.runId)))
+    finally:
+        checker.stop()
+    rows = recorded()
+    counted = [r for r in rows if r["batch_id"] >= first_counted]
+    busy = [r for r in counted if r["records"]]
+    idle = [r for r in counted if not r["records"]]
+    return {"trigger_ms_median_with_records": benchlib.median([r["duration_ms"] for r in busy]),
+            "records_per_trigger_median": benchlib.median([r["records"] for r in busy]),
+            "trigger_ms_median_heartbeat": benchlib.median([r["duration_ms"] for r in idle]),
+            "spark_jobs_per_trigger": round(jobs / len(rows), 2), "triggers": len(rows)}
+
+
 def floor_figures(spark, workdir: str, repeats: int) -> dict:
     path = f"{workdir}/floor"
     data = spark.range(200).selectExpr("id", "cast(id as string) as s")
@@ -118,6 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"batches of {args.commits * args.transactions} transactions "
               f"({2 * args.commits} commit-log versions), then a heartbeat-only batch:", flush=True)
         report["batches"] = batch_figures(spark, lakehouse, args)
+        print("the same rounds through the streaming query...", flush=True)
+        report["triggers"] = trigger_figures(spark, workdir, args)
         report["floor"] = floor_figures(spark, workdir, args.floor_repeats)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -125,6 +182,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\n{'batch':>28} {'median s':>9} {'Spark jobs':>11}")
     for kind, figures in report["batches"].items():
         print(f"{kind:>28} {figures['seconds_median']:>9} {figures['spark_jobs_median']:>11}")
+    triggers = report["triggers"]
+    print(f"\nstreaming query: a trigger with records (median {triggers['records_per_trigger_median']} records) "
+          f"{triggers['trigger_ms_median_with_records']} ms, heartbeat-only {triggers['trigger_ms_median_heartbeat']} ms; "
+          f"{triggers['spark_jobs_per_trigger']} Spark jobs per trigger ({triggers['triggers']} triggers)")
     print(f"\n{'one operation, 200 rows':>28} {'median ms':>10} {'min ms':>8}")
     for name, figures in report["floor"].items():
         print(f"{name:>28} {figures['ms_median']:>10} {figures['ms_min']:>8}")
