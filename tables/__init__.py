@@ -97,8 +97,8 @@ _MESSAGE = (
 
 #: Everything producers send: HALF records (prepared messages) and END records
 #: (the outcome of a local transaction, from the producer or answering a check).
-#: Append-only; change data feed on, so the checker reads each record with the
-#: version and time at which it entered the log.
+#: Append-only. The checker reads each version's added files straight from the log
+#: (``coordinator.checker.source``); the change data feed stays on for other readers.
 COMMIT_LOG = TableDef(
     "system/commit_log",
     (

@@ -1,8 +1,10 @@
 """The checker: a Structured Streaming job over the commit log (DESIGN §4).
 
 One module per batch step — :mod:`.ingest`, :mod:`.resolve` (with promote),
-:mod:`.check` — run in order by :mod:`.batch`; :mod:`.query` is the streaming
-query with its heartbeat. The checker never imports the producer side.
+:mod:`.check` — run in order by :mod:`.batch` over the checker's memory
+(:mod:`.state`), writing through :mod:`.writer`; :mod:`.source` is the commit log
+as a streaming source and :mod:`.query` the streaming query. The checker never
+imports the producer side.
 
 :mod:`.lease` and :mod:`.progress` need no Spark, so JVM-free tools (``txcoord
 status``, maintenance) read them without loading pyspark: the Spark-side names

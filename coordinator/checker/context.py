@@ -11,13 +11,6 @@ import pyarrow.compute as pc
 from coordinator.config import CoordinatorConfig
 from coordinator.tables import TableDef
 
-#: Columns the checker adds to each commit-log record it reads.
-RECORD_EXTRA_COLUMNS = (
-    ("commit_version", "long"),  # the commit-log version the record entered with
-    ("stored_timestamp", "timestamp"),  # when that version was committed
-    ("is_heartbeat", "boolean"),  # a clock tick, not a record
-)
-
 #: A message's own fields, carried from the half queue into topics, check requests and discards.
 MESSAGE_FIELDS = ("msg_id", "topic", "keys", "tags", "properties", "body", "born_timestamp")
 
@@ -37,7 +30,7 @@ class BatchContext:
 
 @dataclass(frozen=True)
 class BatchRecords:
-    """A batch's commit-log records (heartbeat ticks set aside), collected to the driver.
+    """A batch's commit-log records (its clock tick set aside), as the steps read them.
 
     ``table`` holds every column; ``rows`` the same records as dicts without the two
     heavy columns (``body``, ``born_timestamp``), plus ``row`` (the index in ``table``),
@@ -53,7 +46,7 @@ class BatchRecords:
 
         Example::
 
-            BatchRecords.of(records_dataframe.toArrow()).rows[0]["kind"]  # 'HALF'
+            BatchRecords.of(segment.records(commit_log)).rows[0]["kind"]  # 'HALF'
         """
         table = collected.filter(pc.invert(collected.column("is_heartbeat")))
         light = table.drop_columns(["body", "born_timestamp", "stored_timestamp", "is_heartbeat"])
