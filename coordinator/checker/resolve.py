@@ -90,8 +90,7 @@ _END_RULES = [
 
 
 def promote(resolved: Resolved, state: CheckerState) -> pa.Table:
-    """The topic rows (less ``batch_id``) of this batch's committed transactions, each message once,
-    in queue-offset order.
+    """The topic rows (less ``batch_id``) of this batch's committed transactions, each message once.
 
     Example::
 

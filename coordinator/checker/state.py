@@ -108,7 +108,7 @@ class HalfRows:
             self._where[offset] = (key, row)
 
     def take(self, offsets: Iterable[int]) -> pa.Table:
-        """The rows of ``offsets`` (every one pending), in queue-offset order."""
+        """The rows of ``offsets`` (every one pending), grouped by the table that holds them."""
         by_table: dict[int, list[int]] = {}
         for offset in sorted(offsets):
             key, row = self._where[offset]
