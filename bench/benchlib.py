@@ -477,12 +477,9 @@ class BatchDriver:
         return DeltaTable(self.commit_log).version()
 
     def records(self, first_version: int, last_version: int, now):
-        import pyarrow as pa
+        from coordinator.checker.source import Segment
 
-        from coordinator.checker.source import read_records, tick
-
-        records = read_records(self.commit_log, first_version, last_version)
-        return pa.concat_tables([records, tick(int(now.timestamp() * 1_000_000))])
+        return Segment(first_version, last_version + 1, int(now.timestamp() * 1_000_000)).records(self.commit_log)
 
     def run(self, now=None):
         """One batch over every new version at clock ``now`` (default: the wall clock);

@@ -109,10 +109,10 @@ class ManualChecker:
         return DeltaTable(COMMIT_LOG.path(self.config.lakehouse)).version()
 
     def records(self, first_version: int, last_version: int, now: dt.datetime):
-        from coordinator.checker.source import read_records, tick
+        from coordinator.checker.source import Segment
 
-        records = read_records(COMMIT_LOG.path(self.config.lakehouse), first_version, last_version)
-        return pa.concat_tables([records, tick(int(now.timestamp() * 1_000_000))])
+        segment = Segment(first_version, last_version + 1, int(now.timestamp() * 1_000_000))
+        return segment.records(COMMIT_LOG.path(self.config.lakehouse))
 
     def run(self, now: Optional[dt.datetime] = None):
         """Run the next batch over every commit-log version not yet processed, at clock ``now``."""

@@ -1,7 +1,8 @@
 """One checker micro-batch: ingest, resolve, check, then write everything once.
 
-The batch's records are read on the driver; every decision is computed there, against what the checker keeps in memory (:mod:`.state`), and only
-then are the tables written, each in one idempotent delta-rs append. A crash between
+The batch's records are read on the driver; every decision is computed there,
+against what the checker keeps in memory (:mod:`.state`), and only then are the
+tables written, each in one idempotent delta-rs append. A crash between
 two writes is repaired by Spark replaying the batch: the state is rebuilt as earlier
 batches left the tables, the decisions come out the same, and the writes already
 made are skipped.
