@@ -42,3 +42,8 @@ class LeaseLostError(CoordinatorError):
 class CheckpointMismatchError(CoordinatorError):
     """The checker's streaming checkpoint is missing, foreign or older than what the lakehouse
     records; starting anyway would re-deliver or drop messages. The message says how to recover."""
+
+
+class UnsupportedTableError(CoordinatorError):
+    """A Delta table asks more of a writer than this coordinator's appends do (a writer feature,
+    a constraint, a changed schema); nothing was written to it."""

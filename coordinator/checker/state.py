@@ -160,6 +160,8 @@ class CheckerState:
         if self.next_batch_id == batch_id and self.writer is not None and self.writer.app_id == app_id:
             return False
         self._rebuild(config, batch_id, pending_from)
+        if self.writer is not None:
+            self.writer.close()
         self.writer = TableWriter(app_id)
         return True
 

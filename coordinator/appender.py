@@ -1,0 +1,303 @@
+"""Blind appends to a Delta table, committed straight to its log.
+
+A Delta append is two writes: a Parquet file, then the table's next commit file
+``_delta_log/<version>.json``, created only if no other writer has created it
+(the Delta protocol's mutual exclusion; on a local disk, a hard link, which
+fails when the name exists). delta-rs's ``write_deltalake`` does the same and
+much more around it: it plans the write, re-reads the log and rebuilds its
+snapshot after every commit, so one append costs about 20 ms of CPU, and a
+``DeltaTable`` kept open gets slower with every commit it has seen.
+:class:`DeltaAppender` does only the two writes, in a few milliseconds, and
+leaves everything else (creating tables, checkpoints, reading) to delta-rs.
+
+It stays a correct Delta writer:
+
+* it writes only to tables whose protocol it honours by doing nothing more than
+  appending (see :func:`check_writable`), and re-checks whenever a commit by
+  someone else changed the table's protocol or metadata;
+* a commit that lost the race for a version is tried at the next one, after
+  reading the winner's commit (a blind append conflicts with nothing else);
+* it never creates a version a log cleanup may have deleted: it commits at
+  ``v`` only once ``v - 1`` is known to exist and the newest checkpoint is
+  older than ``v``;
+* the statistics it records for data skipping are exact or wider (a string
+  longer than 32 characters has no maximum, a timestamp's maximum is rounded
+  up to the millisecond);
+* it writes a checkpoint every ``delta.checkpointInterval`` commits (through
+  delta-rs, on a thread of its own, off the caller's path).
+
+Example::
+
+    appender = DeltaAppender(COMMIT_LOG.path("lakehouse"))
+    appender.append(records)                                   # the version committed
+    appender.append(rows, app_transaction=("txcoord-checker", 12))
+    appender.close()
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from importlib import metadata as package_metadata
+from typing import Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from coordinator.exceptions import UnsupportedTableError
+
+_log = logging.getLogger("coordinator.appender")
+
+#: Writer features a blind append honours by appending, as long as no column carries an invariant,
+#: a check constraint or a generation expression (:func:`check_writable` looks).
+HONOURED_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints", "changeDataFeed",
+                                      "generatedColumns"})
+#: Legacy writer versions up to 4 name exactly those features.
+HIGHEST_LEGACY_WRITER_VERSION = 4
+#: Statistics keep strings up to this length, as delta-spark's data skipping does.
+STRING_STATS_LENGTH = 32
+DEFAULT_CHECKPOINT_INTERVAL = 100
+_ENGINE = f"txcoord/{package_metadata.version('txcoord')}"
+_STOP = object()
+
+
+def check_writable(protocol: dict, metadata: dict) -> None:
+    """Raise :class:`UnsupportedTableError` unless a blind append honours every writer rule of a table with
+    this ``protocol`` and ``metadata`` action (as dicts, the way they stand in the log).
+
+    Example::
+
+        check_writable({"minReaderVersion": 1, "minWriterVersion": 4}, {"schemaString": "...", "configuration": {}})
+    """
+    writer_version = protocol.get("minWriterVersion", 1)
+    if writer_version == 7:
+        unknown = set(protocol.get("writerFeatures") or ()) - HONOURED_WRITER_FEATURES
+        if unknown:
+            raise UnsupportedTableError(f"the table needs writer feature(s) {', '.join(sorted(unknown))}, "
+                                        f"which a blind append cannot honour")
+    elif writer_version > HIGHEST_LEGACY_WRITER_VERSION:
+        raise UnsupportedTableError(f"the table needs Delta writer version {writer_version}; a blind append "
+                                    f"honours up to {HIGHEST_LEGACY_WRITER_VERSION}")
+    constraints = sorted(key for key in metadata.get("configuration") or {} if key.startswith("delta.constraints."))
+    if constraints:
+        raise UnsupportedTableError(f"the table has check constraint(s) {', '.join(constraints)}")
+    for field in json.loads(metadata["schemaString"])["fields"]:
+        rules = {"delta.invariants", "delta.generationExpression"} & set(field.get("metadata") or {})
+        if rules:
+            raise UnsupportedTableError(f"column {field['name']!r} has {', '.join(sorted(rules))}")
+
+
+def file_stats(data: pa.Table) -> str:
+    """The ``stats`` of an add action for a file holding ``data``: row count, and per top-level column
+    its null count and, for strings, numbers and timestamps, its minimum and maximum.
+
+    Example::
+
+        json.loads(file_stats(pa.table({"n": [3, 1]})))  # {'numRecords': 2, 'minValues': {'n': 1}, ...}
+    """
+    minimums, maximums, nulls = {}, {}, {}
+    for field, column in zip(data.schema, data.columns):
+        kind = field.type
+        if pa.types.is_nested(kind):
+            continue
+        nulls[field.name] = column.null_count
+        if column.null_count == len(column) or not (
+                pa.types.is_string(kind) or pa.types.is_integer(kind) or pa.types.is_timestamp(kind)):
+            continue
+        bounds = pc.min_max(column)
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        if pa.types.is_string(kind):
+            minimums[field.name] = low[:STRING_STATS_LENGTH]
+            if len(high) <= STRING_STATS_LENGTH:
+                maximums[field.name] = high
+        elif pa.types.is_timestamp(kind):
+            minimums[field.name] = _timestamp_stat(low, round_up=False)
+            maximums[field.name] = _timestamp_stat(high, round_up=True)
+        else:
+            minimums[field.name], maximums[field.name] = low, high
+    return json.dumps({"numRecords": data.num_rows, "minValues": minimums, "maxValues": maximums,
+                       "nullCount": nulls}, separators=(",", ":"))
+
+
+def _timestamp_stat(value: dt.datetime, round_up: bool) -> str:
+    # Delta keeps timestamp statistics in milliseconds; a maximum cut down to them would skip its own row.
+    if round_up and value.microsecond % 1000:
+        value += dt.timedelta(microseconds=1000 - value.microsecond % 1000)
+    value = value.astimezone(dt.timezone.utc) if value.tzinfo else value
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+
+
+class DeltaAppender:
+    """Appends Arrow tables to the Delta table at ``path``, one commit per call (see the module's docstring).
+
+    Safe to share between threads; several processes may append to one table at once.
+    Raises :class:`UnsupportedTableError` if the table's protocol asks more of a writer
+    than appending. ``checkpoints=False`` leaves checkpoints to another writer.
+
+    Example::
+
+        with DeltaAppender(COMMIT_LOG.path("lakehouse")) as appender:
+            appender.append(records)
+    """
+
+    def __init__(self, path: str, *, checkpoints: bool = True) -> None:
+        self.path = os.path.abspath(path)
+        self._log_dir = os.path.join(self.path, "_delta_log")
+        self._lock = threading.Lock()
+        self._load()
+        self._checkpoints: Optional[queue.SimpleQueue] = None
+        self._checkpointer: Optional[threading.Thread] = None
+        if checkpoints:
+            self._checkpoints = queue.SimpleQueue()
+            self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="delta-checkpoints", daemon=True)
+            self._checkpointer.start()
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The table's schema, as Arrow: what :meth:`append` accepts."""
+        return self._schema
+
+    def append(self, data: pa.Table, *, app_transaction: Optional[tuple[str, int]] = None) -> Optional[int]:
+        """Commit ``data`` (the table's columns, at least one row) as one new file; return its version.
+
+        ``app_transaction=(app_id, version)`` records Delta's application transaction in the
+        same commit, so the append is idempotent: if the log already records ``version`` or a
+        later one for ``app_id`` (another writer made this append), nothing is written and
+        ``None`` is returned. The caller reads the recorded version once (delta-rs's
+        ``DeltaTable.transaction_version``) and skips what it already wrote; this guard only
+        covers commits that land while this append is in flight.
+
+        Example::
+
+            version = appender.append(pa.Table.from_pylist(rows, schema=appender.schema))
+        """
+        if data.num_rows == 0:
+            raise ValueError("nothing to append")
+        if not data.schema.equals(self._schema):
+            if data.schema.names != self._schema.names:
+                raise ValueError(f"data does not have the table's columns: {data.schema.names}, "
+                                 f"expected {self._schema.names}")
+            data = data.cast(self._schema)  # e.g. a map's entry names as another engine spells them
+        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        file_path = os.path.join(self.path, name)
+        pq.write_table(data, file_path, compression="snappy")
+        written = os.stat(file_path)
+        add = {"path": name, "partitionValues": {}, "size": written.st_size,
+               "modificationTime": written.st_mtime_ns // 1_000_000, "dataChange": True, "stats": file_stats(data)}
+        now_ms = int(time.time() * 1000)
+        actions = [{"commitInfo": {"timestamp": now_ms, "operation": "WRITE", "operationParameters": {"mode": "Append"},
+                                   "isBlindAppend": True, "engineInfo": _ENGINE, "clientVersion": _ENGINE}}]
+        if app_transaction is not None:
+            app_id, app_version = app_transaction
+            actions.append({"txn": {"appId": app_id, "version": app_version, "lastUpdated": now_ms}})
+        actions.append({"add": add})
+        staged = os.path.join(self._log_dir, f"_commit_{uuid.uuid4().hex}.json.tmp")
+        with open(staged, "w") as out:
+            out.write("".join(json.dumps(action, separators=(",", ":")) + "\n" for action in actions))
+        try:
+            version = self._commit(staged, data.schema, app_transaction)
+        finally:
+            os.unlink(staged)
+        if version is None:
+            os.unlink(file_path)
+        elif self._checkpoints is not None and version % self._checkpoint_interval == 0:
+            self._checkpoints.put(version)
+        return version
+
+    def close(self) -> None:
+        """Finish the checkpoint in progress, if any, and stop. Idempotent."""
+        if self._checkpointer is not None:
+            self._checkpoints.put(_STOP)
+            self._checkpointer.join()
+            self._checkpointer = None
+
+    def __enter__(self) -> "DeltaAppender":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _commit(self, staged: str, schema: pa.Schema, app_transaction: Optional[tuple[str, int]]) -> Optional[int]:
+        with self._lock:
+            while True:
+                if not schema.equals(self._schema):
+                    raise UnsupportedTableError(f"the schema of {self.path} changed while appending")
+                if app_transaction is not None and self._recorded(app_transaction[0]) >= app_transaction[1]:
+                    return None
+                version = self._known + 1
+                if self._last_checkpoint() >= version:
+                    self._load()  # versions this far back may have been cleaned from the log: start again
+                    continue
+                try:
+                    os.link(staged, self._version_file(version))
+                except FileExistsError:
+                    self._read_through(version)
+                    continue
+                self._known = version
+                if app_transaction is not None:
+                    self._app_versions[app_transaction[0]] = app_transaction[1]
+                return version
+
+    def _read_through(self, version: int) -> None:
+        """Take in the commits after ``self._known`` up to ``version``, which exists (some other writer's)."""
+        for other in range(self._known + 1, version + 1):
+            try:
+                with open(self._version_file(other)) as commit:
+                    actions = [json.loads(line) for line in commit if line.strip()]
+            except FileNotFoundError:
+                self._load()  # cleaned from the log meanwhile: this appender was far behind
+                return
+            if any("metaData" in action or "protocol" in action for action in actions):
+                _log.info("%s: version %d changed the table's metadata or protocol; reading it again", self.path, other)
+                self._load()
+                return
+            for action in actions:
+                if "txn" in action:
+                    app_id, app_version = action["txn"]["appId"], action["txn"]["version"]
+                    self._app_versions[app_id] = max(app_version, self._recorded(app_id))
+            self._known = other
+
+    def _recorded(self, app_id: str) -> int:
+        """The newest version of ``app_id``'s transaction in the log up to ``self._known``."""
+        if app_id not in self._app_versions:
+            recorded = self._snapshot.transaction_version(app_id)
+            self._app_versions[app_id] = -1 if recorded is None else recorded
+        return self._app_versions[app_id]
+
+    def _load(self) -> None:
+        """Start again from the table's current snapshot: its version, protocol, metadata and schema."""
+        snapshot = DeltaTable(self.path)
+        protocol, metadata = snapshot.protocol(), snapshot.metadata()
+        check_writable({"minWriterVersion": protocol.min_writer_version, "writerFeatures": protocol.writer_features},
+                       {"configuration": metadata.configuration, "schemaString": snapshot.schema().to_json()})
+        self._snapshot = snapshot
+        self._schema = pa.schema(snapshot.schema().to_arrow())
+        self._checkpoint_interval = int(metadata.configuration.get("delta.checkpointInterval",
+                                                                   DEFAULT_CHECKPOINT_INTERVAL))
+        self._app_versions: dict[str, int] = {}
+        self._known = snapshot.version()  # every version up to here exists and has been taken in
+
+    def _last_checkpoint(self) -> int:
+        try:
+            with open(os.path.join(self._log_dir, "_last_checkpoint")) as pointer:
+                return json.load(pointer)["version"]
+        except (FileNotFoundError, ValueError, KeyError):
+            return -1
+
+    def _version_file(self, version: int) -> str:
+        return os.path.join(self._log_dir, f"{version:020d}.json")
+
+    def _checkpoint_loop(self) -> None:
+        while (version := self._checkpoints.get()) is not _STOP:
+            try:
+                DeltaTable(self.path, version=version).create_checkpoint()
+            except Exception as error:  # the next interval's checkpoint covers this one
+                _log.warning("checkpoint of %s at version %d failed: %s", self.path, version, error)

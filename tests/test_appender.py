@@ -1,0 +1,157 @@
+"""Blind appends committed straight to a Delta log, read back by delta-rs (and Spark, in its own test)."""
+
+import datetime as dt
+import json
+import os
+import threading
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from coordinator.appender import DeltaAppender, check_writable, file_stats
+from coordinator.exceptions import UnsupportedTableError
+
+UTC = dt.timezone.utc
+SCHEMA = pa.schema([("id", pa.string()), ("n", pa.int64()), ("at", pa.timestamp("us", tz="UTC")),
+                    ("tags", pa.map_(pa.string(), pa.string())), ("body", pa.binary())])
+
+
+@pytest.fixture
+def table(tmp_path):
+    path = str(tmp_path / "table")
+    DeltaTable.create(path, schema=SCHEMA)
+    return path
+
+
+def rows(*ids, n=1, at=dt.datetime(2026, 11, 23, 12, 0, 0, 123456, UTC)):
+    return pa.Table.from_pylist([{"id": i, "n": n, "at": at, "tags": {"k": i}, "body": i.encode()} for i in ids],
+                                schema=SCHEMA)
+
+
+def test_each_append_is_the_next_version_and_delta_rs_reads_it_back(table):
+    with DeltaAppender(table) as appender:
+        assert [appender.append(rows("a", "b")), appender.append(rows("c"))] == [1, 2]
+    delta = DeltaTable(table)
+    assert delta.version() == 2
+    assert sorted(delta.to_pyarrow_table().column("id").to_pylist()) == ["a", "b", "c"]
+    assert delta.history(1)[0]["operation"] == "WRITE"
+    assert not [name for name in os.listdir(os.path.join(table, "_delta_log")) if name.endswith(".tmp")]
+
+
+def test_an_appender_behind_other_writers_takes_the_next_free_version(table):
+    with DeltaAppender(table) as behind, DeltaAppender(table) as other:
+        assert other.append(rows("first")) == 1
+        write_deltalake(table, rows("by-delta-rs"), mode="append")  # version 2, another engine
+        assert behind.append(rows("late")) == 3
+    assert sorted(DeltaTable(table).to_pyarrow_table().column("id").to_pylist()) == ["by-delta-rs", "first", "late"]
+
+
+def test_threads_sharing_an_appender_lose_nothing(table):
+    with DeltaAppender(table) as appender:
+        versions = []
+        threads = [threading.Thread(target=lambda i=i: versions.extend(appender.append(rows(f"t{i}-{j}"))
+                                                                       for j in range(10))) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert sorted(versions) == list(range(1, 41))
+    assert DeltaTable(table).to_pyarrow_table().num_rows == 40
+
+
+def test_statistics_bound_every_value_so_data_skipping_never_drops_a_row():
+    at = dt.datetime(2026, 11, 23, 12, 0, 0, 123456, UTC)
+    data = pa.Table.from_pylist([{"id": "z" * 40, "n": 7, "at": at, "tags": None, "body": None},
+                                 {"id": "a" * 40, "n": -2, "at": at - dt.timedelta(seconds=1), "tags": {}, "body": b"x"}],
+                                schema=SCHEMA)
+    stats = json.loads(file_stats(data))
+    assert stats["numRecords"] == 2
+    assert stats["minValues"] == {"id": "a" * 32, "n": -2, "at": "2026-11-23T11:59:59.123Z"}
+    # The longest id has no maximum that short; the newest time's maximum is rounded up, not cut down.
+    assert stats["maxValues"] == {"n": 7, "at": "2026-11-23T12:00:00.124Z"}
+    assert stats["nullCount"] == {"id": 0, "n": 0, "at": 0, "body": 1}
+
+
+def test_an_app_transaction_is_written_once_whichever_writer_gets_there_first(table):
+    with DeltaAppender(table) as first, DeltaAppender(table) as second:
+        assert first.append(rows("batch-3"), app_transaction=("checker", 3)) == 1
+        assert second.append(rows("batch-3 again"), app_transaction=("checker", 3)) is None
+        assert second.append(rows("batch-4"), app_transaction=("checker", 4)) == 2
+        assert second.append(rows("batch-4 replayed"), app_transaction=("checker", 4)) is None
+    delta = DeltaTable(table)
+    assert delta.transaction_version("checker") == 4
+    assert sorted(delta.to_pyarrow_table().column("id").to_pylist()) == ["batch-3", "batch-4"]
+    assert len(delta.file_uris()) == len([name for name in os.listdir(table) if name.endswith(".parquet")])
+
+
+def test_a_metadata_change_by_another_writer_is_taken_in(table):
+    with DeltaAppender(table) as appender:
+        assert appender.append(rows("a")) == 1
+        DeltaTable(table).alter.set_table_properties({"delta.logRetentionDuration": "interval 2 hours"})
+        assert appender.append(rows("b")) == 3
+        DeltaTable(table).alter.add_constraint({"n_positive": "n > 0"})
+        with pytest.raises(UnsupportedTableError, match="n_positive"):
+            appender.append(rows("c"))
+    assert sorted(DeltaTable(table).to_pyarrow_table().column("id").to_pylist()) == ["a", "b"]
+
+
+def test_a_table_whose_protocol_asks_more_than_appending_is_refused(tmp_path):
+    path = str(tmp_path / "vectors")
+    DeltaTable.create(path, schema=SCHEMA, configuration={"delta.enableDeletionVectors": "true"})
+    with pytest.raises(UnsupportedTableError, match="deletionVectors"):
+        DeltaAppender(path)
+    with pytest.raises(UnsupportedTableError, match="invariants"):
+        check_writable({"minWriterVersion": 2}, {"schemaString": json.dumps({"fields": [
+            {"name": "n", "type": "long", "nullable": True, "metadata": {"delta.invariants": "n > 0"}}]})})
+
+
+def test_a_version_cleaned_from_the_log_is_never_written_again(table):
+    with DeltaAppender(table) as stale, DeltaAppender(table, checkpoints=False) as busy:
+        for i in range(5):
+            busy.append(rows(f"r{i}"))
+        DeltaTable(table).create_checkpoint()
+        for version in range(1, 5):  # what a log cleanup does behind the checkpoint at 5
+            os.remove(os.path.join(table, "_delta_log", f"{version:020d}.json"))
+        assert stale.append(rows("late")) == 6
+    assert DeltaTable(table).to_pyarrow_table().num_rows == 6
+
+
+def test_a_checkpoint_is_written_every_checkpoint_interval_off_the_callers_path(tmp_path):
+    path = str(tmp_path / "table")
+    DeltaTable.create(path, schema=SCHEMA, configuration={"delta.checkpointInterval": "3"})
+    with DeltaAppender(path) as appender:
+        for i in range(7):
+            appender.append(rows(f"r{i}"))
+    with open(os.path.join(path, "_delta_log", "_last_checkpoint")) as pointer:
+        assert json.load(pointer)["version"] == 6
+    log = os.listdir(os.path.join(path, "_delta_log"))
+    assert sorted(name for name in log if ".checkpoint." in name) == [
+        f"{version:020d}.checkpoint.parquet" for version in (3, 6)]
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 7
+
+
+def test_data_of_another_schema_is_refused_before_anything_is_written(table):
+    with DeltaAppender(table) as appender:
+        with pytest.raises(ValueError, match="columns"):
+            appender.append(pa.table({"id": ["a"]}))
+        with pytest.raises(pa.ArrowInvalid):
+            appender.append(rows("a").set_column(1, "n", pa.array(["not a number"])))
+        with pytest.raises(ValueError, match="nothing"):
+            appender.append(rows()[:0])
+    assert DeltaTable(table).version() == 0
+    assert not [name for name in os.listdir(table) if name.endswith(".parquet")]
+
+
+def test_spark_reads_the_appends_and_its_data_skipping_keeps_every_matching_row(table, spark):
+    newest = dt.datetime(2026, 11, 23, 12, 0, 0, 123456, UTC)
+    with DeltaAppender(table) as appender:
+        appender.append(rows("old", at=newest - dt.timedelta(hours=1)))
+        appender.append(rows("new", at=newest))
+    topic = spark.read.format("delta").load(table)
+    assert sorted(row.id for row in topic.collect()) == ["new", "old"]
+    exact = topic.where(topic.at >= newest).collect()  # the statistics must not skip the newest row
+    assert [(row.id, row.tags, bytes(row.body)) for row in exact] == [("new", {"k": "new"}, b"new")]
+    skipping = DeltaTable(table).to_pyarrow_dataset().to_table(filter=pc.field("at") >= pa.scalar(newest, SCHEMA.field("at").type))
+    assert skipping.column("id").to_pylist() == ["new"]
