@@ -1,11 +1,17 @@
-"""Producer benchmark: committed transactions per second and send latency, one process.
+"""Producer benchmark: committed transactions per second and send latency, against the append floor.
 
 The local transaction is a no-op that commits, so what is measured is the
-coordinator's own cost: validating, group-committing halves to the commit log
-through delta-rs, and queueing the one-way END. No JVM is involved.
+coordinator's own cost: validating, group-committing halves to the commit log,
+and queueing the one-way END. No JVM is involved.
 
-    python bench/producer.py                      # 1, 16, 64, 128 and 256 threads, plus batched sends
-    python bench/producer.py --seconds 5 --threads 16
+    python bench/producer.py                      # 1, 16, 64, 128, 256 threads, batched sends, 1/2/4 processes
+    python bench/producer.py --seconds 5 --threads 16 --processes 1 2
+
+Every figure is quoted against the **append floor**, measured first in the same run: a bare
+delta-rs ``write_deltalake`` of one commit-log row to a warm table, many times over
+(``append_floor_p50_ms``; each configuration's ``send_p50_vs_floor`` and ``send_p99_vs_floor``).
+The process curve runs 1, 2 and 4 producer processes of one group, each with 64 threads, on
+one lakehouse, as several service instances would.
 
 Prints a table and writes ``bench/results/producer.json`` (``--results`` to change), with the
 load average at start and end.
@@ -14,23 +20,29 @@ load average at start and end.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
+from coordinator.commit_log import half_records, records_to_arrow
+from coordinator.lakehouse import init_lakehouse
 from coordinator.tables import COMMIT_LOG
 
 RESULTS = benchlib.RESULTS
 BODY = benchlib.BODY
+FLOOR_WARMUP = 20
+PROCESS_THREADS = 64
 
 
 class Commits(TransactionListener):
@@ -46,44 +58,86 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(threads: int, seconds: float, messages_per_txn: int) -> dict:
-    """Send from ``threads`` threads for ``seconds``; return throughput and latency figures."""
+def append_floor(appends: int) -> dict:
+    """A bare delta-rs append of one commit-log row to a warm table, ``appends`` times: the latencies' p50/p99."""
     with tempfile.TemporaryDirectory() as lakehouse:
-        config = CoordinatorConfig(lakehouse=lakehouse)
-        latencies: list[float] = []
-        lock = threading.Lock()
-        stop_at = time.monotonic() + seconds
+        init_lakehouse(lakehouse)
+        message = Message("BENCH", BODY)
+        message.msg_id = uuid.uuid4().hex
+        row = records_to_arrow(half_records("bench", uuid.uuid4().hex, [message]))
+        table = DeltaTable(COMMIT_LOG.path(lakehouse))
+        latencies = []
+        for attempt in range(FLOOR_WARMUP + appends):
+            started = time.perf_counter()
+            write_deltalake(table, row, mode="append")
+            if attempt >= FLOOR_WARMUP:
+                latencies.append(time.perf_counter() - started)
+    return {"appends": appends, "p50_ms": round(statistics.median(latencies) * 1000, 2),
+            "p99_ms": round(percentile(latencies, 0.99) * 1000, 2)}
 
-        def sender(producer: TransactionProducer) -> None:
-            mine = []
-            while time.monotonic() < stop_at:
-                started = time.perf_counter()
-                if messages_per_txn == 1:
-                    producer.send_message_in_transaction(Message("BENCH", BODY))
-                else:
-                    producer.send_messages_in_transaction([Message("BENCH", BODY) for _ in range(messages_per_txn)])
-                mine.append(time.perf_counter() - started)
-            with lock:
-                latencies.extend(mine)
 
-        with TransactionProducer("bench", Commits(), config) as producer:
-            began = time.perf_counter()
-            workers = [threading.Thread(target=sender, args=(producer,)) for _ in range(threads)]
-            for worker in workers:
-                worker.start()
-            for worker in workers:
-                worker.join()
-            elapsed = time.perf_counter() - began
+def send_until(lakehouse: str, threads: int, start_at: float, stop_at: float,
+               messages_per_txn: int) -> tuple[list[float], float]:
+    """Send from ``threads`` threads of one producer from ``start_at`` until ``stop_at`` (``time.time()``);
+    return the send latencies and when the last send finished."""
+    config = CoordinatorConfig(lakehouse=lakehouse)
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def sender(producer: TransactionProducer) -> None:
+        mine = []
+        while time.time() < stop_at:
+            started = time.perf_counter()
+            if messages_per_txn == 1:
+                producer.send_message_in_transaction(Message("BENCH", BODY))
+            else:
+                producer.send_messages_in_transaction([Message("BENCH", BODY) for _ in range(messages_per_txn)])
+            mine.append(time.perf_counter() - started)
+        with lock:
+            latencies.extend(mine)
+
+    with TransactionProducer("bench", Commits(), config) as producer:
+        time.sleep(max(0.0, start_at - time.time()))
+        workers = [threading.Thread(target=sender, args=(producer,)) for _ in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        finished = time.time()
+    return latencies, finished
+
+
+def run(threads: int, seconds: float, messages_per_txn: int, floor: dict, processes: int = 1) -> dict:
+    """Send from ``processes`` processes of ``threads`` threads for ``seconds``; return throughput and latency figures."""
+    with tempfile.TemporaryDirectory() as lakehouse:
+        init_lakehouse(lakehouse)
+        if processes == 1:
+            start_at = time.time()
+            latencies, finished = send_until(lakehouse, threads, start_at, start_at + seconds, messages_per_txn)
+        else:
+            # Every process starts (imports, opens the log) before the shared start: allow for it.
+            start_at = time.time() + 5
+            with multiprocessing.get_context("spawn").Pool(processes) as pool:
+                shares = pool.starmap(send_until, [(lakehouse, threads, start_at, start_at + seconds,
+                                                    messages_per_txn)] * processes)
+            latencies = [latency for share, _ in shares for latency in share]
+            finished = max(last for _, last in shares)
+        elapsed = finished - start_at
         commits = DeltaTable(COMMIT_LOG.path(lakehouse)).version()  # version 0 created the table
+        p50, p99 = statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000
         return {
+            "processes": processes,
             "threads": threads,
             "messages_per_txn": messages_per_txn,
             "transactions": len(latencies),
             "seconds": round(elapsed, 3),
             "txn_per_s": round(len(latencies) / elapsed, 1),
             "messages_per_s": round(len(latencies) * messages_per_txn / elapsed, 1),
-            "send_p50_ms": round(statistics.median(latencies) * 1000, 2),
-            "send_p99_ms": round(percentile(latencies, 0.99) * 1000, 2),
+            "send_p50_ms": round(p50, 2),
+            "send_p99_ms": round(p99, 2),
+            "append_floor_p50_ms": floor["p50_ms"],
+            "send_p50_vs_floor": round(p50 / floor["p50_ms"], 2),
+            "send_p99_vs_floor": round(p99 / floor["p50_ms"], 2),
             # HALFs and ENDs share commits: how far group commit gathered the sends.
             "commits": commits,
             "commits_per_s": round(commits / elapsed, 1),
@@ -96,18 +150,26 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seconds", type=float, default=10.0, help="sending time per configuration")
     parser.add_argument("--threads", type=int, nargs="*", default=[1, 16, 64, 128, 256])
     parser.add_argument("--batch", type=int, default=10, help="messages per send_messages_in_transaction run")
+    parser.add_argument("--processes", type=int, nargs="*", default=[1, 2, 4],
+                        help=f"the process curve: this many processes of {PROCESS_THREADS} threads each")
+    parser.add_argument("--floor-appends", type=int, default=200, help="bare delta-rs appends for the floor")
     parser.add_argument("--results", default=str(RESULTS / "producer.json"))
     args = parser.parse_args(argv)
     report = benchlib.start_report("producer", vars(args))
-    runs = [run(threads, args.seconds, 1) for threads in args.threads]
-    runs.append(run(max(args.threads), args.seconds, args.batch))
-    print(f"{'threads':>7} {'msgs/txn':>8} {'txns':>7} {'txn/s':>8} {'msg/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'commits/s':>9} {'txn/commit':>10}")
-    for r in runs:
-        print(f"{r['threads']:>7} {r['messages_per_txn']:>8} {r['transactions']:>7} {r['txn_per_s']:>8} "
-              f"{r['messages_per_s']:>8} {r['send_p50_ms']:>8} {r['send_p99_ms']:>8} {r['commits_per_s']:>9} "
+    floor = append_floor(args.floor_appends)
+    print(f"append floor (bare delta-rs append of one row, warm table): p50 {floor['p50_ms']} ms, "
+          f"p99 {floor['p99_ms']} ms", flush=True)
+    runs = [run(threads, args.seconds, 1, floor) for threads in args.threads]
+    runs.append(run(max(args.threads), args.seconds, args.batch, floor))
+    curve = [run(PROCESS_THREADS, args.seconds, 1, floor, processes) for processes in args.processes]
+    print(f"{'procs':>5} {'threads':>7} {'msgs/txn':>8} {'txns':>7} {'txn/s':>8} {'msg/s':>8} {'p50 ms':>8} "
+          f"{'p99 ms':>8} {'p50/floor':>9} {'p99/floor':>9} {'commits/s':>9} {'txn/commit':>10}")
+    for r in runs + curve:
+        print(f"{r['processes']:>5} {r['threads']:>7} {r['messages_per_txn']:>8} {r['transactions']:>7} "
+              f"{r['txn_per_s']:>8} {r['messages_per_s']:>8} {r['send_p50_ms']:>8} {r['send_p99_ms']:>8} "
+              f"{r['send_p50_vs_floor']:>9} {r['send_p99_vs_floor']:>9} {r['commits_per_s']:>9} "
               f"{r['txn_per_commit']:>10}")
-    report["runs"] = runs
+    report.update(append_floor_p50_ms=floor["p50_ms"], append_floor=floor, runs=runs, processes=curve)
     return benchlib.finish_report(report, Path(args.results))
 
 

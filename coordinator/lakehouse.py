@@ -34,22 +34,11 @@ def create_table(table: TableDef, path: str) -> bool:
 
         create_table(HALF, HALF.path("lakehouse"))  # True the first time, then False
     """
-    return create_delta_table(path, table.arrow_schema(), table.properties)
-
-
-def create_delta_table(path: str, schema: pa.Schema, properties: Optional[dict[str, str]] = None) -> bool:
-    """Create an empty Delta table with ``schema`` (and table ``properties``) at ``path`` unless one
-    exists; return whether it was created. A lost creation race is not an error.
-
-    Example::
-
-        create_delta_table("lakehouse/topics/ORDER_TOPIC", TOPIC.arrow_schema())
-    """
     if DeltaTable.is_deltatable(path):
         return False
     os.makedirs(path, exist_ok=True)
     try:
-        DeltaTable.create(path, schema=schema, mode="error", configuration=properties or None)
+        DeltaTable.create(path, schema=table.arrow_schema(), mode="error", configuration=table.properties or None)
     except DeltaError:
         if DeltaTable.is_deltatable(path):
             return False

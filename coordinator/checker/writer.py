@@ -24,9 +24,9 @@ import os
 from typing import Optional
 
 import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from coordinator.appender import DeltaAppender
-from coordinator.lakehouse import create_delta_table
 
 
 class TableWriter:
@@ -39,11 +39,17 @@ class TableWriter:
     def append(self, path: str, data: pa.Table, batch_id: int) -> Optional[int]:
         """Append ``data`` to the table at ``path`` as batch ``batch_id``'s write; return the
         version written, or ``None`` if this batch's write is there already. A table that does
-        not exist yet (a topic's, before its first delivery) is created first, with ``data``'s schema.
+        not exist yet (a topic's, before its first delivery) is created by this append, with
+        ``data``'s schema.
         """
         appender = self._appenders.get(path)
         if appender is None:
-            create_delta_table(path, data.schema)
+            if not DeltaTable.is_deltatable(path):
+                # Created by its first write, so that its version 0 holds rows (time travel to it shows them).
+                write_deltalake(path, data, mode="append", commit_properties=CommitProperties(
+                    app_transactions=[Transaction(self.app_id, batch_id)]))
+                self._appenders[path] = DeltaAppender(path)
+                return 0
             appender = self._appenders[path] = DeltaAppender(path)
         return appender.append(data, app_transaction=(self.app_id, batch_id))
 
