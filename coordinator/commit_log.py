@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import uuid
 from concurrent.futures import Future
 from datetime import datetime, timezone
@@ -38,6 +39,8 @@ _SCHEMA = COMMIT_LOG.arrow_schema()
 _ROW_TYPE = pa.struct(list(_SCHEMA))
 _COLUMNS = frozenset(COMMIT_LOG.column_names)
 _CLOSE = object()
+#: The default shortest time between two commits of one writer (``CoordinatorConfig.commit_interval_ms``).
+DEFAULT_COMMIT_INTERVAL_MS = 10
 
 
 def half_records(group: str, transaction_id: str, messages: Sequence[Message]) -> list[dict]:
@@ -125,7 +128,10 @@ class CommitLogWriter:
     One background thread takes everything waiting (up to ``max_batch_rows``,
     never splitting a submit) and writes it as one commit, then resolves the
     submitters' futures. The records of one :meth:`submit` always land in the
-    same commit. Several processes may append to the same table at once: an
+    same commit. A commit starts at least ``commit_interval_ms`` after the one
+    before (as Kafka's ``linger.ms``): under load commits take longer than
+    that anyway, and a lightly loaded producer makes few, larger commits instead
+    of one per send, which every reader of the log (the checker first) pays for. Several processes may append to the same table at once: an
     append that lost the race for a version takes the next one. The writer
     checkpoints the log every ``delta.checkpointInterval`` commits, off the
     senders' path, and never deletes expired commits from it:
@@ -140,12 +146,16 @@ class CommitLogWriter:
             writer.submit(half_records("order_group", txid, [msg])).result()  # durable now
     """
 
-    def __init__(self, lakehouse: str, max_batch_rows: int = 5000) -> None:
+    def __init__(self, lakehouse: str, max_batch_rows: int = 5000, commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS) -> None:
         if max_batch_rows < 1:
             raise ValueError(f"max_batch_rows must be at least 1, got {max_batch_rows}")
+        if commit_interval_ms < 0:
+            raise ValueError(f"commit_interval_ms must not be negative, got {commit_interval_ms}")
         init_lakehouse(lakehouse)
         self.path = COMMIT_LOG.path(lakehouse)
         self.max_batch_rows = max_batch_rows
+        self.commit_interval_s = commit_interval_ms / 1000
+        self._next_commit_at = 0.0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         # Held while enqueueing, so nothing can be queued behind the close marker and never resolve.
         self._lock = threading.Lock()
@@ -204,6 +214,7 @@ class CommitLogWriter:
             carried = None
             if item is _CLOSE:
                 return
+            time.sleep(max(0.0, self._next_commit_at - time.monotonic()))
             batch = [item]
             rows = len(item[0])
             while rows < self.max_batch_rows:
@@ -216,6 +227,7 @@ class CommitLogWriter:
                     break
                 batch.append(item)
                 rows += len(item[0])
+            self._next_commit_at = time.monotonic() + self.commit_interval_s
             self._commit(batch)
 
     def _commit(self, batch: list[tuple[list[tuple], Future]]) -> None:

@@ -36,6 +36,7 @@ class CoordinatorConfig:
     file_reserved_time_hours: int = 72
     trigger_interval_ms: int = 100
     checker_lease_ttl_ms: int = 30000
+    commit_interval_ms: int = 10
 
     def __post_init__(self) -> None:
         if not isinstance(self.lakehouse, str) or not self.lakehouse.strip():

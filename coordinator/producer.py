@@ -73,7 +73,7 @@ class TransactionProducer:
                 return self
             if self._state == "stopped":
                 raise ProducerStateError(f"producer {self.group!r} was shut down; create a new one")
-            writer = CommitLogWriter(self.config.lakehouse)
+            writer = CommitLogWriter(self.config.lakehouse, commit_interval_ms=self.config.commit_interval_ms)
             checkback = CheckBackWorker(self.config.lakehouse, self.group, self.listener, writer, self.config)
             checkback.start()
             self._writer, self._checkback, self._state = writer, checkback, "running"

@@ -1,6 +1,7 @@
 """The group-committing commit-log writer, against real delta-rs tables."""
 
 import threading
+import time
 from collections import defaultdict
 
 import pyarrow as pa
@@ -145,3 +146,14 @@ def test_records_that_do_not_fit_the_schema_are_refused_and_lose_nothing_else(la
         assert (first.result(timeout=10), before.result(timeout=10), after.result(timeout=10)) == (1, 2, 2)
     assert writes.rows == [1, 3]
     assert sorted(row["transaction_id"] for row in commit_log_rows(lakehouse)) == ["after", "after", "before", "first"]
+
+
+def test_sends_arriving_within_the_commit_interval_share_the_next_commit(lakehouse):
+    with CommitLogWriter(lakehouse, commit_interval_ms=300) as writer:
+        assert writer.submit(ends("first", 1)).result(timeout=10) == 1
+        started = time.monotonic()
+        early = writer.submit(ends("early", 1))
+        time.sleep(0.1)
+        late = [writer.submit(ends(f"late{i}", 1)) for i in range(3)]
+        assert [early.result(timeout=10)] + [f.result(timeout=10) for f in late] == [2, 2, 2, 2]
+        assert time.monotonic() - started >= 0.2  # the second commit waited out the interval
