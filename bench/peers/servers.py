@@ -35,8 +35,8 @@ DURABILITY = {
     "rocketmq": "flushDiskType=ASYNC_FLUSH (the default): acknowledged once in the page cache; one broker, no replica",
     "kafka": "acks=all with one broker (replication factor 1) and the default log.flush settings: acknowledged "
              "once in the page cache",
-    "ours": "a send returns once its half's Delta commit is on the local filesystem; delta-rs issues no fsync "
-            "(strace shows linkat/rename, no fsync), so: in the page cache",
+    "ours": "a send returns once its half's Delta commit is on the local filesystem; the commit-log writer "
+            "issues no fsync (a write, then a hard link of the commit file, as delta-rs does), so: in the page cache",
 }
 
 
