@@ -173,9 +173,8 @@ class DeltaAppender:
         ``app_transaction=(app_id, version)`` records Delta's application transaction in the
         same commit, so the append is idempotent: if the log already records ``version`` or a
         later one for ``app_id`` (another writer made this append), nothing is written and
-        ``None`` is returned. The caller reads the recorded version once (delta-rs's
-        ``DeltaTable.transaction_version``) and skips what it already wrote; this guard only
-        covers commits that land while this append is in flight.
+        ``None`` is returned. What the log records is read from the table once, then kept up
+        to date from every commit this appender writes or reads past.
 
         Example::
 
@@ -183,6 +182,10 @@ class DeltaAppender:
         """
         if data.num_rows == 0:
             raise ValueError("nothing to append")
+        if app_transaction is not None:
+            with self._lock:  # a replay is known before any file is written
+                if self._recorded(app_transaction[0]) >= app_transaction[1]:
+                    return None
         if not data.schema.equals(self._schema):
             if data.schema.names != self._schema.names:
                 raise ValueError(f"data does not have the table's columns: {data.schema.names}, "
