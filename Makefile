@@ -18,7 +18,7 @@ $(INSTALLED): pyproject.toml
 
 # Re-run after every (re)install: it also registers the jars with the venv's Spark.
 $(JARS): $(INSTALLED) conf/spark-defaults.conf
-	$(PY) -m coordinator.spark > /dev/null
+	$(PY) -m coordinator.checker.session > /dev/null
 	touch $@
 
 demo: setup

@@ -53,7 +53,7 @@ def timed_jobs(spark, action) -> tuple[float, int, object]:
 
 def batch_figures(spark, lakehouse: str, args) -> dict:
     from coordinator.config import CoordinatorConfig
-    from coordinator.producer import time_ordered_id
+    from coordinator.producer.transaction_producer import time_ordered_id
 
     driver = benchlib.BatchDriver(spark, CoordinatorConfig(lakehouse=lakehouse))
     rows = {"records": [], "heartbeat": []}
@@ -79,10 +79,10 @@ def trigger_figures(spark, workdir: str, args) -> dict:
     """The same rounds through the real streaming query (``CheckerQuery``, in this process): each
     trigger's whole time, as ``system/metrics`` records it (planning, the offset and commit logs,
     the batch), and the Spark jobs the query ran per trigger."""
-    from coordinator.checker import CheckerQuery
+    from coordinator.checker.query import CheckerQuery
     from coordinator.config import CoordinatorConfig
-    from coordinator.lakehouse import init_lakehouse, read_table
-    from coordinator.producer import time_ordered_id
+    from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
+    from coordinator.producer.transaction_producer import time_ordered_id
     from coordinator.tables import METRICS
 
     lakehouse = f"{workdir}/streaming"
@@ -92,7 +92,7 @@ def trigger_figures(spark, workdir: str, args) -> dict:
     transactions = args.commits * args.transactions
 
     def recorded() -> list[dict]:
-        return read_table(METRICS.path(lakehouse)).sort_by("batch_id").to_pylist()
+        return read_table(Lakehouse(lakehouse).path(METRICS)).sort_by("batch_id").to_pylist()
 
     def wait_for(condition, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = benchlib.start_report("batch_cost", vars(args))
 
     from coordinator.lakehouse import init_lakehouse
-    from coordinator.spark import get_spark
+    from coordinator.checker.session import get_spark
 
     spark = get_spark("bench-batch-cost")
     workdir = tempfile.mkdtemp(prefix="bench-batch-cost-")

@@ -129,10 +129,10 @@ def deliveries(lakehouse: str, topic: str) -> dict[str, Delivery]:
     """Transaction id → :class:`Delivery`, for every transaction in the topic table's log."""
     import pyarrow.parquet as pq
 
-    from coordinator.tables import topic_path
+    from coordinator.lakehouse import Lakehouse
 
     found: dict[str, Delivery] = {}
-    for commit in commits(topic_path(lakehouse, topic)):
+    for commit in commits(Lakehouse(lakehouse).topic(topic)):
         if commit["timestamp_ms"] is None:
             continue
         for path in commit["added"]:
@@ -180,7 +180,7 @@ class CheckerJob:
     """
 
     def __init__(self, config_path: str, lakehouse: str, log_path: str):
-        from coordinator.spark import spark_submit
+        from coordinator.checker.session import spark_submit
 
         self.lakehouse = lakehouse
         self.progress_path = os.path.join(lakehouse, "system", "_checker_progress.json")
@@ -456,10 +456,11 @@ class BatchDriver:
     def __init__(self, spark, config, first_batch_id: int = 0, pending_from: int = 0):
         from deltalake import DeltaTable
 
+        from coordinator.lakehouse import Lakehouse
         from coordinator.tables import COMMIT_LOG
 
         self.spark, self.config = spark, config
-        self.commit_log = COMMIT_LOG.path(config.lakehouse)
+        self.commit_log = Lakehouse(config.lakehouse).path(COMMIT_LOG)
         self.next_version = DeltaTable(self.commit_log).version() + 1
         self.batch_id = first_batch_id
         self.pending_from = pending_from
@@ -471,7 +472,7 @@ class BatchDriver:
         """Append raw commit-log records as one commit; return its version."""
         from deltalake import DeltaTable, write_deltalake
 
-        from coordinator.commit_log import records_to_arrow
+        from coordinator.producer.commit_log import records_to_arrow
 
         write_deltalake(self.commit_log, records_to_arrow(records), mode="append")
         return DeltaTable(self.commit_log).version()
@@ -488,7 +489,7 @@ class BatchDriver:
 
         from deltalake import DeltaTable
 
-        from coordinator.checker import run_batch
+        from coordinator.checker.batch import run_batch
 
         latest = DeltaTable(self.commit_log).version()
         started = time.perf_counter()  # reading the new versions is part of the batch, as in the streaming query
@@ -513,8 +514,8 @@ def half_rows(transaction_ids: list[str], group: str, topic: str, properties: Op
 
 def commit_rows(transaction_ids: list[str], group: str) -> list[dict]:
     """The producer's own COMMIT END record of each transaction."""
-    from coordinator.commit_log import end_record
-    from coordinator.listener import LocalTransactionState
+    from coordinator.producer.commit_log import end_record
+    from coordinator.protocol import LocalTransactionState
 
     return [end_record(group, tid, LocalTransactionState.COMMIT_MESSAGE) for tid in transaction_ids]
 

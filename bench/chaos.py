@@ -2,7 +2,7 @@
 
 Runs several producer processes (``bench/chaos_producer.py``, each with its own SQLite
 store and producer group), the real checker (``spark-submit jobs/checker.py``) and
-table maintenance (``coordinator.maintenance.maintain``) at once, then:
+table maintenance (``coordinator.ops.maintenance.maintain``) at once, then:
 
 - SIGKILLs the checker's whole process group at random moments (mid-batch, as batches
   run back to back) and restarts it at once, as a supervisor would (the new run takes the
@@ -61,10 +61,10 @@ from chaos_producer import (
     group_of,
     plan_id_of,
 )
-from coordinator.commit_log import CommitLogWriter
+from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.config import CoordinatorConfig
-from coordinator.lakehouse import init_lakehouse, read_table
-from coordinator.spark import PROJECT_ROOT, spark_submit
+from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
+from coordinator.checker.session import PROJECT_ROOT, spark_submit
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF, OP, REJECTED
 
 BENCH = Path(__file__).resolve().parent
@@ -96,7 +96,7 @@ _EXAMPLES = 5
 #: coordinator.lakehouse.read_table) cannot take the harness down with it.
 _MAINTAIN = """
 import dataclasses, json, sys
-from coordinator.maintenance import maintain
+from coordinator.ops.maintenance import maintain
 tables, retention_hours = json.loads(sys.argv[2]), int(sys.argv[3])
 print(json.dumps([dataclasses.asdict(r) for r in maintain(sys.argv[1], tables=tables, retention_hours=retention_hours)]))
 """
@@ -283,7 +283,7 @@ def prepare(root: Path) -> Path:
 
 
 class Maintenance:
-    """Runs ``coordinator.maintenance.maintain`` over the commit log and the topics, over and over, in a thread."""
+    """Runs ``coordinator.ops.maintenance.maintain`` over the commit log and the topics, over and over, in a thread."""
 
     def __init__(self, root: Path, every_s: float, retention_hours: int) -> None:
         self.root, self.every_s, self.retention_hours = root, every_s, retention_hours
@@ -361,8 +361,8 @@ class HostileWriter:
         Returns ``False``, writing nothing, if ``require_every_target`` and one of them does not exist yet.
         """
         kind_of = {plan_id: kind for plan in plans for plan_id, kind in plan}
-        halves = _rows(HALF.path(str(self.root)), ["transaction_id", "producer_group", "body", "message_index"])
-        outcomes = {row["transaction_id"]: row["outcome"] for row in _rows(OP.path(str(self.root)), ["transaction_id", "outcome"])}
+        halves = _rows(Lakehouse(str(self.root)).path(HALF), ["transaction_id", "producer_group", "body", "message_index"])
+        outcomes = {row["transaction_id"]: row["outcome"] for row in _rows(Lakehouse(str(self.root)).path(OP), ["transaction_id", "outcome"])}
         ours = [row for row in halves if row["producer_group"] != FORGED_GROUP and row["message_index"] == 0]
 
         def pick(condition) -> Optional[dict]:
@@ -656,12 +656,12 @@ def verify(root: Path, config: CoordinatorConfig, producers: list[Producer], bad
     kind_of = {plan_id: kind for plan in plans for plan_id, kind in plan}
     groups = {group_of(p.index) for p in producers}
     bad_ids = {bad.record_id for bad in bad_inputs}
-    log = _rows(COMMIT_LOG.path(lakehouse), ["record_id", "kind", "transaction_id", "producer_group", "msg_id", "state"])
-    halves = _rows(HALF.path(lakehouse), ["transaction_id", "producer_group", "queue_offset", "msg_id", "message_index",
+    log = _rows(Lakehouse(lakehouse).path(COMMIT_LOG), ["record_id", "kind", "transaction_id", "producer_group", "msg_id", "state"])
+    halves = _rows(Lakehouse(lakehouse).path(HALF), ["transaction_id", "producer_group", "queue_offset", "msg_id", "message_index",
                                           "body", "stored_timestamp", "immunity_ms"])
-    ops = _rows(OP.path(lakehouse), ["half_offset", "transaction_id", "outcome", "end_record_id"])
-    checks = _rows(CHECK_REQUESTS.path(lakehouse), ["check_id", "transaction_id", "check_times", "requested_at"])
-    rejected = _rows(REJECTED.path(lakehouse), ["record_id", "reason", "producer_group"])
+    ops = _rows(Lakehouse(lakehouse).path(OP), ["half_offset", "transaction_id", "outcome", "end_record_id"])
+    checks = _rows(Lakehouse(lakehouse).path(CHECK_REQUESTS), ["check_id", "transaction_id", "check_times", "requested_at"])
+    rejected = _rows(Lakehouse(lakehouse).path(REJECTED), ["record_id", "reason", "producer_group"])
     topic_rows = []
     topics_dir = root / "topics"
     for topic_dir in sorted(topics_dir.iterdir()) if topics_dir.exists() else []:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
+from coordinator.lakehouse import Lakehouse
 from coordinator.config import CoordinatorConfig  # noqa: E402
 
 TOPIC = "BENCH_E2E"
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = benchlib.start_report("e2e", vars(args))
 
     from coordinator import TransactionProducer
-    from coordinator.tables import topic_path
+
 
     rate, reference = offered_rate(args.rate, args.reference_producer_seconds)
     if reference is not None:
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
         drain_deadline = time.monotonic() + args.drain
         delivered = {}
         while time.monotonic() < drain_deadline:
-            if os.path.isdir(topic_path(lakehouse, TOPIC)):
+            if os.path.isdir(Lakehouse(lakehouse).topic(TOPIC)):
                 delivered = benchlib.deliveries(lakehouse, TOPIC)
                 if wanted <= delivered.keys():
                     break

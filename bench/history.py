@@ -45,7 +45,8 @@ def build_history(spark, lakehouse: str, n: int, appends: int) -> dict:
     """Write ``n`` resolved (committed) transactions into B's half, op, topic and check tables."""
     from pyspark.sql import functions as F
 
-    from coordinator.tables import CHECK_REQUESTS, HALF, OP, TOPIC as TOPIC_DEF, TableDef, topic_path
+    from coordinator.lakehouse import Lakehouse
+    from coordinator.tables import CHECK_REQUESTS, HALF, OP, TOPIC as TOPIC_DEF, TableDef
 
     started = time.perf_counter()
     base_ms = int((datetime.now(timezone.utc) - timedelta(days=30)).timestamp() * 1000)
@@ -89,9 +90,9 @@ def build_history(spark, lakehouse: str, n: int, appends: int) -> dict:
         F.col("queue_offset").alias("half_offset"), "msg_id", "topic", "keys", "tags", "properties", "body",
         "born_timestamp", "batch_id"), CHECK_REQUESTS)
     files = {}
-    for name, df, path in [("system/half", half, HALF.path(lakehouse)), ("system/op", op, OP.path(lakehouse)),
-                           (f"topics/{TOPIC}", topic, topic_path(lakehouse, TOPIC)),
-                           ("system/check_requests", checks, CHECK_REQUESTS.path(lakehouse))]:
+    for name, df, path in [("system/half", half, Lakehouse(lakehouse).path(HALF)), ("system/op", op, Lakehouse(lakehouse).path(OP)),
+                           (f"topics/{TOPIC}", topic, Lakehouse(lakehouse).topic(TOPIC)),
+                           ("system/check_requests", checks, Lakehouse(lakehouse).path(CHECK_REQUESTS))]:
         df.write.format("delta").mode("append").save(path)
         files[name] = benchlib.table_shape(path)["active_files"]
     return {"seconds": round(time.perf_counter() - started, 1), "files": files,
@@ -104,7 +105,7 @@ def run_workload(drivers: dict, workload: int, repeats: int) -> dict:
     for round_ in range(repeats + 1):  # round 0 warms up
         # The order flips every round, so that neither lakehouse always runs first.
         for name, driver in (list(drivers.items()) if round_ % 2 == 0 else list(drivers.items())[::-1]):
-            from coordinator.producer import time_ordered_id
+            from coordinator.producer.transaction_producer import time_ordered_id
 
             ids = [time_ordered_id() for _ in range(workload)]
             driver.write(benchlib.half_rows(ids, GROUP, TOPIC))
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from coordinator.config import CoordinatorConfig
     from coordinator.lakehouse import init_lakehouse
-    from coordinator.spark import get_spark
+    from coordinator.checker.session import get_spark
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-history-")
     spark = get_spark("bench-history")

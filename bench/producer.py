@@ -37,8 +37,8 @@ import benchlib  # noqa: E402
 from deltalake import DeltaTable, write_deltalake
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
-from coordinator.commit_log import half_records, records_to_arrow
-from coordinator.lakehouse import init_lakehouse
+from coordinator.producer.commit_log import half_records, records_to_arrow
+from coordinator.lakehouse import Lakehouse, init_lakehouse
 from coordinator.tables import COMMIT_LOG
 
 RESULTS = benchlib.RESULTS
@@ -75,7 +75,7 @@ def append_floor(appends: int) -> dict:
         latencies = []
         for attempt in range(FLOOR_WARMUP + appends):
             if attempt % FLOOR_REOPEN_EVERY == 0:
-                table = DeltaTable(COMMIT_LOG.path(lakehouse))
+                table = DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG))
             started = time.perf_counter()
             write_deltalake(table, row, mode="append")
             if attempt >= FLOOR_WARMUP:
@@ -132,7 +132,7 @@ def run(threads: int, seconds: float, messages_per_txn: int, floor: Optional[dic
             latencies = [latency for share, _ in shares for latency in share]
             finished = max(last for _, last in shares)
         elapsed = finished - start_at
-        commits = DeltaTable(COMMIT_LOG.path(lakehouse)).version()  # version 0 created the table
+        commits = DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).version()  # version 0 created the table
         p50, p99 = statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000
         against_floor = {} if floor is None else {
             "append_floor_p50_ms": floor["p50_ms"],

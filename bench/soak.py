@@ -5,7 +5,7 @@ The real checker job (``spark-submit jobs/checker.py``) runs while one producer 
 ``--rate`` transactions per second for ``--minutes`` (no-op local transaction that commits; a
 producer that falls behind still stops then, and the sends it never started are reported as
 ``unsent``), and a thread runs
-``coordinator.maintenance.maintain(lakehouse, retention_hours=--retention-hours,
+``coordinator.ops.maintenance.maintain(lakehouse, retention_hours=--retention-hours,
 log_retention_hours=--log-retention-hours)`` every ``--maintenance-every`` seconds (the default
 log retention, a quarter of an hour, lets a 30-minute run show the logs levelling off). Batch durations come from ``system/metrics`` (one row per
 checker batch, read with delta-rs); the start and end windows are the first and last
@@ -48,7 +48,7 @@ class Maintainer(threading.Thread):
         self._halt = threading.Event()
 
     def run(self) -> None:
-        from coordinator.maintenance import maintain
+        from coordinator.ops.maintenance import maintain
 
         while not self._halt.wait(self.every_s):
             started = time.monotonic()
@@ -73,11 +73,12 @@ class Maintainer(threading.Thread):
 
 
 def shapes(lakehouse: str) -> dict:
-    from coordinator.tables import COMMIT_LOG, HALF, OP, topic_path
+    from coordinator.lakehouse import Lakehouse
+    from coordinator.tables import COMMIT_LOG, HALF, OP
 
     return {name: benchlib.table_shape(path) for name, path in [
-        ("system/commit_log", COMMIT_LOG.path(lakehouse)), ("system/half", HALF.path(lakehouse)),
-        ("system/op", OP.path(lakehouse)), (f"topics/{TOPIC}", topic_path(lakehouse, TOPIC))]}
+        ("system/commit_log", Lakehouse(lakehouse).path(COMMIT_LOG)), ("system/half", Lakehouse(lakehouse).path(HALF)),
+        ("system/op", Lakehouse(lakehouse).path(OP)), (f"topics/{TOPIC}", Lakehouse(lakehouse).topic(TOPIC))]}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = benchlib.start_report("soak", vars(args))
 
     from coordinator import CoordinatorConfig, TransactionProducer
-    from coordinator.lakehouse import read_table
+    from coordinator.lakehouse import Lakehouse, read_table
     from coordinator.tables import METRICS
 
     lakehouse, checker = benchlib.checker_on_fresh_lakehouse(args.lakehouse, "soak", args.trigger_ms)
@@ -127,12 +128,12 @@ def main(argv: list[str] | None = None) -> dict:
                 thread.stop()
         exit_code = checker.stop()
     # The end shape depends on how long ago maintenance last ran: one more run shows what it leaves.
-    from coordinator.maintenance import maintain
+    from coordinator.ops.maintenance import maintain
 
     maintain(lakehouse, retention_hours=args.retention_hours, log_retention_hours=args.log_retention_hours)
     report["shape_end_after_maintenance"] = shapes(lakehouse)
 
-    metrics = read_table(METRICS.path(lakehouse), ["batch_id", "started_at", "duration_ms", "records"]).to_pylist()
+    metrics = read_table(Lakehouse(lakehouse).path(METRICS), ["batch_id", "started_at", "duration_ms", "records"]).to_pylist()
     window = seconds * args.window
     during = [m for m in metrics if start_wall <= m["started_at"] <= end_wall]
     start_batches = [m["duration_ms"] for m in during if (m["started_at"] - start_wall).total_seconds() < window]

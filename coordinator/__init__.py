@@ -1,24 +1,26 @@
 """Transactional messages on Delta Lake, coordinated by Spark Structured Streaming.
 
-The producer side (this package's top level) needs no JVM::
+What a producer needs, importable without pyspark and starting no JVM::
 
     from coordinator import (CoordinatorConfig, LocalTransactionState, Message,
                              TransactionListener, TransactionProducer)
+
+The package by role:
+
+- :mod:`coordinator.protocol`: the protocol's words (record kinds, states, outcomes, limits), both sides;
+- :mod:`coordinator.producer`: producers and check-back (delta-rs, no JVM);
+- :mod:`coordinator.checker`: the checker, a Structured Streaming job (Spark only);
+- :mod:`coordinator.control`: the checker's lease and progress record, read by operator tools (no JVM);
+- :mod:`coordinator.ops` and :mod:`coordinator.cli`: operator tools and the ``txcoord`` command (no JVM);
+- :mod:`coordinator.demo`: the order/credits demo, apart from the product;
+- shared by all: :mod:`coordinator.config`, :mod:`coordinator.lakehouse`, :mod:`coordinator.appender`,
+  :mod:`coordinator.exceptions`, :mod:`coordinator.logs`, and the table definitions ``coordinator.tables``.
 """
 
 from coordinator.config import CoordinatorConfig
-from coordinator.listener import LocalTransactionState, TransactionListener
-from coordinator.message import Message, SendStatus, TransactionSendResult
-
-# The checker imports the vocabulary from this package too; loading the producer
-# (and delta-rs) only when asked for keeps the two sides apart.
-def __getattr__(name: str):
-    if name == "TransactionProducer":
-        from coordinator.producer import TransactionProducer
-
-        return TransactionProducer
-    raise AttributeError(f"module 'coordinator' has no attribute {name!r}")
-
+from coordinator.producer import (Message, SendStatus, TransactionListener, TransactionProducer,
+                                  TransactionSendResult)
+from coordinator.protocol import LocalTransactionState
 
 __all__ = [
     "CoordinatorConfig",

@@ -28,7 +28,7 @@ It stays a correct Delta writer:
 
 Example::
 
-    appender = DeltaAppender(COMMIT_LOG.path("lakehouse"))
+    appender = DeltaAppender(Lakehouse("lakehouse").path(COMMIT_LOG))
     appender.append(records)                                   # the version committed
     appender.append(rows, app_transaction=("txcoord-checker", 12))
     appender.close()
@@ -48,7 +48,6 @@ from importlib import metadata as package_metadata
 from typing import Optional
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
@@ -146,7 +145,7 @@ class DeltaAppender:
 
     Example::
 
-        with DeltaAppender(COMMIT_LOG.path("lakehouse")) as appender:
+        with DeltaAppender(Lakehouse("lakehouse").path(COMMIT_LOG)) as appender:
             appender.append(records)
     """
 

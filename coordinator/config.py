@@ -13,6 +13,8 @@ from coordinator.exceptions import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("conf") / "coordinator.toml"
 ENV_PREFIX = "TXCOORD_"
+#: The exit status of every command and job started with bad arguments or a bad configuration.
+EXIT_USAGE = 2
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,20 @@ class ConfigError(CoordinatorError, ValueError):
     """A configuration file or ``TXCOORD_*`` variable holds a bad value."""
 
 
+class InvalidArgumentError(CoordinatorError, ValueError):
+    """A function of the API was called with a value outside what it accepts; nothing was done."""
+
+
 class MessageValidationError(CoordinatorError, ValueError):
     """A message was refused at the producer: bad topic, body or property.
 
     Nothing was written; the local transaction was not run.
     """
+
+
+class IncompleteListenerError(CoordinatorError, TypeError):
+    """A :class:`~coordinator.producer.listener.TransactionListener` subclass was created without
+    implementing both of its methods."""
 
 
 class HalfNotStoredError(CoordinatorError):
@@ -25,6 +34,10 @@ class HalfNotStoredError(CoordinatorError):
 
 class ProducerStateError(CoordinatorError):
     """The producer was used before ``start()`` or after ``shutdown()``."""
+
+
+class LakehouseNotFoundError(CoordinatorError):
+    """The directory holds no lakehouse (``txcoord init`` creates one)."""
 
 
 class SparkSetupError(CoordinatorError):
@@ -47,3 +60,12 @@ class CheckpointMismatchError(CoordinatorError):
 class UnsupportedTableError(CoordinatorError):
     """A Delta table asks more of a writer than this coordinator's appends do (a writer feature,
     a constraint, a changed schema); nothing was written to it."""
+
+
+class CheckerStateError(CoordinatorError, RuntimeError):
+    """The checker's memory disagrees with its own tables: a bug, reported instead of writing on."""
+
+
+class StopRequested(CoordinatorError):
+    """Raised inside a Spark job's batch that starts after stop was asked: it is neither processed
+    nor committed, so the next run of the query replays it."""

@@ -1,14 +1,14 @@
-"""Creating the lakehouse: every system table, once, from its definition in ``tables/``.
+"""A lakehouse: where each of its tables and files lives (:class:`Lakehouse`), creating its
+system tables from their definitions in ``tables/``, and reading them.
 
-Runs through delta-rs, so ``python -m coordinator init`` and producers start no JVM.
-Each table is created with an explicit, minimal protocol that Spark and delta-rs
-both read and write.
+Runs through delta-rs, so ``txcoord init`` and producers start no JVM. Each table is
+created with an explicit, minimal protocol that Spark and delta-rs both read and write.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,12 +17,65 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from coordinator.exceptions import CoordinatorError
+from coordinator.exceptions import LakehouseNotFoundError
 from coordinator.tables import COMMIT_LOG, HALF, OP, SYSTEM_TABLES, TableDef
 
 
-class LakehouseNotFoundError(CoordinatorError):
-    """The directory holds no lakehouse (``txcoord init`` creates one)."""
+class Lakehouse:
+    """The locations of one lakehouse: its tables, topics, and the checker's files. Every path
+    under a lakehouse is built here.
+
+    Example::
+
+        lakehouse = Lakehouse("/data/lakehouse")
+        lakehouse.path(HALF)             # '/data/lakehouse/system/half'
+        lakehouse.path("topics/ORDER")   # '/data/lakehouse/topics/ORDER'
+        lakehouse.topic("ORDER")         # '/data/lakehouse/topics/ORDER'
+        lakehouse.lease_file             # '/data/lakehouse/system/_checker_lease.json'
+    """
+
+    def __init__(self, root: Union[str, os.PathLike]):
+        self.root = os.path.abspath(os.fspath(root))
+
+    def __repr__(self) -> str:
+        return f"Lakehouse({self.root!r})"
+
+    def path(self, table: Union[TableDef, str]) -> str:
+        """The directory of ``table``: a definition from ``tables/``, or a name like ``system/half``."""
+        name = table.name if isinstance(table, TableDef) else table
+        return os.path.join(self.root, *name.split("/"))
+
+    def topic(self, topic: str) -> str:
+        """The table of ``topic``.
+
+        The topic must already be valid (:func:`coordinator.protocol.validate_topic`): a valid
+        name holds no path separator and no dot, so it cannot leave ``topics/``.
+        """
+        return os.path.join(self.topics_dir, topic)
+
+    @property
+    def topics_dir(self) -> str:
+        """The directory that holds one table per topic."""
+        return os.path.join(self.root, "topics")
+
+    @property
+    def lease_file(self) -> str:
+        """The checker's lease (:mod:`coordinator.control.lease`)."""
+        return os.path.join(self.root, "system", "_checker_lease.json")
+
+    @property
+    def progress_file(self) -> str:
+        """The checker's progress record (:mod:`coordinator.control.progress`)."""
+        return os.path.join(self.root, "system", "_checker_progress.json")
+
+    @property
+    def checker_checkpoint(self) -> str:
+        """The checker's streaming checkpoint: inside the lakehouse it serves."""
+        return os.path.join(self.root, "system", "_checkpoints", "checker")
+
+    def service_checkpoint(self, service: str) -> str:
+        """The streaming checkpoint of a consuming service's query (the demo's ``credits``)."""
+        return os.path.join(self.root, "services", "_checkpoints", service)
 
 
 def create_table(table: TableDef, path: str) -> bool:
@@ -32,7 +85,7 @@ def create_table(table: TableDef, path: str) -> bool:
 
     Example::
 
-        create_table(HALF, HALF.path("lakehouse"))  # True the first time, then False
+        create_table(HALF, Lakehouse("lakehouse").path(HALF))  # True the first time, then False
     """
     if DeltaTable.is_deltatable(path):
         return False
@@ -55,7 +108,7 @@ def init_lakehouse(lakehouse: str) -> list[str]:
 
         init_lakehouse("lakehouse")  # ['system/commit_log', 'system/half', ...]
     """
-    return [table.name for table in SYSTEM_TABLES if create_table(table, table.path(lakehouse))]
+    return [table.name for table in SYSTEM_TABLES if create_table(table, Lakehouse(lakehouse).path(table))]
 
 
 def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[pc.Expression] = None) -> pa.Table:
@@ -63,7 +116,7 @@ def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[
 
     Example::
 
-        read_table(OP.path("lh"), ["transaction_id", "outcome"]).num_rows
+        read_table(Lakehouse("lh").path(OP), ["transaction_id", "outcome"]).num_rows
     """
     # Files are read through pyarrow's own filesystem, not delta-rs's default handler: with that one,
     # a process that has read Spark-written tables often aborts at exit with "terminate called
@@ -82,8 +135,8 @@ def read_pending(lakehouse: str, columns: Optional[list[str]] = None) -> pa.Tabl
         read_pending("lakehouse", ["transaction_id", "stored_timestamp"]).num_rows
     """
     columns = columns or HALF.column_names
-    halves = read_table(HALF.path(lakehouse), list(dict.fromkeys(columns + ["queue_offset"])))
-    resolved = read_table(OP.path(lakehouse), ["half_offset"]).column("half_offset")
+    halves = read_table(Lakehouse(lakehouse).path(HALF), list(dict.fromkeys(columns + ["queue_offset"])))
+    resolved = read_table(Lakehouse(lakehouse).path(OP), ["half_offset"]).column("half_offset")
     return halves.filter(pc.invert(pc.is_in(halves.column("queue_offset"), value_set=resolved))).select(columns)
 
 
@@ -94,8 +147,8 @@ def require_lakehouse(lakehouse: str) -> str:
 
         require_lakehouse("lakehouse")  # 'lakehouse'
     """
-    if not DeltaTable.is_deltatable(COMMIT_LOG.path(lakehouse)):
-        raise LakehouseNotFoundError(f"no lakehouse at {os.path.abspath(lakehouse)} (run `txcoord init` to create one)")
+    if not DeltaTable.is_deltatable(Lakehouse(lakehouse).path(COMMIT_LOG)):
+        raise LakehouseNotFoundError(f"no lakehouse at {Lakehouse(lakehouse).root} (run `txcoord init` to create one)")
     return lakehouse
 
 
@@ -106,6 +159,6 @@ def topic_names(lakehouse: str) -> list[str]:
 
         topic_names("demo-lakehouse")  # ['ORDER_TOPIC']
     """
-    root = os.path.join(os.path.abspath(lakehouse), "topics")
-    names = sorted(os.listdir(root)) if os.path.isdir(root) else []
-    return [name for name in names if DeltaTable.is_deltatable(os.path.join(root, name))]
+    where = Lakehouse(lakehouse)
+    names = sorted(os.listdir(where.topics_dir)) if os.path.isdir(where.topics_dir) else []
+    return [name for name in names if DeltaTable.is_deltatable(where.topic(name))]

@@ -14,7 +14,7 @@ Example::
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
     logging.getLogger("coordinator").addHandler(handler)
-    # {"time": "2026-11-22T02:23:33.296+00:00", "level": "INFO", "logger": "coordinator.producer",
+    # {"time": "2026-11-22T02:23:33.296+00:00", "level": "INFO", "logger": "coordinator.producer.transaction_producer",
     #  "thread": "order_0", "message": "transaction sent transaction_id=3f2a… messages=1 state=COMMIT_MESSAGE",
     #  "transaction_id": "3f2a…", "producer_group": "order_group"}
 """

@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from coordinator.checker import CheckerQuery
+from coordinator.checker.query import CheckerQuery
 from coordinator.exceptions import CheckerAlreadyRunningError, CheckpointMismatchError
-from coordinator.job_runtime import start_job
+from coordinator.checker.runtime import start_job
 
 EXIT_ALREADY_RUNNING = 3
 EXIT_CHECKPOINT_MISMATCH = 4

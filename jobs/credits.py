@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import threading
 import time
@@ -29,10 +28,10 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from coordinator.config import CoordinatorConfig
-from coordinator.demo_services import CREDITS, ORDER_TOPIC
-from coordinator.lakehouse import create_table
-from coordinator.job_runtime import BatchGate, start_job
-from coordinator.tables import topic_path
+from coordinator.demo.services import CREDITS, ORDER_TOPIC
+from coordinator.lakehouse import Lakehouse, create_table
+from coordinator.checker.runtime import BatchGate, start_job
+
 
 log = logging.getLogger("credits")
 
@@ -47,7 +46,7 @@ def checkpoint_location(lakehouse: str) -> str:
 
         checkpoint_location("/lh")  # '/lh/services/_checkpoints/credits'
     """
-    return os.path.join(os.path.abspath(lakehouse), "services", "_checkpoints", "credits")
+    return Lakehouse(lakehouse).service_checkpoint("credits")
 
 
 def credits_of(topic_rows: DataFrame) -> DataFrame:
@@ -90,7 +89,7 @@ def grant_credits(spark: SparkSession, lakehouse: str, topic_rows: DataFrame, ba
     orders = new.count()
     if orders:
         (
-            DeltaTable.forPath(spark, CREDITS.path(lakehouse))
+            DeltaTable.forPath(spark, Lakehouse(lakehouse).path(CREDITS))
             .alias("credit")
             .merge(new.alias("new"), "credit.order_id = new.order_id")
             .whenNotMatchedInsertAll()
@@ -118,17 +117,17 @@ class CreditsQuery:
         self._gate = BatchGate()  # a MERGE is never cut short by stop()
 
     def start(self) -> "CreditsQuery":
-        create_table(CREDITS, CREDITS.path(self.config.lakehouse))
+        create_table(CREDITS, Lakehouse(self.config.lakehouse).path(CREDITS))
         self.query = (
             self.spark.readStream.format("delta")
-            .load(topic_path(self.config.lakehouse, ORDER_TOPIC))
+            .load(Lakehouse(self.config.lakehouse).topic(ORDER_TOPIC))
             .writeStream.queryName(QUERY_NAME)
             .foreachBatch(self._run_batch)
             .option("checkpointLocation", checkpoint_location(self.config.lakehouse))
             .trigger(processingTime=f"{self.config.trigger_interval_ms} milliseconds")
             .start()
         )
-        log.info("credits stream started on %s", topic_path(self.config.lakehouse, ORDER_TOPIC))
+        log.info("credits stream started on %s", Lakehouse(self.config.lakehouse).topic(ORDER_TOPIC))
         return self
 
     def _run_batch(self, topic_rows: DataFrame, batch_id: int) -> None:
@@ -183,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     job = start_job("txcoord-credits", parser, argv)
     args, config, spark, stop_requested = job.args, job.config, job.spark, job.stop_requested
     try:
-        topic = topic_path(config.lakehouse, ORDER_TOPIC)
+        topic = Lakehouse(config.lakehouse).topic(ORDER_TOPIC)
         log.info("waiting for %s", topic)
         if not wait_for_table(topic, stop_requested, args.until_idle):
             log.info("no topic table yet; nothing to credit")

@@ -29,10 +29,10 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
-from coordinator.lakehouse import read_table
-from coordinator.spark import PROJECT_ROOT, spark_submit
-from coordinator.status import read_metrics
-from coordinator.tables import DISCARDED, OP, topic_path
+from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.checker.session import PROJECT_ROOT, spark_submit
+from coordinator.ops.status import read_metrics
+from coordinator.tables import DISCARDED, OP
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                             LocalTransactionState.UNKNOW)
@@ -133,7 +133,7 @@ def send_workload(config: CoordinatorConfig, per_fate: int) -> dict[str, str]:
 
 
 def outcomes(lakehouse: str) -> dict[str, str]:
-    return dict(zip(*read_table(OP.path(lakehouse), ["transaction_id", "outcome"]).to_pydict().values()))
+    return dict(zip(*read_table(Lakehouse(lakehouse).path(OP), ["transaction_id", "outcome"]).to_pydict().values()))
 
 
 def wait_until(condition, timeout_s: float, what: str) -> None:
@@ -165,7 +165,7 @@ def run(work: Path, workers: int, worker_memory: str, per_fate: int) -> dict:
         fates = send_workload(config, per_fate)
         apps = cluster_state(ui_port)["activeapps"]
         summary["application"] = [{"name": a["name"], "cores": a["cores"], "state": a["state"]} for a in apps]
-        wait_until(lambda: read_table(topic_path(str(lakehouse), TOPIC)).num_rows >= 2 * per_fate, 120, "every delivery")
+        wait_until(lambda: read_table(Lakehouse(str(lakehouse)).topic(TOPIC)).num_rows >= 2 * per_fate, 120, "every delivery")
         summary["settled_s"] = round(time.monotonic() - started, 1)
         checker.process.send_signal(signal.SIGTERM)
         summary["checker_exit"] = checker.process.wait(120)
@@ -173,8 +173,8 @@ def run(work: Path, workers: int, worker_memory: str, per_fate: int) -> dict:
 
     expected = {txn: {"commit": "COMMIT", "lost-commit": "COMMIT", "rollback": "ROLLBACK", "lost-rollback": "ROLLBACK",
                       "undecidable": "DISCARD"}[fate] for txn, fate in fates.items()}
-    delivered = read_table(topic_path(str(lakehouse), TOPIC), ["transaction_id"]).column(0).to_pylist()
-    discarded = read_table(DISCARDED.path(str(lakehouse)), ["transaction_id"]).column(0).to_pylist()
+    delivered = read_table(Lakehouse(str(lakehouse)).topic(TOPIC), ["transaction_id"]).column(0).to_pylist()
+    discarded = read_table(Lakehouse(str(lakehouse)).path(DISCARDED), ["transaction_id"]).column(0).to_pylist()
     batches = read_metrics(str(lakehouse), ["batch_id"]).column("batch_id").to_pylist()
     summary |= {"transactions": len(fates), "delivered": len(delivered), "discarded": len(discarded), "batches": len(batches)}
     checks = [

@@ -9,16 +9,17 @@ read and write without extra table features: timestamps are time-zone aware
 (``timestamp`` is UTC in both), so no table ever needs ``timestampNtz``
 (delta-rs issue #2882).
 
+Where each table lives under a lakehouse is :class:`coordinator.lakehouse.Lakehouse`'s to say.
+
 Example::
 
-    from coordinator.tables import COMMIT_LOG, topic_path
-    COMMIT_LOG.path("/data/lakehouse")      # '/data/lakehouse/system/commit_log'
-    topic_path("/data/lakehouse", "ORDER")  # '/data/lakehouse/topics/ORDER'
+    from coordinator.tables import COMMIT_LOG
+    COMMIT_LOG.name                          # 'system/commit_log'
+    COMMIT_LOG.arrow_schema().names[:2]      # ['record_id', 'kind']
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -36,7 +37,7 @@ _ARROW_TYPES = {
 
 @dataclass(frozen=True)
 class TableDef:
-    """A Delta table of the lakehouse: where it lives and what it holds.
+    """A Delta table of the lakehouse: its name (where it lives under the lakehouse) and what it holds.
 
     ``columns`` is an ordered tuple of ``(name, type)`` with ``type`` in
     Spark DDL spelling. Every column is nullable: the commit log accepts
@@ -47,15 +48,6 @@ class TableDef:
     name: str
     columns: tuple[tuple[str, str], ...]
     properties: dict[str, str] = field(default_factory=dict)
-
-    def path(self, lakehouse: str) -> str:
-        """Absolute path of this table under ``lakehouse``.
-
-        Example::
-
-            HALF.path("lh")  # '<cwd>/lh/system/half'
-        """
-        return os.path.join(os.path.abspath(lakehouse), *self.name.split("/"))
 
     @property
     def column_names(self) -> list[str]:
@@ -222,7 +214,7 @@ TOPIC = TableDef(
 )
 
 #: One row per checker micro-batch, written by the checker's metrics listener
-#: (``coordinator.metrics``): how long it took, what came in, what it decided.
+#: (``coordinator.checker.metrics``): how long it took, what came in, what it decided.
 METRICS = TableDef(
     "system/metrics",
     (
@@ -247,15 +239,3 @@ METRICS = TableDef(
 #: The tables ``coordinator init`` creates. Topic tables appear on first delivery.
 SYSTEM_TABLES = (COMMIT_LOG, HALF, OP, CHECK_REQUESTS, DISCARDED, REJECTED, METRICS)
 
-
-def topic_path(lakehouse: str, topic: str) -> str:
-    """Absolute path of the table of ``topic``.
-
-    The topic must already be valid (see ``coordinator.message.validate_topic``):
-    a valid name holds no path separator and no dot, so it cannot leave ``topics/``.
-
-    Example::
-
-        topic_path("/lh", "ORDER_TOPIC")  # '/lh/topics/ORDER_TOPIC'
-    """
-    return os.path.join(os.path.abspath(lakehouse), "topics", topic)

@@ -17,8 +17,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from coordinator.config import CoordinatorConfig
-from coordinator.lakehouse import init_lakehouse
-from coordinator.spark import PROJECT_ROOT
+from coordinator.lakehouse import Lakehouse, init_lakehouse
+from coordinator.checker.session import PROJECT_ROOT
 from coordinator.tables import COMMIT_LOG, TableDef
 
 UTC = dt.timezone.utc
@@ -26,7 +26,7 @@ UTC = dt.timezone.utc
 
 @pytest.fixture(scope="session")
 def spark():
-    from coordinator.spark import get_spark
+    from coordinator.checker.session import get_spark
 
     session = get_spark("txcoord-tests")
     yield session
@@ -105,18 +105,18 @@ class ManualChecker:
 
     def write(self, *rows: dict) -> int:
         """Append raw commit-log records as one commit; return its version."""
-        append_rows(COMMIT_LOG.path(self.config.lakehouse), COMMIT_LOG, list(rows))
-        return DeltaTable(COMMIT_LOG.path(self.config.lakehouse)).version()
+        append_rows(Lakehouse(self.config.lakehouse).path(COMMIT_LOG), COMMIT_LOG, list(rows))
+        return DeltaTable(Lakehouse(self.config.lakehouse).path(COMMIT_LOG)).version()
 
     def records(self, first_version: int, last_version: int, now: dt.datetime):
         from coordinator.checker.source import Segment
 
         segment = Segment(first_version, last_version + 1, int(now.timestamp() * 1_000_000))
-        return segment.records(COMMIT_LOG.path(self.config.lakehouse))
+        return segment.records(Lakehouse(self.config.lakehouse).path(COMMIT_LOG))
 
     def run(self, now: Optional[dt.datetime] = None):
         """Run the next batch over every commit-log version not yet processed, at clock ``now``."""
-        latest = DeltaTable(COMMIT_LOG.path(self.config.lakehouse)).version()
+        latest = DeltaTable(Lakehouse(self.config.lakehouse).path(COMMIT_LOG)).version()
         self.last_batch = (self.next_version, latest, now or dt.datetime.now(UTC), self.batch_id, self.pending_from)
         self.next_version, self.batch_id = latest + 1, self.batch_id + 1
         summary = self.replay()
@@ -125,17 +125,17 @@ class ManualChecker:
 
     def replay(self):
         """Run the last batch again, exactly as Spark does after a crash: same id, versions and clock."""
-        from coordinator.checker import run_batch
+        from coordinator.checker.batch import run_batch
 
         first, last, now, batch_id, pending_from = self.last_batch
         return run_batch(self.config, self.records(first, last, now), batch_id,
                          pending_from=pending_from, state=self.state)
 
     def table(self, name: str):
-        from coordinator.tables import SYSTEM_TABLES, topic_path
+        from coordinator.tables import SYSTEM_TABLES
 
-        paths = {t.name.split("/")[-1]: t.path(self.config.lakehouse) for t in SYSTEM_TABLES}
-        path = paths.get(name) or topic_path(self.config.lakehouse, name)
+        paths = {t.name.split("/")[-1]: Lakehouse(self.config.lakehouse).path(t) for t in SYSTEM_TABLES}
+        path = paths.get(name) or Lakehouse(self.config.lakehouse).topic(name)
         return self.spark.read.format("delta").load(path)
 
 

@@ -15,18 +15,19 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
+from coordinator.lakehouse import Lakehouse
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG
 
 
 def commit_log_rows(lakehouse: str) -> list[dict]:
     """Every commit-log row, each with the ``_commit_version`` it was written in."""
-    table = DeltaTable(COMMIT_LOG.path(lakehouse))
+    table = DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG))
     changes = pa.RecordBatchReader.from_stream(table.load_cdf(starting_version=0)).read_all()
     return changes.to_pylist()
 
 
 def commit_log_version(lakehouse: str) -> int:
-    return DeltaTable(COMMIT_LOG.path(lakehouse)).version()
+    return DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).version()
 
 
 def append_check_request(lakehouse: str, **overrides) -> dict:
@@ -49,7 +50,7 @@ def append_check_request(lakehouse: str, **overrides) -> dict:
         "batch_id": 3,
         **overrides,
     }
-    write_deltalake(CHECK_REQUESTS.path(lakehouse), pa.Table.from_pylist([row], schema=CHECK_REQUESTS.arrow_schema()),
+    write_deltalake(Lakehouse(lakehouse).path(CHECK_REQUESTS), pa.Table.from_pylist([row], schema=CHECK_REQUESTS.arrow_schema()),
                     mode="append")
     return row
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from coordinator.spark import PROJECT_ROOT
+from coordinator.checker.session import PROJECT_ROOT
 
 sys.path.insert(0, str(PROJECT_ROOT / "bench"))
 import benchlib  # noqa: E402

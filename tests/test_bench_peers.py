@@ -14,8 +14,9 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from coordinator.spark import PROJECT_ROOT
-from coordinator.tables import topic_path
+from coordinator.lakehouse import Lakehouse
+from coordinator.checker.session import PROJECT_ROOT
+
 
 sys.path.insert(0, str(PROJECT_ROOT / "bench"))
 sys.path.insert(0, str(PROJECT_ROOT / "bench" / "peers"))
@@ -70,7 +71,7 @@ def test_figures_count_throughput_latency_losses_duplicates_and_leaked_rollbacks
 
 def test_deliveries_report_first_version_time_and_row_count_per_transaction(tmp_path):
     lakehouse = str(tmp_path)
-    path = topic_path(lakehouse, "T")
+    path = Lakehouse(lakehouse).topic("T")
     write_deltalake(path, pa.table({"transaction_id": ["a", "b"]}))
     write_deltalake(path, pa.table({"transaction_id": ["a"]}), mode="append")
     found = benchlib.deliveries(lakehouse, "T")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.catalog import lakehouse_tables, register_tables, topic_table_name
-from coordinator.lakehouse import create_table
-from coordinator.tables import SYSTEM_TABLES, TOPIC, topic_path
+from coordinator.ops.catalog import lakehouse_tables, register_tables, topic_table_name
+from coordinator.lakehouse import Lakehouse, create_table
+from coordinator.tables import SYSTEM_TABLES, TOPIC
 from tests.conftest import end_record, half_record
 
 
@@ -17,7 +17,7 @@ def test_topic_names_become_sql_names():
 
 def test_two_topics_with_one_sql_name_are_refused(config):
     for topic in ("A-B", "A_B"):
-        create_table(TOPIC, topic_path(config.lakehouse, topic))
+        create_table(TOPIC, Lakehouse(config.lakehouse).topic(topic))
     with pytest.raises(ValueError, match="both map to the SQL name topic_a_b"):
         lakehouse_tables(config.lakehouse)
 

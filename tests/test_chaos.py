@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from coordinator.spark import PROJECT_ROOT
+from coordinator.checker.session import PROJECT_ROOT
 
 
 @pytest.mark.slow

@@ -7,9 +7,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from coordinator import CoordinatorConfig, LocalTransactionState, TransactionProducer
-from coordinator.checkback import CheckBackWorker
-from coordinator.commit_log import CommitLogWriter
-from coordinator.lakehouse import init_lakehouse
+from coordinator.producer.checkback import CheckBackWorker
+from coordinator.producer.commit_log import CommitLogWriter
+from coordinator.lakehouse import Lakehouse, init_lakehouse
 from tests.producer_side import RecordingListener, append_check_request, commit_log_rows, wait_until
 
 
@@ -60,7 +60,7 @@ def test_other_groups_are_ignored_and_each_request_is_answered_once(lakehouse):
 
 @pytest.mark.parametrize("answer", [RuntimeError("database down"), None, "garbage"])
 def test_a_failing_or_silent_check_answers_unknow(lakehouse, answer, caplog):
-    with caplog.at_level(logging.WARNING, logger="coordinator.checkback"):
+    with caplog.at_level(logging.WARNING, logger="coordinator.producer.checkback"):
         with producer_for(lakehouse, RecordingListener(check_answer=answer)):
             request = append_check_request(lakehouse)
             [end] = wait_until(lambda: answers(lakehouse, request["check_id"]))
@@ -120,7 +120,7 @@ def test_a_worker_whose_unread_log_was_cleaned_up_starts_again_from_recent_reque
         worker._thread.join()
         missed = append_check_request(lakehouse)
         append_check_request(lakehouse, producer_group="payment_group")
-        path = CHECK_REQUESTS.path(lakehouse)
+        path = Lakehouse(lakehouse).path(CHECK_REQUESTS)
         DeltaTable(path).create_checkpoint()
         checkpoint = DeltaTable(path).version()
         for commit in glob.glob(os.path.join(path, "_delta_log", "*.json")):

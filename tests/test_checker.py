@@ -13,7 +13,7 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from coordinator.checker.resolve import WAIT_FOR_CHECK
-from coordinator.message import CHECK_IMMUNITY_TIME_IN_SECONDS, MAX_BODY_BYTES
+from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS, MAX_BODY_BYTES
 from tests.conftest import end_record, half_record, stored_time
 
 SECOND = dt.timedelta(seconds=1)

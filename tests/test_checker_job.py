@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from coordinator.checker.lease import CheckerLease
+from coordinator.control.lease import CheckerLease
 from coordinator.config import CoordinatorConfig
-from coordinator.job_runtime import JobRuntime
-from coordinator.spark import PROJECT_ROOT
+from coordinator.checker.runtime import JobRuntime
+from coordinator.checker.session import PROJECT_ROOT
 
 
 class NoSpark:

@@ -7,7 +7,7 @@ import dataclasses
 import datetime as dt
 
 from coordinator.checker.state import CheckerState
-from coordinator.message import CHECK_IMMUNITY_TIME_IN_SECONDS
+from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
 from tests.conftest import end_record, half_record, stored_time
 
 SECOND = dt.timedelta(seconds=1)

@@ -7,12 +7,12 @@ import shutil
 import pytest
 from deltalake import DeltaTable
 
-from coordinator.checker import CheckerQuery
-from coordinator.checker.progress import BatchRecord, CheckerProgress, CheckpointState, Epoch, Progress, verify_checkpoint
+from coordinator.checker.query import CheckerQuery
+from coordinator.control.progress import BatchRecord, CheckerProgress, CheckpointState, Epoch, Progress, verify_checkpoint
 from coordinator.checker.query import checkpoint_location
 from coordinator.exceptions import CheckpointMismatchError
-from coordinator.lakehouse import read_table
-from coordinator.tables import COMMIT_LOG, OP, REJECTED, topic_path
+from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.tables import COMMIT_LOG, OP, REJECTED
 from tests.conftest import append_rows, end_record, half_record
 from tests.producer_side import wait_until
 
@@ -67,12 +67,12 @@ def test_batch_ids_of_a_later_epoch_continue_from_the_last_recorded_batch(tmp_pa
 
 
 def delivered(lakehouse: str, topic: str = "T") -> list[str]:
-    path = topic_path(lakehouse, topic)
+    path = Lakehouse(lakehouse).topic(topic)
     return sorted(read_table(path, ["transaction_id"]).column("transaction_id").to_pylist()) if DeltaTable.is_deltatable(path) else []
 
 
 def commit(lakehouse: str, *transaction_ids: str) -> None:
-    log = COMMIT_LOG.path(lakehouse)
+    log = Lakehouse(lakehouse).path(COMMIT_LOG)
     append_rows(log, COMMIT_LOG, [half_record(t) for t in transaction_ids])
     append_rows(log, COMMIT_LOG, [end_record(t) for t in transaction_ids])
 
@@ -113,7 +113,7 @@ def test_lost_checkpoint_after_a_crash_mid_batch_is_recovered_without_loss_or_du
     finally:
         checker.stop()
     monkeypatch.setattr(writer.TableWriter, "append", real_append)
-    in_flight_ops = read_table(OP.path(lakehouse), ["transaction_id"]).column("transaction_id").to_pylist()
+    in_flight_ops = read_table(Lakehouse(lakehouse).path(OP), ["transaction_id"]).column("transaction_id").to_pylist()
     assert in_flight_ops.count("in-flight") == 1 and delivered(lakehouse) == ["before"]
 
     # ...and then its checkpoint is lost. Starting anyway would restart at version 0.
@@ -125,7 +125,7 @@ def test_lost_checkpoint_after_a_crash_mid_batch_is_recovered_without_loss_or_du
     assert delivered(lakehouse) == ["before", "in-flight"]  # the announced batch, completed exactly once
     assert recovered.epoch.number == 1
     # The new checkpoint starts after the last version: one nobody has written yet.
-    assert recovered.epoch.starting_version == DeltaTable(COMMIT_LOG.path(lakehouse)).version() + 1
+    assert recovered.epoch.starting_version == DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).version() + 1
     checker = CheckerQuery(spark, config).start()
     try:
         commit_and_await_delivery(lakehouse, "after")  # delivered: after, before, in-flight
@@ -135,9 +135,9 @@ def test_lost_checkpoint_after_a_crash_mid_batch_is_recovered_without_loss_or_du
         checker.stop()
 
     assert delivered(lakehouse) == ["after", "before", "in-flight", "later"]
-    ops = read_table(OP.path(lakehouse), ["transaction_id"]).column("transaction_id").to_pylist()
+    ops = read_table(Lakehouse(lakehouse).path(OP), ["transaction_id"]).column("transaction_id").to_pylist()
     assert sorted(ops) == ["after", "before", "in-flight", "later"]
-    assert read_table(REJECTED.path(lakehouse)).num_rows == 0  # nothing was read twice
+    assert read_table(Lakehouse(lakehouse).path(REJECTED)).num_rows == 0  # nothing was read twice
 
     # A checkpoint from another lakehouse is refused too.
     other = tmp_path / "other-checkpoint"

@@ -11,9 +11,9 @@ import shutil
 import pytest
 from deltalake import DeltaTable
 
-from coordinator.audit import transaction_timeline
-from coordinator.lakehouse import read_table
-from coordinator.maintenance import maintained_tables
+from coordinator.ops.audit import transaction_timeline
+from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.ops.maintenance import maintained_tables
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, OP
 from tests.test_cli import txcoord
 
@@ -40,10 +40,10 @@ def test_status_after_the_demo_reports_a_stopped_checker_and_what_the_tables_hol
     status = json.loads(as_json.stdout)
     assert status["checker_alive"] is False
     assert status["pending_transactions"] == 0
-    assert status["checks_issued"] == len(column(CHECK_REQUESTS.path(str(lakehouse)), "transaction_id")) > 0
-    assert status["discarded"] == len(set(column(DISCARDED.path(str(lakehouse)), "transaction_id"))) > 0
-    assert status["last_batch_id"] == max(column(METRICS.path(str(lakehouse)), "batch_id"))
-    assert status["commit_log_version"] == DeltaTable(COMMIT_LOG.path(str(lakehouse))).version()
+    assert status["checks_issued"] == len(column(Lakehouse(str(lakehouse)).path(CHECK_REQUESTS), "transaction_id")) > 0
+    assert status["discarded"] == len(set(column(Lakehouse(str(lakehouse)).path(DISCARDED), "transaction_id"))) > 0
+    assert status["last_batch_id"] == max(column(Lakehouse(str(lakehouse)).path(METRICS), "batch_id"))
+    assert status["commit_log_version"] == DeltaTable(Lakehouse(str(lakehouse)).path(COMMIT_LOG)).version()
     assert 0 <= status["lag_versions"] <= 1  # an answer to the last check may arrive after the last batch
     lines = dict(line.split(None, 1) if " " in line else (line, "") for line in text.stdout.splitlines())
     assert lines["checker"].startswith("not running")
@@ -52,7 +52,7 @@ def test_status_after_the_demo_reports_a_stopped_checker_and_what_the_tables_hol
 
 def test_inspect_prints_a_discarded_transactions_timeline(demo, demo_config):
     lakehouse, _, _ = demo
-    discarded = column(DISCARDED.path(str(lakehouse)), "transaction_id")[0]
+    discarded = column(Lakehouse(str(lakehouse)).path(DISCARDED), "transaction_id")[0]
 
     text = txcoord("inspect", discarded, "--config", demo_config)
     as_json = txcoord("inspect", discarded, "--config", demo_config, "--json")
@@ -69,7 +69,7 @@ def test_inspect_prints_a_discarded_transactions_timeline(demo, demo_config):
 
 def test_inspect_of_a_committed_transaction_shows_its_delivery(demo, demo_config):
     lakehouse, _, _ = demo
-    committed = next(row["transaction_id"] for row in read_table(OP.path(str(lakehouse)), ["transaction_id", "outcome"]).to_pylist()
+    committed = next(row["transaction_id"] for row in read_table(Lakehouse(str(lakehouse)).path(OP), ["transaction_id", "outcome"]).to_pylist()
                      if row["outcome"] == "COMMIT")
 
     document = json.loads(txcoord("inspect", committed, "--config", demo_config, "--json").stdout)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from coordinator.spark import PROJECT_ROOT
+from coordinator.checker.session import PROJECT_ROOT
 from tests.conftest import without_txcoord_settings
 
 

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 
 from coordinator.appender import DeltaAppender
-from coordinator.commit_log import CommitLogWriter, end_record
+from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.exceptions import ProducerStateError
-from coordinator.listener import LocalTransactionState
+from coordinator.protocol import LocalTransactionState
 from tests.producer_side import commit_log_rows, commit_log_version
 
 

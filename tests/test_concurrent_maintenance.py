@@ -7,6 +7,7 @@ import logging
 
 from deltalake import DeltaTable
 
+from coordinator.lakehouse import Lakehouse
 from coordinator.tables import HALF, OP
 from tests.conftest import end_record, half_record
 
@@ -21,7 +22,7 @@ def test_a_batch_after_property_changes_on_its_tables_still_writes_every_row_onc
     # As a maintenance run would, between two batches: the checker's view of these tables is now stale,
     # so its next appends lose the race for the next version and take in the change before trying again.
     for table in (HALF, OP):
-        DeltaTable(table.path(checker.config.lakehouse)).alter.set_table_properties(
+        DeltaTable(Lakehouse(checker.config.lakehouse).path(table)).alter.set_table_properties(
             {"delta.logRetentionDuration": "interval 100 hours"})
     for name in later:
         checker.write(half_record(name))
@@ -34,5 +35,5 @@ def test_a_batch_after_property_changes_on_its_tables_still_writes_every_row_onc
     for table in ("half", "op", "T"):
         assert sorted(r.transaction_id for r in checker.table(table).collect()) == names
     for table in (HALF, OP):
-        assert DeltaTable(table.path(checker.config.lakehouse)).metadata().configuration[
+        assert DeltaTable(Lakehouse(checker.config.lakehouse).path(table)).metadata().configuration[
             "delta.logRetentionDuration"] == "interval 100 hours"

@@ -15,11 +15,11 @@ import pytest
 from deltalake import DeltaTable
 
 from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
-from coordinator.checker import CheckerQuery
-from coordinator.checker.lease import CheckerLease
+from coordinator.checker.query import CheckerQuery
+from coordinator.control.lease import CheckerLease
 from coordinator.exceptions import CheckerAlreadyRunningError
-from coordinator.lakehouse import read_table
-from coordinator.spark import PROJECT_ROOT, spark_submit
+from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.checker.session import PROJECT_ROOT, spark_submit
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF
 from tests.conftest import half_record, stored_time
 from tests.producer_side import wait_until
@@ -46,12 +46,12 @@ class SeedListener(TransactionListener):
 
 
 def end_records(lakehouse: str) -> int:
-    kinds = read_table(COMMIT_LOG.path(lakehouse), ["kind"]).column("kind").to_pylist()
+    kinds = read_table(Lakehouse(lakehouse).path(COMMIT_LOG), ["kind"]).column("kind").to_pylist()
     return kinds.count("END")
 
 
 def answered_checks(lakehouse: str) -> int:
-    log = read_table(COMMIT_LOG.path(lakehouse), ["check_id"])
+    log = read_table(Lakehouse(lakehouse).path(COMMIT_LOG), ["check_id"])
     return sum(1 for c in log.column("check_id").to_pylist() if c is not None)
 
 
@@ -112,16 +112,16 @@ def test_streaming_checker_heartbeat_fires_checks_with_no_new_records(spark, con
             CheckerQuery(spark, config).start(wait_for_lease=False)  # one active checker per lakehouse
         from tests.conftest import append_rows
 
-        append_rows(COMMIT_LOG.path(config.lakehouse), COMMIT_LOG, [half_record("quiet")])
-        written_at = DeltaTable(COMMIT_LOG.path(config.lakehouse)).version()
+        append_rows(Lakehouse(config.lakehouse).path(COMMIT_LOG), COMMIT_LOG, [half_record("quiet")])
+        written_at = DeltaTable(Lakehouse(config.lakehouse).path(COMMIT_LOG)).version()
         # Nothing else is ever written to the commit log: only the heartbeat can bring the check.
-        wait_until(lambda: read_table(CHECK_REQUESTS.path(config.lakehouse)).num_rows == 1, 120)
-        assert DeltaTable(COMMIT_LOG.path(config.lakehouse)).version() == written_at
+        wait_until(lambda: read_table(Lakehouse(config.lakehouse).path(CHECK_REQUESTS)).num_rows == 1, 120)
+        assert DeltaTable(Lakehouse(config.lakehouse).path(COMMIT_LOG)).version() == written_at
     finally:
         checker.stop()
     CheckerLease(config.lakehouse).acquire()  # released on stop: a new checker may start at once
-    request = spark.read.format("delta").load(CHECK_REQUESTS.path(config.lakehouse)).first()
-    half = spark.read.format("delta").load(HALF.path(config.lakehouse)).first()
+    request = spark.read.format("delta").load(Lakehouse(config.lakehouse).path(CHECK_REQUESTS)).first()
+    half = spark.read.format("delta").load(Lakehouse(config.lakehouse).path(HALF)).first()
     assert request.transaction_id == "quiet"
     assert (request.requested_at - half.stored_timestamp) >= dt.timedelta(seconds=1)
 

@@ -16,8 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coordinator.exceptions import MessageValidationError
-from coordinator.message import CHECK_IMMUNITY_TIME_IN_SECONDS, MAX_BODY_BYTES, Message, validate_topic
-from coordinator.tables import topic_path
+from coordinator.lakehouse import Lakehouse
+from coordinator.producer.message import Message
+from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS, MAX_BODY_BYTES, validate_topic
+
 from tests.conftest import ManualChecker, end_record, half_record
 
 HOSTILE_TOPICS = ["T", "../T", "a/b", "/etc", ".", "..", "", " ", "T\n", "%|_-", "x" * 128, "ÄRGER", "T\x00", None]
@@ -48,7 +50,7 @@ def test_no_accepted_topic_addresses_a_path_outside_topics(topic):
     except (MessageValidationError, TypeError):
         return
     lakehouse = "/data/lakehouse"
-    path = topic_path(lakehouse, topic)
+    path = Lakehouse(lakehouse).topic(topic)
     assert os.path.dirname(os.path.normpath(path)) == f"{lakehouse}/topics" and os.path.basename(path) == topic
 
 

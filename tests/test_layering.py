@@ -1,25 +1,109 @@
-"""DESIGN §9's two rules: a producer starts no JVM; the checker never imports the producer side."""
+"""The package's layers (DESIGN §9 and the layout in README): who may import whom, and which
+parts start no JVM. Each rule is checked in a fresh interpreter, so nothing this suite has
+already imported can hide a violation."""
 
+from __future__ import annotations
+
+import ast
+import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
-PRODUCER_SIDE = ("coordinator.producer", "coordinator.commit_log", "coordinator.checkback")
+import pytest
+
+import coordinator
+from coordinator import exceptions
+
+PACKAGE_DIR = Path(coordinator.__file__).parent
+SPARK_MODULES = ("pyspark", "py4j", "delta")
 
 
-def loaded_modules(code: str) -> set[str]:
+def modules_of(package: str) -> list[str]:
+    """Every module of ``package`` (a sub-package of coordinator), by name."""
+    return [f"{package}.{m.name}" for m in pkgutil.iter_modules([str(PACKAGE_DIR / package.split(".", 1)[1])])]
+
+
+def loaded_after(code: str) -> set[str]:
+    """The modules loaded by a fresh interpreter once it has run ``code``."""
     out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print(' '.join(sys.modules))"],
-                         capture_output=True, text=True, check=True).stdout
+                         capture_output=True, text=True, check=True, timeout=120).stdout
     return set(out.split())
 
 
+def spark_loaded(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if m.split(".")[0] in SPARK_MODULES)
+
+
 def test_producer_side_never_imports_pyspark():
-    modules = loaded_modules("from coordinator import TransactionProducer, Message, CoordinatorConfig\n"
-                             "import coordinator.checkback, coordinator.commit_log")
-    assert "coordinator.producer" in modules
-    assert not any(m == "pyspark" or m.startswith("pyspark.") or m == "py4j" for m in modules)
+    modules = loaded_after("from coordinator import TransactionProducer, Message, CoordinatorConfig\n"
+                           + "".join(f"import {m}\n" for m in modules_of("coordinator.producer")))
+    assert "coordinator.producer.checkback" in modules
+    assert spark_loaded(modules) == []
+    assert not any(m.startswith(("coordinator.checker", "coordinator.ops", "coordinator.demo")) for m in modules)
 
 
-def test_checker_never_imports_producer_side():
-    modules = loaded_modules("import coordinator.checker, coordinator.checker.query")
-    assert "coordinator.checker.batch" in modules
-    assert not set(PRODUCER_SIDE) & modules
+def test_checker_never_imports_producer_side_or_operator_tools():
+    modules = loaded_after("".join(f"import {m}\n" for m in modules_of("coordinator.checker")))
+    assert "coordinator.checker.query" in modules and "pyspark" in modules
+    assert not any(m.startswith(("coordinator.producer", "coordinator.ops", "coordinator.cli", "coordinator.demo"))
+                   for m in modules)
+
+
+def test_shared_modules_belong_to_no_side():
+    shared = ["coordinator.protocol", "coordinator.config", "coordinator.lakehouse", "coordinator.appender",
+              "coordinator.exceptions", "coordinator.logs", "coordinator.tables", *modules_of("coordinator.control")]
+    modules = loaded_after("".join(f"import {m}\n" for m in shared))
+    assert "coordinator.control.lease" in modules
+    assert spark_loaded(modules) == []
+    assert not any(m.startswith(("coordinator.producer", "coordinator.checker", "coordinator.ops", "coordinator.cli"))
+                   for m in modules)
+
+
+def test_operator_tools_start_no_jvm(tmp_path):
+    """Every JVM-free ``txcoord`` command runs, and pyspark is never imported."""
+    config = tmp_path / "coordinator.toml"
+    config.write_text(f"lakehouse = '{tmp_path / 'lakehouse'}'\n")
+    script = (
+        "import sys\n"
+        "from coordinator.cli import main\n"
+        "codes = [main([*command, '--config', sys.argv[1]]) for command in "
+        "[['init'], ['status'], ['inspect', 'no-such-transaction'], ['maintain']]]\n"
+        + "".join(f"import {m}\n" for m in modules_of("coordinator.ops") + modules_of("coordinator.cli"))
+        + "print(codes)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script + "print(' '.join(sys.modules))", str(config)],
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    codes, modules = result.stdout.splitlines()[-2:]
+    assert codes == "[0, 1, 1, 0]"  # status: no checker alive; inspect: no table knows the id
+    assert spark_loaded(set(modules.split())) == []
+
+
+def test_product_never_imports_the_demo():
+    for path in PACKAGE_DIR.rglob("*.py"):
+        module = ".".join(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+        if module.startswith(("coordinator.demo", "coordinator.cli")):
+            continue  # the demo itself, and the `txcoord demo` command that starts it
+        imported = {node.module for node in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(node, ast.ImportFrom) and node.module}
+        assert not any(m.startswith("coordinator.demo") for m in imported), module
+
+
+@pytest.mark.parametrize("name", [n for n, v in vars(exceptions).items() if isinstance(v, type) and issubclass(v, Exception)])
+def test_every_error_derives_from_the_base_error(name):
+    assert issubclass(getattr(exceptions, name), exceptions.CoordinatorError)
+
+
+def test_the_product_raises_only_its_own_errors():
+    """No ``raise ValueError(...)`` and the like: a caller catches ``CoordinatorError`` and gets everything."""
+    own = {n for n, v in vars(exceptions).items() if isinstance(v, type)} | {"SystemExit", "NotImplementedError"}
+    raised = []
+    for path in PACKAGE_DIR.rglob("*.py"):
+        if path.parent.name == "demo":
+            continue  # the demo's order service raises its own business errors, as any service would
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name):
+                if node.exc.func.id not in own:
+                    raised.append(f"{path.relative_to(PACKAGE_DIR)}:{node.lineno} raises {node.exc.func.id}")
+    assert raised == []

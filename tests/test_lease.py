@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from coordinator.checker.lease import CheckerLease, holder_gone
+from coordinator.control.lease import CheckerLease, holder_gone
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
 
 # A checker's lease in a child process: it says "held", then sleeps until killed.
-HOLD = ("import sys, time; from coordinator.checker.lease import CheckerLease; "
+HOLD = ("import sys, time; from coordinator.control.lease import CheckerLease; "
         "CheckerLease(sys.argv[1], ttl_s=30).acquire(); print('held', flush=True); time.sleep(120)")
 
 

@@ -12,7 +12,7 @@ from coordinator.logs import JsonFormatter
 
 
 def test_a_record_becomes_one_json_line_with_its_context():
-    record = logging.LogRecord("coordinator.producer", logging.WARNING, __file__, 1,
+    record = logging.LogRecord("coordinator.producer.transaction_producer", logging.WARNING, __file__, 1,
                                "end record not stored transaction_id=%s", ("t1",), None)
     record.transaction_id, record.producer_group = "t1", "g"
 
@@ -20,7 +20,7 @@ def test_a_record_becomes_one_json_line_with_its_context():
 
     assert line["message"] == "end record not stored transaction_id=t1"
     assert (line["level"], line["logger"], line["transaction_id"], line["producer_group"]) == (
-        "WARNING", "coordinator.producer", "t1", "g")
+        "WARNING", "coordinator.producer.transaction_producer", "t1", "g")
     assert "check_id" not in line
 
 

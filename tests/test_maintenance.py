@@ -11,11 +11,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from coordinator.checker import CheckerQuery
-from coordinator.checker.progress import BatchRecord, CheckerProgress, Epoch, Progress
-from coordinator.commit_log import CommitLogWriter
-from coordinator.lakehouse import read_table
-from coordinator.maintenance import LOG_RETENTION_PROPERTY, maintain, maintained_tables
+from coordinator.checker.query import CheckerQuery
+from coordinator.control.progress import BatchRecord, CheckerProgress, Epoch, Progress
+from coordinator.producer.commit_log import CommitLogWriter
+from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.ops.maintenance import LOG_RETENTION_PROPERTY, maintain, maintained_tables
 from coordinator.tables import COMMIT_LOG
 from tests.conftest import append_rows, end_record, half_record
 from tests.test_checkpoint import commit_and_await_delivery
@@ -91,7 +91,7 @@ def test_compaction_keeps_every_row_and_replays_stay_idempotent(checker):
 
 def test_the_commit_log_is_vacuumed_only_once_the_checker_has_read_past_its_compaction(checker):
     lakehouse = checker.config.lakehouse
-    log = COMMIT_LOG.path(lakehouse)
+    log = Lakehouse(lakehouse).path(COMMIT_LOG)
     for name in ("a", "b"):
         checker.write(half_record(name))
     maintain(lakehouse, tables=["system/commit_log"], retention_hours=0, quiesced=True)
@@ -119,7 +119,7 @@ def test_maintenance_of_a_missing_table_says_so(config):
 
 def test_the_logs_shrink_to_a_bound_once_their_commits_are_older_than_the_log_retention(config):
     lakehouse = config.lakehouse
-    log = COMMIT_LOG.path(lakehouse)
+    log = Lakehouse(lakehouse).path(COMMIT_LOG)
     sizes, checkpoints = [], []
     for _ in range(4):
         write_commits(log, 20)
@@ -140,7 +140,7 @@ def test_the_logs_shrink_to_a_bound_once_their_commits_are_older_than_the_log_re
 
 def test_the_commit_log_keeps_every_commit_the_checker_still_needs_even_past_the_log_retention(config):
     lakehouse = config.lakehouse
-    log = COMMIT_LOG.path(lakehouse)
+    log = Lakehouse(lakehouse).path(COMMIT_LOG)
     write_commits(log, 10)
     maintain(lakehouse, tables=[COMMIT_LOG.name])  # a checkpoint, so that the cleanup could delete up to it
     compacted = DeltaTable(log).version()
@@ -168,7 +168,7 @@ def test_the_commit_log_keeps_every_commit_the_checker_still_needs_even_past_the
 
 
 def test_the_commit_log_writer_writes_checkpoints_but_never_cleans_the_log_itself(config):
-    log = COMMIT_LOG.path(config.lakehouse)
+    log = Lakehouse(config.lakehouse).path(COMMIT_LOG)
     # A checkpoint every 2 commits, so the writer's own commits write one; by default delta-rs
     # would then delete every expired commit before it.
     DeltaTable(log).alter.set_table_properties({LOG_RETENTION_PROPERTY: "interval 1 hour", "delta.checkpointInterval": "2"})
@@ -190,7 +190,7 @@ def test_an_open_commit_log_writer_keeps_writing_after_maintenance_changed_the_l
     with CommitLogWriter(config.lakehouse) as writer:
         writer.submit([half_record("before")]).result()
         maintain(config.lakehouse, tables=[COMMIT_LOG.name], log_retention_hours=2)
-        assert writer.submit([end_record("before")]).result() == DeltaTable(COMMIT_LOG.path(config.lakehouse)).version()
+        assert writer.submit([end_record("before")]).result() == DeltaTable(Lakehouse(config.lakehouse).path(COMMIT_LOG)).version()
 
 
 def test_the_log_retention_is_set_on_every_table_and_only_when_it_changes(config):
@@ -216,7 +216,7 @@ def test_the_log_retention_is_set_on_every_table_and_only_when_it_changes(config
 
 @pytest.mark.parametrize("hours", [0, -1, math.nan, math.inf, 1e-12])
 def test_a_log_retention_that_is_not_a_positive_duration_is_refused_before_any_change(config, hours):
-    log = COMMIT_LOG.path(config.lakehouse)
+    log = Lakehouse(config.lakehouse).path(COMMIT_LOG)
     version = DeltaTable(log).version()
     with pytest.raises(ValueError, match="log_retention_hours must be a positive, finite number of hours"):
         maintain(config.lakehouse, log_retention_hours=hours)
@@ -237,4 +237,4 @@ def test_the_streaming_checker_keeps_delivering_after_maintenance_changed_the_co
         assert checker.query.isActive and checker.query.exception() is None
     finally:
         checker.stop()
-    assert DeltaTable(COMMIT_LOG.path(lakehouse)).metadata().configuration[LOG_RETENTION_PROPERTY] == "interval 15 minutes"
+    assert DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).metadata().configuration[LOG_RETENTION_PROPERTY] == "interval 15 minutes"

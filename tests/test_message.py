@@ -3,8 +3,8 @@
 import pytest
 
 from coordinator.exceptions import MessageValidationError
-from coordinator.listener import LocalTransactionState
-from coordinator.message import MAX_BODY_BYTES, MAX_IMMUNITY_SECONDS, Message, validate_topic
+from coordinator.producer.message import Message
+from coordinator.protocol import MAX_BODY_BYTES, MAX_IMMUNITY_SECONDS, LocalTransactionState, validate_topic
 
 
 @pytest.mark.parametrize("topic", ["ORDER_TOPIC", "a", "%RETRY%order|group-1", "x" * 127])

@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from coordinator.spark import PROJECT_ROOT
+from coordinator.checker.session import PROJECT_ROOT
 
 NOTEBOOKS = PROJECT_ROOT / "notebooks"
 #: Plots each notebook must draw.

@@ -10,6 +10,7 @@ from tests.producer_side import RecordingListener, commit_log_rows, commit_log_v
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, SendStatus, TransactionProducer
 from coordinator.exceptions import HalfNotStoredError, MessageValidationError, ProducerStateError
+from coordinator.lakehouse import Lakehouse
 from coordinator.tables import COMMIT_LOG
 
 
@@ -76,7 +77,7 @@ def test_listener_receives_the_message_and_arg(lakehouse):
 def test_half_write_failure_raises_and_skips_the_local_transaction(lakehouse):
     listener = RecordingListener()
     with producer_for(lakehouse, listener) as producer:
-        path = COMMIT_LOG.path(lakehouse)
+        path = Lakehouse(lakehouse).path(COMMIT_LOG)
         shutil.rmtree(path)
         with open(path, "w") as blocker:  # a file where the table's directory should be
             blocker.write("not a table")
@@ -89,7 +90,7 @@ def test_half_write_failure_raises_and_skips_the_local_transaction(lakehouse):
 
 @pytest.mark.parametrize("answer", [RuntimeError("database down"), None, "garbage"])
 def test_exception_or_no_answer_from_the_listener_counts_as_unknow(lakehouse, answer, caplog):
-    with caplog.at_level(logging.INFO, logger="coordinator.producer"):
+    with caplog.at_level(logging.INFO, logger="coordinator.producer.transaction_producer"):
         with producer_for(lakehouse, RecordingListener(execute_answer=answer)) as producer:
             result = producer.send_message_in_transaction(Message("ORDER_TOPIC", b"x"))
     assert result.local_transaction_state is LocalTransactionState.UNKNOW

@@ -1,4 +1,4 @@
-"""``coordinator.status`` and ``coordinator.audit``: what operators read, checked against batches
+"""``coordinator.ops.status`` and ``coordinator.ops.audit``: what operators read, checked against batches
 driven with an explicit clock (so ages and due checks are exact)."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import sys
 import pytest
 from deltalake import DeltaTable
 
-from coordinator.audit import outcome, transaction_timeline
-from coordinator.checker.lease import CheckerLease
-from coordinator.lakehouse import LakehouseNotFoundError
-from coordinator.metrics import CheckerMetrics
-from coordinator.status import read_status
+from coordinator.ops.audit import outcome, transaction_timeline
+from coordinator.control.lease import CheckerLease
+from coordinator.exceptions import LakehouseNotFoundError
+from coordinator.lakehouse import Lakehouse
+from coordinator.checker.metrics import CheckerMetrics
+from coordinator.ops.status import read_status
 from coordinator.tables import COMMIT_LOG, METRICS
 from tests.conftest import end_record, half_record, stored_time
 from tests.test_lease import held_by_a_child
@@ -54,7 +55,7 @@ def test_status_counts_pending_due_and_refused_transactions(traffic):
 def test_status_reads_the_lease_and_the_last_recorded_batch(traffic):
     config = traffic.config
     lease = CheckerLease(config.lakehouse).acquire()
-    head = DeltaTable(COMMIT_LOG.path(config.lakehouse)).version()
+    head = DeltaTable(Lakehouse(config.lakehouse).path(COMMIT_LOG)).version()
     finished = dt.datetime.now(dt.timezone.utc)
     row = {name: 0 for name in METRICS.column_names} | {
         "batch_id": 4, "started_at": finished - dt.timedelta(seconds=2), "finished_at": finished,
@@ -67,14 +68,14 @@ def test_status_reads_the_lease_and_the_last_recorded_batch(traffic):
     assert (status.last_batch_id, status.last_batch_duration_ms) == (4, 2000)
     assert status.last_batch_age_s == pytest.approx(3, abs=0.01)
     assert (status.commit_log_version, status.lag_versions) == (head, 1)
-    written = DeltaTable(COMMIT_LOG.path(config.lakehouse)).history(1)[0]["timestamp"] / 1000
+    written = DeltaTable(Lakehouse(config.lakehouse).path(COMMIT_LOG)).history(1)[0]["timestamp"] / 1000
     assert status.lag_s == pytest.approx(finished.timestamp() + 3 - written, abs=0.01)
     lease.release()
     assert not read_status(config).checker_alive
 
 
 def test_status_says_a_killed_checker_of_this_host_is_not_running(config, tmp_path, capsys):
-    from coordinator.__main__ import main
+    from coordinator.cli import main
 
     child = held_by_a_child(config.lakehouse)
     try:
@@ -116,7 +117,7 @@ def test_a_missing_lakehouse_is_an_error(tmp_path):
 
 
 def test_status_and_inspect_start_no_jvm(config):
-    script = ("import sys; from coordinator.status import read_status; from coordinator.audit import transaction_timeline; "
+    script = ("import sys; from coordinator.ops.status import read_status; from coordinator.ops.audit import transaction_timeline; "
               "from coordinator.config import CoordinatorConfig; read_status(CoordinatorConfig(lakehouse=sys.argv[1])); "
               "transaction_timeline(sys.argv[1], 't'); assert 'pyspark' not in sys.modules, 'pyspark was imported'")
     result = subprocess.run([sys.executable, "-c", script, config.lakehouse], capture_output=True, text=True, timeout=120)

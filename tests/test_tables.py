@@ -9,7 +9,7 @@ import sys
 import pytest
 from deltalake import DeltaTable
 
-from coordinator.lakehouse import init_lakehouse, read_table
+from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
 from coordinator.tables import SYSTEM_TABLES, TOPIC, TableDef
 from tests.conftest import append_rows
 
@@ -45,7 +45,7 @@ def sample_row(table: TableDef, text: str) -> dict:
 def test_both_engines_read_and_write(spark, tmp_path, table):
     lakehouse = str(tmp_path / "lh")
     init_lakehouse(lakehouse)
-    path = table.path(lakehouse)
+    path = Lakehouse(lakehouse).path(table)
     key = marker_column(table)
 
     append_rows(path, table, [sample_row(table, "from-delta-rs")])

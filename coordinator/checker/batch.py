@@ -21,11 +21,13 @@ import pyarrow.compute as pc
 from coordinator.checker.check import find_due
 from coordinator.checker.context import BatchContext, BatchRecords, shaped
 from coordinator.checker.ingest import OFFSETS_PER_COMMIT, ingest_halves, refuse_unknown_kinds
-from coordinator.checker.resolve import COMMIT, ROLLBACK, promote, resolve_ends
+from coordinator.checker.resolve import promote, resolve_ends
 from coordinator.checker.state import CheckerState, lookup_in_tables
 from coordinator.checker.writer import files_written_at_us
 from coordinator.config import CoordinatorConfig
-from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TOPIC, topic_path
+from coordinator.protocol import Outcome
+from coordinator.lakehouse import Lakehouse
+from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TOPIC
 
 log = logging.getLogger("coordinator.checker")
 
@@ -132,7 +134,7 @@ def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerSt
     written = []
 
     def append(table, data: pa.Table, path: Optional[str] = None) -> Optional[int]:
-        version = writer.append(path or table.path(lakehouse), data, batch_id)
+        version = writer.append(path or Lakehouse(lakehouse).path(table), data, batch_id)
         written.append(version is not None)
         return version
 
@@ -144,13 +146,13 @@ def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerSt
         append(OP, _rows_table(OP, ops, batch_id))
     for topic in sorted(set(deliveries.column("topic").to_pylist())):
         rows = deliveries.filter(pc.equal(deliveries.column("topic"), topic))
-        append(TOPIC, _table(TOPIC, rows, batch_id), topic_path(lakehouse, topic))
+        append(TOPIC, _table(TOPIC, rows, batch_id), Lakehouse(lakehouse).topic(topic))
     if due.discarded.num_rows:
         append(DISCARDED, _table(DISCARDED, due.discarded, batch_id))
     visible_at_us = None
     if due.checked:
         version = append(CHECK_REQUESTS, _table(CHECK_REQUESTS, due.requests, batch_id))
-        visible_at_us = None if version is None else files_written_at_us(CHECK_REQUESTS.path(lakehouse), version)
+        visible_at_us = None if version is None else files_written_at_us(Lakehouse(lakehouse).path(CHECK_REQUESTS), version)
     if rejected:
         append(REJECTED, _rows_table(REJECTED, rejected, batch_id))
 
@@ -168,8 +170,8 @@ def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerSt
         batch_id=batch_id,
         records=len(records.rows),
         halves=ingested.halves.num_rows,
-        commits=outcomes.count(COMMIT),
-        rollbacks=outcomes.count(ROLLBACK),
+        commits=outcomes.count(Outcome.COMMIT),
+        rollbacks=outcomes.count(Outcome.ROLLBACK),
         resolved=len(ops),
         delivered=deliveries.num_rows,
         checks=len(due.checked),

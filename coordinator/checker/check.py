@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from coordinator.checker.context import MESSAGE_FIELDS, BatchContext
-from coordinator.checker.resolve import DISCARD
 from coordinator.checker.state import CheckerState, PendingTransaction
+from coordinator.protocol import Outcome
 
 EXPIRED = "expired: older than file_reserved_time_hours"
 
@@ -80,6 +80,6 @@ def find_due(ctx: BatchContext, state: CheckerState, resolved_now: set[str]) -> 
     ):
         discarded = discarded.append_column(name, values)
     discard_ops = [dict(half_offset=offset, transaction_id=p.transaction_id, producer_group=p.producer_group,
-                        outcome=DISCARD, resolved_at=now, end_record_id=None, check_id=None)
+                        outcome=Outcome.DISCARD, resolved_at=now, end_record_id=None, check_id=None)
                    for p in gone for offset in p.offsets]
     return Due(checked, given_up, requests, discarded, discard_ops)

@@ -12,7 +12,7 @@ import pyarrow as pa
 from coordinator.checker.context import BatchContext, BatchRecords, shaped
 from coordinator.checker.refusals import first_failure, rejection
 from coordinator.checker.state import Known, PendingTransaction, pending_from_rows
-from coordinator.message import (
+from coordinator.protocol import (
     CHECK_IMMUNITY_TIME_IN_SECONDS,
     DELAY_PROPERTIES,
     IMMUNITY_DIGITS,
@@ -21,15 +21,15 @@ from coordinator.message import (
     TOPIC_CHARACTERS,
     TOPIC_MAX_LENGTH,
     TOPIC_PATTERN,
+    RecordKind,
 )
 from coordinator.tables import HALF
-
-HALF_KIND = "HALF"
-END_KIND = "END"
 
 #: A queue offset is ``commit_version * OFFSETS_PER_COMMIT + position in that commit``:
 #: unique, increasing in commit-log order, and the same every time a batch is replayed.
 OFFSETS_PER_COMMIT = 1 << 20
+
+_KINDS = frozenset(kind.value for kind in RecordKind)
 
 _TOPIC = re.compile(f"[{TOPIC_CHARACTERS}]+")
 _IMMUNITY = re.compile(IMMUNITY_DIGITS)
@@ -48,7 +48,7 @@ class Ingested:
 def refuse_unknown_kinds(records: BatchRecords) -> list[dict]:
     """Records that are neither HALF nor END, as rejections."""
     return [rejection(r, f"unknown record kind '{r['kind'] if r['kind'] is not None else 'null'}'")
-            for r in records.rows if r["kind"] not in (HALF_KIND, END_KIND)]
+            for r in records.rows if r["kind"] not in _KINDS]
 
 
 def ingest_halves(ctx: BatchContext, records: BatchRecords, known: Mapping[str, Known]) -> Ingested:
@@ -63,7 +63,7 @@ def ingest_halves(ctx: BatchContext, records: BatchRecords, known: Mapping[str, 
         ingested = ingest_halves(ctx, records, known)
         ingested.halves.num_rows, len(ingested.rejections)
     """
-    halves = [r for r in records.rows if r["kind"] == HALF_KIND]
+    halves = [r for r in records.rows if r["kind"] == RecordKind.HALF]
     _number(halves)
     for record in halves:
         record["reason"] = first_failure(record, _RECORD_RULES)

@@ -19,15 +19,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from coordinator.checker.batch import DEFAULT_APP_ID, BatchBounds, batch_bounds, run_batch
-from coordinator.checker.lease import CheckerLease
-from coordinator.checker.progress import BatchRecord, CheckerProgress, CheckpointState, Progress
+from coordinator.control.lease import CheckerLease
+from coordinator.control.progress import BatchRecord, CheckerProgress, CheckpointState, Progress
 from coordinator.checker.source import CommitLogSource, Segment, segments
 from coordinator.checker.state import CheckerState
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import CheckpointMismatchError, LeaseLostError
-from coordinator.job_runtime import BatchGate
-from coordinator.lakehouse import init_lakehouse
-from coordinator.metrics import CheckerMetrics
+from coordinator.checker.runtime import BatchGate
+from coordinator.lakehouse import Lakehouse, init_lakehouse
+from coordinator.checker.metrics import CheckerMetrics
 from coordinator.tables import COMMIT_LOG
 
 log = logging.getLogger("coordinator.checker")
@@ -37,7 +37,7 @@ QUERY_NAME = "txcoord-checker"
 
 def checkpoint_location(config: CoordinatorConfig) -> str:
     """Where the checker keeps its streaming checkpoint: inside the lakehouse it serves."""
-    return os.path.join(os.path.abspath(config.lakehouse), "system", "_checkpoints", "checker")
+    return Lakehouse(config.lakehouse).checker_checkpoint
 
 
 class CheckerQuery:
@@ -61,7 +61,7 @@ class CheckerQuery:
         self._progress: Optional[Progress] = None
         self._pending_from: Optional[int] = None  # from the last batch this process ran
         self.state = CheckerState()
-        self.commit_log = COMMIT_LOG.path(config.lakehouse)
+        self.commit_log = Lakehouse(config.lakehouse).path(COMMIT_LOG)
         self._renewer: Optional[threading.Thread] = None
         self._stop_renewing = threading.Event()
         self._lease_lock = threading.Lock()

@@ -8,19 +8,10 @@ from typing import Mapping
 import pyarrow as pa
 
 from coordinator.checker.context import MESSAGE_FIELDS, BatchRecords
-from coordinator.checker.ingest import END_KIND
 from coordinator.checker.refusals import first_failure, rejection
 from coordinator.checker.state import CheckerState, Known
-from coordinator.listener import LocalTransactionState
+from coordinator.protocol import LocalTransactionState, Outcome, RecordKind, outcome_of
 
-COMMIT = "COMMIT"
-ROLLBACK = "ROLLBACK"
-DISCARD = "DISCARD"
-
-_OUTCOME_OF_STATE = {
-    LocalTransactionState.COMMIT_MESSAGE.value: COMMIT,
-    LocalTransactionState.ROLLBACK_MESSAGE.value: ROLLBACK,
-}
 _STATES = {state.value for state in LocalTransactionState}
 WAIT_FOR_CHECK = "arrived after the immunity time: wait for check"
 
@@ -50,7 +41,7 @@ def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str,
         resolved = resolve_ends(records, state, known)
         resolved.outcomes  # {'019a...': 'COMMIT'}
     """
-    ends = [r for r in records.rows if r["kind"] == END_KIND]
+    ends = [r for r in records.rows if r["kind"] == RecordKind.END]
     rejections, decisions = [], []
     for end in ends:
         pending = state.pending.get(end["transaction_id"])
@@ -60,7 +51,7 @@ def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str,
         reason = first_failure(end, _END_RULES)
         if reason is not None:
             rejections.append(rejection(end, reason))
-        elif end["state"] in _OUTCOME_OF_STATE:
+        elif outcome_of(end["state"]) is not None:
             decisions.append(end)
     outcomes, ops = {}, []
     for end in sorted(decisions, key=lambda r: (r["commit_version"], r["record_id"])):
@@ -68,7 +59,7 @@ def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str,
         if pending.transaction_id in outcomes:
             rejections.append(rejection(end, "transaction already resolved"))
             continue
-        outcome = outcomes[pending.transaction_id] = _OUTCOME_OF_STATE[end["state"]]
+        outcome = outcomes[pending.transaction_id] = outcome_of(end["state"])
         ops.extend(dict(half_offset=offset, transaction_id=pending.transaction_id, producer_group=pending.producer_group,
                         outcome=outcome, resolved_at=end["stored_us"], end_record_id=end["record_id"],
                         check_id=end["check_id"])
@@ -84,7 +75,7 @@ _END_RULES = [
     (lambda r: r["producer_group"] != r["owner"], "producer group does not own the transaction"),
     (lambda r: r["pending"] is not None and r["commit_version"] <= r["pending"].half_version, "end precedes its half"),
     (lambda r: r["pending"] is None, "transaction already resolved"),
-    (lambda r: r["state"] in _OUTCOME_OF_STATE and r["check_id"] is None and r["stored_us"] > r["pending"].own_end_until_us,
+    (lambda r: outcome_of(r["state"]) is not None and r["check_id"] is None and r["stored_us"] > r["pending"].own_end_until_us,
      WAIT_FOR_CHECK),
 ]
 
@@ -97,7 +88,7 @@ def promote(resolved: Resolved, state: CheckerState) -> pa.Table:
         deliveries = promote(resolved, state)
         deliveries.column("topic")
     """
-    committed = {op["half_offset"]: op["resolved_at"] for op in resolved.ops if op["outcome"] == COMMIT}
+    committed = {op["half_offset"]: op["resolved_at"] for op in resolved.ops if op["outcome"] == Outcome.COMMIT}
     halves = state.rows.take(committed)
     commit_times = pa.array([committed[offset] for offset in halves.column("queue_offset").to_pylist()], pa.int64())
     return halves.select(["transaction_id", *MESSAGE_FIELDS, "queue_offset"]).append_column(

@@ -24,7 +24,7 @@ Example::
 
     spark.dataSource.register(CommitLogSource)
     stream = (spark.readStream.format(CommitLogSource.name())
-              .option("path", COMMIT_LOG.path(lakehouse)).option("startingVersion", 0).load())
+              .option("path", Lakehouse(lakehouse).path(COMMIT_LOG)).option("startingVersion", 0).load())
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def read_records(commit_log: str, first_version: int, last_version: int) -> pa.T
 
     Example::
 
-        read_records(COMMIT_LOG.path("lakehouse"), 1, 5).num_rows
+        read_records(Lakehouse("lakehouse").path(COMMIT_LOG), 1, 5).num_rows
     """
     files, versions, stored = [], [], []
     for version in range(first_version, last_version + 1):
@@ -134,7 +134,7 @@ class Segment:
 
         Example::
 
-            Segment(3, 5, clock_us).records(COMMIT_LOG.path("lakehouse")).num_rows
+            Segment(3, 5, clock_us).records(Lakehouse("lakehouse").path(COMMIT_LOG)).num_rows
         """
         return pa.concat_tables([read_records(commit_log, self.first_version, self.end_version - 1), tick(self.clock_us)])
 

@@ -46,6 +46,8 @@ from deltalake import DeltaTable
 from coordinator.checker.context import shaped
 from coordinator.checker.writer import TableWriter
 from coordinator.config import CoordinatorConfig
+from coordinator.exceptions import CheckerStateError
+from coordinator.lakehouse import Lakehouse
 from coordinator.tables import CHECK_REQUESTS, HALF, OP
 
 log = logging.getLogger("coordinator.checker")
@@ -243,17 +245,17 @@ class CheckerState:
     def _rebuild(self, config: CoordinatorConfig, batch_id: int, pending_from: int) -> None:
         lakehouse = config.lakehouse
         earlier = pc.field("batch_id") < batch_id
-        halves = _read(HALF.path(lakehouse), filter=(pc.field("queue_offset") >= pending_from) & earlier)
-        resolved = _read(OP.path(lakehouse), ["half_offset"], (pc.field("half_offset") >= pending_from) & earlier)
+        halves = _read(Lakehouse(lakehouse).path(HALF), filter=(pc.field("queue_offset") >= pending_from) & earlier)
+        resolved = _read(Lakehouse(lakehouse).path(OP), ["half_offset"], (pc.field("half_offset") >= pending_from) & earlier)
         pending_rows = halves.filter(pc.invert(pc.is_in(halves.column("queue_offset"),
                                                         value_set=resolved.column("half_offset"))))
         pending_rows = shaped(HALF, {name: pending_rows.column(name) for name in pending_rows.column_names},
                               pending_rows.num_rows, batch_id=None).sort_by("queue_offset")
-        history = _check_history(CHECK_REQUESTS.path(lakehouse), (pc.field("half_offset") >= pending_from) & earlier)
+        history = _check_history(Lakehouse(lakehouse).path(CHECK_REQUESTS), (pc.field("half_offset") >= pending_from) & earlier)
 
         self.next_batch_id = batch_id
         self.pending, self.rows, self.resolved, self._due = {}, HalfRows(), OrderedDict(), []
-        self.id_floor = _highest_transaction_id(HALF.path(lakehouse))
+        self.id_floor = _highest_transaction_id(Lakehouse(lakehouse).path(HALF))
         transactions = pending_from_rows(pending_rows)
         for pending in transactions:
             pending.checks, pending.last_check_us = history.get(pending.transaction_id, (0, None))
@@ -348,11 +350,11 @@ def lookup_in_tables(config: CoordinatorConfig, batch_id: int, transaction_ids: 
     ids = pa.array(sorted(transaction_ids), pa.string())
     wanted = ((pc.field("transaction_id") >= ids[0].as_py()) & (pc.field("transaction_id") <= ids[-1].as_py())
               & pc.field("transaction_id").isin(ids) & (pc.field("batch_id") < batch_id))
-    halves = _read(HALF.path(config.lakehouse), ["transaction_id", "producer_group"], wanted)
-    resolved = set(_read(OP.path(config.lakehouse), ["transaction_id"], wanted).column(0).to_pylist())
+    halves = _read(Lakehouse(config.lakehouse).path(HALF), ["transaction_id", "producer_group"], wanted)
+    resolved = set(_read(Lakehouse(config.lakehouse).path(OP), ["transaction_id"], wanted).column(0).to_pylist())
     groups = dict(zip(halves.column(0).to_pylist(), halves.column(1).to_pylist()))
     missing = set(groups) - resolved
     if missing:
-        raise RuntimeError(f"checker state is inconsistent: unresolved transactions {sorted(missing)[:5]} are not in "
+        raise CheckerStateError(f"checker state is inconsistent: unresolved transactions {sorted(missing)[:5]} are not in "
                            "the pending set; the batch fails and the state is rebuilt")
     return {transaction_id: Known(group, None) for transaction_id, group in groups.items()}

@@ -13,7 +13,7 @@ one, a rebuild of the table's state (delta-spark 4.4).
 Example::
 
     writer = TableWriter(app_id="txcoord-checker")
-    writer.append(OP.path("lakehouse"), ops, batch_id=12)   # the version written, or None on a replay
+    writer.append(Lakehouse("lakehouse").path(OP), ops, batch_id=12)   # the version written, or None on a replay
     writer.close()
 """
 

@@ -25,9 +25,9 @@ import time
 import uuid
 from typing import Optional
 
+from coordinator.lakehouse import Lakehouse
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
 
-LEASE_FILE = "_checker_lease.json"
 
 log = logging.getLogger("coordinator.checker")
 
@@ -44,7 +44,7 @@ class CheckerLease:
     """
 
     def __init__(self, lakehouse: str, ttl_s: float = 30.0):
-        self.path = os.path.join(os.path.abspath(lakehouse), "system", LEASE_FILE)
+        self.path = Lakehouse(lakehouse).lease_file
         self.ttl_s = ttl_s
         self.owner = uuid.uuid4().hex
 

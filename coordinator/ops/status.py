@@ -7,7 +7,7 @@ and how far it lags behind the commit log.
 
 Example::
 
-    from coordinator.status import read_status
+    from coordinator.ops.status import read_status
     status = read_status(CoordinatorConfig.load("conf/coordinator.toml"))
     status.pending_transactions, status.checker_alive, status.lag_versions
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -25,10 +24,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from coordinator.checker.lease import LEASE_FILE, holder_gone
+from coordinator.control.lease import holder_gone
 from coordinator.config import CoordinatorConfig
-from coordinator.lakehouse import read_pending, read_table, require_lakehouse, topic_names
-from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, REJECTED, topic_path
+from coordinator.lakehouse import Lakehouse, read_pending, read_table, require_lakehouse, topic_names
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, REJECTED
 
 UTC = dt.timezone.utc
 
@@ -85,22 +84,22 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
     pending = read_pending(lakehouse, ["transaction_id", "message_index", "stored_timestamp", "immunity_ms"])
     first_messages = pending.filter(pc.equal(pending.column("message_index"), 0))
     ages = sorted((now - stored).total_seconds() for stored in first_messages.column("stored_timestamp").to_pylist())
-    requests = read_table(CHECK_REQUESTS.path(lakehouse), ["transaction_id", "requested_at"])
-    rejected_reasons = Counter(read_table(REJECTED.path(lakehouse), ["reason"]).column("reason").to_pylist())
+    requests = read_table(Lakehouse(lakehouse).path(CHECK_REQUESTS), ["transaction_id", "requested_at"])
+    rejected_reasons = Counter(read_table(Lakehouse(lakehouse).path(REJECTED), ["reason"]).column("reason").to_pylist())
     lease = read_lease(lakehouse)
     lease_age = None if lease is None else now.timestamp() - lease["renewed_at"]
     gone = lease is not None and holder_gone(lease)
     last = last_batch(lakehouse)
-    head = DeltaTable(COMMIT_LOG.path(lakehouse)).version()
+    head = DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).version()
     lag_versions = None if last is None or last["commit_log_version"] is None else head - last["commit_log_version"]
     return Status(
-        lakehouse=os.path.abspath(lakehouse),
+        lakehouse=Lakehouse(lakehouse).root,
         generated_at=now,
         pending_transactions=first_messages.num_rows,
         oldest_pending_age_s=ages[-1] if ages else None,
         checks_due=_checks_due(config, first_messages, requests, now),
         checks_issued=requests.num_rows,
-        discarded=len(set(read_table(DISCARDED.path(lakehouse), ["transaction_id"]).column(0).to_pylist())),
+        discarded=len(set(read_table(Lakehouse(lakehouse).path(DISCARDED), ["transaction_id"]).column(0).to_pylist())),
         rejected=sum(rejected_reasons.values()),
         rejected_by_reason=dict(rejected_reasons.most_common()),
         checker_alive=lease is not None and lease_age < lease["ttl_s"] and not gone,
@@ -125,7 +124,7 @@ def read_lease(lakehouse: str) -> Optional[dict]:
         read_lease("lakehouse")  # {'host': 'vm', 'pid': 4242, 'renewed_at': 1795310357.0, 'ttl_s': 30.0, ...}
     """
     try:
-        with open(os.path.join(os.path.abspath(lakehouse), "system", LEASE_FILE)) as file:
+        with open(Lakehouse(lakehouse).lease_file) as file:
             return json.load(file)
     except (FileNotFoundError, json.JSONDecodeError):
         return None
@@ -138,7 +137,7 @@ def read_metrics(lakehouse: str, columns: Optional[list[str]] = None) -> pa.Tabl
 
         read_metrics("lakehouse", ["batch_id", "duration_ms"]).to_pandas().plot(x="batch_id")
     """
-    path = METRICS.path(lakehouse)
+    path = Lakehouse(lakehouse).path(METRICS)
     if not DeltaTable.is_deltatable(path):
         return METRICS.arrow_schema().empty_table().select(columns or METRICS.column_names)
     table = read_table(path, columns)
@@ -171,7 +170,7 @@ def delivery_latencies(lakehouse: str) -> pa.Table:
     rows = []
     for topic in topic_names(lakehouse):
         columns = ["topic", "transaction_id", "batch_id", "commit_timestamp"]
-        for row in read_table(topic_path(lakehouse, topic), columns).to_pylist():
+        for row in read_table(Lakehouse(lakehouse).topic(topic), columns).to_pylist():
             if row["batch_id"] in finished:
                 latency = finished[row["batch_id"]] - row["commit_timestamp"]
                 rows.append(row | {"latency_ms": int(latency.total_seconds() * 1000)})
@@ -200,5 +199,5 @@ def _lag_seconds(lakehouse: str, head: int, lag_versions: Optional[int], now: dt
         return None
     if lag_versions <= 0:
         return 0.0
-    oldest_unread = min(DeltaTable(COMMIT_LOG.path(lakehouse)).history(limit=lag_versions), key=lambda c: c["version"])
+    oldest_unread = min(DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).history(limit=lag_versions), key=lambda c: c["version"])
     return max(0.0, now.timestamp() - oldest_unread["timestamp"] / 1000)

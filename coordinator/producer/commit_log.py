@@ -25,16 +25,13 @@ from typing import Optional, Sequence
 
 import pyarrow as pa
 from coordinator.appender import DeltaAppender
-from coordinator.exceptions import ProducerStateError
-from coordinator.lakehouse import init_lakehouse
-from coordinator.listener import LocalTransactionState
-from coordinator.message import Message
+from coordinator.exceptions import InvalidArgumentError, ProducerStateError
+from coordinator.lakehouse import Lakehouse, init_lakehouse
+from coordinator.producer.message import Message
+from coordinator.protocol import LocalTransactionState, RecordKind
 from coordinator.tables import COMMIT_LOG
 
-HALF = "HALF"
-END = "END"
-
-_log = logging.getLogger("coordinator.commit_log")
+_log = logging.getLogger("coordinator.producer.commit_log")
 _SCHEMA = COMMIT_LOG.arrow_schema()
 _ROW_TYPE = pa.struct(list(_SCHEMA))
 _COLUMNS = frozenset(COMMIT_LOG.column_names)
@@ -56,7 +53,7 @@ def half_records(group: str, transaction_id: str, messages: Sequence[Message]) -
     return [
         {
             "record_id": uuid.uuid4().hex,
-            "kind": HALF,
+            "kind": RecordKind.HALF,
             "transaction_id": transaction_id,
             "producer_group": group,
             "msg_id": msg.msg_id,
@@ -83,7 +80,7 @@ def end_record(group: str, transaction_id: str, state: LocalTransactionState, ch
     """
     return {
         "record_id": uuid.uuid4().hex,
-        "kind": END,
+        "kind": RecordKind.END,
         "transaction_id": transaction_id,
         "producer_group": group,
         "state": state.value,
@@ -111,7 +108,7 @@ def _rows(records: Sequence[dict]) -> list[tuple]:
     for record in records:
         unknown = record.keys() - _COLUMNS
         if unknown:
-            raise ValueError(f"not commit-log columns: {', '.join(sorted(unknown))}")
+            raise InvalidArgumentError(f"not commit-log columns: {', '.join(sorted(unknown))}")
         rows.append(tuple(map(record.get, _SCHEMA.names)))
     return rows
 
@@ -135,7 +132,7 @@ class CommitLogWriter:
     append that lost the race for a version takes the next one. The writer
     checkpoints the log every ``delta.checkpointInterval`` commits, off the
     senders' path, and never deletes expired commits from it:
-    :func:`coordinator.maintenance.maintain` does, once the checker no longer
+    :func:`coordinator.ops.maintenance.maintain` does, once the checker no longer
     needs them.
 
     Creates the lakehouse's tables if they are missing.
@@ -148,11 +145,11 @@ class CommitLogWriter:
 
     def __init__(self, lakehouse: str, max_batch_rows: int = 5000, commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS) -> None:
         if max_batch_rows < 1:
-            raise ValueError(f"max_batch_rows must be at least 1, got {max_batch_rows}")
+            raise InvalidArgumentError(f"max_batch_rows must be at least 1, got {max_batch_rows}")
         if commit_interval_ms < 0:
-            raise ValueError(f"commit_interval_ms must not be negative, got {commit_interval_ms}")
+            raise InvalidArgumentError(f"commit_interval_ms must not be negative, got {commit_interval_ms}")
         init_lakehouse(lakehouse)
-        self.path = COMMIT_LOG.path(lakehouse)
+        self.path = Lakehouse(lakehouse).path(COMMIT_LOG)
         self.max_batch_rows = max_batch_rows
         self.commit_interval_s = commit_interval_ms / 1000
         self._next_commit_at = 0.0
@@ -178,7 +175,7 @@ class CommitLogWriter:
             version = writer.submit(records).result()  # blocks until durable
         """
         if not records:
-            raise ValueError("nothing to submit")
+            raise InvalidArgumentError("nothing to submit")
         rows = _rows(records)  # in the sender's thread: the writer's own work stays small
         future: Future = Future()
         with self._lock:

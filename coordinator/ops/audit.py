@@ -31,9 +31,13 @@ from dataclasses import asdict, dataclass
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from coordinator.lakehouse import read_table, require_lakehouse, topic_names
-from coordinator.status import read_metrics
-from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, HALF, OP, REJECTED, topic_path
+from coordinator.lakehouse import Lakehouse, read_table, require_lakehouse, topic_names
+from coordinator.ops.status import read_metrics
+from coordinator.protocol import Outcome, RecordKind
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, HALF, OP, REJECTED
+
+#: What :func:`outcome` says of a transaction with no op row yet.
+PENDING = "PENDING"
 
 #: The steps of a transaction's life, in the order they happen (ties in time keep this order).
 STEPS = ("half sent", "half stored", "end request", "check requested", "resolved", "delivered", "discarded", "rejected")
@@ -71,34 +75,34 @@ def transaction_timeline(lakehouse: str, transaction_id: str) -> list[Event]:
         return read_table(path, columns, pc.field("transaction_id") == transaction_id).to_pylist()
 
     events: list[Event] = []
-    for r in rows(COMMIT_LOG.path(lakehouse), ["kind", "msg_id", "message_index", "message_count", "topic", "state",
+    for r in rows(Lakehouse(lakehouse).path(COMMIT_LOG), ["kind", "msg_id", "message_index", "message_count", "topic", "state",
                                                "check_id", "born_timestamp", "producer_group"]):
-        if r["kind"] == "HALF":
+        if r["kind"] == RecordKind.HALF:
             events.append(Event(r["born_timestamp"], "half sent", COMMIT_LOG.name,
                                 f"message {r['message_index'] + 1}/{r['message_count']} to {r['topic']} "
                                 f"(msg_id {r['msg_id']}, group {r['producer_group']})"))
         else:
             origin = f"answering check {r['check_id']}" if r["check_id"] else "from the producer"
             events.append(Event(r["born_timestamp"], "end request", COMMIT_LOG.name, f"{r['state']} {origin}"))
-    for r in rows(HALF.path(lakehouse), ["queue_offset", "topic", "stored_timestamp", "immunity_ms", "batch_id"]):
+    for r in rows(Lakehouse(lakehouse).path(HALF), ["queue_offset", "topic", "stored_timestamp", "immunity_ms", "batch_id"]):
         events.append(Event(r["stored_timestamp"], "half stored", HALF.name,
                             f"queue offset {r['queue_offset']} ({r['topic']}), immunity {r['immunity_ms']} ms, batch {r['batch_id']}"))
-    for r in rows(CHECK_REQUESTS.path(lakehouse), ["check_id", "check_times", "requested_at", "batch_id"]):
+    for r in rows(Lakehouse(lakehouse).path(CHECK_REQUESTS), ["check_id", "check_times", "requested_at", "batch_id"]):
         events.append(Event(r["requested_at"], "check requested", CHECK_REQUESTS.name,
                             f"check {r['check_times']} ({r['check_id']}), batch {r['batch_id']}"))
-    for r in rows(OP.path(lakehouse), ["half_offset", "outcome", "resolved_at", "check_id", "batch_id"]):
-        by = f"by check {r['check_id']}" if r["check_id"] else ("by the producer" if r["outcome"] != "DISCARD" else "by the checker")
+    for r in rows(Lakehouse(lakehouse).path(OP), ["half_offset", "outcome", "resolved_at", "check_id", "batch_id"]):
+        by = f"by check {r['check_id']}" if r["check_id"] else ("by the producer" if r["outcome"] != Outcome.DISCARD else "by the checker")
         events.append(Event(r["resolved_at"], "resolved", OP.name,
                             f"{r['outcome']} {by} (half offset {r['half_offset']}), batch {r['batch_id']}"))
     finished = _batch_end_times(lakehouse)
     for topic in topic_names(lakehouse):
-        for r in rows(topic_path(lakehouse, topic), ["msg_id", "queue_offset", "commit_timestamp", "batch_id"]):
+        for r in rows(Lakehouse(lakehouse).topic(topic), ["msg_id", "queue_offset", "commit_timestamp", "batch_id"]):
             events.append(Event(finished.get(r["batch_id"], r["commit_timestamp"]), "delivered", f"topics/{topic}",
                                 f"msg_id {r['msg_id']} (queue offset {r['queue_offset']}), batch {r['batch_id']}"))
-    for r in rows(DISCARDED.path(lakehouse), ["half_offset", "check_times", "reason", "discarded_at", "batch_id"]):
+    for r in rows(Lakehouse(lakehouse).path(DISCARDED), ["half_offset", "check_times", "reason", "discarded_at", "batch_id"]):
         events.append(Event(r["discarded_at"], "discarded", DISCARDED.name,
                             f"{r['reason']} ({r['check_times']} check(s), half offset {r['half_offset']}), batch {r['batch_id']}"))
-    for r in rows(REJECTED.path(lakehouse), ["kind", "state", "check_id", "reason", "stored_timestamp", "batch_id"]):
+    for r in rows(Lakehouse(lakehouse).path(REJECTED), ["kind", "state", "check_id", "reason", "stored_timestamp", "batch_id"]):
         what = r["kind"] if r["state"] is None else f"{r['kind']} {r['state']}"
         events.append(Event(r["stored_timestamp"], "rejected", REJECTED.name, f"{what} refused: {r['reason']}, batch {r['batch_id']}"))
     return sorted(events, key=lambda e: (e.at, STEPS.index(e.step)))
@@ -112,7 +116,7 @@ def outcome(events: list[Event]) -> str:
         outcome(transaction_timeline("lakehouse", txn))  # 'COMMIT'
     """
     resolved = [e.detail.split()[0] for e in events if e.step == "resolved"]
-    return resolved[0] if resolved else "PENDING"
+    return resolved[0] if resolved else PENDING
 
 
 def _batch_end_times(lakehouse: str) -> dict[int, dt.datetime]:

@@ -33,8 +33,9 @@ from typing import Callable, Optional
 
 from deltalake import DeltaTable
 
+from coordinator.checker.session import PROJECT_ROOT, spark_job_environment, spark_submit
 from coordinator.config import CoordinatorConfig
-from coordinator.demo_services import (
+from coordinator.demo.services import (
     CONFIRMED,
     CREDITS,
     DEFAULT_SEED,
@@ -48,12 +49,12 @@ from coordinator.demo_services import (
     make_orders,
     order_id_of,
 )
-from coordinator.exceptions import HalfNotStoredError
-from coordinator.lakehouse import read_table
+from coordinator.exceptions import CoordinatorError, HalfNotStoredError
+from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.logs import JsonFormatter
-from coordinator.message import TransactionSendResult
-from coordinator.spark import PROJECT_ROOT, spark_job_environment, spark_submit
-from coordinator.tables import CHECK_REQUESTS, DISCARDED, OP, REJECTED, topic_path
+from coordinator.producer.message import TransactionSendResult
+from coordinator.protocol import Outcome
+from coordinator.tables import CHECK_REQUESTS, DISCARDED, OP, REJECTED
 
 DEFAULT_LAKEHOUSE = "demo-lakehouse"
 DEFAULT_ORDERS = 40
@@ -75,7 +76,7 @@ _STOP_TIMEOUT_S = 120.0
 Out = Callable[[str], None]
 
 
-class DemoError(Exception):
+class DemoError(CoordinatorError):
     """The demo cannot go on (a job died, the directory is not the demo's); the message says why."""
 
 
@@ -278,7 +279,7 @@ def read_rows(path: str, columns: list[str]) -> list[dict]:
 
     Example::
 
-        read_rows(OP.path("lh"), ["transaction_id", "outcome"])
+        read_rows(Lakehouse("lh").path(OP), ["transaction_id", "outcome"])
     """
     if not DeltaTable.is_deltatable(path):
         return []
@@ -290,21 +291,21 @@ def read_tally(config: CoordinatorConfig, store: OrderStore, sent: dict[str, Ord
     lakehouse = config.lakehouse
     tally = Tally()
     outcomes: dict[int, set[tuple[str, bool]]] = {}
-    for row in read_rows(OP.path(lakehouse), ["transaction_id", "outcome", "check_id"]):
+    for row in read_rows(Lakehouse(lakehouse).path(OP), ["transaction_id", "outcome", "check_id"]):
         order = sent.get(row["transaction_id"])
         if order is not None:
             outcomes.setdefault(order.order_id, set()).add((row["outcome"], row["check_id"] is not None))
     for order_id, found in outcomes.items():
         [(outcome, by_check)] = found if len(found) == 1 else [("CONFLICT", False)]
         tally.resolutions[order_id] = Resolution(outcome, by_check)
-    tally.topic_order_ids = [order_id_of(row["body"]) for row in read_rows(topic_path(lakehouse, ORDER_TOPIC), ["body"])]
-    credits = read_rows(CREDITS.path(lakehouse), ["order_id", "points"])
+    tally.topic_order_ids = [order_id_of(row["body"]) for row in read_rows(Lakehouse(lakehouse).topic(ORDER_TOPIC), ["body"])]
+    credits = read_rows(Lakehouse(lakehouse).path(CREDITS), ["order_id", "points"])
     tally.credit_order_ids = [row["order_id"] for row in credits]
     tally.points = sum(row["points"] for row in credits)
-    checks = Counter(row["transaction_id"] for row in read_rows(CHECK_REQUESTS.path(lakehouse), ["transaction_id"]))
+    checks = Counter(row["transaction_id"] for row in read_rows(Lakehouse(lakehouse).path(CHECK_REQUESTS), ["transaction_id"]))
     tally.checks, tally.most_checks_of_one = sum(checks.values()), max(checks.values(), default=0)
-    tally.discarded_rows = len(read_rows(DISCARDED.path(lakehouse), ["transaction_id"]))
-    tally.refusals = Counter(row["reason"] for row in read_rows(REJECTED.path(lakehouse), ["reason"]))
+    tally.discarded_rows = len(read_rows(Lakehouse(lakehouse).path(DISCARDED), ["transaction_id"]))
+    tally.refusals = Counter(row["reason"] for row in read_rows(Lakehouse(lakehouse).path(REJECTED), ["reason"]))
     tally.confirmed = store.order_ids(CONFIRMED)
     tally.held_for_review = store.order_ids(MANUAL_REVIEW)
     return tally
@@ -312,7 +313,7 @@ def read_tally(config: CoordinatorConfig, store: OrderStore, sent: dict[str, Ord
 
 def is_settled(tally: Tally, expected: int) -> bool:
     """Every order resolved, every commit delivered, every delivered order credited."""
-    committed = tally.count("COMMIT")
+    committed = tally.count(Outcome.COMMIT)
     return (
         len(tally.resolutions) >= expected
         and len(tally.topic_order_ids) >= committed
@@ -327,8 +328,8 @@ def progress_line(elapsed_s: float, tally: Tally, expected: int) -> str:
 
         progress_line(12.0, tally, 40)  # '[  12 s] resolved 10/40: committed 8, rolled back 2, ...'
     """
-    return (f"[{elapsed_s:4.0f} s] resolved {len(tally.resolutions)}/{expected}: committed {tally.count('COMMIT')}, "
-            f"rolled back {tally.count('ROLLBACK')}, discarded {tally.count('DISCARD')}; checks sent {tally.checks}; "
+    return (f"[{elapsed_s:4.0f} s] resolved {len(tally.resolutions)}/{expected}: committed {tally.count(Outcome.COMMIT)}, "
+            f"rolled back {tally.count(Outcome.ROLLBACK)}, discarded {tally.count(Outcome.DISCARD)}; checks sent {tally.checks}; "
             f"in topic {len(tally.topic_order_ids)}; credited {len(tally.credit_order_ids)}")
 
 
@@ -369,7 +370,7 @@ def invariant_failures(tally: Tally, sent: dict[str, Order]) -> list[str]:
         if other != confirmed:
             missing, extra = sorted((confirmed - other).elements()), sorted((other - confirmed).elements())
             failures.append(f"{name} differ from confirmed orders in SQLite: missing {missing}, extra {extra}")
-    committed = sorted(o for o, r in tally.resolutions.items() if r.outcome == "COMMIT")
+    committed = sorted(o for o, r in tally.resolutions.items() if r.outcome == Outcome.COMMIT)
     if committed != sorted(confirmed):
         failures.append(f"committed transactions {committed} are not the confirmed orders {sorted(confirmed)}")
     unresolved = sorted({o.order_id for o in sent.values()} - set(tally.resolutions))
@@ -399,11 +400,11 @@ def summary_lines(tally: Tally, orders: list[Order], not_sent: list[Order], conf
     lines = [
         "summary",
         row("orders sent", len(orders) - len(not_sent), f"({len(not_sent)} not sent: half not stored)" if not_sent else ""),
-        row("committed (first phase)", tally.count("COMMIT", by_check=False)),
-        row("committed by check-back", tally.count("COMMIT", by_check=True)),
-        row("rolled back", tally.count("ROLLBACK"),
-            f"(first phase {tally.count('ROLLBACK', False)}, by check-back {tally.count('ROLLBACK', True)})"),
-        row(f"discarded after {config.transaction_check_max} checks", tally.count("DISCARD"),
+        row("committed (first phase)", tally.count(Outcome.COMMIT, by_check=False)),
+        row("committed by check-back", tally.count(Outcome.COMMIT, by_check=True)),
+        row("rolled back", tally.count(Outcome.ROLLBACK),
+            f"(first phase {tally.count(Outcome.ROLLBACK, False)}, by check-back {tally.count(Outcome.ROLLBACK, True)})"),
+        row(f"discarded after {config.transaction_check_max} checks", tally.count(Outcome.DISCARD),
             f"({tally.discarded_rows} row(s) in system/discarded)"),
         row("unresolved", len(orders) - len(not_sent) - len(tally.resolutions)),
         row("check-backs sent", tally.checks, f"(at most {tally.most_checks_of_one} for one order)"),
@@ -418,7 +419,7 @@ def summary_lines(tally: Tally, orders: list[Order], not_sent: list[Order], conf
     for fate in Fate:
         ids = [o.order_id for o in orders if o.fate is fate]
         ended = Counter(tally.resolutions[i].outcome for i in ids if i in tally.resolutions)
-        lines.append(f"  {fate.value:<22}{len(ids):>7}{ended['COMMIT']:>11}{ended['ROLLBACK']:>13}{ended['DISCARD']:>11}")
+        lines.append(f"  {fate.value:<22}{len(ids):>7}{ended[Outcome.COMMIT]:>11}{ended[Outcome.ROLLBACK]:>13}{ended[Outcome.DISCARD]:>11}")
     return lines
 
 
@@ -436,7 +437,7 @@ def run_demo(lakehouse: str = DEFAULT_LAKEHOUSE, orders: int = DEFAULT_ORDERS, t
 
         sys.exit(run_demo("demo-lakehouse", orders=12))
     """
-    from coordinator.producer import TransactionProducer
+    from coordinator.producer.transaction_producer import TransactionProducer
 
     started = time.monotonic()
     paths = prepare_directory(lakehouse)
@@ -494,10 +495,10 @@ def outcome(tally: Tally, sent: dict[str, Order], not_sent: list[Order], failure
     return {
         "orders_sent": len(sent),
         "orders_not_sent": len(not_sent),
-        "committed_first_phase": tally.count("COMMIT", by_check=False),
-        "committed_by_check_back": tally.count("COMMIT", by_check=True),
-        "rolled_back": tally.count("ROLLBACK"),
-        "discarded": tally.count("DISCARD"),
+        "committed_first_phase": tally.count(Outcome.COMMIT, by_check=False),
+        "committed_by_check_back": tally.count(Outcome.COMMIT, by_check=True),
+        "rolled_back": tally.count(Outcome.ROLLBACK),
+        "discarded": tally.count(Outcome.DISCARD),
         "unresolved": len(sent) - len(tally.resolutions),
         "check_backs_sent": tally.checks,
         "records_refused": sum(tally.refusals.values()),

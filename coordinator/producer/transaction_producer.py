@@ -1,7 +1,7 @@
 """The transaction producer: half messages, the local transaction, the end record.
 
 Needs no JVM: records go to ``system/commit_log`` through delta-rs, many
-concurrent sends per Delta commit (see :mod:`coordinator.commit_log`).
+concurrent sends per Delta commit (see :mod:`coordinator.producer.commit_log`).
 
 Example::
 
@@ -20,14 +20,15 @@ import uuid
 from concurrent.futures import Future
 from typing import Any, Optional, Sequence
 
-from coordinator.checkback import CheckBackWorker
-from coordinator.commit_log import CommitLogWriter, end_record, half_records
+from coordinator.producer.checkback import CheckBackWorker
+from coordinator.producer.commit_log import CommitLogWriter, end_record, half_records
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import HalfNotStoredError, MessageValidationError, ProducerStateError
-from coordinator.listener import LocalTransactionState, TransactionListener
-from coordinator.message import Message, SendStatus, TransactionSendResult
+from coordinator.producer.listener import TransactionListener
+from coordinator.protocol import LocalTransactionState
+from coordinator.producer.message import Message, SendStatus, TransactionSendResult
 
-_log = logging.getLogger("coordinator.producer")
+_log = logging.getLogger("coordinator.producer.transaction_producer")
 
 
 class TransactionProducer:

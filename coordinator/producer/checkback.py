@@ -26,15 +26,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from coordinator.commit_log import CommitLogWriter, end_record
+from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import ProducerStateError
-from coordinator.lakehouse import read_table
-from coordinator.listener import LocalTransactionState, TransactionListener
-from coordinator.message import Message
+from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.producer.listener import TransactionListener
+from coordinator.protocol import LocalTransactionState
+from coordinator.producer.message import Message
 from coordinator.tables import CHECK_REQUESTS
 
-_log = logging.getLogger("coordinator.checkback")
+_log = logging.getLogger("coordinator.producer.checkback")
 
 #: Check ids remembered for de-duplication. A request is only ever re-read when it
 #: is rewritten, long after it was answered; this covers hours of checks.
@@ -69,7 +70,7 @@ class CheckBackWorker:
         poll_interval_s: float = 0.2,
         max_workers: int = 4,
     ) -> None:
-        self.path = CHECK_REQUESTS.path(lakehouse)
+        self.path = Lakehouse(lakehouse).path(CHECK_REQUESTS)
         self.group = group
         self.listener = listener
         self.writer = writer

@@ -26,9 +26,9 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
+from coordinator.lakehouse import Lakehouse
 from coordinator.exceptions import CheckpointMismatchError
 
-PROGRESS_FILE = "_checker_progress.json"
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class CheckerProgress:
     """
 
     def __init__(self, lakehouse: str):
-        self.path = os.path.join(os.path.abspath(lakehouse), "system", PROGRESS_FILE)
+        self.path = Lakehouse(lakehouse).progress_file
 
     def load(self) -> Optional[Progress]:
         """The recorded progress, or ``None`` if no checker has recorded any."""

@@ -11,12 +11,9 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
-from coordinator.config import CoordinatorConfig
-from coordinator.exceptions import CoordinatorError
-from coordinator.spark import get_spark
-
-EXIT_USAGE = 2
-
+from coordinator.config import EXIT_USAGE, CoordinatorConfig
+from coordinator.exceptions import CoordinatorError, StopRequested
+from coordinator.checker.session import get_spark
 
 @dataclass
 class JobRuntime:
@@ -26,11 +23,6 @@ class JobRuntime:
     config: CoordinatorConfig
     spark: object
     stop_requested: threading.Event
-
-
-class StopRequested(Exception):
-    """Raised inside a batch that starts after stop was asked: it is neither processed nor
-    committed, so the next run of the query replays it."""
 
 
 class BatchGate:

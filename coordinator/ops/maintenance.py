@@ -30,7 +30,7 @@ older than each table's ``delta.logRetentionDuration`` (Delta's default: 30 days
 change feed is read by the checker from its commits, so its log is cleaned only
 when no commit from the oldest version the checker may still read on is old enough
 to be deleted; otherwise the cleanup is skipped and said so (producers never clean
-it: see :class:`~coordinator.commit_log.CommitLogWriter`).
+it: see :class:`~coordinator.producer.commit_log.CommitLogWriter`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ from typing import Callable, Optional
 from deltalake import DeltaTable, PostCommitHookProperties
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from coordinator.checker.progress import CheckerProgress
+from coordinator.control.progress import CheckerProgress
+from coordinator.exceptions import InvalidArgumentError
+from coordinator.lakehouse import Lakehouse
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
 
 #: Delta's own default for ``delta.deletedFileRetentionDuration``.
@@ -92,7 +94,7 @@ def maintained_tables(lakehouse: str) -> list[str]:
 
         maintained_tables("lakehouse")  # ['system/commit_log', ..., 'topics/ORDER_TOPIC']
     """
-    topics_dir = os.path.join(os.path.abspath(lakehouse), "topics")
+    topics_dir = Lakehouse(lakehouse).topics_dir
     topics = sorted(f"topics/{name}" for name in os.listdir(topics_dir)) if os.path.isdir(topics_dir) else []
     return [table.name for table in SYSTEM_TABLES] + topics
 
@@ -126,7 +128,7 @@ def maintain(
     """
     floor = 0 if quiesced else MIN_RETENTION_HOURS
     if retention_hours < floor:
-        raise ValueError(f"retention_hours must be at least {floor}: a shorter vacuum deletes files that writers "
+        raise InvalidArgumentError(f"retention_hours must be at least {floor}: a shorter vacuum deletes files that writers "
                          "commit while it runs (quiesced=True only when nothing writes to the tables)")
     log_retention = None if log_retention_hours is None else log_retention_interval(log_retention_hours)
     results = []
@@ -150,7 +152,7 @@ def log_retention_interval(hours: float) -> str:
     """
     milliseconds = round(hours * 3_600_000) if math.isfinite(hours) else 0
     if not hours > 0 or milliseconds < 1:
-        raise ValueError(f"log_retention_hours must be a positive, finite number of hours (at least a millisecond), "
+        raise InvalidArgumentError(f"log_retention_hours must be a positive, finite number of hours (at least a millisecond), "
                          f"got {hours!r}")
     for unit, size in (("hour", 3_600_000), ("minute", 60_000), ("second", 1_000), ("millisecond", 1)):
         if milliseconds % size == 0:
@@ -159,7 +161,7 @@ def log_retention_interval(hours: float) -> str:
 
 
 def _maintain_table(lakehouse: str, name: str, retention_hours: int, log_retention: Optional[str]) -> TableMaintenance:
-    path = os.path.join(os.path.abspath(lakehouse), *name.split("/"))
+    path = Lakehouse(lakehouse).path(name)
     result = TableMaintenance(name)
     if not DeltaTable.is_deltatable(path):
         result.skipped.append("not a Delta table")

@@ -1,47 +1,21 @@
-"""The local-transaction side of the protocol: states and the listener interface."""
+"""What a producer group implements: the listener that runs local transactions and answers check-backs."""
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
-from coordinator.message import Message
+from coordinator.exceptions import IncompleteListenerError
+from coordinator.producer.message import Message
+from coordinator.protocol import LocalTransactionState
 
-
-class LocalTransactionState(enum.Enum):
-    """Outcome of a local transaction, as reported in an END record.
-
-    ``UNKNOW`` keeps RocketMQ's spelling; ``UNKNOWN`` is an alias of it.
-
-    Example::
-
-        LocalTransactionState.UNKNOWN is LocalTransactionState.UNKNOW  # True
-    """
-
-    COMMIT_MESSAGE = "COMMIT_MESSAGE"
-    ROLLBACK_MESSAGE = "ROLLBACK_MESSAGE"
-    UNKNOW = "UNKNOW"
-    UNKNOWN = "UNKNOW"
-
-    @classmethod
-    def coerce(cls, value: Any) -> "LocalTransactionState":
-        """Read a listener's return value: ``None`` and anything unknown count as ``UNKNOW``.
-
-        Example::
-
-            LocalTransactionState.coerce("COMMIT_MESSAGE")  # COMMIT_MESSAGE
-            LocalTransactionState.coerce(None)              # UNKNOW
-        """
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            return cls.UNKNOW
+_REQUIRED = ("execute_local_transaction", "check_local_transaction")
 
 
 class TransactionListener:
     """What a producer group implements: run its local transaction, and answer check-backs.
+
+    Both methods must be implemented: a listener missing either fails when it is created
+    (:class:`~coordinator.exceptions.IncompleteListenerError`), not at the first check-back.
 
     Example::
 
@@ -54,6 +28,12 @@ class TransactionListener:
                 found = db.order_exists(msg.keys)
                 return LocalTransactionState.COMMIT_MESSAGE if found else LocalTransactionState.ROLLBACK_MESSAGE
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        missing = [name for name in _REQUIRED if getattr(cls, name) is getattr(TransactionListener, name)]
+        if missing:
+            raise IncompleteListenerError(f"{cls.__name__} must implement {' and '.join(missing)}")
+        return super().__new__(cls)
 
     def execute_local_transaction(self, msg: Message, arg: Any) -> LocalTransactionState:
         """Run the local transaction once the half is durable.

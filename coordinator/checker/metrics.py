@@ -11,7 +11,7 @@ record is logged and never stops the checker.
 Each append carries the batch id as a Delta application transaction, so a batch
 recorded once is never recorded again (a replayed batch, a repeated progress event).
 
-``txcoord status`` and ``notebooks/health.ipynb`` read the table back (``coordinator.status``).
+``txcoord status`` and ``notebooks/health.ipynb`` read the table back (``coordinator.ops.status``).
 
 Example::
 
@@ -33,9 +33,10 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql.streaming import StreamingQueryListener
 
+from coordinator.lakehouse import Lakehouse
 from coordinator.tables import METRICS
 
-log = logging.getLogger("coordinator.metrics")
+log = logging.getLogger("coordinator.checker.metrics")
 
 #: The streaming query whose batches are recorded (the checker's, ``coordinator.checker.query.QUERY_NAME``).
 CHECKER_QUERY_NAME = "txcoord-checker"
@@ -51,7 +52,7 @@ class CheckerMetrics(StreamingQueryListener):
     """
 
     def __init__(self, lakehouse: str, app_id: str, query_name: str = CHECKER_QUERY_NAME):
-        self.path = METRICS.path(lakehouse)
+        self.path = Lakehouse(lakehouse).path(METRICS)
         self.query_name = query_name
         # Its own application id: the checker's id already numbers the checker's own tables' writes.
         self.txn_app_id = f"{app_id}/metrics"

@@ -24,8 +24,9 @@ import tempfile
 
 from deltalake import DeltaTable
 
-from coordinator.lakehouse import topic_names
-from coordinator.tables import SYSTEM_TABLES, topic_path
+from coordinator.exceptions import InvalidArgumentError
+from coordinator.lakehouse import Lakehouse, topic_names
+from coordinator.tables import SYSTEM_TABLES
 
 DEFAULT_DATABASE = "txn"
 
@@ -50,13 +51,13 @@ def lakehouse_tables(lakehouse: str) -> dict[str, str]:
 
         lakehouse_tables("lakehouse")["topic_order_topic"]  # '/…/lakehouse/topics/ORDER_TOPIC'
     """
-    tables = {table.name.split("/")[-1]: table.path(lakehouse) for table in SYSTEM_TABLES
-              if DeltaTable.is_deltatable(table.path(lakehouse))}
+    tables = {table.name.split("/")[-1]: Lakehouse(lakehouse).path(table) for table in SYSTEM_TABLES
+              if DeltaTable.is_deltatable(Lakehouse(lakehouse).path(table))}
     for topic in topic_names(lakehouse):
         name = topic_table_name(topic)
         if name in tables:
-            raise ValueError(f"topics {topic!r} and {os.path.basename(tables[name])!r} both map to the SQL name {name}")
-        tables[name] = topic_path(lakehouse, topic)
+            raise InvalidArgumentError(f"topics {topic!r} and {os.path.basename(tables[name])!r} both map to the SQL name {name}")
+        tables[name] = Lakehouse(lakehouse).topic(topic)
     return tables
 
 

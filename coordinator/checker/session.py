@@ -1,13 +1,14 @@
 """The one Spark session factory: ``conf/spark-defaults.conf`` plus the cached Delta jars.
 
-``make setup`` calls :func:`install_delta_jars` once, which resolves Delta from
-Maven Central into ``.cache/`` and registers the jars with the virtualenv's
-Spark, so that both ``python jobs/checker.py`` and a plain ``spark-submit``
-find them. Every later start reads only local files.
+``make setup`` calls :func:`install_delta_jars` once, which resolves Delta from Maven
+Central into ``.cache/jars`` and writes ``.cache/spark-conf/spark-defaults.conf`` (the
+jars and the driver's launch settings) for ``spark-submit``: pass it as
+``--properties-file``, or point ``SPARK_CONF_DIR`` at its folder. Nothing is written
+into the installed pyspark. Every later start reads only local files.
 
 Example::
 
-    from coordinator.spark import get_spark
+    from coordinator.checker.session import get_spark
     spark = get_spark("my-notebook")
     spark.read.format("delta").load("lakehouse/topics/ORDER_TOPIC").show()
 """
@@ -30,6 +31,9 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SPARK_CONF_FILE = Path(os.environ.get("TXCOORD_SPARK_CONF", PROJECT_ROOT / "conf" / "spark-defaults.conf"))
 CACHE_DIR = Path(os.environ.get("TXCOORD_CACHE_DIR", PROJECT_ROOT / ".cache"))
 JARS_DIR = CACHE_DIR / "jars"
+#: What ``spark-submit`` needs to find the cached jars: ``--properties-file`` this file, or
+#: ``SPARK_CONF_DIR`` its folder (as :func:`spark_job_environment` does).
+SPARK_SUBMIT_PROPERTIES = CACHE_DIR / "spark-conf" / "spark-defaults.conf"
 
 # Settings that only take effect when the JVM is launched; under spark-submit the
 # launcher has already applied them.
@@ -72,7 +76,7 @@ def cached_jars() -> list[str]:
     if not marker.exists() or marker.read_text().strip() != delta_package():
         raise SparkSetupError(
             f"the Delta jars for {delta_package()} are not in {JARS_DIR}: run `make setup` "
-            "(or `python -m coordinator.spark`) once with network access"
+            "(or `python -m coordinator.checker.session`) once with network access"
         )
     return sorted(glob.glob(str(JARS_DIR / "*.jar")))
 
@@ -87,7 +91,11 @@ def get_spark(app_name: str = "txcoord", conf: Optional[Mapping[str, str]] = Non
 
         spark = get_spark("checker", {"spark.sql.shuffle.partitions": "8"})
     """
-    from pyspark.sql import SparkSession
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise SparkSetupError("pyspark is not installed: the checker needs `pip install 'txcoord[spark]'` "
+                              "(`make setup` installs everything)") from None
 
     # The checker's commit-log source runs in a Python worker: this interpreter, with this package.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -103,7 +111,19 @@ def get_spark(app_name: str = "txcoord", conf: Optional[Mapping[str, str]] = Non
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    _require_delta(spark)
     return spark
+
+
+def _require_delta(spark) -> None:
+    from py4j.java_gateway import JavaClass
+
+    # py4j answers a class it cannot load with a package placeholder, not an error.
+    if not isinstance(spark.sparkContext._jvm.io.delta.tables.DeltaTable, JavaClass):
+        raise SparkSetupError(
+            f"Spark started without the Delta jars: run spark-submit with --properties-file {SPARK_SUBMIT_PROPERTIES} "
+            f"(written by `make setup`), or with --packages {delta_package()}"
+        )
 
 
 def spark_submit(script: str | os.PathLike, *args: str) -> tuple[list[str], dict[str, str]]:
@@ -121,14 +141,15 @@ def spark_submit(script: str | os.PathLike, *args: str) -> tuple[list[str], dict
 
 
 def spark_job_environment() -> dict[str, str]:
-    """This environment, with this virtualenv first on ``PATH`` and as pyspark's Python.
+    """This environment, with this virtualenv first on ``PATH`` and as pyspark's Python, and
+    ``SPARK_CONF_DIR`` at the cached jars' settings.
 
     ``spark-submit`` otherwise runs whatever ``python3`` is first on ``PATH``, which
     need not have the project installed.
     """
     bin_dir = str(Path(sys.executable).parent)
     return dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), PYSPARK_PYTHON=sys.executable,
-                PYSPARK_DRIVER_PYTHON=sys.executable)
+                PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_CONF_DIR=str(SPARK_SUBMIT_PROPERTIES.parent))
 
 
 def install_delta_jars() -> list[str]:
@@ -136,22 +157,19 @@ def install_delta_jars() -> list[str]:
 
     Jars Spark already ships (Hadoop, Parquet, Jackson…) are left out so only one
     version of each class is on the classpath. The jar list is also written to
-    the virtualenv Spark's ``conf/spark-defaults.conf`` so a plain ``spark-submit``
-    loads them too.
+    :data:`SPARK_SUBMIT_PROPERTIES`, for ``spark-submit``.
     """
     package = delta_package()
     marker = JARS_DIR / ".package"
     if not (marker.exists() and marker.read_text().strip() == package):
         _resolve_with_ivy(package)
     jars = cached_jars()
-    _register_with_spark_submit(jars)
+    _write_spark_submit_properties(jars)
     return jars
 
 
 def _resolve_with_ivy(package: str) -> None:
     ivy_dir = CACHE_DIR / "ivy"
-    # A jar list left by an earlier version would point the probe at jars that are gone.
-    (_spark_home() / "conf" / "spark-defaults.conf").unlink(missing_ok=True)
     probe = (
         "from pyspark.sql import SparkSession\n"
         f"SparkSession.builder.master('local[1]').config('spark.jars.packages', {package!r})"
@@ -182,14 +200,14 @@ def _spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-def _register_with_spark_submit(jars: list[str]) -> None:
-    # Launch settings apply only when the JVM starts: a plain `spark-submit` reads them from here.
+def _write_spark_submit_properties(jars: list[str]) -> None:
+    # Launch settings apply only when the JVM starts: spark-submit reads them from this file.
     launch = {k: v for k, v in read_spark_defaults().items() if k in _LAUNCH_SETTINGS and k not in ("spark.master", "spark.jars")}
-    conf_dir = _spark_home() / "conf"
-    conf_dir.mkdir(exist_ok=True)
-    (conf_dir / "spark-defaults.conf").write_text(
-        "# Written by `python -m coordinator.spark` (make setup): the Delta jars cached for this project,\n"
-        "# and the driver's launch settings from conf/spark-defaults.conf.\n"
+    SPARK_SUBMIT_PROPERTIES.parent.mkdir(parents=True, exist_ok=True)
+    SPARK_SUBMIT_PROPERTIES.write_text(
+        "# Written by `make setup` (python -m coordinator.checker.session): the Delta jars cached for this\n"
+        "# project, and the driver's launch settings from conf/spark-defaults.conf. For spark-submit:\n"
+        f"#   spark-submit --properties-file {SPARK_SUBMIT_PROPERTIES} jobs/checker.py ...\n"
         f"spark.jars {','.join(jars)}\n" + "".join(f"{k} {v}\n" for k, v in sorted(launch.items()))
     )
 

@@ -27,8 +27,9 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from coordinator.listener import LocalTransactionState, TransactionListener
-from coordinator.message import Message
+from coordinator.producer.listener import TransactionListener
+from coordinator.producer.message import Message
+from coordinator.protocol import LocalTransactionState, Outcome
 from coordinator.tables import TableDef
 
 ORDER_TOPIC = "ORDER_TOPIC"
@@ -78,11 +79,11 @@ class Fate(enum.Enum):
             Fate.CRASH_AFTER_COMMIT.expected_outcome  # 'COMMIT'
         """
         return {
-            Fate.COMMIT: "COMMIT",
-            Fate.CRASH_AFTER_COMMIT: "COMMIT",
-            Fate.DECLINED: "ROLLBACK",
-            Fate.CRASH_BEFORE_DB: "ROLLBACK",
-            Fate.STUCK: "DISCARD",
+            Fate.COMMIT: Outcome.COMMIT,
+            Fate.CRASH_AFTER_COMMIT: Outcome.COMMIT,
+            Fate.DECLINED: Outcome.ROLLBACK,
+            Fate.CRASH_BEFORE_DB: Outcome.ROLLBACK,
+            Fate.STUCK: Outcome.DISCARD,
         }[self]
 
 

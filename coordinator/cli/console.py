@@ -1,0 +1,259 @@
+"""The ``txcoord`` commands (also ``python -m coordinator``): arguments in, exit code out;
+what they print is :mod:`coordinator.cli.output`'s.
+
+Subcommands (each reads ``--config``, default ``conf/coordinator.toml``)::
+
+    txcoord init                      # create the lakehouse's system tables
+    txcoord status                    # pending, checks, discards, rejections, the checker and its lag
+    txcoord inspect TRANSACTION_ID    # one transaction's timeline, from every table
+    txcoord maintain [--retention-hours H] [--log-retention-hours H] [--table NAME]   # compact, checkpoint, vacuum
+    txcoord demo [--lakehouse DIR] [--orders N]   # the order/credits story, end to end
+
+``init``, ``status``, ``inspect`` and ``maintain`` start no JVM. Output is for people; ``--json``
+prints one JSON document for scripts instead.
+
+Exit codes: 0 success; 1 the answer is bad news (``status``: no live checker;
+``inspect``: no table knows the transaction) or the command failed; 2 bad
+arguments or configuration, or no lakehouse where the configuration points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import sys
+from typing import Optional
+
+from coordinator.cli import output
+from coordinator.config import EXIT_USAGE, CoordinatorConfig
+from coordinator.exceptions import ConfigError, LakehouseNotFoundError
+from coordinator.lakehouse import Lakehouse
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand.
+
+    Example::
+
+        build_parser().parse_args(["demo", "--orders", "12"]).orders  # 12
+    """
+    from coordinator.demo import story as demo
+    from coordinator.demo.services import MIN_ORDERS
+
+    parser = argparse.ArgumentParser(prog="txcoord", description="Transactional messages on Delta Lake.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    init = commands.add_parser("init", help="create the lakehouse's system tables (idempotent)")
+    _common_options(init)
+    init.set_defaults(run=run_init)
+
+    status = commands.add_parser("status", help="the lakehouse's health; exit 1 if no checker is alive")
+    _common_options(status)
+    status.set_defaults(run=run_status)
+
+    inspect = commands.add_parser("inspect", help="one transaction's timeline; exit 1 if no table knows it")
+    inspect.add_argument("transaction_id", metavar="TRANSACTION_ID")
+    _common_options(inspect)
+    inspect.set_defaults(run=run_inspect)
+
+    maintain = commands.add_parser("maintain", help="compact, checkpoint and vacuum the lakehouse's tables (no JVM)")
+    maintain.add_argument("--retention-hours", type=_retention, default=None,
+                          help="keep files removed less than this long ago (default: Delta's 168)")
+    maintain.add_argument("--log-retention-hours", type=_log_retention, default=None, metavar="H",
+                          help="set each table's delta.logRetentionDuration to H hours (fractions allowed), so log "
+                               "cleanup keeps the Delta logs bounded (default: leave each table's own, Delta's 30 days)")
+    maintain.add_argument("--table", action="append", dest="tables", metavar="NAME",
+                          help="only this table, e.g. system/commit_log or topics/ORDER_TOPIC (repeatable; default: all)")
+    _common_options(maintain)
+    maintain.set_defaults(run=run_maintain)
+
+    run = commands.add_parser("demo", help="run the order/credits story against a local lakehouse")
+    run.add_argument("--lakehouse", default=demo.DEFAULT_LAKEHOUSE,
+                     help=f"demo directory, wiped and recreated (default: ./{demo.DEFAULT_LAKEHOUSE})")
+    run.add_argument("--orders", type=_order_count, default=demo.DEFAULT_ORDERS,
+                     help=f"orders to send, at least {MIN_ORDERS} (default: {demo.DEFAULT_ORDERS})")
+    run.add_argument("--threads", type=_thread_count, default=demo.DEFAULT_THREADS,
+                     help=f"sending threads (default: {demo.DEFAULT_THREADS})")
+    run.add_argument("--seed", type=int, default=demo.DEFAULT_SEED, help="seed of the orders' fates (default: %(default)s)")
+    run.add_argument("--timeout", type=float, default=demo.DEFAULT_TIMEOUT_S,
+                     help="seconds to wait for every order to settle (default: %(default)s)")
+    run.add_argument("--json", action="store_true",
+                     help="print the outcome as one JSON document (the running commentary goes to stderr)")
+    run.set_defaults(run=run_demo)
+    return parser
+
+
+def run_init(args: argparse.Namespace) -> int:
+    """Create the missing system tables of the configured lakehouse and say which.
+
+    Example::
+
+        $ txcoord init --config conf/coordinator.toml
+        created system/commit_log
+        ...
+        lakehouse /work/lakehouse initialised: 7 table(s) created
+    """
+    from coordinator.lakehouse import init_lakehouse
+
+    config = CoordinatorConfig.load(args.config)
+    root = Lakehouse(config.lakehouse).root
+    created = init_lakehouse(config.lakehouse)
+    if args.json:
+        output.print_json({"lakehouse": root, "created": created})
+        return EXIT_OK
+    for name in created:
+        print(f"created {name}")
+    if created:
+        print(f"lakehouse {root} initialised: {len(created)} table(s) created")
+    else:
+        print(f"lakehouse {root} already initialised")
+    return EXIT_OK
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """Print the lakehouse's health (:mod:`coordinator.ops.status`); exit 1 when no checker is alive.
+
+    Example::
+
+        $ txcoord status --config demo-lakehouse/demo.toml
+        $ txcoord status --json | jq .pending_transactions
+    """
+    from coordinator.ops.status import read_status
+
+    status = read_status(CoordinatorConfig.load(args.config))
+    if args.json:
+        output.print_json(status.to_dict())
+    else:
+        output.print_status(status)
+    return EXIT_OK if status.checker_alive else EXIT_FAILED
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """Print one transaction's timeline (:mod:`coordinator.ops.audit`); exit 1 if no table knows it.
+
+    Example::
+
+        $ txcoord inspect 3f2a9c... --config demo-lakehouse/demo.toml
+    """
+    from coordinator.ops.audit import outcome, transaction_timeline
+
+    config = CoordinatorConfig.load(args.config)
+    events = transaction_timeline(config.lakehouse, args.transaction_id)
+    if args.json:
+        output.print_json({"transaction_id": args.transaction_id, "outcome": outcome(events) if events else None,
+                     "events": [event.to_dict() for event in events]})
+    else:
+        output.print_timeline(args.transaction_id, events)
+    return EXIT_OK if events else EXIT_FAILED
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Run the demo (see :mod:`coordinator.demo`); its exit code says whether the invariant held."""
+    from coordinator.demo import story as demo
+
+    out = functools.partial(print, flush=True, file=sys.stderr if args.json else sys.stdout)
+    try:
+        return demo.run_demo(args.lakehouse, orders=args.orders, threads=args.threads, seed=args.seed,
+                             timeout_s=args.timeout, out=out, on_outcome=output.print_json if args.json else None)
+    except demo.DemoError as error:
+        print(f"txcoord demo: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def run_maintain(args: argparse.Namespace) -> int:
+    """Maintain every table (:mod:`coordinator.ops.maintenance`), with a progress bar; print what each step did.
+
+    Example::
+
+        $ txcoord maintain --config conf/coordinator.toml --retention-hours 24 --log-retention-hours 2
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from coordinator.lakehouse import require_lakehouse
+    from coordinator.ops.maintenance import DEFAULT_RETENTION_HOURS, maintain, maintained_tables
+
+    lakehouse = require_lakehouse(CoordinatorConfig.load(args.config).lakehouse)
+    tables = args.tables or maintained_tables(lakehouse)
+    retention = DEFAULT_RETENTION_HOURS if args.retention_hours is None else args.retention_hours
+    columns = (TextColumn("maintaining"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    # On stderr, so that stdout holds only the result (and --json output stays one JSON document).
+    with Progress(*columns, console=output.console(stderr=True), transient=True) as progress:
+        task = progress.add_task(tables[0], total=len(tables))
+        position = iter(tables[1:])
+        results = maintain(lakehouse, tables=tables, retention_hours=retention, log_retention_hours=args.log_retention_hours,
+                           on_table=lambda done: progress.update(task, advance=1, description=next(position, "")))
+    if args.json:
+        output.print_json({"lakehouse": Lakehouse(lakehouse).root, "retention_hours": retention,
+                     "log_retention_hours": args.log_retention_hours,
+                     "tables": [dataclasses.asdict(result) for result in results]})
+    else:
+        output.print_maintenance(results, retention, args.log_retention_hours)
+    return EXIT_OK
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Parse ``argv`` and run the subcommand; return the exit code.
+
+    Example::
+
+        main(["init", "--config", "conf/coordinator.toml"])  # 0
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ConfigError as error:
+        print(f"txcoord {args.command}: configuration error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except LakehouseNotFoundError as error:
+        print(f"txcoord {args.command}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"txcoord {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _common_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--config", default=None, help="coordinator TOML file (default: conf/coordinator.toml)")
+    command.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+
+
+def _retention(text: str) -> int:
+    from coordinator.ops.maintenance import MIN_RETENTION_HOURS
+
+    return _at_least(MIN_RETENTION_HOURS, text, "a shorter vacuum deletes files that writers commit while it runs")
+
+
+def _log_retention(text: str) -> float:
+    from coordinator.ops.maintenance import log_retention_interval
+
+    try:
+        hours = float(text)
+        log_retention_interval(hours)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a positive number of hours: {text!r}") from None
+    return hours
+
+
+def _order_count(text: str) -> int:
+    from coordinator.demo.services import MIN_ORDERS
+
+    return _at_least(MIN_ORDERS, text, "one order per fate")
+
+
+def _thread_count(text: str) -> int:
+    return _at_least(1, text)
+
+
+def _at_least(minimum: int, text: str, why: str = "") -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}" + (f" ({why})" if why else "") + f", got {value}")
+    return value
+

@@ -1,0 +1,114 @@
+"""What the ``txcoord`` commands print for people: rich text, one record per line when not on a
+terminal; and ``--json`` documents for scripts."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+_UNFOLDED = 10_000  # console width when not writing to a terminal
+
+
+def print_json(document: object) -> None:
+    """``document`` as indented JSON on stdout; values JSON lacks (timestamps) as their text."""
+    print(json.dumps(document, indent=2, default=str))
+
+
+def console(stderr: bool = False):
+    """A rich console on stdout (or ``stderr``) that never folds lines into a file or a pipe."""
+    from rich.console import Console
+
+    console = Console(highlight=False, stderr=stderr)
+    # Into a file or a pipe, no line is folded: scripts and logs read each record on one line.
+    return console if console.is_terminal else Console(highlight=False, stderr=stderr, width=_UNFOLDED)
+
+
+def duration(value: float) -> str:
+    """A duration for people: '850 ms', '12.3 s', '4 min 05 s', '3 h 20 min'."""
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 60:
+        return f"{value:.1f} s"
+    if value < 3600:
+        return f"{value // 60:.0f} min {value % 60:02.0f} s"
+    return f"{value // 3600:.0f} h {value % 3600 // 60:02.0f} min"
+
+
+def print_status(status) -> None:
+    """``txcoord status``: one line per fact of a :class:`~coordinator.ops.status.Status`."""
+    if status.checker_alive:
+        checker = f"[green]alive[/green]: {status.checker_holder}, lease renewed {duration(status.lease_renewed_age_s)} ago"
+    elif status.checker_process_gone:
+        checker = (f"[red]not running[/red]: {status.checker_holder} is gone (lease renewed "
+                   f"{duration(status.lease_renewed_age_s)} ago)")
+    elif status.checker_holder:
+        checker = (f"[red]not running[/red]: the lease of {status.checker_holder} expired "
+                   f"{duration(status.lease_renewed_age_s)} ago")
+    else:
+        checker = "[red]not running[/red] (no lease)"
+    if status.last_batch_id is None:
+        last_batch = "none recorded"
+    else:
+        last_batch = (f"#{status.last_batch_id}, finished {duration(status.last_batch_age_s)} ago, "
+                      f"took {duration(status.last_batch_duration_ms / 1000)}")
+    if status.lag_versions is None:
+        lag = f"unknown (commit log at version {status.commit_log_version})"
+    elif status.lag_versions == 0:
+        lag = f"none: read up to commit-log version {status.commit_log_version}"
+    else:
+        lag = (f"{status.lag_versions} commit-log version(s) unread, the oldest written "
+               f"{duration(status.lag_s)} ago (head {status.commit_log_version})")
+    pending = f"{status.pending_transactions} transaction(s)"
+    if status.oldest_pending_age_s is not None:
+        pending += f", oldest {duration(status.oldest_pending_age_s)}"
+    out = console()
+    for key, value in [
+        ("lakehouse", status.lakehouse),
+        ("checker", checker),
+        ("last batch", last_batch),
+        ("lag", lag),
+        ("pending", pending),
+        ("checks due", str(status.checks_due)),
+        ("checks issued", str(status.checks_issued)),
+        ("discarded", f"{status.discarded} transaction(s)"),
+        ("rejected", f"{status.rejected} record(s)"),
+    ] + [(f"  {reason}", str(count)) for reason, count in status.rejected_by_reason.items()]:
+        out.print(f"{key:<15}{value}")
+
+
+def print_timeline(transaction_id: str, events) -> None:
+    """``txcoord inspect``: the outcome, then one row per event of the timeline."""
+    from rich.table import Table
+
+    from coordinator.ops.audit import outcome
+
+    out = console()
+    if not events:
+        out.print(f"no table mentions transaction {transaction_id}")
+        return
+    out.print(f"transaction {transaction_id}: [bold]{outcome(events)}[/bold], {len(events)} events "
+                  f"from {events[0].at:%Y-%m-%d %H:%M:%S} to {events[-1].at:%H:%M:%S} UTC")
+    table = Table(box=None, padding=(0, 2, 0, 0), pad_edge=False)
+    for column in ("time", "step", "table"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("detail", overflow="fold")
+    for event in events:
+        table.add_row(event.at.strftime("%H:%M:%S.%f")[:-3], event.step, event.table, event.detail)
+    out.print(table)
+
+
+def print_maintenance(results, retention_hours: int, log_retention_hours: Optional[float]) -> None:
+    """``txcoord maintain``: one row per table maintained, then what was vacuumed."""
+    from rich.table import Table
+
+    table = Table(box=None, padding=(0, 2, 0, 0), pad_edge=False)
+    for column in ("table", "files", "compacted", "vacuumed", "version"):
+        table.add_column(column, no_wrap=True, justify="left" if column == "table" else "right")
+    table.add_column("skipped", overflow="fold")
+    for result in results:
+        table.add_row(result.table, f"{result.files_before} → {result.files_after}", str(result.files_compacted),
+                      str(result.files_vacuumed), str(result.version), "; ".join(result.skipped))
+    out = console()
+    out.print(table)
+    out.print(f"{len(results)} table(s) maintained; files removed more than {retention_hours} h ago were vacuumed"
+                  + ("" if log_retention_hours is None else f"; logs keep commits for {log_retention_hours:g} h"))
