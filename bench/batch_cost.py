@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     report = benchlib.start_report("batch_cost", vars(args))
 
-    from coordinator.lakehouse import init_lakehouse
     from coordinator.checker.session import get_spark
+    from coordinator.lakehouse import init_lakehouse
 
     spark = get_spark("bench-batch-cost")
     workdir = tempfile.mkdtemp(prefix="bench-batch-cost-")

@@ -61,10 +61,10 @@ from chaos_producer import (
     group_of,
     plan_id_of,
 )
-from coordinator.producer.commit_log import CommitLogWriter
+from coordinator.checker.session import PROJECT_ROOT, spark_submit
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
-from coordinator.checker.session import PROJECT_ROOT, spark_submit
+from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF, OP, REJECTED
 
 BENCH = Path(__file__).resolve().parent

@@ -39,8 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
-from coordinator.lakehouse import Lakehouse
 from coordinator.config import CoordinatorConfig  # noqa: E402
+from coordinator.lakehouse import Lakehouse
 
 TOPIC = "BENCH_E2E"
 #: Issue 12's reference: one producer process alone at 64 sender threads; the run offers at most this share of it.

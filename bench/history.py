@@ -136,9 +136,9 @@ def main(argv: list[str] | None = None) -> dict:
     workload = WORKLOADS[args.workload] if args.workload in WORKLOADS else int(args.workload)
     report = benchlib.start_report("history", vars(args) | {"transactions_per_batch": workload})
 
+    from coordinator.checker.session import get_spark
     from coordinator.config import CoordinatorConfig
     from coordinator.lakehouse import init_lakehouse
-    from coordinator.checker.session import get_spark
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-history-")
     spark = get_spark("bench-history")

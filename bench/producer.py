@@ -37,8 +37,8 @@ import benchlib  # noqa: E402
 from deltalake import DeltaTable, write_deltalake
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
-from coordinator.producer.commit_log import half_records, records_to_arrow
 from coordinator.lakehouse import Lakehouse, init_lakehouse
+from coordinator.producer.commit_log import half_records, records_to_arrow
 from coordinator.tables import COMMIT_LOG
 
 RESULTS = benchlib.RESULTS

@@ -66,10 +66,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     report = benchlib.start_report("unresolved", vars(args))
 
+    from coordinator.checker.session import get_spark
     from coordinator.config import CoordinatorConfig
     from coordinator.lakehouse import init_lakehouse
     from coordinator.producer.transaction_producer import time_ordered_id
-    from coordinator.checker.session import get_spark
 
     lakehouse = args.lakehouse or tempfile.mkdtemp(prefix="bench-unresolved-")
     shutil.rmtree(lakehouse, ignore_errors=True)

@@ -16,8 +16,8 @@ import argparse
 import sys
 
 from coordinator.checker.query import CheckerQuery
-from coordinator.exceptions import CheckerAlreadyRunningError, CheckpointMismatchError
 from coordinator.checker.runtime import start_job
+from coordinator.exceptions import CheckerAlreadyRunningError, CheckpointMismatchError
 
 EXIT_ALREADY_RUNNING = 3
 EXIT_CHECKPOINT_MISMATCH = 4

@@ -27,10 +27,10 @@ from deltalake import DeltaTable as DeltaRsTable
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from coordinator.checker.runtime import BatchGate, start_job
 from coordinator.config import CoordinatorConfig
 from coordinator.demo.services import CREDITS, ORDER_TOPIC
 from coordinator.lakehouse import Lakehouse, create_table
-from coordinator.checker.runtime import BatchGate, start_job
 
 
 log = logging.getLogger("credits")

@@ -29,8 +29,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
-from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.checker.session import PROJECT_ROOT, spark_submit
+from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.ops.status import read_metrics
 from coordinator.tables import DISCARDED, OP
 

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from coordinator.checker.session import PROJECT_ROOT
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse, init_lakehouse
-from coordinator.checker.session import PROJECT_ROOT
 from coordinator.tables import COMMIT_LOG, TableDef
 
 UTC = dt.timezone.utc

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from coordinator.lakehouse import Lakehouse
 from coordinator.checker.session import PROJECT_ROOT
+from coordinator.lakehouse import Lakehouse
 
 
 sys.path.insert(0, str(PROJECT_ROOT / "bench"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.ops.catalog import lakehouse_tables, register_tables, topic_table_name
 from coordinator.lakehouse import Lakehouse, create_table
+from coordinator.ops.catalog import lakehouse_tables, register_tables, topic_table_name
 from coordinator.tables import SYSTEM_TABLES, TOPIC
 from tests.conftest import end_record, half_record
 

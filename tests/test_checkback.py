@@ -1,15 +1,15 @@
 """The check-back worker: follows check_requests, asks the listener, appends the answer."""
 
 import logging
-import time
+import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from coordinator import CoordinatorConfig, LocalTransactionState, TransactionProducer
+from coordinator.lakehouse import Lakehouse, init_lakehouse
 from coordinator.producer.checkback import CheckBackWorker
 from coordinator.producer.commit_log import CommitLogWriter
-from coordinator.lakehouse import Lakehouse, init_lakehouse
 from tests.producer_side import RecordingListener, append_check_request, commit_log_rows, wait_until
 
 
@@ -22,17 +22,22 @@ def answers(lakehouse, check_id):
     return [r for r in commit_log_rows(lakehouse) if r["kind"] == "END" and r["check_id"] == check_id]
 
 
+def checkback_threads(started_after: set[threading.Thread]) -> list[str]:
+    """The check-back worker threads alive now that were not alive in ``started_after``."""
+    return [t.name for t in set(threading.enumerate()) - started_after if t.name.startswith("checkback-")]
+
+
 def producer_for(lakehouse, listener):
     return TransactionProducer("order_group", listener, CoordinatorConfig(lakehouse=lakehouse))
 
 
 def test_a_check_request_is_answered_with_an_end_record(lakehouse):
     listener = RecordingListener(check_answer=LocalTransactionState.ROLLBACK_MESSAGE)
+    before = set(threading.enumerate())
     with producer_for(lakehouse, listener):
         request = append_check_request(lakehouse)
         [end] = wait_until(lambda: answers(lakehouse, request["check_id"]))
-    append_check_request(lakehouse)
-    time.sleep(0.5)  # a few poll intervals: a worker that outlived shutdown would ask the listener
+    assert checkback_threads(before) == []  # shutdown stopped the worker: nothing is left to ask the listener
 
     [msg] = listener.checked
     assert (msg.topic, msg.body, msg.keys, msg.tags) == ("ORDER_TOPIC", b'{"order": 42}', "order-42", "created")
@@ -83,22 +88,28 @@ def test_a_restarted_producer_answers_recent_requests_only(lakehouse):
     assert answers(lakehouse, stale["check_id"]) == []
 
 
-def test_the_worker_waits_for_a_missing_table_and_stops_cleanly(tmp_path):
+def test_the_worker_waits_for_a_missing_table_and_stops_cleanly(tmp_path, monkeypatch):
+    from deltalake import DeltaTable
+
     followed, answered_into = str(tmp_path / "not_yet"), str(tmp_path / "answers")
+    looked_for = []
+    is_deltatable = DeltaTable.is_deltatable
+    monkeypatch.setattr(DeltaTable, "is_deltatable",
+                        staticmethod(lambda path, *args: looked_for.append(path) or is_deltatable(path, *args)))
     listener = RecordingListener()
+    before = set(threading.enumerate())
     with CommitLogWriter(answered_into) as writer:
         worker = CheckBackWorker(followed, "order_group", listener, writer, CoordinatorConfig(lakehouse=followed),
                                  poll_interval_s=0.05, max_workers=2)
         worker.start()
         worker.start()
-        time.sleep(0.2)  # a few polls of a table that does not exist
+        wait_until(lambda: looked_for.count(worker.path) >= 3)  # polls of a table that does not exist
         init_lakehouse(followed)
         first = append_check_request(followed)
         wait_until(lambda: answers(answered_into, first["check_id"]))
         worker.stop()
         worker.stop()
-        append_check_request(followed)
-        time.sleep(0.2)  # a few poll intervals: a worker still running would answer
+        assert checkback_threads(before) == []
     assert len(listener.checked) == 1
     assert len([r for r in commit_log_rows(answered_into) if r["kind"] == "END"]) == 1
 

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from coordinator.control.lease import CheckerLease
-from coordinator.config import CoordinatorConfig
 from coordinator.checker.runtime import JobRuntime
 from coordinator.checker.session import PROJECT_ROOT
+from coordinator.config import CoordinatorConfig
+from coordinator.control.lease import CheckerLease
 
 
 class NoSpark:

@@ -8,8 +8,8 @@ import pytest
 from deltalake import DeltaTable
 
 from coordinator.checker.query import CheckerQuery
-from coordinator.control.progress import BatchRecord, CheckerProgress, CheckpointState, Epoch, Progress, verify_checkpoint
 from coordinator.checker.query import checkpoint_location
+from coordinator.control.progress import BatchRecord, CheckerProgress, CheckpointState, Epoch, Progress, verify_checkpoint
 from coordinator.exceptions import CheckpointMismatchError
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.tables import COMMIT_LOG, OP, REJECTED

@@ -10,8 +10,8 @@ import sys
 import pytest
 from deltalake import DeltaTable
 
-from coordinator.demo.story import read_table
 from coordinator.checker.session import PROJECT_ROOT
+from coordinator.demo.story import read_table
 from coordinator.lakehouse import Lakehouse
 from coordinator.tables import SYSTEM_TABLES
 

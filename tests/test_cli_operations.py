@@ -11,8 +11,8 @@ import shutil
 import pytest
 from deltalake import DeltaTable
 
-from coordinator.ops.audit import transaction_timeline
 from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.ops.audit import transaction_timeline
 from coordinator.ops.maintenance import maintained_tables
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, OP
 from tests.test_cli import txcoord

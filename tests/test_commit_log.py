@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 from coordinator.appender import DeltaAppender
-from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.exceptions import ProducerStateError
+from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.protocol import LocalTransactionState
 from tests.producer_side import commit_log_rows, commit_log_version
 

@@ -91,7 +91,9 @@ def test_a_job_is_stopped_with_sigterm(tmp_path):
     graceful = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); "
                 "print('ready', flush=True); time.sleep(60)")
     job = Job("credits", [sys.executable, "-c", graceful], tmp_path / "job.log").start()
+    deadline = time.monotonic() + 30
     while "ready" not in (tmp_path / "job.log").read_text():
+        assert time.monotonic() < deadline, "the job never said it was ready"
         time.sleep(0.05)
     assert job.stop(timeout_s=30) == 0
 

@@ -16,10 +16,10 @@ from deltalake import DeltaTable
 
 from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
 from coordinator.checker.query import CheckerQuery
+from coordinator.checker.session import PROJECT_ROOT, spark_submit
 from coordinator.control.lease import CheckerLease
 from coordinator.exceptions import CheckerAlreadyRunningError
 from coordinator.lakehouse import Lakehouse, read_table
-from coordinator.checker.session import PROJECT_ROOT, spark_submit
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF
 from tests.conftest import half_record, stored_time
 from tests.producer_side import wait_until
@@ -126,6 +126,7 @@ def test_streaming_checker_heartbeat_fires_checks_with_no_new_records(spark, con
     assert (request.requested_at - half.stored_timestamp) >= dt.timedelta(seconds=1)
 
 
+@pytest.mark.slow
 def test_checker_job_delivers_refuses_a_second_checker_and_exits_zero_on_sigterm(tmp_path):
     lakehouse = tmp_path / "lakehouse"
     conf = tmp_path / "coordinator.toml"

@@ -59,21 +59,35 @@ def held_by_a_child(tmp_path) -> subprocess.Popen:
     return child
 
 
+class Clock:
+    """A wall clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_second_checker_is_refused_while_the_first_renews(tmp_path):
-    first = CheckerLease(str(tmp_path), ttl_s=1.0).acquire()
+    clock = Clock()
+    first = CheckerLease(str(tmp_path), ttl_s=1.0, clock=clock).acquire()
     with pytest.raises(CheckerAlreadyRunningError, match=r"pid \d+"):
-        CheckerLease(str(tmp_path), ttl_s=1.0).acquire()
-    time.sleep(0.6)
+        CheckerLease(str(tmp_path), ttl_s=1.0, clock=clock).acquire()
+    clock.now += 0.6
     first.renew()
-    time.sleep(0.6)  # 1.2 s after acquiring, but renewed 0.6 s ago
+    clock.now += 0.6  # 1.2 s after acquiring, but renewed 0.6 s ago
     with pytest.raises(CheckerAlreadyRunningError):
-        CheckerLease(str(tmp_path), ttl_s=1.0).acquire()
+        CheckerLease(str(tmp_path), ttl_s=1.0, clock=clock).acquire()
+    clock.now += 0.5  # 1.1 s without renewal: lapsed
+    CheckerLease(str(tmp_path), ttl_s=1.0, clock=clock).acquire()
 
 
 def test_a_dead_holder_is_taken_over_and_then_must_stop(tmp_path):
-    dead = CheckerLease(str(tmp_path), ttl_s=0.3).acquire()
-    time.sleep(0.5)  # no renewal: the holder is gone
-    successor = CheckerLease(str(tmp_path), ttl_s=0.3).acquire()
+    clock = Clock()
+    dead = CheckerLease(str(tmp_path), ttl_s=0.3, clock=clock).acquire()
+    clock.now += 0.5  # no renewal: the holder is gone
+    successor = CheckerLease(str(tmp_path), ttl_s=0.3, clock=clock).acquire()
     with pytest.raises(LeaseLostError):
         dead.renew()
     successor.renew()

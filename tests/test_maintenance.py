@@ -13,9 +13,9 @@ from deltalake import DeltaTable
 
 from coordinator.checker.query import CheckerQuery
 from coordinator.control.progress import BatchRecord, CheckerProgress, Epoch, Progress
-from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.ops.maintenance import LOG_RETENTION_PROPERTY, maintain, maintained_tables
+from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.tables import COMMIT_LOG
 from tests.conftest import append_rows, end_record, half_record
 from tests.test_checkpoint import commit_and_await_delivery

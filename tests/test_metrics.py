@@ -6,9 +6,9 @@ import datetime as dt
 
 from deltalake import DeltaTable
 
+from coordinator.checker.metrics import CheckerMetrics
 from coordinator.checker.query import CheckerQuery
 from coordinator.lakehouse import Lakehouse, read_table
-from coordinator.checker.metrics import CheckerMetrics
 from coordinator.tables import COMMIT_LOG, HALF, METRICS
 from tests.conftest import append_rows, end_record, half_record
 from tests.producer_side import wait_until

@@ -8,8 +8,10 @@ from datetime import timezone
 import pytest
 from tests.producer_side import RecordingListener, commit_log_rows, commit_log_version
 
-from coordinator import CoordinatorConfig, LocalTransactionState, Message, SendStatus, TransactionProducer
-from coordinator.exceptions import HalfNotStoredError, MessageValidationError, ProducerStateError
+from coordinator import (CoordinatorConfig, LocalTransactionState, Message, SendStatus, TransactionListener,
+                         TransactionProducer)
+from coordinator.exceptions import (CoordinatorError, HalfNotStoredError, IncompleteListenerError, MessageValidationError,
+                                    ProducerStateError)
 from coordinator.lakehouse import Lakehouse
 from coordinator.tables import COMMIT_LOG
 
@@ -209,3 +211,23 @@ def test_context_manager_and_lifecycle(lakehouse):
 def test_start_creates_the_lakehouse(lakehouse):
     with producer_for(lakehouse, RecordingListener()):
         assert commit_log_version(lakehouse) == 0
+
+
+@pytest.mark.parametrize("implemented", [("execute_local_transaction",), ("check_local_transaction",), ()])
+def test_a_listener_missing_a_method_fails_when_created(implemented):
+    methods = {name: (lambda self, *args: LocalTransactionState.COMMIT_MESSAGE) for name in implemented}
+    Incomplete = type("Incomplete", (TransactionListener,), methods)
+    missing = {"execute_local_transaction", "check_local_transaction"} - set(implemented)
+    with pytest.raises(IncompleteListenerError, match="Incomplete must implement") as raised:
+        Incomplete()
+    assert all(name in str(raised.value) for name in missing)
+    assert isinstance(raised.value, CoordinatorError) and isinstance(raised.value, TypeError)
+
+
+def test_a_complete_listener_is_created_with_its_own_arguments():
+    class Complete(RecordingListener):
+        def __init__(self, answer):
+            super().__init__()
+            self.answer = answer
+
+    assert Complete("yes").answer == "yes"

@@ -11,11 +11,11 @@ import sys
 import pytest
 from deltalake import DeltaTable
 
-from coordinator.ops.audit import outcome, transaction_timeline
+from coordinator.checker.metrics import CheckerMetrics
 from coordinator.control.lease import CheckerLease
 from coordinator.exceptions import LakehouseNotFoundError
 from coordinator.lakehouse import Lakehouse
-from coordinator.checker.metrics import CheckerMetrics
+from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.ops.status import read_status
 from coordinator.tables import COMMIT_LOG, METRICS
 from tests.conftest import end_record, half_record, stored_time

@@ -25,8 +25,8 @@ from coordinator.checker.resolve import promote, resolve_ends
 from coordinator.checker.state import CheckerState, lookup_in_tables
 from coordinator.checker.writer import files_written_at_us
 from coordinator.config import CoordinatorConfig
-from coordinator.protocol import Outcome
 from coordinator.lakehouse import Lakehouse
+from coordinator.protocol import Outcome
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TOPIC
 
 log = logging.getLogger("coordinator.checker")

@@ -11,9 +11,9 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
+from coordinator.checker.session import get_spark
 from coordinator.config import EXIT_USAGE, CoordinatorConfig
 from coordinator.exceptions import CoordinatorError, StopRequested
-from coordinator.checker.session import get_spark
 
 @dataclass
 class JobRuntime:

@@ -27,7 +27,7 @@ from typing import Mapping, Optional
 
 from coordinator.exceptions import SparkSetupError
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SPARK_CONF_FILE = Path(os.environ.get("TXCOORD_SPARK_CONF", PROJECT_ROOT / "conf" / "spark-defaults.conf"))
 CACHE_DIR = Path(os.environ.get("TXCOORD_CACHE_DIR", PROJECT_ROOT / ".cache"))
 JARS_DIR = CACHE_DIR / "jars"

@@ -23,10 +23,10 @@ import socket
 import threading
 import time
 import uuid
-from typing import Optional
+from typing import Callable, Optional
 
-from coordinator.lakehouse import Lakehouse
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
+from coordinator.lakehouse import Lakehouse
 
 
 log = logging.getLogger("coordinator.checker")
@@ -43,9 +43,11 @@ class CheckerLease:
         CheckerLease("lakehouse").acquire(wait=True, stop=stop_requested)  # stands by while held
     """
 
-    def __init__(self, lakehouse: str, ttl_s: float = 30.0):
+    def __init__(self, lakehouse: str, ttl_s: float = 30.0, clock: Callable[[], float] = time.time):
         self.path = Lakehouse(lakehouse).lease_file
         self.ttl_s = ttl_s
+        #: Wall-clock seconds: every holder of a lakehouse's lease must share one clock.
+        self.clock = clock
         self.owner = uuid.uuid4().hex
 
     def acquire(self, wait: bool = False, stop: Optional[threading.Event] = None) -> "CheckerLease":
@@ -59,7 +61,7 @@ class CheckerLease:
         stop = stop or threading.Event()
         standing_by = False
         while (holder := self._take()) is not None:
-            age = time.time() - holder["renewed_at"]
+            age = self.clock() - holder["renewed_at"]
             held = (f"another checker holds {self.path} (host {holder['host']}, pid {holder['pid']}, "
                     f"renewed {age:.0f} s ago)")
             if not wait:
@@ -99,7 +101,7 @@ class CheckerLease:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 holder = self._read(self.path)
-                fresh = holder is not None and time.time() < holder["renewed_at"] + holder["ttl_s"]
+                fresh = holder is not None and self.clock() < holder["renewed_at"] + holder["ttl_s"]
                 if fresh and not holder_gone(holder):
                     return holder
                 self._evict(holder)
@@ -111,7 +113,7 @@ class CheckerLease:
     def _record(self) -> dict:
         pid = os.getpid()
         return {"owner": self.owner, "host": socket.gethostname(), "pid": pid, "pid_namespace": _pid_namespace(),
-                "started": _process_start(pid), "renewed_at": time.time(), "ttl_s": self.ttl_s}
+                "started": _process_start(pid), "renewed_at": self.clock(), "ttl_s": self.ttl_s}
 
     def _evict(self, stale: Optional[dict]) -> None:
         """Move a lapsed (or unreadable) lease aside, unless it changed since we read it."""

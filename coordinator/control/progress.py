@@ -26,8 +26,8 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from coordinator.lakehouse import Lakehouse
 from coordinator.exceptions import CheckpointMismatchError
+from coordinator.lakehouse import Lakehouse
 
 
 

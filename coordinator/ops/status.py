@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from coordinator.control.lease import holder_gone
 from coordinator.config import CoordinatorConfig
+from coordinator.control.lease import holder_gone
 from coordinator.lakehouse import Lakehouse, read_pending, read_table, require_lakehouse, topic_names
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, REJECTED
 

@@ -26,13 +26,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import ProducerStateError
 from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.producer.listener import TransactionListener
-from coordinator.protocol import LocalTransactionState
 from coordinator.producer.message import Message
+from coordinator.protocol import LocalTransactionState
 from coordinator.tables import CHECK_REQUESTS
 
 _log = logging.getLogger("coordinator.producer.checkback")

@@ -20,13 +20,13 @@ import uuid
 from concurrent.futures import Future
 from typing import Any, Optional, Sequence
 
-from coordinator.producer.checkback import CheckBackWorker
-from coordinator.producer.commit_log import CommitLogWriter, end_record, half_records
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import HalfNotStoredError, MessageValidationError, ProducerStateError
+from coordinator.producer.checkback import CheckBackWorker
+from coordinator.producer.commit_log import CommitLogWriter, end_record, half_records
 from coordinator.producer.listener import TransactionListener
-from coordinator.protocol import LocalTransactionState
 from coordinator.producer.message import Message, SendStatus, TransactionSendResult
+from coordinator.protocol import LocalTransactionState
 
 _log = logging.getLogger("coordinator.producer.transaction_producer")
 
