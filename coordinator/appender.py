@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from coordinator.exceptions import UnsupportedTableError
+from coordinator.exceptions import InvalidArgumentError, UnsupportedTableError
 
 _log = logging.getLogger("coordinator.appender")
 
@@ -180,14 +180,14 @@ class DeltaAppender:
             version = appender.append(pa.Table.from_pylist(rows, schema=appender.schema))
         """
         if data.num_rows == 0:
-            raise ValueError("nothing to append")
+            raise InvalidArgumentError("nothing to append")
         if app_transaction is not None:
             with self._lock:  # a replay is known before any file is written
                 if self._recorded(app_transaction[0]) >= app_transaction[1]:
                     return None
         if not data.schema.equals(self._schema):
             if data.schema.names != self._schema.names:
-                raise ValueError(f"data does not have the table's columns: {data.schema.names}, "
+                raise InvalidArgumentError(f"data does not have the table's columns: {data.schema.names}, "
                                  f"expected {self._schema.names}")
             data = data.cast(self._schema)  # e.g. a map's entry names as another engine spells them
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
