@@ -361,8 +361,8 @@ class HostileWriter:
         Returns ``False``, writing nothing, if ``require_every_target`` and one of them does not exist yet.
         """
         kind_of = {plan_id: kind for plan in plans for plan_id, kind in plan}
-        halves = _rows(Lakehouse(str(self.root)).path(HALF), ["transaction_id", "producer_group", "body", "message_index"])
-        outcomes = {row["transaction_id"]: row["outcome"] for row in _rows(Lakehouse(str(self.root)).path(OP), ["transaction_id", "outcome"])}
+        halves = _rows(Lakehouse(self.root).path(HALF), ["transaction_id", "producer_group", "body", "message_index"])
+        outcomes = {row["transaction_id"]: row["outcome"] for row in _rows(Lakehouse(self.root).path(OP), ["transaction_id", "outcome"])}
         ours = [row for row in halves if row["producer_group"] != FORGED_GROUP and row["message_index"] == 0]
 
         def pick(condition) -> Optional[dict]:

@@ -165,7 +165,7 @@ def run(work: Path, workers: int, worker_memory: str, per_fate: int) -> dict:
         fates = send_workload(config, per_fate)
         apps = cluster_state(ui_port)["activeapps"]
         summary["application"] = [{"name": a["name"], "cores": a["cores"], "state": a["state"]} for a in apps]
-        wait_until(lambda: read_table(Lakehouse(str(lakehouse)).topic(TOPIC)).num_rows >= 2 * per_fate, 120, "every delivery")
+        wait_until(lambda: read_table(Lakehouse(lakehouse).topic(TOPIC)).num_rows >= 2 * per_fate, 120, "every delivery")
         summary["settled_s"] = round(time.monotonic() - started, 1)
         checker.process.send_signal(signal.SIGTERM)
         summary["checker_exit"] = checker.process.wait(120)
@@ -173,8 +173,8 @@ def run(work: Path, workers: int, worker_memory: str, per_fate: int) -> dict:
 
     expected = {txn: {"commit": "COMMIT", "lost-commit": "COMMIT", "rollback": "ROLLBACK", "lost-rollback": "ROLLBACK",
                       "undecidable": "DISCARD"}[fate] for txn, fate in fates.items()}
-    delivered = read_table(Lakehouse(str(lakehouse)).topic(TOPIC), ["transaction_id"]).column(0).to_pylist()
-    discarded = read_table(Lakehouse(str(lakehouse)).path(DISCARDED), ["transaction_id"]).column(0).to_pylist()
+    delivered = read_table(Lakehouse(lakehouse).topic(TOPIC), ["transaction_id"]).column(0).to_pylist()
+    discarded = read_table(Lakehouse(lakehouse).path(DISCARDED), ["transaction_id"]).column(0).to_pylist()
     batches = read_metrics(str(lakehouse), ["batch_id"]).column("batch_id").to_pylist()
     summary |= {"transactions": len(fates), "delivered": len(delivered), "discarded": len(discarded), "batches": len(batches)}
     checks = [

@@ -44,8 +44,8 @@ def test_init_creates_the_tables_then_reports_already_initialised(config_file, t
     assert second.stdout.splitlines() == [f"lakehouse {lakehouse} already initialised"]
 
     for table in SYSTEM_TABLES:
-        assert DeltaTable(Lakehouse(str(lakehouse)).path(table)).version() == 0  # the second init wrote nothing
-        data = read_table(Lakehouse(str(lakehouse)).path(table))
+        assert DeltaTable(Lakehouse(lakehouse).path(table)).version() == 0  # the second init wrote nothing
+        data = read_table(Lakehouse(lakehouse).path(table))
         assert (data.column_names, data.num_rows) == (table.column_names, 0)
 
 

@@ -40,10 +40,10 @@ def test_status_after_the_demo_reports_a_stopped_checker_and_what_the_tables_hol
     status = json.loads(as_json.stdout)
     assert status["checker_alive"] is False
     assert status["pending_transactions"] == 0
-    assert status["checks_issued"] == len(column(Lakehouse(str(lakehouse)).path(CHECK_REQUESTS), "transaction_id")) > 0
-    assert status["discarded"] == len(set(column(Lakehouse(str(lakehouse)).path(DISCARDED), "transaction_id"))) > 0
-    assert status["last_batch_id"] == max(column(Lakehouse(str(lakehouse)).path(METRICS), "batch_id"))
-    assert status["commit_log_version"] == DeltaTable(Lakehouse(str(lakehouse)).path(COMMIT_LOG)).version()
+    assert status["checks_issued"] == len(column(Lakehouse(lakehouse).path(CHECK_REQUESTS), "transaction_id")) > 0
+    assert status["discarded"] == len(set(column(Lakehouse(lakehouse).path(DISCARDED), "transaction_id"))) > 0
+    assert status["last_batch_id"] == max(column(Lakehouse(lakehouse).path(METRICS), "batch_id"))
+    assert status["commit_log_version"] == DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).version()
     assert 0 <= status["lag_versions"] <= 1  # an answer to the last check may arrive after the last batch
     lines = dict(line.split(None, 1) if " " in line else (line, "") for line in text.stdout.splitlines())
     assert lines["checker"].startswith("not running")
@@ -52,7 +52,7 @@ def test_status_after_the_demo_reports_a_stopped_checker_and_what_the_tables_hol
 
 def test_inspect_prints_a_discarded_transactions_timeline(demo, demo_config):
     lakehouse, _, _ = demo
-    discarded = column(Lakehouse(str(lakehouse)).path(DISCARDED), "transaction_id")[0]
+    discarded = column(Lakehouse(lakehouse).path(DISCARDED), "transaction_id")[0]
 
     text = txcoord("inspect", discarded, "--config", demo_config)
     as_json = txcoord("inspect", discarded, "--config", demo_config, "--json")
@@ -69,7 +69,7 @@ def test_inspect_prints_a_discarded_transactions_timeline(demo, demo_config):
 
 def test_inspect_of_a_committed_transaction_shows_its_delivery(demo, demo_config):
     lakehouse, _, _ = demo
-    committed = next(row["transaction_id"] for row in read_table(Lakehouse(str(lakehouse)).path(OP), ["transaction_id", "outcome"]).to_pylist()
+    committed = next(row["transaction_id"] for row in read_table(Lakehouse(lakehouse).path(OP), ["transaction_id", "outcome"]).to_pylist()
                      if row["outcome"] == "COMMIT")
 
     document = json.loads(txcoord("inspect", committed, "--config", demo_config, "--json").stdout)

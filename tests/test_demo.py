@@ -39,7 +39,7 @@ def rows(path: str, *columns: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def order_of_transaction(demo) -> dict[str, int]:
     lakehouse, _, _ = demo
-    return {row["transaction_id"]: order_id_of(row["body"]) for row in rows(Lakehouse(str(lakehouse)).path(HALF), "transaction_id", "body")}
+    return {row["transaction_id"]: order_id_of(row["body"]) for row in rows(Lakehouse(lakehouse).path(HALF), "transaction_id", "body")}
 
 
 def confirmed_in_sqlite(lakehouse: Path, status: str = "confirmed") -> list[int]:
@@ -124,8 +124,8 @@ def test_demo_exits_zero_and_reports_its_outcome_as_json(demo):
 def test_orders_in_sqlite_equal_messages_in_topic_equal_credits(demo):
     lakehouse, _, _ = demo
     confirmed = confirmed_in_sqlite(lakehouse)
-    in_topic = sorted(order_id_of(r["body"]) for r in rows(Lakehouse(str(lakehouse)).topic(ORDER_TOPIC), "body"))
-    credited = sorted(r["order_id"] for r in rows(Lakehouse(str(lakehouse)).path(CREDITS), "order_id"))
+    in_topic = sorted(order_id_of(r["body"]) for r in rows(Lakehouse(lakehouse).topic(ORDER_TOPIC), "body"))
+    credited = sorted(r["order_id"] for r in rows(Lakehouse(lakehouse).path(CREDITS), "order_id"))
     # Lists, not sets: a duplicate delivery or a double credit must show.
     assert confirmed == in_topic == credited
     assert confirmed == sorted(o.order_id for o in PLAN.values() if o.fate.expected_outcome == "COMMIT")
@@ -135,7 +135,7 @@ def test_orders_in_sqlite_equal_messages_in_topic_equal_credits(demo):
 def test_every_order_ends_as_its_fate_requires(demo, order_of_transaction):
     lakehouse, _, _ = demo
     outcome, by_check = {}, {}
-    for row in rows(Lakehouse(str(lakehouse)).path(OP), "transaction_id", "outcome", "check_id"):
+    for row in rows(Lakehouse(lakehouse).path(OP), "transaction_id", "outcome", "check_id"):
         order_id = order_of_transaction[row["transaction_id"]]
         assert order_id not in outcome, f"order {order_id} resolved twice"
         outcome[order_id], by_check[order_id] = row["outcome"], row["check_id"] is not None
@@ -148,10 +148,10 @@ def test_every_order_ends_as_its_fate_requires(demo, order_of_transaction):
 @pytest.mark.slow
 def test_stuck_orders_are_checked_the_maximum_times_then_discarded(demo, order_of_transaction):
     lakehouse, _, _ = demo
-    checks = Counter(order_of_transaction[r["transaction_id"]] for r in rows(Lakehouse(str(lakehouse)).path(CHECK_REQUESTS), "transaction_id"))
+    checks = Counter(order_of_transaction[r["transaction_id"]] for r in rows(Lakehouse(lakehouse).path(CHECK_REQUESTS), "transaction_id"))
     assert max(checks.values()) <= CHECK_MAX
     stuck = sorted(i for i, order in PLAN.items() if order.fate is Fate.STUCK)
-    discarded = rows(Lakehouse(str(lakehouse)).path(DISCARDED), "transaction_id", "check_times")
+    discarded = rows(Lakehouse(lakehouse).path(DISCARDED), "transaction_id", "check_times")
     assert sorted(order_of_transaction[r["transaction_id"]] for r in discarded) == stuck
     assert all(r["check_times"] == CHECK_MAX for r in discarded)
     assert all(checks[i] == CHECK_MAX for i in stuck)
@@ -162,7 +162,7 @@ def test_stuck_orders_are_checked_the_maximum_times_then_discarded(demo, order_o
 @pytest.mark.slow
 def test_credits_follow_the_points_rule(demo):
     lakehouse, _, _ = demo
-    credits = {r["order_id"]: r["points"] for r in rows(Lakehouse(str(lakehouse)).path(CREDITS), "order_id", "points")}
+    credits = {r["order_id"]: r["points"] for r in rows(Lakehouse(lakehouse).path(CREDITS), "order_id", "points")}
     assert credits and credits == {i: points_for(PLAN[i].amount) for i in credits}
 
 
@@ -170,7 +170,7 @@ def test_credits_follow_the_points_rule(demo):
 def test_replaying_the_whole_topic_grants_nothing_twice(demo):
     """The credits job run standalone, from a lost checkpoint: every order is read again, none is credited again."""
     lakehouse, _, _ = demo
-    before = sorted((r["order_id"], r["points"]) for r in rows(Lakehouse(str(lakehouse)).path(CREDITS), "order_id", "points"))
+    before = sorted((r["order_id"], r["points"]) for r in rows(Lakehouse(lakehouse).path(CREDITS), "order_id", "points"))
     shutil.rmtree(lakehouse / "services" / "_checkpoints" / "credits")
 
     result = subprocess.run(
@@ -181,7 +181,7 @@ def test_replaying_the_whole_topic_grants_nothing_twice(demo):
 
     assert result.returncode == 0, result.stderr[-3000:]
     assert f", {len(before)} in total" in result.stderr  # the replay did read every order again
-    assert sorted((r["order_id"], r["points"]) for r in rows(Lakehouse(str(lakehouse)).path(CREDITS), "order_id", "points")) == before
+    assert sorted((r["order_id"], r["points"]) for r in rows(Lakehouse(lakehouse).path(CREDITS), "order_id", "points")) == before
 
 
 def test_the_verdict_separates_a_broken_invariant_from_a_failed_job():

@@ -81,6 +81,18 @@ def cached_jars() -> list[str]:
     return sorted(glob.glob(str(JARS_DIR / "*.jar")))
 
 
+def launch_jars(settings: Mapping[str, str]) -> list[str]:
+    """The cached Delta jars, then any jar ``settings`` list in ``spark.jars`` (a filesystem
+    connector, for one).
+
+    Example::
+
+        launch_jars({"spark.jars": "/opt/jars/hadoop-aws.jar"})[-1]  # '/opt/jars/hadoop-aws.jar'
+    """
+    configured = [jar.strip() for jar in settings.get("spark.jars", "").split(",") if jar.strip()]
+    return cached_jars() + configured
+
+
 def get_spark(app_name: str = "txcoord", conf: Optional[Mapping[str, str]] = None):
     """The Spark session, created on first call with Delta enabled.
 
@@ -105,7 +117,7 @@ def get_spark(app_name: str = "txcoord", conf: Optional[Mapping[str, str]] = Non
     if under_spark_submit:
         settings = {k: v for k, v in settings.items() if k not in _LAUNCH_SETTINGS}
     else:
-        settings["spark.jars"] = ",".join(cached_jars())
+        settings["spark.jars"] = ",".join(launch_jars(settings))
     builder = SparkSession.builder.appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -164,7 +176,7 @@ def install_delta_jars() -> list[str]:
     if not (marker.exists() and marker.read_text().strip() == package):
         _resolve_with_ivy(package)
     jars = cached_jars()
-    _write_spark_submit_properties(jars)
+    _write_spark_submit_properties()
     return jars
 
 
@@ -200,15 +212,16 @@ def _spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-def _write_spark_submit_properties(jars: list[str]) -> None:
+def _write_spark_submit_properties() -> None:
     # Launch settings apply only when the JVM starts: spark-submit reads them from this file.
-    launch = {k: v for k, v in read_spark_defaults().items() if k in _LAUNCH_SETTINGS and k not in ("spark.master", "spark.jars")}
+    settings = read_spark_defaults()
+    launch = {k: v for k, v in settings.items() if k in _LAUNCH_SETTINGS and k not in ("spark.master", "spark.jars")}
     SPARK_SUBMIT_PROPERTIES.parent.mkdir(parents=True, exist_ok=True)
     SPARK_SUBMIT_PROPERTIES.write_text(
         "# Written by `make setup` (python -m coordinator.checker.session): the Delta jars cached for this\n"
         "# project, and the driver's launch settings from conf/spark-defaults.conf. For spark-submit:\n"
         f"#   spark-submit --properties-file {SPARK_SUBMIT_PROPERTIES} jobs/checker.py ...\n"
-        f"spark.jars {','.join(jars)}\n" + "".join(f"{k} {v}\n" for k, v in sorted(launch.items()))
+        f"spark.jars {','.join(launch_jars(settings))}\n" + "".join(f"{k} {v}\n" for k, v in sorted(launch.items()))
     )
 
 
