@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JARS := .cache/jars/.package
 
-.PHONY: setup demo test chaos bench peers clean
+.PHONY: setup demo test chaos cluster bench peers clean
 
 setup: $(INSTALLED) $(JARS)
 
@@ -30,6 +30,11 @@ test: setup
 # Kill -9 the checker and producers at random and verify every invariant: `bench/chaos.py --help`.
 chaos: setup
 	$(PY) bench/chaos.py
+
+# The checker on a Spark standalone cluster on this machine (a master and two workers): five JVMs,
+# so not part of `make test`.
+cluster: setup
+	CLUSTER_TESTS=1 $(PY) -m pytest -q tests/test_cluster.py
 
 # One checker cold start and small versions of the producer, end-to-end, history and batch-cost benchmarks
 # (bench/run.py --help for the full suite).
