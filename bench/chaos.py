@@ -6,7 +6,10 @@ table maintenance (``coordinator.ops.maintenance.maintain``) at once, then:
 
 - SIGKILLs the checker's whole process group at random moments (mid-batch, as batches
   run back to back) and restarts it at once, as a supervisor would (the new run takes the
-  lease over as soon as the killed run's process is gone);
+  lease over as soon as the killed run's process is gone); with ``--standby`` a second
+  checker stands by with its Spark session up, each kill hits the active one, the standby
+  takes over, and the killed one, restarted, stands by in its turn. Each kill's failover
+  (the kill to the next checker's first finished batch) is reported;
 - SIGKILLs producer processes in the middle of their sends and group commits, and
   restarts them at once (a restarted producer skips what it already attempted);
 - appends hostile records straight to ``system/commit_log``.
@@ -22,6 +25,7 @@ and exits 1 on any violation.
 
     python bench/chaos.py                                   # the small default run
     python bench/chaos.py --transactions 2000 --checker-kills 5 --producer-kills 8
+    python bench/chaos.py --standby                         # kills the active of two checkers
 """
 
 from __future__ import annotations
@@ -115,6 +119,7 @@ class Options:
     send_seconds: float = 45.0
     maintenance_every: float = 10.0
     retention_hours: int = 1
+    standby: bool = False
 
 
 def parse_options(argv: Optional[list[str]] = None) -> Options:
@@ -134,6 +139,8 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
                         help="seconds between two maintenance runs")
     parser.add_argument("--retention-hours", type=int, default=defaults.retention_hours,
                         help="vacuum retention passed to maintain(), at least 1 (hours) while producers write")
+    parser.add_argument("--standby", action="store_true",
+                        help="run a second checker standing by; each checker kill hits the active one")
     args = parser.parse_args(argv)
     if args.transactions < len(KINDS):
         parser.error(f"--transactions must be at least {len(KINDS)}, one of each kind")
@@ -202,8 +209,8 @@ def child_environment(env: dict[str, str]) -> dict[str, str]:
 class Checker:
     """The real checker job, started, SIGKILLed and restarted; each run logs to its own file."""
 
-    def __init__(self, root: Path, config_path: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, config_path: Path, name: str = "checker") -> None:
+        self.root, self.name = root, name
         self.argv, env = spark_submit(PROJECT_ROOT / "jobs" / "checker.py", "--config", str(config_path))
         self.env = child_environment(env)
         self.child: Optional[Child] = None
@@ -211,18 +218,26 @@ class Checker:
         self.starts = 0
         self.failures: list[str] = []
         self.last_batch_at = 0.0
+        self.first_batch_at: Optional[float] = None  # this run's
 
     def start(self) -> None:
         self.starts += 1
-        self.child = Child(self.argv, self.env, self.root / f"checker-{self.starts}.log", self.root)
+        self.child = Child(self.argv, self.env, self.root / f"{self.name}-{self.starts}.log", self.root)
         self.child.start()
         self.log = benchlib.CheckerLog(str(self.child.log_path))
         self.last_batch_at = 0.0
+        self.first_batch_at = None
+
+    @property
+    def active(self) -> bool:
+        """Whether this run holds the lease: its streaming query started (a standby's has not)."""
+        return self.child.running and self.log.query_started
 
     def follow_log(self) -> None:
         """Read this run's new log lines: has its query started, how many batches has it finished."""
         if self.log.follow():
             self.last_batch_at = time.monotonic()
+            self.first_batch_at = self.first_batch_at or self.last_batch_at
 
     def kill(self) -> dict:
         self.follow_log()
@@ -424,6 +439,8 @@ class Activity:
 
     transactions_by_kind: dict[str, int] = field(default_factory=dict)
     checker_kills: list[dict] = field(default_factory=list)
+    #: Per checker kill: seconds from the kill to the first batch finished by the checker that took over.
+    failovers: list[dict] = field(default_factory=list)
     checker_starts: int = 0
     producer_kills: list[dict] = field(default_factory=list)
     producer_restarts: int = 0
@@ -458,7 +475,9 @@ class Run:
                           for index in range(options.producers)]
         for producer, plan in zip(self.producers, self.plans):
             producer.plan_file.write_text(json.dumps(plan))
-        self.checker = Checker(self.root, config_path)
+        self.checkers = [Checker(self.root, config_path)]
+        if options.standby:
+            self.checkers.append(Checker(self.root, config_path, name="standby"))
         self.maintenance = Maintenance(self.root, options.maintenance_every, options.retention_hours)
         self.hostile = HostileWriter(self.root, random.Random(options.seed))
         window_end = started + 2.0 + options.send_seconds
@@ -467,7 +486,8 @@ class Run:
         blind_injection_at = started + 2.0 + options.send_seconds * 0.3
         deadline = started + options.timeout
         try:
-            self.checker.start()
+            for checker in self.checkers:
+                checker.start()
             for producer in self.producers:
                 producer.child.start()
             self.maintenance.start()
@@ -484,6 +504,7 @@ class Run:
         kill_after_batches: Optional[int] = None
         kill_checker_at: Optional[float] = None
         blind_injected = targeted_injected = False
+        killed_at: Optional[float] = None  # the last checker kill whose failover is not measured yet
         next_target_search = 0.0
         while time.monotonic() < deadline:
             now = time.monotonic()
@@ -497,36 +518,47 @@ class Run:
             elif blind_injected and not targeted_injected and now >= next_target_search:
                 targeted_injected = self.hostile.inject_targeted(self.plans, require_every_target=True)
                 next_target_search = now + _SETTLE_POLL_S
-            checker = self.checker
-            if self._supervise_checker():
-                if (checker_kill_after and kill_after_batches is None and checker.log.query_started
-                        and now >= checker_kill_after[0]):
+            self._supervise_checkers()
+            checker = self._active_checker()
+            if killed_at is not None and checker is not None and checker.first_batch_at is not None:
+                self.activity.failovers.append({"taken_over_by": checker.name,
+                                                "failover_s": round(checker.first_batch_at - killed_at, 1)})
+                killed_at = None
+            if checker is not None and killed_at is None:
+                if checker_kill_after and kill_after_batches is None and now >= checker_kill_after[0]:
                     kill_after_batches = self.rng.randint(0, _MAX_BATCHES_BEFORE_KILL)
                 if kill_after_batches is not None and kill_checker_at is None and checker.log.batches >= kill_after_batches:
                     kill_checker_at = now + self.rng.uniform(0, _MAX_KILL_DELAY_S)
                 if kill_checker_at is not None and now >= kill_checker_at:
                     checker_kill_after.pop(0)
                     kill_after_batches = kill_checker_at = None
-                    self.activity.checker_kills.append({"at_s": round(now - self.started, 1), **checker.kill()})
-                    checker.start()  # the new run takes the lease over at once: the killed one's process is gone
-            # Done once the checker is up again: it has finished a batch since its last start.
-            if (not producer_kill_at and not checker_kill_after and blind_injected and checker.child.running
-                    and checker.log.batches and all(p.done for p in self.producers)):
+                    self.activity.checker_kills.append({"at_s": round(now - self.started, 1), "checker": checker.name,
+                                                        **checker.kill()})
+                    killed_at = time.monotonic()
+                    # Restarted at once, as a supervisor would: it takes the lease over as soon as it finds the
+                    # killed run's process gone, or, with a standby already waiting, stands by in its turn.
+                    checker.start()
+            # Done once a checker is up again: it has finished a batch since its start.
+            if (not producer_kill_at and not checker_kill_after and blind_injected and checker is not None
+                    and checker.log.batches and killed_at is None and all(p.done for p in self.producers)):
                 if not targeted_injected:
                     self.hostile.inject_targeted(self.plans, require_every_target=False)
                 return
             time.sleep(_POLL_S)
 
-    def _supervise_checker(self) -> bool:
-        """Start the checker again at once if it exited on its own (a failure); return whether it is running."""
-        checker = self.checker
-        if not checker.child.running:
-            checker.failures.append(f"run {checker.starts} exited with code {checker.child.exit_code()}:\n"
-                                    f"{checker.child.tail()}")
-            checker.start()
-            return False
-        checker.follow_log()
-        return True
+    def _supervise_checkers(self) -> None:
+        """Start a checker again at once if it exited on its own (a failure); read every running one's log."""
+        for checker in self.checkers:
+            if not checker.child.running:
+                checker.failures.append(f"run {checker.starts} exited with code {checker.child.exit_code()}:\n"
+                                        f"{checker.child.tail()}")
+                checker.start()
+            else:
+                checker.follow_log()
+
+    def _active_checker(self) -> Optional[Checker]:
+        """The checker whose streaming query runs (it holds the lease); ``None`` between two holders."""
+        return next((checker for checker in self.checkers if checker.active), None)
 
     def _kill_a_producer(self) -> None:
         sending = [p for p in self.producers if p.child.running and not p.done]
@@ -557,7 +589,7 @@ class Run:
         """Wait until the tables agree with the ground truth and nothing is left to resolve."""
         while time.monotonic() < deadline:
             self._restart_failed_producers()
-            self._supervise_checker()
+            self._supervise_checkers()
             try:
                 findings = verify(self.root, self.config, self.producers, self.hostile.injected, self.plans)
             except (OSError, ValueError, DeltaError) as error:  # a file vacuumed between snapshot and read: read again
@@ -573,7 +605,7 @@ class Run:
         """SIGTERM whatever runs; return the exit codes (a process that was down already was reported then)."""
         self.maintenance.stop()
         children = {f"producer-{p.index}": p.child for p in self.producers}
-        children["checker"] = self.checker.child
+        children.update({checker.name: checker.child for checker in self.checkers})
         running = {name: child for name, child in children.items() if child is not None and child.running}
         for child in running.values():
             child.terminate()
@@ -581,7 +613,7 @@ class Run:
 
     def _report(self, stop_codes: dict) -> dict:
         activity = self.activity
-        activity.checker_starts = self.checker.starts
+        activity.checker_starts = sum(checker.starts for checker in self.checkers)
         activity.producer_restarts = sum(p.restarts for p in self.producers)
         activity.maintenance_runs = self.maintenance.runs
         activity.maintenance_errors = self.maintenance.errors
@@ -590,7 +622,7 @@ class Run:
         activity.maintenance_steps_skipped = dict(self.maintenance.skipped)
         findings = verify(self.root, self.config, self.producers, self.hostile.injected, self.plans)
         activity.bad_inputs = [asdict(bad) for bad in self.hostile.injected]
-        failures = [f"checker: {f}" for f in self.checker.failures]
+        failures = [f"{checker.name}: {f}" for checker in self.checkers for f in checker.failures]
         failures += [f"producer-{p.index}: {f}" for p in self.producers for f in p.failures]
         failures += [f"{name} exited with code {code} on SIGTERM" for name, code in stop_codes.items() if code != 0]
         failures += [f"maintenance: {error}" for error in self.maintenance.errors]
@@ -795,6 +827,7 @@ def print_report(report: dict) -> None:
     rows = [(f"transactions: {kind}", count) for kind, count in sorted(did["transactions_by_kind"].items())]
     rows += [("checker kills (SIGKILL, process group)", len(did["checker_kills"])),
              ("checker starts", did["checker_starts"]),
+             ("failover after each checker kill (s)", ", ".join(str(f["failover_s"]) for f in did["failovers"]) or "-"),
              ("producer kills (SIGKILL)", len(did["producer_kills"])),
              ("producer restarts", did["producer_restarts"]),
              ("maintenance runs", did["maintenance_runs"]),

@@ -39,6 +39,7 @@ class CoordinatorConfig:
     trigger_interval_ms: int = 100
     checker_lease_ttl_ms: int = 30000
     commit_interval_ms: int = 10
+    producer_heartbeat_ms: int = 2000
 
     def __post_init__(self) -> None:
         if not isinstance(self.lakehouse, str) or not self.lakehouse.strip():

@@ -16,6 +16,7 @@ import pyarrow.fs as pafs
 
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
+from deltalake.schema import Field
 
 from coordinator.exceptions import LakehouseNotFoundError
 from coordinator.tables import COMMIT_LOG, HALF, OP, SYSTEM_TABLES, TableDef
@@ -69,6 +70,11 @@ class Lakehouse:
         return os.path.join(self.root, "system", "_checker_progress.json")
 
     @property
+    def producers_dir(self) -> str:
+        """Where producer instances announce themselves (:mod:`coordinator.control.instances`)."""
+        return os.path.join(self.root, "system", "_producers")
+
+    @property
     def checker_checkpoint(self) -> str:
         """The checker's streaming checkpoint: inside the lakehouse it serves."""
         return os.path.join(self.root, "system", "_checkpoints", "checker")
@@ -81,13 +87,16 @@ class Lakehouse:
 def create_table(table: TableDef, path: str) -> bool:
     """Create ``table`` at ``path`` unless it exists; return whether it was created.
 
-    Safe to call from several processes at once: a lost creation race is not an error.
+    A table created by an earlier version of the coordinator gains the columns its definition
+    has added since (every column is nullable: its older rows read null). Safe to call from
+    several processes at once: a lost creation race is not an error.
 
     Example::
 
         create_table(HALF, Lakehouse("lakehouse").path(HALF))  # True the first time, then False
     """
     if DeltaTable.is_deltatable(path):
+        _add_missing_columns(table, path)
         return False
     os.makedirs(path, exist_ok=True)
     try:
@@ -97,6 +106,18 @@ def create_table(table: TableDef, path: str) -> bool:
             return False
         raise
     return True
+
+
+def _add_missing_columns(table: TableDef, path: str) -> None:
+    present = set(DeltaTable(path).schema().to_arrow().names)
+    missing = [Field.from_arrow(field) for field in table.arrow_schema() if field.name not in present]
+    if not missing:
+        return
+    try:
+        DeltaTable(path).alter.add_columns(missing)
+    except DeltaError:
+        if not {f.name for f in missing} <= set(DeltaTable(path).schema().to_arrow().names):
+            raise  # not a race with another process adding the same columns
 
 
 def init_lakehouse(lakehouse: str) -> list[str]:

@@ -150,6 +150,8 @@ CHECK_REQUESTS = TableDef(
         ("body", "binary"),
         ("born_timestamp", "timestamp"),
         ("batch_id", "long"),
+        # The live producer instance of the group this check is addressed to; null: any of them.
+        ("producer_instance", "string"),
     ),
     {"delta.enableChangeDataFeed": "true"},
 )

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from coordinator.control.lease import CheckerLease, holder_gone
+from coordinator.control.lease import CheckerLease
+from coordinator.control.processes import process_gone
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
 
 # A checker's lease in a child process: it says "held", then sleeps until killed.
@@ -116,14 +117,14 @@ def test_a_killed_holder_on_this_host_is_taken_over_at_once(tmp_path, reaped):
 def test_a_reused_pid_does_not_pass_for_the_holder(tmp_path):
     holder = CheckerLease(str(tmp_path), ttl_s=30).acquire()
     record = json.loads(open(holder.path).read())
-    assert not holder_gone(record)  # this process, as it recorded itself
+    assert not process_gone(record)  # this process, as it recorded itself
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         # The same pid with another start time: the holder died and its pid went to `other`.
         reused = record | {"pid": other.pid, "started": str(int(record["started"]) - 1)}
         with open(holder.path, "w") as file:
             json.dump(reused, file)
-        assert holder_gone(reused)
+        assert process_gone(reused)
         CheckerLease(str(tmp_path), ttl_s=30).acquire()
     finally:
         other.kill()
@@ -135,7 +136,7 @@ def test_a_holder_on_another_host_is_awaited_for_its_whole_lease(tmp_path):
     record = json.loads(open(holder.path).read()) | {"host": "elsewhere", "pid": 2 ** 22 + 1}  # no such pid here
     with open(holder.path, "w") as file:
         json.dump(record, file)
-    assert not holder_gone(record)
+    assert not process_gone(record)
     with pytest.raises(CheckerAlreadyRunningError, match="host elsewhere"):
         CheckerLease(str(tmp_path), ttl_s=30).acquire()
 

@@ -5,7 +5,9 @@ The pending set is the half queue less the op queue, kept in memory (see
 since the half entered the commit log, then one every
 ``transaction_check_interval_ms``; after ``transaction_check_max`` checks, or once
 older than ``file_reserved_time_hours``, the transaction is discarded (and that
-counts as resolved: an op row with outcome ``DISCARD``).
+counts as resolved: an op row with outcome ``DISCARD``). Each check is addressed to one
+live instance of the group (:mod:`coordinator.control.instances`), or to any of them
+when none is known.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pyarrow as pa
 
 from coordinator.checker.context import MESSAGE_FIELDS, BatchContext
 from coordinator.checker.state import CheckerState, PendingTransaction
+from coordinator.control.instances import ProducerInstances
 from coordinator.protocol import Outcome
 
 EXPIRED = "expired: older than file_reserved_time_hours"
@@ -58,6 +61,8 @@ def find_due(ctx: BatchContext, state: CheckerState, resolved_now: set[str]) -> 
             checked.append(pending)
     firsts = state.rows.take(p.offsets[0] for p in checked)
     requests = firsts.select(list(MESSAGE_FIELDS))
+    instances = ProducerInstances(config.lakehouse)
+    live = {group: instances.live(group) for group in {p.producer_group for p in checked}}
     for name, values in (
         ("check_id", [f"{p.transaction_id}-{p.checks + 1}" for p in checked]),
         ("transaction_id", [p.transaction_id for p in checked]),
@@ -65,6 +70,8 @@ def find_due(ctx: BatchContext, state: CheckerState, resolved_now: set[str]) -> 
         ("check_times", pa.array([p.checks + 1 for p in checked], pa.int32())),
         ("requested_at", [now] * len(checked)),
         ("half_offset", [p.offsets[0] for p in checked]),
+        ("producer_instance", pa.array([instances.address(p.producer_group, live[p.producer_group], p.transaction_id,
+                                                          p.checks + 1) for p in checked], pa.string())),
     ):
         requests = requests.append_column(name, pa.array(values) if isinstance(values, list) else values)
     gone = [state.pending[transaction_id] for transaction_id in given_up]

@@ -1,6 +1,6 @@
-"""The checker's state that outlives it, on the lakehouse: who may run (:mod:`.lease`) and how
-far it got (:mod:`.progress`).
+"""Coordination state kept on the lakehouse, JVM-free: who may run the checker (:mod:`.lease`), how
+far it got (:mod:`.progress`), and which producer instances are alive to answer checks
+(:mod:`.instances`); :mod:`.processes` tells whether a process that recorded itself still runs.
 
-Needs no Spark: the checker writes these files, and the operator tools read them
-without starting a JVM.
+The checker and producers write these files; the operator tools read them without starting a JVM.
 """

@@ -8,10 +8,8 @@ at once. A second checker either refuses to start while the lease is held or sta
 until it lapses. A holder that finds its lease taken over stops before writing anything else.
 
 The lease relies on atomic exclusive create and rename, which local and POSIX
-filesystems provide. The holder's process is told apart by its host name, pid namespace,
-pid and start time (from ``/proc``), so a reused pid does not pass for the holder. Where
-that cannot be told (another host, another pid namespace, no ``/proc``), only the expiry
-counts. Hosts that share a lakehouse must have distinct host names.
+filesystems provide. Whether its holder's process is gone is told by
+:mod:`coordinator.control.processes`; where that cannot be told, only the expiry counts.
 """
 
 from __future__ import annotations
@@ -19,12 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
 from typing import Callable, Optional
 
+from coordinator.control.processes import process_gone, this_process
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
 from coordinator.lakehouse import Lakehouse
 
@@ -102,7 +100,7 @@ class CheckerLease:
             except FileExistsError:
                 holder = self._read(self.path)
                 fresh = holder is not None and self.clock() < holder["renewed_at"] + holder["ttl_s"]
-                if fresh and not holder_gone(holder):
+                if fresh and not process_gone(holder):
                     return holder
                 self._evict(holder)
                 continue
@@ -111,9 +109,7 @@ class CheckerLease:
             return None
 
     def _record(self) -> dict:
-        pid = os.getpid()
-        return {"owner": self.owner, "host": socket.gethostname(), "pid": pid, "pid_namespace": _pid_namespace(),
-                "started": _process_start(pid), "renewed_at": self.clock(), "ttl_s": self.ttl_s}
+        return {"owner": self.owner, **this_process(), "renewed_at": self.clock(), "ttl_s": self.ttl_s}
 
     def _evict(self, stale: Optional[dict]) -> None:
         """Move a lapsed (or unreadable) lease aside, unless it changed since we read it."""
@@ -137,39 +133,3 @@ class CheckerLease:
             return record if {"owner", "renewed_at", "ttl_s", "host", "pid"} <= set(record) else None
         except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError, TypeError):
             return None
-
-
-def holder_gone(holder: dict) -> bool:
-    """Whether a lease record names a process of this host that no longer runs (its lease is void).
-
-    ``False`` when that cannot be told: the holder is on another host or in another pid
-    namespace, this host has no ``/proc``, or the lease predates the ``started`` field.
-    A pid that now belongs to another process, or to a zombie (killed, not yet reaped),
-    counts as gone.
-
-    Example::
-
-        holder_gone(json.load(open("lakehouse/system/_checker_lease.json")))  # True after kill -9 of its checker
-    """
-    if (holder.get("started") is None or holder.get("host") != socket.gethostname()
-            or holder.get("pid_namespace") != _pid_namespace()):
-        return False
-    return _process_start(holder["pid"]) != holder["started"]
-
-
-def _pid_namespace() -> Optional[str]:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def _process_start(pid: int) -> Optional[str]:
-    """Process ``pid``'s start (clock ticks after boot), or ``None``: not running, or no ``/proc``."""
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            stat = file.read()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # after "(name)", which may hold spaces and parentheses
-    return None if fields[0] in ("Z", "X") else fields[19]  # fields 3 (state) and 22 (starttime) of proc(5)

@@ -30,7 +30,6 @@ from coordinator.exceptions import CheckpointMismatchError
 from coordinator.lakehouse import Lakehouse
 
 
-
 @dataclass(frozen=True)
 class Epoch:
     """One checkpoint's life on the lakehouse.

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from coordinator.config import CoordinatorConfig
-from coordinator.control.lease import holder_gone
+from coordinator.control.processes import process_gone
 from coordinator.lakehouse import Lakehouse, read_pending, read_table, require_lakehouse, topic_names
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, REJECTED
 
@@ -88,7 +88,7 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
     rejected_reasons = Counter(read_table(Lakehouse(lakehouse).path(REJECTED), ["reason"]).column("reason").to_pylist())
     lease = read_lease(lakehouse)
     lease_age = None if lease is None else now.timestamp() - lease["renewed_at"]
-    gone = lease is not None and holder_gone(lease)
+    gone = lease is not None and process_gone(lease)
     last = last_batch(lakehouse)
     head = DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).version()
     lag_versions = None if last is None or last["commit_log_version"] is None else head - last["commit_log_version"]

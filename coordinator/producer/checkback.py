@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+import uuid
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -27,6 +29,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from coordinator.config import CoordinatorConfig
+from coordinator.control.instances import ProducerInstances
 from coordinator.exceptions import ProducerStateError
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.producer.commit_log import CommitLogWriter, end_record
@@ -47,7 +50,10 @@ _CDF_SCHEMA = CHECK_REQUESTS.arrow_schema().append(pa.field("_change_type", pa.s
 class CheckBackWorker:
     """Follows ``system/check_requests`` for one producer group and answers each request once.
 
-    On start it also answers requests issued within the last
+    It announces its instance (``instance_id``) every ``producer_heartbeat_ms`` while it runs
+    (:mod:`coordinator.control.instances`) and answers the requests addressed to it, or to no
+    instance in particular; the checker addresses the others to the group's other live
+    instances. On start it also answers requests issued within the last
     ``transaction_check_interval_ms`` (those a restarted producer missed while
     it was down); older ones have been superseded by the checker's next round.
     A missing table is waited for. Answers are sent one-way: a lost answer is
@@ -69,6 +75,7 @@ class CheckBackWorker:
         config: CoordinatorConfig,
         poll_interval_s: float = 0.2,
         max_workers: int = 4,
+        instance_id: Optional[str] = None,
     ) -> None:
         self.path = Lakehouse(lakehouse).path(CHECK_REQUESTS)
         self.group = group
@@ -77,6 +84,10 @@ class CheckBackWorker:
         self.config = config
         self.poll_interval_s = poll_interval_s
         self.max_workers = max_workers
+        self.instance_id = instance_id or uuid.uuid4().hex
+        self._instances = ProducerInstances(lakehouse)
+        self._heartbeat_s = config.producer_heartbeat_ms / 1000
+        self._announced_at = float("-inf")
         self._answered: OrderedDict[str, None] = OrderedDict()
         self._table: Optional[DeltaTable] = None
         self._version = -1
@@ -109,11 +120,13 @@ class CheckBackWorker:
             return
         self._stopping.set()
         self._thread.join()
+        self._instances.withdraw(self.group, self.instance_id)
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _run(self) -> None:
         while not self._stopping.is_set():
             try:
+                self._announce()
                 self._poll()
             except Exception:
                 # A read can fail transiently (a checkpoint being written, storage hiccups), or for good
@@ -122,6 +135,16 @@ class CheckBackWorker:
                 _log.exception("reading %s failed group=%s", self.path, self.group)
                 self._table = None
             self._stopping.wait(self.poll_interval_s)
+
+    def _announce(self) -> None:
+        if time.monotonic() - self._announced_at >= self._heartbeat_s:
+            self._instances.announce(self.group, self.instance_id, self._heartbeat_s)
+            self._announced_at = time.monotonic()
+
+    def _ours(self) -> pc.Expression:
+        """Requests of this group addressed to this instance or to none in particular."""
+        addressed = pc.field("producer_instance")
+        return (pc.field("producer_group") == self.group) & (addressed.is_null() | (addressed == self.instance_id))
 
     def _poll(self) -> None:
         if self._table is None:
@@ -140,14 +163,12 @@ class CheckBackWorker:
         ).read_all()
         # delta-rs hands out view types, which arrow compute cannot compare with plain strings.
         changes = changes.select(_CDF_SCHEMA.names).cast(_CDF_SCHEMA)
-        self._dispatch(changes.filter((pc.field("_change_type") == "insert") & (pc.field("producer_group") == self.group)))
+        self._dispatch(changes.filter((pc.field("_change_type") == "insert") & self._ours()))
         self._version = latest
 
     def _recent_requests(self, table: DeltaTable) -> pa.Table:
         cutoff = datetime.now(timezone.utc) - timedelta(milliseconds=self.config.transaction_check_interval_ms)
-        recent = (pc.field("producer_group") == self.group) & (
-            pc.field("requested_at") >= pa.scalar(cutoff, type=pa.timestamp("us", tz="UTC"))
-        )
+        recent = self._ours() & (pc.field("requested_at") >= pa.scalar(cutoff, type=pa.timestamp("us", tz="UTC")))
         return read_table(self.path, filter=recent)
 
     def _dispatch(self, requests: pa.Table) -> None:

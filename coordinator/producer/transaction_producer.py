@@ -56,6 +56,8 @@ class TransactionProducer:
         self.config = config
         self._lock = threading.Lock()
         self._state = "created"
+        #: This instance of the group, as the checker addresses it (``system/_producers``).
+        self.instance_id = uuid.uuid4().hex
         self._writer: Optional[CommitLogWriter] = None
         self._checkback: Optional[CheckBackWorker] = None
 
@@ -75,10 +77,12 @@ class TransactionProducer:
             if self._state == "stopped":
                 raise ProducerStateError(f"producer {self.group!r} was shut down; create a new one")
             writer = CommitLogWriter(self.config.lakehouse, commit_interval_ms=self.config.commit_interval_ms)
-            checkback = CheckBackWorker(self.config.lakehouse, self.group, self.listener, writer, self.config)
+            checkback = CheckBackWorker(self.config.lakehouse, self.group, self.listener, writer, self.config,
+                                        instance_id=self.instance_id)
             checkback.start()
             self._writer, self._checkback, self._state = writer, checkback, "running"
-        _log.info("producer started group=%s lakehouse=%s", self.group, self.config.lakehouse)
+        _log.info("producer started group=%s instance=%s lakehouse=%s", self.group, self.instance_id,
+                  self.config.lakehouse)
         return self
 
     def shutdown(self) -> None:

@@ -1,0 +1,124 @@
+"""Which producer instances of a group are alive, so that each check goes to one of them.
+
+Every producer instance announces itself in ``system/_producers/<group>/<instance>.json``
+(its host, pid and when it was last seen), renewed every ``producer_heartbeat_ms`` and removed
+when it shuts down. An instance is live while its record is at most three heartbeats old and,
+seen from its own host, while its process runs (a killed instance is passed over at once); the
+checker addresses each check request to one live instance of the transaction's group, chosen
+by the transaction and the check's number so that the checks of a group spread over its
+instances and a check that went unanswered goes to another one next time. A record a crashed
+instance left behind is removed once it is :data:`FORGET_AFTER_S` old (at once when its process
+is seen gone from its host), so the directory holds
+one small file per instance alive lately and nothing grows without bound.
+
+Needs no JVM: producers write these files, the checker reads them.
+
+Example::
+
+    instances = ProducerInstances("lakehouse")
+    instances.announce("order_group", "3f2a…", heartbeat_s=2.0)
+    [i.instance_id for i in instances.live("order_group")]  # ['3f2a…']
+    instances.address("order_group", instances.live("order_group"), "txn-1", check_times=1)  # '3f2a…'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+import zlib
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+from urllib.parse import quote
+
+from coordinator.control.processes import process_gone, this_process
+from coordinator.lakehouse import Lakehouse
+
+#: An instance is live while its record is at most this many of its heartbeats old.
+LIVE_FOR_HEARTBEATS = 3
+#: A record this old is removed by whoever reads the group's records.
+FORGET_AFTER_S = 3600.0
+
+
+@dataclass(frozen=True)
+class ProducerInstance:
+    """One producer instance's record."""
+
+    group: str
+    instance_id: str
+    host: str
+    pid: int
+    pid_namespace: Optional[str]
+    started: Optional[str]
+    last_seen: float  # seconds since the epoch
+    heartbeat_s: float
+
+    def live_at(self, now: float) -> bool:
+        """Renewed within its last three heartbeats, and not a process of this host that is gone."""
+        return now - self.last_seen <= LIVE_FOR_HEARTBEATS * self.heartbeat_s and not process_gone(asdict(self))
+
+
+class ProducerInstances:
+    """The producer instances of a lakehouse, by group (see the module's docstring)."""
+
+    def __init__(self, lakehouse: str, clock: Callable[[], float] = time.time):
+        self.root = Lakehouse(lakehouse).producers_dir
+        self.clock = clock
+
+    def announce(self, group: str, instance_id: str, heartbeat_s: float) -> None:
+        """Record that ``instance_id`` of ``group`` is alive now; call every ``heartbeat_s``."""
+        directory = self._group_dir(group)
+        os.makedirs(directory, exist_ok=True)
+        record = {"group": group, "instance_id": instance_id, **this_process(), "last_seen": self.clock(),
+                  "heartbeat_s": heartbeat_s}
+        staging = os.path.join(directory, f".{instance_id}.{uuid.uuid4().hex}.tmp")
+        with open(staging, "w") as file:
+            json.dump(record, file)
+        os.replace(staging, os.path.join(directory, f"{instance_id}.json"))
+
+    def withdraw(self, group: str, instance_id: str) -> None:
+        """Remove ``instance_id``'s record: it shuts down and answers no more checks."""
+        try:
+            os.remove(os.path.join(self._group_dir(group), f"{instance_id}.json"))
+        except FileNotFoundError:
+            pass
+
+    def live(self, group: str) -> list[ProducerInstance]:
+        """The live instances of ``group``, by instance id; forgets records older than :data:`FORGET_AFTER_S`."""
+        now = self.clock()
+        found = []
+        for record in self._records(group):
+            if record.live_at(now):
+                found.append(record)
+            elif now - record.last_seen > FORGET_AFTER_S or process_gone(asdict(record)):
+                self.withdraw(group, record.instance_id)
+        return sorted(found, key=lambda record: record.instance_id)
+
+    @staticmethod
+    def address(group: str, live: list[ProducerInstance], transaction_id: str, check_times: int) -> Optional[str]:
+        """The instance a check goes to: one of ``live``, by the transaction and the check's number;
+        ``None`` (every instance of the group may answer) when none is live."""
+        if not live:
+            return None
+        key = f"{group}\0{transaction_id}\0{check_times}".encode()
+        return live[zlib.crc32(key) % len(live)].instance_id
+
+    def _records(self, group: str) -> list[ProducerInstance]:
+        directory = self._group_dir(group)
+        try:
+            names = [name for name in os.listdir(directory) if name.endswith(".json") and not name.startswith(".")]
+        except FileNotFoundError:
+            return []
+        records = []
+        for name in names:
+            try:
+                with open(os.path.join(directory, name)) as file:
+                    records.append(ProducerInstance(**json.load(file)))
+            except (FileNotFoundError, json.JSONDecodeError, TypeError, UnicodeDecodeError):
+                continue  # withdrawn meanwhile, or not one of ours
+        return records
+
+    def _group_dir(self, group: str) -> str:
+        # A group name may hold any character (".." too): quoted, it stays one directory under the lakehouse.
+        return os.path.join(self.root, quote(group, safe="").replace(".", "%2E"))

@@ -1,0 +1,152 @@
+"""Each check goes to one live producer instance of its group (``coordinator.control.instances``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+
+import pyarrow.compute as pc
+
+from coordinator.control.instances import FORGET_AFTER_S, ProducerInstances
+from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.tables import CHECK_REQUESTS
+from tests.conftest import half_record
+from tests.producer_side import commit_log_rows, wait_until
+
+UTC = dt.timezone.utc
+
+# A producer instance of group "routed" whose every answer is UNKNOW, until killed.
+UNSURE_INSTANCE = """
+import sys, time
+from coordinator import CoordinatorConfig, LocalTransactionState, TransactionListener, TransactionProducer
+
+class Unsure(TransactionListener):
+    def execute_local_transaction(self, msg, arg):
+        return LocalTransactionState.UNKNOW
+
+    def check_local_transaction(self, msg):
+        return LocalTransactionState.UNKNOW
+
+with TransactionProducer("routed", Unsure(), CoordinatorConfig(lakehouse=sys.argv[1], producer_heartbeat_ms=1000)) as p:
+    print(p.instance_id, flush=True)
+    time.sleep(600)
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_instance_is_live_while_it_renews_and_forgotten_long_after(tmp_path):
+    clock = Clock()
+    instances = ProducerInstances(str(tmp_path), clock=clock)
+    for instance in ("a", "b", "c"):
+        instances.announce("g", instance, heartbeat_s=2.0)
+    instances.announce("other/../group", "d", heartbeat_s=2.0)  # any group name stays one directory
+    assert [i.instance_id for i in instances.live("g")] == ["a", "b", "c"]
+    assert [i.instance_id for i in instances.live("other/../group")] == ["d"]
+
+    instances.withdraw("g", "b")
+    clock.now += 5.0
+    instances.announce("g", "c", heartbeat_s=2.0)
+    assert [i.instance_id for i in instances.live("g")] == ["a", "c"]
+    clock.now += 2.0  # "a" was last seen 7 s ago: more than three heartbeats
+    assert [i.instance_id for i in instances.live("g")] == ["c"]
+    assert sorted(os.listdir(os.path.join(instances.root, "g"))) == ["a.json", "c.json"]
+    clock.now += FORGET_AFTER_S
+    assert instances.live("g") == [] and os.listdir(os.path.join(instances.root, "g")) == []
+
+
+def test_an_instance_whose_process_is_gone_from_this_host_is_passed_over_at_once(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; from coordinator.control.instances import "
+                              "ProducerInstances; ProducerInstances(sys.argv[1]).announce('g', 'child', 60.0); "
+                              "print('announced', flush=True); time.sleep(120)", str(tmp_path)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "announced\n"
+        instances = ProducerInstances(str(tmp_path))
+        assert [i.instance_id for i in instances.live("g")] == ["child"]
+        child.kill()
+        child.wait(10)
+        assert instances.live("g") == []  # 60 s heartbeats, but its process is gone
+    finally:
+        child.kill()
+
+
+def test_checks_spread_over_the_live_instances_and_move_on_when_one_is_gone():
+    live = [type("Instance", (), {"instance_id": name})() for name in ("a", "b", "c")]
+    first = Counter(ProducerInstances.address("g", live, f"t{i}", 1) for i in range(300))
+    assert set(first) == {"a", "b", "c"} and min(first.values()) > 60
+    moved = sum(ProducerInstances.address("g", live, f"t{i}", 1) != ProducerInstances.address("g", live, f"t{i}", 2)
+                for i in range(300))
+    assert moved > 100  # the next check of a transaction often goes elsewhere
+    assert ProducerInstances.address("g", [], "t1", 1) is None  # none known: any instance may answer
+
+
+def check_requests(lakehouse: str) -> list[dict]:
+    return read_table(Lakehouse(lakehouse).path(CHECK_REQUESTS), ["check_id", "check_times", "producer_instance"],
+                      pc.field("producer_group") == "routed").to_pylist()
+
+
+def answers(lakehouse: str) -> Counter:
+    return Counter(r["check_id"] for r in commit_log_rows(lakehouse) if r["kind"] == "END" and r["check_id"])
+
+
+def test_three_instances_answer_each_check_once_and_a_killed_ones_checks_go_to_the_others(checker):
+    lakehouse, transactions = checker.config.lakehouse, 30
+    children = [subprocess.Popen([sys.executable, "-c", UNSURE_INSTANCE, lakehouse], stdout=subprocess.PIPE, text=True)
+                for _ in range(3)]
+    try:
+        process_of = {child.stdout.readline().strip(): child for child in children}
+        wait_until(lambda: len(ProducerInstances(lakehouse).live("routed")) == 3, 60)
+        checker.write(*[half_record(f"t{i}", group="routed") for i in range(transactions)])
+        checker.run()
+        now = dt.datetime.now(UTC) + dt.timedelta(seconds=7)  # past the 6 s immunity
+
+        def check_round() -> list[dict]:
+            nonlocal now
+            before = {r["check_id"] for r in check_requests(lakehouse)}
+            checker.run(now=now)
+            now += dt.timedelta(seconds=61)  # the next round: past the 60 s check interval
+            issued = [r for r in check_requests(lakehouse) if r["check_id"] not in before]
+            assert len(issued) == transactions
+            return issued
+
+        def answered(issued: list[dict]) -> bool:
+            counted = answers(lakehouse)
+            return all(counted[r["check_id"]] for r in issued)
+
+        first = check_round()
+        assert {r["producer_instance"] for r in first} == set(process_of)  # spread over all three
+        wait_until(lambda: answered(first), 60)
+
+        killed = sorted(process_of)[0]
+        process_of[killed].send_signal(signal.SIGSTOP)  # still announced: checks go to it, unanswered
+        second = check_round()
+        lost = [r for r in second if r["producer_instance"] == killed]
+        assert lost and {r["producer_instance"] for r in second} == set(process_of)
+        wait_until(lambda: answered([r for r in second if r not in lost]), 60)
+        process_of[killed].send_signal(signal.SIGKILL)
+        process_of[killed].wait(10)
+
+        third = check_round()  # the next interval
+        assert {r["producer_instance"] for r in third} == set(process_of) - {killed}
+        wait_until(lambda: answered(third), 60)
+
+        checker.run(now=now)  # takes in the last answers
+        counted = answers(lakehouse)
+        assert [counted[r["check_id"]] for r in lost] == [0] * len(lost)
+        assert all(counted[r["check_id"]] == 1 for r in first + second + third if r not in lost)  # exactly once
+        assert checker.table("rejected").count() == 0
+    finally:
+        for child in children:
+            child.kill()
+            child.wait(10)
