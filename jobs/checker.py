@@ -17,6 +17,8 @@ import sys
 
 from coordinator.checker.query import CheckerQuery
 from coordinator.checker.runtime import start_job
+from coordinator.config import CoordinatorConfig
+from coordinator.control.lease import CheckerLease
 from coordinator.exceptions import CheckerAlreadyRunningError, CheckpointMismatchError
 
 EXIT_ALREADY_RUNNING = 3
@@ -32,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exit-if-running", action="store_true",
                         help=f"exit {EXIT_ALREADY_RUNNING} if another checker holds the lease, "
                              "instead of standing by until it lapses")
-    job = start_job("txcoord-checker", parser, argv)
+    try:
+        job = start_job("txcoord-checker", parser, argv, before_spark=_refuse_if_held)
+    except CheckerAlreadyRunningError as error:
+        print(f"checker: {error}", file=sys.stderr, flush=True)
+        return EXIT_ALREADY_RUNNING
     try:
         if job.args.recover_checkpoint:
             CheckerQuery(job.spark, job.config).recover()
@@ -54,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         job.spark.stop()
     return 0
+
+
+def _refuse_if_held(args: argparse.Namespace, config: CoordinatorConfig) -> None:
+    # A start that would not stand by says so at once, before starting a JVM for nothing.
+    if args.exit_if_running or args.recover_checkpoint:
+        CheckerLease(config.lakehouse, ttl_s=config.checker_lease_ttl_ms / 1000).ensure_free()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from coordinator.control.lease import CheckerLease
 
 
 class NoSpark:
-    stopped = False
+    started = stopped = False
 
     def stop(self) -> None:
         self.stopped = True
@@ -35,9 +35,12 @@ def job(tmp_path, monkeypatch, runtime):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 
-    def start_job(app_name, parser, argv):
+    def start_job(app_name, parser, argv, before_spark=None):
         runtime.args = parser.parse_args(argv)
         runtime.config = CoordinatorConfig.load(runtime.args.config)
+        if before_spark is not None:
+            before_spark(runtime.args, runtime.config)
+        runtime.spark.started = True
         return runtime
 
     monkeypatch.setattr(module, "start_job", start_job)
@@ -46,10 +49,12 @@ def job(tmp_path, monkeypatch, runtime):
     return module
 
 
-def test_exit_if_running_exits_3_naming_the_holder(job, runtime, tmp_path, capsys):
-    assert job.main(["--config", str(tmp_path / "coordinator.toml"), "--exit-if-running"]) == 3
+@pytest.mark.parametrize("flag", ["--exit-if-running", "--recover-checkpoint"])
+def test_a_start_that_would_not_stand_by_exits_3_naming_the_holder_before_starting_spark(job, runtime, tmp_path,
+                                                                                           capsys, flag):
+    assert job.main(["--config", str(tmp_path / "coordinator.toml"), flag]) == 3
     assert "another checker holds" in capsys.readouterr().err
-    assert runtime.spark.stopped
+    assert not runtime.spark.started
 
 
 def test_a_standby_exits_0_when_asked_to_stop(job, runtime, tmp_path, capsys):

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from coordinator.checker.session import get_spark
 from coordinator.config import EXIT_USAGE, CoordinatorConfig
@@ -63,10 +63,12 @@ class BatchGate:
         return self._lock.locked()
 
 
-def start_job(app_name: str, parser: argparse.ArgumentParser, argv: Optional[list[str]] = None) -> JobRuntime:
+def start_job(app_name: str, parser: argparse.ArgumentParser, argv: Optional[list[str]] = None,
+              before_spark: Optional[Callable[[argparse.Namespace, CoordinatorConfig], None]] = None) -> JobRuntime:
     """Parse ``argv`` (``parser`` must have ``--config``), load the config, start Spark, catch signals.
 
-    A bad configuration exits with status 2 and the reason on stderr.
+    A bad configuration exits with status 2 and the reason on stderr. ``before_spark(args, config)``
+    runs before Spark starts: what it raises, it raises before any JVM is up.
 
     Example::
 
@@ -80,6 +82,8 @@ def start_job(app_name: str, parser: argparse.ArgumentParser, argv: Optional[lis
     except CoordinatorError as error:
         print(f"{parser.prog}: {error}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
+    if before_spark is not None:
+        before_spark(args, config)
     stop_requested = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop_requested.set())

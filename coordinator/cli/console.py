@@ -5,11 +5,12 @@ Subcommands (each reads ``--config``, default ``conf/coordinator.toml``)::
 
     txcoord init                      # create the lakehouse's system tables
     txcoord status                    # pending, checks, discards, rejections, the checker and its lag
+    txcoord pending [--older-than DURATION] [--group G]   # hanging transactions and what comes next
     txcoord inspect TRANSACTION_ID    # one transaction's timeline, from every table
     txcoord maintain [--retention-hours H] [--log-retention-hours H] [--table NAME]   # compact, checkpoint, vacuum
     txcoord demo [--lakehouse DIR] [--orders N]   # the order/credits story, end to end
 
-``init``, ``status``, ``inspect`` and ``maintain`` start no JVM. Output is for people; ``--json``
+``init``, ``status``, ``pending``, ``inspect`` and ``maintain`` start no JVM. Output is for people; ``--json``
 prints one JSON document for scripts instead.
 
 Exit codes: 0 success; 1 the answer is bad news (``status``: no live checker;
@@ -23,6 +24,7 @@ import argparse
 import dataclasses
 import functools
 import sys
+from datetime import datetime
 from typing import Optional
 
 from coordinator.cli import output
@@ -54,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="the lakehouse's health; exit 1 if no checker is alive")
     _common_options(status)
     status.set_defaults(run=run_status)
+
+    pending = commands.add_parser("pending", help="hanging transactions: age, checks so far, next check, addressee")
+    pending.add_argument("--older-than", type=_duration, default=0.0, metavar="DURATION",
+                         help="only transactions at least this old: 90s, 10m, 2h, 1d (default: all)")
+    pending.add_argument("--group", default=None, metavar="G", help="only this producer group")
+    _common_options(pending)
+    pending.set_defaults(run=run_pending)
 
     inspect = commands.add_parser("inspect", help="one transaction's timeline; exit 1 if no table knows it")
     inspect.add_argument("transaction_id", metavar="TRANSACTION_ID")
@@ -130,6 +139,25 @@ def run_status(args: argparse.Namespace) -> int:
     else:
         output.print_status(status)
     return EXIT_OK if status.checker_alive else EXIT_FAILED
+
+
+def run_pending(args: argparse.Namespace) -> int:
+    """Print the pending transactions (:mod:`coordinator.ops.pending`), oldest first.
+
+    Example::
+
+        $ txcoord pending --older-than 10m --group order_group --config conf/coordinator.toml
+    """
+    from coordinator.ops.pending import UTC, pending_transactions
+
+    now = datetime.now(UTC)
+    transactions = pending_transactions(CoordinatorConfig.load(args.config), older_than_s=args.older_than,
+                                        group=args.group, now=now)
+    if args.json:
+        output.print_json({"generated_at": now.isoformat(), "pending": [t.to_dict() for t in transactions]})
+    else:
+        output.print_pending(transactions, now)
+    return EXIT_OK
 
 
 def run_inspect(args: argparse.Namespace) -> int:
@@ -236,6 +264,20 @@ def _log_retention(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a positive number of hours: {text!r}") from None
     return hours
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> float:
+    number, unit = text[:-1], text[-1:]
+    try:
+        seconds = float(number) * _DURATION_UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (a number and a unit: 90s, 10m, 2h, 1d)") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (it must be positive and finite)")
+    return seconds
 
 
 def _order_count(text: str) -> int:

@@ -112,3 +112,24 @@ def print_maintenance(results, retention_hours: int, log_retention_hours: Option
     out.print(table)
     out.print(f"{len(results)} table(s) maintained; files removed more than {retention_hours} h ago were vacuumed"
                   + ("" if log_retention_hours is None else f"; logs keep commits for {log_retention_hours:g} h"))
+
+
+def print_pending(transactions, now) -> None:
+    """``txcoord pending``: one row per pending transaction as of ``now``, oldest first, then a count."""
+    from rich.table import Table
+
+    out = console()
+    if not transactions:
+        out.print("no pending transaction")
+        return
+    table = Table(box=None, padding=(0, 2, 0, 0), pad_edge=False)
+    for column in ("transaction", "group", "age", "checks", "next", "addressed to", "topics"):
+        table.add_column(column, no_wrap=True)
+    for t in transactions:
+        wait = (t.next_step_at - now).total_seconds()
+        when = f"in {duration(wait)}" if wait > 0 else f"due {duration(-wait)} ago" if wait < 0 else "due now"
+        table.add_row(t.transaction_id, t.producer_group, duration(t.age_s), str(t.checks), f"{t.next_step} {when}",
+                      t.addressed_to or ("any instance" if t.checks else "-"), ", ".join(t.topics))
+    out.print(table)
+    out.print(f"{len(transactions)} pending transaction(s)")
+

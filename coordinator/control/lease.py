@@ -60,8 +60,7 @@ class CheckerLease:
         standing_by = False
         while (holder := self._take()) is not None:
             age = self.clock() - holder["renewed_at"]
-            held = (f"another checker holds {self.path} (host {holder['host']}, pid {holder['pid']}, "
-                    f"renewed {age:.0f} s ago)")
+            held = self._held_by(holder)
             if not wait:
                 raise CheckerAlreadyRunningError(
                     f"{held}; it is taken over once released or {holder['ttl_s']:.0f} s without renewal")
@@ -75,6 +74,16 @@ class CheckerLease:
         if standing_by:
             log.info("took over the checker lease %s", self.path)
         return self
+
+    def ensure_free(self) -> None:
+        """Raise :class:`CheckerAlreadyRunningError` if a live checker holds the lease now; take nothing.
+
+        For a start that would not stand by anyway: it can refuse before starting Spark.
+        """
+        holder = self._read(self.path)
+        if self._live(holder):
+            raise CheckerAlreadyRunningError(
+                f"{self._held_by(holder)}; it is taken over once released or {holder['ttl_s']:.0f} s without renewal")
 
     def renew(self) -> None:
         """Extend the lease; raise :class:`LeaseLostError` if another checker has taken it."""
@@ -99,14 +108,21 @@ class CheckerLease:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 holder = self._read(self.path)
-                fresh = holder is not None and self.clock() < holder["renewed_at"] + holder["ttl_s"]
-                if fresh and not process_gone(holder):
+                if self._live(holder):
                     return holder
                 self._evict(holder)
                 continue
             with os.fdopen(fd, "w") as file:
                 json.dump(self._record(), file)
             return None
+
+    def _live(self, holder: Optional[dict]) -> bool:
+        """Whether ``holder`` (a lease record) still holds: renewed within its TTL, its process not gone."""
+        return holder is not None and self.clock() < holder["renewed_at"] + holder["ttl_s"] and not process_gone(holder)
+
+    def _held_by(self, holder: dict) -> str:
+        return (f"another checker holds {self.path} (host {holder['host']}, pid {holder['pid']}, "
+                f"renewed {self.clock() - holder['renewed_at']:.0f} s ago)")
 
     def _record(self) -> dict:
         return {"owner": self.owner, **this_process(), "renewed_at": self.clock(), "ttl_s": self.ttl_s}

@@ -21,12 +21,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from coordinator.config import CoordinatorConfig
 from coordinator.control.processes import process_gone
-from coordinator.lakehouse import Lakehouse, read_pending, read_table, require_lakehouse, topic_names
+from coordinator.lakehouse import Lakehouse, read_table, require_lakehouse, topic_names
+from coordinator.ops.pending import pending_transactions
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, REJECTED
 
 UTC = dt.timezone.utc
@@ -81,10 +81,9 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
     """
     lakehouse = require_lakehouse(config.lakehouse)
     now = now or dt.datetime.now(UTC)
-    pending = read_pending(lakehouse, ["transaction_id", "message_index", "stored_timestamp", "immunity_ms"])
-    first_messages = pending.filter(pc.equal(pending.column("message_index"), 0))
-    ages = sorted((now - stored).total_seconds() for stored in first_messages.column("stored_timestamp").to_pylist())
-    requests = read_table(Lakehouse(lakehouse).path(CHECK_REQUESTS), ["transaction_id", "requested_at"])
+    pending = pending_transactions(config, now=now)
+    ages = sorted(transaction.age_s for transaction in pending)
+    requests = read_table(Lakehouse(lakehouse).path(CHECK_REQUESTS), ["transaction_id"])
     rejected_reasons = Counter(read_table(Lakehouse(lakehouse).path(REJECTED), ["reason"]).column("reason").to_pylist())
     lease = read_lease(lakehouse)
     lease_age = None if lease is None else now.timestamp() - lease["renewed_at"]
@@ -95,9 +94,9 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
     return Status(
         lakehouse=Lakehouse(lakehouse).root,
         generated_at=now,
-        pending_transactions=first_messages.num_rows,
+        pending_transactions=len(pending),
         oldest_pending_age_s=ages[-1] if ages else None,
-        checks_due=_checks_due(config, first_messages, requests, now),
+        checks_due=sum(transaction.next_step_at <= now for transaction in pending),
         checks_issued=requests.num_rows,
         discarded=len(set(read_table(Lakehouse(lakehouse).path(DISCARDED), ["transaction_id"]).column(0).to_pylist())),
         rejected=sum(rejected_reasons.values()),
@@ -177,21 +176,6 @@ def delivery_latencies(lakehouse: str) -> pa.Table:
     schema = pa.schema([("topic", pa.string()), ("transaction_id", pa.string()), ("batch_id", pa.int64()),
                         ("latency_ms", pa.int64())])
     return pa.Table.from_pylist([{k: r[k] for k in schema.names} for r in rows], schema=schema)
-
-
-def _checks_due(config: CoordinatorConfig, first_messages: pa.Table, requests: pa.Table, now: dt.datetime) -> int:
-    # The checker's rule (coordinator/checker/check.py), by the requests' batch clocks rather than their files' times.
-    last_request = {}
-    for row in requests.to_pylist():
-        previous = last_request.get(row["transaction_id"])
-        last_request[row["transaction_id"]] = row["requested_at"] if previous is None else max(previous, row["requested_at"])
-    interval = dt.timedelta(milliseconds=config.transaction_check_interval_ms)
-    due = 0
-    for row in first_messages.select(["transaction_id", "stored_timestamp", "immunity_ms"]).to_pylist():
-        last = last_request.get(row["transaction_id"])
-        next_check = row["stored_timestamp"] + dt.timedelta(milliseconds=row["immunity_ms"]) if last is None else last + interval
-        due += next_check <= now
-    return due
 
 
 def _lag_seconds(lakehouse: str, head: int, lag_versions: Optional[int], now: dt.datetime) -> Optional[float]:
