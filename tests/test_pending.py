@@ -71,6 +71,6 @@ def test_pending_prints_a_table_or_json(config_file, capsys):
 @pytest.mark.parametrize("duration", ["10", "5x", "-1m", "m", "infh"])
 def test_a_bad_duration_exits_2_saying_why(config_file, capsys, duration):
     with pytest.raises(SystemExit) as exited:
-        main(["pending", "--config", config_file, "--older-than", duration])
+        main(["pending", "--config", config_file, f"--older-than={duration}"])
     assert exited.value.code == 2
     assert "not a duration" in capsys.readouterr().err
