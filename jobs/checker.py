@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from coordinator.checker import CHECKER_NAME
 from coordinator.checker.query import CheckerQuery
 from coordinator.checker.runtime import start_job
 from coordinator.config import CoordinatorConfig
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"exit {EXIT_ALREADY_RUNNING} if another checker holds the lease, "
                              "instead of standing by until it lapses")
     try:
-        job = start_job("txcoord-checker", parser, argv, before_spark=_refuse_if_held)
+        job = start_job(CHECKER_NAME, parser, argv, before_spark=_refuse_if_held)
     except CheckerAlreadyRunningError as error:
         print(f"checker: {error}", file=sys.stderr, flush=True)
         return EXIT_ALREADY_RUNNING

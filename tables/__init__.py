@@ -87,6 +87,10 @@ _MESSAGE = (
     ("born_timestamp", "timestamp"),
 )
 
+#: A message's own columns: what travels with it from the half queue to check requests, discards and topics.
+MESSAGE_FIELDS = tuple(name for name, _ in _MESSAGE
+                       if name not in ("transaction_id", "producer_group", "message_index", "message_count"))
+
 #: Everything producers send: HALF records (prepared messages) and END records
 #: (the outcome of a local transaction, from the producer or answering a check).
 #: Append-only. The checker reads each version's added files straight from the log

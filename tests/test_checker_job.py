@@ -15,7 +15,17 @@ from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
 
 
-class NoSpark:
+class AnyCall:
+    """Takes any attribute and any call, and does nothing: the stream is resolved before the lease is taken."""
+
+    def __getattr__(self, name):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+
+class NoSpark(AnyCall):
     started = stopped = False
 
     def stop(self) -> None:

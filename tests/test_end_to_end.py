@@ -7,6 +7,7 @@ back, msg-1..3 end UNKNOW; their checks answer UNKNOW (forever), COMMIT and ROLL
 from __future__ import annotations
 
 import datetime as dt
+import os
 import signal
 import subprocess
 import sys
@@ -127,7 +128,10 @@ def test_streaming_checker_heartbeat_fires_checks_with_no_new_records(spark, con
 
 
 @pytest.mark.slow
-def test_checker_job_delivers_refuses_a_second_checker_and_exits_zero_on_sigterm(tmp_path):
+def test_a_standby_takes_over_from_a_killed_checker_and_exits_zero_on_sigterm(tmp_path):
+    """Two checker jobs on one lakehouse: the first (``python jobs/checker.py``) delivers, a third start with
+    ``--exit-if-running`` is refused, the second (``spark-submit``) stands by with its Spark session up and,
+    once the first is killed with SIGKILL, takes over and delivers; SIGTERM then stops it cleanly."""
     lakehouse = tmp_path / "lakehouse"
     conf = tmp_path / "coordinator.toml"
     conf.write_text(f'lakehouse = "{lakehouse}"\ntrigger_interval_ms = 500\n')
@@ -141,25 +145,39 @@ def test_checker_job_delivers_refuses_a_second_checker_and_exits_zero_on_sigterm
 
     from coordinator import CoordinatorConfig
 
-    with TransactionProducer("jobs", Committing(), CoordinatorConfig.load(conf)) as producer:
-        sent = [producer.send_message_in_transaction(Message("JOB_TOPIC", b"m%d" % i)).transaction_id for i in range(3)]
-    argv, env = spark_submit(PROJECT_ROOT / "jobs" / "checker.py", "--config", str(conf))
-    job = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     topic = lakehouse / "topics" / "JOB_TOPIC"
+
+    def send(producer, count):
+        return [producer.send_message_in_transaction(Message("JOB_TOPIC", b"m")).transaction_id for _ in range(count)]
+
+    def delivered() -> list[str]:
+        return read_table(str(topic)).column("transaction_id").to_pylist() if DeltaTable.is_deltatable(str(topic)) else []
+
+    first_log, standby_log = open(tmp_path / "first.log", "w+"), open(tmp_path / "standby.log", "w+")
+    first = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "jobs" / "checker.py"), "--config", str(conf)],
+                             stdout=first_log, stderr=subprocess.STDOUT, start_new_session=True)
+    argv, env = spark_submit(PROJECT_ROOT / "jobs" / "checker.py", "--config", str(conf))
+    standby = None
     try:
-        wait_until(lambda: job.poll() is not None or (
-            DeltaTable.is_deltatable(str(topic)) and read_table(str(topic)).num_rows == 3), 240)
-        # The same job started the other supported way, `python jobs/checker.py`, on the same lakehouse.
-        second = subprocess.run([sys.executable, str(PROJECT_ROOT / "jobs" / "checker.py"), "--config", str(conf),
-                                 "--exit-if-running"], capture_output=True, text=True, timeout=180)
-        job.send_signal(signal.SIGTERM)
-        output, _ = job.communicate(timeout=120)
+        with TransactionProducer("jobs", Committing(), CoordinatorConfig.load(conf)) as producer:
+            sent = send(producer, 3)
+            wait_until(lambda: first.poll() is not None or len(delivered()) == 3, 240)
+            refused = subprocess.run([sys.executable, str(PROJECT_ROOT / "jobs" / "checker.py"), "--config", str(conf),
+                                      "--exit-if-running"], capture_output=True, text=True, timeout=60)
+            standby = subprocess.Popen(argv, env=env, stdout=standby_log, stderr=subprocess.STDOUT)
+            wait_until(lambda: standby.poll() is not None or "standing by" in (tmp_path / "standby.log").read_text(), 240)
+            os.killpg(first.pid, signal.SIGKILL)  # the job and the JVM it started
+            first.wait(30)
+            sent += send(producer, 3)
+            wait_until(lambda: standby.poll() is not None or len(delivered()) == 6, 240)
+        standby.send_signal(signal.SIGTERM)
+        standby.wait(120)
     finally:
-        if job.poll() is None:
-            job.kill()
-            print(job.communicate()[0][-5000:])
-    assert job.returncode == 0, output[-3000:]
-    assert "checker stopped" in output
-    assert second.returncode == 3 and "another checker holds" in second.stderr, second.stderr[-3000:]
-    delivered = read_table(str(lakehouse / "topics" / "JOB_TOPIC")).column("transaction_id").to_pylist()
-    assert sorted(delivered) == sorted(sent)
+        for job in (first, standby):
+            if job is not None and job.poll() is None:
+                job.kill()
+    output = (tmp_path / "standby.log").read_text()
+    assert refused.returncode == 3 and "another checker holds" in refused.stderr, refused.stderr[-3000:]
+    assert standby.returncode == 0, output[-3000:]
+    assert "took over the checker lease" in output and "checker stopped" in output
+    assert sorted(delivered()) == sorted(sent)  # each exactly once: nothing lost or repeated by the takeover

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import ast
 import pkgutil
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,14 @@ def test_the_product_raises_only_its_own_errors():
                 if node.exc.func.id not in own:
                     raised.append(f"{path.relative_to(PACKAGE_DIR)}:{node.lineno} raises {node.exc.func.id}")
     assert raised == []
+
+
+def test_the_base_install_brings_no_spark_and_the_spark_extra_brings_the_checkers():
+    """`pip install txcoord` is producers, check-back and operator tools; `txcoord[spark]` adds the checker."""
+    project = tomllib.loads((PACKAGE_DIR.parent / "pyproject.toml").read_text())["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[=<>!~\[ ;]", requirement, maxsplit=1)[0].lower() for requirement in requirements}
+
+    assert names(project["dependencies"]) == {"deltalake", "pyarrow", "rich"}
+    assert names(project["optional-dependencies"]["spark"]) == {"pyspark", "delta-spark"}

@@ -10,3 +10,6 @@ is what every Spark job does first.
 The checker never imports the producer side. Its lease and progress record live in
 :mod:`coordinator.control`, where the JVM-free operator tools read them.
 """
+
+#: The checker's one name: its Spark application, its streaming query, and the app id of its idempotent writes.
+CHECKER_NAME = "txcoord-checker"

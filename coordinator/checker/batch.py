@@ -18,6 +18,7 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from coordinator.checker import CHECKER_NAME
 from coordinator.checker.check import find_due
 from coordinator.checker.context import BatchContext, BatchRecords, shaped
 from coordinator.checker.ingest import OFFSETS_PER_COMMIT, ingest_halves, refuse_unknown_kinds
@@ -32,7 +33,6 @@ from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TO
 log = logging.getLogger("coordinator.checker")
 
 #: ``txnAppId`` of the checker's writes; stable across restarts (DESIGN §8).
-DEFAULT_APP_ID = "txcoord-checker"
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def run_batch(
     config: CoordinatorConfig,
     records: pa.Table,
     batch_id: int,
-    app_id: str = DEFAULT_APP_ID,
+    app_id: str = CHECKER_NAME,
     bounds: Optional[BatchBounds] = None,
     pending_from: int = 0,
     state: Optional[CheckerState] = None,

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from coordinator.checker.context import MESSAGE_FIELDS, BatchContext
+from coordinator.checker.context import BatchContext
 from coordinator.checker.state import CheckerState, PendingTransaction
 from coordinator.control.instances import ProducerInstances
 from coordinator.protocol import Outcome
+from coordinator.tables import MESSAGE_FIELDS
 
 EXPIRED = "expired: older than file_reserved_time_hours"
 

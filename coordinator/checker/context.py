@@ -12,8 +12,6 @@ from coordinator.config import CoordinatorConfig
 from coordinator.tables import TableDef
 
 #: A message's own fields, carried from the half queue into topics, check requests and discards.
-MESSAGE_FIELDS = ("msg_id", "topic", "keys", "tags", "properties", "body", "born_timestamp")
-
 
 @dataclass(frozen=True)
 class BatchContext:

@@ -33,13 +33,12 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql.streaming import StreamingQueryListener
 
+from coordinator.checker import CHECKER_NAME
 from coordinator.lakehouse import Lakehouse
 from coordinator.tables import METRICS
 
 log = logging.getLogger("coordinator.checker.metrics")
 
-#: The streaming query whose batches are recorded (the checker's, ``coordinator.checker.query.QUERY_NAME``).
-CHECKER_QUERY_NAME = "txcoord-checker"
 
 
 class CheckerMetrics(StreamingQueryListener):
@@ -51,7 +50,7 @@ class CheckerMetrics(StreamingQueryListener):
         spark.streams.addListener(metrics)
     """
 
-    def __init__(self, lakehouse: str, app_id: str, query_name: str = CHECKER_QUERY_NAME):
+    def __init__(self, lakehouse: str, app_id: str, query_name: str = CHECKER_NAME):
         self.path = Lakehouse(lakehouse).path(METRICS)
         self.query_name = query_name
         # Its own application id: the checker's id already numbers the checker's own tables' writes.

@@ -18,7 +18,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from coordinator.checker.batch import DEFAULT_APP_ID, BatchBounds, batch_bounds, run_batch
+from coordinator.checker import CHECKER_NAME
+from coordinator.checker.batch import BatchBounds, batch_bounds, run_batch
 from coordinator.checker.metrics import CheckerMetrics
 from coordinator.checker.runtime import BatchGate
 from coordinator.checker.source import CommitLogSource, Segment, segments
@@ -31,8 +32,6 @@ from coordinator.lakehouse import Lakehouse, init_lakehouse
 from coordinator.tables import COMMIT_LOG
 
 log = logging.getLogger("coordinator.checker")
-
-QUERY_NAME = "txcoord-checker"
 
 
 def checkpoint_location(config: CoordinatorConfig) -> str:
@@ -50,13 +49,13 @@ class CheckerQuery:
         checker.stop()   # lets the batch in flight finish first
     """
 
-    def __init__(self, spark: SparkSession, config: CoordinatorConfig, app_id: str = DEFAULT_APP_ID):
+    def __init__(self, spark: SparkSession, config: CoordinatorConfig, app_id: str = CHECKER_NAME):
         self.spark = spark
         self.config = config
         self.app_id = app_id
         self.query: Optional[StreamingQuery] = None
         self.lease = CheckerLease(config.lakehouse, ttl_s=config.checker_lease_ttl_ms / 1000)
-        self.metrics = CheckerMetrics(config.lakehouse, app_id, QUERY_NAME)
+        self.metrics = CheckerMetrics(config.lakehouse, app_id, CHECKER_NAME)
         self.progress_store = CheckerProgress(config.lakehouse)
         self._progress: Optional[Progress] = None
         self._pending_from: Optional[int] = None  # from the last batch this process ran
@@ -75,6 +74,9 @@ class CheckerQuery:
         :meth:`CheckerLease.acquire`); :class:`CheckerAlreadyRunningError` if ``stop`` is set
         meanwhile, or at once with ``wait_for_lease=False``."""
         init_lakehouse(self.config.lakehouse)
+        # Resolved before the lease, so that a standby has its source's Python worker up when it takes over.
+        self.spark.dataSource.register(CommitLogSource)
+        self.spark.readStream.format(CommitLogSource.name()).option("path", self.commit_log).load()
         self.lease.acquire(wait=wait_for_lease, stop=stop)
         try:
             self._progress = self.progress_store.begin(CheckpointState.read(checkpoint_location(self.config)))
@@ -133,7 +135,6 @@ class CheckerQuery:
             self.lease.release()
 
     def _start_query(self, starting_version: int) -> StreamingQuery:
-        self.spark.dataSource.register(CommitLogSource)
         records = (
             self.spark.readStream.format(CommitLogSource.name())
             .option("path", self.commit_log)
@@ -141,7 +142,7 @@ class CheckerQuery:
             .load()
         )
         return (
-            records.writeStream.queryName(QUERY_NAME)
+            records.writeStream.queryName(CHECKER_NAME)
             .foreachBatch(self._run_batch)
             .option("checkpointLocation", checkpoint_location(self.config))
             .trigger(processingTime=f"{self.config.trigger_interval_ms} milliseconds")

@@ -7,10 +7,11 @@ from typing import Mapping
 
 import pyarrow as pa
 
-from coordinator.checker.context import MESSAGE_FIELDS, BatchRecords
+from coordinator.checker.context import BatchRecords
 from coordinator.checker.refusals import first_failure, rejection
 from coordinator.checker.state import CheckerState, Known
 from coordinator.protocol import LocalTransactionState, Outcome, RecordKind, outcome_of
+from coordinator.tables import MESSAGE_FIELDS
 
 _STATES = {state.value for state in LocalTransactionState}
 WAIT_FOR_CHECK = "arrived after the immunity time: wait for check"
