@@ -280,12 +280,13 @@ def checker_on_fresh_lakehouse(requested: Optional[str], benchmark: str, trigger
 #: What the checker logs (coordinator/checker/query.py, batch.py) once its streaming query runs, and after each
 #: finished batch. ``records=`` leaves out the other lines that name a batch (state rebuilt, append retried).
 STARTED_LINE = b"checker started on "
+STANDBY_LINE = b"standing by to take over"
 BATCH_LINE = re.compile(rb"batch \d+: records=")
 
 
 class CheckerLog:
-    """Follows one checker run's log file as it grows: has its streaming query started, how many
-    batches has it finished.
+    """Follows one checker run's log file as it grows: is it standing by, has its streaming query
+    started, how many batches has it finished.
 
     Example::
 
@@ -296,6 +297,7 @@ class CheckerLog:
 
     def __init__(self, path: str):
         self.path = path
+        self.standing_by = False
         self.query_started = False
         self.batches = 0
         self._read = 0  # bytes of complete lines already read
@@ -310,6 +312,7 @@ class CheckerLog:
             return 0
         complete = new[: new.rfind(b"\n") + 1]  # a line still being written is read next time, whole
         self._read += len(complete)
+        self.standing_by = self.standing_by or STANDBY_LINE in complete
         self.query_started = self.query_started or STARTED_LINE in complete
         finished = len(BATCH_LINE.findall(complete))
         self.batches += finished

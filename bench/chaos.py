@@ -538,9 +538,11 @@ class Run:
                     # Restarted at once, as a supervisor would: it takes the lease over as soon as it finds the
                     # killed run's process gone, or, with a standby already waiting, stands by in its turn.
                     checker.start()
-            # Done once a checker is up again: it has finished a batch since its start.
+            # Done once a checker is up again (it has finished a batch since its start) and a standby, if
+            # any, stands by: a checker still starting when stopped would die of the SIGTERM (exit 143).
             if (not producer_kill_at and not checker_kill_after and blind_injected and checker is not None
-                    and checker.log.batches and killed_at is None and all(p.done for p in self.producers)):
+                    and checker.log.batches and killed_at is None and all(p.done for p in self.producers)
+                    and all(c.active or c.log.standing_by for c in self.checkers)):
                 if not targeted_injected:
                     self.hostile.inject_targeted(self.plans, require_every_target=False)
                 return

@@ -23,6 +23,7 @@ Prints a table and writes ``bench/results/failover.json`` (``--results`` to chan
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 from dataclasses import replace
@@ -54,6 +55,7 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict:
         "kills": len(report["did"]["checker_kills"]),
         "violations": report["violations"],
         "found": report["found"],
+        "examples": {name: examples for name, examples in report["examples"].items() if examples},
         "duration_s": report["did"]["duration_s"],
     }
 
@@ -72,8 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     ttl_s = CoordinatorConfig().checker_lease_ttl_ms / 1000
     target_s = ttl_s + TARGET_MARGIN_S
     report = benchlib.start_report("failover", vars(args))
-    with tempfile.TemporaryDirectory(prefix="failover-") as workdir:
-        modes = {mode: run_mode(mode, args, Path(workdir)) for mode in args.modes}
+    workdir = Path(tempfile.mkdtemp(prefix="failover-"))
+    modes = {mode: run_mode(mode, args, workdir) for mode in args.modes}
+    if any(figures["violations"] for figures in modes.values()):
+        print(f"violations: the runs' lakehouses and logs are kept in {workdir}")
+    else:
+        shutil.rmtree(workdir)
     standby = modes.get("standby")
     report.update(lease_ttl_s=ttl_s, target_s=target_s, modes=modes,
                   standby_met=bool(standby and standby["failover_s"] and standby["max_s"] <= target_s
