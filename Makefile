@@ -24,8 +24,11 @@ $(JARS): $(INSTALLED) conf/spark-defaults.conf
 demo: setup
 	$(PY) -m coordinator demo
 
+# First the end-to-end tests that start Spark jobs of their own (`slow`: two JVMs at most), one at a
+# time; then the rest on two workers, each with its one shared Spark session (two JVMs again).
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m "not slow" -n 2
 
 # Kill -9 the checker and producers at random and verify every invariant: `bench/chaos.py --help`.
 chaos: setup
