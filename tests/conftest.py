@@ -40,6 +40,16 @@ def config(tmp_path) -> CoordinatorConfig:
     return CoordinatorConfig(lakehouse=lakehouse, transaction_check_max=5)
 
 
+class Clock:
+    """A wall clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def half_record(transaction_id: str, group: str = "g", topic: str = "T", body: bytes = b"hello", **overrides: Any) -> dict:
     """A HALF record as a well-behaved producer writes it; ``overrides`` replace any column."""
     record = dict(

@@ -15,6 +15,7 @@ import pytest
 from coordinator.control.lease import CheckerLease
 from coordinator.control.processes import process_gone
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
+from tests.conftest import Clock
 
 # A checker's lease in a child process: it says "held", then sleeps until killed.
 HOLD = ("import sys, time; from coordinator.control.lease import CheckerLease; "
@@ -58,16 +59,6 @@ def held_by_a_child(tmp_path) -> subprocess.Popen:
         pytest.fail("the child never took the lease")
     assert outcome == ["held\n"]
     return child
-
-
-class Clock:
-    """A wall clock that moves only when told to."""
-
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_second_checker_is_refused_while_the_first_renews(tmp_path):

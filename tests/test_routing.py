@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from coordinator.control.instances import FORGET_AFTER_S, ProducerInstances
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.tables import CHECK_REQUESTS
-from tests.conftest import half_record
+from tests.conftest import Clock, half_record
 from tests.producer_side import commit_log_rows, wait_until
 
 UTC = dt.timezone.utc
@@ -35,14 +35,6 @@ with TransactionProducer("routed", Unsure(), CoordinatorConfig(lakehouse=sys.arg
     print(p.instance_id, flush=True)
     time.sleep(600)
 """
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_an_instance_is_live_while_it_renews_and_forgotten_long_after(tmp_path):
