@@ -84,6 +84,14 @@ _OUTCOME_OF_STATE = {LocalTransactionState.COMMIT_MESSAGE.value: Outcome.COMMIT,
                      LocalTransactionState.ROLLBACK_MESSAGE.value: Outcome.ROLLBACK}
 
 
+#: An operator's END (``txcoord resolve``) answers a check of this id prefix, so the checker judges
+#: it as a check answer, at any time; its properties name the operator and the reason.
+OPERATOR_CHECK_PREFIX = "operator-"
+OPERATOR_PROPERTY = "TXCOORD_OPERATOR"
+OPERATOR_REASON_PROPERTY = "TXCOORD_OPERATOR_REASON"
+#: Longest reason an operator may give.
+MAX_REASON_LENGTH = 1000
+
 #: Property that replaces the default immunity (``transaction_timeout_ms``) for one message.
 CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 

@@ -6,11 +6,12 @@ Subcommands (each reads ``--config``, default ``conf/coordinator.toml``)::
     txcoord init                      # create the lakehouse's system tables
     txcoord status                    # pending, checks, discards, rejections, the checker and its lag
     txcoord pending [--older-than DURATION] [--group G]   # hanging transactions and what comes next
+    txcoord resolve TRANSACTION_ID --commit|--rollback --reason TEXT   # end a hanging transaction by hand
     txcoord inspect TRANSACTION_ID    # one transaction's timeline, from every table
     txcoord maintain [--retention-hours H] [--log-retention-hours H] [--table NAME]   # compact, checkpoint, vacuum
     txcoord demo [--lakehouse DIR] [--orders N]   # the order/credits story, end to end
 
-``init``, ``status``, ``pending``, ``inspect`` and ``maintain`` start no JVM. Output is for people; ``--json``
+``init``, ``status``, ``pending``, ``resolve``, ``inspect`` and ``maintain`` start no JVM. Output is for people; ``--json``
 prints one JSON document for scripts instead.
 
 Exit codes: 0 success; 1 the answer is bad news (``status``: no live checker;
@@ -29,7 +30,7 @@ from typing import Optional
 
 from coordinator.cli import output
 from coordinator.config import EXIT_USAGE, CoordinatorConfig
-from coordinator.exceptions import ConfigError, LakehouseNotFoundError
+from coordinator.exceptions import ConfigError, InvalidArgumentError, LakehouseNotFoundError
 from coordinator.lakehouse import Lakehouse
 
 EXIT_OK = 0
@@ -63,6 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     pending.add_argument("--group", default=None, metavar="G", help="only this producer group")
     _common_options(pending)
     pending.set_defaults(run=run_pending)
+
+    resolve = commands.add_parser("resolve", help="end a pending transaction by hand, through the commit log")
+    resolve.add_argument("transaction_id", metavar="TRANSACTION_ID")
+    decision = resolve.add_mutually_exclusive_group(required=True)
+    decision.add_argument("--commit", dest="decision", action="store_const", const="COMMIT_MESSAGE",
+                          help="deliver its messages")
+    decision.add_argument("--rollback", dest="decision", action="store_const", const="ROLLBACK_MESSAGE",
+                          help="drop its messages")
+    resolve.add_argument("--reason", required=True, help="why, for the audit trail (`txcoord inspect` shows it)")
+    _common_options(resolve)
+    resolve.set_defaults(run=run_resolve)
 
     inspect = commands.add_parser("inspect", help="one transaction's timeline; exit 1 if no table knows it")
     inspect.add_argument("transaction_id", metavar="TRANSACTION_ID")
@@ -157,6 +169,32 @@ def run_pending(args: argparse.Namespace) -> int:
         output.print_json({"generated_at": now.isoformat(), "pending": [t.to_dict() for t in transactions]})
     else:
         output.print_pending(transactions, now)
+    return EXIT_OK
+
+
+def run_resolve(args: argparse.Namespace) -> int:
+    """End a pending transaction by hand (:mod:`coordinator.ops.resolve`); exit 2, writing nothing, if it
+    is not pending or the reason is missing.
+
+    Example::
+
+        $ txcoord resolve 01a2... --rollback --reason "order cancelled by support" --config conf/coordinator.toml
+    """
+    from coordinator.ops.resolve import resolve_transaction
+    from coordinator.protocol import LocalTransactionState
+
+    try:
+        record = resolve_transaction(CoordinatorConfig.load(args.config), args.transaction_id,
+                                     LocalTransactionState(args.decision), args.reason)
+    except InvalidArgumentError as error:
+        print(f"txcoord resolve: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        output.print_json({key: record[key] for key in ("transaction_id", "producer_group", "state", "check_id",
+                                                        "properties", "born_timestamp")})
+    else:
+        print(f"{record['state']} of transaction {record['transaction_id']} (group {record['producer_group']}) "
+              f"sent as {record['check_id']}; the checker applies it at its next batch (`txcoord inspect` to follow)")
     return EXIT_OK
 
 

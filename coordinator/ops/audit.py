@@ -33,7 +33,8 @@ from deltalake import DeltaTable
 
 from coordinator.lakehouse import Lakehouse, read_table, require_lakehouse, topic_names
 from coordinator.ops.status import read_metrics
-from coordinator.protocol import Outcome, RecordKind
+from coordinator.protocol import (OPERATOR_CHECK_PREFIX, OPERATOR_PROPERTY, OPERATOR_REASON_PROPERTY, Outcome,
+                                  RecordKind)
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, HALF, OP, REJECTED
 
 #: What :func:`outcome` says of a transaction with no op row yet.
@@ -76,13 +77,18 @@ def transaction_timeline(lakehouse: str, transaction_id: str) -> list[Event]:
 
     events: list[Event] = []
     for r in rows(Lakehouse(lakehouse).path(COMMIT_LOG), ["kind", "msg_id", "message_index", "message_count", "topic", "state",
-                                               "check_id", "born_timestamp", "producer_group"]):
+                                               "check_id", "born_timestamp", "producer_group", "properties"]):
         if r["kind"] == RecordKind.HALF:
             events.append(Event(r["born_timestamp"], "half sent", COMMIT_LOG.name,
                                 f"message {r['message_index'] + 1}/{r['message_count']} to {r['topic']} "
                                 f"(msg_id {r['msg_id']}, group {r['producer_group']})"))
         else:
-            origin = f"answering check {r['check_id']}" if r["check_id"] else "from the producer"
+            properties = dict(r["properties"] or ())
+            if (r["check_id"] or "").startswith(OPERATOR_CHECK_PREFIX):
+                origin = (f"from operator {properties.get(OPERATOR_PROPERTY)} ({r['check_id']}): "
+                          f"{properties.get(OPERATOR_REASON_PROPERTY)}")
+            else:
+                origin = f"answering check {r['check_id']}" if r["check_id"] else "from the producer"
             events.append(Event(r["born_timestamp"], "end request", COMMIT_LOG.name, f"{r['state']} {origin}"))
     for r in rows(Lakehouse(lakehouse).path(HALF), ["queue_offset", "topic", "stored_timestamp", "immunity_ms", "batch_id"]):
         events.append(Event(r["stored_timestamp"], "half stored", HALF.name,
@@ -91,7 +97,12 @@ def transaction_timeline(lakehouse: str, transaction_id: str) -> list[Event]:
         events.append(Event(r["requested_at"], "check requested", CHECK_REQUESTS.name,
                             f"check {r['check_times']} ({r['check_id']}), batch {r['batch_id']}"))
     for r in rows(Lakehouse(lakehouse).path(OP), ["half_offset", "outcome", "resolved_at", "check_id", "batch_id"]):
-        by = f"by check {r['check_id']}" if r["check_id"] else ("by the producer" if r["outcome"] != Outcome.DISCARD else "by the checker")
+        if (r["check_id"] or "").startswith(OPERATOR_CHECK_PREFIX):
+            by = f"by the operator ({r['check_id']})"
+        elif r["check_id"]:
+            by = f"by check {r['check_id']}"
+        else:
+            by = "by the producer" if r["outcome"] != Outcome.DISCARD else "by the checker"
         events.append(Event(r["resolved_at"], "resolved", OP.name,
                             f"{r['outcome']} {by} (half offset {r['half_offset']}), batch {r['batch_id']}"))
     finished = _batch_end_times(lakehouse)

@@ -70,8 +70,10 @@ def half_records(group: str, transaction_id: str, messages: Sequence[Message]) -
     ]
 
 
-def end_record(group: str, transaction_id: str, state: LocalTransactionState, check_id: Optional[str] = None) -> dict:
-    """The END record reporting ``state``; ``check_id`` names the check it answers, if any.
+def end_record(group: str, transaction_id: str, state: LocalTransactionState, check_id: Optional[str] = None,
+               properties: Optional[dict[str, str]] = None) -> dict:
+    """The END record reporting ``state``; ``check_id`` names the check it answers, if any, and
+    ``properties`` say more about it (an operator's name and reason).
 
     Example::
 
@@ -85,6 +87,7 @@ def end_record(group: str, transaction_id: str, state: LocalTransactionState, ch
         "producer_group": group,
         "state": state.value,
         "check_id": check_id,
+        "properties": properties,
         "born_timestamp": datetime.now(timezone.utc),
     }
 

@@ -1,0 +1,76 @@
+"""Ending a hanging transaction by hand: what ``txcoord resolve`` does (no JVM).
+
+An operator's decision goes through the commit log like any other: an END record marked as the
+operator's (its check id starts with ``operator-``; its properties carry who and why), which the
+checker judges as a check answer. The checker stays the only writer of its tables, and every
+rule still applies: the first decision of a transaction counts, a resolved one cannot be
+resolved again. ``txcoord inspect`` shows who resolved it and why.
+
+Example::
+
+    from coordinator.ops.resolve import resolve_transaction
+    resolve_transaction(config, "01a2...", LocalTransactionState.ROLLBACK_MESSAGE, "order cancelled by support")
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+import uuid
+from typing import Optional
+
+import pyarrow.compute as pc
+
+from coordinator.config import CoordinatorConfig
+from coordinator.exceptions import InvalidArgumentError
+from coordinator.lakehouse import Lakehouse, read_pending, read_table, require_lakehouse
+from coordinator.producer.commit_log import CommitLogWriter, end_record
+from coordinator.protocol import (MAX_REASON_LENGTH, OPERATOR_CHECK_PREFIX, OPERATOR_PROPERTY, OPERATOR_REASON_PROPERTY,
+                                  LocalTransactionState, Outcome)
+from coordinator.tables import OP
+
+DECISIONS = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE)
+
+
+def resolve_transaction(config: CoordinatorConfig, transaction_id: str, decision: LocalTransactionState, reason: str,
+                        operator: Optional[str] = None) -> dict:
+    """Send the operator's END for a pending transaction of ``config``'s lakehouse; return the record.
+
+    Raises :class:`~coordinator.exceptions.InvalidArgumentError`, writing nothing, when the
+    transaction is not pending (unknown, not yet taken in by the checker, or already resolved:
+    committed, rolled back or discarded), the decision is not a commit or a rollback, or the
+    reason is empty or longer than :data:`~coordinator.protocol.MAX_REASON_LENGTH`.
+
+    Example::
+
+        resolve_transaction(config, txn, LocalTransactionState.COMMIT_MESSAGE, "paid, confirmed by phone")
+    """
+    lakehouse = require_lakehouse(config.lakehouse)
+    if decision not in DECISIONS:
+        raise InvalidArgumentError(f"a decision is COMMIT_MESSAGE or ROLLBACK_MESSAGE, got {decision}")
+    reason = (reason or "").strip()
+    if not reason or len(reason) > MAX_REASON_LENGTH:
+        raise InvalidArgumentError(f"give a reason of 1 to {MAX_REASON_LENGTH} characters")
+    group = _owner_if_pending(lakehouse, transaction_id)
+    operator = operator or f"{getpass.getuser()}@{socket.gethostname()}"
+    record = end_record(group, transaction_id, decision, check_id=f"{OPERATOR_CHECK_PREFIX}{uuid.uuid4().hex}",
+                        properties={OPERATOR_PROPERTY: operator, OPERATOR_REASON_PROPERTY: reason})
+    with CommitLogWriter(lakehouse) as writer:
+        writer.submit([record]).result()
+    return record
+
+
+def _owner_if_pending(lakehouse: str, transaction_id: str) -> str:
+    pending = read_pending(lakehouse, ["transaction_id", "producer_group"]).filter(
+        pc.field("transaction_id") == transaction_id)
+    if pending.num_rows:
+        return pending.column("producer_group")[0].as_py()
+    outcomes = set(read_table(Lakehouse(lakehouse).path(OP), ["outcome"], pc.field("transaction_id") == transaction_id)
+                   .column("outcome").to_pylist())
+    if Outcome.DISCARD in outcomes:
+        raise InvalidArgumentError(f"transaction {transaction_id} was discarded; committing or rolling back a "
+                                   "discarded transaction by hand is not supported yet")
+    if outcomes:
+        raise InvalidArgumentError(f"transaction {transaction_id} is already resolved: {', '.join(sorted(outcomes))}")
+    raise InvalidArgumentError(f"no pending transaction {transaction_id} in {Lakehouse(lakehouse).path('system/half')} "
+                               "(unknown, or not yet taken in by the checker)")
