@@ -109,12 +109,13 @@ def create_table(table: TableDef, path: str) -> bool:
 
 
 def _add_missing_columns(table: TableDef, path: str) -> None:
-    present = set(DeltaTable(path).schema().to_arrow().names)
+    existing = DeltaTable(path)
+    present = set(existing.schema().to_arrow().names)
     missing = [Field.from_arrow(field) for field in table.arrow_schema() if field.name not in present]
     if not missing:
         return
     try:
-        DeltaTable(path).alter.add_columns(missing)
+        existing.alter.add_columns(missing)
     except DeltaError:
         if not {f.name for f in missing} <= set(DeltaTable(path).schema().to_arrow().names):
             raise  # not a race with another process adding the same columns

@@ -76,7 +76,7 @@ class CheckerQuery:
         init_lakehouse(self.config.lakehouse)
         # Resolved before the lease, so that a standby has its source's Python worker up when it takes over.
         self.spark.dataSource.register(CommitLogSource)
-        self.spark.readStream.format(CommitLogSource.name()).option("path", self.commit_log).load()
+        self._commit_log_reader().load()
         self.lease.acquire(wait=wait_for_lease, stop=stop)
         try:
             self._progress = self.progress_store.begin(CheckpointState.read(checkpoint_location(self.config)))
@@ -134,13 +134,11 @@ class CheckerQuery:
         finally:
             self.lease.release()
 
+    def _commit_log_reader(self):
+        return self.spark.readStream.format(CommitLogSource.name()).option("path", self.commit_log)
+
     def _start_query(self, starting_version: int) -> StreamingQuery:
-        records = (
-            self.spark.readStream.format(CommitLogSource.name())
-            .option("path", self.commit_log)
-            .option("startingVersion", starting_version)
-            .load()
-        )
+        records = self._commit_log_reader().option("startingVersion", starting_version).load()
         return (
             records.writeStream.queryName(CHECKER_NAME)
             .foreachBatch(self._run_batch)

@@ -25,7 +25,7 @@ import argparse
 import dataclasses
 import functools
 import sys
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Optional
 
 from coordinator.cli import output
@@ -160,9 +160,9 @@ def run_pending(args: argparse.Namespace) -> int:
 
         $ txcoord pending --older-than 10m --group order_group --config conf/coordinator.toml
     """
-    from coordinator.ops.pending import UTC, pending_transactions
+    from coordinator.ops.pending import pending_transactions
 
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     transactions = pending_transactions(CoordinatorConfig.load(args.config), older_than_s=args.older_than,
                                         group=args.group, now=now)
     if args.json:

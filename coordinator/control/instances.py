@@ -54,9 +54,9 @@ class ProducerInstance:
     last_seen: float  # seconds since the epoch
     heartbeat_s: float
 
-    def live_at(self, now: float) -> bool:
-        """Renewed within its last three heartbeats, and not a process of this host that is gone."""
-        return now - self.last_seen <= LIVE_FOR_HEARTBEATS * self.heartbeat_s and not process_gone(asdict(self))
+    def renewed_at(self, now: float) -> bool:
+        """Whether it announced itself within its last three heartbeats before ``now``."""
+        return now - self.last_seen <= LIVE_FOR_HEARTBEATS * self.heartbeat_s
 
 
 class ProducerInstances:
@@ -89,9 +89,10 @@ class ProducerInstances:
         now = self.clock()
         found = []
         for record in self._records(group):
-            if record.live_at(now):
+            gone = process_gone(asdict(record))
+            if record.renewed_at(now) and not gone:
                 found.append(record)
-            elif now - record.last_seen > FORGET_AFTER_S or process_gone(asdict(record)):
+            elif gone or now - record.last_seen > FORGET_AFTER_S:
                 self.withdraw(group, record.instance_id)
         return sorted(found, key=lambda record: record.instance_id)
 

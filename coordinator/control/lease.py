@@ -62,8 +62,7 @@ class CheckerLease:
             age = self.clock() - holder["renewed_at"]
             held = self._held_by(holder)
             if not wait:
-                raise CheckerAlreadyRunningError(
-                    f"{held}; it is taken over once released or {holder['ttl_s']:.0f} s without renewal")
+                raise self._refusal(holder)
             if not standing_by:
                 log.warning("%s; standing by to take over once it is released, its process is gone or it goes "
                             "%.0f s without renewal (in %.0f s if it renews no more)",
@@ -82,8 +81,7 @@ class CheckerLease:
         """
         holder = self._read(self.path)
         if self._live(holder):
-            raise CheckerAlreadyRunningError(
-                f"{self._held_by(holder)}; it is taken over once released or {holder['ttl_s']:.0f} s without renewal")
+            raise self._refusal(holder)
 
     def renew(self) -> None:
         """Extend the lease; raise :class:`LeaseLostError` if another checker has taken it."""
@@ -123,6 +121,10 @@ class CheckerLease:
     def _held_by(self, holder: dict) -> str:
         return (f"another checker holds {self.path} (host {holder['host']}, pid {holder['pid']}, "
                 f"renewed {self.clock() - holder['renewed_at']:.0f} s ago)")
+
+    def _refusal(self, holder: dict) -> CheckerAlreadyRunningError:
+        return CheckerAlreadyRunningError(
+            f"{self._held_by(holder)}; it is taken over once released or {holder['ttl_s']:.0f} s without renewal")
 
     def _record(self) -> dict:
         return {"owner": self.owner, **this_process(), "renewed_at": self.clock(), "ttl_s": self.ttl_s}
