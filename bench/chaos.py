@@ -12,14 +12,17 @@ table maintenance (``coordinator.ops.maintenance.maintain``) at once, then:
   (the kill to the next checker's first finished batch) is reported;
 - SIGKILLs producer processes in the middle of their sends and group commits, and
   restarts them at once (a restarted producer skips what it already attempted);
-- appends hostile records straight to ``system/commit_log``.
+- appends hostile records straight to ``system/commit_log``;
+- commits by hand, as an operator would (``txcoord resolve --commit``), about half of the
+  transactions the checker discards, the first of them twice at once (two operators racing).
 
 Once every half is resolved (or the timeout passes), it stops everything gracefully and
 checks, from the Delta tables and each producer's SQLite ground truth: every locally
 committed transaction's messages are in their topics exactly once; nothing else is in
 any topic; every half is resolved or pending with fewer than ``transaction_check_max``
-checks, with the outcome its database dictates; no check before immunity, none beyond the
-maximum; every hostile record is in ``system/rejected``; neither the checker nor a
+checks, with the outcome its database dictates (a discarded one an operator committed:
+delivered exactly once, a DISCARD then a COMMIT op row per half); no check before immunity,
+none beyond the maximum; every hostile record is in ``system/rejected``; neither the checker nor a
 producer failed on its own. Prints what it did and what it found, writes both as JSON,
 and exits 1 on any violation.
 
@@ -68,8 +71,10 @@ from chaos_producer import (
 from coordinator.checker.session import PROJECT_ROOT, spark_submit
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
+from coordinator.ops.resolve import resolve_transaction
 from coordinator.producer.commit_log import CommitLogWriter
-from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF, OP, REJECTED
+from coordinator.protocol import LocalTransactionState
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, HALF, OP, REJECTED
 
 BENCH = Path(__file__).resolve().parent
 PRODUCER_SCRIPT = BENCH / "chaos_producer.py"
@@ -96,6 +101,9 @@ _AIM_AT_SEND_S = 5.0
 _SETTLE_POLL_S = 3.0
 _STOP_TIMEOUT_S = 120.0
 _EXAMPLES = 5
+#: The op rows of each half of a discarded transaction an operator committed.
+RECOVERED_OPS = ["COMMIT", "DISCARD"]
+_RECOVERED = "COMMIT by an operator after DISCARD"
 #: Run in a subprocess, so that delta-rs's exit-time abort over Spark-written tables (see
 #: coordinator.lakehouse.read_table) cannot take the harness down with it.
 _MAINTAIN = """
@@ -412,6 +420,38 @@ class HostileWriter:
         self.injected += [BadInput(what, record["record_id"]) for what, record in records]
 
 
+class Operator:
+    """Commits by hand, as ``txcoord resolve --commit`` does, about half of the transactions the checker
+    discards; the first one twice at once, as two operators racing would."""
+
+    def __init__(self, config: CoordinatorConfig, groups: set[str], rng: random.Random) -> None:
+        self.config, self.groups, self.rng = config, groups, rng
+        self.recovered: set[str] = set()
+        self.sent = 0
+        self._looked_at: set[str] = set()
+        self._next_at = 0.0
+
+    def act(self) -> None:
+        """Look for new discards (every few seconds) and recover some of them."""
+        if time.monotonic() < self._next_at:
+            return
+        self._next_at = time.monotonic() + _SETTLE_POLL_S
+        try:
+            rows = _rows(Lakehouse(self.config.lakehouse).path(DISCARDED), ["transaction_id", "producer_group"])
+        except (OSError, DeltaError):  # a file vacuumed between snapshot and read: look again next time
+            return
+        discarded = {row["transaction_id"]: row["producer_group"] for row in rows}
+        for transaction_id in sorted(set(discarded) - self._looked_at):
+            self._looked_at.add(transaction_id)
+            if discarded[transaction_id] not in self.groups or self.rng.random() < 0.5:
+                continue
+            for _ in range(1 if self.recovered else 2):
+                resolve_transaction(self.config, transaction_id, LocalTransactionState.COMMIT_MESSAGE,
+                                    "chaos: recovered by hand", operator="chaos-operator")
+                self.sent += 1
+            self.recovered.add(transaction_id)
+
+
 def _half(**overrides) -> dict:
     record = dict(record_id=uuid.uuid4().hex, kind="HALF", transaction_id=uuid.uuid4().hex, producer_group=FORGED_GROUP,
                   msg_id=uuid.uuid4().hex, message_index=0, message_count=1, topic=ORDER_TOPIC, keys="forged",
@@ -450,6 +490,8 @@ class Activity:
     maintenance_files_vacuumed: int = 0
     maintenance_steps_skipped: dict[str, int] = field(default_factory=dict)
     bad_inputs: list[dict] = field(default_factory=list)
+    operator_recoveries: int = 0
+    operator_commits_sent: int = 0
     settled: bool = False
     duration_s: float = 0.0
 
@@ -479,6 +521,7 @@ class Run:
         if options.standby:
             self.checkers.append(Checker(self.root, config_path, name="standby"))
         self.maintenance = Maintenance(self.root, options.maintenance_every, options.retention_hours)
+        self.operator = Operator(self.config, {group_of(p.index) for p in self.producers}, random.Random(options.seed))
         self.hostile = HostileWriter(self.root, random.Random(options.seed))
         window_end = started + 2.0 + options.send_seconds
         producer_kill_at = sorted(rng.uniform(started + 2.0, window_end) for _ in range(options.producer_kills))
@@ -509,6 +552,7 @@ class Run:
         while time.monotonic() < deadline:
             now = time.monotonic()
             self._restart_failed_producers()
+            self.operator.act()
             if producer_kill_at and now >= producer_kill_at[0]:
                 producer_kill_at.pop(0)
                 self._kill_a_producer()
@@ -592,8 +636,10 @@ class Run:
         while time.monotonic() < deadline:
             self._restart_failed_producers()
             self._supervise_checkers()
+            self.operator.act()
             try:
-                findings = verify(self.root, self.config, self.producers, self.hostile.injected, self.plans)
+                findings = verify(self.root, self.config, self.producers, self.hostile.injected, self.plans,
+                                  self.operator.recovered)
             except (OSError, ValueError, DeltaError) as error:  # a file vacuumed between snapshot and read: read again
                 print(f"  (reading the tables failed, retrying: {error})", flush=True)
                 time.sleep(_SETTLE_POLL_S)
@@ -622,7 +668,10 @@ class Run:
         activity.maintenance_files_compacted = self.maintenance.files_compacted
         activity.maintenance_files_vacuumed = self.maintenance.files_vacuumed
         activity.maintenance_steps_skipped = dict(self.maintenance.skipped)
-        findings = verify(self.root, self.config, self.producers, self.hostile.injected, self.plans)
+        findings = verify(self.root, self.config, self.producers, self.hostile.injected, self.plans,
+                          self.operator.recovered)
+        activity.operator_recoveries = len(self.operator.recovered)
+        activity.operator_commits_sent = self.operator.sent
         activity.bad_inputs = [asdict(bad) for bad in self.hostile.injected]
         failures = [f"{checker.name}: {f}" for checker in self.checkers for f in checker.failures]
         failures += [f"producer-{p.index}: {f}" for p in self.producers for f in p.failures]
@@ -683,10 +732,14 @@ class GroundTruth:
 
 
 def verify(root: Path, config: CoordinatorConfig, producers: list[Producer], bad_inputs: list[BadInput],
-           plans: list[list[tuple[str, str]]]) -> dict:
-    """Compare the lakehouse with the ground truth; every count under ``found`` must be 0."""
+           plans: list[list[tuple[str, str]]], recovered: set[str]) -> dict:
+    """Compare the lakehouse with the ground truth; every count under ``found`` must be 0.
+
+    ``recovered`` are the discarded transactions an operator committed: they must be delivered too.
+    """
     lakehouse = str(root)
     truth = GroundTruth.read(producers)
+    truth.status.update({transaction_id: COMMITTED for transaction_id in recovered})
     kind_of = {plan_id: kind for plan in plans for plan_id, kind in plan}
     groups = {group_of(p.index) for p in producers}
     bad_ids = {bad.record_id for bad in bad_inputs}
@@ -745,10 +798,13 @@ def verify(root: Path, config: CoordinatorConfig, producers: list[Producer], bad
         if transaction_id not in logged_txns:
             violation("lost", f"send of {transaction_id} returned {state} but its half is not in the commit log")
     outcomes: dict[str, set[str]] = defaultdict(set)
-    ops_per_half = Counter(row["half_offset"] for row in ops)
-    for offset, count in ops_per_half.items():
-        if count > 1:
-            violation("duplicated", f"half offset {offset} has {count} op rows")
+    ops_of_half: dict[int, list[dict]] = defaultdict(list)
+    for row in ops:
+        ops_of_half[row["half_offset"]].append(row)
+    for offset, rows in ops_of_half.items():
+        found_ops = sorted(row["outcome"] for row in rows)
+        if len(found_ops) > 1 and not (rows[0]["transaction_id"] in recovered and found_ops == RECOVERED_OPS):
+            violation("duplicated", f"half offset {offset} has op rows {found_ops}")
     for row in ops:
         outcomes[row["transaction_id"]].add(row["outcome"])
     checks_of = defaultdict(list)
@@ -763,9 +819,10 @@ def verify(root: Path, config: CoordinatorConfig, producers: list[Producer], bad
     for half in first_halves:
         transaction_id = half["transaction_id"]
         found_outcomes = outcomes.get(transaction_id, set())
-        if len(found_outcomes) > 1:
+        was_recovered = transaction_id in recovered and found_outcomes == set(RECOVERED_OPS)
+        if len(found_outcomes) > 1 and not was_recovered:
             violation("duplicated", f"transaction {transaction_id} resolved as {sorted(found_outcomes)}")
-        outcome = next(iter(found_outcomes)) if len(found_outcomes) == 1 else None
+        outcome = "COMMIT" if was_recovered else next(iter(found_outcomes)) if len(found_outcomes) == 1 else None
         times_checked = len(checks_of.get(transaction_id, ()))
         if outcome is None:
             pending += 1
@@ -774,7 +831,7 @@ def verify(root: Path, config: CoordinatorConfig, producers: list[Producer], bad
         if half["producer_group"] not in groups:
             continue  # hostile traffic: its outcome is checked through the topics and system/rejected
         kind = kind_of.get(plan_id_of(half["body"]), "unplanned")
-        outcomes_by_kind[kind][outcome or "pending"] += 1
+        outcomes_by_kind[kind][_RECOVERED if was_recovered else outcome or "pending"] += 1
         status = truth.status.get(transaction_id)
         expected = {COMMITTED: "COMMIT", REVIEW: "DISCARD", None: "ROLLBACK"}[status]
         if outcome is not None and outcome != expected and status != COMMITTED:  # committed ones count as lost above
@@ -837,6 +894,8 @@ def print_report(report: dict) -> None:
              ("maintenance: files compacted away / vacuumed",
               f"{did['maintenance_files_compacted']} / {did['maintenance_files_vacuumed']}"),
              ("bad inputs", len(did["bad_inputs"])),
+             ("discarded, then committed by an operator (COMMITs sent)",
+              f"{did['operator_recoveries']} ({did['operator_commits_sent']})"),
              ("settled", did["settled"]),
              ("duration (s)", did["duration_s"])]
     _print_rows(rows)

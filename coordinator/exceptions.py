@@ -40,6 +40,11 @@ class LakehouseNotFoundError(CoordinatorError):
     """The directory holds no lakehouse (``txcoord init`` creates one)."""
 
 
+class OutdatedLakehouseError(CoordinatorError):
+    """A table lacks a column this version reads: an older txcoord made it. ``txcoord init``, or
+    starting the checker or a producer, adds the column."""
+
+
 class SparkSetupError(CoordinatorError):
     """Spark or the Delta jars are not set up: run ``make setup``."""
 

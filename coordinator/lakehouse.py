@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from deltalake.schema import Field
 
-from coordinator.exceptions import LakehouseNotFoundError
+from coordinator.exceptions import LakehouseNotFoundError, OutdatedLakehouseError
 from coordinator.tables import COMMIT_LOG, HALF, OP, SYSTEM_TABLES, TableDef
 
 
@@ -144,7 +144,12 @@ def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[
     # a process that has read Spark-written tables often aborts at exit with "terminate called
     # without an active exception" (exit 134; deltalake 1.6.6, cf. delta-rs#2184).
     local = pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem())
-    return DeltaTable(path).to_pyarrow_dataset(filesystem=local).to_table(columns=columns, filter=filter)
+    dataset = DeltaTable(path).to_pyarrow_dataset(filesystem=local)
+    missing = [name for name in columns or () if name not in dataset.schema.names]
+    if missing:
+        raise OutdatedLakehouseError(f"{path} has no column {', '.join(missing)}: an older txcoord made it; "
+                                     "`txcoord init` (or starting the checker) adds it")
+    return dataset.to_table(columns=columns, filter=filter)
 
 
 def read_pending(lakehouse: str, columns: Optional[list[str]] = None) -> pa.Table:

@@ -120,7 +120,8 @@ HALF = TableDef(
     ),
 )
 
-#: The op queue: one row per resolved half, keyed by its half queue offset.
+#: The op queue: one row per resolved half, keyed by its half queue offset. A discarded half that an
+#: operator committed afterwards has a second row, its ``COMMIT`` (``coordinator.checker.recover``).
 OP = TableDef(
     "system/op",
     (

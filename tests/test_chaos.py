@@ -25,3 +25,4 @@ def test_make_chaos_default_run_kills_checker_and_producers_and_breaks_no_invari
     assert len(report["did"]["checker_kills"]) == report["run"]["options"]["checker_kills"] >= 1
     assert len(report["did"]["producer_kills"]) >= 1
     assert report["did"]["bad_inputs"] and all(bad["reason"] for bad in report["did"]["bad_inputs"])
+    assert report["did"]["operator_recoveries"] >= 1  # discarded, then committed by hand: delivered once

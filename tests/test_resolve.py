@@ -9,10 +9,11 @@ import pytest
 
 from coordinator.cli import main
 from coordinator.exceptions import InvalidArgumentError
+from coordinator.lakehouse import topic_names
 from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.ops.resolve import resolve_transaction
 from coordinator.protocol import LocalTransactionState
-from tests.conftest import half_record, stored_time
+from tests.conftest import end_record, half_record, stored_time
 from tests.producer_side import commit_log_version
 
 SECOND = dt.timedelta(seconds=1)
@@ -55,19 +56,73 @@ def test_an_operators_commit_is_delivered_once_and_shown_with_its_reason(checker
     assert checker.table("T").count() == 1
 
 
-def test_a_discarded_an_unknown_or_unreasoned_resolution_is_refused_and_writes_nothing(checker, config_file, capsys):
+def _discard(checker, *transaction_ids, messages: int = 1) -> None:
+    """Write ``transaction_ids`` as halves and run the checker until each is discarded (one check is the maximum)."""
     from dataclasses import replace
 
     checker.config = replace(checker.config, transaction_check_max=1)
-    checker.write(half_record("gone"), half_record("stuck"))
+    checker.write(*(half_record(t, body=f"{t} {i}".encode(), message_index=i, message_count=messages)
+                    for t in transaction_ids for i in range(messages)))
     checker.run()
-    stored = stored_time(checker, "gone")
+    stored = stored_time(checker, transaction_ids[0])
     checker.run(now=stored + 7 * SECOND)
-    checker.run(now=stored + 68 * SECOND)  # one check was the maximum: both discarded
+    checker.run(now=dt.datetime.now(dt.timezone.utc) + 61 * SECOND)  # the check's interval has passed
+    assert {r.outcome for r in checker.table("op").collect()} == {"DISCARD"}
+
+
+def test_a_discarded_transaction_can_be_committed_once_and_is_then_delivered_once(checker, config_file, capsys):
+    from coordinator.checker.state import CheckerState
+    from coordinator.ops.status import read_status
+
+    _discard(checker, "gone", messages=2)
+    version = commit_log_version(checker.config.lakehouse)
+    assert main(["resolve", "gone", "--rollback", "--reason", "drop it", "--config", config_file]) == 2
+    assert "was discarded: it was never delivered" in capsys.readouterr().err
+    assert commit_log_version(checker.config.lakehouse) == version
+
+    assert main(["resolve", "gone", "--commit", "--reason", "paid after all", "--config", config_file]) == 0
+    checker.write(end_record("gone", check_id="operator-forged"))  # a second operator COMMIT, sent by hand
+    checker.run()
+    checker.replay()  # a crash after the writes: the replay delivers nothing twice
+
+    assert sorted(bytes(r.body) for r in checker.table("T").collect()) == [b"gone 0", b"gone 1"]
+    assert sorted((r.outcome, r.half_offset) for r in checker.table("op").collect()) == sorted(
+        (outcome, r.queue_offset) for r in checker.table("half").collect() for outcome in ("DISCARD", "COMMIT"))
+    assert [r.reason for r in checker.table("rejected").collect()] == ["discarded transaction already committed by an operator"]
+    assert outcome(transaction_timeline(checker.config.lakehouse, "gone")) == "COMMIT"
+    status = read_status(checker.config)
+    assert (status.discarded, status.recovered) == (1, 1)
+
+    assert main(["resolve", "gone", "--commit", "--reason", "again", "--config", config_file]) == 2
+    assert "committed by an operator: it is resolved for good" in capsys.readouterr().err
+    checker.state = CheckerState()  # a restarted checker knows it from the tables
+    checker.write(end_record("gone", check_id="operator-forged-2"), end_record("gone", state="ROLLBACK_MESSAGE",
+                                                                               check_id="operator-forged-3"))
+    checker.run()
+    assert checker.table("T").count() == 2
+    assert sorted(r.reason for r in checker.table("rejected").collect()) == [
+        "discarded transaction already committed by an operator", "discarded transaction already committed by an operator",
+        "transaction already resolved"]
+
+
+def test_only_an_operators_commit_recovers_a_discarded_transaction(checker):
+    _discard(checker, "gone", "left")
+    checker.write(end_record("gone"), end_record("gone", check_id="gone-1"),  # the producer's, late: not a recovery
+                  end_record("left", check_id="operator-x", group="intruder"))
+    checker.run()
+    assert topic_names(checker.config.lakehouse) == []  # nothing delivered
+    assert sorted(r.reason for r in checker.table("rejected").collect()) == [
+        "producer group does not own the transaction", "transaction already resolved", "transaction already resolved"]
+
+
+def test_an_unknown_resolved_or_unreasoned_resolution_is_refused_and_writes_nothing(checker, config_file, capsys):
+    checker.write(half_record("done"), half_record("stuck"))
+    checker.write(end_record("done"))
+    checker.run()
     version = commit_log_version(checker.config.lakehouse)
 
     for argv, message in [
-        (["resolve", "gone", "--commit", "--reason", "found it"], "was discarded"),
+        (["resolve", "done", "--commit", "--reason", "found it"], "already resolved: COMMIT"),
         (["resolve", "nobody", "--commit", "--reason", "x"], "no pending transaction nobody"),
         (["resolve", "stuck", "--commit", "--reason", "   "], "give a reason"),
     ]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 from deltalake import DeltaTable
 
 from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
-from coordinator.tables import SYSTEM_TABLES, TOPIC, TableDef
+from coordinator.tables import CHECK_REQUESTS, SYSTEM_TABLES, TOPIC, TableDef
 from tests.conftest import append_rows
 
 NOW = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.timezone.utc)
@@ -89,3 +90,24 @@ def test_init_is_idempotent_and_needs_no_jvm(tmp_path):
     first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert (first.stdout.strip(), second.stdout.strip()) == (str(len(SYSTEM_TABLES)), "0")
+
+
+def test_an_older_lakehouse_is_named_as_such_until_init_adds_the_missing_column(tmp_path, capsys):
+    from deltalake import write_deltalake
+
+    from coordinator.cli import main
+
+    lakehouse = str(tmp_path / "lh")
+    init_lakehouse(lakehouse)
+    requests = Lakehouse(lakehouse).path(CHECK_REQUESTS)
+    shutil.rmtree(requests)  # as an older txcoord made it: no producer_instance column
+    older = CHECK_REQUESTS.arrow_schema()
+    write_deltalake(requests, older.empty_table().drop_columns(["producer_instance"]))
+    config = tmp_path / "coordinator.toml"
+    config.write_text(f"lakehouse = '{lakehouse}'\n")
+
+    assert main(["status", "--config", str(config)]) == 2
+    assert "has no column producer_instance: an older txcoord made it" in capsys.readouterr().err
+    assert main(["init", "--config", str(config)]) == 0
+    assert main(["status", "--config", str(config), "--json"]) == 1  # readable now; no checker is alive
+    assert "producer_instance" in read_table(requests).column_names

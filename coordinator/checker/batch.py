@@ -22,6 +22,7 @@ from coordinator.checker import CHECKER_NAME
 from coordinator.checker.check import find_due
 from coordinator.checker.context import BatchContext, BatchRecords, shaped
 from coordinator.checker.ingest import OFFSETS_PER_COMMIT, ingest_halves, refuse_unknown_kinds
+from coordinator.checker.recover import recover_discarded
 from coordinator.checker.resolve import promote, resolve_ends
 from coordinator.checker.state import CheckerState, lookup_in_tables
 from coordinator.checker.writer import files_written_at_us
@@ -31,8 +32,6 @@ from coordinator.protocol import Outcome
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TOPIC
 
 log = logging.getLogger("coordinator.checker")
-
-#: ``txnAppId`` of the checker's writes; stable across restarts (DESIGN §8).
 
 
 @dataclass(frozen=True)
@@ -125,11 +124,12 @@ def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerSt
     ingested = ingest_halves(ctx, records, known)
     state.add_pending(ingested.transactions, ingested.halves, ctx.config)
     resolved = resolve_ends(records, state, known)
-    deliveries = promote(resolved, state)
+    recovered = recover_discarded(ctx, resolved.to_recover)
+    deliveries = pa.concat_tables([promote(resolved, state), recovered.deliveries])
     due = find_due(ctx, state, set(resolved.outcomes))
-    rejected = refuse_unknown_kinds(records) + ingested.rejections + resolved.rejections
+    rejected = refuse_unknown_kinds(records) + ingested.rejections + resolved.rejections + recovered.rejections
 
-    ops = resolved.ops + due.discard_ops
+    ops = resolved.ops + recovered.ops + due.discard_ops
     lakehouse, writer, batch_id = ctx.config.lakehouse, state.writer, ctx.batch_id
     written = []
 
@@ -170,7 +170,7 @@ def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerSt
         batch_id=batch_id,
         records=len(records.rows),
         halves=ingested.halves.num_rows,
-        commits=outcomes.count(Outcome.COMMIT),
+        commits=outcomes.count(Outcome.COMMIT) + len(recovered.transaction_ids),
         rollbacks=outcomes.count(Outcome.ROLLBACK),
         resolved=len(ops),
         delivered=deliveries.num_rows,

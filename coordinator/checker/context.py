@@ -11,8 +11,6 @@ import pyarrow.compute as pc
 from coordinator.config import CoordinatorConfig
 from coordinator.tables import TableDef
 
-#: A message's own fields, carried from the half queue into topics, check requests and discards.
-
 @dataclass(frozen=True)
 class BatchContext:
     """One micro-batch: its id, its clock and the configuration it runs with.

@@ -8,6 +8,7 @@ from typing import Mapping
 import pyarrow as pa
 
 from coordinator.checker.context import BatchRecords
+from coordinator.checker.recover import ALREADY_RESOLVED, is_operator_commit
 from coordinator.checker.refusals import first_failure, rejection
 from coordinator.checker.state import CheckerState, Known
 from coordinator.protocol import LocalTransactionState, Outcome, RecordKind, outcome_of
@@ -24,6 +25,7 @@ class Resolved:
     ops: list[dict]  # system/op rows (less batch_id), one per half message
     outcomes: dict[str, str]  # transaction id -> COMMIT or ROLLBACK
     rejections: list[dict]
+    to_recover: list[dict]  # operators' COMMITs of transactions no longer pending: see :mod:`.recover`
 
 
 def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str, Known]) -> Resolved:
@@ -33,7 +35,8 @@ def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str,
     ``state.pending`` holds every unresolved transaction, this batch's new ones included;
     ``known`` what earlier batches ingested of the batch's other transaction ids.
 
-    ``UNKNOW`` ends are valid and change nothing. A producer's own COMMIT or ROLLBACK
+    ``UNKNOW`` ends are valid and change nothing. An operator's COMMIT of a transaction no
+    longer pending is set aside for :func:`~coordinator.checker.recover.recover_discarded`. A producer's own COMMIT or ROLLBACK
     that entered the commit log after the half's immunity time is refused ("wait for
     check"): judged by commit-log time, so checker downtime never refuses anything.
 
@@ -43,14 +46,16 @@ def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str,
         resolved.outcomes  # {'019a...': 'COMMIT'}
     """
     ends = [r for r in records.rows if r["kind"] == RecordKind.END]
-    rejections, decisions = [], []
+    rejections, decisions, to_recover = [], [], []
     for end in ends:
         pending = state.pending.get(end["transaction_id"])
         earlier = known.get(end["transaction_id"])
         end["owner"] = pending.producer_group if pending else earlier.producer_group if earlier else None
         end["pending"] = pending
         reason = first_failure(end, _END_RULES)
-        if reason is not None:
+        if reason == ALREADY_RESOLVED and is_operator_commit(end):
+            to_recover.append(end)
+        elif reason is not None:
             rejections.append(rejection(end, reason))
         elif outcome_of(end["state"]) is not None:
             decisions.append(end)
@@ -58,14 +63,14 @@ def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str,
     for end in sorted(decisions, key=lambda r: (r["commit_version"], r["record_id"])):
         pending = end["pending"]
         if pending.transaction_id in outcomes:
-            rejections.append(rejection(end, "transaction already resolved"))
+            rejections.append(rejection(end, ALREADY_RESOLVED))
             continue
         outcome = outcomes[pending.transaction_id] = outcome_of(end["state"])
         ops.extend(dict(half_offset=offset, transaction_id=pending.transaction_id, producer_group=pending.producer_group,
                         outcome=outcome, resolved_at=end["stored_us"], end_record_id=end["record_id"],
                         check_id=end["check_id"])
                    for offset in pending.offsets)
-    return Resolved(ops, outcomes, rejections)
+    return Resolved(ops, outcomes, rejections, to_recover)
 
 
 _END_RULES = [
@@ -75,7 +80,7 @@ _END_RULES = [
     (lambda r: r["owner"] is None, "unknown transaction"),
     (lambda r: r["producer_group"] != r["owner"], "producer group does not own the transaction"),
     (lambda r: r["pending"] is not None and r["commit_version"] <= r["pending"].half_version, "end precedes its half"),
-    (lambda r: r["pending"] is None, "transaction already resolved"),
+    (lambda r: r["pending"] is None, ALREADY_RESOLVED),
     (lambda r: outcome_of(r["state"]) is not None and r["check_id"] is None and r["stored_us"] > r["pending"].own_end_until_us,
      WAIT_FOR_CHECK),
 ]

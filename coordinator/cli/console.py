@@ -30,7 +30,7 @@ from typing import Optional
 
 from coordinator.cli import output
 from coordinator.config import EXIT_USAGE, CoordinatorConfig
-from coordinator.exceptions import ConfigError, InvalidArgumentError, LakehouseNotFoundError
+from coordinator.exceptions import ConfigError, InvalidArgumentError, LakehouseNotFoundError, OutdatedLakehouseError
 from coordinator.lakehouse import Lakehouse
 
 EXIT_OK = 0
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common_options(pending)
     pending.set_defaults(run=run_pending)
 
-    resolve = commands.add_parser("resolve", help="end a pending transaction by hand, through the commit log")
+    resolve = commands.add_parser("resolve", help="end a pending transaction, or commit a discarded one, by hand, through the commit log")
     resolve.add_argument("transaction_id", metavar="TRANSACTION_ID")
     decision = resolve.add_mutually_exclusive_group(required=True)
     decision.add_argument("--commit", dest="decision", action="store_const", const="COMMIT_MESSAGE",
@@ -173,8 +173,8 @@ def run_pending(args: argparse.Namespace) -> int:
 
 
 def run_resolve(args: argparse.Namespace) -> int:
-    """End a pending transaction by hand (:mod:`coordinator.ops.resolve`); exit 2, writing nothing, if it
-    is not pending or the reason is missing.
+    """End a pending transaction, or commit a discarded one, by hand (:mod:`coordinator.ops.resolve`);
+    exit 2, writing nothing, if it cannot be ended so or the reason is missing.
 
     Example::
 
@@ -274,7 +274,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as error:
         print(f"txcoord {args.command}: configuration error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except LakehouseNotFoundError as error:
+    except (LakehouseNotFoundError, OutdatedLakehouseError) as error:
         print(f"txcoord {args.command}: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -70,7 +70,8 @@ def print_status(status) -> None:
         ("pending", pending),
         ("checks due", str(status.checks_due)),
         ("checks issued", str(status.checks_issued)),
-        ("discarded", f"{status.discarded} transaction(s)"),
+        ("discarded", f"{status.discarded} transaction(s)"
+                      + (f", {status.recovered} committed since by an operator" if status.recovered else "")),
         ("rejected", f"{status.rejected} record(s)"),
     ] + [(f"  {reason}", str(count)) for reason, count in status.rejected_by_reason.items()]:
         out.print(f"{key:<15}{value}")

@@ -121,12 +121,15 @@ def transaction_timeline(lakehouse: str, transaction_id: str) -> list[Event]:
 
 def outcome(events: list[Event]) -> str:
     """How the transaction ended: ``COMMIT``, ``ROLLBACK``, ``DISCARD``, or ``PENDING`` (no op row yet).
+    A discarded transaction that an operator committed afterwards ended ``COMMIT``.
 
     Example::
 
         outcome(transaction_timeline("lakehouse", txn))  # 'COMMIT'
     """
     resolved = [e.detail.split()[0] for e in events if e.step == "resolved"]
+    if Outcome.COMMIT in resolved:  # a discarded transaction committed since has both
+        return Outcome.COMMIT
     return resolved[0] if resolved else PENDING
 
 

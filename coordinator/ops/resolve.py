@@ -4,7 +4,8 @@ An operator's decision goes through the commit log like any other: an END record
 operator's (its check id starts with ``operator-``; its properties carry who and why), which the
 checker judges as a check answer. The checker stays the only writer of its tables, and every
 rule still applies: the first decision of a transaction counts, a resolved one cannot be
-resolved again. ``txcoord inspect`` shows who resolved it and why.
+resolved again, except that a discarded one can be committed once (it is then delivered from
+``system/discarded``, exactly once). ``txcoord inspect`` shows who resolved it and why.
 
 Example::
 
@@ -34,11 +35,13 @@ DECISIONS = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBAC
 
 def resolve_transaction(config: CoordinatorConfig, transaction_id: str, decision: LocalTransactionState, reason: str,
                         operator: Optional[str] = None) -> dict:
-    """Send the operator's END for a pending transaction of ``config``'s lakehouse; return the record.
+    """Send the operator's END for a pending transaction of ``config``'s lakehouse, or the COMMIT of a
+    discarded one; return the record.
 
     Raises :class:`~coordinator.exceptions.InvalidArgumentError`, writing nothing, when the
-    transaction is not pending (unknown, not yet taken in by the checker, or already resolved:
-    committed, rolled back or discarded), the decision is not a commit or a rollback, or the
+    transaction cannot be ended so: it is unknown or not yet taken in by the checker, it was
+    committed or rolled back, it was discarded and the decision is a rollback, or it was
+    discarded and committed since. Also when the decision is not a commit or a rollback, or the
     reason is empty or longer than :data:`~coordinator.protocol.MAX_REASON_LENGTH`.
 
     Example::
@@ -51,7 +54,7 @@ def resolve_transaction(config: CoordinatorConfig, transaction_id: str, decision
     reason = (reason or "").strip()
     if not reason or len(reason) > MAX_REASON_LENGTH:
         raise InvalidArgumentError(f"give a reason of 1 to {MAX_REASON_LENGTH} characters")
-    group = _owner_if_pending(lakehouse, transaction_id)
+    group = _owner_if_open(lakehouse, transaction_id, decision)
     operator = operator or f"{getpass.getuser()}@{socket.gethostname()}"
     record = end_record(group, transaction_id, decision, check_id=f"{OPERATOR_CHECK_PREFIX}{uuid.uuid4().hex}",
                         properties={OPERATOR_PROPERTY: operator, OPERATOR_REASON_PROPERTY: reason})
@@ -60,16 +63,23 @@ def resolve_transaction(config: CoordinatorConfig, transaction_id: str, decision
     return record
 
 
-def _owner_if_pending(lakehouse: str, transaction_id: str) -> str:
+def _owner_if_open(lakehouse: str, transaction_id: str, decision: LocalTransactionState) -> str:
+    """The producer group of ``transaction_id`` if ``decision`` may still end it: it is pending, or it
+    was discarded, not committed since, and the decision is a commit."""
     pending = read_pending(lakehouse, ["transaction_id", "producer_group"]).filter(
         pc.field("transaction_id") == transaction_id)
     if pending.num_rows:
         return pending.column("producer_group")[0].as_py()
-    outcomes = set(read_table(Lakehouse(lakehouse).path(OP), ["outcome"], pc.field("transaction_id") == transaction_id)
-                   .column("outcome").to_pylist())
-    if Outcome.DISCARD in outcomes:
-        raise InvalidArgumentError(f"transaction {transaction_id} was discarded; committing or rolling back a "
-                                   "discarded transaction by hand is not supported yet")
+    ops = read_table(Lakehouse(lakehouse).path(OP), ["producer_group", "outcome"], pc.field("transaction_id") == transaction_id)
+    outcomes = set(ops.column("outcome").to_pylist())
+    if outcomes == {Outcome.DISCARD} and decision == LocalTransactionState.COMMIT_MESSAGE:
+        return ops.column("producer_group")[0].as_py()
+    if outcomes == {Outcome.DISCARD}:
+        raise InvalidArgumentError(f"transaction {transaction_id} was discarded: it was never delivered and stays so; "
+                                   "only --commit can still end it (once)")
+    if outcomes == {Outcome.DISCARD, Outcome.COMMIT}:
+        raise InvalidArgumentError(f"transaction {transaction_id} was discarded, then committed by an operator: "
+                                   "it is resolved for good")
     if outcomes:
         raise InvalidArgumentError(f"transaction {transaction_id} is already resolved: {', '.join(sorted(outcomes))}")
     raise InvalidArgumentError(f"no pending transaction {transaction_id} in {Lakehouse(lakehouse).path('system/half')} "

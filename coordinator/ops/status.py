@@ -21,13 +21,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from coordinator.config import CoordinatorConfig
 from coordinator.control.processes import process_gone
 from coordinator.lakehouse import Lakehouse, read_table, require_lakehouse, topic_names
 from coordinator.ops.pending import pending_transactions
-from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, REJECTED
+from coordinator.protocol import Outcome
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, OP, REJECTED
 
 UTC = dt.timezone.utc
 
@@ -42,7 +44,8 @@ class Status:
     oldest_pending_age_s: Optional[float]
     checks_due: int
     checks_issued: int
-    discarded: int
+    discarded: int  # transactions discarded, including those committed since by an operator
+    recovered: int  # discarded transactions an operator committed since
     rejected: int
     rejected_by_reason: dict[str, int]
     checker_alive: bool
@@ -84,6 +87,7 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
     pending = pending_transactions(config, now=now)
     ages = sorted(transaction.age_s for transaction in pending)
     requests = read_table(Lakehouse(lakehouse).path(CHECK_REQUESTS), ["transaction_id"])
+    discarded = sorted(set(read_table(Lakehouse(lakehouse).path(DISCARDED), ["transaction_id"]).column(0).to_pylist()))
     rejected_reasons = Counter(read_table(Lakehouse(lakehouse).path(REJECTED), ["reason"]).column("reason").to_pylist())
     lease = read_lease(lakehouse)
     lease_age = None if lease is None else now.timestamp() - lease["renewed_at"]
@@ -98,7 +102,8 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
         oldest_pending_age_s=ages[-1] if ages else None,
         checks_due=sum(transaction.next_step_at <= now for transaction in pending),
         checks_issued=requests.num_rows,
-        discarded=len(set(read_table(Lakehouse(lakehouse).path(DISCARDED), ["transaction_id"]).column(0).to_pylist())),
+        discarded=len(discarded),
+        recovered=len(_committed_since(lakehouse, discarded)),
         rejected=sum(rejected_reasons.values()),
         rejected_by_reason=dict(rejected_reasons.most_common()),
         checker_alive=lease is not None and lease_age < lease["ttl_s"] and not gone,
@@ -113,6 +118,16 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
         lag_s=_lag_seconds(lakehouse, head, lag_versions, now),
         pending_ages_s=ages,
     )
+
+
+def _committed_since(lakehouse: str, discarded: list[str]) -> set[str]:
+    """Those of the ``discarded`` transactions that have a COMMIT op row too (an operator's, after the discard)."""
+    if not discarded:
+        return set()
+    commits = read_table(Lakehouse(lakehouse).path(OP), ["transaction_id"],
+                         (pc.field("transaction_id") >= discarded[0]) & (pc.field("transaction_id") <= discarded[-1])
+                         & pc.field("transaction_id").isin(discarded) & (pc.field("outcome") == Outcome.COMMIT))
+    return set(commits.column(0).to_pylist())
 
 
 def read_lease(lakehouse: str) -> Optional[dict]:

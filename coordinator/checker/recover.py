@@ -1,0 +1,106 @@
+"""Step 2b — recover: an operator's COMMIT of a discarded transaction, accepted once.
+
+RocketMQ's operators re-send a message from the discard topic by hand. Here an operator
+sends a COMMIT END for the discarded transaction (``txcoord resolve --commit``); the checker
+accepts the first one, appends a second op row per half (``COMMIT``, after the ``DISCARD``)
+and delivers the messages from ``system/discarded``, where the discard kept them. Any later
+END for the transaction is refused, so it is delivered once or never.
+
+What was discarded and what was recovered is read from the tables as earlier batches left
+them (an operator's END is rare, and the checker's memory keeps no bodies of resolved
+transactions), so a replayed batch decides as its first run did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from coordinator.checker.context import BatchContext
+from coordinator.checker.refusals import rejection
+from coordinator.exceptions import CheckerStateError
+from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.protocol import OPERATOR_CHECK_PREFIX, LocalTransactionState, Outcome
+from coordinator.tables import DISCARDED, MESSAGE_FIELDS, OP
+
+ALREADY_RECOVERED = "discarded transaction already committed by an operator"
+ALREADY_RESOLVED = "transaction already resolved"
+
+
+def is_operator_commit(end: dict) -> bool:
+    """Whether an END record is an operator's COMMIT (the only END a discarded transaction accepts)."""
+    return end["state"] == LocalTransactionState.COMMIT_MESSAGE.value and (end["check_id"] or "").startswith(OPERATOR_CHECK_PREFIX)
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """What the operators' COMMITs of resolved transactions decided."""
+
+    ops: list[dict]  # system/op rows (less batch_id): a COMMIT per half of each recovered transaction
+    deliveries: pa.Table  # topic rows (less batch_id), each recovered message once
+    transaction_ids: list[str]
+    rejections: list[dict]
+
+
+def recover_discarded(ctx: BatchContext, ends: list[dict]) -> Recovered:
+    """Judge operator COMMITs (:func:`is_operator_commit`) of transactions no longer pending:
+    the first one for a transaction that was discarded, and not recovered since, is accepted;
+    every other is refused.
+
+    Example::
+
+        recovered = recover_discarded(ctx, [end])  # end: an operator's COMMIT of a discarded transaction
+        recovered.deliveries.num_rows              # its messages, from system/discarded
+    """
+    if not ends:
+        return Recovered([], _deliveries(DISCARDED.arrow_schema().empty_table(), {}), [], [])
+    ids = sorted({end["transaction_id"] for end in ends})
+    outcomes: dict[str, set[str]] = {}
+    ops = _earlier(ctx, OP, ["transaction_id", "outcome"], ids)
+    for transaction_id, outcome in zip(ops.column(0).to_pylist(), ops.column(1).to_pylist()):
+        outcomes.setdefault(transaction_id, set()).add(outcome)
+    accepted, rejections = {}, []
+    for end in sorted(ends, key=lambda r: (r["commit_version"], r["record_id"])):
+        found = outcomes.get(end["transaction_id"], set())
+        if end["transaction_id"] in accepted or found == {Outcome.DISCARD, Outcome.COMMIT}:
+            rejections.append(rejection(end, ALREADY_RECOVERED))
+        elif found != {Outcome.DISCARD}:
+            rejections.append(rejection(end, ALREADY_RESOLVED))
+        else:
+            accepted[end["transaction_id"]] = end
+    discarded = _discarded(ctx, sorted(accepted)) if accepted else DISCARDED.arrow_schema().empty_table()
+    offsets = discarded.column("half_offset").to_pylist()
+    owners = discarded.column("transaction_id").to_pylist()
+    committed_at = {offset: accepted[owner]["stored_us"] for offset, owner in zip(offsets, owners)}
+    recovered_ops = [dict(half_offset=offset, transaction_id=owner, producer_group=accepted[owner]["producer_group"],
+                          outcome=Outcome.COMMIT, resolved_at=committed_at[offset],
+                          end_record_id=accepted[owner]["record_id"], check_id=accepted[owner]["check_id"])
+                     for offset, owner in zip(offsets, owners)]
+    return Recovered(recovered_ops, _deliveries(discarded, committed_at), sorted(accepted), rejections)
+
+
+def _earlier(ctx: BatchContext, table, columns: list[str], ids: list[str]) -> pa.Table:
+    """Rows of ``table`` for ``ids`` that batches before this one wrote (ids are time-ordered, so
+    the range lets the files' statistics leave out the files of other times)."""
+    wanted = ((pc.field("batch_id") < ctx.batch_id) & (pc.field("transaction_id") >= ids[0])
+              & (pc.field("transaction_id") <= ids[-1]) & pc.field("transaction_id").isin(ids))
+    return read_table(Lakehouse(ctx.config.lakehouse).path(table), columns, wanted)
+
+
+def _discarded(ctx: BatchContext, ids: list[str]) -> pa.Table:
+    rows = _earlier(ctx, DISCARDED, ["transaction_id", "half_offset", *MESSAGE_FIELDS], ids).sort_by("half_offset")
+    kept = set(rows.column("transaction_id").to_pylist())
+    if kept != set(ids):
+        raise CheckerStateError(f"discarded transactions {sorted(set(ids) - kept)[:5]} have a DISCARD op row but no row "
+                                "in system/discarded; the batch fails and is retried")
+    return rows
+
+
+def _deliveries(discarded: pa.Table, committed_at: dict[int, int]) -> pa.Table:
+    offsets = discarded.column("half_offset")
+    times = pa.array([committed_at[offset] for offset in offsets.to_pylist()], pa.int64())
+    return (discarded.select(["transaction_id", *MESSAGE_FIELDS])
+            .append_column("queue_offset", offsets)
+            .append_column("commit_timestamp", times.cast(discarded.schema.field("born_timestamp").type)))
