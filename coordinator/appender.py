@@ -49,9 +49,9 @@ from typing import Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
 from coordinator.exceptions import InvalidArgumentError, UnsupportedTableError
+from coordinator.lakehouse import open_table
 
 _log = logging.getLogger("coordinator.appender")
 
@@ -283,7 +283,7 @@ class DeltaAppender:
 
     def _load(self) -> None:
         """Start again from the table's current snapshot: its version, protocol, metadata and schema."""
-        snapshot = DeltaTable(self.path)
+        snapshot = open_table(self.path)
         protocol, metadata = snapshot.protocol(), snapshot.metadata()
         check_writable({"minWriterVersion": protocol.min_writer_version, "writerFeatures": protocol.writer_features},
                        {"configuration": metadata.configuration, "schemaString": snapshot.schema().to_json()})
@@ -307,6 +307,6 @@ class DeltaAppender:
     def _checkpoint_loop(self) -> None:
         while (version := self._checkpoints.get()) is not _STOP:
             try:
-                DeltaTable(self.path, version=version).create_checkpoint()
+                open_table(self.path, version=version).create_checkpoint()
             except Exception as error:  # the next interval's checkpoint covers this one
                 _log.warning("checkpoint of %s at version %d failed: %s", self.path, version, error)

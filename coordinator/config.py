@@ -21,8 +21,11 @@ EXIT_USAGE = 2
 class CoordinatorConfig:
     """Settings shared by producers and the checker (defaults: RocketMQ's).
 
-    ``lakehouse`` is the directory that holds every table; a relative path is
-    taken from the current directory.
+    ``lakehouse`` is the directory that holds every table (a relative path is
+    taken from the current directory), or an object-storage location,
+    ``s3://bucket/prefix``. ``storage`` holds what reaching it takes (the TOML's
+    ``[storage]`` table: ``object_store``'s keys such as ``aws_endpoint``,
+    ``aws_region``, ``aws_allow_http``; ``AWS_*`` environment variables fill in the rest).
 
     Example::
 
@@ -40,10 +43,14 @@ class CoordinatorConfig:
     checker_lease_ttl_ms: int = 30000
     commit_interval_ms: int = 10
     producer_heartbeat_ms: int = 2000
+    storage: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)  # may hold credentials
 
     def __post_init__(self) -> None:
         if not isinstance(self.lakehouse, str) or not self.lakehouse.strip():
             raise ConfigError(f"lakehouse must be a non-empty path, got {self.lakehouse!r}")
+        if not isinstance(self.storage, Mapping) or not all(isinstance(key, str) for key in self.storage):
+            raise ConfigError(f"storage must be a table of settings ([storage] in the TOML), got {self.storage!r}")
+        object.__setattr__(self, "storage", {key: _setting(value) for key, value in self.storage.items()})
         for f in dataclasses.fields(self):
             if f.type != "int":
                 continue
@@ -82,7 +89,7 @@ class CoordinatorConfig:
             raise ConfigError(f"{file}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(known)}")
         for name, f in known.items():
             variable = ENV_PREFIX + name.upper()
-            if variable in environ:
+            if variable in environ and f.type in ("int", "str"):  # [storage]: the AWS_* variables instead
                 values[name] = _parse_env(variable, environ[variable], f.type)
         return cls(**values)
 
@@ -94,6 +101,14 @@ class CoordinatorConfig:
             fast = config.replace(transaction_timeout_ms=500)
         """
         return dataclasses.replace(self, **changes)
+
+
+def _setting(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int)):
+        return str(value)
+    raise ConfigError(f"a [storage] setting is a string, a number or a boolean, got {value!r}")
 
 
 def _parse_env(variable: str, raw: str, kind: str) -> Any:

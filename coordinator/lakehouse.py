@@ -8,7 +8,8 @@ created with an explicit, minimal protocol that Spark and delta-rs both read and
 from __future__ import annotations
 
 import os
-from typing import Optional, Union
+import time
+from typing import Mapping, Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,12 +20,25 @@ from deltalake.exceptions import DeltaError
 from deltalake.schema import Field
 
 from coordinator.exceptions import LakehouseNotFoundError, OutdatedLakehouseError
+from coordinator.storage import FileStore, is_object_store
 from coordinator.tables import COMMIT_LOG, HALF, OP, SYSTEM_TABLES, TableDef
+
+
+#: The checker's lease (:mod:`coordinator.control.lease`), its progress record
+#: (:mod:`coordinator.control.progress`) and the producer instances' announcements
+#: (:mod:`coordinator.control.instances`): keys under the lakehouse's root.
+LEASE_KEY = "system/_checker_lease.json"
+PROGRESS_KEY = "system/_checker_progress.json"
+PRODUCERS_KEY = "system/_producers"
 
 
 class Lakehouse:
     """The locations of one lakehouse: its tables, topics, and the checker's files. Every path
     under a lakehouse is built here.
+
+    ``root`` is a local directory or an object-storage location (``s3://bucket/prefix``);
+    ``storage`` holds the settings to reach it (the coordinator TOML's ``[storage]`` table,
+    ``object_store``'s keys; ``AWS_*`` environment variables fill in the rest).
 
     Example::
 
@@ -33,18 +47,44 @@ class Lakehouse:
         lakehouse.path("topics/ORDER")   # '/data/lakehouse/topics/ORDER'
         lakehouse.topic("ORDER")         # '/data/lakehouse/topics/ORDER'
         lakehouse.lease_file             # '/data/lakehouse/system/_checker_lease.json'
+        Lakehouse("s3://bucket/lh").path(HALF)  # 's3://bucket/lh/system/half'
     """
 
-    def __init__(self, root: Union[str, os.PathLike]):
-        self.root = os.path.abspath(os.fspath(root))
+    def __init__(self, root: Union[str, os.PathLike], storage: Optional[Mapping[str, str]] = None):
+        root = os.fspath(root)
+        self.root = root.rstrip("/") if is_object_store(root) else os.path.abspath(root)
+        self.storage = dict(storage or {})
+        self._files: Optional[FileStore] = None
+
+    @classmethod
+    def of(cls, config) -> "Lakehouse":
+        """The lakehouse a :class:`~coordinator.config.CoordinatorConfig` names, with its storage settings."""
+        return cls(config.lakehouse, config.storage)
+
+    @classmethod
+    def at(cls, lakehouse: Union[str, os.PathLike, "Lakehouse"]) -> "Lakehouse":
+        """``lakehouse`` itself if it is one, else the lakehouse at that location (settings from the environment)."""
+        return lakehouse if isinstance(lakehouse, Lakehouse) else cls(lakehouse)
 
     def __repr__(self) -> str:
         return f"Lakehouse({self.root!r})"
 
+    @property
+    def is_local(self) -> bool:
+        """Whether the lakehouse is a local directory (not object storage)."""
+        return not is_object_store(self.root)
+
+    @property
+    def files(self) -> FileStore:
+        """Its small files (lease, progress, producer instances), written conditionally."""
+        if self._files is None:
+            self._files = FileStore.at(self.root, self.storage)
+        return self._files
+
     def path(self, table: Union[TableDef, str]) -> str:
         """The directory of ``table``: a definition from ``tables/``, or a name like ``system/half``."""
         name = table.name if isinstance(table, TableDef) else table
-        return os.path.join(self.root, *name.split("/"))
+        return self._join(*name.split("/"))
 
     def topic(self, topic: str) -> str:
         """The table of ``topic``.
@@ -52,36 +92,65 @@ class Lakehouse:
         The topic must already be valid (:func:`coordinator.protocol.validate_topic`): a valid
         name holds no path separator and no dot, so it cannot leave ``topics/``.
         """
-        return os.path.join(self.topics_dir, topic)
+        return self._join("topics", topic)
 
     @property
     def topics_dir(self) -> str:
         """The directory that holds one table per topic."""
-        return os.path.join(self.root, "topics")
+        return self._join("topics")
 
     @property
     def lease_file(self) -> str:
         """The checker's lease (:mod:`coordinator.control.lease`)."""
-        return os.path.join(self.root, "system", "_checker_lease.json")
+        return self._join(*LEASE_KEY.split("/"))
 
     @property
     def progress_file(self) -> str:
         """The checker's progress record (:mod:`coordinator.control.progress`)."""
-        return os.path.join(self.root, "system", "_checker_progress.json")
+        return self._join(*PROGRESS_KEY.split("/"))
 
     @property
     def producers_dir(self) -> str:
         """Where producer instances announce themselves (:mod:`coordinator.control.instances`)."""
-        return os.path.join(self.root, "system", "_producers")
+        return self._join(*PRODUCERS_KEY.split("/"))
 
     @property
     def checker_checkpoint(self) -> str:
         """The checker's streaming checkpoint: inside the lakehouse it serves."""
-        return os.path.join(self.root, "system", "_checkpoints", "checker")
+        return self._join("system", "_checkpoints", "checker")
 
     def service_checkpoint(self, service: str) -> str:
         """The streaming checkpoint of a consuming service's query (the demo's ``credits``)."""
-        return os.path.join(self.root, "services", "_checkpoints", service)
+        return self._join("services", "_checkpoints", service)
+
+    def _join(self, *parts: str) -> str:
+        return "/".join((self.root, *parts)) if not self.is_local else os.path.join(self.root, *parts)
+
+
+#: How often a table is opened again when its log listing caught a commit being written.
+_LISTING_ATTEMPTS = 6
+
+
+def open_table(path: str, version: Optional[int] = None, storage: Optional[Mapping[str, str]] = None) -> DeltaTable:
+    """The Delta table at ``path`` (at ``version``, or its latest).
+
+    A directory listed while writers add commits to it may show a newer commit and miss the one
+    before (a listing is not a snapshot); delta-rs then refuses the log as having a gap. The table
+    is opened again, a few times, a moment later.
+
+    Example::
+
+        open_table(Lakehouse("lakehouse").path(COMMIT_LOG)).version()
+    """
+    attempts = 0
+    while True:
+        try:
+            return DeltaTable(path, version=version, storage_options=dict(storage) if storage else None)
+        except DeltaError as error:
+            attempts += 1
+            if "Expected contiguous commit files" not in str(error) or attempts == _LISTING_ATTEMPTS:
+                raise
+            time.sleep(0.01 * 2 ** attempts)
 
 
 def create_table(table: TableDef, path: str) -> bool:
@@ -109,7 +178,7 @@ def create_table(table: TableDef, path: str) -> bool:
 
 
 def _add_missing_columns(table: TableDef, path: str) -> None:
-    existing = DeltaTable(path)
+    existing = open_table(path)
     present = set(existing.schema().to_arrow().names)
     missing = [Field.from_arrow(field) for field in table.arrow_schema() if field.name not in present]
     if not missing:
@@ -117,7 +186,7 @@ def _add_missing_columns(table: TableDef, path: str) -> None:
     try:
         existing.alter.add_columns(missing)
     except DeltaError:
-        if not {f.name for f in missing} <= set(DeltaTable(path).schema().to_arrow().names):
+        if not {f.name for f in missing} <= set(open_table(path).schema().to_arrow().names):
             raise  # not a race with another process adding the same columns
 
 
@@ -144,7 +213,7 @@ def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[
     # a process that has read Spark-written tables often aborts at exit with "terminate called
     # without an active exception" (exit 134; deltalake 1.6.6, cf. delta-rs#2184).
     local = pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem())
-    dataset = DeltaTable(path).to_pyarrow_dataset(filesystem=local)
+    dataset = open_table(path).to_pyarrow_dataset(filesystem=local)
     missing = [name for name in columns or () if name not in dataset.schema.names]
     if missing:
         raise OutdatedLakehouseError(f"{path} has no column {', '.join(missing)}: an older txcoord made it; "

@@ -120,5 +120,5 @@ def test_the_base_install_brings_no_spark_and_the_spark_extra_brings_the_checker
     def names(requirements: list[str]) -> set[str]:
         return {re.split(r"[=<>!~\[ ;]", requirement, maxsplit=1)[0].lower() for requirement in requirements}
 
-    assert names(project["dependencies"]) == {"deltalake", "pyarrow", "rich"}
+    assert names(project["dependencies"]) == {"deltalake", "pyarrow", "obstore", "rich"}
     assert names(project["optional-dependencies"]["spark"]) == {"pyspark", "delta-spark"}

@@ -33,7 +33,9 @@ def by_table(results) -> dict:
 def checker_reads_from(lakehouse: str, version: int) -> None:
     """Record a checker whose last batch (which may be replayed) read from commit-log ``version``."""
     epoch = Epoch(number=0, first_batch_id=0, starting_version=0, checkpoint_id="q")
-    CheckerProgress(lakehouse).save(Progress(epoch, BatchRecord(5, 5, version, version, version + 1, 0)))
+    store = CheckerProgress(lakehouse)
+    store.load()
+    store.save(Progress(epoch, BatchRecord(5, 5, version, version, version + 1, 0)))
 
 
 def commits_in_log(path: str) -> list[int]:

@@ -7,8 +7,9 @@ import shutil
 import subprocess
 import sys
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
 from coordinator.tables import CHECK_REQUESTS, SYSTEM_TABLES, TOPIC, TableDef
@@ -93,8 +94,6 @@ def test_init_is_idempotent_and_needs_no_jvm(tmp_path):
 
 
 def test_an_older_lakehouse_is_named_as_such_until_init_adds_the_missing_column(tmp_path, capsys):
-    from deltalake import write_deltalake
-
     from coordinator.cli import main
 
     lakehouse = str(tmp_path / "lh")
@@ -111,3 +110,22 @@ def test_an_older_lakehouse_is_named_as_such_until_init_adds_the_missing_column(
     assert main(["init", "--config", str(config)]) == 0
     assert main(["status", "--config", str(config), "--json"]) == 1  # readable now; no checker is alive
     assert "producer_instance" in read_table(requests).column_names
+
+
+def test_a_log_listed_while_a_commit_lands_is_opened_again(tmp_path):
+    import threading
+
+    from deltalake.exceptions import DeltaError
+
+    from coordinator.lakehouse import open_table
+
+    path = str(tmp_path / "t")
+    for value in range(4):
+        write_deltalake(path, pa.table({"x": [value]}), mode="append")
+    second = tmp_path / "t" / "_delta_log" / f"{2:020d}.json"
+    aside = tmp_path / "aside.json"
+    second.rename(aside)  # as a listing sees it while version 2 is being committed: 0, 1, 3
+    with pytest.raises(DeltaError, match="Expected contiguous commit files"):
+        DeltaTable(path)
+    threading.Timer(0.05, aside.rename, [second]).start()  # version 2 lands
+    assert open_table(path).version() == 3

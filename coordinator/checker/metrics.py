@@ -34,7 +34,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql.streaming import StreamingQueryListener
 
 from coordinator.checker import CHECKER_NAME
-from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse import Lakehouse, open_table
 from coordinator.tables import METRICS
 
 log = logging.getLogger("coordinator.checker.metrics")
@@ -94,7 +94,7 @@ class CheckerMetrics(StreamingQueryListener):
         """
         with self._lock:
             if self._table is None:
-                self._table = DeltaTable(self.path)
+                self._table = open_table(self.path)
             else:
                 self._table.update_incremental()
             recorded = self._table.transaction_version(self.txn_app_id)

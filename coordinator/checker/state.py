@@ -47,7 +47,7 @@ from coordinator.checker.context import shaped
 from coordinator.checker.writer import TableWriter
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import CheckerStateError
-from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse import Lakehouse, open_table
 from coordinator.tables import CHECK_REQUESTS, HALF, OP
 
 log = logging.getLogger("coordinator.checker")
@@ -267,7 +267,7 @@ class CheckerState:
 def _dataset(path: str) -> tuple[DeltaTable, ds.Dataset]:
     # Files are read through pyarrow's own filesystem (see coordinator.lakehouse.read_table). The dataset's
     # fragments carry each file's statistics, so a filter leaves out the files it cannot match.
-    delta = DeltaTable(path)
+    delta = open_table(path)
     return delta, delta.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem()))
 
 

@@ -7,24 +7,26 @@ as soon as the holder's process is gone: a checker restarted after ``kill -9`` t
 at once. A second checker either refuses to start while the lease is held or stands by
 until it lapses. A holder that finds its lease taken over stops before writing anything else.
 
-The lease relies on atomic exclusive create and rename, which local and POSIX
-filesystems provide. Whether its holder's process is gone is told by
-:mod:`coordinator.control.processes`; where that cannot be told, only the expiry counts.
+Every write is conditional (:mod:`coordinator.storage`): the lease is created only if absent,
+and taken over, renewed or released only if it is still the version that was read, so of two
+checkers racing for it one wins, on a local disk or on object storage alike. Whether its
+holder's process is gone is told by :mod:`coordinator.control.processes`; where that cannot be
+told, only the expiry counts.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from coordinator.control.processes import process_gone, this_process
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
-from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse import LEASE_KEY, Lakehouse
+from coordinator.storage import Versioned
 
 
 log = logging.getLogger("coordinator.checker")
@@ -41,8 +43,10 @@ class CheckerLease:
         CheckerLease("lakehouse").acquire(wait=True, stop=stop_requested)  # stands by while held
     """
 
-    def __init__(self, lakehouse: str, ttl_s: float = 30.0, clock: Callable[[], float] = time.time):
-        self.path = Lakehouse(lakehouse).lease_file
+    def __init__(self, lakehouse: Union[str, Lakehouse], ttl_s: float = 30.0, clock: Callable[[], float] = time.time):
+        lakehouse = Lakehouse.at(lakehouse)
+        self.path = lakehouse.lease_file
+        self.files = lakehouse.files
         self.ttl_s = ttl_s
         #: Wall-clock seconds: every holder of a lakehouse's lease must share one clock.
         self.clock = clock
@@ -55,7 +59,6 @@ class CheckerLease:
         A standby logs its holder once, then polls every ``min(1 s, ttl_s / 10)``. Setting
         ``stop`` ends the wait with :class:`CheckerAlreadyRunningError`.
         """
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         stop = stop or threading.Event()
         standing_by = False
         while (holder := self._take()) is not None:
@@ -79,44 +82,47 @@ class CheckerLease:
 
         For a start that would not stand by anyway: it can refuse before starting Spark.
         """
-        holder = self._read(self.path)
+        holder = lease_record(self.files.read(LEASE_KEY))
         if self._live(holder):
             raise self._refusal(holder)
 
     def renew(self) -> None:
         """Extend the lease; raise :class:`LeaseLostError` if another checker has taken it."""
-        holder = self._read(self.path)
-        if holder is None or holder["owner"] != self.owner:
+        if not self._rewrite(self._record()):
             raise LeaseLostError(f"the checker lease {self.path} was taken over; this checker must stop")
-        staging = f"{self.path}.{self.owner}"
-        with open(staging, "w") as file:
-            json.dump(self._record(), file)
-        os.replace(staging, self.path)
 
     def release(self) -> None:
-        """Give the lease up, if still ours."""
-        holder = self._read(self.path)
-        if holder is not None and holder["owner"] == self.owner:
-            os.remove(self.path)
+        """Give the lease up, if still ours: it is left marked released, and the next checker takes it at once."""
+        self._rewrite(self._record() | {"released": True})
+
+    def _rewrite(self, record: dict) -> bool:
+        """Replace the lease with ``record`` if it is ours and unchanged since read; whether it was."""
+        current = self.files.read(LEASE_KEY)
+        holder = lease_record(current)
+        if holder is None or holder["owner"] != self.owner:
+            return False
+        return self.files.replace(LEASE_KEY, _encode(record), current.version) is not None
 
     def _take(self) -> Optional[dict]:
-        """Create the lease, evicting a lapsed one: ``None`` once it is ours, else its live holder's record."""
+        """Create the lease, or take a lapsed one over: ``None`` once it is ours, else its live holder's record."""
         while True:
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = self._read(self.path)
-                if self._live(holder):
-                    return holder
-                self._evict(holder)
-                continue
-            with os.fdopen(fd, "w") as file:
-                json.dump(self._record(), file)
-            return None
+            current = self.files.read(LEASE_KEY)
+            if current is None:
+                if self.files.create(LEASE_KEY, _encode(self._record())) is not None:
+                    return None
+                continue  # another checker created it first: look at theirs
+            holder = lease_record(current)
+            if self._live(holder):
+                return holder
+            if self.files.replace(LEASE_KEY, _encode(self._record()), current.version) is not None:
+                return None
+            # another checker changed it since we read it: look again
 
     def _live(self, holder: Optional[dict]) -> bool:
-        """Whether ``holder`` (a lease record) still holds: renewed within its TTL, its process not gone."""
-        return holder is not None and self.clock() < holder["renewed_at"] + holder["ttl_s"] and not process_gone(holder)
+        """Whether ``holder`` (a lease record) still holds: not released, renewed within its TTL, its
+        process not gone."""
+        return (holder is not None and not holder.get("released") and self.clock() < holder["renewed_at"] + holder["ttl_s"]
+                and not process_gone(holder))
 
     def _held_by(self, holder: dict) -> str:
         return (f"another checker holds {self.path} (host {holder['host']}, pid {holder['pid']}, "
@@ -129,25 +135,18 @@ class CheckerLease:
     def _record(self) -> dict:
         return {"owner": self.owner, **this_process(), "renewed_at": self.clock(), "ttl_s": self.ttl_s}
 
-    def _evict(self, stale: Optional[dict]) -> None:
-        """Move a lapsed (or unreadable) lease aside, unless it changed since we read it."""
-        aside = f"{self.path}.stale-{uuid.uuid4().hex}"
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return  # someone else evicted it first
-        moved = self._read(aside)
-        if stale is not None and moved is not None and moved["owner"] != stale["owner"]:
-            # A fresh lease was created between our read and the rename: give it back, and read it again.
-            os.rename(aside, self.path)
-            return
-        os.remove(aside)
 
-    @staticmethod
-    def _read(path: str) -> Optional[dict]:
-        try:
-            with open(path) as file:
-                record = json.load(file)
-            return record if {"owner", "renewed_at", "ttl_s", "host", "pid"} <= set(record) else None
-        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError, TypeError):
-            return None
+def lease_record(current: Optional[Versioned]) -> Optional[dict]:
+    """The lease record in a lease file's content, or ``None`` if there is none or it is unreadable
+    (a lease file that cannot be read counts as lapsed, and is taken over)."""
+    if current is None:
+        return None
+    try:
+        record = json.loads(current.data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return record if isinstance(record, dict) and {"owner", "renewed_at", "ttl_s", "host", "pid"} <= set(record) else None
+
+
+def _encode(record: dict) -> bytes:
+    return json.dumps(record).encode()

@@ -15,19 +15,21 @@ the lakehouse. :func:`CheckerProgress.next_epoch` is the recovery path: replay t
 last recorded batch exactly (its writes are idempotent) and start a new checkpoint
 at the first version after it, with batch ids that keep increasing.
 
-Reading this file needs no JVM: ``txcoord status`` and maintenance use it too.
+Reading this file needs no JVM: ``txcoord status`` and maintenance use it too. Each save
+replaces the version this checker last read or wrote, and nothing else
+(:mod:`coordinator.storage`): a checker whose lease was taken over fails its next batch
+at the announcement, before writing anything, on a local disk or on object storage alike.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from dataclasses import asdict, dataclass, replace
-from typing import Optional
+from typing import Mapping, Optional, Union
 
-from coordinator.exceptions import CheckpointMismatchError
-from coordinator.lakehouse import Lakehouse
+from coordinator.exceptions import CheckpointMismatchError, LeaseLostError
+from coordinator.lakehouse import PROGRESS_KEY, Lakehouse
+from coordinator.storage import FileStore
 
 
 @dataclass(frozen=True)
@@ -101,27 +103,25 @@ class CheckpointState:
     change_feed_offsets: bool = False
 
     @classmethod
-    def read(cls, location: str) -> "CheckpointState":
-        """Inspect the checkpoint at ``location`` without starting Spark.
+    def read(cls, location: str, storage: Optional[Mapping[str, str]] = None) -> "CheckpointState":
+        """Inspect the checkpoint at ``location`` (a directory, or object storage reached with
+        ``storage``) without starting Spark.
 
         Example::
 
             CheckpointState.read("lakehouse/system/_checkpoints/checker").checkpoint_id
         """
-        try:
-            with open(os.path.join(location, "metadata")) as file:
-                checkpoint_id = json.load(file).get("id")
-        except FileNotFoundError:
+        files = FileStore.at(location, storage)
+        metadata = files.read("metadata")
+        if metadata is None:
             return cls(exists=False)
+        try:
+            checkpoint_id = json.loads(metadata.data).get("id")
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
             checkpoint_id = None
-        offsets = os.path.join(location, "offsets")
-        batches = [int(name) for name in os.listdir(offsets) if name.isdigit()] if os.path.isdir(offsets) else []
-        last = max(batches, default=None)
-        change_feed = False
-        if last is not None:
-            with open(os.path.join(offsets, str(last)), errors="replace") as file:
-                change_feed = "reservoirVersion" in file.read()
+        names = [key.rsplit("/", 1)[-1] for key in files.list("offsets")]
+        last = max((int(name) for name in names if name.isdigit()), default=None)
+        change_feed = last is not None and b"reservoirVersion" in files.read(f"offsets/{last}").data
         return cls(exists=True, checkpoint_id=checkpoint_id, last_planned_batch=last, change_feed_offsets=change_feed)
 
 
@@ -134,29 +134,42 @@ class CheckerProgress:
         progress.load()            # None before the first checker ever ran
     """
 
-    def __init__(self, lakehouse: str):
-        self.path = Lakehouse(lakehouse).progress_file
+    def __init__(self, lakehouse: Union[str, Lakehouse]):
+        lakehouse = Lakehouse.at(lakehouse)
+        self.path = lakehouse.progress_file
+        self.files = lakehouse.files
+        self._version: Optional[str] = None  # of the record as this object last read or wrote it
 
     def load(self) -> Optional[Progress]:
         """The recorded progress, or ``None`` if no checker has recorded any."""
-        try:
-            with open(self.path) as file:
-                raw = json.load(file)
-        except FileNotFoundError:
+        current = self.files.read(PROGRESS_KEY)
+        if current is None:
+            self._version = None
             return None
+        try:
+            raw = json.loads(current.data)
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise CheckpointMismatchError(f"{self.path} is unreadable ({error}); restore it from a backup") from None
+        self._version = current.version
         last = raw.get("last_batch")
         return Progress(epoch=Epoch(**raw["epoch"]), last_batch=BatchRecord(**last) if last else None)
 
     def save(self, progress: Progress) -> None:
-        """Replace the record atomically (write aside, then rename)."""
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        staging = f"{self.path}.{uuid.uuid4().hex}"
-        with open(staging, "w") as file:
-            json.dump({"epoch": asdict(progress.epoch),
-                       "last_batch": asdict(progress.last_batch) if progress.last_batch else None}, file)
-        os.replace(staging, self.path)
+        """Replace the record as this object last read or wrote it (whole, or not at all).
+
+        Raises :class:`~coordinator.exceptions.LeaseLostError` if another checker changed it since:
+        this one's lease was taken over.
+        """
+        data = json.dumps({"epoch": asdict(progress.epoch),
+                           "last_batch": asdict(progress.last_batch) if progress.last_batch else None}).encode()
+        if self._version is None:
+            version = self.files.create(PROGRESS_KEY, data)
+        else:
+            version = self.files.replace(PROGRESS_KEY, data, self._version)
+        if version is None:
+            raise LeaseLostError(f"{self.path} was changed by another checker since this one read it: its lease was "
+                                 "taken over, and it must stop")
+        self._version = version
 
     def begin(self, checkpoint: CheckpointState) -> Progress:
         """Check ``checkpoint`` against the record and return the progress to run with.

@@ -48,7 +48,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from coordinator.control.progress import CheckerProgress
 from coordinator.exceptions import InvalidArgumentError
-from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse import Lakehouse, open_table
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
 
 #: Delta's own default for ``delta.deletedFileRetentionDuration``.
@@ -166,7 +166,7 @@ def _maintain_table(lakehouse: str, name: str, retention_hours: int, log_retenti
     if not DeltaTable.is_deltatable(path):
         result.skipped.append("not a Delta table")
         return result
-    table = DeltaTable(path)
+    table = open_table(path)
     result.files_before = len(table.file_uris())
     if log_retention is not None:
         _attempt(result, "log retention", lambda: _set_log_retention(table, name, log_retention), None)
@@ -177,15 +177,15 @@ def _maintain_table(lakehouse: str, name: str, retention_hours: int, log_retenti
     if name in NOT_COMPACTED:
         result.skipped.append("compaction: the check interval is timed from each request's file")
     else:
-        metrics = _attempt(result, "compaction", lambda: DeltaTable(path).optimize.compact(), {})
+        metrics = _attempt(result, "compaction", lambda: open_table(path).optimize.compact(), {})
         result.files_compacted = metrics.get("numFilesRemoved", 0)
-    _attempt(result, "checkpoint", lambda: DeltaTable(path).create_checkpoint(), None)
+    _attempt(result, "checkpoint", lambda: open_table(path).create_checkpoint(), None)
     still_needed = _commit_still_needed(lakehouse, path) if name == COMMIT_LOG.name else None
     if still_needed is not None:
         result.skipped.append(f"log cleanup: {still_needed}")
     else:
-        _attempt(result, "log cleanup", lambda: DeltaTable(path).cleanup_metadata(), None)
-    final = DeltaTable(path)
+        _attempt(result, "log cleanup", lambda: open_table(path).cleanup_metadata(), None)
+    final = open_table(path)
     result.files_after, result.version = len(final.file_uris()), final.version()
     return result
 
@@ -239,7 +239,7 @@ def _commit_still_needed(lakehouse: str, path: str) -> Optional[str]:
     """
     progress = CheckerProgress(lakehouse).load()
     needed = progress.oldest_needed_version if progress is not None else 0
-    retention = _log_retention(DeltaTable(path))
+    retention = _log_retention(open_table(path))
     cutoff = time.time() - (retention - min(_CLOCK_MARGIN, retention / 2)).total_seconds()
     commits = ((os.path.splitext(entry.name)[0], entry) for entry in os.scandir(os.path.join(path, "_delta_log"))
                if entry.name.endswith(".json"))

@@ -15,18 +15,18 @@ Example::
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from coordinator.config import CoordinatorConfig
+from coordinator.control.lease import lease_record
 from coordinator.control.processes import process_gone
-from coordinator.lakehouse import Lakehouse, read_table, require_lakehouse, topic_names
+from coordinator.lakehouse import LEASE_KEY, Lakehouse, open_table, read_table, require_lakehouse, topic_names
 from coordinator.ops.pending import pending_transactions
 from coordinator.protocol import Outcome
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, OP, REJECTED
@@ -93,7 +93,7 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
     lease_age = None if lease is None else now.timestamp() - lease["renewed_at"]
     gone = lease is not None and process_gone(lease)
     last = last_batch(lakehouse)
-    head = DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).version()
+    head = open_table(Lakehouse(lakehouse).path(COMMIT_LOG)).version()
     lag_versions = None if last is None or last["commit_log_version"] is None else head - last["commit_log_version"]
     return Status(
         lakehouse=Lakehouse(lakehouse).root,
@@ -130,18 +130,15 @@ def _committed_since(lakehouse: str, discarded: list[str]) -> set[str]:
     return set(commits.column(0).to_pylist())
 
 
-def read_lease(lakehouse: str) -> Optional[dict]:
+def read_lease(lakehouse: Union[str, Lakehouse]) -> Optional[dict]:
     """The checker lease of ``lakehouse`` (owner, host, pid, renewed_at, ttl_s), or ``None`` if none is held.
 
     Example::
 
         read_lease("lakehouse")  # {'host': 'vm', 'pid': 4242, 'renewed_at': 1795310357.0, 'ttl_s': 30.0, ...}
     """
-    try:
-        with open(Lakehouse(lakehouse).lease_file) as file:
-            return json.load(file)
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+    record = lease_record(Lakehouse.at(lakehouse).files.read(LEASE_KEY))
+    return None if record is None or record.get("released") else record
 
 
 def read_metrics(lakehouse: str, columns: Optional[list[str]] = None) -> pa.Table:
@@ -198,5 +195,5 @@ def _lag_seconds(lakehouse: str, head: int, lag_versions: Optional[int], now: dt
         return None
     if lag_versions <= 0:
         return 0.0
-    oldest_unread = min(DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).history(limit=lag_versions), key=lambda c: c["version"])
+    oldest_unread = min(open_table(Lakehouse(lakehouse).path(COMMIT_LOG)).history(limit=lag_versions), key=lambda c: c["version"])
     return max(0.0, now.timestamp() - oldest_unread["timestamp"] / 1000)

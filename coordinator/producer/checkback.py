@@ -31,7 +31,7 @@ from deltalake import DeltaTable
 from coordinator.config import CoordinatorConfig
 from coordinator.control.instances import ProducerInstances
 from coordinator.exceptions import ProducerStateError
-from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.lakehouse import Lakehouse, open_table, read_table
 from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.producer.listener import TransactionListener
 from coordinator.producer.message import Message
@@ -150,7 +150,7 @@ class CheckBackWorker:
         if self._table is None:
             if not DeltaTable.is_deltatable(self.path):
                 return
-            table = DeltaTable(self.path)
+            table = open_table(self.path)
             self._dispatch(self._recent_requests(table))
             self._table, self._version = table, table.version()
             return

@@ -1,0 +1,225 @@
+"""The small files of a lakehouse (the checker's lease and progress record, producer instances),
+with the conditional writes that make them safe: on a local disk or an S3-compatible bucket.
+
+A file is read with its *version* (on S3, its ETag; on a local disk, a hash of its content) and replaced only if it is still at that version, or created only if absent. That is all
+a lease and a progress record need to stay single-writer, on either kind of storage: two
+processes racing to replace the same version see one win and one refused.
+
+Object storage is reached through ``obstore`` (the Rust ``object_store`` crate, the one delta-rs
+uses), so the same settings serve both: ``AWS_*`` environment variables, or the coordinator
+TOML's ``[storage]`` table (the same keys, e.g. ``aws_endpoint``, ``aws_allow_http``).
+
+Example::
+
+    files = FileStore.at("s3://bucket/lakehouse", {"aws_endpoint": "http://127.0.0.1:9000"})
+    files.create("system/_checker_lease.json", b"{...}")        # the new version, or None if it exists
+    current = files.read("system/_checker_lease.json")          # Versioned(data, version), or None
+    files.replace("system/_checker_lease.json", b"{...}", current.version)  # None if it changed since
+"""
+
+from __future__ import annotations
+
+import abc
+import fcntl
+import hashlib
+import os
+import uuid
+from contextlib import contextmanager
+from typing import Iterator, Mapping, NamedTuple, Optional
+from urllib.parse import urlparse
+
+import obstore
+from obstore.exceptions import AlreadyExistsError, PreconditionError
+from obstore.store import S3Store
+
+from coordinator.exceptions import InvalidArgumentError
+
+#: Location schemes served by object storage; anything else is a local path.
+OBJECT_SCHEMES = ("s3", "s3a")
+
+
+class Versioned(NamedTuple):
+    """A file's content and the version it was read at."""
+
+    data: bytes
+    version: str
+
+
+def is_object_store(location: str) -> bool:
+    """Whether ``location`` names object storage (``s3://bucket/prefix``) rather than a local path."""
+    return urlparse(location).scheme in OBJECT_SCHEMES
+
+
+class FileStore(abc.ABC):
+    """Small files under one root, read with their version and written conditionally.
+
+    Use :meth:`at` to get the store of a location; keys are relative to its root, ``/``-separated.
+    """
+
+    @staticmethod
+    def at(root: str, options: Optional[Mapping[str, str]] = None) -> "FileStore":
+        """The store for ``root``: a local directory, or ``s3://bucket/prefix`` with ``options``
+        (``object_store``'s keys; ``AWS_*`` environment variables fill in the rest).
+
+        Example::
+
+            FileStore.at("/data/lakehouse").read("system/_checker_progress.json")
+        """
+        return ObjectFileStore(root, options or {}) if is_object_store(root) else LocalFileStore(root)
+
+    @abc.abstractmethod
+    def read(self, key: str) -> Optional[Versioned]:
+        """The file's content and version, or ``None`` if there is no such file."""
+
+    @abc.abstractmethod
+    def create(self, key: str, data: bytes) -> Optional[str]:
+        """Write the file only if it does not exist; return its version, or ``None`` if it existed."""
+
+    @abc.abstractmethod
+    def replace(self, key: str, data: bytes, version: str) -> Optional[str]:
+        """Overwrite the file only if it is still at ``version``; return the new version, or ``None``
+        if it changed or is gone."""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Write the file, whatever was there (whole or not at all)."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the file if it exists."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """The keys of the files under ``prefix`` (a directory-like key), sorted."""
+
+
+class LocalFileStore(FileStore):
+    """A local directory. A file appears whole (written aside, then linked or renamed into place);
+    a replace holds an exclusive ``flock`` on a sidecar ``<file>.lock`` while it compares and renames,
+    so processes of this host racing on one file are serialised."""
+
+    def __init__(self, root: str):
+        self.root = os.path.abspath(root)
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *key.split("/"))
+
+    def read(self, key: str) -> Optional[Versioned]:
+        try:
+            with open(self._path(key), "rb") as file:
+                data = file.read()
+        except FileNotFoundError:
+            return None
+        return Versioned(data, _local_version(data))
+
+    def create(self, key: str, data: bytes) -> Optional[str]:
+        path = self._path(key)
+        staged = self._stage(path, data)
+        try:
+            os.link(staged, path)  # fails if the name exists: an atomic create-if-absent, with the content in place
+        except FileExistsError:
+            return None
+        finally:
+            os.remove(staged)
+        return _local_version(data)
+
+    def replace(self, key: str, data: bytes, version: str) -> Optional[str]:
+        path = self._path(key)
+        with self._locked(path):
+            current = self.read(key)
+            if current is None or current.version != version:
+                return None
+            os.replace(self._stage(path, data), path)
+            return _local_version(data)
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        os.replace(self._stage(path, data), path)
+
+    def delete(self, key: str) -> None:
+        try:
+            os.remove(self._path(key))
+        except FileNotFoundError:
+            pass
+
+    def list(self, prefix: str) -> list[str]:
+        directory = self._path(prefix)
+        if not os.path.isdir(directory):
+            return []
+        return sorted(f"{prefix.rstrip('/')}/{name}" for name in os.listdir(directory)
+                      if not name.startswith(".") and os.path.isfile(os.path.join(directory, name)))
+
+    @staticmethod
+    def _stage(path: str, data: bytes) -> str:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        staged = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}")
+        with open(staged, "wb") as file:
+            file.write(data)
+        return staged
+
+    @staticmethod
+    @contextmanager
+    def _locked(path: str) -> Iterator[None]:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _local_version(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+class ObjectFileStore(FileStore):
+    """An S3-compatible bucket, through ``obstore``: ``If-None-Match: *`` for a create, ``If-Match``
+    with the ETag read for a replace. The server must support both (AWS S3 does since 2024, MinIO does)."""
+
+    def __init__(self, root: str, options: Mapping[str, str]):
+        parsed = urlparse(root)
+        if not parsed.netloc:
+            raise InvalidArgumentError(f"an object-storage location names a bucket: s3://BUCKET/PREFIX, got {root!r}")
+        self.root = root
+        config = {key: value for key, value in options.items() if key != "aws_allow_http"}
+        client = {"allow_http": _truthy(options["aws_allow_http"])} if "aws_allow_http" in options else None
+        self._store = S3Store(parsed.netloc, prefix=parsed.path.strip("/") or None, config=config or None,
+                              client_options=client)
+
+    def read(self, key: str) -> Optional[Versioned]:
+        try:
+            result = obstore.get(self._store, key)
+        except FileNotFoundError:
+            return None
+        return Versioned(bytes(result.bytes()), result.meta["e_tag"])
+
+    def create(self, key: str, data: bytes) -> Optional[str]:
+        try:
+            return obstore.put(self._store, key, data, mode="create")["e_tag"]
+        except (AlreadyExistsError, PreconditionError):
+            return None
+
+    def replace(self, key: str, data: bytes, version: str) -> Optional[str]:
+        try:
+            return obstore.put(self._store, key, data, mode={"e_tag": version})["e_tag"]
+        except (PreconditionError, FileNotFoundError):
+            return None
+
+    def put(self, key: str, data: bytes) -> None:
+        obstore.put(self._store, key, data)
+
+    def delete(self, key: str) -> None:
+        try:
+            obstore.delete(self._store, key)
+        except FileNotFoundError:
+            pass
+
+    def list(self, prefix: str) -> list[str]:
+        prefix = prefix.rstrip("/") + "/"
+        return sorted(meta["path"] for batch in obstore.list(self._store, prefix) for meta in batch
+                      if "/" not in meta["path"][len(prefix):])
+
+
+def _truthy(value: str) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
