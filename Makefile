@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JARS := .cache/jars/.package
 
-.PHONY: setup demo test chaos cluster bench peers clean
+.PHONY: setup demo test s3-server chaos cluster bench peers clean
 
 setup: $(INSTALLED) $(JARS)
 
@@ -26,9 +26,16 @@ demo: setup
 
 # First the end-to-end tests that start Spark jobs of their own (`slow`: two JVMs at most), one at a
 # time; then the rest on two workers, each with its one shared Spark session (two JVMs again).
+# Meanwhile the S3 server of the object-storage tests is built from source, once (cached in .cache/s3).
 test: setup
-	$(PY) -m pytest -q -m slow
+	@mkdir -p .cache; $(PY) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
+	$(PY) -m pytest -q -m slow || { kill $$build 2>/dev/null; exit 1; }; \
+	wait $$build || { cat .cache/s3-build.log; exit 1; }; \
 	$(PY) -m pytest -q -m "not slow" -n 2
+
+# A real S3-compatible server on loopback (versitygw), built once into .cache/s3: `scripts/s3_server.py --help`.
+s3-server: setup
+	$(PY) scripts/s3_server.py build
 
 # Kill -9 the checker and producers at random and verify every invariant: `bench/chaos.py --help`.
 chaos: setup

@@ -2,8 +2,9 @@
 
 A Delta append is two writes: a Parquet file, then the table's next commit file
 ``_delta_log/<version>.json``, created only if no other writer has created it
-(the Delta protocol's mutual exclusion; on a local disk, a hard link, which
-fails when the name exists). delta-rs's ``write_deltalake`` does the same and
+(the Delta protocol's mutual exclusion: on a local disk, a hard link, which
+fails when the name exists; on object storage, a conditional ``If-None-Match: *``
+PUT, as delta-rs commits there; see :mod:`coordinator.storage`). delta-rs's ``write_deltalake`` does the same and
 much more around it: it plans the write, re-reads the log and rebuilds its
 snapshot after every commit, so one append costs about 20 ms of CPU, and a
 ``DeltaTable`` kept open gets slower with every commit it has seen.
@@ -45,13 +46,14 @@ import threading
 import time
 import uuid
 from importlib import metadata as package_metadata
-from typing import Optional
+from typing import Mapping, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from coordinator.exceptions import InvalidArgumentError, UnsupportedTableError
 from coordinator.lakehouse import open_table
+from coordinator.storage import FileStore, is_object_store
 
 _log = logging.getLogger("coordinator.appender")
 
@@ -149,9 +151,10 @@ class DeltaAppender:
             appender.append(records)
     """
 
-    def __init__(self, path: str, *, checkpoints: bool = True) -> None:
-        self.path = os.path.abspath(path)
-        self._log_dir = os.path.join(self.path, "_delta_log")
+    def __init__(self, path: str, *, checkpoints: bool = True, storage: Optional[Mapping[str, str]] = None) -> None:
+        self.path = path if is_object_store(path) else os.path.abspath(path)
+        self.storage = dict(storage or {})
+        self._files = FileStore.at(self.path, self.storage)
         self._lock = threading.Lock()
         self._load()
         self._checkpoints: Optional[queue.SimpleQueue] = None
@@ -191,16 +194,13 @@ class DeltaAppender:
                                  f"expected {self._schema.names}")
             data = data.cast(self._schema)  # e.g. a map's entry names as another engine spells them
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        file_path = os.path.join(self.path, name)
         # Encoded in memory, written in one call: half the time of writing the file through pyarrow.
         encoded = pa.BufferOutputStream()
         pq.write_table(data, encoded, compression="snappy")
-        with open(file_path, "wb") as out:
-            out.write(encoded.getvalue())
-            out.flush()
-            written = os.fstat(out.fileno())
-        add = {"path": name, "partitionValues": {}, "size": written.st_size,
-               "modificationTime": written.st_mtime_ns // 1_000_000, "dataChange": True, "stats": file_stats(data)}
+        content = encoded.getvalue().to_pybytes()
+        written_ms = self._files.put(name, content)
+        add = {"path": name, "partitionValues": {}, "size": len(content),
+               "modificationTime": written_ms, "dataChange": True, "stats": file_stats(data)}
         now_ms = int(time.time() * 1000)
         actions = [{"commitInfo": {"timestamp": now_ms, "operation": "WRITE", "operationParameters": {"mode": "Append"},
                                    "isBlindAppend": True, "engineInfo": _ENGINE, "clientVersion": _ENGINE}}]
@@ -208,15 +208,10 @@ class DeltaAppender:
             app_id, app_version = app_transaction
             actions.append({"txn": {"appId": app_id, "version": app_version, "lastUpdated": now_ms}})
         actions.append({"add": add})
-        staged = os.path.join(self._log_dir, f"_commit_{uuid.uuid4().hex}.json.tmp")
-        with open(staged, "w") as out:
-            out.write("".join(json.dumps(action, separators=(",", ":")) + "\n" for action in actions))
-        try:
-            version = self._commit(staged, data.schema, app_transaction)
-        finally:
-            os.unlink(staged)
+        commit = "".join(json.dumps(action, separators=(",", ":")) + "\n" for action in actions).encode()
+        version = self._commit(commit, data.schema, app_transaction)
         if version is None:
-            os.unlink(file_path)
+            self._files.delete(name)
         elif self._checkpoints is not None and version % self._checkpoint_interval == 0:
             self._checkpoints.put(version)
         return version
@@ -234,7 +229,7 @@ class DeltaAppender:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _commit(self, staged: str, schema: pa.Schema, app_transaction: Optional[tuple[str, int]]) -> Optional[int]:
+    def _commit(self, commit: bytes, schema: pa.Schema, app_transaction: Optional[tuple[str, int]]) -> Optional[int]:
         with self._lock:
             while True:
                 if not schema.equals(self._schema):
@@ -245,9 +240,7 @@ class DeltaAppender:
                 if self._last_checkpoint() >= version:
                     self._load()  # versions this far back may have been cleaned from the log: start again
                     continue
-                try:
-                    os.link(staged, self._version_file(version))
-                except FileExistsError:
+                if self._files.create(self._version_file(version), commit) is None:
                     self._read_through(version)
                     continue
                 self._known = version
@@ -258,12 +251,11 @@ class DeltaAppender:
     def _read_through(self, version: int) -> None:
         """Take in the commits after ``self._known`` up to ``version``, which exists (some other writer's)."""
         for other in range(self._known + 1, version + 1):
-            try:
-                with open(self._version_file(other)) as commit:
-                    actions = [json.loads(line) for line in commit if line.strip()]
-            except FileNotFoundError:
+            commit = self._files.read(self._version_file(other))
+            if commit is None:
                 self._load()  # cleaned from the log meanwhile: this appender was far behind
                 return
+            actions = [json.loads(line) for line in commit.data.splitlines() if line.strip()]
             if any("metaData" in action or "protocol" in action for action in actions):
                 _log.info("%s: version %d changed the table's metadata or protocol; reading it again", self.path, other)
                 self._load()
@@ -283,7 +275,7 @@ class DeltaAppender:
 
     def _load(self) -> None:
         """Start again from the table's current snapshot: its version, protocol, metadata and schema."""
-        snapshot = open_table(self.path)
+        snapshot = open_table(self.path, storage=self.storage)
         protocol, metadata = snapshot.protocol(), snapshot.metadata()
         check_writable({"minWriterVersion": protocol.min_writer_version, "writerFeatures": protocol.writer_features},
                        {"configuration": metadata.configuration, "schemaString": snapshot.schema().to_json()})
@@ -295,18 +287,19 @@ class DeltaAppender:
         self._known = snapshot.version()  # every version up to here exists and has been taken in
 
     def _last_checkpoint(self) -> int:
+        pointer = self._files.read("_delta_log/_last_checkpoint")
         try:
-            with open(os.path.join(self._log_dir, "_last_checkpoint")) as pointer:
-                return json.load(pointer)["version"]
-        except (FileNotFoundError, ValueError, KeyError):
+            return -1 if pointer is None else json.loads(pointer.data)["version"]
+        except (ValueError, KeyError, TypeError):
             return -1
 
-    def _version_file(self, version: int) -> str:
-        return os.path.join(self._log_dir, f"{version:020d}.json")
+    @staticmethod
+    def _version_file(version: int) -> str:
+        return f"_delta_log/{version:020d}.json"
 
     def _checkpoint_loop(self) -> None:
         while (version := self._checkpoints.get()) is not _STOP:
             try:
-                open_table(self.path, version=version).create_checkpoint()
+                open_table(self.path, version=version, storage=self.storage).create_checkpoint()
             except Exception as error:  # the next interval's checkpoint covers this one
                 _log.warning("checkpoint of %s at version %d failed: %s", self.path, version, error)

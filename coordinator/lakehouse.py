@@ -153,7 +153,7 @@ def open_table(path: str, version: Optional[int] = None, storage: Optional[Mappi
             time.sleep(0.01 * 2 ** attempts)
 
 
-def create_table(table: TableDef, path: str) -> bool:
+def create_table(table: TableDef, path: str, storage: Optional[Mapping[str, str]] = None) -> bool:
     """Create ``table`` at ``path`` unless it exists; return whether it was created.
 
     A table created by an earlier version of the coordinator gains the columns its definition
@@ -164,21 +164,24 @@ def create_table(table: TableDef, path: str) -> bool:
 
         create_table(HALF, Lakehouse("lakehouse").path(HALF))  # True the first time, then False
     """
-    if DeltaTable.is_deltatable(path):
-        _add_missing_columns(table, path)
+    options = dict(storage) if storage else None
+    if DeltaTable.is_deltatable(path, storage_options=options):
+        _add_missing_columns(table, path, storage)
         return False
-    os.makedirs(path, exist_ok=True)
+    if not is_object_store(path):
+        os.makedirs(path, exist_ok=True)
     try:
-        DeltaTable.create(path, schema=table.arrow_schema(), mode="error", configuration=table.properties or None)
+        DeltaTable.create(path, schema=table.arrow_schema(), mode="error", configuration=table.properties or None,
+                          storage_options=options)
     except DeltaError:
-        if DeltaTable.is_deltatable(path):
+        if DeltaTable.is_deltatable(path, storage_options=options):
             return False
         raise
     return True
 
 
-def _add_missing_columns(table: TableDef, path: str) -> None:
-    existing = open_table(path)
+def _add_missing_columns(table: TableDef, path: str, storage: Optional[Mapping[str, str]]) -> None:
+    existing = open_table(path, storage=storage)
     present = set(existing.schema().to_arrow().names)
     missing = [Field.from_arrow(field) for field in table.arrow_schema() if field.name not in present]
     if not missing:
@@ -186,11 +189,11 @@ def _add_missing_columns(table: TableDef, path: str) -> None:
     try:
         existing.alter.add_columns(missing)
     except DeltaError:
-        if not {f.name for f in missing} <= set(open_table(path).schema().to_arrow().names):
+        if not {f.name for f in missing} <= set(open_table(path, storage=storage).schema().to_arrow().names):
             raise  # not a race with another process adding the same columns
 
 
-def init_lakehouse(lakehouse: str) -> list[str]:
+def init_lakehouse(lakehouse: Union[str, Lakehouse]) -> list[str]:
     """Create every missing system table under ``lakehouse``; return the names created.
 
     Idempotent: a second call creates nothing.
@@ -199,11 +202,13 @@ def init_lakehouse(lakehouse: str) -> list[str]:
 
         init_lakehouse("lakehouse")  # ['system/commit_log', 'system/half', ...]
     """
-    return [table.name for table in SYSTEM_TABLES if create_table(table, Lakehouse(lakehouse).path(table))]
+    lakehouse = Lakehouse.at(lakehouse)
+    return [table.name for table in SYSTEM_TABLES if create_table(table, lakehouse.path(table), lakehouse.storage)]
 
 
-def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[pc.Expression] = None) -> pa.Table:
-    """The current snapshot of the local Delta table at ``path``: ``columns`` and rows matching ``filter``, if given.
+def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[pc.Expression] = None,
+               storage: Optional[Mapping[str, str]] = None) -> pa.Table:
+    """The current snapshot of the Delta table at ``path``: ``columns`` and rows matching ``filter``, if given.
 
     Example::
 
@@ -212,8 +217,11 @@ def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[
     # Files are read through pyarrow's own filesystem, not delta-rs's default handler: with that one,
     # a process that has read Spark-written tables often aborts at exit with "terminate called
     # without an active exception" (exit 134; deltalake 1.6.6, cf. delta-rs#2184).
-    local = pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem())
-    dataset = open_table(path).to_pyarrow_dataset(filesystem=local)
+    table = open_table(path, storage=storage)
+    if is_object_store(path):
+        dataset = table.to_pyarrow_dataset()
+    else:
+        dataset = table.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem()))
     missing = [name for name in columns or () if name not in dataset.schema.names]
     if missing:
         raise OutdatedLakehouseError(f"{path} has no column {', '.join(missing)}: an older txcoord made it; "

@@ -23,6 +23,7 @@ import abc
 import fcntl
 import hashlib
 import os
+import time
 import uuid
 from contextlib import contextmanager
 from typing import Iterator, Mapping, NamedTuple, Optional
@@ -81,8 +82,9 @@ class FileStore(abc.ABC):
         if it changed or is gone."""
 
     @abc.abstractmethod
-    def put(self, key: str, data: bytes) -> None:
-        """Write the file, whatever was there (whole or not at all)."""
+    def put(self, key: str, data: bytes) -> int:
+        """Write the file, whatever was there (whole or not at all); return when it was written, in
+        epoch milliseconds (its modification time, as Delta's ``add`` actions record it)."""
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:
@@ -132,9 +134,10 @@ class LocalFileStore(FileStore):
             os.replace(self._stage(path, data), path)
             return _local_version(data)
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes) -> int:
         path = self._path(key)
         os.replace(self._stage(path, data), path)
+        return os.stat(path).st_mtime_ns // 1_000_000
 
     def delete(self, key: str) -> None:
         try:
@@ -206,8 +209,9 @@ class ObjectFileStore(FileStore):
         except (PreconditionError, FileNotFoundError):
             return None
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes) -> int:
         obstore.put(self._store, key, data)
+        return int(time.time() * 1000)
 
     def delete(self, key: str) -> None:
         try:

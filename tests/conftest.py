@@ -160,6 +160,29 @@ def stored_time(checker: ManualChecker, transaction_id: str) -> dt.datetime:
     return dt.datetime.fromtimestamp(row.us / 1e6, UTC)
 
 
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3-compatible server (``scripts/s3_server.py``: versitygw) on loopback for the session,
+    with a bucket ``lakehouse``. Skips when the server is not built (``make test`` builds it)."""
+    sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
+    from s3_server import BINARY, S3Server
+
+    if not BINARY.exists():
+        pytest.skip(f"no S3 server built at {BINARY}: run `.venv/bin/python scripts/s3_server.py build`")
+    server = S3Server(tmp_path_factory.mktemp("s3"), log_file=str(tmp_path_factory.mktemp("s3-log") / "server.log"))
+    with server:
+        server.create_bucket("lakehouse")
+        yield server
+
+
+@pytest.fixture
+def s3_lakehouse(s3_server) -> Lakehouse:
+    """A fresh lakehouse under ``s3://lakehouse/`` on the session's S3 server, its tables created."""
+    lakehouse = Lakehouse(f"s3://lakehouse/{uuid.uuid4().hex}", s3_server.storage_options)
+    init_lakehouse(lakehouse)
+    return lakehouse
+
+
 DEMO_ORDERS = 12
 
 

@@ -95,7 +95,7 @@ def test_the_worker_waits_for_a_missing_table_and_stops_cleanly(tmp_path, monkey
     looked_for = []
     is_deltatable = DeltaTable.is_deltatable
     monkeypatch.setattr(DeltaTable, "is_deltatable",
-                        staticmethod(lambda path, *args: looked_for.append(path) or is_deltatable(path, *args)))
+                        staticmethod(lambda path, *args, **kwargs: looked_for.append(path) or is_deltatable(path, *args, **kwargs)))
     listener = RecordingListener()
     before = set(threading.enumerate())
     with CommitLogWriter(answered_into) as writer:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import os
 import signal
 import subprocess
 import sys
@@ -52,9 +51,9 @@ def test_an_instance_is_live_while_it_renews_and_forgotten_long_after(tmp_path):
     assert [i.instance_id for i in instances.live("g")] == ["a", "c"]
     clock.now += 2.0  # "a" was last seen 7 s ago: more than three heartbeats
     assert [i.instance_id for i in instances.live("g")] == ["c"]
-    assert sorted(os.listdir(os.path.join(instances.root, "g"))) == ["a.json", "c.json"]
+    assert instances.files.list("system/_producers/g") == ["system/_producers/g/a.json", "system/_producers/g/c.json"]
     clock.now += FORGET_AFTER_S
-    assert instances.live("g") == [] and os.listdir(os.path.join(instances.root, "g")) == []
+    assert instances.live("g") == [] and instances.files.list("system/_producers/g") == []
 
 
 def test_an_instance_whose_process_is_gone_from_this_host_is_passed_over_at_once(tmp_path):

@@ -24,16 +24,14 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 import time
-import uuid
 import zlib
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 from urllib.parse import quote
 
 from coordinator.control.processes import process_gone, this_process
-from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse import PRODUCERS_KEY, Lakehouse
 
 #: An instance is live while its record is at most this many of its heartbeats old.
 LIVE_FOR_HEARTBEATS = 3
@@ -62,27 +60,19 @@ class ProducerInstance:
 class ProducerInstances:
     """The producer instances of a lakehouse, by group (see the module's docstring)."""
 
-    def __init__(self, lakehouse: str, clock: Callable[[], float] = time.time):
-        self.root = Lakehouse(lakehouse).producers_dir
+    def __init__(self, lakehouse: Union[str, Lakehouse], clock: Callable[[], float] = time.time):
+        self.files = Lakehouse.at(lakehouse).files
         self.clock = clock
 
     def announce(self, group: str, instance_id: str, heartbeat_s: float) -> None:
         """Record that ``instance_id`` of ``group`` is alive now; call every ``heartbeat_s``."""
-        directory = self._group_dir(group)
-        os.makedirs(directory, exist_ok=True)
         record = {"group": group, "instance_id": instance_id, **this_process(), "last_seen": self.clock(),
                   "heartbeat_s": heartbeat_s}
-        staging = os.path.join(directory, f".{instance_id}.{uuid.uuid4().hex}.tmp")
-        with open(staging, "w") as file:
-            json.dump(record, file)
-        os.replace(staging, os.path.join(directory, f"{instance_id}.json"))
+        self.files.put(self._key(group, instance_id), json.dumps(record).encode())
 
     def withdraw(self, group: str, instance_id: str) -> None:
         """Remove ``instance_id``'s record: it shuts down and answers no more checks."""
-        try:
-            os.remove(os.path.join(self._group_dir(group), f"{instance_id}.json"))
-        except FileNotFoundError:
-            pass
+        self.files.delete(self._key(group, instance_id))
 
     def live(self, group: str) -> list[ProducerInstance]:
         """The live instances of ``group``, by instance id; forgets records older than :data:`FORGET_AFTER_S`."""
@@ -106,20 +96,21 @@ class ProducerInstances:
         return live[zlib.crc32(key) % len(live)].instance_id
 
     def _records(self, group: str) -> list[ProducerInstance]:
-        directory = self._group_dir(group)
-        try:
-            names = [name for name in os.listdir(directory) if name.endswith(".json") and not name.startswith(".")]
-        except FileNotFoundError:
-            return []
         records = []
-        for name in names:
+        for key in self.files.list(self._group_dir(group)):
+            current = self.files.read(key) if key.endswith(".json") else None
+            if current is None:
+                continue  # withdrawn meanwhile
             try:
-                with open(os.path.join(directory, name)) as file:
-                    records.append(ProducerInstance(**json.load(file)))
-            except (FileNotFoundError, json.JSONDecodeError, TypeError, UnicodeDecodeError):
-                continue  # withdrawn meanwhile, or not one of ours
+                records.append(ProducerInstance(**json.loads(current.data)))
+            except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
+                continue  # not one of ours
         return records
 
-    def _group_dir(self, group: str) -> str:
+    @staticmethod
+    def _group_dir(group: str) -> str:
         # A group name may hold any character (".." too): quoted, it stays one directory under the lakehouse.
-        return os.path.join(self.root, quote(group, safe="").replace(".", "%2E"))
+        return f"{PRODUCERS_KEY}/{quote(group, safe='').replace('.', '%2E')}"
+
+    def _key(self, group: str, instance_id: str) -> str:
+        return f"{self._group_dir(group)}/{quote(instance_id, safe='')}.json"

@@ -22,7 +22,7 @@ import uuid
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
-from typing import Optional
+from typing import Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -68,7 +68,7 @@ class CheckBackWorker:
 
     def __init__(
         self,
-        lakehouse: str,
+        lakehouse: Union[str, Lakehouse],
         group: str,
         listener: TransactionListener,
         writer: CommitLogWriter,
@@ -77,7 +77,9 @@ class CheckBackWorker:
         max_workers: int = 4,
         instance_id: Optional[str] = None,
     ) -> None:
-        self.path = Lakehouse(lakehouse).path(CHECK_REQUESTS)
+        lakehouse = Lakehouse.at(lakehouse)
+        self.path = lakehouse.path(CHECK_REQUESTS)
+        self.storage = lakehouse.storage
         self.group = group
         self.listener = listener
         self.writer = writer
@@ -148,9 +150,9 @@ class CheckBackWorker:
 
     def _poll(self) -> None:
         if self._table is None:
-            if not DeltaTable.is_deltatable(self.path):
+            if not DeltaTable.is_deltatable(self.path, storage_options=self.storage or None):
                 return
-            table = open_table(self.path)
+            table = open_table(self.path, storage=self.storage)
             self._dispatch(self._recent_requests(table))
             self._table, self._version = table, table.version()
             return
@@ -169,7 +171,7 @@ class CheckBackWorker:
     def _recent_requests(self, table: DeltaTable) -> pa.Table:
         cutoff = datetime.now(timezone.utc) - timedelta(milliseconds=self.config.transaction_check_interval_ms)
         recent = self._ours() & (pc.field("requested_at") >= pa.scalar(cutoff, type=pa.timestamp("us", tz="UTC")))
-        return read_table(self.path, filter=recent)
+        return read_table(self.path, filter=recent, storage=self.storage)
 
     def _dispatch(self, requests: pa.Table) -> None:
         for request in requests.select(CHECK_REQUESTS.column_names).to_pylist():

@@ -21,7 +21,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from datetime import datetime, timezone
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import pyarrow as pa
 from coordinator.appender import DeltaAppender
@@ -146,13 +146,14 @@ class CommitLogWriter:
             writer.submit(half_records("order_group", txid, [msg])).result()  # durable now
     """
 
-    def __init__(self, lakehouse: str, max_batch_rows: int = 5000, commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS) -> None:
+    def __init__(self, lakehouse: Union[str, Lakehouse], max_batch_rows: int = 5000, commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS) -> None:
         if max_batch_rows < 1:
             raise InvalidArgumentError(f"max_batch_rows must be at least 1, got {max_batch_rows}")
         if commit_interval_ms < 0:
             raise InvalidArgumentError(f"commit_interval_ms must not be negative, got {commit_interval_ms}")
+        lakehouse = Lakehouse.at(lakehouse)
         init_lakehouse(lakehouse)
-        self.path = Lakehouse(lakehouse).path(COMMIT_LOG)
+        self.path = lakehouse.path(COMMIT_LOG)
         self.max_batch_rows = max_batch_rows
         self.commit_interval_s = commit_interval_ms / 1000
         self._next_commit_at = 0.0
@@ -160,7 +161,7 @@ class CommitLogWriter:
         # Held while enqueueing, so nothing can be queued behind the close marker and never resolve.
         self._lock = threading.Lock()
         self._closed = False
-        self._appender = DeltaAppender(self.path)
+        self._appender = DeltaAppender(self.path, storage=lakehouse.storage)
         self._thread = threading.Thread(target=self._run, name="commit-log-writer", daemon=True)
         self._thread.start()
 

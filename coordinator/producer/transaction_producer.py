@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import HalfNotStoredError, MessageValidationError, ProducerStateError
+from coordinator.lakehouse import Lakehouse
 from coordinator.producer.checkback import CheckBackWorker
 from coordinator.producer.commit_log import CommitLogWriter, end_record, half_records
 from coordinator.producer.listener import TransactionListener
@@ -76,8 +77,8 @@ class TransactionProducer:
                 return self
             if self._state == "stopped":
                 raise ProducerStateError(f"producer {self.group!r} was shut down; create a new one")
-            writer = CommitLogWriter(self.config.lakehouse, commit_interval_ms=self.config.commit_interval_ms)
-            checkback = CheckBackWorker(self.config.lakehouse, self.group, self.listener, writer, self.config,
+            writer = CommitLogWriter(Lakehouse.of(self.config), commit_interval_ms=self.config.commit_interval_ms)
+            checkback = CheckBackWorker(Lakehouse.of(self.config), self.group, self.listener, writer, self.config,
                                         instance_id=self.instance_id)
             checkback.start()
             self._writer, self._checkback, self._state = writer, checkback, "running"
