@@ -26,9 +26,11 @@ demo: setup
 
 # First the end-to-end tests that start Spark jobs of their own (`slow`: two JVMs at most), one at a
 # time; then the rest on two workers, each with its one shared Spark session (two JVMs again).
-# Meanwhile the S3 server of the object-storage tests is built from source, once (cached in .cache/s3).
-test: setup
-	@mkdir -p .cache; $(PY) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
+# The S3 server of the object-storage tests is built from source meanwhile, once (cached in .cache/s3),
+# starting with the setup, which mostly waits on downloads (the build script needs only Python's stdlib).
+test:
+	@mkdir -p .cache; $(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
+	$(MAKE) --no-print-directory setup || { kill $$build 2>/dev/null; exit 1; }; \
 	$(PY) -m pytest -q -m slow || { kill $$build 2>/dev/null; exit 1; }; \
 	wait $$build || { cat .cache/s3-build.log; exit 1; }; \
 	$(PY) -m pytest -q -m "not slow" -n 2

@@ -13,6 +13,7 @@ from typing import Mapping, Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from deltalake import DeltaTable
@@ -123,6 +124,24 @@ class Lakehouse:
         """The streaming checkpoint of a consuming service's query (the demo's ``credits``)."""
         return self._join("services", "_checkpoints", service)
 
+    def table(self, table: Union[TableDef, str], version: Optional[int] = None) -> DeltaTable:
+        """The Delta table ``table`` (see :meth:`path`), opened with this lakehouse's storage settings."""
+        return open_table(self.path(table), version=version, storage=self.storage)
+
+    def exists(self, table: Union[TableDef, str]) -> bool:
+        """Whether ``table`` (see :meth:`path`) is a Delta table yet."""
+        return DeltaTable.is_deltatable(self.path(table), storage_options=self.storage or None)
+
+    def read(self, table: Union[TableDef, str], columns: Optional[list[str]] = None,
+             filter: Optional[pc.Expression] = None) -> pa.Table:
+        """``columns`` of the rows of ``table`` (see :meth:`path`) that match ``filter``: :func:`read_table`.
+
+        Example::
+
+            Lakehouse("lakehouse").read(OP, ["transaction_id", "outcome"]).num_rows
+        """
+        return read_table(self.path(table), columns, filter, storage=self.storage)
+
     def _join(self, *parts: str) -> str:
         return "/".join((self.root, *parts)) if not self.is_local else os.path.join(self.root, *parts)
 
@@ -217,11 +236,7 @@ def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[
     # Files are read through pyarrow's own filesystem, not delta-rs's default handler: with that one,
     # a process that has read Spark-written tables often aborts at exit with "terminate called
     # without an active exception" (exit 134; deltalake 1.6.6, cf. delta-rs#2184).
-    table = open_table(path, storage=storage)
-    if is_object_store(path):
-        dataset = table.to_pyarrow_dataset()
-    else:
-        dataset = table.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem()))
+    dataset = table_dataset(path, storage)[1]
     missing = [name for name in columns or () if name not in dataset.schema.names]
     if missing:
         raise OutdatedLakehouseError(f"{path} has no column {', '.join(missing)}: an older txcoord made it; "
@@ -229,7 +244,21 @@ def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[
     return dataset.to_table(columns=columns, filter=filter)
 
 
-def read_pending(lakehouse: str, columns: Optional[list[str]] = None) -> pa.Table:
+def table_dataset(path: str, storage: Optional[Mapping[str, str]] = None) -> tuple[DeltaTable, ds.Dataset]:
+    """The Delta table at ``path`` and its current snapshot as a pyarrow dataset, whose fragments
+    carry each file's statistics (a filter leaves out the files it cannot match).
+
+    Example::
+
+        table, dataset = table_dataset(Lakehouse("lh").path(HALF))
+    """
+    table = open_table(path, storage=storage)
+    if is_object_store(path):
+        return table, table.to_pyarrow_dataset()
+    return table, table.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem()))
+
+
+def read_pending(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] = None) -> pa.Table:
     """The halves of ``lakehouse`` that have no op row yet (unresolved), with ``columns`` of ``system/half``.
 
     Reads both queues in full with delta-rs: meant for operators (``txcoord status``), not for a batch.
@@ -238,31 +267,32 @@ def read_pending(lakehouse: str, columns: Optional[list[str]] = None) -> pa.Tabl
 
         read_pending("lakehouse", ["transaction_id", "stored_timestamp"]).num_rows
     """
+    lakehouse = Lakehouse.at(lakehouse)
     columns = columns or HALF.column_names
-    halves = read_table(Lakehouse(lakehouse).path(HALF), list(dict.fromkeys(columns + ["queue_offset"])))
-    resolved = read_table(Lakehouse(lakehouse).path(OP), ["half_offset"]).column("half_offset")
+    halves = lakehouse.read(HALF, list(dict.fromkeys(columns + ["queue_offset"])))
+    resolved = lakehouse.read(OP, ["half_offset"]).column("half_offset")
     return halves.filter(pc.invert(pc.is_in(halves.column("queue_offset"), value_set=resolved))).select(columns)
 
 
-def require_lakehouse(lakehouse: str) -> str:
-    """``lakehouse`` itself if it holds a commit log; else raise :class:`LakehouseNotFoundError`.
+def require_lakehouse(lakehouse: Union[str, Lakehouse]) -> Lakehouse:
+    """The lakehouse at ``lakehouse`` if it holds a commit log; else raise :class:`LakehouseNotFoundError`.
 
     Example::
 
-        require_lakehouse("lakehouse")  # 'lakehouse'
+        require_lakehouse("lakehouse")  # Lakehouse('/…/lakehouse')
     """
-    if not DeltaTable.is_deltatable(Lakehouse(lakehouse).path(COMMIT_LOG)):
-        raise LakehouseNotFoundError(f"no lakehouse at {Lakehouse(lakehouse).root} (run `txcoord init` to create one)")
+    lakehouse = Lakehouse.at(lakehouse)
+    if not lakehouse.exists(COMMIT_LOG):
+        raise LakehouseNotFoundError(f"no lakehouse at {lakehouse.root} (run `txcoord init` to create one)")
     return lakehouse
 
 
-def topic_names(lakehouse: str) -> list[str]:
+def topic_names(lakehouse: Union[str, Lakehouse]) -> list[str]:
     """The topics that have a table in ``lakehouse`` (one appears on its first delivery), sorted.
 
     Example::
 
         topic_names("demo-lakehouse")  # ['ORDER_TOPIC']
     """
-    where = Lakehouse(lakehouse)
-    names = sorted(os.listdir(where.topics_dir)) if os.path.isdir(where.topics_dir) else []
-    return [name for name in names if DeltaTable.is_deltatable(where.topic(name))]
+    lakehouse = Lakehouse.at(lakehouse)
+    return [name for name in lakehouse.files.directories("topics") if lakehouse.exists(f"topics/{name}")]

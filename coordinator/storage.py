@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import abc
+import datetime as dt
 import fcntl
 import hashlib
 import os
@@ -40,10 +41,12 @@ OBJECT_SCHEMES = ("s3", "s3a")
 
 
 class Versioned(NamedTuple):
-    """A file's content and the version it was read at."""
+    """A file's content, the version it was read at, and when it was last written (epoch
+    milliseconds; a time the server gives in whole seconds is rounded up, never down)."""
 
     data: bytes
     version: str
+    modified_ms: int
 
 
 def is_object_store(location: str) -> bool:
@@ -73,6 +76,10 @@ class FileStore(abc.ABC):
         """The file's content and version, or ``None`` if there is no such file."""
 
     @abc.abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether the file exists."""
+
+    @abc.abstractmethod
     def create(self, key: str, data: bytes) -> Optional[str]:
         """Write the file only if it does not exist; return its version, or ``None`` if it existed."""
 
@@ -94,6 +101,10 @@ class FileStore(abc.ABC):
     def list(self, prefix: str) -> list[str]:
         """The keys of the files under ``prefix`` (a directory-like key), sorted."""
 
+    @abc.abstractmethod
+    def directories(self, prefix: str) -> list[str]:
+        """The names of the directories (on S3: common prefixes) right under ``prefix``, sorted."""
+
 
 class LocalFileStore(FileStore):
     """A local directory. A file appears whole (written aside, then linked or renamed into place);
@@ -110,9 +121,13 @@ class LocalFileStore(FileStore):
         try:
             with open(self._path(key), "rb") as file:
                 data = file.read()
+                modified_ns = os.fstat(file.fileno()).st_mtime_ns
         except FileNotFoundError:
             return None
-        return Versioned(data, _local_version(data))
+        return Versioned(data, _local_version(data), modified_ns // 1_000_000)
+
+    def exists(self, key: str) -> bool:
+        return os.path.exists(self._path(key))
 
     def create(self, key: str, data: bytes) -> Optional[str]:
         path = self._path(key)
@@ -151,6 +166,12 @@ class LocalFileStore(FileStore):
             return []
         return sorted(f"{prefix.rstrip('/')}/{name}" for name in os.listdir(directory)
                       if not name.startswith(".") and os.path.isfile(os.path.join(directory, name)))
+
+    def directories(self, prefix: str) -> list[str]:
+        directory = self._path(prefix)
+        if not os.path.isdir(directory):
+            return []
+        return sorted(name for name in os.listdir(directory) if os.path.isdir(os.path.join(directory, name)))
 
     @staticmethod
     def _stage(path: str, data: bytes) -> str:
@@ -195,7 +216,14 @@ class ObjectFileStore(FileStore):
             result = obstore.get(self._store, key)
         except FileNotFoundError:
             return None
-        return Versioned(bytes(result.bytes()), result.meta["e_tag"])
+        return Versioned(bytes(result.bytes()), result.meta["e_tag"], _milliseconds(result.meta["last_modified"]))
+
+    def exists(self, key: str) -> bool:
+        try:
+            obstore.head(self._store, key)
+        except FileNotFoundError:
+            return False
+        return True
 
     def create(self, key: str, data: bytes) -> Optional[str]:
         try:
@@ -223,6 +251,17 @@ class ObjectFileStore(FileStore):
         prefix = prefix.rstrip("/") + "/"
         return sorted(meta["path"] for batch in obstore.list(self._store, prefix) for meta in batch
                       if "/" not in meta["path"][len(prefix):])
+
+
+    def directories(self, prefix: str) -> list[str]:
+        listed = obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/")
+        return sorted(common.rstrip("/").rsplit("/", 1)[-1] for common in listed["common_prefixes"])
+
+
+def _milliseconds(when: dt.datetime) -> int:
+    # An HTTP date has whole seconds: round up, so that a time read here is never before the write.
+    millis = int(when.timestamp() * 1000)
+    return millis + 999 if when.microsecond == 0 else millis
 
 
 def _truthy(value: str) -> bool:

@@ -21,6 +21,7 @@ from coordinator.checker.runtime import start_job
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
 from coordinator.exceptions import CheckerAlreadyRunningError, CheckpointMismatchError
+from coordinator.lakehouse import Lakehouse
 
 EXIT_ALREADY_RUNNING = 3
 EXIT_CHECKPOINT_MISMATCH = 4
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 def _refuse_if_held(args: argparse.Namespace, config: CoordinatorConfig) -> None:
     # A start that would not stand by says so at once, before starting a JVM for nothing.
     if args.exit_if_running or args.recover_checkpoint:
-        CheckerLease(config.lakehouse, ttl_s=config.checker_lease_ttl_ms / 1000).ensure_free()
+        CheckerLease(Lakehouse.of(config), ttl_s=config.checker_lease_ttl_ms / 1000).ensure_free()
 
 
 if __name__ == "__main__":

@@ -86,13 +86,13 @@ def end_record(transaction_id: str, state: str = "COMMIT_MESSAGE", group: str = 
     return record
 
 
-def append_rows(path: str, table: TableDef, rows: list[dict]) -> None:
+def append_rows(path: str, table: TableDef, rows: list[dict], storage: Optional[dict] = None) -> None:
     """Append ``rows`` (missing columns null) to a table with delta-rs, as one commit."""
     columns = {name: [row.get(name) for row in rows] for name in table.column_names}
     for name, values in columns.items():
         if name == "properties":
             columns[name] = [None if v is None else list(v.items()) for v in values]
-    write_deltalake(path, pa.table(columns, schema=table.arrow_schema()), mode="append")
+    write_deltalake(path, pa.table(columns, schema=table.arrow_schema()), mode="append", storage_options=storage)
 
 
 class ManualChecker:

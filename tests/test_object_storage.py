@@ -4,12 +4,15 @@ producer's commit log, with the same guarantees as on a local disk."""
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
+from coordinator.cli import main
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
 from coordinator.control.progress import BatchRecord, CheckerProgress, Epoch, Progress
@@ -17,8 +20,8 @@ from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
 from coordinator.lakehouse import Lakehouse, open_table, read_table
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.storage import FileStore
-from coordinator.tables import COMMIT_LOG
-from tests.conftest import Clock, half_record
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF, OP
+from tests.conftest import Clock, append_rows, end_record, half_record
 
 
 def race(count: int, attempt) -> list:
@@ -132,3 +135,96 @@ def test_producers_commit_to_the_commit_log_on_object_storage(s3_server, s3_lake
     assert {(r["kind"], r["body"]) for r in records if r["transaction_id"] == result.transaction_id} == {
         ("HALF", b"on S3"), ("END", None)}
     assert Lakehouse(s3_lakehouse.root, s3_server.storage_options).files.list("system/_producers/g") == []  # withdrawn
+
+
+def test_the_operator_tools_read_and_resolve_a_lakehouse_on_object_storage(s3_server, s3_lakehouse, tmp_path, capsys):
+    """`txcoord status`, `pending`, `inspect` and `resolve`, configured by a TOML's [storage] table."""
+    settings = "\n".join(f'{key} = "{value}"' for key, value in s3_server.storage_options.items())
+    config_file = tmp_path / "coordinator.toml"
+    config_file.write_text(f'lakehouse = "{s3_lakehouse.root}"\ntransaction_check_max = 3\n\n[storage]\n{settings}\n')
+    with CommitLogWriter(s3_lakehouse) as writer:
+        writer.submit([half_record("stuck", body=b"held")]).result()
+    stored = read_table(s3_lakehouse.path(COMMIT_LOG), ["transaction_id", "born_timestamp"],
+                        storage=s3_lakehouse.storage).to_pylist()[0]["born_timestamp"]
+    # What the checker's ingest step writes for it (the checker's Spark side does not run on S3 yet).
+    append_rows(s3_lakehouse.path(HALF), HALF, [half_record("stuck", body=b"held", queue_offset=1 << 20,
+                                                            stored_timestamp=stored, immunity_ms=6000, commit_version=1,
+                                                            batch_id=0)], storage=s3_lakehouse.storage)
+
+    assert main(["pending", "--json", "--config", str(config_file)]) == 0
+    [pending] = json.loads(capsys.readouterr().out)["pending"]
+    assert (pending["transaction_id"], pending["checks"], pending["next_step"]) == ("stuck", 0, "check")
+    assert main(["status", "--json", "--config", str(config_file)]) == 1  # no checker holds the lease
+    status = json.loads(capsys.readouterr().out)
+    assert (status["lakehouse"], status["pending_transactions"], status["checker_alive"]) == (s3_lakehouse.root, 1, False)
+
+    assert main(["resolve", "stuck", "--commit", "--reason", "paid", "--config", str(config_file)]) == 0
+    capsys.readouterr()
+    ends = [r for r in read_table(s3_lakehouse.path(COMMIT_LOG), ["kind", "transaction_id", "state", "check_id"],
+                                  storage=s3_lakehouse.storage).to_pylist() if r["kind"] == "END"]
+    assert [(r["transaction_id"], r["state"]) for r in ends] == [("stuck", "COMMIT_MESSAGE")]
+    assert ends[0]["check_id"].startswith("operator-")
+
+    assert main(["inspect", "stuck", "--json", "--config", str(config_file)]) == 0
+    steps = [event["step"] for event in json.loads(capsys.readouterr().out)["events"]]
+    assert steps == ["half sent", "half stored", "end request"]
+
+
+def test_the_checkers_batches_decide_and_deliver_on_object_storage(s3_server, s3_lakehouse):
+    """The batch steps (ingest, resolve, promote, check) over a commit log on S3, writing their tables
+    there; a replayed batch writes nothing twice, and a restarted state (rebuilt from S3) goes on."""
+    from coordinator.checker.batch import run_batch
+    from coordinator.checker.source import Segment, next_versions
+    from coordinator.checker.state import CheckerState
+
+    config = CoordinatorConfig(lakehouse=s3_lakehouse.root, storage=s3_server.storage_options)
+    commit_log, storage = s3_lakehouse.path(COMMIT_LOG), s3_lakehouse.storage
+    with CommitLogWriter(s3_lakehouse) as writer:
+        writer.submit([half_record("paid", body=b"order 1"), half_record("unsure")]).result()
+        writer.submit([end_record("paid")]).result()
+    end = next_versions(commit_log, 1, storage=storage)
+    assert end == 3
+    now_us = time.time_ns() // 1000
+    records = Segment(1, end, now_us).records(commit_log, storage)
+
+    state = CheckerState()
+    first = run_batch(config, records, batch_id=0, state=state)
+    assert (first.halves, first.commits, first.delivered, first.checks) == (2, 1, 1, 0)
+    replayed = run_batch(config, records, batch_id=0, state=CheckerState())  # Spark replaying it after a crash
+    assert replayed.delivered == 1
+    topic = s3_lakehouse.read("topics/T", ["transaction_id", "body"]).to_pylist()
+    assert topic == [{"transaction_id": "paid", "body": b"order 1"}]  # once
+
+    later = Segment(end, end, now_us + 7_000_000).records(commit_log, storage)  # past the immunity time
+    checked = run_batch(config, later, batch_id=1, state=CheckerState())  # a restarted checker's first batch
+    assert (checked.checks, checked.pending) == (1, 1)
+    [request] = s3_lakehouse.read(CHECK_REQUESTS, ["transaction_id", "check_times"]).to_pylist()
+    assert request == {"transaction_id": "unsure", "check_times": 1}
+
+
+def test_the_streaming_checker_runs_on_object_storage(spark, s3_server, s3_lakehouse):
+    """The checker's streaming query, its checkpoint on the bucket through S3A, delivers a commit."""
+    from coordinator.checker.query import CheckerQuery
+    from coordinator.checker.session import object_store_conf
+
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in object_store_conf(s3_server.storage_options).items():  # what jobs/checker.py starts with
+        hadoop.set(key.removeprefix("spark.hadoop."), value)
+    config = CoordinatorConfig(lakehouse=s3_lakehouse.root, storage=s3_server.storage_options, trigger_interval_ms=200)
+    checker = CheckerQuery(spark, config).start()
+    try:
+        with CommitLogWriter(s3_lakehouse) as writer:
+            writer.submit([half_record("paid", body=b"order 1"), half_record("refused")]).result()
+            writer.submit([end_record("paid"), end_record("refused", "ROLLBACK_MESSAGE")]).result()
+        deadline = time.monotonic() + 120
+        while not s3_lakehouse.exists("topics/T") or s3_lakehouse.read("topics/T").num_rows == 0:
+            assert time.monotonic() < deadline, "nothing delivered within 120 s"
+            time.sleep(0.2)
+    finally:
+        checker.stop()
+    assert s3_lakehouse.read("topics/T", ["transaction_id", "body"]).to_pylist() == [
+        {"transaction_id": "paid", "body": b"order 1"}]
+    assert sorted(s3_lakehouse.read(OP, ["transaction_id", "outcome"]).to_pylist(), key=str) == [
+        {"transaction_id": "paid", "outcome": "COMMIT"}, {"transaction_id": "refused", "outcome": "ROLLBACK"}]
+    assert s3_lakehouse.files.read("system/_checkpoints/checker/metadata") is not None  # the checkpoint is on S3
+    assert CheckerProgress(s3_lakehouse).load().last_batch is not None

@@ -130,11 +130,11 @@ def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerSt
     rejected = refuse_unknown_kinds(records) + ingested.rejections + resolved.rejections + recovered.rejections
 
     ops = resolved.ops + recovered.ops + due.discard_ops
-    lakehouse, writer, batch_id = ctx.config.lakehouse, state.writer, ctx.batch_id
+    lakehouse, writer, batch_id = Lakehouse.of(ctx.config), state.writer, ctx.batch_id
     written = []
 
     def append(table, data: pa.Table, path: Optional[str] = None) -> Optional[int]:
-        version = writer.append(path or Lakehouse(lakehouse).path(table), data, batch_id)
+        version = writer.append(path or lakehouse.path(table), data, batch_id)
         written.append(version is not None)
         return version
 
@@ -146,13 +146,14 @@ def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerSt
         append(OP, _rows_table(OP, ops, batch_id))
     for topic in sorted(set(deliveries.column("topic").to_pylist())):
         rows = deliveries.filter(pc.equal(deliveries.column("topic"), topic))
-        append(TOPIC, _table(TOPIC, rows, batch_id), Lakehouse(lakehouse).topic(topic))
+        append(TOPIC, _table(TOPIC, rows, batch_id), lakehouse.topic(topic))
     if due.discarded.num_rows:
         append(DISCARDED, _table(DISCARDED, due.discarded, batch_id))
     visible_at_us = None
     if due.checked:
         version = append(CHECK_REQUESTS, _table(CHECK_REQUESTS, due.requests, batch_id))
-        visible_at_us = None if version is None else files_written_at_us(Lakehouse(lakehouse).path(CHECK_REQUESTS), version)
+        visible_at_us = None if version is None else files_written_at_us(lakehouse.path(CHECK_REQUESTS), version,
+                                                                         lakehouse.storage)
     if rejected:
         append(REJECTED, _rows_table(REJECTED, rejected, batch_id))
 

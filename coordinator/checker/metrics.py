@@ -27,7 +27,7 @@ import datetime as dt
 import json
 import logging
 import threading
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -50,8 +50,10 @@ class CheckerMetrics(StreamingQueryListener):
         spark.streams.addListener(metrics)
     """
 
-    def __init__(self, lakehouse: str, app_id: str, query_name: str = CHECKER_NAME):
-        self.path = Lakehouse(lakehouse).path(METRICS)
+    def __init__(self, lakehouse: Union[str, Lakehouse], app_id: str, query_name: str = CHECKER_NAME):
+        lakehouse = Lakehouse.at(lakehouse)
+        self.path = lakehouse.path(METRICS)
+        self.storage = lakehouse.storage
         self.query_name = query_name
         # Its own application id: the checker's id already numbers the checker's own tables' writes.
         self.txn_app_id = f"{app_id}/metrics"
@@ -94,7 +96,7 @@ class CheckerMetrics(StreamingQueryListener):
         """
         with self._lock:
             if self._table is None:
-                self._table = open_table(self.path)
+                self._table = open_table(self.path, storage=self.storage)
             else:
                 self._table.update_incremental()
             recorded = self._table.transaction_version(self.txn_app_id)

@@ -8,6 +8,7 @@ so check-backs keep coming. Spark keeps the offsets in the query's checkpoint.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -54,13 +55,14 @@ class CheckerQuery:
         self.config = config
         self.app_id = app_id
         self.query: Optional[StreamingQuery] = None
-        self.lease = CheckerLease(config.lakehouse, ttl_s=config.checker_lease_ttl_ms / 1000)
-        self.metrics = CheckerMetrics(config.lakehouse, app_id, CHECKER_NAME)
-        self.progress_store = CheckerProgress(config.lakehouse)
+        self.lakehouse = Lakehouse.of(config)
+        self.commit_log = self.lakehouse.path(COMMIT_LOG)
+        self.lease = CheckerLease(self.lakehouse, ttl_s=config.checker_lease_ttl_ms / 1000)
+        self.metrics = CheckerMetrics(self.lakehouse, app_id, CHECKER_NAME)
+        self.progress_store = CheckerProgress(self.lakehouse)
         self._progress: Optional[Progress] = None
         self._pending_from: Optional[int] = None  # from the last batch this process ran
         self.state = CheckerState()
-        self.commit_log = Lakehouse(config.lakehouse).path(COMMIT_LOG)
         self._renewer: Optional[threading.Thread] = None
         self._stop_renewing = threading.Event()
         self._lease_lock = threading.Lock()
@@ -73,13 +75,14 @@ class CheckerQuery:
         While another checker holds the lease, stand by until it lapses (see
         :meth:`CheckerLease.acquire`); :class:`CheckerAlreadyRunningError` if ``stop`` is set
         meanwhile, or at once with ``wait_for_lease=False``."""
-        init_lakehouse(self.config.lakehouse)
+        init_lakehouse(self.lakehouse)
         # Resolved before the lease, so that a standby has its source's Python worker up when it takes over.
         self.spark.dataSource.register(CommitLogSource)
         self._commit_log_reader().load()
         self.lease.acquire(wait=wait_for_lease, stop=stop)
         try:
-            self._progress = self.progress_store.begin(CheckpointState.read(checkpoint_location(self.config)))
+            checkpoint = CheckpointState.read(checkpoint_location(self.config), self.lakehouse.storage)
+            self._progress = self.progress_store.begin(checkpoint)
             self.spark.streams.addListener(self.metrics)
             self.query = self._start_query(self._progress.epoch.starting_version)
         except BaseException:
@@ -109,7 +112,7 @@ class CheckerQuery:
             CheckerQuery(spark, config).recover()
             CheckerQuery(spark, config).start()
         """
-        init_lakehouse(self.config.lakehouse)
+        init_lakehouse(self.lakehouse)
         self.lease.acquire()
         try:
             progress = self.progress_store.load()
@@ -119,7 +122,7 @@ class CheckerQuery:
             last = progress.last_batch
             if last is not None:
                 first = last.next_version if last.first_version is None else last.first_version
-                records = Segment(first, last.next_version, last.now_us).records(self.commit_log)
+                records = Segment(first, last.next_version, last.now_us).records(self.commit_log, self.lakehouse.storage)
                 bounds = BatchBounds(last.first_version, last.last_version, last.now_us)
                 run_batch(self.config, records, last.batch_id, self.app_id, bounds, last.pending_from)
             location = checkpoint_location(self.config)
@@ -135,7 +138,8 @@ class CheckerQuery:
             self.lease.release()
 
     def _commit_log_reader(self):
-        return self.spark.readStream.format(CommitLogSource.name()).option("path", self.commit_log)
+        return (self.spark.readStream.format(CommitLogSource.name()).option("path", self.commit_log)
+                .option("storage", json.dumps(self.lakehouse.storage)))
 
     def _start_query(self, starting_version: int) -> StreamingQuery:
         records = self._commit_log_reader().option("startingVersion", starting_version).load()
@@ -150,7 +154,8 @@ class CheckerQuery:
     def _run_batch(self, batch: DataFrame, stream_batch_id: int) -> None:
         def body() -> None:
             self._renew_lease()  # a checker whose lease was taken over writes nothing more
-            records = pa.concat_tables([segment.records(self.commit_log) for segment in segments(batch)])
+            records = pa.concat_tables([segment.records(self.commit_log, self.lakehouse.storage)
+                                        for segment in segments(batch)])
             announced = self._announce(records, stream_batch_id)
             if announced is not None:
                 bounds = BatchBounds(announced.first_version, announced.last_version, announced.now_us)
@@ -168,7 +173,7 @@ class CheckerQuery:
         """
         progress = self._progress
         if progress.epoch.checkpoint_id is None:  # the first batch of a new epoch: its checkpoint now exists
-            checkpoint_id = CheckpointState.read(checkpoint_location(self.config)).checkpoint_id
+            checkpoint_id = CheckpointState.read(checkpoint_location(self.config), self.lakehouse.storage).checkpoint_id
             progress = self.progress_store.adopt(progress, checkpoint_id)
         batch_id = progress.epoch.first_batch_id + stream_batch_id
         if progress.last_batch is not None and progress.last_batch.batch_id == batch_id:

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from coordinator.checker.context import BatchContext
 from coordinator.checker.refusals import rejection
 from coordinator.exceptions import CheckerStateError
-from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.lakehouse import Lakehouse
 from coordinator.protocol import OPERATOR_CHECK_PREFIX, LocalTransactionState, Outcome
 from coordinator.tables import DISCARDED, MESSAGE_FIELDS, OP
 
@@ -86,7 +86,7 @@ def _earlier(ctx: BatchContext, table, columns: list[str], ids: list[str]) -> pa
     the range lets the files' statistics leave out the files of other times)."""
     wanted = ((pc.field("batch_id") < ctx.batch_id) & (pc.field("transaction_id") >= ids[0])
               & (pc.field("transaction_id") <= ids[-1]) & pc.field("transaction_id").isin(ids))
-    return read_table(Lakehouse(ctx.config.lakehouse).path(table), columns, wanted)
+    return Lakehouse.of(ctx.config).read(table, columns, wanted)
 
 
 def _discarded(ctx: BatchContext, ids: list[str]) -> pa.Table:

@@ -1,7 +1,7 @@
-"""The one Spark session factory: ``conf/spark-defaults.conf`` plus the cached Delta jars.
+"""The one Spark session factory: ``conf/spark-defaults.conf`` plus the cached Delta and S3A jars.
 
-``make setup`` calls :func:`install_delta_jars` once, which resolves Delta from Maven
-Central into ``.cache/jars`` and writes ``.cache/spark-conf/spark-defaults.conf`` (the
+``make setup`` calls :func:`install_delta_jars` once, which resolves Delta and Hadoop's S3A
+connector (:func:`spark_packages`) from Maven Central into ``.cache/jars`` and writes ``.cache/spark-conf/spark-defaults.conf`` (the
 jars and the driver's launch settings) for ``spark-submit``: pass it as
 ``--properties-file``, or point ``SPARK_CONF_DIR`` at its folder. Nothing is written
 into the installed pyspark. Every later start reads only local files.
@@ -53,6 +53,59 @@ def delta_package() -> str:
     return f"io.delta:delta-spark_{spark_minor}_2.13:{importlib.metadata.version('delta-spark')}"
 
 
+#: The AWS SDK v2 that hadoop-aws 3.5.0 (pyspark 4.2's Hadoop) is built against. hadoop-aws declares
+#: the SDK's 680 MB ``bundle``; S3A needs only these of its modules (about 50 MB with their dependencies).
+AWS_SDK_VERSION = "2.35.4"
+_S3A_SDK_MODULES = ("s3", "s3-transfer-manager", "sts")
+_EXCLUDED_PACKAGES = "software.amazon.awssdk:bundle"
+
+
+def spark_packages() -> list[str]:
+    """Maven coordinates of the jars the project adds to Spark: Delta, and the S3A connector of
+    pyspark's Hadoop with the parts of the AWS SDK it uses.
+
+    Example::
+
+        spark_packages()[:2]  # ['io.delta:delta-spark_4.2_2.13:4.4.0', 'org.apache.hadoop:hadoop-aws:3.5.0']
+    """
+    return [delta_package(), f"org.apache.hadoop:hadoop-aws:{_hadoop_version()}",
+            *(f"software.amazon.awssdk:{module}:{AWS_SDK_VERSION}" for module in _S3A_SDK_MODULES)]
+
+
+def object_store_conf(storage: Mapping[str, str]) -> dict[str, str]:
+    """Spark settings that reach a lakehouse on S3 (``s3://`` or ``s3a://``) through S3A, from the
+    ``[storage]`` settings, with the ``AWS_*`` environment variables filling in.
+
+    Example::
+
+        object_store_conf({"aws_endpoint": "http://127.0.0.1:9000", "aws_allow_http": "true"})
+        # {'spark.hadoop.fs.s3.impl': 'org.apache.hadoop.fs.s3a.S3AFileSystem', ...}
+    """
+    def setting(key: str, variable: str) -> Optional[str]:
+        return storage.get(key) or os.environ.get(variable)
+
+    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",  # the TOML's s3:// locations
+            # Uploads buffered in memory (checkpoint files are small): S3A's disk buffers need Hadoop's
+            # checksumming local filesystem, which conf/spark-defaults.conf replaces with the raw one.
+            "spark.hadoop.fs.s3a.fast.upload.buffer": "bytebuffer"}
+    endpoint = setting("aws_endpoint", "AWS_ENDPOINT_URL") or storage.get("aws_endpoint_url")
+    if endpoint:
+        conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+    if str(setting("aws_allow_http", "AWS_ALLOW_HTTP") or "").lower() in ("1", "true", "yes", "on"):
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = "false"
+    region = setting("aws_region", "AWS_REGION")
+    if region:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = region
+    access_key, secret_key = (setting("aws_access_key_id", "AWS_ACCESS_KEY_ID"),
+                              setting("aws_secret_access_key", "AWS_SECRET_ACCESS_KEY"))
+    if access_key and secret_key:
+        conf["spark.hadoop.fs.s3a.access.key"] = access_key
+        conf["spark.hadoop.fs.s3a.secret.key"] = secret_key
+        conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+    return conf
+
+
 def read_spark_defaults(path: Path = SPARK_CONF_FILE) -> dict[str, str]:
     """Parse a ``spark-defaults.conf`` file: ``key value`` per line, ``#`` comments.
 
@@ -71,11 +124,11 @@ def read_spark_defaults(path: Path = SPARK_CONF_FILE) -> dict[str, str]:
 
 
 def cached_jars() -> list[str]:
-    """The cached Delta jars; raises :class:`SparkSetupError` if ``make setup`` has not run."""
+    """The cached Delta and S3A jars; raises :class:`SparkSetupError` if ``make setup`` has not run."""
     marker = JARS_DIR / ".package"
-    if not marker.exists() or marker.read_text().strip() != delta_package():
+    if not marker.exists() or marker.read_text().strip() != ",".join(spark_packages()):
         raise SparkSetupError(
-            f"the Delta jars for {delta_package()} are not in {JARS_DIR}: run `make setup` "
+            f"the jars for {', '.join(spark_packages())} are not in {JARS_DIR}: run `make setup` "
             "(or `python -m coordinator.checker.session`) once with network access"
         )
     return sorted(glob.glob(str(JARS_DIR / "*.jar")))
@@ -171,10 +224,10 @@ def install_delta_jars() -> list[str]:
     version of each class is on the classpath. The jar list is also written to
     :data:`SPARK_SUBMIT_PROPERTIES`, for ``spark-submit``.
     """
-    package = delta_package()
+    packages = ",".join(spark_packages())
     marker = JARS_DIR / ".package"
-    if not (marker.exists() and marker.read_text().strip() == package):
-        _resolve_with_ivy(package)
+    if not (marker.exists() and marker.read_text().strip() == packages):
+        _resolve_with_ivy(packages)
     jars = cached_jars()
     _write_spark_submit_properties()
     return jars
@@ -185,6 +238,7 @@ def _resolve_with_ivy(package: str) -> None:
     probe = (
         "from pyspark.sql import SparkSession\n"
         f"SparkSession.builder.master('local[1]').config('spark.jars.packages', {package!r})"
+        f".config('spark.jars.excludes', {_EXCLUDED_PACKAGES!r})"
         f".config('spark.jars.ivy', {str(ivy_dir)!r}).config('spark.ui.enabled', 'false').getOrCreate().stop()\n"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
@@ -204,6 +258,11 @@ def _resolve_with_ivy(package: str) -> None:
 
 def _artifact(jar_name: str) -> str:
     return re.sub(r"-\d[\w.\-]*\.jar$", "", jar_name)
+
+
+def _hadoop_version() -> str:
+    [client] = glob.glob(str(_spark_home() / "jars" / "hadoop-client-api-*.jar"))
+    return re.sub(r"^hadoop-client-api-|\.jar$", "", os.path.basename(client))
 
 
 def _spark_home() -> Path:

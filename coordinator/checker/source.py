@@ -30,10 +30,9 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Mapping, Optional
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -41,6 +40,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
+from coordinator.storage import FileStore
 from coordinator.tables import COMMIT_LOG
 
 #: With no new commit, a batch of one clock tick ends this often.
@@ -55,22 +55,25 @@ RECORD_SCHEMA = pa.schema([*_COMMIT_LOG_SCHEMA, pa.field("commit_version", pa.in
                            pa.field("is_heartbeat", pa.bool_())])
 
 
-def _log_file(commit_log: str, version: int) -> str:
-    return os.path.join(commit_log, "_delta_log", f"{version:020d}.json")
+def _log_file(version: int) -> str:
+    return f"_delta_log/{version:020d}.json"
 
 
-def next_versions(commit_log: str, first_version: int, limit: int = MAX_VERSIONS_PER_BATCH) -> int:
+def next_versions(commit_log: str, first_version: int, limit: int = MAX_VERSIONS_PER_BATCH,
+                  storage: Optional[Mapping[str, str]] = None) -> int:
     """The first version at or after ``first_version`` that is not committed yet (at most ``limit`` on).
 
     A Delta writer commits by creating the version's log file atomically: if it exists, it is whole.
     """
+    files = FileStore.at(commit_log, storage)
     version = first_version
-    while version < first_version + limit and os.path.exists(_log_file(commit_log, version)):
+    while version < first_version + limit and files.exists(_log_file(version)):
         version += 1
     return version
 
 
-def read_records(commit_log: str, first_version: int, last_version: int) -> pa.Table:
+def read_records(commit_log: str, first_version: int, last_version: int,
+                 storage: Optional[Mapping[str, str]] = None) -> pa.Table:
     """The records of commit-log versions ``first_version..last_version`` (inclusive), with
     ``commit_version``, ``stored_timestamp`` and ``is_heartbeat`` (false), in commit order.
 
@@ -78,24 +81,23 @@ def read_records(commit_log: str, first_version: int, last_version: int) -> pa.T
 
         read_records(Lakehouse("lakehouse").path(COMMIT_LOG), 1, 5).num_rows
     """
+    store = FileStore.at(commit_log, storage)
     files, versions, stored = [], [], []
     for version in range(first_version, last_version + 1):
-        log_file = _log_file(commit_log, version)
-        stored_us = int(os.stat(log_file).st_mtime_ns // 1_000_000) * 1000  # Delta keeps milliseconds
-        with open(log_file) as lines:
-            actions = [json.loads(line) for line in lines if line.strip()]
-        for action in actions:
+        commit = store.read(_log_file(version))
+        stored_us = commit.modified_ms * 1000  # Delta keeps milliseconds
+        for action in (json.loads(line) for line in commit.data.splitlines() if line.strip()):
             add = action.get("add")
             if add is not None and add.get("dataChange", True):
-                files.append(os.path.join(commit_log, unquote(add["path"])))
+                files.append(unquote(add["path"]))
                 versions.append(version)
                 stored.append(stored_us)
     if not files:
         return RECORD_SCHEMA.empty_table()
     # A producer commits small files, often one per version: ParquetFile reads one at a fraction
     # of read_table's cost, which sets up a dataset for every file.
-    parts = [_commit_log_rows(pq.ParquetFile(path).read(columns=COMMIT_LOG.column_names, use_threads=False))
-             for path in files]
+    parts = [_commit_log_rows(pq.ParquetFile(pa.BufferReader(store.read(path).data))
+                              .read(columns=COMMIT_LOG.column_names, use_threads=False)) for path in files]
     counts = [part.num_rows for part in parts]
     data = pa.concat_tables(parts)
     data = data.append_column("commit_version", pa.array(_repeat(versions, counts), pa.int64()))
@@ -129,29 +131,31 @@ class Segment:
     end_version: int
     clock_us: int
 
-    def records(self, commit_log: str) -> pa.Table:
+    def records(self, commit_log: str, storage: Optional[Mapping[str, str]] = None) -> pa.Table:
         """The segment's records, then its clock tick: what the checker's batch decides over.
 
         Example::
 
             Segment(3, 5, clock_us).records(Lakehouse("lakehouse").path(COMMIT_LOG)).num_rows
         """
-        return pa.concat_tables([read_records(commit_log, self.first_version, self.end_version - 1), tick(self.clock_us)])
+        return pa.concat_tables([read_records(commit_log, self.first_version, self.end_version - 1, storage),
+                                 tick(self.clock_us)])
 
 
 class CommitLogReader(SimpleDataSourceStreamReader):
     """Offsets are ``{"version": first version not read, "clock_us": the batch clock}``; each
     batch is one row, its :class:`Segment`."""
 
-    def __init__(self, commit_log: str, starting_version: int):
+    def __init__(self, commit_log: str, starting_version: int, storage: Mapping[str, str]):
         self.commit_log = commit_log
         self.starting_version = starting_version
+        self.storage = storage
 
     def initialOffset(self) -> dict:
         return {"version": self.starting_version, "clock_us": 0}
 
     def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
-        following = next_versions(self.commit_log, start["version"])
+        following = next_versions(self.commit_log, start["version"], storage=self.storage)
         now_us = time.time_ns() // 1000
         if following == start["version"] and now_us - start["clock_us"] < HEARTBEAT_MS * 1000:
             return iter(()), start
@@ -164,7 +168,8 @@ class CommitLogReader(SimpleDataSourceStreamReader):
 
 
 class CommitLogSource(DataSource):
-    """The ``txcoord_commit_log`` streaming source: options ``path`` (the commit log) and ``startingVersion``."""
+    """The ``txcoord_commit_log`` streaming source: options ``path`` (the commit log), ``startingVersion``
+    and ``storage`` (the lakehouse's storage settings, as JSON)."""
 
     @classmethod
     def name(cls) -> str:
@@ -174,7 +179,8 @@ class CommitLogSource(DataSource):
         return "first_version long, end_version long, clock_us long"
 
     def simpleStreamReader(self, schema) -> CommitLogReader:
-        return CommitLogReader(self.options["path"], int(self.options.get("startingVersion", 0)))
+        return CommitLogReader(self.options["path"], int(self.options.get("startingVersion", 0)),
+                               json.loads(self.options.get("storage", "{}")))
 
 
 def segments(batch: DataFrame) -> list[Segment]:

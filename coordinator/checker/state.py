@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -39,15 +38,12 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pyarrow.fs as pafs
-from deltalake import DeltaTable
 
 from coordinator.checker.context import shaped
 from coordinator.checker.writer import TableWriter
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import CheckerStateError
-from coordinator.lakehouse import Lakehouse, open_table
+from coordinator.lakehouse import Lakehouse, table_dataset
 from coordinator.tables import CHECK_REQUESTS, HALF, OP
 
 log = logging.getLogger("coordinator.checker")
@@ -164,7 +160,7 @@ class CheckerState:
         self._rebuild(config, batch_id, pending_from)
         if self.writer is not None:
             self.writer.close()
-        self.writer = TableWriter(app_id)
+        self.writer = TableWriter(app_id, Lakehouse.of(config).storage)
         return True
 
     def invalidate(self) -> None:
@@ -243,19 +239,19 @@ class CheckerState:
     # --- rebuilding from the tables ----------------------------------------------------------
 
     def _rebuild(self, config: CoordinatorConfig, batch_id: int, pending_from: int) -> None:
-        lakehouse = config.lakehouse
+        lakehouse = Lakehouse.of(config)
         earlier = pc.field("batch_id") < batch_id
-        halves = _read(Lakehouse(lakehouse).path(HALF), filter=(pc.field("queue_offset") >= pending_from) & earlier)
-        resolved = _read(Lakehouse(lakehouse).path(OP), ["half_offset"], (pc.field("half_offset") >= pending_from) & earlier)
+        halves = _read(lakehouse, HALF, filter=(pc.field("queue_offset") >= pending_from) & earlier)
+        resolved = _read(lakehouse, OP, ["half_offset"], (pc.field("half_offset") >= pending_from) & earlier)
         pending_rows = halves.filter(pc.invert(pc.is_in(halves.column("queue_offset"),
                                                         value_set=resolved.column("half_offset"))))
         pending_rows = shaped(HALF, {name: pending_rows.column(name) for name in pending_rows.column_names},
                               pending_rows.num_rows, batch_id=None).sort_by("queue_offset")
-        history = _check_history(Lakehouse(lakehouse).path(CHECK_REQUESTS), (pc.field("half_offset") >= pending_from) & earlier)
+        history = _check_history(lakehouse, (pc.field("half_offset") >= pending_from) & earlier)
 
         self.next_batch_id = batch_id
         self.pending, self.rows, self.resolved, self._due = {}, HalfRows(), OrderedDict(), []
-        self.id_floor = _highest_transaction_id(Lakehouse(lakehouse).path(HALF))
+        self.id_floor = _highest_transaction_id(lakehouse)
         transactions = pending_from_rows(pending_rows)
         for pending in transactions:
             pending.checks, pending.last_check_us = history.get(pending.transaction_id, (0, None))
@@ -264,21 +260,15 @@ class CheckerState:
                  batch_id, len(self.pending), len(self.rows), pending_from)
 
 
-def _dataset(path: str) -> tuple[DeltaTable, ds.Dataset]:
-    # Files are read through pyarrow's own filesystem (see coordinator.lakehouse.read_table). The dataset's
-    # fragments carry each file's statistics, so a filter leaves out the files it cannot match.
-    delta = open_table(path)
-    return delta, delta.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem()))
+def _read(lakehouse: Lakehouse, table, columns: Optional[list[str]] = None,
+          filter: Optional[pc.Expression] = None) -> pa.Table:
+    return table_dataset(lakehouse.path(table), lakehouse.storage)[1].to_table(columns=columns, filter=filter)
 
 
-def _read(path: str, columns: Optional[list[str]] = None, filter: Optional[pc.Expression] = None) -> pa.Table:
-    return _dataset(path)[1].to_table(columns=columns, filter=filter)
-
-
-def _check_history(path: str, filter: pc.Expression) -> dict[str, tuple[int, int]]:
+def _check_history(lakehouse: Lakehouse, filter: pc.Expression) -> dict[str, tuple[int, int]]:
     """Per transaction: the check requests made so far, and when the last one became visible
     (its file's ``modificationTime``, as the batch that wrote it recorded)."""
-    delta, dataset = _dataset(path)
+    delta, dataset = table_dataset(lakehouse.path(CHECK_REQUESTS), lakehouse.storage)
     actions = pa.table(delta.get_add_actions(flatten=True))
     written_ms = dict(zip((unquote(p) for p in actions.column("path").to_pylist()),
                           actions.column("modification_time").cast(pa.int64()).to_pylist()))
@@ -291,10 +281,10 @@ def _check_history(path: str, filter: pc.Expression) -> dict[str, tuple[int, int
     return history
 
 
-def _highest_transaction_id(path: str) -> Optional[str]:
+def _highest_transaction_id(lakehouse: Lakehouse) -> Optional[str]:
     """An upper bound of every transaction id in the half queue, from its files' statistics (a
     truncated maximum is rounded up); a file without one is read."""
-    delta, dataset = _dataset(path)
+    delta, dataset = table_dataset(lakehouse.path(HALF), lakehouse.storage)
     actions = pa.table(delta.get_add_actions(flatten=True))
     if not actions.num_rows:
         return None
@@ -350,8 +340,9 @@ def lookup_in_tables(config: CoordinatorConfig, batch_id: int, transaction_ids: 
     ids = pa.array(sorted(transaction_ids), pa.string())
     wanted = ((pc.field("transaction_id") >= ids[0].as_py()) & (pc.field("transaction_id") <= ids[-1].as_py())
               & pc.field("transaction_id").isin(ids) & (pc.field("batch_id") < batch_id))
-    halves = _read(Lakehouse(config.lakehouse).path(HALF), ["transaction_id", "producer_group"], wanted)
-    resolved = set(_read(Lakehouse(config.lakehouse).path(OP), ["transaction_id"], wanted).column(0).to_pylist())
+    lakehouse = Lakehouse.of(config)
+    halves = _read(lakehouse, HALF, ["transaction_id", "producer_group"], wanted)
+    resolved = set(_read(lakehouse, OP, ["transaction_id"], wanted).column(0).to_pylist())
     groups = dict(zip(halves.column(0).to_pylist(), halves.column(1).to_pylist()))
     missing = set(groups) - resolved
     if missing:

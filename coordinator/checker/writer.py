@@ -20,20 +20,21 @@ Example::
 from __future__ import annotations
 
 import json
-import os
-from typing import Optional
+from typing import Mapping, Optional
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from coordinator.appender import DeltaAppender
+from coordinator.storage import FileStore
 
 
 class TableWriter:
     """Idempotent appends to the checker's tables (see the module's docstring)."""
 
-    def __init__(self, app_id: str):
+    def __init__(self, app_id: str, storage: Optional[Mapping[str, str]] = None):
         self.app_id = app_id
+        self.storage = dict(storage or {})
         self._appenders: dict[str, DeltaAppender] = {}
 
     def append(self, path: str, data: pa.Table, batch_id: int) -> Optional[int]:
@@ -44,13 +45,14 @@ class TableWriter:
         """
         appender = self._appenders.get(path)
         if appender is None:
-            if not DeltaTable.is_deltatable(path):
+            options = self.storage or None
+            if not DeltaTable.is_deltatable(path, storage_options=options):
                 # Created by its first write, so that its version 0 holds rows (time travel to it shows them).
-                write_deltalake(path, data, mode="append", commit_properties=CommitProperties(
+                write_deltalake(path, data, mode="append", storage_options=options, commit_properties=CommitProperties(
                     app_transactions=[Transaction(self.app_id, batch_id)]))
-                self._appenders[path] = DeltaAppender(path)
+                self._appenders[path] = DeltaAppender(path, storage=self.storage)
                 return 0
-            appender = self._appenders[path] = DeltaAppender(path)
+            appender = self._appenders[path] = DeltaAppender(path, storage=self.storage)
         return appender.append(data, app_transaction=(self.app_id, batch_id))
 
     def close(self) -> None:
@@ -60,11 +62,10 @@ class TableWriter:
         self._appenders.clear()
 
 
-def files_written_at_us(path: str, version: int) -> int:
+def files_written_at_us(path: str, version: int, storage: Optional[Mapping[str, str]] = None) -> int:
     """When the data files that version ``version`` of the table at ``path`` added were written
     (their ``modificationTime``, which Spark reads as ``_metadata.file_modification_time``)."""
-    log_file = os.path.join(path, "_delta_log", f"{version:020d}.json")
-    with open(log_file) as lines:
-        actions = [json.loads(line) for line in lines if line.strip()]
+    commit = FileStore.at(path, storage).read(f"_delta_log/{version:020d}.json")
+    actions = [json.loads(line) for line in commit.data.splitlines() if line.strip()]
     times = [action["add"]["modificationTime"] for action in actions if "add" in action]
     return max(times) * 1000

@@ -121,8 +121,8 @@ def run_init(args: argparse.Namespace) -> int:
     from coordinator.lakehouse import init_lakehouse
 
     config = CoordinatorConfig.load(args.config)
-    root = Lakehouse(config.lakehouse).root
-    created = init_lakehouse(config.lakehouse)
+    root = Lakehouse.of(config).root
+    created = init_lakehouse(Lakehouse.of(config))
     if args.json:
         output.print_json({"lakehouse": root, "created": created})
         return EXIT_OK
@@ -208,7 +208,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     from coordinator.ops.audit import outcome, transaction_timeline
 
     config = CoordinatorConfig.load(args.config)
-    events = transaction_timeline(config.lakehouse, args.transaction_id)
+    events = transaction_timeline(Lakehouse.of(config), args.transaction_id)
     if args.json:
         output.print_json({"transaction_id": args.transaction_id, "outcome": outcome(events) if events else None,
                      "events": [event.to_dict() for event in events]})
@@ -242,7 +242,7 @@ def run_maintain(args: argparse.Namespace) -> int:
     from coordinator.lakehouse import require_lakehouse
     from coordinator.ops.maintenance import DEFAULT_RETENTION_HOURS, maintain, maintained_tables
 
-    lakehouse = require_lakehouse(CoordinatorConfig.load(args.config).lakehouse)
+    lakehouse = require_lakehouse(CoordinatorConfig.load(args.config).lakehouse).root  # maintenance: local paths
     tables = args.tables or maintained_tables(lakehouse)
     retention = DEFAULT_RETENTION_HOURS if args.retention_hours is None else args.retention_hours
     columns = (TextColumn("maintaining"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn())

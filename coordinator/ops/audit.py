@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict, dataclass
+from typing import Union
 
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
-from coordinator.lakehouse import Lakehouse, read_table, require_lakehouse, topic_names
+from coordinator.lakehouse import Lakehouse, require_lakehouse, topic_names
 from coordinator.ops.status import read_metrics
 from coordinator.protocol import (OPERATOR_CHECK_PREFIX, OPERATOR_PROPERTY, OPERATOR_REASON_PROPERTY, Outcome,
                                   RecordKind)
@@ -58,7 +58,7 @@ class Event:
         return asdict(self) | {"at": self.at.isoformat()}
 
 
-def transaction_timeline(lakehouse: str, transaction_id: str) -> list[Event]:
+def transaction_timeline(lakehouse: Union[str, Lakehouse], transaction_id: str) -> list[Event]:
     """Every recorded step of ``transaction_id``, oldest first; ``[]`` if no table knows it.
 
     Raises :class:`~coordinator.lakehouse.LakehouseNotFoundError` if there is no lakehouse.
@@ -70,13 +70,13 @@ def transaction_timeline(lakehouse: str, transaction_id: str) -> list[Event]:
     """
     lakehouse = require_lakehouse(lakehouse)
 
-    def rows(path: str, columns: list[str]) -> list[dict]:
-        if not DeltaTable.is_deltatable(path):
+    def rows(table, columns: list[str]) -> list[dict]:
+        if not lakehouse.exists(table):
             return []
-        return read_table(path, columns, pc.field("transaction_id") == transaction_id).to_pylist()
+        return lakehouse.read(table, columns, pc.field("transaction_id") == transaction_id).to_pylist()
 
     events: list[Event] = []
-    for r in rows(Lakehouse(lakehouse).path(COMMIT_LOG), ["kind", "msg_id", "message_index", "message_count", "topic", "state",
+    for r in rows(COMMIT_LOG, ["kind", "msg_id", "message_index", "message_count", "topic", "state",
                                                "check_id", "born_timestamp", "producer_group", "properties"]):
         if r["kind"] == RecordKind.HALF:
             events.append(Event(r["born_timestamp"], "half sent", COMMIT_LOG.name,
@@ -90,13 +90,13 @@ def transaction_timeline(lakehouse: str, transaction_id: str) -> list[Event]:
             else:
                 origin = f"answering check {r['check_id']}" if r["check_id"] else "from the producer"
             events.append(Event(r["born_timestamp"], "end request", COMMIT_LOG.name, f"{r['state']} {origin}"))
-    for r in rows(Lakehouse(lakehouse).path(HALF), ["queue_offset", "topic", "stored_timestamp", "immunity_ms", "batch_id"]):
+    for r in rows(HALF, ["queue_offset", "topic", "stored_timestamp", "immunity_ms", "batch_id"]):
         events.append(Event(r["stored_timestamp"], "half stored", HALF.name,
                             f"queue offset {r['queue_offset']} ({r['topic']}), immunity {r['immunity_ms']} ms, batch {r['batch_id']}"))
-    for r in rows(Lakehouse(lakehouse).path(CHECK_REQUESTS), ["check_id", "check_times", "requested_at", "batch_id"]):
+    for r in rows(CHECK_REQUESTS, ["check_id", "check_times", "requested_at", "batch_id"]):
         events.append(Event(r["requested_at"], "check requested", CHECK_REQUESTS.name,
                             f"check {r['check_times']} ({r['check_id']}), batch {r['batch_id']}"))
-    for r in rows(Lakehouse(lakehouse).path(OP), ["half_offset", "outcome", "resolved_at", "check_id", "batch_id"]):
+    for r in rows(OP, ["half_offset", "outcome", "resolved_at", "check_id", "batch_id"]):
         if (r["check_id"] or "").startswith(OPERATOR_CHECK_PREFIX):
             by = f"by the operator ({r['check_id']})"
         elif r["check_id"]:
@@ -107,13 +107,13 @@ def transaction_timeline(lakehouse: str, transaction_id: str) -> list[Event]:
                             f"{r['outcome']} {by} (half offset {r['half_offset']}), batch {r['batch_id']}"))
     finished = _batch_end_times(lakehouse)
     for topic in topic_names(lakehouse):
-        for r in rows(Lakehouse(lakehouse).topic(topic), ["msg_id", "queue_offset", "commit_timestamp", "batch_id"]):
+        for r in rows(f"topics/{topic}", ["msg_id", "queue_offset", "commit_timestamp", "batch_id"]):
             events.append(Event(finished.get(r["batch_id"], r["commit_timestamp"]), "delivered", f"topics/{topic}",
                                 f"msg_id {r['msg_id']} (queue offset {r['queue_offset']}), batch {r['batch_id']}"))
-    for r in rows(Lakehouse(lakehouse).path(DISCARDED), ["half_offset", "check_times", "reason", "discarded_at", "batch_id"]):
+    for r in rows(DISCARDED, ["half_offset", "check_times", "reason", "discarded_at", "batch_id"]):
         events.append(Event(r["discarded_at"], "discarded", DISCARDED.name,
                             f"{r['reason']} ({r['check_times']} check(s), half offset {r['half_offset']}), batch {r['batch_id']}"))
-    for r in rows(Lakehouse(lakehouse).path(REJECTED), ["kind", "state", "check_id", "reason", "stored_timestamp", "batch_id"]):
+    for r in rows(REJECTED, ["kind", "state", "check_id", "reason", "stored_timestamp", "batch_id"]):
         what = r["kind"] if r["state"] is None else f"{r['kind']} {r['state']}"
         events.append(Event(r["stored_timestamp"], "rejected", REJECTED.name, f"{what} refused: {r['reason']}, batch {r['batch_id']}"))
     return sorted(events, key=lambda e: (e.at, STEPS.index(e.step)))
@@ -133,6 +133,6 @@ def outcome(events: list[Event]) -> str:
     return resolved[0] if resolved else PENDING
 
 
-def _batch_end_times(lakehouse: str) -> dict[int, dt.datetime]:
+def _batch_end_times(lakehouse: Lakehouse) -> dict[int, dt.datetime]:
     metrics = read_metrics(lakehouse, ["batch_id", "finished_at"])
     return dict(zip(metrics.column("batch_id").to_pylist(), metrics.column("finished_at").to_pylist()))

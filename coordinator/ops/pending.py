@@ -23,7 +23,7 @@ from typing import Optional
 import pyarrow.compute as pc
 
 from coordinator.config import CoordinatorConfig
-from coordinator.lakehouse import Lakehouse, read_pending, read_table, require_lakehouse
+from coordinator.lakehouse import Lakehouse, read_pending, require_lakehouse
 from coordinator.tables import CHECK_REQUESTS
 
 UTC = dt.timezone.utc
@@ -66,7 +66,7 @@ def pending_transactions(config: CoordinatorConfig, older_than_s: float = 0.0, g
 
         [t.transaction_id for t in pending_transactions(config, group="order_group")]
     """
-    lakehouse = require_lakehouse(config.lakehouse)
+    lakehouse = require_lakehouse(Lakehouse.of(config))
     now = now or dt.datetime.now(UTC)
     halves = read_pending(lakehouse, ["transaction_id", "producer_group", "topic", "message_index", "message_count",
                                       "stored_timestamp", "immunity_ms"])
@@ -118,9 +118,8 @@ def next_step_of(config: CoordinatorConfig, stored_at: dt.datetime, immunity_ms:
     return CHECK, due
 
 
-def _checks_by_transaction(lakehouse: str, transaction_ids: set[str]) -> dict[str, list[dict]]:
-    requests = read_table(Lakehouse(lakehouse).path(CHECK_REQUESTS),
-                          ["transaction_id", "check_times", "requested_at", "producer_instance"])
+def _checks_by_transaction(lakehouse: Lakehouse, transaction_ids: set[str]) -> dict[str, list[dict]]:
+    requests = lakehouse.read(CHECK_REQUESTS, ["transaction_id", "check_times", "requested_at", "producer_instance"])
     by_transaction: dict[str, list[dict]] = defaultdict(list)
     for request in requests.to_pylist():
         if request["transaction_id"] in transaction_ids:

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import InvalidArgumentError
-from coordinator.lakehouse import Lakehouse, read_pending, read_table, require_lakehouse
+from coordinator.lakehouse import Lakehouse, read_pending, require_lakehouse
 from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.protocol import (MAX_REASON_LENGTH, OPERATOR_CHECK_PREFIX, OPERATOR_PROPERTY, OPERATOR_REASON_PROPERTY,
                                   LocalTransactionState, Outcome)
@@ -48,7 +48,7 @@ def resolve_transaction(config: CoordinatorConfig, transaction_id: str, decision
 
         resolve_transaction(config, txn, LocalTransactionState.COMMIT_MESSAGE, "paid, confirmed by phone")
     """
-    lakehouse = require_lakehouse(config.lakehouse)
+    lakehouse = require_lakehouse(Lakehouse.of(config))
     if decision not in DECISIONS:
         raise InvalidArgumentError(f"a decision is COMMIT_MESSAGE or ROLLBACK_MESSAGE, got {decision}")
     reason = (reason or "").strip()
@@ -63,14 +63,14 @@ def resolve_transaction(config: CoordinatorConfig, transaction_id: str, decision
     return record
 
 
-def _owner_if_open(lakehouse: str, transaction_id: str, decision: LocalTransactionState) -> str:
+def _owner_if_open(lakehouse: Lakehouse, transaction_id: str, decision: LocalTransactionState) -> str:
     """The producer group of ``transaction_id`` if ``decision`` may still end it: it is pending, or it
     was discarded, not committed since, and the decision is a commit."""
     pending = read_pending(lakehouse, ["transaction_id", "producer_group"]).filter(
         pc.field("transaction_id") == transaction_id)
     if pending.num_rows:
         return pending.column("producer_group")[0].as_py()
-    ops = read_table(Lakehouse(lakehouse).path(OP), ["producer_group", "outcome"], pc.field("transaction_id") == transaction_id)
+    ops = lakehouse.read(OP, ["producer_group", "outcome"], pc.field("transaction_id") == transaction_id)
     outcomes = set(ops.column("outcome").to_pylist())
     if outcomes == {Outcome.DISCARD} and decision == LocalTransactionState.COMMIT_MESSAGE:
         return ops.column("producer_group")[0].as_py()
@@ -82,5 +82,5 @@ def _owner_if_open(lakehouse: str, transaction_id: str, decision: LocalTransacti
                                    "it is resolved for good")
     if outcomes:
         raise InvalidArgumentError(f"transaction {transaction_id} is already resolved: {', '.join(sorted(outcomes))}")
-    raise InvalidArgumentError(f"no pending transaction {transaction_id} in {Lakehouse(lakehouse).path('system/half')} "
+    raise InvalidArgumentError(f"no pending transaction {transaction_id} in {lakehouse.path('system/half')} "
                                "(unknown, or not yet taken in by the checker)")

@@ -21,12 +21,11 @@ from typing import Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import lease_record
 from coordinator.control.processes import process_gone
-from coordinator.lakehouse import LEASE_KEY, Lakehouse, open_table, read_table, require_lakehouse, topic_names
+from coordinator.lakehouse import LEASE_KEY, Lakehouse, require_lakehouse, topic_names
 from coordinator.ops.pending import pending_transactions
 from coordinator.protocol import Outcome
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, OP, REJECTED
@@ -82,21 +81,21 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
 
         read_status(config).checks_due  # pending transactions whose next check (or discard) is due now
     """
-    lakehouse = require_lakehouse(config.lakehouse)
+    lakehouse = require_lakehouse(Lakehouse.of(config))
     now = now or dt.datetime.now(UTC)
     pending = pending_transactions(config, now=now)
     ages = sorted(transaction.age_s for transaction in pending)
-    requests = read_table(Lakehouse(lakehouse).path(CHECK_REQUESTS), ["transaction_id"])
-    discarded = sorted(set(read_table(Lakehouse(lakehouse).path(DISCARDED), ["transaction_id"]).column(0).to_pylist()))
-    rejected_reasons = Counter(read_table(Lakehouse(lakehouse).path(REJECTED), ["reason"]).column("reason").to_pylist())
+    requests = lakehouse.read(CHECK_REQUESTS, ["transaction_id"])
+    discarded = sorted(set(lakehouse.read(DISCARDED, ["transaction_id"]).column(0).to_pylist()))
+    rejected_reasons = Counter(lakehouse.read(REJECTED, ["reason"]).column("reason").to_pylist())
     lease = read_lease(lakehouse)
     lease_age = None if lease is None else now.timestamp() - lease["renewed_at"]
     gone = lease is not None and process_gone(lease)
     last = last_batch(lakehouse)
-    head = open_table(Lakehouse(lakehouse).path(COMMIT_LOG)).version()
+    head = lakehouse.table(COMMIT_LOG).version()
     lag_versions = None if last is None or last["commit_log_version"] is None else head - last["commit_log_version"]
     return Status(
-        lakehouse=Lakehouse(lakehouse).root,
+        lakehouse=lakehouse.root,
         generated_at=now,
         pending_transactions=len(pending),
         oldest_pending_age_s=ages[-1] if ages else None,
@@ -120,11 +119,11 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
     )
 
 
-def _committed_since(lakehouse: str, discarded: list[str]) -> set[str]:
+def _committed_since(lakehouse: Lakehouse, discarded: list[str]) -> set[str]:
     """Those of the ``discarded`` transactions that have a COMMIT op row too (an operator's, after the discard)."""
     if not discarded:
         return set()
-    commits = read_table(Lakehouse(lakehouse).path(OP), ["transaction_id"],
+    commits = lakehouse.read(OP, ["transaction_id"],
                          (pc.field("transaction_id") >= discarded[0]) & (pc.field("transaction_id") <= discarded[-1])
                          & pc.field("transaction_id").isin(discarded) & (pc.field("outcome") == Outcome.COMMIT))
     return set(commits.column(0).to_pylist())
@@ -141,21 +140,21 @@ def read_lease(lakehouse: Union[str, Lakehouse]) -> Optional[dict]:
     return None if record is None or record.get("released") else record
 
 
-def read_metrics(lakehouse: str, columns: Optional[list[str]] = None) -> pa.Table:
+def read_metrics(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] = None) -> pa.Table:
     """Every batch the checker recorded in ``system/metrics``, by batch id; empty if the table does not exist.
 
     Example::
 
         read_metrics("lakehouse", ["batch_id", "duration_ms"]).to_pandas().plot(x="batch_id")
     """
-    path = Lakehouse(lakehouse).path(METRICS)
-    if not DeltaTable.is_deltatable(path):
+    lakehouse = Lakehouse.at(lakehouse)
+    if not lakehouse.exists(METRICS):
         return METRICS.arrow_schema().empty_table().select(columns or METRICS.column_names)
-    table = read_table(path, columns)
+    table = lakehouse.read(METRICS, columns)
     return table.sort_by("batch_id") if "batch_id" in table.column_names else table
 
 
-def last_batch(lakehouse: str) -> Optional[dict]:
+def last_batch(lakehouse: Union[str, Lakehouse]) -> Optional[dict]:
     """The checker's latest recorded batch (a ``system/metrics`` row), or ``None``.
 
     Example::
@@ -166,7 +165,7 @@ def last_batch(lakehouse: str) -> Optional[dict]:
     return rows.slice(rows.num_rows - 1).to_pylist()[0] if rows.num_rows else None
 
 
-def delivery_latencies(lakehouse: str) -> pa.Table:
+def delivery_latencies(lakehouse: Union[str, Lakehouse]) -> pa.Table:
     """Commit→visible latency of every delivered message whose batch ``system/metrics`` recorded.
 
     From when the deciding END entered the commit log (``commit_timestamp``) to the end
@@ -177,11 +176,12 @@ def delivery_latencies(lakehouse: str) -> pa.Table:
 
         delivery_latencies("lakehouse").column("latency_ms").to_pylist()  # [2310, 2310, 4120, ...]
     """
+    lakehouse = Lakehouse.at(lakehouse)
     finished = dict(zip(*read_metrics(lakehouse, ["batch_id", "finished_at"]).to_pydict().values()))
     rows = []
     for topic in topic_names(lakehouse):
         columns = ["topic", "transaction_id", "batch_id", "commit_timestamp"]
-        for row in read_table(Lakehouse(lakehouse).topic(topic), columns).to_pylist():
+        for row in lakehouse.read(f"topics/{topic}", columns).to_pylist():
             if row["batch_id"] in finished:
                 latency = finished[row["batch_id"]] - row["commit_timestamp"]
                 rows.append(row | {"latency_ms": int(latency.total_seconds() * 1000)})
@@ -190,10 +190,10 @@ def delivery_latencies(lakehouse: str) -> pa.Table:
     return pa.Table.from_pylist([{k: r[k] for k in schema.names} for r in rows], schema=schema)
 
 
-def _lag_seconds(lakehouse: str, head: int, lag_versions: Optional[int], now: dt.datetime) -> Optional[float]:
+def _lag_seconds(lakehouse: Lakehouse, head: int, lag_versions: Optional[int], now: dt.datetime) -> Optional[float]:
     if lag_versions is None:
         return None
     if lag_versions <= 0:
         return 0.0
-    oldest_unread = min(open_table(Lakehouse(lakehouse).path(COMMIT_LOG)).history(limit=lag_versions), key=lambda c: c["version"])
+    oldest_unread = min(lakehouse.table(COMMIT_LOG).history(limit=lag_versions), key=lambda c: c["version"])
     return max(0.0, now.timestamp() - oldest_unread["timestamp"] / 1000)
