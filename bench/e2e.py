@@ -56,7 +56,11 @@ def offered_rate(requested: float, reference_seconds: float) -> tuple[float, dic
     import producer as producer_benchmark  # bench/producer.py
 
     print(f"reference: the producer alone at {REFERENCE_THREADS} threads for {reference_seconds:g} s...", flush=True)
-    reference = producer_benchmark.run(REFERENCE_THREADS, reference_seconds, 1)
+    places = producer_benchmark.Places(object_store=False)
+    try:
+        reference = producer_benchmark.run(places, REFERENCE_THREADS, reference_seconds, 1)
+    finally:
+        places.close()
     return min(requested, round(REFERENCE_SHARE * reference["txn_per_s"], 1)), reference
 
 

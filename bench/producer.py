@@ -14,13 +14,18 @@ reopened every 20 appends as delta-rs needs (``append_floor_p50_ms``; each confi
 The process curve runs 1, 2 and 4 producer processes of one group, each with 64 threads, on
 one lakehouse, as several service instances would.
 
-Prints a table and writes ``bench/results/producer.json`` (``--results`` to change), with the
-load average at start and end.
+With ``--object-store`` every lakehouse (the floor's too) is a prefix of a bucket on a real
+S3-compatible server on loopback (``scripts/s3_server.py``, started for the run): what object
+storage costs a producer, beside the local-disk figures.
+
+Prints a table and writes ``bench/results/producer.json`` (``bench/results/producer-s3.json``
+with ``--object-store``; ``--results`` to change), with the load average at start and end.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import statistics
 import sys
@@ -34,7 +39,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
 from coordinator.lakehouse import Lakehouse, init_lakehouse
@@ -63,19 +68,52 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def append_floor(appends: int) -> dict:
+class Places:
+    """Where each run's fresh lakehouse lives: a temporary directory, or a new prefix of a bucket on
+    a loopback S3 server (started once for the whole benchmark)."""
+
+    BUCKET = "bench"
+
+    def __init__(self, object_store: bool):
+        self._stack = contextlib.ExitStack()
+        self.storage: dict[str, str] = {}
+        if object_store:
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+            from s3_server import S3Server
+
+            server = self._stack.enter_context(S3Server(self._stack.enter_context(tempfile.TemporaryDirectory())))
+            server.create_bucket(self.BUCKET)
+            self.storage = server.storage_options
+
+    @contextlib.contextmanager
+    def lakehouse(self):
+        """A fresh lakehouse, its tables created."""
+        if self.storage:
+            lakehouse = Lakehouse(f"s3://{self.BUCKET}/{uuid.uuid4().hex}", self.storage)
+            init_lakehouse(lakehouse)
+            yield lakehouse
+            return
+        with tempfile.TemporaryDirectory() as directory:
+            lakehouse = Lakehouse(directory)
+            init_lakehouse(lakehouse)
+            yield lakehouse
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+def append_floor(places: Places, appends: int) -> dict:
     """A bare delta-rs append of one commit-log row to a warm table, ``appends`` times: the latencies' p50/p99.
 
     The table is reopened every :data:`FLOOR_REOPEN_EVERY` appends, outside the timing."""
-    with tempfile.TemporaryDirectory() as lakehouse:
-        init_lakehouse(lakehouse)
+    with places.lakehouse() as lakehouse:
         message = Message("BENCH", BODY)
         message.msg_id = uuid.uuid4().hex
         row = records_to_arrow(half_records("bench", uuid.uuid4().hex, [message]))
         latencies = []
         for attempt in range(FLOOR_WARMUP + appends):
             if attempt % FLOOR_REOPEN_EVERY == 0:
-                table = DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG))
+                table = lakehouse.table(COMMIT_LOG)
             started = time.perf_counter()
             write_deltalake(table, row, mode="append")
             if attempt >= FLOOR_WARMUP:
@@ -84,11 +122,11 @@ def append_floor(appends: int) -> dict:
             "p99_ms": round(percentile(latencies, 0.99) * 1000, 2)}
 
 
-def send_until(lakehouse: str, threads: int, start_at: float, stop_at: float,
+def send_until(lakehouse: str, storage: dict[str, str], threads: int, start_at: float, stop_at: float,
                messages_per_txn: int) -> tuple[list[float], float]:
     """Send from ``threads`` threads of one producer from ``start_at`` until ``stop_at`` (``time.time()``);
     return the send latencies and when the last send finished."""
-    config = CoordinatorConfig(lakehouse=lakehouse)
+    config = CoordinatorConfig(lakehouse=lakehouse, storage=storage)
     latencies: list[float] = []
     lock = threading.Lock()
 
@@ -115,24 +153,26 @@ def send_until(lakehouse: str, threads: int, start_at: float, stop_at: float,
     return latencies, finished
 
 
-def run(threads: int, seconds: float, messages_per_txn: int, floor: Optional[dict] = None, processes: int = 1) -> dict:
+def run(places: Places, threads: int, seconds: float, messages_per_txn: int, floor: Optional[dict] = None,
+        processes: int = 1) -> dict:
     """Send from ``processes`` processes of ``threads`` threads for ``seconds``; return throughput and latency
     figures, quoted against ``floor`` (:func:`append_floor`) if given."""
-    with tempfile.TemporaryDirectory() as lakehouse:
-        init_lakehouse(lakehouse)
+    with places.lakehouse() as where:
+        lakehouse, storage = where.root, where.storage
         if processes == 1:
             start_at = time.time()
-            latencies, finished = send_until(lakehouse, threads, start_at, start_at + seconds, messages_per_txn)
+            latencies, finished = send_until(lakehouse, storage, threads, start_at, start_at + seconds,
+                                             messages_per_txn)
         else:
             # Every process starts (imports, opens the log) before the shared start: allow for it.
             start_at = time.time() + 5
             with multiprocessing.get_context("spawn").Pool(processes) as pool:
-                shares = pool.starmap(send_until, [(lakehouse, threads, start_at, start_at + seconds,
+                shares = pool.starmap(send_until, [(lakehouse, storage, threads, start_at, start_at + seconds,
                                                     messages_per_txn)] * processes)
             latencies = [latency for share, _ in shares for latency in share]
             finished = max(last for _, last in shares)
         elapsed = finished - start_at
-        commits = DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).version()  # version 0 created the table
+        commits = where.table(COMMIT_LOG).version()  # version 0 created the table
         p50, p99 = statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000
         against_floor = {} if floor is None else {
             "append_floor_p50_ms": floor["p50_ms"],
@@ -165,15 +205,22 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--processes", type=int, nargs="*", default=[1, 2, 4],
                         help=f"the process curve: this many processes of {PROCESS_THREADS} threads each")
     parser.add_argument("--floor-appends", type=int, default=200, help="bare delta-rs appends for the floor")
-    parser.add_argument("--results", default=str(RESULTS / "producer.json"))
+    parser.add_argument("--object-store", action="store_true",
+                        help="every lakehouse on a loopback S3 server (scripts/s3_server.py) instead of a local disk")
+    parser.add_argument("--results", default=None, help="default: bench/results/producer.json (producer-s3.json)")
     args = parser.parse_args(argv)
+    args.results = args.results or str(RESULTS / ("producer-s3.json" if args.object_store else "producer.json"))
     report = benchlib.start_report("producer", vars(args))
-    floor = append_floor(args.floor_appends)
-    print(f"append floor (bare delta-rs append of one row, warm table): p50 {floor['p50_ms']} ms, "
-          f"p99 {floor['p99_ms']} ms", flush=True)
-    runs = [run(threads, args.seconds, 1, floor) for threads in args.threads]
-    runs.append(run(max(args.threads), args.seconds, args.batch, floor))
-    curve = [run(PROCESS_THREADS, args.seconds, 1, floor, processes) for processes in args.processes]
+    places = Places(args.object_store)
+    try:
+        floor = append_floor(places, args.floor_appends)
+        print(f"append floor (bare delta-rs append of one row, warm table): p50 {floor['p50_ms']} ms, "
+              f"p99 {floor['p99_ms']} ms", flush=True)
+        runs = [run(places, threads, args.seconds, 1, floor) for threads in args.threads]
+        runs.append(run(places, max(args.threads), args.seconds, args.batch, floor))
+        curve = [run(places, PROCESS_THREADS, args.seconds, 1, floor, processes) for processes in args.processes]
+    finally:
+        places.close()
     print(f"{'procs':>5} {'threads':>7} {'msgs/txn':>8} {'txns':>7} {'txn/s':>8} {'msg/s':>8} {'p50 ms':>8} "
           f"{'p99 ms':>8} {'p50/floor':>9} {'p99/floor':>9} {'commits/s':>9} {'txn/commit':>10}")
     for r in runs + curve:

@@ -5,6 +5,8 @@ producer's commit log, with the same guarantees as on a local disk."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
+from coordinator.checker.session import PROJECT_ROOT
 from coordinator.cli import main
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
@@ -228,3 +231,15 @@ def test_the_streaming_checker_runs_on_object_storage(spark, s3_server, s3_lakeh
         {"transaction_id": "paid", "outcome": "COMMIT"}, {"transaction_id": "refused", "outcome": "ROLLBACK"}]
     assert s3_lakehouse.files.read("system/_checkpoints/checker/metadata") is not None  # the checkpoint is on S3
     assert CheckerProgress(s3_lakehouse).load().last_batch is not None
+
+
+def test_the_producer_benchmark_runs_on_object_storage(s3_server, tmp_path):
+    """`bench/producer.py --object-store`, at a tiny scale: every figure comes from a bucket on its own server."""
+    results = tmp_path / "producer-s3.json"
+    run = subprocess.run([sys.executable, "bench/producer.py", "--object-store", "--seconds", "1", "--threads", "2",
+                          "--processes", "--batch", "2", "--floor-appends", "5", "--results", str(results)],
+                         capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(results.read_text())
+    assert report["args"]["object_store"] is True
+    assert [r["threads"] for r in report["runs"]] == [2, 2] and all(r["transactions"] > 0 for r in report["runs"])
