@@ -102,6 +102,10 @@ class FileStore(abc.ABC):
         """The keys of the files under ``prefix`` (a directory-like key), sorted."""
 
     @abc.abstractmethod
+    def modified(self, prefix: str) -> dict[str, int]:
+        """The files right under ``prefix``: each key with when it was last written (epoch milliseconds)."""
+
+    @abc.abstractmethod
     def directories(self, prefix: str) -> list[str]:
         """The names of the directories (on S3: common prefixes) right under ``prefix``, sorted."""
 
@@ -166,6 +170,13 @@ class LocalFileStore(FileStore):
             return []
         return sorted(f"{prefix.rstrip('/')}/{name}" for name in os.listdir(directory)
                       if not name.startswith(".") and os.path.isfile(os.path.join(directory, name)))
+
+    def modified(self, prefix: str) -> dict[str, int]:
+        directory = self._path(prefix)
+        if not os.path.isdir(directory):
+            return {}
+        return {f"{prefix.rstrip('/')}/{entry.name}": entry.stat().st_mtime_ns // 1_000_000
+                for entry in os.scandir(directory) if entry.is_file() and not entry.name.startswith(".")}
 
     def directories(self, prefix: str) -> list[str]:
         directory = self._path(prefix)
@@ -252,6 +263,10 @@ class ObjectFileStore(FileStore):
         return sorted(meta["path"] for batch in obstore.list(self._store, prefix) for meta in batch
                       if "/" not in meta["path"][len(prefix):])
 
+
+    def modified(self, prefix: str) -> dict[str, int]:
+        listed = obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/")
+        return {meta["path"]: _milliseconds(meta["last_modified"]) for meta in listed["objects"]}
 
     def directories(self, prefix: str) -> list[str]:
         listed = obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/")

@@ -242,7 +242,7 @@ def run_maintain(args: argparse.Namespace) -> int:
     from coordinator.lakehouse import require_lakehouse
     from coordinator.ops.maintenance import DEFAULT_RETENTION_HOURS, maintain, maintained_tables
 
-    lakehouse = require_lakehouse(CoordinatorConfig.load(args.config).lakehouse).root  # maintenance: local paths
+    lakehouse = require_lakehouse(Lakehouse.of(CoordinatorConfig.load(args.config)))
     tables = args.tables or maintained_tables(lakehouse)
     retention = DEFAULT_RETENTION_HOURS if args.retention_hours is None else args.retention_hours
     columns = (TextColumn("maintaining"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
@@ -253,7 +253,7 @@ def run_maintain(args: argparse.Namespace) -> int:
         results = maintain(lakehouse, tables=tables, retention_hours=retention, log_retention_hours=args.log_retention_hours,
                            on_table=lambda done: progress.update(task, advance=1, description=next(position, "")))
     if args.json:
-        output.print_json({"lakehouse": Lakehouse(lakehouse).root, "retention_hours": retention,
+        output.print_json({"lakehouse": lakehouse.root, "retention_hours": retention,
                      "log_retention_hours": args.log_retention_hours,
                      "tables": [dataclasses.asdict(result) for result in results]})
     else:

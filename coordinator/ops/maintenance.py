@@ -36,19 +36,19 @@ it: see :class:`~coordinator.producer.commit_log.CommitLogWriter`).
 from __future__ import annotations
 
 import math
-import os
 import re
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from deltalake import DeltaTable, PostCommitHookProperties
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from coordinator.control.progress import CheckerProgress
 from coordinator.exceptions import InvalidArgumentError
-from coordinator.lakehouse import Lakehouse, open_table
+from coordinator.lakehouse import Lakehouse
+from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
 
 #: Delta's own default for ``delta.deletedFileRetentionDuration``.
@@ -87,20 +87,18 @@ class TableMaintenance:
     skipped: list[str] = field(default_factory=list)
 
 
-def maintained_tables(lakehouse: str) -> list[str]:
+def maintained_tables(lakehouse: Union[str, Lakehouse]) -> list[str]:
     """Names of every table maintenance looks after: the system tables and every topic.
 
     Example::
 
         maintained_tables("lakehouse")  # ['system/commit_log', ..., 'topics/ORDER_TOPIC']
     """
-    topics_dir = Lakehouse(lakehouse).topics_dir
-    topics = sorted(f"topics/{name}" for name in os.listdir(topics_dir)) if os.path.isdir(topics_dir) else []
-    return [table.name for table in SYSTEM_TABLES] + topics
+    return [table.name for table in SYSTEM_TABLES] + [f"topics/{name}" for name in Lakehouse.at(lakehouse).files.directories("topics")]
 
 
 def maintain(
-    lakehouse: str,
+    lakehouse: Union[str, Lakehouse],
     *,
     tables: Optional[list[str]] = None,
     retention_hours: int = DEFAULT_RETENTION_HOURS,
@@ -131,6 +129,7 @@ def maintain(
         raise InvalidArgumentError(f"retention_hours must be at least {floor}: a shorter vacuum deletes files that writers "
                          "commit while it runs (quiesced=True only when nothing writes to the tables)")
     log_retention = None if log_retention_hours is None else log_retention_interval(log_retention_hours)
+    lakehouse = Lakehouse.at(lakehouse)
     results = []
     for name in tables if tables is not None else maintained_tables(lakehouse):
         result = _maintain_table(lakehouse, name, retention_hours, log_retention)
@@ -160,13 +159,12 @@ def log_retention_interval(hours: float) -> str:
             return f"interval {count} {unit}{'' if count == 1 else 's'}"
 
 
-def _maintain_table(lakehouse: str, name: str, retention_hours: int, log_retention: Optional[str]) -> TableMaintenance:
-    path = Lakehouse(lakehouse).path(name)
+def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_retention: Optional[str]) -> TableMaintenance:
     result = TableMaintenance(name)
-    if not DeltaTable.is_deltatable(path):
+    if not lakehouse.exists(name):
         result.skipped.append("not a Delta table")
         return result
-    table = open_table(path)
+    table = lakehouse.table(name)
     result.files_before = len(table.file_uris())
     if log_retention is not None:
         _attempt(result, "log retention", lambda: _set_log_retention(table, name, log_retention), None)
@@ -177,15 +175,15 @@ def _maintain_table(lakehouse: str, name: str, retention_hours: int, log_retenti
     if name in NOT_COMPACTED:
         result.skipped.append("compaction: the check interval is timed from each request's file")
     else:
-        metrics = _attempt(result, "compaction", lambda: open_table(path).optimize.compact(), {})
+        metrics = _attempt(result, "compaction", lambda: lakehouse.table(name).optimize.compact(), {})
         result.files_compacted = metrics.get("numFilesRemoved", 0)
-    _attempt(result, "checkpoint", lambda: open_table(path).create_checkpoint(), None)
-    still_needed = _commit_still_needed(lakehouse, path) if name == COMMIT_LOG.name else None
+    _attempt(result, "checkpoint", lambda: lakehouse.table(name).create_checkpoint(), None)
+    still_needed = _commit_still_needed(lakehouse) if name == COMMIT_LOG.name else None
     if still_needed is not None:
         result.skipped.append(f"log cleanup: {still_needed}")
     else:
-        _attempt(result, "log cleanup", lambda: open_table(path).cleanup_metadata(), None)
-    final = open_table(path)
+        _attempt(result, "log cleanup", lambda: lakehouse.table(name).cleanup_metadata(), None)
+    final = lakehouse.table(name)
     result.files_after, result.version = len(final.file_uris()), final.version()
     return result
 
@@ -198,7 +196,7 @@ def _attempt(result: TableMaintenance, step: str, action: Callable, fallback):
         return fallback
 
 
-def _versions_still_read(lakehouse: str, name: str, table: DeltaTable) -> list[int]:
+def _versions_still_read(lakehouse: Lakehouse, name: str, table: DeltaTable) -> list[int]:
     """Versions whose files vacuum must keep because the checker may still read them.
 
     A compaction at version ``c`` removed files added at versions below ``c``. If the
@@ -230,7 +228,7 @@ def _set_log_retention(table: DeltaTable, name: str, log_retention: str) -> None
     table.alter.set_table_properties(wanted, post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False))
 
 
-def _commit_still_needed(lakehouse: str, path: str) -> Optional[str]:
+def _commit_still_needed(lakehouse: Lakehouse) -> Optional[str]:
     """Why cleaning the commit log's log now could delete a commit the checker still reads (``None`` if it cannot).
 
     The cleanup deletes commit files older than the log retention, by their time on
@@ -239,12 +237,13 @@ def _commit_still_needed(lakehouse: str, path: str) -> Optional[str]:
     """
     progress = CheckerProgress(lakehouse).load()
     needed = progress.oldest_needed_version if progress is not None else 0
-    retention = _log_retention(open_table(path))
-    cutoff = time.time() - (retention - min(_CLOCK_MARGIN, retention / 2)).total_seconds()
-    commits = ((os.path.splitext(entry.name)[0], entry) for entry in os.scandir(os.path.join(path, "_delta_log"))
-               if entry.name.endswith(".json"))
-    expired = min((int(version) for version, entry in commits
-                   if version.isdigit() and int(version) >= needed and entry.stat().st_mtime < cutoff), default=None)
+    retention = _log_retention(lakehouse.table(COMMIT_LOG))
+    cutoff_ms = (time.time() - (retention - min(_CLOCK_MARGIN, retention / 2)).total_seconds()) * 1000
+    commits = {key.rsplit("/", 1)[-1].removesuffix(".json"): written_ms
+               for key, written_ms in FileStore.at(lakehouse.path(COMMIT_LOG), lakehouse.storage).modified("_delta_log").items()
+               if key.endswith(".json")}
+    expired = min((int(version) for version, written_ms in commits.items()
+                   if version.isdigit() and int(version) >= needed and written_ms < cutoff_ms), default=None)
     if expired is None:
         return None
     return f"version {expired} is older than the log retention ({retention}), and the checker still reads from version {needed}"
