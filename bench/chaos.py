@@ -29,11 +29,17 @@ and exits 1 on any violation.
     python bench/chaos.py                                   # the small default run
     python bench/chaos.py --transactions 2000 --checker-kills 5 --producer-kills 8
     python bench/chaos.py --standby                         # kills the active of two checkers
+    python bench/chaos.py --object-store                    # the lakehouse on a loopback S3 server
+
+With ``--object-store`` the lakehouse is a prefix of a bucket on a real S3-compatible server
+(``scripts/s3_server.py``, started for the run); the run's directory keeps only the logs, the
+producers' SQLite stores and the configuration (whose ``[storage]`` table reaches the server).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -42,6 +48,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -51,7 +58,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Optional
 
-from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 import benchlib
@@ -70,13 +76,18 @@ from chaos_producer import (
 )
 from coordinator.checker.session import PROJECT_ROOT, spark_submit
 from coordinator.config import CoordinatorConfig
-from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
+from coordinator.lakehouse import Lakehouse, init_lakehouse, topic_names
 from coordinator.ops.resolve import resolve_transaction
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.protocol import LocalTransactionState
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, HALF, OP, REJECTED
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent / "scripts"))
+from s3_server import S3Server  # noqa: E402  (scripts/s3_server.py)
+
+#: The bucket of ``--object-store`` runs.
+OBJECT_STORE_BUCKET = "chaos"
 PRODUCER_SCRIPT = BENCH / "chaos_producer.py"
 CONFIG_NAME = "chaos.toml"
 #: Short timings, so unknown transactions are checked and discarded within the run.
@@ -108,9 +119,12 @@ _RECOVERED = "COMMIT by an operator after DISCARD"
 #: coordinator.lakehouse.read_table) cannot take the harness down with it.
 _MAINTAIN = """
 import dataclasses, json, sys
+from coordinator.config import CoordinatorConfig
+from coordinator.lakehouse import Lakehouse
 from coordinator.ops.maintenance import maintain
+lakehouse = Lakehouse.of(CoordinatorConfig.load(sys.argv[1], environ={}))
 tables, retention_hours = json.loads(sys.argv[2]), int(sys.argv[3])
-print(json.dumps([dataclasses.asdict(r) for r in maintain(sys.argv[1], tables=tables, retention_hours=retention_hours)]))
+print(json.dumps([dataclasses.asdict(r) for r in maintain(lakehouse, tables=tables, retention_hours=retention_hours)]))
 """
 
 
@@ -128,6 +142,7 @@ class Options:
     maintenance_every: float = 10.0
     retention_hours: int = 1
     standby: bool = False
+    object_store: bool = False
 
 
 def parse_options(argv: Optional[list[str]] = None) -> Options:
@@ -149,6 +164,8 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
                         help="vacuum retention passed to maintain(), at least 1 (hours) while producers write")
     parser.add_argument("--standby", action="store_true",
                         help="run a second checker standing by; each checker kill hits the active one")
+    parser.add_argument("--object-store", action="store_true",
+                        help="the lakehouse on a loopback S3 server (scripts/s3_server.py); --lakehouse keeps the logs")
     args = parser.parse_args(argv)
     if args.transactions < len(KINDS):
         parser.error(f"--transactions must be at least {len(KINDS)}, one of each kind")
@@ -291,25 +308,29 @@ def make_plan(transactions: int, producers: int, rng: random.Random) -> list[lis
     return plans
 
 
-def prepare(root: Path) -> Path:
-    """Wipe and recreate the run's directory; refuse a non-empty one a chaos run did not make."""
+def prepare(root: Path, lakehouse: Optional[str] = None, storage: Optional[dict[str, str]] = None) -> Path:
+    """Wipe and recreate the run's directory (the lakehouse too, unless ``lakehouse`` names another
+    place, reached with ``storage``); refuse a non-empty one a chaos run did not make."""
     if root.exists():
         if any(root.iterdir()) and not (root / CONFIG_NAME).exists():
             raise SystemExit(f"refusing to wipe {root}: not empty and no {CONFIG_NAME} in it; choose another --lakehouse")
         shutil.rmtree(root)
     root.mkdir(parents=True)
     config_path = root / CONFIG_NAME
-    lines = ["# Written by bench/chaos.py.", f"lakehouse = {json.dumps(str(root))}"]
-    config_path.write_text("\n".join(lines + [f"{key} = {value}" for key, value in SETTINGS.items()]) + "\n")
-    init_lakehouse(str(root))
+    lines = ["# Written by bench/chaos.py.", f"lakehouse = {json.dumps(lakehouse or str(root))}"]
+    lines += [f"{key} = {value}" for key, value in SETTINGS.items()]
+    if storage:
+        lines += ["", "[storage]", *(f"{key} = {json.dumps(value)}" for key, value in storage.items())]
+    config_path.write_text("\n".join(lines) + "\n")
+    init_lakehouse(Lakehouse.of(CoordinatorConfig.load(config_path, environ={})))
     return config_path
 
 
 class Maintenance:
     """Runs ``coordinator.ops.maintenance.maintain`` over the commit log and the topics, over and over, in a thread."""
 
-    def __init__(self, root: Path, every_s: float, retention_hours: int) -> None:
-        self.root, self.every_s, self.retention_hours = root, every_s, retention_hours
+    def __init__(self, config_path: Path, every_s: float, retention_hours: int) -> None:
+        self.config_path, self.every_s, self.retention_hours = config_path, every_s, retention_hours
         self.runs = 0
         self.files_compacted = 0
         self.files_vacuumed = 0
@@ -329,7 +350,7 @@ class Maintenance:
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
             tables = ["system/commit_log", f"topics/{ORDER_TOPIC}", f"topics/{AUDIT_TOPIC}"]
-            result = subprocess.run([sys.executable, "-c", _MAINTAIN, str(self.root), json.dumps(tables),
+            result = subprocess.run([sys.executable, "-c", _MAINTAIN, str(self.config_path), json.dumps(tables),
                                      str(self.retention_hours)],
                                     capture_output=True, text=True, env=child_environment(dict(os.environ)))
             self.runs += 1
@@ -355,8 +376,8 @@ class BadInput:
 class HostileWriter:
     """Appends records no well-behaved producer sends, straight to ``system/commit_log``."""
 
-    def __init__(self, root: Path, rng: random.Random) -> None:
-        self.root, self.rng = root, rng
+    def __init__(self, lakehouse: Lakehouse, rng: random.Random) -> None:
+        self.lakehouse, self.rng = lakehouse, rng
         self.injected: list[BadInput] = []
 
     def inject_blind(self) -> None:
@@ -375,7 +396,7 @@ class HostileWriter:
             ("end before its half", _end(transaction_id=early_txn)),
         ])
         # The half the early END named, in a later commit: valid, but nobody answers its checks.
-        with CommitLogWriter(str(self.root)) as writer:
+        with CommitLogWriter(self.lakehouse) as writer:
             writer.submit([_half(transaction_id=early_txn)]).result()
 
     def inject_targeted(self, plans: list[list[tuple[str, str]]], require_every_target: bool) -> bool:
@@ -384,8 +405,8 @@ class HostileWriter:
         Returns ``False``, writing nothing, if ``require_every_target`` and one of them does not exist yet.
         """
         kind_of = {plan_id: kind for plan in plans for plan_id, kind in plan}
-        halves = _rows(Lakehouse(self.root).path(HALF), ["transaction_id", "producer_group", "body", "message_index"])
-        outcomes = {row["transaction_id"]: row["outcome"] for row in _rows(Lakehouse(self.root).path(OP), ["transaction_id", "outcome"])}
+        halves = _rows(self.lakehouse, HALF, ["transaction_id", "producer_group", "body", "message_index"])
+        outcomes = {row["transaction_id"]: row["outcome"] for row in _rows(self.lakehouse, OP, ["transaction_id", "outcome"])}
         ours = [row for row in halves if row["producer_group"] != FORGED_GROUP and row["message_index"] == 0]
 
         def pick(condition) -> Optional[dict]:
@@ -415,7 +436,7 @@ class HostileWriter:
         return True
 
     def _write(self, records: list[tuple[str, dict]]) -> None:
-        with CommitLogWriter(str(self.root)) as writer:
+        with CommitLogWriter(self.lakehouse) as writer:
             writer.submit([record for _, record in records]).result()
         self.injected += [BadInput(what, record["record_id"]) for what, record in records]
 
@@ -437,7 +458,7 @@ class Operator:
             return
         self._next_at = time.monotonic() + _SETTLE_POLL_S
         try:
-            rows = _rows(Lakehouse(self.config.lakehouse).path(DISCARDED), ["transaction_id", "producer_group"])
+            rows = _rows(Lakehouse.of(self.config), DISCARDED, ["transaction_id", "producer_group"])
         except (OSError, DeltaError):  # a file vacuumed between snapshot and read: look again next time
             return
         discarded = {row["transaction_id"]: row["producer_group"] for row in rows}
@@ -467,10 +488,10 @@ def _end(**overrides) -> dict:
     return record
 
 
-def _rows(path: str, columns: list[str]) -> list[dict]:
-    if not DeltaTable.is_deltatable(path):
+def _rows(lakehouse: Lakehouse, table, columns: list[str]) -> list[dict]:
+    if not lakehouse.exists(table):
         return []
-    return read_table(path, columns).to_pylist()
+    return lakehouse.read(table, columns).to_pylist()
 
 
 @dataclass
@@ -506,9 +527,18 @@ class Run:
         self.activity = Activity()
 
     def execute(self) -> dict:
+        with contextlib.ExitStack() as stack:
+            lakehouse, storage = None, None
+            if self.options.object_store:
+                server = stack.enter_context(S3Server(stack.enter_context(tempfile.TemporaryDirectory(prefix="chaos-s3-"))))
+                server.create_bucket(OBJECT_STORE_BUCKET)
+                lakehouse, storage = f"s3://{OBJECT_STORE_BUCKET}/{uuid.uuid4().hex}", server.storage_options
+                print(f"lakehouse on a loopback S3 server ({server.endpoint}): {lakehouse}", flush=True)
+            return self._execute(prepare(self.root, lakehouse, storage))
+
+    def _execute(self, config_path: Path) -> dict:
         options, rng = self.options, self.rng
         self.started = started = time.monotonic()
-        config_path = prepare(self.root)
         self.config = CoordinatorConfig.load(config_path, environ={})
         self.plans = make_plan(options.transactions, options.producers, rng)
         self.activity.transactions_by_kind = dict(Counter(kind for plan in self.plans for _, kind in plan))
@@ -520,9 +550,9 @@ class Run:
         self.checkers = [Checker(self.root, config_path)]
         if options.standby:
             self.checkers.append(Checker(self.root, config_path, name="standby"))
-        self.maintenance = Maintenance(self.root, options.maintenance_every, options.retention_hours)
+        self.maintenance = Maintenance(config_path, options.maintenance_every, options.retention_hours)
         self.operator = Operator(self.config, {group_of(p.index) for p in self.producers}, random.Random(options.seed))
-        self.hostile = HostileWriter(self.root, random.Random(options.seed))
+        self.hostile = HostileWriter(Lakehouse.of(self.config), random.Random(options.seed))
         window_end = started + 2.0 + options.send_seconds
         producer_kill_at = sorted(rng.uniform(started + 2.0, window_end) for _ in range(options.producer_kills))
         checker_kill_after = sorted(rng.uniform(started, window_end) for _ in range(options.checker_kills))
@@ -638,7 +668,7 @@ class Run:
             self._supervise_checkers()
             self.operator.act()
             try:
-                findings = verify(self.root, self.config, self.producers, self.hostile.injected, self.plans,
+                findings = verify(self.config, self.producers, self.hostile.injected, self.plans,
                                   self.operator.recovered)
             except (OSError, ValueError, DeltaError) as error:  # a file vacuumed between snapshot and read: read again
                 print(f"  (reading the tables failed, retrying: {error})", flush=True)
@@ -668,7 +698,7 @@ class Run:
         activity.maintenance_files_compacted = self.maintenance.files_compacted
         activity.maintenance_files_vacuumed = self.maintenance.files_vacuumed
         activity.maintenance_steps_skipped = dict(self.maintenance.skipped)
-        findings = verify(self.root, self.config, self.producers, self.hostile.injected, self.plans,
+        findings = verify(self.config, self.producers, self.hostile.injected, self.plans,
                           self.operator.recovered)
         activity.operator_recoveries = len(self.operator.recovered)
         activity.operator_commits_sent = self.operator.sent
@@ -731,28 +761,27 @@ class GroundTruth:
         return truth
 
 
-def verify(root: Path, config: CoordinatorConfig, producers: list[Producer], bad_inputs: list[BadInput],
+def verify(config: CoordinatorConfig, producers: list[Producer], bad_inputs: list[BadInput],
            plans: list[list[tuple[str, str]]], recovered: set[str]) -> dict:
     """Compare the lakehouse with the ground truth; every count under ``found`` must be 0.
 
     ``recovered`` are the discarded transactions an operator committed: they must be delivered too.
     """
-    lakehouse = str(root)
+    lakehouse = Lakehouse.of(config)
     truth = GroundTruth.read(producers)
     truth.status.update({transaction_id: COMMITTED for transaction_id in recovered})
     kind_of = {plan_id: kind for plan in plans for plan_id, kind in plan}
     groups = {group_of(p.index) for p in producers}
     bad_ids = {bad.record_id for bad in bad_inputs}
-    log = _rows(Lakehouse(lakehouse).path(COMMIT_LOG), ["record_id", "kind", "transaction_id", "producer_group", "msg_id", "state"])
-    halves = _rows(Lakehouse(lakehouse).path(HALF), ["transaction_id", "producer_group", "queue_offset", "msg_id", "message_index",
+    log = _rows(lakehouse, COMMIT_LOG, ["record_id", "kind", "transaction_id", "producer_group", "msg_id", "state"])
+    halves = _rows(lakehouse, HALF, ["transaction_id", "producer_group", "queue_offset", "msg_id", "message_index",
                                           "body", "stored_timestamp", "immunity_ms"])
-    ops = _rows(Lakehouse(lakehouse).path(OP), ["half_offset", "transaction_id", "outcome", "end_record_id"])
-    checks = _rows(Lakehouse(lakehouse).path(CHECK_REQUESTS), ["check_id", "transaction_id", "check_times", "requested_at"])
-    rejected = _rows(Lakehouse(lakehouse).path(REJECTED), ["record_id", "reason", "producer_group"])
+    ops = _rows(lakehouse, OP, ["half_offset", "transaction_id", "outcome", "end_record_id"])
+    checks = _rows(lakehouse, CHECK_REQUESTS, ["check_id", "transaction_id", "check_times", "requested_at"])
+    rejected = _rows(lakehouse, REJECTED, ["record_id", "reason", "producer_group"])
     topic_rows = []
-    topics_dir = root / "topics"
-    for topic_dir in sorted(topics_dir.iterdir()) if topics_dir.exists() else []:
-        topic_rows += _rows(str(topic_dir), ["transaction_id", "msg_id", "topic", "body"])
+    for topic in topic_names(lakehouse):
+        topic_rows += _rows(lakehouse, f"topics/{topic}", ["transaction_id", "msg_id", "topic", "body"])
 
     examples: dict[str, list[str]] = defaultdict(list)
     found: Counter = Counter()
@@ -922,7 +951,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     options = parse_options(argv)
     print(f"chaos run: {options.transactions} transactions from {options.producers} producer processes, "
           f"{options.checker_kills} checker kills, {options.producer_kills} producer kills, seed {options.seed}, "
-          f"in {Path(options.lakehouse).resolve()}", flush=True)
+          f"in {Path(options.lakehouse).resolve()}" + (" (logs; the lakehouse on S3)" if options.object_store else ""),
+          flush=True)
     report = Run(options).execute()
     print_report(report)
     results = Path(options.results)

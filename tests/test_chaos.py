@@ -11,12 +11,27 @@ import pytest
 from coordinator.checker.session import PROJECT_ROOT
 
 
+#: ``make chaos``'s run, and a smaller one with the lakehouse on a loopback S3 server.
+RUNS = {
+    "local disk": [],
+    "object store": ["--object-store", "--transactions", "80", "--send-seconds", "15", "--checker-kills", "1",
+                     "--producer-kills", "2"],
+}
+
+
 @pytest.mark.slow
-def test_make_chaos_default_run_kills_checker_and_producers_and_breaks_no_invariant(tmp_path):
-    """``make chaos``'s run: every option at its default but where it writes."""
+@pytest.mark.parametrize("mode", RUNS)
+def test_the_chaos_run_kills_checker_and_producers_and_breaks_no_invariant(tmp_path, mode):
+    """Every option at its default but where it writes (and, on object storage, a smaller run)."""
+    if mode == "object store":
+        sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
+        from s3_server import BINARY
+
+        if not BINARY.exists():
+            pytest.skip(f"no S3 server built at {BINARY}: run `.venv/bin/python scripts/s3_server.py build`")
     results = tmp_path / "chaos.json"
     argv = [sys.executable, str(PROJECT_ROOT / "bench" / "chaos.py"),
-            "--lakehouse", str(tmp_path / "lakehouse"), "--results", str(results)]
+            "--lakehouse", str(tmp_path / "lakehouse"), "--results", str(results), *RUNS[mode]]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=900)
 
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
@@ -26,3 +41,4 @@ def test_make_chaos_default_run_kills_checker_and_producers_and_breaks_no_invari
     assert len(report["did"]["producer_kills"]) >= 1
     assert report["did"]["bad_inputs"] and all(bad["reason"] for bad in report["did"]["bad_inputs"])
     assert report["did"]["operator_recoveries"] >= 1  # discarded, then committed by hand: delivered once
+    assert report["run"]["options"]["object_store"] == (mode == "object store")

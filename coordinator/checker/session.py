@@ -224,36 +224,51 @@ def install_delta_jars() -> list[str]:
     version of each class is on the classpath. The jar list is also written to
     :data:`SPARK_SUBMIT_PROPERTIES`, for ``spark-submit``.
     """
-    packages = ",".join(spark_packages())
+    packages = spark_packages()
     marker = JARS_DIR / ".package"
-    if not (marker.exists() and marker.read_text().strip() == packages):
-        _resolve_with_ivy(packages)
+    if not (marker.exists() and marker.read_text().strip() == ",".join(packages)):
+        # Delta and S3A resolved at once, each in its own Ivy cache: resolution mostly waits on Maven Central.
+        _resolve_with_ivy({"delta": packages[:1], "s3a": packages[1:]})
     jars = cached_jars()
     _write_spark_submit_properties()
     return jars
 
 
-def _resolve_with_ivy(package: str) -> None:
-    ivy_dir = CACHE_DIR / "ivy"
-    probe = (
-        "from pyspark.sql import SparkSession\n"
-        f"SparkSession.builder.master('local[1]').config('spark.jars.packages', {package!r})"
-        f".config('spark.jars.excludes', {_EXCLUDED_PACKAGES!r})"
-        f".config('spark.jars.ivy', {str(ivy_dir)!r}).config('spark.ui.enabled', 'false').getOrCreate().stop()\n"
-    )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SparkSetupError(f"could not resolve {package} from Maven Central:\n{result.stderr[-4000:]}")
+def _resolve_with_ivy(groups: dict[str, list[str]]) -> None:
+    """Resolve each group of packages with Spark's Ivy, all at once, then cache the jars Spark lacks."""
+    resolutions = {}
+    for name, packages in groups.items():
+        probe = (
+            "from pyspark.sql import SparkSession\n"
+            f"SparkSession.builder.master('local[1]').config('spark.jars.packages', {','.join(packages)!r})"
+            f".config('spark.jars.excludes', {_EXCLUDED_PACKAGES!r})"
+            f".config('spark.jars.ivy', {str(CACHE_DIR / 'ivy' / name)!r}).config('spark.ui.enabled', 'false')"
+            ".getOrCreate().stop()\n"
+        )
+        resolutions[name] = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.PIPE, text=True)
+    for name, resolution in resolutions.items():
+        _, errors = resolution.communicate()
+        if resolution.returncode != 0:
+            raise SparkSetupError(f"could not resolve {', '.join(groups[name])} from Maven Central:\n{errors[-4000:]}")
     spark_jars = {_artifact(name) for name in os.listdir(_spark_home() / "jars")}
     if JARS_DIR.exists():
         shutil.rmtree(JARS_DIR)
     JARS_DIR.mkdir(parents=True)
-    for jar in glob.glob(str(ivy_dir / "jars" / "*.jar")):
-        # Ivy names retrieved jars "<organisation>_<artifact>-<revision>.jar".
-        artifact = _artifact(os.path.basename(jar).split("_", 1)[1])
-        if artifact not in spark_jars:
-            shutil.copy(jar, JARS_DIR)
-    (JARS_DIR / ".package").write_text(package + "\n")
+    newest: dict[str, str] = {}  # artifact -> its newest jar among the groups (one version on the classpath)
+    for name in groups:
+        for jar in glob.glob(str(CACHE_DIR / "ivy" / name / "jars" / "*.jar")):
+            # Ivy names retrieved jars "<organisation>_<artifact>-<revision>.jar".
+            artifact = _artifact(os.path.basename(jar).split("_", 1)[1])
+            if artifact not in spark_jars and (artifact not in newest or _revision(jar) > _revision(newest[artifact])):
+                newest[artifact] = jar
+    for jar in newest.values():
+        shutil.copy(jar, JARS_DIR)
+    (JARS_DIR / ".package").write_text(",".join(package for packages in groups.values() for package in packages) + "\n")
+
+
+def _revision(jar: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", re.sub(r"^.*?-(?=\d)", "", os.path.basename(jar))))
 
 
 def _artifact(jar_name: str) -> str:
