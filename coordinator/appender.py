@@ -4,7 +4,8 @@ A Delta append is two writes: a Parquet file, then the table's next commit file
 ``_delta_log/<version>.json``, created only if no other writer has created it
 (the Delta protocol's mutual exclusion: on a local disk, a hard link, which
 fails when the name exists; on object storage, a conditional ``If-None-Match: *``
-PUT, as delta-rs commits there; see :mod:`coordinator.storage`). delta-rs's ``write_deltalake`` does the same and
+PUT, as delta-rs commits there; see :mod:`coordinator.storage`).
+delta-rs's ``write_deltalake`` does the same and
 much more around it: it plans the write, re-reads the log and rebuilds its
 snapshot after every commit, so one append costs about 20 ms of CPU, and a
 ``DeltaTable`` kept open gets slower with every commit it has seen.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Mapping, Optional, Union
+from typing import Iterable, Mapping, Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -256,6 +256,19 @@ def table_dataset(path: str, storage: Optional[Mapping[str, str]] = None) -> tup
     if is_object_store(path):
         return table, table.to_pyarrow_dataset()
     return table, table.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem()))
+
+
+def transaction_ids_in(transaction_ids: Iterable[str]) -> pc.Expression:
+    """A filter for the rows of ``transaction_ids`` (at least one). Their range comes first: ids are
+    time-ordered, so the files' statistics leave out every file of other times.
+
+    Example::
+
+        Lakehouse("lakehouse").read(OP, ["outcome"], transaction_ids_in(["01a2…", "01a3…"]))
+    """
+    ids = sorted(set(transaction_ids))
+    field = pc.field("transaction_id")
+    return (field >= ids[0]) & (field <= ids[-1]) & field.isin(ids)
 
 
 def read_pending(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] = None) -> pa.Table:

@@ -1,8 +1,9 @@
 """The small files of a lakehouse (the checker's lease and progress record, producer instances),
 with the conditional writes that make them safe: on a local disk or an S3-compatible bucket.
 
-A file is read with its *version* (on S3, its ETag; on a local disk, a hash of its content) and replaced only if it is still at that version, or created only if absent. That is all
-a lease and a progress record need to stay single-writer, on either kind of storage: two
+A file is read with its *version* (on S3, its ETag; on a local disk, a hash of its content),
+and replaced only if it is still at that version, or created only if absent. That is all a
+lease and a progress record need to stay single-writer, on either kind of storage: two
 processes racing to replace the same version see one win and one refused.
 
 Object storage is reached through ``obstore`` (the Rust ``object_store`` crate, the one delta-rs

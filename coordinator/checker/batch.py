@@ -107,7 +107,7 @@ def run_batch(
         return None
     state = state if state is not None else CheckerState()
     state.prepare(config, batch_id, pending_from, app_id)
-    summary = _decide_and_write(BatchContext(config, batch_id, bounds.now_us), BatchRecords.of(records),
+    summary = _decide_and_write(BatchContext(config, batch_id, bounds.now_us, Lakehouse.of(config)), BatchRecords.of(records),
                                 state, pending_from, bounds)
     summary = replace(summary, duration_ms=int((time.monotonic() - started) * 1000))
     log.info("batch %d: %s", batch_id, ", ".join(f"{k}={v}" for k, v in asdict(summary).items() if k != "batch_id"))
@@ -130,7 +130,7 @@ def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerSt
     rejected = refuse_unknown_kinds(records) + ingested.rejections + resolved.rejections + recovered.rejections
 
     ops = resolved.ops + recovered.ops + due.discard_ops
-    lakehouse, writer, batch_id = Lakehouse.of(ctx.config), state.writer, ctx.batch_id
+    lakehouse, writer, batch_id = ctx.lakehouse, state.writer, ctx.batch_id
     written = []
 
     def append(table, data: pa.Table, path: Optional[str] = None) -> Optional[int]:

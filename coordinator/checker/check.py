@@ -19,7 +19,6 @@ import pyarrow as pa
 from coordinator.checker.context import BatchContext
 from coordinator.checker.state import CheckerState, PendingTransaction
 from coordinator.control.instances import ProducerInstances
-from coordinator.lakehouse import Lakehouse
 from coordinator.protocol import Outcome
 from coordinator.tables import MESSAGE_FIELDS
 
@@ -63,7 +62,7 @@ def find_due(ctx: BatchContext, state: CheckerState, resolved_now: set[str]) -> 
             checked.append(pending)
     firsts = state.rows.take(p.offsets[0] for p in checked)
     requests = firsts.select(list(MESSAGE_FIELDS))
-    instances = ProducerInstances(Lakehouse.of(config))
+    instances = ProducerInstances(ctx.lakehouse)
     live = {group: instances.live(group) for group in {p.producer_group for p in checked}}
     for name, values in (
         ("check_id", [f"{p.transaction_id}-{p.checks + 1}" for p in checked]),

@@ -9,11 +9,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.config import CoordinatorConfig
+from coordinator.lakehouse import Lakehouse
 from coordinator.tables import TableDef
 
 @dataclass(frozen=True)
 class BatchContext:
-    """One micro-batch: its id, its clock and the configuration it runs with.
+    """One micro-batch: its id, its clock, the configuration it runs with and the lakehouse
+    that configuration names.
 
     ``now_us`` is read from the batch's own rows (heartbeat ticks and commit times),
     never from the wall clock, so a replayed batch decides exactly as the first run did.
@@ -22,6 +24,7 @@ class BatchContext:
     config: CoordinatorConfig
     batch_id: int
     now_us: int
+    lakehouse: Lakehouse
 
 
 @dataclass(frozen=True)

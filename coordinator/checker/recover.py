@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from coordinator.checker.context import BatchContext
 from coordinator.checker.refusals import rejection
 from coordinator.exceptions import CheckerStateError
-from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse import transaction_ids_in
 from coordinator.protocol import OPERATOR_CHECK_PREFIX, LocalTransactionState, Outcome
 from coordinator.tables import DISCARDED, MESSAGE_FIELDS, OP
 
@@ -84,9 +84,7 @@ def recover_discarded(ctx: BatchContext, ends: list[dict]) -> Recovered:
 def _earlier(ctx: BatchContext, table, columns: list[str], ids: list[str]) -> pa.Table:
     """Rows of ``table`` for ``ids`` that batches before this one wrote (ids are time-ordered, so
     the range lets the files' statistics leave out the files of other times)."""
-    wanted = ((pc.field("batch_id") < ctx.batch_id) & (pc.field("transaction_id") >= ids[0])
-              & (pc.field("transaction_id") <= ids[-1]) & pc.field("transaction_id").isin(ids))
-    return Lakehouse.of(ctx.config).read(table, columns, wanted)
+    return ctx.lakehouse.read(table, columns, transaction_ids_in(ids) & (pc.field("batch_id") < ctx.batch_id))
 
 
 def _discarded(ctx: BatchContext, ids: list[str]) -> pa.Table:

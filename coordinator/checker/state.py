@@ -43,7 +43,7 @@ from coordinator.checker.context import shaped
 from coordinator.checker.writer import TableWriter
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import CheckerStateError
-from coordinator.lakehouse import Lakehouse, table_dataset
+from coordinator.lakehouse import Lakehouse, table_dataset, transaction_ids_in
 from coordinator.tables import CHECK_REQUESTS, HALF, OP
 
 log = logging.getLogger("coordinator.checker")
@@ -337,9 +337,7 @@ def lookup_in_tables(config: CoordinatorConfig, batch_id: int, transaction_ids: 
     """
     if not transaction_ids:
         return {}
-    ids = pa.array(sorted(transaction_ids), pa.string())
-    wanted = ((pc.field("transaction_id") >= ids[0].as_py()) & (pc.field("transaction_id") <= ids[-1].as_py())
-              & pc.field("transaction_id").isin(ids) & (pc.field("batch_id") < batch_id))
+    wanted = transaction_ids_in(transaction_ids) & (pc.field("batch_id") < batch_id)
     lakehouse = Lakehouse.of(config)
     halves = _read(lakehouse, HALF, ["transaction_id", "producer_group"], wanted)
     resolved = set(_read(lakehouse, OP, ["transaction_id"], wanted).column(0).to_pylist())

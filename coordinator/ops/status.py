@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import lease_record
 from coordinator.control.processes import process_gone
-from coordinator.lakehouse import LEASE_KEY, Lakehouse, require_lakehouse, topic_names
+from coordinator.lakehouse import LEASE_KEY, Lakehouse, require_lakehouse, topic_names, transaction_ids_in
 from coordinator.ops.pending import pending_transactions
 from coordinator.protocol import Outcome
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, OP, REJECTED
@@ -123,9 +123,7 @@ def _committed_since(lakehouse: Lakehouse, discarded: list[str]) -> set[str]:
     """Those of the ``discarded`` transactions that have a COMMIT op row too (an operator's, after the discard)."""
     if not discarded:
         return set()
-    commits = lakehouse.read(OP, ["transaction_id"],
-                         (pc.field("transaction_id") >= discarded[0]) & (pc.field("transaction_id") <= discarded[-1])
-                         & pc.field("transaction_id").isin(discarded) & (pc.field("outcome") == Outcome.COMMIT))
+    commits = lakehouse.read(OP, ["transaction_id"], transaction_ids_in(discarded) & (pc.field("outcome") == Outcome.COMMIT))
     return set(commits.column(0).to_pylist())
 
 
