@@ -13,12 +13,13 @@ import uuid
 from typing import Any, Optional
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from coordinator.checker.session import PROJECT_ROOT
 from coordinator.config import CoordinatorConfig
-from coordinator.lakehouse import Lakehouse, init_lakehouse
+from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
 from coordinator.tables import COMMIT_LOG, TableDef
 
 UTC = dt.timezone.utc
@@ -142,11 +143,21 @@ class ManualChecker:
                          pending_from=pending_from, state=self.state)
 
     def table(self, name: str):
+        """A system table (``"half"``, ``"op"``…) or topic as a Spark DataFrame."""
+        return self.spark.read.format("delta").load(self.path(name))
+
+    def rows(self, name: str, where: Optional[pc.Expression] = None) -> list:
+        """The rows of a system table or topic (``where`` them only), read with delta-rs: Spark's
+        ``Row``s as ``table(name).collect()`` gives, in a fraction of a Spark read's time."""
+        from pyspark.sql import Row
+
+        return [Row(**row) for row in read_table(self.path(name), filter=where).to_pylist(maps_as_pydicts="strict")]
+
+    def path(self, name: str) -> str:
         from coordinator.tables import SYSTEM_TABLES
 
         paths = {t.name.split("/")[-1]: Lakehouse(self.config.lakehouse).path(t) for t in SYSTEM_TABLES}
-        path = paths.get(name) or Lakehouse(self.config.lakehouse).topic(name)
-        return self.spark.read.format("delta").load(path)
+        return paths.get(name) or Lakehouse(self.config.lakehouse).topic(name)
 
 
 @pytest.fixture
@@ -156,8 +167,7 @@ def checker(spark, config) -> ManualChecker:
 
 def stored_time(checker: ManualChecker, transaction_id: str) -> dt.datetime:
     """When the half of ``transaction_id`` entered the commit log (UTC)."""
-    row = checker.table("half").filter(f"transaction_id = '{transaction_id}'").selectExpr("unix_micros(stored_timestamp) AS us").first()
-    return dt.datetime.fromtimestamp(row.us / 1e6, UTC)
+    return checker.rows("half", pc.field("transaction_id") == transaction_id)[0].stored_timestamp  # one per message
 
 
 @pytest.fixture(scope="session")

@@ -54,8 +54,8 @@ def test_a_late_end_of_a_transaction_resolved_before_a_restart_is_judged_from_th
     checker.write(again)
     summary = checker.run()
 
-    reasons = {r.record_id: r.reason for r in checker.table("rejected").collect()}
+    reasons = {r.record_id: r.reason for r in checker.rows("rejected")}
     assert reasons == {late["record_id"]: "transaction already resolved",
                        forged["record_id"]: "producer group does not own the transaction",
                        again["record_id"]: "duplicate transaction_id"}
-    assert summary.rejected == 3 and checker.table("T").count() == 1
+    assert summary.rejected == 3 and len(checker.rows("T")) == 1

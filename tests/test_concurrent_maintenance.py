@@ -33,7 +33,7 @@ def test_a_batch_after_property_changes_on_its_tables_still_writes_every_row_onc
     assert sum("changed the table's metadata" in r.getMessage() for r in caplog.records) == 2
     assert summary.delivered == len(later)
     for table in ("half", "op", "T"):
-        assert sorted(r.transaction_id for r in checker.table(table).collect()) == names
+        assert sorted(r.transaction_id for r in checker.rows(table)) == names
     for table in (HALF, OP):
         assert DeltaTable(Lakehouse(checker.config.lakehouse).path(table)).metadata().configuration[
             "delta.logRetentionDuration"] == "interval 100 hours"

@@ -75,7 +75,7 @@ def test_five_transactions_of_the_rocketmq_example(checker):
         assert (first.halves, first.commits, first.rollbacks, first.checks) == (5, 1, 1, 0)
         born = stored_time(checker, txn["msg-1"])
         checker.run(now=born + dt.timedelta(seconds=5))
-        assert checker.table("check_requests").count() == 0  # no check before the immunity time
+        assert len(checker.rows("check_requests")) == 0  # no check before the immunity time
 
         now = born + dt.timedelta(seconds=7)
         assert checker.run(now=now).checks == 3
@@ -90,9 +90,9 @@ def test_five_transactions_of_the_rocketmq_example(checker):
         now = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=61)
         assert checker.run(now=now).discarded == 1
 
-    delivered = {r.keys: bytes(r.body) for r in checker.table("TransactionTopicTest").collect()}
+    delivered = {r.keys: bytes(r.body) for r in checker.rows("TransactionTopicTest")}
     assert delivered == {"msg-2": b"Hello RocketMQ 2", "msg-4": b"Hello RocketMQ 4"}
-    discarded = checker.table("discarded").collect()
+    discarded = checker.rows("discarded")
     assert [(r.keys, r.check_times, r.producer_group) for r in discarded] == [("msg-1", 5, "TransactionProducer")]
     checks_by_key = {}
     for keys, topic, body, transaction_id, tags, properties in listener.checked:
@@ -100,7 +100,7 @@ def test_five_transactions_of_the_rocketmq_example(checker):
             "TransactionTopicTest", f"Hello RocketMQ {keys[-1]}".encode(), txn[keys], "TagA", {"k": keys[-1]})
         checks_by_key[keys] = checks_by_key.get(keys, 0) + 1
     assert checks_by_key == {"msg-1": 5, "msg-2": 1, "msg-3": 1}
-    outcomes = {r.transaction_id: r.outcome for r in checker.table("op").collect()}
+    outcomes = {r.transaction_id: r.outcome for r in checker.rows("op")}
     assert outcomes == {txn["msg-1"]: "DISCARD", txn["msg-2"]: "COMMIT", txn["msg-3"]: "ROLLBACK",
                         txn["msg-4"]: "COMMIT", txn["msg-5"]: "ROLLBACK"}
 

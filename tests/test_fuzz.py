@@ -108,9 +108,9 @@ def test_the_checker_accepts_exactly_what_the_producer_accepts(fresh_checker, me
         expected[transaction_id] = accepted_by_producer(Message(**fields))
         rows.append(half_record(transaction_id, **fields))
     run_commits(checker, [rows])
-    ingested = {r.transaction_id for r in checker.table("half").select("transaction_id").collect()}
+    ingested = {r.transaction_id for r in checker.rows("half")}
     assert ingested == {t for t, ok in expected.items() if ok}
-    refused = {r.transaction_id: r.reason for r in checker.table("rejected").collect()}
+    refused = {r.transaction_id: r.reason for r in checker.rows("rejected")}
     assert set(refused) == {t for t, ok in expected.items() if not ok} and all(refused.values())
 
 
@@ -143,13 +143,13 @@ def test_hostile_records_are_refused_with_reasons_and_valid_traffic_is_unaffecte
     last = [end_record(c) for c in canaries]
     run_commits(checker, [first, *commits[:-1], commits[-1] + last])  # valid ENDs share a commit with hostile rows
 
-    delivered = sorted(r.transaction_id for r in checker.table("CANARY").collect() if r.transaction_id in canaries)
+    delivered = sorted(r.transaction_id for r in checker.rows("CANARY") if r.transaction_id in canaries)
     assert delivered == canaries
     written = [row for rows in commits for row in rows]
-    rejected = {r.record_id: r.reason for r in checker.table("rejected").collect() if r.record_id is not None}
+    rejected = {r.record_id: r.reason for r in checker.rows("rejected") if r.record_id is not None}
     assert all(rejected.values())
-    resolving = {r.end_record_id for r in checker.table("op").collect()}
-    half_rows = checker.table("half").count()
+    resolving = {r.end_record_id for r in checker.rows("op")}
+    half_rows = len(checker.rows("half"))
     for row in written:
         if row["record_id"] is None:
             continue
@@ -160,11 +160,11 @@ def test_hostile_records_are_refused_with_reasons_and_valid_traffic_is_unaffecte
     accepted_halves = [r for r in written if r["kind"] == "HALF" and r["record_id"] not in rejected]
     assert half_rows == len(first) + sum(1 for r in accepted_halves if r["record_id"] is not None)
     # Only committed transactions reach topics, each message once.
-    outcomes = {r.transaction_id: r.outcome for r in checker.table("op").collect()}
+    outcomes = {r.transaction_id: r.outcome for r in checker.rows("op")}
     lakehouse = checker.config.lakehouse
     for topic in os.listdir(os.path.join(lakehouse, "topics")):
-        for row in checker.table(topic).collect():
+        for row in checker.rows(topic):
             assert outcomes[row.transaction_id] == "COMMIT"
-        keys = [(r.transaction_id, r.queue_offset) for r in checker.table(topic).collect()]
+        keys = [(r.transaction_id, r.queue_offset) for r in checker.rows(topic)]
         assert len(keys) == len(set(keys))
     assert sorted(os.listdir(lakehouse)) == ["system", "topics"]

@@ -33,8 +33,8 @@ def test_an_operators_commit_is_delivered_once_and_shown_with_its_reason(checker
     assert main(["resolve", "stuck", "--commit", "--reason", "paid, confirmed by phone", "--config", config_file]) == 0
     assert "COMMIT_MESSAGE of transaction stuck (group g)" in capsys.readouterr().out
     checker.run()
-    assert [(r.transaction_id, bytes(r.body)) for r in checker.table("T").collect()] == [("stuck", b"the order")]
-    assert checker.table("rejected").count() == 0
+    assert [(r.transaction_id, bytes(r.body)) for r in checker.rows("T")] == [("stuck", b"the order")]
+    assert len(checker.rows("rejected")) == 0
 
     events = transaction_timeline(checker.config.lakehouse, "stuck")
     assert outcome(events) == "COMMIT"
@@ -53,7 +53,7 @@ def test_an_operators_commit_is_delivered_once_and_shown_with_its_reason(checker
     assert (sent["state"], sent["properties"]["TXCOORD_OPERATOR_REASON"]) == ("ROLLBACK_MESSAGE", "cancelled")
     checker.run()
     assert outcome(transaction_timeline(checker.config.lakehouse, "other")) == "ROLLBACK"
-    assert checker.table("T").count() == 1
+    assert len(checker.rows("T")) == 1
 
 
 def _discard(checker, *transaction_ids, messages: int = 1) -> None:
@@ -67,7 +67,7 @@ def _discard(checker, *transaction_ids, messages: int = 1) -> None:
     stored = stored_time(checker, transaction_ids[0])
     checker.run(now=stored + 7 * SECOND)
     checker.run(now=dt.datetime.now(dt.timezone.utc) + 61 * SECOND)  # the check's interval has passed
-    assert {r.outcome for r in checker.table("op").collect()} == {"DISCARD"}
+    assert {r.outcome for r in checker.rows("op")} == {"DISCARD"}
 
 
 def test_a_discarded_transaction_can_be_committed_once_and_is_then_delivered_once(checker, config_file, capsys):
@@ -85,10 +85,10 @@ def test_a_discarded_transaction_can_be_committed_once_and_is_then_delivered_onc
     checker.run()
     checker.replay()  # a crash after the writes: the replay delivers nothing twice
 
-    assert sorted(bytes(r.body) for r in checker.table("T").collect()) == [b"gone 0", b"gone 1"]
-    assert sorted((r.outcome, r.half_offset) for r in checker.table("op").collect()) == sorted(
-        (outcome, r.queue_offset) for r in checker.table("half").collect() for outcome in ("DISCARD", "COMMIT"))
-    assert [r.reason for r in checker.table("rejected").collect()] == ["discarded transaction already committed by an operator"]
+    assert sorted(bytes(r.body) for r in checker.rows("T")) == [b"gone 0", b"gone 1"]
+    assert sorted((r.outcome, r.half_offset) for r in checker.rows("op")) == sorted(
+        (outcome, r.queue_offset) for r in checker.rows("half") for outcome in ("DISCARD", "COMMIT"))
+    assert [r.reason for r in checker.rows("rejected")] == ["discarded transaction already committed by an operator"]
     assert outcome(transaction_timeline(checker.config.lakehouse, "gone")) == "COMMIT"
     status = read_status(checker.config)
     assert (status.discarded, status.recovered) == (1, 1)
@@ -99,8 +99,8 @@ def test_a_discarded_transaction_can_be_committed_once_and_is_then_delivered_onc
     checker.write(end_record("gone", check_id="operator-forged-2"), end_record("gone", state="ROLLBACK_MESSAGE",
                                                                                check_id="operator-forged-3"))
     checker.run()
-    assert checker.table("T").count() == 2
-    assert sorted(r.reason for r in checker.table("rejected").collect()) == [
+    assert len(checker.rows("T")) == 2
+    assert sorted(r.reason for r in checker.rows("rejected")) == [
         "discarded transaction already committed by an operator", "discarded transaction already committed by an operator",
         "transaction already resolved"]
 
@@ -111,7 +111,7 @@ def test_only_an_operators_commit_recovers_a_discarded_transaction(checker):
                   end_record("left", check_id="operator-x", group="intruder"))
     checker.run()
     assert topic_names(checker.config.lakehouse) == []  # nothing delivered
-    assert sorted(r.reason for r in checker.table("rejected").collect()) == [
+    assert sorted(r.reason for r in checker.rows("rejected")) == [
         "producer group does not own the transaction", "transaction already resolved", "transaction already resolved"]
 
 

@@ -1,7 +1,8 @@
 """The one Spark session factory: ``conf/spark-defaults.conf`` plus the cached Delta and S3A jars.
 
-``make setup`` calls :func:`install_delta_jars` once, which resolves Delta and Hadoop's S3A
-connector (:func:`spark_packages`) from Maven Central into ``.cache/jars`` and writes ``.cache/spark-conf/spark-defaults.conf`` (the
+``make setup`` calls :func:`install_delta_jars` once, which downloads the jars of Delta and Hadoop's
+S3A connector (:func:`spark_packages`) that ``conf/spark-jars.lock`` pins from Maven Central into
+``.cache/jars`` and writes ``.cache/spark-conf/spark-defaults.conf`` (the
 jars and the driver's launch settings) for ``spark-submit``: pass it as
 ``--properties-file``, or point ``SPARK_CONF_DIR`` at its folder. Nothing is written
 into the installed pyspark. Every later start reads only local files.
@@ -16,12 +17,15 @@ Example::
 from __future__ import annotations
 
 import glob
+import hashlib
 import importlib.metadata
 import os
 import re
 import shutil
 import subprocess
 import sys
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Mapping, Optional
 
@@ -34,6 +38,10 @@ JARS_DIR = CACHE_DIR / "jars"
 #: What ``spark-submit`` needs to find the cached jars: ``--properties-file`` this file, or
 #: ``SPARK_CONF_DIR`` its folder (as :func:`spark_job_environment` does).
 SPARK_SUBMIT_PROPERTIES = CACHE_DIR / "spark-conf" / "spark-defaults.conf"
+#: The jars `make setup` caches (Delta, S3A and what they pull in that Spark lacks), each pinned to
+#: a version and a SHA-256: :func:`lock_jars` writes it, :func:`install_delta_jars` downloads it.
+JARS_LOCK = PROJECT_ROOT / "conf" / "spark-jars.lock"
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 
 # Settings that only take effect when the JVM is launched; under spark-submit the
 # launcher has already applied them.
@@ -218,24 +226,88 @@ def spark_job_environment() -> dict[str, str]:
 
 
 def install_delta_jars() -> list[str]:
-    """Resolve the Delta jars from Maven Central into the cache, once; return their paths.
+    """Download the jars :data:`JARS_LOCK` pins into the cache, once; return their paths.
 
-    Jars Spark already ships (Hadoop, Parquet, Jackson…) are left out so only one
-    version of each class is on the classpath. The jar list is also written to
+    Each jar is fetched from Maven Central at the version the lock names and checked
+    against its SHA-256, all at once. The jar list is also written to
     :data:`SPARK_SUBMIT_PROPERTIES`, for ``spark-submit``.
     """
     packages = spark_packages()
     marker = JARS_DIR / ".package"
     if not (marker.exists() and marker.read_text().strip() == ",".join(packages)):
-        # Delta and S3A resolved at once, each in its own Ivy cache: resolution mostly waits on Maven Central.
-        _resolve_with_ivy({"delta": packages[:1], "s3a": packages[1:]})
+        _download(_read_lock(packages))
+        marker.write_text(",".join(packages) + "\n")
     jars = cached_jars()
     _write_spark_submit_properties()
     return jars
 
 
-def _resolve_with_ivy(groups: dict[str, list[str]]) -> None:
-    """Resolve each group of packages with Spark's Ivy, all at once, then cache the jars Spark lacks."""
+def lock_jars() -> Path:
+    """Resolve :func:`spark_packages` with Spark's Ivy and pin the result in :data:`JARS_LOCK`.
+
+    Run it after changing pyspark, delta-spark or the SDK version (``python -m
+    coordinator.checker.session --lock``). Jars Spark already ships (Hadoop, Parquet,
+    Jackson…) are left out so only one version of each class is on the classpath.
+    """
+    packages = spark_packages()
+    # Delta and S3A resolved at once, each in its own Ivy cache: resolution mostly waits on Maven Central.
+    jars = _resolve_with_ivy({"delta": packages[:1], "s3a": packages[1:]})
+    lines = [f"# packages {','.join(packages)}\n",
+             "# Written by `python -m coordinator.checker.session --lock`: the jars `make setup` downloads.\n"]
+    for jar in sorted(jars):
+        # Ivy names retrieved jars "<organisation>_<artifact>-<revision>.jar".
+        group, file_name = os.path.basename(jar).split("_", 1)
+        artifact = _artifact(file_name)
+        version = file_name[len(artifact) + 1:-len(".jar")]
+        lines.append(f"{group}:{artifact}:{version} {hashlib.sha256(Path(jar).read_bytes()).hexdigest()}\n")
+    JARS_LOCK.write_text("".join(lines))
+    (JARS_DIR / ".package").unlink(missing_ok=True)  # the cache now downloads what the new lock pins
+    return JARS_LOCK
+
+
+def _read_lock(packages: list[str]) -> dict[str, str]:
+    """Coordinates -> SHA-256 of every jar the lock pins for ``packages``."""
+    locked_packages, pinned = None, {}
+    for line in JARS_LOCK.read_text().splitlines():
+        if line.startswith("# packages "):
+            locked_packages = line.removeprefix("# packages ").split(",")
+        elif line.strip() and not line.startswith("#"):
+            coordinates, digest = line.split()
+            pinned[coordinates] = digest
+    if locked_packages != packages:
+        raise SparkSetupError(
+            f"{JARS_LOCK} pins the jars of {', '.join(locked_packages or ['nothing'])}, but this pyspark and "
+            f"delta-spark need {', '.join(packages)}: run `python -m coordinator.checker.session --lock` "
+            "(with network access) and commit the new lock"
+        )
+    return pinned
+
+
+def _download(pinned: Mapping[str, str]) -> None:
+    staging = JARS_DIR.with_name("jars.download")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+
+    def fetch(coordinates: str) -> None:
+        group, artifact, version = coordinates.split(":")
+        url = f"{MAVEN_CENTRAL}/{group.replace('.', '/')}/{artifact}/{version}/{artifact}-{version}.jar"
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                data = response.read()
+        except OSError as error:
+            raise SparkSetupError(f"could not download {url}: {error}") from error
+        if hashlib.sha256(data).hexdigest() != pinned[coordinates]:
+            raise SparkSetupError(f"{url} does not match the SHA-256 {JARS_LOCK.name} pins for it")
+        (staging / f"{group}_{artifact}-{version}.jar").write_bytes(data)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(fetch, pinned))
+    shutil.rmtree(JARS_DIR, ignore_errors=True)
+    staging.rename(JARS_DIR)
+
+
+def _resolve_with_ivy(groups: dict[str, list[str]]) -> list[str]:
+    """Resolve each group of packages with Spark's Ivy, all at once; the jars Spark lacks, one version each."""
     resolutions = {}
     for name, packages in groups.items():
         probe = (
@@ -252,19 +324,13 @@ def _resolve_with_ivy(groups: dict[str, list[str]]) -> None:
         if resolution.returncode != 0:
             raise SparkSetupError(f"could not resolve {', '.join(groups[name])} from Maven Central:\n{errors[-4000:]}")
     spark_jars = {_artifact(name) for name in os.listdir(_spark_home() / "jars")}
-    if JARS_DIR.exists():
-        shutil.rmtree(JARS_DIR)
-    JARS_DIR.mkdir(parents=True)
     newest: dict[str, str] = {}  # artifact -> its newest jar among the groups (one version on the classpath)
     for name in groups:
         for jar in glob.glob(str(CACHE_DIR / "ivy" / name / "jars" / "*.jar")):
-            # Ivy names retrieved jars "<organisation>_<artifact>-<revision>.jar".
             artifact = _artifact(os.path.basename(jar).split("_", 1)[1])
             if artifact not in spark_jars and (artifact not in newest or _revision(jar) > _revision(newest[artifact])):
                 newest[artifact] = jar
-    for jar in newest.values():
-        shutil.copy(jar, JARS_DIR)
-    (JARS_DIR / ".package").write_text(",".join(package for packages in groups.values() for package in packages) + "\n")
+    return list(newest.values())
 
 
 def _revision(jar: str) -> tuple[int, ...]:
@@ -300,5 +366,11 @@ def _write_spark_submit_properties() -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Cache the jars conf/spark-jars.lock pins (what `make setup` runs).")
+    parser.add_argument("--lock", action="store_true", help="first resolve the jars anew with Ivy and rewrite the lock")
+    if parser.parse_args().lock:
+        print(lock_jars())
     for jar in install_delta_jars():
         print(jar)
