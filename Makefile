@@ -26,15 +26,17 @@ $(JARS): $(INSTALLED) conf/spark-defaults.conf conf/spark-jars.lock
 demo: setup
 	$(PY) -m coordinator demo
 
-# The S3 server of the object-storage tests is built from source once (cached in .cache/s3), while the
-# setup mostly waits on downloads (the build script needs only Python's stdlib). Then the end-to-end
-# tests that start Spark jobs of their own (`slow`: two JVMs at most), one at a time; then the rest on
-# two workers, each with its one shared Spark session (two JVMs again).
+# The S3 server of the object-storage tests is built from source once (cached in .cache/s3: about
+# 3 minutes) while the setup and the first tests run (the build script needs only Python's stdlib).
+# First the end-to-end tests that start Spark jobs of their own (`slow`: two JVMs at most), one at a
+# time, those on the S3 server once it is built; then the rest on two workers, each with its one
+# shared Spark session (two JVMs again).
 test:
 	@mkdir -p .cache; $(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
 	$(MAKE) --no-print-directory setup || { kill $$build 2>/dev/null; exit 1; }; \
+	$(PY) -m pytest -q -m "slow and not object_store" || { kill $$build 2>/dev/null; exit 1; }; \
 	wait $$build || { cat .cache/s3-build.log; exit 1; }; \
-	$(PY) -m pytest -q -m slow && $(PY) -m pytest -q -m "not slow" -n 2
+	$(PY) -m pytest -q -m "slow and object_store" && $(PY) -m pytest -q -m "not slow" -n 2
 
 # A real S3-compatible server on loopback (versitygw), built once into .cache/s3: `scripts/s3_server.py --help`.
 s3-server: setup

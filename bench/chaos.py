@@ -278,6 +278,7 @@ class Producer:
     def __init__(self, root: Path, index: int, config_path: Path, start_at: float, send_seconds: float) -> None:
         self.index = index
         self.db = root / f"producer-{index}.db"
+        Store(str(self.db)).create()  # before the first run: a kill may look for sends in flight at once
         self.done_file = root / f"producer-{index}.done"
         self.plan_file = root / f"plan-{index}.json"
         argv = [sys.executable, str(PRODUCER_SCRIPT), "--config", str(config_path), "--index", str(index),

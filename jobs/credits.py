@@ -23,7 +23,6 @@ import threading
 import time
 from typing import Optional
 
-from deltalake import DeltaTable as DeltaRsTable
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -117,17 +116,18 @@ class CreditsQuery:
         self._gate = BatchGate()  # a MERGE is never cut short by stop()
 
     def start(self) -> "CreditsQuery":
-        create_table(CREDITS, Lakehouse(self.config.lakehouse).path(CREDITS))
+        lakehouse = Lakehouse.of(self.config)
+        create_table(CREDITS, lakehouse.path(CREDITS), lakehouse.storage)
         self.query = (
             self.spark.readStream.format("delta")
-            .load(Lakehouse(self.config.lakehouse).topic(ORDER_TOPIC))
+            .load(lakehouse.topic(ORDER_TOPIC))
             .writeStream.queryName(QUERY_NAME)
             .foreachBatch(self._run_batch)
             .option("checkpointLocation", checkpoint_location(self.config.lakehouse))
             .trigger(processingTime=f"{self.config.trigger_interval_ms} milliseconds")
             .start()
         )
-        log.info("credits stream started on %s", Lakehouse(self.config.lakehouse).topic(ORDER_TOPIC))
+        log.info("credits stream started on %s", lakehouse.topic(ORDER_TOPIC))
         return self
 
     def _run_batch(self, topic_rows: DataFrame, batch_id: int) -> None:
@@ -161,13 +161,13 @@ class CreditsQuery:
         log.info("credits stream stopped")
 
 
-def wait_for_table(path: str, give_up: threading.Event, timeout_s: Optional[float]) -> bool:
-    """Wait until a Delta table exists at ``path`` (a topic table appears on its first delivery).
+def wait_for_table(lakehouse: Lakehouse, table: str, give_up: threading.Event, timeout_s: Optional[float]) -> bool:
+    """Wait until ``table`` (a path in ``lakehouse``) is a Delta table: a topic's appears on its first delivery.
 
     Returns ``False`` if ``give_up`` is set or ``timeout_s`` passes first.
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while not DeltaRsTable.is_deltatable(path):
+    while not lakehouse.exists(table):
         if give_up.is_set() or (deadline is not None and time.monotonic() > deadline):
             return False
         give_up.wait(0.5)
@@ -182,9 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     job = start_job("txcoord-credits", parser, argv)
     args, config, spark, stop_requested = job.args, job.config, job.spark, job.stop_requested
     try:
-        topic = Lakehouse(config.lakehouse).topic(ORDER_TOPIC)
-        log.info("waiting for %s", topic)
-        if not wait_for_table(topic, stop_requested, args.until_idle):
+        lakehouse = Lakehouse.of(config)
+        log.info("waiting for %s", lakehouse.topic(ORDER_TOPIC))
+        if not wait_for_table(lakehouse, f"topics/{ORDER_TOPIC}", stop_requested, args.until_idle):
             log.info("no topic table yet; nothing to credit")
             return 0
         credits = CreditsQuery(spark, config).start()

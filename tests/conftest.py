@@ -216,7 +216,10 @@ def demo(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(items):
-    """Run the tests marked ``slow`` first. Each starts Spark jobs of its own (two JVMs); run
-    first, they finish before this suite's shared session (a third JVM) exists, which a
-    two-core machine cannot carry at once."""
+    """Mark ``object_store`` every test that uses the S3 server, and run the tests marked ``slow``
+    first. Each starts Spark jobs of its own (two JVMs); run first, they finish before this suite's
+    shared session (a third JVM) exists, which a two-core machine cannot carry at once."""
+    for item in items:
+        if "s3_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.object_store)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -20,7 +20,7 @@ RUNS = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", RUNS)
+@pytest.mark.parametrize("mode", ["local disk", pytest.param("object store", marks=pytest.mark.object_store)])
 def test_the_chaos_run_kills_checker_and_producers_and_breaks_no_invariant(tmp_path, mode):
     """Every option at its default but where it writes (and, on object storage, a smaller run)."""
     if mode == "object store":

@@ -11,8 +11,7 @@ import pytest
 from deltalake import DeltaTable
 
 from coordinator.checker.session import PROJECT_ROOT
-from coordinator.demo.story import read_table
-from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.tables import SYSTEM_TABLES
 
 

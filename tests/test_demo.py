@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.demo.story import DemoError, Job, Resolution, Tally, invariant_failures, read_table, report
+from coordinator.demo.story import DemoError, Job, Resolution, Tally, invariant_failures, report
 from coordinator.demo.services import (CREDITS, MIN_ORDERS, ORDER_TOPIC, Fate, Order, OrderListener, OrderStore,
                                        make_orders, order_id_of, points_for)
 from coordinator.checker.session import PROJECT_ROOT
-from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP
 from tests.conftest import DEMO_ORDERS as ORDERS, without_txcoord_settings
 

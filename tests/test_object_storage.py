@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -24,7 +25,8 @@ from coordinator.lakehouse import Lakehouse, open_table, read_table
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF, OP
-from tests.conftest import Clock, append_rows, end_record, half_record
+from tests.conftest import DEMO_ORDERS, Clock, append_rows, end_record, half_record, without_txcoord_settings
+from tests.test_notebooks import PLOTS, run_notebook
 
 
 def race(count: int, attempt) -> list:
@@ -274,3 +276,33 @@ def test_maintenance_beside_writers_on_object_storage_loses_and_duplicates_nothi
     assert compacted >= 20, runs  # at least one compaction committed between the producer's commits
     log = read_table(s3_lakehouse.path(COMMIT_LOG), ["transaction_id"], storage=s3_lakehouse.storage)
     assert sorted(log.column(0).to_pylist()) == sorted(sent)  # every send once: none lost, none doubled
+
+
+@pytest.mark.slow
+def test_the_demo_runs_on_object_storage_and_every_notebook_reads_it(s3_server, tmp_path, monkeypatch):
+    """The whole story on the bucket: producers, ``spark-submit jobs/checker.py`` and ``jobs/credits.py``
+    (S3A), check-back, then the three notebooks (Spark SQL, time travel, a stream; delta-rs reads)."""
+    for variable, value in s3_server.environment.items():  # how the demo, its jobs and the notebooks reach it
+        monkeypatch.setenv(variable, value)
+    location = f"s3://lakehouse/demo-{uuid.uuid4().hex}"
+    directory = tmp_path / "demo"
+    demo = subprocess.run(
+        [sys.executable, "-m", "coordinator", "demo", "--lakehouse", str(directory), "--orders", str(DEMO_ORDERS),
+         "--object-store", location, "--timeout", "240", "--json"],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, env=without_txcoord_settings(), timeout=420)
+
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-6000:]
+    outcome = json.loads(demo.stdout)
+    assert outcome["invariant_holds"] and outcome["committed_by_check_back"] >= 1 and outcome["discarded"] >= 1
+    lakehouse = Lakehouse(location)
+    assert lakehouse.read("topics/ORDER_TOPIC").num_rows == outcome["confirmed_orders"] == outcome["credits_granted"]
+    assert lakehouse.read("services/credits").num_rows == outcome["credits_granted"]
+    assert sorted(path.name for path in directory.iterdir()) == [  # nothing of the lakehouse on the local disk
+        "checker.log", "credits.log", "demo.toml", "orders.db", "producer.log"]
+    for name in sorted(PLOTS):
+        run_notebook(name, directory / "demo.toml", monkeypatch)
+
+    again = subprocess.run([sys.executable, "-m", "coordinator", "demo", "--lakehouse", str(tmp_path / "again"),
+                            "--object-store", location], capture_output=True, text=True, cwd=PROJECT_ROOT,
+                           env=without_txcoord_settings(), timeout=60)
+    assert again.returncode == 2 and "already holds a lakehouse" in again.stderr  # never wiped

@@ -11,10 +11,11 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from coordinator.checker.session import get_spark, object_store_conf
+from coordinator.checker.session import lakehouse_spark
 from coordinator.config import EXIT_USAGE, CoordinatorConfig
 from coordinator.exceptions import CoordinatorError, StopRequested
 from coordinator.lakehouse import Lakehouse
+
 
 @dataclass
 class JobRuntime:
@@ -88,7 +89,7 @@ def start_job(app_name: str, parser: argparse.ArgumentParser, argv: Optional[lis
     stop_requested = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop_requested.set())
-    spark = get_spark(app_name, None if Lakehouse.of(config).is_local else object_store_conf(config.storage))
+    spark = lakehouse_spark(app_name, Lakehouse.of(config))
     _forward_jvm_signals(spark, stop_requested)
     return JobRuntime(args, config, spark, stop_requested)
 

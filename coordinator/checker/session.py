@@ -27,9 +27,12 @@ import sys
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from coordinator.exceptions import SparkSetupError
+
+if TYPE_CHECKING:
+    from coordinator.lakehouse import Lakehouse
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SPARK_CONF_FILE = Path(os.environ.get("TXCOORD_SPARK_CONF", PROJECT_ROOT / "conf" / "spark-defaults.conf"))
@@ -186,6 +189,20 @@ def get_spark(app_name: str = "txcoord", conf: Optional[Mapping[str, str]] = Non
     spark.sparkContext.setLogLevel("ERROR")
     _require_delta(spark)
     return spark
+
+
+def lakehouse_spark(app_name: str, lakehouse: "Lakehouse", conf: Optional[Mapping[str, str]] = None):
+    """:func:`get_spark`, with what reaches ``lakehouse``: S3A's settings (:func:`object_store_conf`)
+    when it is on object storage.
+
+    Example::
+
+        spark = lakehouse_spark("analysis", Lakehouse.of(CoordinatorConfig.load("conf/coordinator.toml")))
+        spark.read.format("delta").load(lakehouse.topic("ORDER_TOPIC")).show()
+    """
+    settings = {} if lakehouse.is_local else object_store_conf(lakehouse.storage)
+    settings.update(conf or {})
+    return get_spark(app_name, settings)
 
 
 def _require_delta(spark) -> None:

@@ -9,7 +9,7 @@ Subcommands (each reads ``--config``, default ``conf/coordinator.toml``)::
     txcoord resolve TRANSACTION_ID --commit|--rollback --reason TEXT   # end a hanging transaction by hand
     txcoord inspect TRANSACTION_ID    # one transaction's timeline, from every table
     txcoord maintain [--retention-hours H] [--log-retention-hours H] [--table NAME]   # compact, checkpoint, vacuum
-    txcoord demo [--lakehouse DIR] [--orders N]   # the order/credits story, end to end
+    txcoord demo [--lakehouse DIR] [--orders N] [--object-store S3_URL]   # the order/credits story, end to end
 
 ``init``, ``status``, ``pending``, ``resolve``, ``inspect`` and ``maintain`` start no JVM. Output is for people; ``--json``
 prints one JSON document for scripts instead.
@@ -92,9 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common_options(maintain)
     maintain.set_defaults(run=run_maintain)
 
-    run = commands.add_parser("demo", help="run the order/credits story against a local lakehouse")
+    run = commands.add_parser("demo", help="run the order/credits story against a local lakehouse (or one on S3)")
     run.add_argument("--lakehouse", default=demo.DEFAULT_LAKEHOUSE,
                      help=f"demo directory, wiped and recreated (default: ./{demo.DEFAULT_LAKEHOUSE})")
+    run.add_argument("--object-store", metavar="S3_URL",
+                     help="keep the tables at this s3://BUCKET/PREFIX instead (it must hold no lakehouse yet; the "
+                          "AWS_* environment variables reach it), the directory keeping the config, SQLite and logs")
     run.add_argument("--orders", type=_order_count, default=demo.DEFAULT_ORDERS,
                      help=f"orders to send, at least {MIN_ORDERS} (default: {demo.DEFAULT_ORDERS})")
     run.add_argument("--threads", type=_thread_count, default=demo.DEFAULT_THREADS,
@@ -224,7 +227,8 @@ def run_demo(args: argparse.Namespace) -> int:
     out = functools.partial(print, flush=True, file=sys.stderr if args.json else sys.stdout)
     try:
         return demo.run_demo(args.lakehouse, orders=args.orders, threads=args.threads, seed=args.seed,
-                             timeout_s=args.timeout, out=out, on_outcome=output.print_json if args.json else None)
+                             timeout_s=args.timeout, out=out, on_outcome=output.print_json if args.json else None,
+                             object_store=args.object_store)
     except demo.DemoError as error:
         print(f"txcoord demo: {error}", file=sys.stderr)
         return EXIT_USAGE

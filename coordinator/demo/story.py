@@ -29,9 +29,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
-
-from deltalake import DeltaTable
+from typing import Callable, Optional, Union
 
 from coordinator.checker.session import PROJECT_ROOT, spark_job_environment, spark_submit
 from coordinator.config import CoordinatorConfig
@@ -50,11 +48,11 @@ from coordinator.demo.services import (
     order_id_of,
 )
 from coordinator.exceptions import CoordinatorError, HalfNotStoredError
-from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.lakehouse import Lakehouse, topic_names
 from coordinator.logs import JsonFormatter
 from coordinator.producer.message import TransactionSendResult
 from coordinator.protocol import Outcome
-from coordinator.tables import CHECK_REQUESTS, DISCARDED, OP, REJECTED
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, OP, REJECTED, TableDef
 
 DEFAULT_LAKEHOUSE = "demo-lakehouse"
 DEFAULT_ORDERS = 40
@@ -126,8 +124,8 @@ def prepare_directory(lakehouse: str) -> DemoPaths:
     return paths
 
 
-def write_demo_config(paths: DemoPaths) -> CoordinatorConfig:
-    """Write the demo's TOML (lakehouse = the demo directory, short timings) and load it back.
+def write_demo_config(paths: DemoPaths, object_store: Optional[str] = None) -> CoordinatorConfig:
+    """Write the demo's TOML (lakehouse = the demo directory, or ``object_store``; short timings) and load it back.
 
     Example::
 
@@ -135,11 +133,32 @@ def write_demo_config(paths: DemoPaths) -> CoordinatorConfig:
     """
     # A JSON string is a valid TOML basic string: quotes and backslashes in the path stay safe.
     lines = ["# Written by `python -m coordinator demo`; read by the checker and the credits job.",
-             f"lakehouse = {json.dumps(str(paths.root))}"]
+             f"lakehouse = {json.dumps(object_store or str(paths.root))}"]
     lines += [f"{key} = {value}" for key, value in DEMO_SETTINGS.items()]
     paths.config.write_text("\n".join(lines) + "\n")
     # environ={}: the demo's settings are the file's, whatever TXCOORD_* the caller has set.
     return CoordinatorConfig.load(paths.config, environ={})
+
+
+def require_empty_object_store(location: str) -> Lakehouse:
+    """The lakehouse at ``location`` (settings from the ``AWS_*`` environment), if it holds no tables yet:
+    the demo never wipes object storage.
+
+    Example::
+
+        require_empty_object_store("s3://bucket/demo")  # raises DemoError if a lakehouse is there
+    """
+    lakehouse = Lakehouse(location)
+    if lakehouse.is_local:
+        raise DemoError(f"--object-store takes an object-storage location (s3://BUCKET/PREFIX), got {location!r}")
+    try:
+        taken = lakehouse.exists(COMMIT_LOG) or topic_names(lakehouse)
+    except OSError as error:
+        raise DemoError(f"cannot reach {location}: {error} (the AWS_* environment variables say where and how)") from error
+    if taken:
+        raise DemoError(f"{location} already holds a lakehouse, and the demo never wipes object storage: "
+                        "choose another prefix")
+    return lakehouse
 
 
 def job_environment() -> dict[str, str]:
@@ -274,38 +293,38 @@ class Tally:
         return sum(1 for r in self.resolutions.values() if r.outcome == outcome and by_check in (None, r.by_check))
 
 
-def read_rows(path: str, columns: list[str]) -> list[dict]:
-    """``columns`` of every row of the Delta table at ``path``; ``[]`` if it does not exist yet.
+def read_rows(lakehouse: Lakehouse, table: Union[TableDef, str], columns: list[str]) -> list[dict]:
+    """``columns`` of every row of ``table`` in ``lakehouse``; ``[]`` if it does not exist yet.
 
     Example::
 
-        read_rows(Lakehouse("lh").path(OP), ["transaction_id", "outcome"])
+        read_rows(Lakehouse("lh"), OP, ["transaction_id", "outcome"])
     """
-    if not DeltaTable.is_deltatable(path):
+    if not lakehouse.exists(table):
         return []
-    return read_table(path, columns).to_pylist()
+    return lakehouse.read(table, columns).to_pylist()
 
 
 def read_tally(config: CoordinatorConfig, store: OrderStore, sent: dict[str, Order]) -> Tally:
     """Read the coordinator's tables, the topic, the credits and SQLite (no JVM: delta-rs and sqlite3)."""
-    lakehouse = config.lakehouse
+    lakehouse = Lakehouse.of(config)
     tally = Tally()
     outcomes: dict[int, set[tuple[str, bool]]] = {}
-    for row in read_rows(Lakehouse(lakehouse).path(OP), ["transaction_id", "outcome", "check_id"]):
+    for row in read_rows(lakehouse, OP, ["transaction_id", "outcome", "check_id"]):
         order = sent.get(row["transaction_id"])
         if order is not None:
             outcomes.setdefault(order.order_id, set()).add((row["outcome"], row["check_id"] is not None))
     for order_id, found in outcomes.items():
         [(outcome, by_check)] = found if len(found) == 1 else [("CONFLICT", False)]
         tally.resolutions[order_id] = Resolution(outcome, by_check)
-    tally.topic_order_ids = [order_id_of(row["body"]) for row in read_rows(Lakehouse(lakehouse).topic(ORDER_TOPIC), ["body"])]
-    credits = read_rows(Lakehouse(lakehouse).path(CREDITS), ["order_id", "points"])
+    tally.topic_order_ids = [order_id_of(row["body"]) for row in read_rows(lakehouse, f"topics/{ORDER_TOPIC}", ["body"])]
+    credits = read_rows(lakehouse, CREDITS, ["order_id", "points"])
     tally.credit_order_ids = [row["order_id"] for row in credits]
     tally.points = sum(row["points"] for row in credits)
-    checks = Counter(row["transaction_id"] for row in read_rows(Lakehouse(lakehouse).path(CHECK_REQUESTS), ["transaction_id"]))
+    checks = Counter(row["transaction_id"] for row in read_rows(lakehouse, CHECK_REQUESTS, ["transaction_id"]))
     tally.checks, tally.most_checks_of_one = sum(checks.values()), max(checks.values(), default=0)
-    tally.discarded_rows = len(read_rows(Lakehouse(lakehouse).path(DISCARDED), ["transaction_id"]))
-    tally.refusals = Counter(row["reason"] for row in read_rows(Lakehouse(lakehouse).path(REJECTED), ["reason"]))
+    tally.discarded_rows = len(read_rows(lakehouse, DISCARDED, ["transaction_id"]))
+    tally.refusals = Counter(row["reason"] for row in read_rows(lakehouse, REJECTED, ["reason"]))
     tally.confirmed = store.order_ids(CONFIRMED)
     tally.held_for_review = store.order_ids(MANUAL_REVIEW)
     return tally
@@ -425,28 +444,34 @@ def summary_lines(tally: Tally, orders: list[Order], not_sent: list[Order], conf
 
 def run_demo(lakehouse: str = DEFAULT_LAKEHOUSE, orders: int = DEFAULT_ORDERS, threads: int = DEFAULT_THREADS,
              seed: int = DEFAULT_SEED, timeout_s: float = DEFAULT_TIMEOUT_S, out: Out = print,
-             on_outcome: Optional[Callable[[dict], None]] = None) -> int:
+             on_outcome: Optional[Callable[[dict], None]] = None, object_store: Optional[str] = None) -> int:
     """Run the whole story; return the exit code (0: the invariant holds, 1: it does not or a job failed).
 
     Progress and the summary go to ``out``, and the outcome's figures (:func:`outcome`)
     to ``on_outcome`` if given; the producer side's log goes to
     ``producer.log`` in the demo directory (this sets up the ``coordinator`` logger).
-    Raises :class:`DemoError` before anything starts if ``lakehouse`` is not the demo's to wipe.
+    With ``object_store`` (``s3://BUCKET/PREFIX``, reached with the ``AWS_*`` environment variables,
+    which the jobs inherit) the tables live there; the directory keeps the config, SQLite and logs.
+    Raises :class:`DemoError` before anything starts if ``lakehouse`` is not the demo's to wipe,
+    or ``object_store`` already holds a lakehouse.
 
     Example::
 
         sys.exit(run_demo("demo-lakehouse", orders=12))
+        sys.exit(run_demo("demo-run", orders=12, object_store="s3://bucket/demo-1"))
     """
     from coordinator.producer.transaction_producer import TransactionProducer
 
     started = time.monotonic()
+    if object_store is not None:
+        require_empty_object_store(object_store)
     paths = prepare_directory(lakehouse)
-    config = write_demo_config(paths)
+    config = write_demo_config(paths, object_store)
     store = OrderStore(str(paths.orders_db))
     store.create()
     plan = make_orders(orders, seed)
     _log_producer_to(paths.producer_log)
-    out(f"demo lakehouse: {paths.root}")
+    out(f"demo lakehouse: {config.lakehouse}" + (f" (config, SQLite and logs in {paths.root})" if object_store else ""))
     out("settings: " + ", ".join(f"{k}={v}" for k, v in DEMO_SETTINGS.items()))
     out("planned fates: " + ", ".join(f"{fate.value} {n}" for fate, n in Counter(o.fate for o in plan).items()))
 

@@ -21,8 +21,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-
-from deltalake import DeltaTable
+from typing import Union
 
 from coordinator.exceptions import InvalidArgumentError
 from coordinator.lakehouse import Lakehouse, topic_names
@@ -42,7 +41,7 @@ def topic_table_name(topic: str) -> str:
     return "topic_" + re.sub(r"[^a-z0-9_]", "_", topic.lower())
 
 
-def lakehouse_tables(lakehouse: str) -> dict[str, str]:
+def lakehouse_tables(lakehouse: Union[str, Lakehouse]) -> dict[str, str]:
     """The SQL name and path of every Delta table in ``lakehouse``: system tables, then topics.
 
     Raises ``ValueError`` if two topics map to the same name (``A-B`` and ``A_B``).
@@ -51,21 +50,24 @@ def lakehouse_tables(lakehouse: str) -> dict[str, str]:
 
         lakehouse_tables("lakehouse")["topic_order_topic"]  # '/…/lakehouse/topics/ORDER_TOPIC'
     """
-    tables = {table.name.split("/")[-1]: Lakehouse(lakehouse).path(table) for table in SYSTEM_TABLES
-              if DeltaTable.is_deltatable(Lakehouse(lakehouse).path(table))}
+    lakehouse = Lakehouse.at(lakehouse)
+    tables = {table.name.split("/")[-1]: lakehouse.path(table) for table in SYSTEM_TABLES if lakehouse.exists(table)}
     for topic in topic_names(lakehouse):
         name = topic_table_name(topic)
         if name in tables:
             raise InvalidArgumentError(f"topics {topic!r} and {os.path.basename(tables[name])!r} both map to the SQL name {name}")
-        tables[name] = Lakehouse(lakehouse).topic(topic)
+        tables[name] = lakehouse.topic(topic)
     return tables
 
 
-def register_tables(spark, lakehouse: str, database: str = DEFAULT_DATABASE) -> dict[str, str]:
+def register_tables(spark, lakehouse: Union[str, Lakehouse], database: str = DEFAULT_DATABASE) -> dict[str, str]:
     """Register every table of ``lakehouse`` in ``database`` (created if needed); return ``{name: path}``.
 
     The database lives in Spark's session catalog; its own directory is a fresh
     temporary one, so dropping it never touches the lakehouse.
+
+    ``lakehouse`` is a location or a :class:`~coordinator.lakehouse.Lakehouse` (one on object storage:
+    its Spark session needs :func:`~coordinator.checker.session.lakehouse_spark`'s settings).
 
     Example::
 
