@@ -27,12 +27,13 @@ demo: setup
 	$(PY) -m coordinator demo
 
 # The S3 server of the object-storage tests is built from source once (cached in .cache/s3: about
-# 3 minutes) while the setup and the first tests run (the build script needs only Python's stdlib).
+# 3 minutes of both cores) while the setup and the first tests run, at the lowest priority: it takes
+# the CPU they leave idle (the build script needs only Python's stdlib).
 # First the end-to-end tests that start Spark jobs of their own (`slow`: two JVMs at most), one at a
 # time, those on the S3 server once it is built; then the rest on two workers, each with its one
 # shared Spark session (two JVMs again).
 test:
-	@mkdir -p .cache; $(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
+	@mkdir -p .cache; nice -n 19 $(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
 	$(MAKE) --no-print-directory setup || { kill $$build 2>/dev/null; exit 1; }; \
 	$(PY) -m pytest -q -m "slow and not object_store" || { kill $$build 2>/dev/null; exit 1; }; \
 	wait $$build || { cat .cache/s3-build.log; exit 1; }; \

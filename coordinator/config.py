@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from coordinator.exceptions import ConfigError
+from coordinator.storage import is_object_store
 
 DEFAULT_CONFIG_PATH = Path("conf") / "coordinator.toml"
 ENV_PREFIX = "TXCOORD_"
@@ -48,6 +50,12 @@ class CoordinatorConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.lakehouse, str) or not self.lakehouse.strip():
             raise ConfigError(f"lakehouse must be a non-empty path, got {self.lakehouse!r}")
+        scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", self.lakehouse)
+        if scheme and not is_object_store(self.lakehouse):
+            # Else "gs://b/lh" would quietly become a local directory named "gs:".
+            raise ConfigError(f"lakehouse {self.lakehouse!r}: {scheme.group(1)}:// is not supported; a lakehouse is a "
+                              "local path or on S3-compatible storage (s3://bucket/prefix). ADLS and GCS are readable "
+                              "from Spark only: see README, \"Deploying on S3, ADLS or GCS\"")
         if not isinstance(self.storage, Mapping) or not all(isinstance(key, str) for key in self.storage):
             raise ConfigError(f"storage must be a table of settings ([storage] in the TOML), got {self.storage!r}")
         object.__setattr__(self, "storage", {key: _setting(value) for key, value in self.storage.items()})

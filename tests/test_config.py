@@ -4,6 +4,7 @@ import pytest
 
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import ConfigError
+from coordinator.lakehouse import Lakehouse
 
 
 def write_toml(tmp_path, text):
@@ -74,3 +75,10 @@ def test_replace_validates_too():
     assert CoordinatorConfig().replace(transaction_timeout_ms=500).transaction_timeout_ms == 500
     with pytest.raises(ConfigError):
         CoordinatorConfig().replace(transaction_timeout_ms=0)
+
+
+@pytest.mark.parametrize("location", ["gs://bucket/lh", "abfss://c@account.dfs.core.windows.net/lh", "hdfs://nn/lh"])
+def test_a_lakehouse_on_a_store_the_producers_cannot_reach_is_refused_not_taken_for_a_local_path(location):
+    with pytest.raises(ConfigError, match="is not supported; a lakehouse is a local path or on S3-compatible storage"):
+        CoordinatorConfig(lakehouse=location)
+    assert Lakehouse(CoordinatorConfig(lakehouse="s3://bucket/lh").lakehouse).root == "s3://bucket/lh"

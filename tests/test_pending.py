@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 
 import pytest
 
@@ -57,12 +58,13 @@ def test_the_last_check_is_followed_by_a_discard(hanging):
     assert (late.next_step, late.next_step_at) == (DISCARD, hanging.stored + 67 * SECOND)
 
 
-def test_pending_prints_a_table_or_json(config_file, capsys):
+def test_pending_prints_a_table_or_json(hanging, config_file, capsys):
     assert main(["pending", "--config", config_file]) == 0
     text = capsys.readouterr().out
     assert "late" in text and "patient" in text and "done" not in text.split()
     assert "2 pending transaction(s)" in text
 
+    time.sleep(max(0.0, (hanging.stored + 1.1 * SECOND - dt.datetime.now(dt.timezone.utc)).total_seconds()))
     assert main(["pending", "--config", config_file, "--json", "--group", "g", "--older-than", "1s"]) == 0
     [late] = json.loads(capsys.readouterr().out)["pending"]
     assert (late["transaction_id"], late["checks"], late["next_step"]) == ("late", 1, "check")
