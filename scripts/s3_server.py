@@ -6,7 +6,7 @@ lakehouse relies on (``If-None-Match: *`` and ``If-Match``), atomically: it re-c
 condition and publishes the object under a per-object file lock, so of several racing writers
 exactly one wins (checked here with 16 concurrent PUTs on one key, 20 rounds).
 
-It is built once from the Go module proxy into ``.cache/s3/bin`` (about 5 minutes on two
+It is built once from the Go module proxy into ``.cache/s3/bin`` (about 3 minutes on two
 cores; the Go caches are removed afterwards), then started in a fraction of a second.
 
     .venv/bin/python scripts/s3_server.py build                      # once; a no-op when cached
@@ -24,6 +24,7 @@ From Python::
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import shutil
 import signal
@@ -47,21 +48,30 @@ _READY_TIMEOUT_S = 30.0
 
 
 def build(quiet: bool = False) -> Path:
-    """The server's binary, built into the cache first if it is not there yet."""
+    """The server's binary, built into the cache first if it is not there yet. A build already
+    under way in another process (``make test`` starts one early) is waited for, not repeated."""
     if BINARY.exists():
         return BINARY
     go = shutil.which("go")
     if go is None:
         raise SystemExit("building the S3 server needs Go (https://go.dev/dl/); none is on PATH")
-    with tempfile.TemporaryDirectory(prefix="txcoord-go-", dir=CACHE_DIR.parent if CACHE_DIR.parent.exists() else None) as work:
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR / ".build.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not BINARY.exists():
+            _go_install(go, quiet)
+    return BINARY
+
+
+def _go_install(go: str, quiet: bool) -> None:
+    with tempfile.TemporaryDirectory(prefix="txcoord-go-", dir=CACHE_DIR.parent) as work:
         env = dict(os.environ, GOBIN=str(BINARY.parent), GOMODCACHE=f"{work}/mod", GOCACHE=f"{work}/build",
                    GOFLAGS="-buildvcs=false -modcacherw", CGO_ENABLED="0")
         if not quiet:
-            print(f"building the S3 server ({VERSITYGW_MODULE}) into {BINARY.parent}: about 5 minutes, once",
+            print(f"building the S3 server ({VERSITYGW_MODULE}) into {BINARY.parent}: about 3 minutes, once",
                   file=sys.stderr, flush=True)
         BINARY.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([go, "install", "-ldflags=-s -w", VERSITYGW_MODULE], env=env, check=True)
-    return BINARY
 
 
 class S3Server:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -170,15 +171,24 @@ def stored_time(checker: ManualChecker, transaction_id: str) -> dt.datetime:
     return checker.rows("half", pc.field("transaction_id") == transaction_id)[0].stored_timestamp  # one per message
 
 
+def require_s3_server() -> None:
+    """Wait for the S3 server's binary (``make test`` builds it while the first tests run), build it
+    if nobody is, or skip when it is not built and there is no Go to build it."""
+    sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
+    from s3_server import BINARY, build
+
+    if not BINARY.exists() and shutil.which("go") is None:
+        pytest.skip(f"no S3 server built at {BINARY}, and no Go to build it: see scripts/s3_server.py")
+    build(quiet=True)
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3-compatible server (``scripts/s3_server.py``: versitygw) on loopback for the session,
     with a bucket ``lakehouse``. Skips when the server is not built (``make test`` builds it)."""
-    sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
-    from s3_server import BINARY, S3Server
+    from s3_server import S3Server
 
-    if not BINARY.exists():
-        pytest.skip(f"no S3 server built at {BINARY}: run `.venv/bin/python scripts/s3_server.py build`")
+    require_s3_server()
     server = S3Server(tmp_path_factory.mktemp("s3"), log_file=str(tmp_path_factory.mktemp("s3-log") / "server.log"))
     with server:
         server.create_bucket("lakehouse")

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from coordinator.checker.session import PROJECT_ROOT
+from tests.conftest import require_s3_server
 
 
 #: Shorter runs than ``make chaos``'s (each checker kill costs a restart of about 30 s here), on a local
@@ -25,11 +26,7 @@ RUNS = {
 def test_the_chaos_run_kills_checker_and_producers_and_breaks_no_invariant(tmp_path, mode):
     """Every invariant, after checker and producer kills, hostile records and an operator's commits."""
     if mode == "object store":
-        sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
-        from s3_server import BINARY
-
-        if not BINARY.exists():
-            pytest.skip(f"no S3 server built at {BINARY}: run `.venv/bin/python scripts/s3_server.py build`")
+        require_s3_server()
     results = tmp_path / "chaos.json"
     argv = [sys.executable, str(PROJECT_ROOT / "bench" / "chaos.py"),
             "--lakehouse", str(tmp_path / "lakehouse"), "--results", str(results), *RUNS[mode]]
