@@ -27,13 +27,13 @@ demo: setup
 	$(PY) -m coordinator demo
 
 # The S3 server of the object-storage tests is built from source once (cached in .cache/s3: about
-# 3 minutes of both cores), at the lowest priority, from the start (the build script needs only
-# Python's stdlib). The end-to-end tests that start Spark jobs of their own (`slow`) run in two lanes
-# at once, as each leaves a core mostly idle: those on a local disk, and those on the S3 server (their
-# first one waits for the build; their output is printed when they end). Then the rest on two
-# workers, each with its one shared Spark session.
+# 3 minutes of both cores), from the start (the build script needs only Python's stdlib). The
+# end-to-end tests that start Spark jobs of their own (`slow`) run in two lanes at once, as each
+# leaves a core mostly idle: those on a local disk, and those on the S3 server (their first one waits
+# for the build; their output is printed when they end). Then the rest on two workers, each with its
+# one shared Spark session.
 test:
-	@mkdir -p .cache; nice -n 19 $(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
+	@mkdir -p .cache; $(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
 	$(MAKE) --no-print-directory setup || { kill $$build 2>/dev/null; exit 1; }; \
 	$(PY) -m pytest -q -m "slow and object_store" > .cache/object-store-tests.log 2>&1 & object_store=$$!; \
 	$(PY) -m pytest -q -m "slow and not object_store"; local=$$?; \

@@ -174,7 +174,8 @@ def stored_time(checker: ManualChecker, transaction_id: str) -> dt.datetime:
 def require_s3_server() -> None:
     """Wait for the S3 server's binary (``make test`` builds it while the first tests run), build it
     if nobody is, or skip when it is not built and there is no Go to build it."""
-    sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
+    if str(PROJECT_ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
     from s3_server import BINARY, build
 
     if not BINARY.exists() and shutil.which("go") is None:
@@ -185,10 +186,10 @@ def require_s3_server() -> None:
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3-compatible server (``scripts/s3_server.py``: versitygw) on loopback for the session,
-    with a bucket ``lakehouse``. Skips when the server is not built (``make test`` builds it)."""
+    with a bucket ``lakehouse``. Skips when it is neither built nor buildable (:func:`require_s3_server`)."""
+    require_s3_server()
     from s3_server import S3Server
 
-    require_s3_server()
     server = S3Server(tmp_path_factory.mktemp("s3"), log_file=str(tmp_path_factory.mktemp("s3-log") / "server.log"))
     with server:
         server.create_bucket("lakehouse")
