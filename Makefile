@@ -39,7 +39,7 @@ test:
 	$(PY) -m pytest -q -m "slow and not object_store"; local=$$?; \
 	wait $$object_store; object_store=$$?; echo "--- the slow tests on the S3 server:"; cat .cache/object-store-tests.log; \
 	wait $$build || { cat .cache/s3-build.log; exit 1; }; \
-	[ $$local -eq 0 ] && [ $$object_store -eq 0 ] && $(PY) -m pytest -q -m "not slow" -n 2
+	[ $$local -eq 0 ] && [ $$object_store -eq 0 ] && $(PY) -m pytest -q -m "not slow" -n 2 --dist worksteal
 
 # A real S3-compatible server on loopback (versitygw), built once into .cache/s3: `scripts/s3_server.py --help`.
 s3-server: setup

@@ -7,7 +7,6 @@ and end, and a loaded machine is flagged at start, because its figures mean litt
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import platform
@@ -19,8 +18,12 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Union
 from urllib.parse import unquote
+
+if TYPE_CHECKING:
+    from coordinator.control.progress import Progress
+    from coordinator.lakehouse import Lakehouse
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -75,44 +78,43 @@ def median(values: list[float]) -> Optional[float]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Delta logs, read as files (no JVM, no delta-rs dataset)
+# Delta logs, read as files (no JVM, no delta-rs dataset), on a local disk or object storage
 
 
-def log_versions(table_path: str) -> list[int]:
-    """The commit versions whose JSON is in ``_delta_log`` (log cleanup removes old ones)."""
-    names = glob.glob(os.path.join(table_path, "_delta_log", "*.json"))
-    return sorted(int(os.path.basename(name)[:-5]) for name in names if os.path.basename(name)[:-5].isdigit())
+def log_versions(table_path: str, storage: Optional[Mapping[str, str]] = None) -> list[int]:
+    """The commit versions whose JSON is in ``_delta_log`` (log cleanup removes old ones); ``storage``
+    reaches a table on object storage (``s3://...``)."""
+    from coordinator.storage import FileStore
+
+    names = (key.rsplit("/", 1)[-1] for key in FileStore.at(table_path, storage).list("_delta_log"))
+    return sorted(int(name[:-5]) for name in names if name.endswith(".json") and name[:-5].isdigit())
 
 
-def latest_version(table_path: str) -> int:
+def latest_version(table_path: str, storage: Optional[Mapping[str, str]] = None) -> int:
     """The table's latest version, from the highest ``_delta_log/<version>.json`` (-1 if none)."""
-    latest = -1
-    try:
-        with os.scandir(os.path.join(table_path, "_delta_log")) as entries:
-            for entry in entries:
-                stem = entry.name[:-5]
-                if entry.name.endswith(".json") and stem.isdigit():
-                    latest = max(latest, int(stem))
-    except FileNotFoundError:
-        pass
-    return latest
+    return max(log_versions(table_path, storage), default=-1)
 
 
-def commits(table_path: str) -> list[dict]:
+def commits(table_path: str, storage: Optional[Mapping[str, str]] = None) -> list[dict]:
     """Every commit whose JSON is still in the log: ``version``, ``timestamp_ms`` (commitInfo),
-    ``log_mtime`` (when the JSON file was written, in seconds) and the data files it ``added``."""
+    ``log_mtime`` (when the JSON file was written, in seconds: on object storage its Last-Modified,
+    whole seconds rounded up) and the data files it ``added`` (paths relative to the table)."""
+    from coordinator.storage import FileStore
+
+    files = FileStore.at(table_path, storage)
     result = []
-    for version in log_versions(table_path):
-        log_file = os.path.join(table_path, "_delta_log", f"{version:020d}.json")
+    for version in log_versions(table_path, storage):
+        log_file = files.read(f"_delta_log/{version:020d}.json")
+        if log_file is None:  # removed by log cleanup since it was listed
+            continue
         timestamp_ms, added = None, []
-        with open(log_file) as lines:
-            for line in lines:
-                action = json.loads(line)
-                if "commitInfo" in action:
-                    timestamp_ms = action["commitInfo"].get("timestamp")
-                elif "add" in action and action["add"].get("dataChange", True):
-                    added.append(os.path.join(table_path, unquote(action["add"]["path"])))
-        result.append({"version": version, "timestamp_ms": timestamp_ms, "log_mtime": os.stat(log_file).st_mtime,
+        for line in log_file.data.splitlines():
+            action = json.loads(line)
+            if "commitInfo" in action:
+                timestamp_ms = action["commitInfo"].get("timestamp")
+            elif "add" in action and action["add"].get("dataChange", True):
+                added.append(unquote(action["add"]["path"]))
+        result.append({"version": version, "timestamp_ms": timestamp_ms, "log_mtime": log_file.modified_ms / 1000,
                        "added": added})
     return result
 
@@ -125,18 +127,25 @@ class Delivery(NamedTuple):
     rows: int
 
 
-def deliveries(lakehouse: str, topic: str) -> dict[str, Delivery]:
-    """Transaction id → :class:`Delivery`, for every transaction in the topic table's log."""
+def deliveries(lakehouse: Union[str, Lakehouse], topic: str) -> dict[str, Delivery]:
+    """Transaction id → :class:`Delivery`, for every transaction in the topic table's log (none before
+    the table exists)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from coordinator.lakehouse import Lakehouse
+    from coordinator.storage import FileStore
 
+    lakehouse = Lakehouse.at(lakehouse)
+    table_path = lakehouse.topic(topic)
+    files = FileStore.at(table_path, lakehouse.storage)
     found: dict[str, Delivery] = {}
-    for commit in commits(Lakehouse(lakehouse).topic(topic)):
+    for commit in commits(table_path, lakehouse.storage):
         if commit["timestamp_ms"] is None:
             continue
         for path in commit["added"]:
-            for tid in pq.read_table(path, columns=["transaction_id"]).column("transaction_id").to_pylist():
+            data = pa.BufferReader(files.read(path).data)
+            for tid in pq.read_table(data, columns=["transaction_id"]).column("transaction_id").to_pylist():
                 first = found.get(tid)
                 found[tid] = (Delivery(commit["timestamp_ms"] / 1000, commit["log_mtime"], 1) if first is None
                               else first._replace(rows=first.rows + 1))
@@ -179,12 +188,15 @@ class CheckerJob:
             checker.lag()
     """
 
-    def __init__(self, config_path: str, lakehouse: str, log_path: str):
+    def __init__(self, config_path: str, lakehouse: Union[str, Lakehouse], log_path: str):
         from coordinator.checker.session import spark_submit
+        from coordinator.control.progress import CheckerProgress
+        from coordinator.lakehouse import Lakehouse
+        from coordinator.tables import COMMIT_LOG
 
-        self.lakehouse = lakehouse
-        self.progress_path = os.path.join(lakehouse, "system", "_checker_progress.json")
-        self.commit_log = os.path.join(lakehouse, "system", "commit_log")
+        self.lakehouse = Lakehouse.at(lakehouse)
+        self.commit_log = self.lakehouse.path(COMMIT_LOG)
+        self._progress = CheckerProgress(self.lakehouse)
         argv, env = spark_submit(ROOT / "jobs" / "checker.py", "--config", config_path)
         self.log_file = open(log_path, "w")
         self.started = time.monotonic()
@@ -192,32 +204,32 @@ class CheckerJob:
                                         start_new_session=True)
         self.exit_code: Optional[int] = None
 
-    def progress(self) -> Optional[dict]:
-        try:
-            with open(self.progress_path) as file:
-                return json.load(file)
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+    def progress(self) -> Optional[Progress]:
+        """The checker's progress record (``system/_checker_progress.json``), ``None`` before it wrote one."""
+        return self._progress.load()
 
     def next_version(self) -> Optional[int]:
         """The first commit-log version the checker has not yet announced a batch for."""
         progress = self.progress()
         if progress is None:
             return None
-        last = progress.get("last_batch")
-        return last["next_version"] if last else progress["epoch"]["starting_version"]
+        return progress.last_batch.next_version if progress.last_batch else progress.epoch.starting_version
+
+    def latest_commit_log_version(self) -> int:
+        """The commit log's latest version (-1 before it has one)."""
+        return latest_version(self.commit_log, self.lakehouse.storage)
 
     def lag(self) -> Optional[int]:
         """Commit-log versions written but not yet taken by a checker batch."""
         next_version = self.next_version()
-        return None if next_version is None else max(0, latest_version(self.commit_log) - next_version + 1)
+        return None if next_version is None else max(0, self.latest_commit_log_version() - next_version + 1)
 
     def wait_ready(self, timeout_s: float) -> float:
         """Wait for the checker's first batch to be announced; return the seconds it took to start."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             progress = self.progress()
-            if progress is not None and progress.get("last_batch") is not None:
+            if progress is not None and progress.last_batch is not None:
                 return round(time.monotonic() - self.started, 1)
             if self.process.poll() is not None:
                 raise RuntimeError(f"the checker exited with {self.process.returncode} before its first batch; "
@@ -247,18 +259,29 @@ class CheckerJob:
         self.stop()
 
 
-def write_config(lakehouse: str, **settings) -> str:
-    """A coordinator TOML for ``lakehouse`` with ``settings``; returns its path."""
-    os.makedirs(lakehouse, exist_ok=True)
-    path = os.path.join(lakehouse, "bench.toml")
-    lines = [f'lakehouse = "{os.path.abspath(lakehouse)}"'] + [f"{key} = {value}" for key, value in settings.items()]
+def write_config(lakehouse: Union[str, Lakehouse], directory: Optional[str] = None, **settings) -> str:
+    """A coordinator TOML for ``lakehouse`` (its storage settings as the ``[storage]`` table) with
+    ``settings``, written in ``directory`` (default: the lakehouse's own, a local one); returns its path."""
+    from coordinator.lakehouse import Lakehouse
+
+    lakehouse = Lakehouse.at(lakehouse)
+    directory = directory or lakehouse.root
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "bench.toml")
+    # A JSON string is a valid TOML basic string: quotes and backslashes stay safe.
+    lines = [f"lakehouse = {json.dumps(lakehouse.root)}"] + [f"{key} = {value}" for key, value in settings.items()]
+    if lakehouse.storage:
+        lines += ["", "[storage]", *(f"{key} = {json.dumps(value)}" for key, value in lakehouse.storage.items())]
     Path(path).write_text("\n".join(lines) + "\n")
     return path
 
 
-def checker_on_fresh_lakehouse(requested: Optional[str], benchmark: str, trigger_ms: int) -> tuple[str, CheckerJob]:
-    """An empty lakehouse (``requested``, wiped, or a new temporary directory) and its checker job, not yet
-    waited for. Returns ``(lakehouse, checker)``.
+def checker_on_fresh_lakehouse(requested: Optional[str], benchmark: str, trigger_ms: int,
+                               object_store: Optional[Lakehouse] = None) -> tuple[str, CheckerJob]:
+    """The checker job on an empty lakehouse, not yet waited for, and the local directory that holds its
+    TOML and log: ``requested`` (wiped) or a new temporary directory. That directory is the lakehouse
+    too, unless ``object_store`` names an empty lakehouse on object storage (with its storage settings).
+    Returns ``(directory, checker)``.
 
     Example::
 
@@ -267,14 +290,15 @@ def checker_on_fresh_lakehouse(requested: Optional[str], benchmark: str, trigger
     import shutil
     import tempfile
 
-    from coordinator.lakehouse import init_lakehouse
+    from coordinator.lakehouse import Lakehouse, init_lakehouse
 
-    lakehouse = requested or tempfile.mkdtemp(prefix=f"bench-{benchmark}-")
+    directory = requested or tempfile.mkdtemp(prefix=f"bench-{benchmark}-")
     if requested:
-        shutil.rmtree(lakehouse, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
+    lakehouse = object_store or Lakehouse(directory)
     init_lakehouse(lakehouse)
-    config_path = write_config(lakehouse, trigger_interval_ms=trigger_ms)
-    return lakehouse, CheckerJob(config_path, lakehouse, os.path.join(lakehouse, "checker.log"))
+    config_path = write_config(lakehouse, directory, trigger_interval_ms=trigger_ms)
+    return directory, CheckerJob(config_path, lakehouse, os.path.join(directory, "checker.log"))
 
 
 #: What the checker logs (coordinator/checker/query.py, batch.py) once its streaming query runs, and after each
@@ -332,7 +356,8 @@ class LagSampler(threading.Thread):
         while not self._halt.wait(1.0):
             lag = self.checker.lag()
             if lag is not None:
-                self.samples.append((round(time.monotonic() - self.t0, 1), lag, latest_version(self.checker.commit_log)))
+                latest = self.checker.latest_commit_log_version()
+                self.samples.append((round(time.monotonic() - self.t0, 1), lag, latest))
 
     def stop(self) -> None:
         self._halt.set()

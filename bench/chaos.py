@@ -453,16 +453,17 @@ class Operator:
         self._looked_at: set[str] = set()
         self._next_at = 0.0
 
-    def act(self) -> None:
-        """Look for new discards (every few seconds) and recover some of them."""
-        if time.monotonic() < self._next_at:
-            return
+    def act(self, now: bool = False) -> int:
+        """Look for new discards (every few seconds, or ``now``) and recover some of them; return how many."""
+        if not now and time.monotonic() < self._next_at:
+            return 0
         self._next_at = time.monotonic() + _SETTLE_POLL_S
         try:
             rows = _rows(Lakehouse.of(self.config), DISCARDED, ["transaction_id", "producer_group"])
         except (OSError, DeltaError):  # a file vacuumed between snapshot and read: look again next time
-            return
+            return 0
         discarded = {row["transaction_id"]: row["producer_group"] for row in rows}
+        recovered_before = len(self.recovered)
         for transaction_id in sorted(set(discarded) - self._looked_at):
             self._looked_at.add(transaction_id)
             if discarded[transaction_id] not in self.groups or self.rng.random() < 0.5:
@@ -472,6 +473,7 @@ class Operator:
                                     "chaos: recovered by hand", operator="chaos-operator")
                 self.sent += 1
             self.recovered.add(transaction_id)
+        return len(self.recovered) - recovered_before
 
 
 def _half(**overrides) -> dict:
@@ -676,6 +678,8 @@ class Run:
                 time.sleep(_SETTLE_POLL_S)
                 continue
             if findings["pending_halves"] == 0 and findings["found"]["lost"] == 0:
+                if self.operator.act(now=True):  # discards it had not seen yet: their recoveries must land too
+                    continue
                 return True
             time.sleep(_SETTLE_POLL_S)
         return False

@@ -22,16 +22,25 @@ return. The checker's lag (commit-log versions written but not yet taken by a ba
 delivered within ``--drain`` seconds after sending stopped and the lag in the last quarter of
 the sending time was no higher than in the second quarter (plus 2 versions of slack).
 
+With ``--object-store`` the lakehouse (the reference's too) is a prefix of a bucket on a real
+S3-compatible server on loopback (``scripts/s3_server.py``, started for the run), as
+``bench/producer.py --object-store`` does; the checker reaches it through the TOML's ``[storage]``
+table, and only its TOML and log stay on the local disk. There the log files' times are the
+objects' ``Last-Modified``, in whole seconds: ``e2e_p99_ms_by_log_file_mtime`` has a 1 s resolution,
+while the latencies from commitInfo timestamps (milliseconds) are as precise as on a local disk.
+
     python bench/e2e.py                                  # 1,000 txn/s (or 90 % of the reference) for 10 minutes
     python bench/e2e.py --rate 50 --seconds 30 --threads 8
+    python bench/e2e.py --object-store --rate 50 --seconds 30 --threads 8   # the lakehouse on a loopback S3 server
 
-Prints a table and writes ``bench/results/e2e.json`` (``--results`` to change).
+Prints a table and writes ``bench/results/e2e.json`` (``bench/results/e2e-s3.json`` with
+``--object-store``; ``--results`` to change).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import contextlib
 import shutil
 import sys
 import time
@@ -39,28 +48,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
+import producer as producer_benchmark  # noqa: E402  (bench/producer.py: its reference run, and where lakehouses live)
 from coordinator.config import CoordinatorConfig  # noqa: E402
-from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse import Lakehouse  # noqa: E402
 
 TOPIC = "BENCH_E2E"
 #: Issue 12's reference: one producer process alone at 64 sender threads; the run offers at most this share of it.
 REFERENCE_THREADS = 64
 REFERENCE_SHARE = 0.9
+#: A log file's time on object storage is its Last-Modified, an HTTP date: whole seconds.
+OBJECT_STORE_MTIME_RESOLUTION_S = 1
 
 
-def offered_rate(requested: float, reference_seconds: float) -> tuple[float, dict | None]:
-    """The rate to offer, min(``requested``, 0.9 × the producer alone at 64 threads), and that
-    reference run (bench/producer.py's figures), or ``(requested, None)`` when ``reference_seconds`` is 0."""
+def offered_rate(places: producer_benchmark.Places, requested: float,
+                 reference_seconds: float) -> tuple[float, dict | None]:
+    """The rate to offer, min(``requested``, 0.9 × the producer alone at 64 threads on a fresh lakehouse
+    of ``places``), and that reference run (bench/producer.py's figures), or ``(requested, None)`` when
+    ``reference_seconds`` is 0."""
     if reference_seconds <= 0:
         return requested, None
-    import producer as producer_benchmark  # bench/producer.py
-
     print(f"reference: the producer alone at {REFERENCE_THREADS} threads for {reference_seconds:g} s...", flush=True)
-    places = producer_benchmark.Places(object_store=False)
-    try:
-        reference = producer_benchmark.run(places, REFERENCE_THREADS, reference_seconds, 1)
-    finally:
-        places.close()
+    reference = producer_benchmark.run(places, REFERENCE_THREADS, reference_seconds, 1)
     return min(requested, round(REFERENCE_SHARE * reference["txn_per_s"], 1)), reference
 
 
@@ -76,19 +84,37 @@ def main(argv: list[str] | None = None) -> dict:
                         help="checker trigger_interval_ms (default: the product default)")
     parser.add_argument("--drain", type=float, default=120, help="seconds to wait for the last deliveries")
     parser.add_argument("--startup-timeout", type=float, default=300, help="seconds to wait for the checker's first batch")
-    parser.add_argument("--lakehouse", default=None, help="default: a temporary directory, removed afterwards")
-    parser.add_argument("--results", default=str(benchlib.RESULTS / "e2e.json"))
+    parser.add_argument("--lakehouse", default=None, help="default: a temporary directory, removed afterwards "
+                        "(with --object-store: only the checker's TOML and log go there)")
+    parser.add_argument("--object-store", action="store_true",
+                        help="the lakehouse on a loopback S3 server (scripts/s3_server.py) instead of a local disk")
+    parser.add_argument("--results", default=None, help="default: bench/results/e2e.json (e2e-s3.json)")
     args = parser.parse_args(argv)
+    args.results = args.results or str(benchlib.RESULTS / ("e2e-s3.json" if args.object_store else "e2e.json"))
     report = benchlib.start_report("e2e", vars(args))
+    places = producer_benchmark.Places(args.object_store)  # with --object-store, one S3 server for the whole run
+    try:
+        rate, reference = offered_rate(places, args.rate, args.reference_producer_seconds)
+        if reference is not None:
+            print(f"  alone: {reference['txn_per_s']} txn/s (send p99 {reference['send_p99_ms']} ms); offering "
+                  f"{rate:g} of the {args.rate:g} requested", flush=True)
+        # On the server, a fresh prefix as the producer benchmark makes one; on a local disk the checked
+        # run makes its own lakehouse, since --lakehouse may name it.
+        with places.lakehouse() if args.object_store else contextlib.nullcontext() as object_store:
+            report.update(measure(args, rate, reference, object_store))
+    finally:
+        places.close()
+    return benchlib.finish_report(report, Path(args.results))
 
+
+def measure(args: argparse.Namespace, rate: float, reference: dict | None, object_store: Lakehouse | None) -> dict:
+    """Start the checker on an empty lakehouse (``object_store``, else ``--lakehouse`` or a temporary
+    directory), offer ``rate`` for ``--seconds`` and wait for the deliveries; return the report's figures."""
     from coordinator import TransactionProducer
 
-
-    rate, reference = offered_rate(args.rate, args.reference_producer_seconds)
-    if reference is not None:
-        print(f"  alone: {reference['txn_per_s']} txn/s (send p99 {reference['send_p99_ms']} ms); offering {rate:g} "
-              f"of the {args.rate:g} requested", flush=True)
-    lakehouse, checker = benchlib.checker_on_fresh_lakehouse(args.lakehouse, "e2e", args.trigger_ms)
+    report = {}
+    directory, checker = benchlib.checker_on_fresh_lakehouse(args.lakehouse, "e2e", args.trigger_ms, object_store)
+    lakehouse = checker.lakehouse
     sampler = None
     try:
         print(f"starting the checker (trigger {args.trigger_ms} ms)...", flush=True)
@@ -98,20 +124,14 @@ def main(argv: list[str] | None = None) -> dict:
         t0 = time.monotonic()
         sampler = benchlib.LagSampler(checker, t0)
         sampler.start()
-        with TransactionProducer("bench-e2e", benchlib.Commits(), CoordinatorConfig(lakehouse=lakehouse)) as producer:
+        config = CoordinatorConfig(lakehouse=lakehouse.root, storage=lakehouse.storage)
+        with TransactionProducer("bench-e2e", benchlib.Commits(), config) as producer:
             sender = benchlib.SteadySender(producer, TOPIC, rate, args.seconds, args.threads)
             send_seconds = sender.run()
         wanted = {tid for tid, _, _ in sender.sent}
         print(f"  sent {len(wanted)} of {sender.total} in {send_seconds:.1f} s ({len(wanted) / send_seconds:.1f} txn/s "
               f"achieved, {sender.errors} errors, {sender.unsent} unsent); waiting for delivery...", flush=True)
-        drain_deadline = time.monotonic() + args.drain
-        delivered = {}
-        while time.monotonic() < drain_deadline:
-            if os.path.isdir(Lakehouse(lakehouse).topic(TOPIC)):
-                delivered = benchlib.deliveries(lakehouse, TOPIC)
-                if wanted <= delivered.keys():
-                    break
-            time.sleep(1)
+        delivered = wait_for_deliveries(lakehouse, wanted, args.drain)
         drained_after = round(time.monotonic() - t0 - send_seconds, 1)
     finally:
         if sampler is not None:
@@ -163,12 +183,29 @@ def main(argv: list[str] | None = None) -> dict:
           f"{f['lag_last_quarter_max']!s:>7} {str(f['kept_up']):>8}")
     print(f"send p50 {f['send_p50_ms']} ms, p99 {f['send_p99_ms']} ms; {missing} not delivered after the drain; "
           f"checker exit code {exit_code}")
+    if object_store is not None:
+        figures["log_file_mtime_resolution_s"] = OBJECT_STORE_MTIME_RESOLUTION_S
+        print(f"e2e p99 by log file mtime {f['e2e_p99_ms_by_log_file_mtime']} ms: a "
+              f"{OBJECT_STORE_MTIME_RESOLUTION_S} s resolution on object storage (Last-Modified, rounded up)")
     report.update(figures)
     report["reference_producer"] = reference
     report["lag_samples"] = sampler.samples
     if args.lakehouse is None:
-        shutil.rmtree(lakehouse, ignore_errors=True)
-    return benchlib.finish_report(report, Path(args.results))
+        shutil.rmtree(directory, ignore_errors=True)
+    return report
+
+
+def wait_for_deliveries(lakehouse: Lakehouse, wanted: set[str], drain_s: float) -> dict[str, benchlib.Delivery]:
+    """The topic table's deliveries (:func:`benchlib.deliveries`) once they hold every ``wanted``
+    transaction id, or as they are after ``drain_s`` seconds."""
+    deadline = time.monotonic() + drain_s
+    delivered = {}
+    while time.monotonic() < deadline:
+        delivered = benchlib.deliveries(lakehouse, TOPIC)
+        if wanted <= delivered.keys():
+            break
+        time.sleep(1)
+    return delivered
 
 
 if __name__ == "__main__":
