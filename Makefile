@@ -1,27 +1,35 @@
 # One command each: `make demo`, `make test`. Both run `setup` first; repeat runs
-# reuse .venv and the jar cache and need no network.
+# reuse .venv and the jar cache (in the user's cache directory) and need no network.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
-JARS := .cache/jars/.package
+JARS := .cache/spark-jars.stamp
 
-.PHONY: setup demo test s3-server chaos cluster bench peers clean
+.PHONY: setup lock demo test s3-server chaos cluster bench peers clean
 
 setup: $(INSTALLED) $(JARS)
 
-# uv installs the same pinned packages as pip would, downloading and unpacking in parallel (a third of pip's time).
-$(INSTALLED): pyproject.toml
+# The exact versions requirements.lock pins (hash-checked), then this package in editable mode.
+# uv installs as pip would, downloading and unpacking in parallel (a third of pip's time).
+$(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==0.13.9
-	$(PY) -m uv pip install -q --python $(PY) -e '.[dev]'
+	$(PY) -m uv pip install -q --python $(PY) -r requirements.lock
+	$(PY) -m uv pip install -q --python $(PY) --no-deps -e .
 	touch $@
 
-# The jars conf/spark-jars.lock pins, downloaded at once and checked. Re-run after every (re)install:
-# it also registers the jars with the venv's Spark.
-$(JARS): $(INSTALLED) conf/spark-defaults.conf conf/spark-jars.lock
-	$(PY) -m coordinator.checker.session > /dev/null
-	touch $@
+# The jars coordinator/spark/spark-jars.lock pins, downloaded at once and checked into the user's
+# cache (the first Spark session would fetch them otherwise): after this, no run needs the network.
+$(JARS): $(INSTALLED) coordinator/spark/spark-jars.lock
+	$(PY) -m coordinator spark-setup > /dev/null
+	mkdir -p $(@D) && touch $@
+
+# Re-pin requirements.lock after changing pyproject.toml's dependencies (versions already pinned
+# stay unless a range excludes them; `make lock UPGRADE=--upgrade` takes the newest allowed).
+lock:
+	$(PY) -m uv pip compile -q pyproject.toml --extra dev --python-version 3.11 --generate-hashes $(UPGRADE) \
+		--custom-compile-command "make lock" -o requirements.lock
 
 demo: setup
 	$(PY) -m coordinator demo

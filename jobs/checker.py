@@ -1,74 +1,9 @@
-"""The checker job: ``spark-submit jobs/checker.py --config conf/coordinator.toml``.
+"""``spark-submit jobs/checker.py --config conf/coordinator.toml``: the checker job of
+:mod:`coordinator.jobs.checker` (installed, it is ``txcoord checker``)."""
 
-Runs until SIGTERM or SIGINT, then lets the batch in flight finish and exits 0.
-Also runs as ``python jobs/checker.py --config ...``. While another checker holds the
-lakehouse's lease it stands by, and starts the moment the lease lapses (at once if its
-holder's process is gone from this host, as after ``kill -9``). Exit status: 0 stopped on
-request (standing by too), 1 the streaming query failed, 2 bad arguments or configuration,
-3 another checker is running on the same lakehouse (only with ``--exit-if-running``, or
-with ``--recover-checkpoint``, which does not stand by), 4 the checkpoint is missing,
-foreign or older than the lakehouse (run once with ``--recover-checkpoint``, see the README).
-"""
-
-from __future__ import annotations
-
-import argparse
 import sys
 
-from coordinator.checker import CHECKER_NAME
-from coordinator.checker.query import CheckerQuery
-from coordinator.checker.runtime import start_job
-from coordinator.config import CoordinatorConfig
-from coordinator.control.lease import CheckerLease
-from coordinator.exceptions import CheckerAlreadyRunningError, CheckpointMismatchError
-from coordinator.lakehouse import Lakehouse
-
-EXIT_ALREADY_RUNNING = 3
-EXIT_CHECKPOINT_MISMATCH = 4
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="checker", description="Run the transaction checker over a lakehouse.")
-    parser.add_argument("--config", default=None, help="coordinator TOML file (default: conf/coordinator.toml)")
-    parser.add_argument("--recover-checkpoint", action="store_true",
-                        help="first replay the last recorded batch and start a new checkpoint after it "
-                             "(after exit code 4: the checkpoint was lost, foreign or stale)")
-    parser.add_argument("--exit-if-running", action="store_true",
-                        help=f"exit {EXIT_ALREADY_RUNNING} if another checker holds the lease, "
-                             "instead of standing by until it lapses")
-    try:
-        job = start_job(CHECKER_NAME, parser, argv, before_spark=_refuse_if_held)
-    except CheckerAlreadyRunningError as error:
-        print(f"checker: {error}", file=sys.stderr, flush=True)
-        return EXIT_ALREADY_RUNNING
-    try:
-        if job.args.recover_checkpoint:
-            CheckerQuery(job.spark, job.config).recover()
-        checker = CheckerQuery(job.spark, job.config).start(wait_for_lease=not job.args.exit_if_running,
-                                                            stop=job.stop_requested)
-    except (CheckerAlreadyRunningError, CheckpointMismatchError) as error:
-        # Said before Spark stops: under spark-submit the JVM relays this process's output.
-        print(f"checker: {error}", file=sys.stderr, flush=True)
-        job.spark.stop()
-        if isinstance(error, CheckpointMismatchError):
-            return EXIT_CHECKPOINT_MISMATCH
-        return 0 if job.stop_requested.is_set() else EXIT_ALREADY_RUNNING
-    try:
-        while not job.stop_requested.is_set():
-            if checker.await_termination(1):
-                print("checker: the streaming query ended unexpectedly", file=sys.stderr)
-                return 1
-        checker.stop()
-    finally:
-        job.spark.stop()
-    return 0
-
-
-def _refuse_if_held(args: argparse.Namespace, config: CoordinatorConfig) -> None:
-    # A start that would not stand by says so at once, before starting a JVM for nothing.
-    if args.exit_if_running or args.recover_checkpoint:
-        CheckerLease(Lakehouse.of(config), ttl_s=config.checker_lease_ttl_ms / 1000).ensure_free()
-
+from coordinator.jobs.checker import main
 
 if __name__ == "__main__":
     sys.exit(main())

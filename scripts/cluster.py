@@ -29,7 +29,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
-from coordinator.checker.session import PROJECT_ROOT, spark_submit
+from coordinator.spark import spark_submit
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.ops.status import read_metrics
 from coordinator.tables import DISCARDED, OP
@@ -151,7 +151,7 @@ def run(work: Path, workers: int, worker_memory: str, per_fate: int) -> dict:
     conf = work / "cluster.toml"
     conf.write_text(f"lakehouse = {json.dumps(str(lakehouse))}\n" + "".join(f"{k} = {v}\n" for k, v in SETTINGS.items()))
     config = CoordinatorConfig.load(conf, environ={})
-    argv, env = spark_submit(PROJECT_ROOT / "jobs" / "checker.py", "--config", str(conf))
+    argv, env = spark_submit("checker", "--config", str(conf))
     env = {k: v for k, v in env.items() if not k.startswith("TXCOORD_")} | {"SPARK_LOCAL_IP": "127.0.0.1"}
     summary: dict = {"workers": workers, "worker_memory": worker_memory, "failures": []}
     with ExitStack() as stack:

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from coordinator.checker.session import PROJECT_ROOT
+from tests import REPO_ROOT
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
 from coordinator.tables import COMMIT_LOG, TableDef
@@ -28,7 +28,7 @@ UTC = dt.timezone.utc
 
 @pytest.fixture(scope="session")
 def spark():
-    from coordinator.checker.session import get_spark
+    from coordinator.spark import get_spark
 
     session = get_spark("txcoord-tests")
     yield session
@@ -174,8 +174,8 @@ def stored_time(checker: ManualChecker, transaction_id: str) -> dt.datetime:
 def require_s3_server() -> None:
     """Wait for the S3 server's binary (``make test`` builds it while the first tests run), build it
     if nobody is, or skip when it is not built and there is no Go to build it."""
-    if str(PROJECT_ROOT / "scripts") not in sys.path:
-        sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
+    if str(REPO_ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT / "scripts"))
     from s3_server import BINARY, build
 
     if not BINARY.exists() and shutil.which("go") is None:
@@ -221,7 +221,7 @@ def demo(tmp_path_factory):
     result = subprocess.run(
         [sys.executable, "-m", "coordinator", "demo", "--lakehouse", str(lakehouse), "--orders", str(DEMO_ORDERS),
          "--timeout", "240", "--json"],
-        capture_output=True, text=True, cwd=PROJECT_ROOT, env=without_txcoord_settings(), timeout=420,
+        capture_output=True, text=True, cwd=REPO_ROOT, env=without_txcoord_settings(), timeout=420,
     )
     return lakehouse, result, time.monotonic() - started
 

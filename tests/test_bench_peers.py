@@ -14,12 +14,12 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from coordinator.checker.session import PROJECT_ROOT
+from tests import REPO_ROOT
 from coordinator.lakehouse import Lakehouse
 
 
-sys.path.insert(0, str(PROJECT_ROOT / "bench"))
-sys.path.insert(0, str(PROJECT_ROOT / "bench" / "peers"))
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+sys.path.insert(0, str(REPO_ROOT / "bench" / "peers"))
 import benchlib  # noqa: E402
 import run as peers  # noqa: E402
 import workload  # noqa: E402
@@ -109,7 +109,7 @@ def test_ratios_are_ours_over_each_peer_and_the_table_says_kafka_aborts_unknowns
                            "first time): set PEERS_TESTS=1 to run it")
 def test_real_rocketmq_and_kafka_deliver_every_commit_once_and_treat_unknowns_as_they_promise(tmp_path):
     results = tmp_path / "peers.json"
-    subprocess.run([sys.executable, str(PROJECT_ROOT / "bench" / "peers" / "run.py"), "--systems", "rocketmq", "kafka",
+    subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "peers" / "run.py"), "--systems", "rocketmq", "kafka",
                     "--transactions", "300", "--threads", "4", "--paced-rate", "50", "--paced-seconds", "2",
                     "--drain", "120", "--grace", "1", "--results", str(results)], check=True, timeout=600)
     phases = json.loads(results.read_text())["phases"]

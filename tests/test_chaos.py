@@ -1,4 +1,4 @@
-"""The chaos harness as `make chaos` runs it: real producer processes, the real checker, kill -9 of both (DESIGN §6, invariant 5)."""
+"""The chaos harness as `make chaos` runs it: real producer processes, the real checker, kill -9 of both (docs/design.md#invariants)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from coordinator.checker.session import PROJECT_ROOT
+from tests import REPO_ROOT
 from tests.conftest import require_s3_server
 
 
@@ -27,7 +27,7 @@ def test_the_chaos_run_kills_checker_and_producers_and_breaks_no_invariant(tmp_p
     if mode == "object store":
         require_s3_server()
     results = tmp_path / "chaos.json"
-    argv = [sys.executable, str(PROJECT_ROOT / "bench" / "chaos.py"),
+    argv = [sys.executable, str(REPO_ROOT / "bench" / "chaos.py"),
             "--lakehouse", str(tmp_path / "lakehouse"), "--results", str(results), *RUNS[mode]]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=900)
 

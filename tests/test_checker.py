@@ -1,4 +1,4 @@
-"""The checker's rules (DESIGN §2, §4), one batch at a time, over records written straight
+"""The checker's rules (docs/design.md#the-protocol, #the-checker), one batch at a time, over records written straight
 to the commit log with delta-rs (the way any writer, well-behaved or not, can)."""
 
 from __future__ import annotations

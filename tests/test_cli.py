@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -10,16 +11,17 @@ import sys
 import pytest
 from deltalake import DeltaTable
 
-from coordinator.checker.session import PROJECT_ROOT
+from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.tables import SYSTEM_TABLES
+from tests import REPO_ROOT
 
 
-def txcoord(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def txcoord(*args: str, env: dict | None = None, cwd=REPO_ROOT) -> subprocess.CompletedProcess:
     """Run ``python -m coordinator *args``; ``TXCOORD_*`` from the caller's environment is left out."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TXCOORD_")}
     return subprocess.run([sys.executable, "-m", "coordinator", *args], capture_output=True, text=True,
-                          cwd=PROJECT_ROOT, env={**clean, **(env or {})}, timeout=120)
+                          cwd=cwd, env={**clean, **(env or {})}, timeout=120)
 
 
 @pytest.fixture
@@ -68,13 +70,33 @@ def test_bad_config_exits_2_with_the_reason(tmp_path, content, env, message):
     assert result.returncode == 2
     assert "configuration error" in result.stderr and message in result.stderr, result.stderr
     assert result.stdout == ""
-    assert not (PROJECT_ROOT / "lh").exists()  # nothing was created
+    assert not (REPO_ROOT / "lh").exists()  # nothing was created
 
 
-def test_missing_config_file_exits_2(tmp_path):
-    result = txcoord("init", "--config", str(tmp_path / "absent.toml"))
+def test_a_missing_config_file_is_an_error_for_every_command_but_init(tmp_path):
+    result = txcoord("status", "--config", str(tmp_path / "absent.toml"))
     assert result.returncode == 2
     assert f"configuration file {tmp_path / 'absent.toml'} does not exist" in result.stderr
+    assert not (tmp_path / "absent.toml").exists()
+
+
+def test_init_writes_a_missing_config_file_with_the_defaults_then_the_lakehouse_it_names(tmp_path):
+    config = tmp_path / "etc" / "c.toml"
+    result = txcoord("init", "--config", str(config), cwd=tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {config}" in result.stdout
+    assert CoordinatorConfig.load(config) == CoordinatorConfig()  # every setting at its default, commented
+    assert "# Immunity" in config.read_text()
+    assert (tmp_path / "lakehouse" / "system" / "commit_log" / "_delta_log").is_dir()  # relative to the directory
+    again = txcoord("init", "--config", str(config), cwd=tmp_path)
+    assert "wrote" not in again.stdout and "already initialised" in again.stdout
+
+
+def test_version_is_the_installed_distributions():
+    result = txcoord("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"txcoord {importlib.metadata.version('txcoord')}"
 
 
 def test_demo_refuses_too_few_orders_and_a_directory_it_did_not_make(tmp_path):
@@ -110,7 +132,8 @@ def test_status_and_inspect_of_a_directory_without_a_lakehouse_exit_2(tmp_path):
 def test_init_json_lists_what_it_created(config_file, tmp_path):
     first = json.loads(txcoord("init", "--config", str(config_file), "--json").stdout)
     second = json.loads(txcoord("init", "--config", str(config_file), "--json").stdout)
-    assert first == {"lakehouse": str(tmp_path / "lakehouse"), "created": [t.name for t in SYSTEM_TABLES]}
+    assert first == {"lakehouse": str(tmp_path / "lakehouse"), "created": [t.name for t in SYSTEM_TABLES],
+                     "config_written": None}
     assert second["created"] == []
 
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from coordinator.checker.session import PROJECT_ROOT
+from tests import REPO_ROOT
 from tests.conftest import without_txcoord_settings
 
 
@@ -21,8 +21,8 @@ from tests.conftest import without_txcoord_settings
 @pytest.mark.skipif(os.environ.get("CLUSTER_TESTS") != "1",
                     reason="five JVMs (about a minute): run `make cluster`, or set CLUSTER_TESTS=1")
 def test_the_checker_job_runs_unchanged_on_a_standalone_cluster():
-    result = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "cluster.py"), "--per-fate", "2", "--json"],
-                            capture_output=True, text=True, cwd=PROJECT_ROOT, env=without_txcoord_settings(), timeout=900)
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "cluster.py"), "--per-fate", "2", "--json"],
+                            capture_output=True, text=True, cwd=REPO_ROOT, env=without_txcoord_settings(), timeout=900)
 
     assert result.stdout.lstrip().startswith("{"), result.stderr[-4000:]
     summary = json.loads(result.stdout)

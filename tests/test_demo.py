@@ -23,7 +23,7 @@ import pytest
 from coordinator.demo.story import DemoError, Job, Resolution, Tally, invariant_failures, report
 from coordinator.demo.services import (CREDITS, MIN_ORDERS, ORDER_TOPIC, Fate, Order, OrderListener, OrderStore,
                                        make_orders, order_id_of, points_for)
-from coordinator.checker.session import PROJECT_ROOT
+from tests import REPO_ROOT
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP
 from tests.conftest import DEMO_ORDERS as ORDERS, without_txcoord_settings
@@ -174,7 +174,7 @@ def test_replaying_the_whole_topic_grants_nothing_twice(demo):
     shutil.rmtree(lakehouse / "services" / "_checkpoints" / "credits")
 
     result = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "jobs" / "credits.py"), "--config", str(lakehouse / "demo.toml"),
+        [sys.executable, str(REPO_ROOT / "jobs" / "credits.py"), "--config", str(lakehouse / "demo.toml"),
          "--until-idle", "3"],
         capture_output=True, text=True, cwd=lakehouse, env=without_txcoord_settings(), timeout=300,
     )

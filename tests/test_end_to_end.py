@@ -17,7 +17,8 @@ from deltalake import DeltaTable
 
 from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
 from coordinator.checker.query import CheckerQuery
-from coordinator.checker.session import PROJECT_ROOT, spark_submit
+from coordinator.spark import spark_submit
+from tests import REPO_ROOT
 from coordinator.control.lease import CheckerLease
 from coordinator.exceptions import CheckerAlreadyRunningError
 from coordinator.lakehouse import Lakehouse, read_table
@@ -154,15 +155,15 @@ def test_a_standby_takes_over_from_a_killed_checker_and_exits_zero_on_sigterm(tm
         return read_table(str(topic)).column("transaction_id").to_pylist() if DeltaTable.is_deltatable(str(topic)) else []
 
     first_log, standby_log = open(tmp_path / "first.log", "w+"), open(tmp_path / "standby.log", "w+")
-    first = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "jobs" / "checker.py"), "--config", str(conf)],
+    first = subprocess.Popen([sys.executable, str(REPO_ROOT / "jobs" / "checker.py"), "--config", str(conf)],
                              stdout=first_log, stderr=subprocess.STDOUT, start_new_session=True)
-    argv, env = spark_submit(PROJECT_ROOT / "jobs" / "checker.py", "--config", str(conf))
+    argv, env = spark_submit(REPO_ROOT / "jobs" / "checker.py", "--config", str(conf))
     standby = None
     try:
         with TransactionProducer("jobs", Committing(), CoordinatorConfig.load(conf)) as producer:
             sent = send(producer, 3)
             wait_until(lambda: first.poll() is not None or len(delivered()) == 3, 240)
-            refused = subprocess.run([sys.executable, str(PROJECT_ROOT / "jobs" / "checker.py"), "--config", str(conf),
+            refused = subprocess.run([sys.executable, str(REPO_ROOT / "jobs" / "checker.py"), "--config", str(conf),
                                       "--exit-if-running"], capture_output=True, text=True, timeout=60)
             standby = subprocess.Popen(argv, env=env, stdout=standby_log, stderr=subprocess.STDOUT)
             wait_until(lambda: standby.poll() is not None or "standing by" in (tmp_path / "standby.log").read_text(), 240)

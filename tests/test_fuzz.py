@@ -55,7 +55,7 @@ def test_no_accepted_topic_addresses_a_path_outside_topics(topic):
 
 
 def follows_the_rules(topic, body: bytes, properties) -> bool:
-    """DESIGN §2's edge rules, spelled out independently of the code under test."""
+    """The message limits of docs/design.md#message-limits, spelled out independently of the code under test."""
     immunity = (properties or {}).get(CHECK_IMMUNITY_TIME_IN_SECONDS)
     return (isinstance(topic, str) and 0 < len(topic) <= 127 and re.fullmatch(r"[%|a-zA-Z0-9_-]+", topic) is not None
             and 0 < len(body) <= MAX_BODY_BYTES

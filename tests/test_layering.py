@@ -1,4 +1,4 @@
-"""The package's layers (DESIGN §9 and the layout in README): who may import whom, and which
+"""The package's layers (docs/design.md#layers and the layout in README): who may import whom, and which
 parts start no JVM. Each rule is checked in a fresh interpreter, so nothing this suite has
 already imported can hide a violation."""
 
@@ -120,5 +120,7 @@ def test_the_base_install_brings_no_spark_and_the_spark_extra_brings_the_checker
     def names(requirements: list[str]) -> set[str]:
         return {re.split(r"[=<>!~\[ ;]", requirement, maxsplit=1)[0].lower() for requirement in requirements}
 
-    assert names(project["dependencies"]) == {"deltalake", "pyarrow", "obstore", "rich"}
+    assert names(project["dependencies"]) == {"deltalake", "pyarrow", "obstore", "rich", "platformdirs"}
     assert names(project["optional-dependencies"]["spark"]) == {"pyspark", "delta-spark"}
+    # Ranges, as a library declares them (requirements.lock pins the tested versions): never one exact version.
+    assert not [r for r in project["dependencies"] + project["optional-dependencies"]["spark"] if "==" in r]

@@ -14,9 +14,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from coordinator.checker.session import PROJECT_ROOT
+from tests import REPO_ROOT
 
-NOTEBOOKS = PROJECT_ROOT / "notebooks"
+NOTEBOOKS = REPO_ROOT / "notebooks"
 #: Plots each notebook must draw.
 PLOTS = {"committed_topics": 0, "transaction_audit": 1, "health": 4}
 

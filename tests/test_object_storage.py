@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
-from coordinator.checker.session import PROJECT_ROOT
+from tests import REPO_ROOT
 from coordinator.cli import main
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
@@ -210,7 +210,7 @@ def test_the_checkers_batches_decide_and_deliver_on_object_storage(s3_server, s3
 def test_the_streaming_checker_runs_on_object_storage(spark, s3_server, s3_lakehouse):
     """The checker's streaming query, its checkpoint on the bucket through S3A, delivers a commit."""
     from coordinator.checker.query import CheckerQuery
-    from coordinator.checker.session import object_store_conf
+    from coordinator.spark import object_store_conf
 
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
     for key, value in object_store_conf(s3_server.storage_options).items():  # what jobs/checker.py starts with
@@ -240,7 +240,7 @@ def test_the_producer_benchmark_runs_on_object_storage(s3_server, tmp_path):
     results = tmp_path / "producer-s3.json"
     run = subprocess.run([sys.executable, "bench/producer.py", "--object-store", "--seconds", "1", "--threads", "2",
                           "--processes", "--batch", "2", "--floor-appends", "5", "--results", str(results)],
-                         capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300)
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(results.read_text())
     assert report["args"]["object_store"] is True
@@ -289,7 +289,7 @@ def test_the_demo_runs_on_object_storage_and_every_notebook_reads_it(s3_server, 
     demo = subprocess.run(
         [sys.executable, "-m", "coordinator", "demo", "--lakehouse", str(directory), "--orders", str(DEMO_ORDERS),
          "--object-store", location, "--timeout", "240", "--json"],
-        capture_output=True, text=True, cwd=PROJECT_ROOT, env=without_txcoord_settings(), timeout=420)
+        capture_output=True, text=True, cwd=REPO_ROOT, env=without_txcoord_settings(), timeout=420)
 
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-6000:]
     outcome = json.loads(demo.stdout)
@@ -303,6 +303,6 @@ def test_the_demo_runs_on_object_storage_and_every_notebook_reads_it(s3_server, 
         run_notebook(name, directory / "demo.toml", monkeypatch)
 
     again = subprocess.run([sys.executable, "-m", "coordinator", "demo", "--lakehouse", str(tmp_path / "again"),
-                            "--object-store", location], capture_output=True, text=True, cwd=PROJECT_ROOT,
+                            "--object-store", location], capture_output=True, text=True, cwd=REPO_ROOT,
                            env=without_txcoord_settings(), timeout=60)
     assert again.returncode == 2 and "already holds a lakehouse" in again.stderr  # never wiped

@@ -1,4 +1,4 @@
-"""Several producer processes appending to one commit log at once (DESIGN §6, invariant 5)."""
+"""Several producer processes appending to one commit log at once (docs/design.md#invariants)."""
 
 import multiprocessing
 from collections import Counter

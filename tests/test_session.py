@@ -1,68 +1,106 @@
-"""The Spark session's setup: which jars a session launches with, and what ``spark-submit`` is given."""
+"""Spark's setup from an installed package: which jars a session launches with, where they are
+cached and fetched from, and what ``spark-submit`` is given."""
 
 import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from coordinator.checker import session
 from coordinator.exceptions import SparkSetupError
+from coordinator.spark import jars, session, submit
 
 
 def test_jars_listed_in_the_spark_defaults_come_after_the_cached_delta_jars():
-    cached = session.cached_jars()
+    cached = jars.cached_jars()
     assert any("delta-spark" in jar for jar in cached)
     assert session.launch_jars({}) == cached
     assert session.launch_jars({"spark.jars": " /opt/a.jar, /opt/b.jar ,"}) == cached + ["/opt/a.jar", "/opt/b.jar"]
 
 
-def test_spark_submit_gets_the_jars_and_the_launch_settings_in_a_file_of_the_cache(tmp_path, monkeypatch):
-    properties = tmp_path / "spark-conf" / "spark-defaults.conf"
-    monkeypatch.setattr(session, "SPARK_SUBMIT_PROPERTIES", properties)
-    session._write_spark_submit_properties()
+def test_the_settings_and_the_lock_ship_inside_the_package():
+    package = Path(jars.__file__).parent
+    assert session.spark_defaults_file() == package / "spark-defaults.conf"
+    assert jars.JARS_LOCK == package / "spark-jars.lock"
+    assert session.read_spark_defaults()["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+
+
+def test_the_jar_cache_is_the_users_unless_overridden(monkeypatch, tmp_path):
+    monkeypatch.delenv(jars.CACHE_DIR_VARIABLE, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert jars.cache_dir() == tmp_path / "xdg" / "txcoord"
+    monkeypatch.setenv(jars.CACHE_DIR_VARIABLE, str(tmp_path / "mine"))
+    assert jars.jars_dir().parent.parent == tmp_path / "mine" / "spark"
+
+
+def test_spark_submit_gets_the_jars_and_the_launch_settings_in_a_file_beside_the_cache():
+    properties = submit.submit_properties()
 
     written = session.read_spark_defaults(properties)
     defaults = session.read_spark_defaults()
+    assert properties.parent.parent == jars.jars_dir().parent
     assert written["spark.jars"].split(",") == session.launch_jars(defaults)
     assert written["spark.driver.memory"] == defaults["spark.driver.memory"]
     assert "spark.master" not in written  # spark-submit's --master decides
-    assert session.spark_job_environment()["SPARK_CONF_DIR"] == str(session.SPARK_SUBMIT_PROPERTIES.parent)
+    assert submit.spark_job_environment()["SPARK_CONF_DIR"] == str(properties.parent)
+
+
+def test_each_job_is_a_file_of_the_package_that_spark_submit_runs():
+    argv, env = submit.spark_submit("checker", "--config", "c.toml")
+    assert argv[1] == str(Path(submit.__file__).parent.parent / "jobs" / "checker.py")
+    assert argv[0] == str(Path(sys.executable).parent / "spark-submit") and argv[2:] == ["--config", "c.toml"]
+    assert env["PYSPARK_PYTHON"] == sys.executable
+    assert submit.job_script("credits").read_text().startswith('"""The credits service')
 
 
 def test_the_lock_pins_every_cached_jar_for_these_pyspark_and_delta_versions():
-    pinned = session._read_lock(session.spark_packages())
+    pinned = jars._read_lock(jars.spark_packages())
 
-    cached = {jar.rsplit("/", 1)[1] for jar in session.cached_jars()}
+    cached = {jar.rsplit("/", 1)[1] for jar in jars.cached_jars()}
     assert cached == {f"{group}_{artifact}-{version}.jar" for group, artifact, version in map(
         lambda coordinates: coordinates.split(":"), pinned)}
 
 
 @pytest.fixture
 def repository(tmp_path, monkeypatch):
-    """A Maven repository on disk holding one jar, a lock pinning it, and a jar cache to fill."""
+    """A Maven repository on disk holding one jar, a lock pinning it, and an empty jar cache."""
     jar = tmp_path / "repo" / "org" / "example" / "lib" / "1.0" / "lib-1.0.jar"
     jar.parent.mkdir(parents=True)
     jar.write_bytes(b"PK jar bytes")
-    monkeypatch.setattr(session, "MAVEN_CENTRAL", (tmp_path / "repo").as_uri())
-    monkeypatch.setattr(session, "JARS_LOCK", tmp_path / "spark-jars.lock")
-    monkeypatch.setattr(session, "JARS_DIR", tmp_path / "cache" / "jars")
-    monkeypatch.setattr(session, "SPARK_SUBMIT_PROPERTIES", tmp_path / "cache" / "spark-conf" / "spark-defaults.conf")
-    monkeypatch.setattr(session, "spark_packages", lambda: ["org.example:lib:1.0"])
+    monkeypatch.setenv(jars.MAVEN_REPOSITORY_VARIABLE, (tmp_path / "repo").as_uri())
+    monkeypatch.setenv(jars.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
+    monkeypatch.setattr(jars, "JARS_LOCK", tmp_path / "spark-jars.lock")
+    monkeypatch.setattr(jars, "spark_packages", lambda: ["org.example:lib:1.0"])
 
     def lock(packages: str, digest: str) -> None:
-        session.JARS_LOCK.write_text(f"# packages {packages}\norg.example:lib:1.0 {digest}\n")
+        jars.JARS_LOCK.write_text(f"# packages {packages}\norg.example:lib:1.0 {digest}\n")
 
     return lock, hashlib.sha256(jar.read_bytes()).hexdigest()
 
 
-def test_setup_downloads_what_the_lock_pins_and_once(repository):
+def test_the_first_need_downloads_what_the_lock_pins_with_a_progress_display_then_works_offline(repository, capfd,
+                                                                                                  monkeypatch):
     lock, digest = repository
     lock("org.example:lib:1.0", digest)
 
-    assert session.install_delta_jars() == [str(session.JARS_DIR / "org.example_lib-1.0.jar")]
-    session.MAVEN_CENTRAL = "file:///nowhere"  # a second setup finds the cache complete
-    assert session.install_delta_jars() == [str(session.JARS_DIR / "org.example_lib-1.0.jar")]
-    assert session.read_spark_defaults(session.SPARK_SUBMIT_PROPERTIES)["spark.jars"].startswith(
-        str(session.JARS_DIR / "org.example_lib-1.0.jar"))
+    assert jars.cached_jars() == [str(jars.jars_dir() / "org.example_lib-1.0.jar")]
+    said = capfd.readouterr().err
+    assert "caching the 1 jars" in said and "cached 1 jars" in said
+    monkeypatch.setenv(jars.MAVEN_REPOSITORY_VARIABLE, "http://127.0.0.1:9/unreachable")
+    assert jars.cached_jars() == [str(jars.jars_dir() / "org.example_lib-1.0.jar")]
+    assert capfd.readouterr().err == ""  # nothing fetched, nothing said
+
+
+def test_an_unreachable_repository_is_named_and_nothing_is_cached(repository, monkeypatch):
+    lock, digest = repository
+    lock("org.example:lib:1.0", digest)
+    monkeypatch.setenv(jars.MAVEN_REPOSITORY_VARIABLE, "http://127.0.0.1:9/unreachable")
+
+    with pytest.raises(SparkSetupError, match=r"could not download http://127\.0\.0\.1:9/unreachable/org/example"):
+        jars.cached_jars()
+    assert not jars.jars_dir().exists()
 
 
 def test_a_jar_that_does_not_match_its_pinned_digest_is_refused_and_nothing_is_cached(repository):
@@ -70,13 +108,51 @@ def test_a_jar_that_does_not_match_its_pinned_digest_is_refused_and_nothing_is_c
     lock("org.example:lib:1.0", "0" * 64)
 
     with pytest.raises(SparkSetupError, match="does not match the SHA-256"):
-        session.install_delta_jars()
-    assert not session.JARS_DIR.exists()
+        jars.cached_jars()
+    assert not jars.jars_dir().exists()
 
 
-def test_a_lock_of_other_versions_says_how_to_relock(repository):
+def test_a_lock_for_another_pyspark_and_delta_pair_says_what_to_install(repository):
     lock, digest = repository
     lock("org.example:lib:0.9", digest)
 
-    with pytest.raises(SparkSetupError, match=r"pins the jars of org\.example:lib:0\.9.*--lock"):
-        session.install_delta_jars()
+    with pytest.raises(SparkSetupError, match=r"runs Spark with org\.example:lib:0\.9.*pip install 'txcoord\[spark\]'"):
+        jars.cached_jars()
+
+
+def test_a_newer_delta_patch_release_drives_the_locked_jars_but_another_spark_or_minor_does_not():
+    locked = "io.delta:delta-spark_4.2_2.13:4.4.0"
+    assert jars._release_line(locked) == jars._release_line("io.delta:delta-spark_4.2_2.13:4.4.1")
+    assert jars._release_line(locked) != jars._release_line("io.delta:delta-spark_4.2_2.13:4.5.0")
+    assert jars._release_line(locked) != jars._release_line("io.delta:delta-spark_4.1_2.13:4.4.0")
+    assert jars._release_line("org.apache.hadoop:hadoop-aws:3.5.0") != jars._release_line("org.apache.hadoop:hadoop-aws:3.5.1")
+
+
+def test_a_spark_that_already_has_delta_is_used_as_it_is_with_nothing_downloaded(tmp_path):
+    """A cluster's own Spark installation with Delta in its jars/ folder: no cache, no download, Delta works."""
+    import pyspark
+
+    home = tmp_path / "spark-home"
+    home.mkdir()
+    shipped = Path(pyspark.__file__).parent
+    for entry in shipped.iterdir():
+        if entry.name != "jars":
+            (home / entry.name).symlink_to(entry)
+    (home / "jars").mkdir()
+    for jar in (shipped / "jars").iterdir():
+        (home / "jars" / jar.name).symlink_to(jar)
+    for jar in map(Path, jars.cached_jars()):  # named as Maven names them: artifact-version.jar
+        (home / "jars" / jar.name.split("_", 1)[1]).symlink_to(jar)
+    cache = tmp_path / "empty-cache"
+    probe = ("from coordinator.spark import get_spark, submit_properties\n"
+             "assert submit_properties() is None\n"
+             "spark = get_spark('cluster-delta')\n"
+             f"spark.range(3).write.format('delta').save({str(tmp_path / 't')!r})\n"
+             f"print(spark.read.format('delta').load({str(tmp_path / 't')!r}).count())\n")
+    environment = dict(os.environ, SPARK_HOME=str(home), TXCOORD_CACHE_DIR=str(cache),
+                       TXCOORD_MAVEN_REPOSITORY="http://127.0.0.1:9/unreachable")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=environment, timeout=300)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-1] == "3"
+    assert not cache.exists()

@@ -1,11 +1,11 @@
-"""The checker: a Structured Streaming job over the commit log (DESIGN §4). Spark only.
+"""The checker: a Structured Streaming job over the commit log (docs/design.md#the-checker). Spark only.
 
 One module per batch step — :mod:`.ingest`, :mod:`.resolve` (with promote),
 :mod:`.check` — run in order by :mod:`.batch` over the checker's memory
 (:mod:`.state`), writing through :mod:`.writer`; :mod:`.source` is the commit log
 as a streaming source and :mod:`.query` the streaming query, :mod:`.metrics` its
-listener. :mod:`.session` starts Spark with the cached Delta jars and :mod:`.runtime`
-is what every Spark job does first.
+listener. :mod:`coordinator.spark` starts Spark with the Delta jars, and
+:mod:`coordinator.jobs.checker` runs the query as a job (``txcoord checker``).
 
 The checker never imports the producer side. Its lease and progress record live in
 :mod:`coordinator.control`, where the JVM-free operator tools read them.

@@ -22,13 +22,13 @@ from pyspark.sql.streaming import StreamingQuery
 from coordinator.checker import CHECKER_NAME
 from coordinator.checker.batch import BatchBounds, batch_bounds, run_batch
 from coordinator.checker.metrics import CheckerMetrics
-from coordinator.checker.runtime import BatchGate
 from coordinator.checker.source import CommitLogSource, Segment, segments
 from coordinator.checker.state import CheckerState
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
 from coordinator.control.progress import BatchRecord, CheckerProgress, CheckpointState, Progress
 from coordinator.exceptions import CheckpointMismatchError, LeaseLostError
+from coordinator.jobs.runtime import BatchGate
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 from coordinator.tables import COMMIT_LOG
 

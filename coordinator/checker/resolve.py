@@ -29,7 +29,7 @@ class Resolved:
 
 
 def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str, Known]) -> Resolved:
-    """Validate this batch's END records (DESIGN §2 rule 8) and turn the first valid one per
+    """Validate this batch's END records (docs/design.md#validating-an-end) and turn the first valid one per
     transaction into op rows, one per half message.
 
     ``state.pending`` holds every unresolved transaction, this batch's new ones included;

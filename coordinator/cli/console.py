@@ -3,7 +3,9 @@ what they print is :mod:`coordinator.cli.output`'s.
 
 Subcommands (each reads ``--config``, default ``conf/coordinator.toml``)::
 
-    txcoord init                      # create the lakehouse's system tables
+    txcoord init                      # create the lakehouse's system tables (and the config file, if missing)
+    txcoord checker [--exit-if-running] [--recover-checkpoint]   # run the checker (needs txcoord[spark])
+    txcoord spark-setup [--properties-file | --job-file JOB]     # cache Spark's jars; what spark-submit needs
     txcoord status                    # pending, checks, discards, rejections, the checker and its lag
     txcoord pending [--older-than DURATION] [--group G]   # hanging transactions and what comes next
     txcoord resolve TRANSACTION_ID --commit|--rollback --reason TEXT   # end a hanging transaction by hand
@@ -11,7 +13,8 @@ Subcommands (each reads ``--config``, default ``conf/coordinator.toml``)::
     txcoord maintain [--retention-hours H] [--log-retention-hours H] [--table NAME]   # compact, checkpoint, vacuum
     txcoord demo [--lakehouse DIR] [--orders N] [--object-store S3_URL]   # the order/credits story, end to end
 
-``init``, ``status``, ``pending``, ``resolve``, ``inspect`` and ``maintain`` start no JVM. Output is for people; ``--json``
+``init``, ``status``, ``pending``, ``resolve``, ``inspect`` and ``maintain`` start no JVM; ``txcoord --version``
+prints the version. Output is for people; ``--json``
 prints one JSON document for scripts instead.
 
 Exit codes: 0 success; 1 the answer is bad news (``status``: no live checker;
@@ -30,7 +33,8 @@ from typing import Optional
 
 from coordinator.cli import output
 from coordinator.config import EXIT_USAGE, CoordinatorConfig
-from coordinator.exceptions import ConfigError, InvalidArgumentError, LakehouseNotFoundError, OutdatedLakehouseError
+from coordinator.exceptions import (ConfigError, InvalidArgumentError, LakehouseNotFoundError, OutdatedLakehouseError,
+                                    SparkSetupError)
 from coordinator.lakehouse import Lakehouse
 
 EXIT_OK = 0
@@ -47,12 +51,32 @@ def build_parser() -> argparse.ArgumentParser:
     from coordinator.demo import story as demo
     from coordinator.demo.services import MIN_ORDERS
 
+    from coordinator.jobs import checker
+
     parser = argparse.ArgumentParser(prog="txcoord", description="Transactional messages on Delta Lake.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    init = commands.add_parser("init", help="create the lakehouse's system tables (idempotent)")
+    init = commands.add_parser("init", help="create the lakehouse's system tables, and the config file if missing "
+                                            "(idempotent)")
     _common_options(init)
     init.set_defaults(run=run_init)
+
+    run_checker_command = commands.add_parser(
+        "checker", help="run the checker until SIGTERM (needs txcoord[spark]; exit 3: another holds the lease, "
+                        "4: the checkpoint needs --recover-checkpoint)")
+    checker.add_arguments(run_checker_command)
+    run_checker_command.set_defaults(run=run_checker, json=False)
+
+    spark_setup = commands.add_parser("spark-setup", help="cache the jars Spark needs (once, then offline) and print "
+                                                          "what spark-submit needs to run the jobs")
+    shown = spark_setup.add_mutually_exclusive_group()
+    shown.add_argument("--properties-file", action="store_true",
+                       help="print only the file to pass as spark-submit --properties-file")
+    shown.add_argument("--job-file", choices=sorted(_spark_jobs()), metavar="JOB",
+                       help=f"print only the script spark-submit runs for JOB ({', '.join(sorted(_spark_jobs()))})")
+    spark_setup.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    spark_setup.set_defaults(run=run_spark_setup)
 
     status = commands.add_parser("status", help="the lakehouse's health; exit 1 if no checker is alive")
     _common_options(status)
@@ -123,18 +147,79 @@ def run_init(args: argparse.Namespace) -> int:
     """
     from coordinator.lakehouse import init_lakehouse
 
+    written = _write_missing_config(args.config)
     config = CoordinatorConfig.load(args.config)
     root = Lakehouse.of(config).root
     created = init_lakehouse(Lakehouse.of(config))
     if args.json:
-        output.print_json({"lakehouse": root, "created": created})
+        output.print_json({"lakehouse": root, "created": created, "config_written": written})
         return EXIT_OK
+    if written:
+        print(f"wrote {written} (every setting at its default, each explained: edit it, then run init again)")
     for name in created:
         print(f"created {name}")
     if created:
         print(f"lakehouse {root} initialised: {len(created)} table(s) created")
     else:
         print(f"lakehouse {root} already initialised")
+    return EXIT_OK
+
+
+def _write_missing_config(path: Optional[str]) -> Optional[str]:
+    """Write the commented default configuration to ``path`` if it names a file that does not exist."""
+    from importlib.resources import files
+    from pathlib import Path
+
+    if path is None or Path(path).exists():
+        return None
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text((files("coordinator.resources") / "coordinator.toml").read_text())
+    return path
+
+
+def run_checker(args: argparse.Namespace) -> int:
+    """Run the checker job (:mod:`coordinator.jobs.checker`) in this process until SIGTERM or SIGINT.
+
+    Example::
+
+        $ txcoord checker --config conf/coordinator.toml
+    """
+    from coordinator.jobs import checker
+
+    return checker.run(args, "txcoord checker")
+
+
+def run_spark_setup(args: argparse.Namespace) -> int:
+    """Cache the jars Spark needs (with a progress display, the first time) and print what
+    ``spark-submit`` takes to run txcoord's jobs from this installation.
+
+    Example::
+
+        $ spark-submit --properties-file "$(txcoord spark-setup --properties-file)" \\
+              "$(txcoord spark-setup --job-file checker)" --config conf/coordinator.toml
+    """
+    from coordinator.spark.jars import provided_delta
+    from coordinator.spark.session import launch_jars, read_spark_defaults
+    from coordinator.spark.submit import job_script, submit_properties
+
+    if args.job_file:
+        print(job_script(args.job_file))
+        return EXIT_OK
+    settings = read_spark_defaults()
+    properties, jars, provider = submit_properties(), launch_jars(settings), provided_delta(settings)
+    if args.properties_file:
+        if properties is None:
+            print(f"txcoord spark-setup: Spark already has Delta ({provider}); its own configuration applies",
+                  file=sys.stderr)
+            return EXIT_FAILED
+        print(properties)
+        return EXIT_OK
+    jobs = {name: str(job_script(name)) for name in sorted(_spark_jobs())}
+    if args.json:
+        output.print_json({"properties_file": str(properties) if properties else None, "jars": jars,
+                           "delta_provided_by": provider, "jobs": jobs})
+    else:
+        output.print_spark_setup(properties, jars, provider, jobs)
     return EXIT_OK
 
 
@@ -278,12 +363,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as error:
         print(f"txcoord {args.command}: configuration error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except (LakehouseNotFoundError, OutdatedLakehouseError) as error:
+    except (LakehouseNotFoundError, OutdatedLakehouseError, SparkSetupError) as error:
         print(f"txcoord {args.command}: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"txcoord {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("txcoord")
+
+
+def _spark_jobs() -> dict[str, str]:
+    from coordinator.spark.submit import JOBS
+
+    return JOBS
 
 
 def _common_options(command: argparse.ArgumentParser) -> None:

@@ -134,3 +134,16 @@ def print_pending(transactions, now) -> None:
     out.print(table)
     out.print(f"{len(transactions)} pending transaction(s)")
 
+
+
+def print_spark_setup(properties, jars: list[str], provider: Optional[str], jobs: dict[str, str]) -> None:
+    """``txcoord spark-setup``: where Delta comes from, and the spark-submit command line of each job."""
+    out = console()
+    if provider:
+        out.print(f"Spark already has Delta ({provider}): nothing downloaded, its own configuration applies")
+    else:
+        folder = jars[0].rsplit("/", 1)[0] if jars else "(none)"
+        out.print(f"{len(jars)} jars cached in {folder}")
+    options = f"--properties-file {properties} " if properties else ""
+    for name, script in jobs.items():
+        out.print(f"{name}: spark-submit [--master URL] {options}{script} --config FILE")

@@ -1,2 +1,2 @@
-"""The demo, apart from the product: DESIGN §1's order/credits story (:mod:`.story`) around an
+"""The demo, apart from the product: the order/credits story of docs/design.md#the-problem (:mod:`.story`) around an
 order service with a real SQLite database (:mod:`.services`). ``txcoord demo`` runs it."""

@@ -1,11 +1,11 @@
-"""The two services of the demo (DESIGN §1): an order service on SQLite, and the credits table.
+"""The two services of the demo (docs/design.md#the-problem): an order service on SQLite, and the credits table.
 
 The order service keeps orders in its own SQLite database and announces each one
 on ``ORDER_TOPIC`` with a transactional message. Each demo order has a *fate*,
 fixed in advance from its index, that decides how its local transaction goes —
 so every path of the protocol is walked, the same way on every run.
 
-The credits service itself is a Spark job (``jobs/credits.py``); only its table
+The credits service itself is a Spark job (:mod:`coordinator.demo.credits`); only its table
 and its points rule live here, so the demo can read its results without a JVM.
 
 Example::
@@ -40,7 +40,7 @@ DEFAULT_SEED = 7
 CONFIRMED = "confirmed"
 MANUAL_REVIEW = "manual_review"
 
-#: Loyalty points granted per committed order, one row per order (``jobs/credits.py`` writes it).
+#: Loyalty points granted per committed order, one row per order (:mod:`coordinator.demo.credits` writes it).
 CREDITS = TableDef(
     "services/credits",
     (

@@ -1,8 +1,8 @@
-"""``python -m coordinator demo``: DESIGN §1's order/credits story, end to end, on one machine.
+"""``python -m coordinator demo``: the order/credits story of docs/design.md#the-problem, end to end, on one machine.
 
 An order service (SQLite) sends orders in transactions; the real checker
-(``spark-submit jobs/checker.py``) resolves them; the credits service
-(``python jobs/credits.py``) grants loyalty points from ``topics/ORDER_TOPIC``.
+(``spark-submit`` of :mod:`coordinator.jobs.checker`) resolves them; the credits service
+(:mod:`coordinator.demo.credits`) grants loyalty points from ``topics/ORDER_TOPIC``.
 Some orders commit, some roll back, some lose their second phase and are
 repaired by check-back, some stay undecidable and are discarded. At the end the
 demo proves: confirmed orders in SQLite = messages in the topic = credits granted.
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-from coordinator.checker.session import PROJECT_ROOT, spark_job_environment, spark_submit
+from coordinator.spark import spark_job_environment, spark_submit
 from coordinator.config import CoordinatorConfig
 from coordinator.demo.services import (
     CONFIRMED,
@@ -174,7 +174,7 @@ class Job:
 
     Example::
 
-        checker = Job("checker", [spark_submit, "jobs/checker.py", "--config", cfg], Path("checker.log")).start()
+        checker = Job("checker", spark_submit("checker", "--config", cfg)[0], Path("checker.log")).start()
         checker.ensure_running()   # raises DemoError with the log's tail if it died
         checker.stop()             # SIGTERM; returns the exit code
     """
@@ -230,16 +230,16 @@ class Job:
 
 
 def checker_job(paths: DemoPaths) -> Job:
-    """The real checker, exactly as deployed: ``spark-submit jobs/checker.py --config <demo toml>``."""
-    argv, _ = spark_submit(PROJECT_ROOT / "jobs" / "checker.py", "--config", str(paths.config))
+    """The real checker, exactly as deployed: ``spark-submit <the checker job> --config <demo toml>``."""
+    argv, _ = spark_submit("checker", "--config", str(paths.config))
     if not Path(argv[0]).exists():
-        raise DemoError(f"{argv[0]} not found: run the demo with the project's virtualenv (`make demo`)")
+        raise DemoError(f"{argv[0]} not found: the demo needs pyspark beside txcoord (`pip install 'txcoord[spark]'`)")
     return Job("checker", argv, paths.checker_log, cwd=paths.root)
 
 
 def credits_job(paths: DemoPaths) -> Job:
-    """The credits service: ``python jobs/credits.py --config <demo toml>`` (graceful on SIGTERM)."""
-    return Job("credits", [sys.executable, str(PROJECT_ROOT / "jobs" / "credits.py"), "--config", str(paths.config)],
+    """The credits service: ``python -m coordinator.demo.credits --config <demo toml>`` (graceful on SIGTERM)."""
+    return Job("credits", [sys.executable, "-m", "coordinator.demo.credits", "--config", str(paths.config)],
                paths.credits_log, cwd=paths.root)
 
 

@@ -67,7 +67,7 @@ def register_tables(spark, lakehouse: Union[str, Lakehouse], database: str = DEF
     temporary one, so dropping it never touches the lakehouse.
 
     ``lakehouse`` is a location or a :class:`~coordinator.lakehouse.Lakehouse` (one on object storage:
-    its Spark session needs :func:`~coordinator.checker.session.lakehouse_spark`'s settings).
+    its Spark session needs :func:`~coordinator.spark.lakehouse_spark`'s settings).
 
     Example::
 

@@ -11,10 +11,10 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from coordinator.checker.session import lakehouse_spark
 from coordinator.config import EXIT_USAGE, CoordinatorConfig
-from coordinator.exceptions import CoordinatorError, StopRequested
+from coordinator.exceptions import CoordinatorError, SparkSetupError, StopRequested
 from coordinator.lakehouse import Lakehouse
+from coordinator.spark.session import lakehouse_spark
 
 
 @dataclass
@@ -65,31 +65,35 @@ class BatchGate:
         return self._lock.locked()
 
 
-def start_job(app_name: str, parser: argparse.ArgumentParser, argv: Optional[list[str]] = None,
+def start_job(app_name: str, args: argparse.Namespace, prog: str,
               before_spark: Optional[Callable[[argparse.Namespace, CoordinatorConfig], None]] = None) -> JobRuntime:
-    """Parse ``argv`` (``parser`` must have ``--config``), load the config, start Spark, catch signals.
+    """Load the config ``args.config`` names, start Spark, catch signals.
 
-    A bad configuration exits with status 2 and the reason on stderr. ``before_spark(args, config)``
-    runs before Spark starts: what it raises, it raises before any JVM is up.
+    A bad configuration, or a Spark that cannot start with Delta, exits with status 2 and the
+    reason on stderr, after ``prog``. ``before_spark(args, config)`` runs before Spark starts: what
+    it raises, it raises before any JVM is up.
 
     Example::
 
-        job = start_job("txcoord-checker", parser)
+        job = start_job("txcoord-checker", parser.parse_args(), parser.prog)
         while not job.stop_requested.is_set(): ...
     """
-    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = CoordinatorConfig.load(args.config)
     except CoordinatorError as error:
-        print(f"{parser.prog}: {error}", file=sys.stderr)
+        print(f"{prog}: {error}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
     if before_spark is not None:
         before_spark(args, config)
     stop_requested = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop_requested.set())
-    spark = lakehouse_spark(app_name, Lakehouse.of(config))
+    try:
+        spark = lakehouse_spark(app_name, Lakehouse.of(config))
+    except SparkSetupError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
     _forward_jvm_signals(spark, stop_requested)
     return JobRuntime(args, config, spark, stop_requested)
 
@@ -99,8 +103,10 @@ def _forward_jvm_signals(spark, stop_requested: threading.Event) -> None:
 
     Under spark-submit the JVM is the parent process and is signalled first; when Python
     started the JVM, a signal sent to the whole process group (``kill -TERM -PGID``,
-    ``timeout``, service managers) reaches it too. Either way it would otherwise die
-    mid-batch.
+    ``timeout``) reaches it too. Either way it would otherwise die mid-batch. A signal to the
+    whole group also reaches the Python helpers the JVM started (the commit-log source's
+    runner), which die of it and fail the query (exit 1): signal the job's main process, as
+    docker, Kubernetes and systemd with ``KillMode=mixed`` do (docs/operations.md).
     """
     from pyspark.java_gateway import ensure_callback_server_started
 

@@ -1,0 +1,158 @@
+"""The one Spark session factory: the settings this package ships (``spark-defaults.conf``) plus
+the Delta and S3A jars (:mod:`coordinator.spark.jars`).
+
+Example::
+
+    from coordinator.spark import get_spark
+    spark = get_spark("my-notebook")
+    spark.read.format("delta").load("lakehouse/topics/ORDER_TOPIC").show()
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Optional
+
+from coordinator.exceptions import SparkSetupError
+from coordinator.spark.jars import cached_jars, delta_package, provided_delta, pyspark
+
+if TYPE_CHECKING:
+    from coordinator.lakehouse import Lakehouse
+
+__all__ = ["get_spark", "lakehouse_spark", "launch_jars", "object_store_conf", "read_spark_defaults", "spark_defaults_file"]
+
+#: Settings that only take effect when the JVM is launched; under spark-submit the launcher has
+#: already applied them.
+LAUNCH_SETTINGS = {"spark.master", "spark.jars", "spark.driver.memory", "spark.driver.extraJavaOptions"}
+
+
+def spark_defaults_file() -> Path:
+    """The Spark settings of every session txcoord starts: ``TXCOORD_SPARK_CONF``, else the file this
+    package ships."""
+    shipped = importlib.resources.files("coordinator.spark") / "spark-defaults.conf"
+    return Path(os.environ.get("TXCOORD_SPARK_CONF") or str(shipped))
+
+
+def object_store_conf(storage: Mapping[str, str]) -> dict[str, str]:
+    """Spark settings that reach a lakehouse on S3 (``s3://`` or ``s3a://``) through S3A, from the
+    ``[storage]`` settings, with the ``AWS_*`` environment variables filling in.
+
+    Example::
+
+        object_store_conf({"aws_endpoint": "http://127.0.0.1:9000", "aws_allow_http": "true"})
+        # {'spark.hadoop.fs.s3.impl': 'org.apache.hadoop.fs.s3a.S3AFileSystem', ...}
+    """
+    def setting(key: str, variable: str) -> Optional[str]:
+        return storage.get(key) or os.environ.get(variable)
+
+    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",  # the TOML's s3:// locations
+            # Uploads buffered in memory (checkpoint files are small): S3A's disk buffers need Hadoop's
+            # checksumming local filesystem, which conf/spark-defaults.conf replaces with the raw one.
+            "spark.hadoop.fs.s3a.fast.upload.buffer": "bytebuffer"}
+    endpoint = setting("aws_endpoint", "AWS_ENDPOINT_URL") or storage.get("aws_endpoint_url")
+    if endpoint:
+        conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+    if str(setting("aws_allow_http", "AWS_ALLOW_HTTP") or "").lower() in ("1", "true", "yes", "on"):
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = "false"
+    region = setting("aws_region", "AWS_REGION")
+    if region:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = region
+    access_key, secret_key = (setting("aws_access_key_id", "AWS_ACCESS_KEY_ID"),
+                              setting("aws_secret_access_key", "AWS_SECRET_ACCESS_KEY"))
+    if access_key and secret_key:
+        conf["spark.hadoop.fs.s3a.access.key"] = access_key
+        conf["spark.hadoop.fs.s3a.secret.key"] = secret_key
+        conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+    return conf
+
+
+def read_spark_defaults(path: Optional[Path] = None) -> dict[str, str]:
+    """Parse a ``spark-defaults.conf`` file (default: :func:`spark_defaults_file`): ``key value`` per
+    line, ``#`` comments.
+
+    Example::
+
+        read_spark_defaults()["spark.sql.session.timeZone"]  # 'UTC'
+    """
+    settings: dict[str, str] = {}
+    for line in (path or spark_defaults_file()).read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition(" ")
+        settings[key] = value.strip()
+    return settings
+
+
+def launch_jars(settings: Mapping[str, str]) -> list[str]:
+    """The jars a session launches with: txcoord's cached Delta and S3A jars (none when the Spark in
+    use already has Delta: :func:`~coordinator.spark.jars.provided_delta`), then any jar ``settings``
+    list in ``spark.jars`` (a filesystem connector, for one).
+
+    Example::
+
+        launch_jars({"spark.jars": "/opt/jars/hadoop-aws.jar"})[-1]  # '/opt/jars/hadoop-aws.jar'
+    """
+    configured = [jar.strip() for jar in settings.get("spark.jars", "").split(",") if jar.strip()]
+    return ([] if provided_delta(settings) else cached_jars()) + configured
+
+
+def get_spark(app_name: str = "txcoord", conf: Optional[Mapping[str, str]] = None):
+    """The Spark session, created on first call with Delta enabled.
+
+    Settings come from :func:`spark_defaults_file`, then ``conf`` (which wins). Under
+    ``spark-submit`` the launcher's master and jars are kept. The first session on a machine
+    downloads the jars it needs (:mod:`coordinator.spark.jars`), unless Spark already has Delta.
+
+    Example::
+
+        spark = get_spark("checker", {"spark.sql.shuffle.partitions": "8"})
+    """
+    pyspark()
+    from pyspark.sql import SparkSession
+
+    # The checker's commit-log source runs in a Python worker: this interpreter, with this package.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    settings = read_spark_defaults()
+    settings.update(conf or {})
+    under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if under_spark_submit:
+        settings = {k: v for k, v in settings.items() if k not in LAUNCH_SETTINGS}
+    else:
+        settings["spark.jars"] = ",".join(launch_jars(settings))
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    _require_delta(spark)
+    return spark
+
+
+def lakehouse_spark(app_name: str, lakehouse: "Lakehouse", conf: Optional[Mapping[str, str]] = None):
+    """:func:`get_spark`, with what reaches ``lakehouse``: S3A's settings (:func:`object_store_conf`)
+    when it is on object storage.
+
+    Example::
+
+        spark = lakehouse_spark("analysis", Lakehouse.of(CoordinatorConfig.load("conf/coordinator.toml")))
+        spark.read.format("delta").load(lakehouse.topic("ORDER_TOPIC")).show()
+    """
+    settings = {} if lakehouse.is_local else object_store_conf(lakehouse.storage)
+    settings.update(conf or {})
+    return get_spark(app_name, settings)
+
+
+def _require_delta(spark) -> None:
+    from py4j.java_gateway import JavaClass
+
+    # py4j answers a class it cannot load with a package placeholder, not an error.
+    if not isinstance(spark.sparkContext._jvm.io.delta.tables.DeltaTable, JavaClass):
+        raise SparkSetupError(
+            "Spark started without the Delta jars: run spark-submit with --properties-file "
+            "\"$(txcoord spark-setup --properties-file)\", or with --packages " + delta_package()
+        )

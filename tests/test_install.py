@@ -1,0 +1,162 @@
+"""txcoord as a user installs it: the wheel, built from this checkout, in a fresh virtualenv, run
+from a directory outside the checkout. ``txcoord init`` writes the configuration and the tables,
+``txcoord checker`` and then the documented ``spark-submit`` line run the checker, and a producer's
+commit, rollback and check-back are delivered as they should be; SIGTERM stops the checker with 0."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from coordinator.lakehouse import read_table
+from tests import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+PRODUCER = '''
+import json, sys, time
+from pathlib import Path
+from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
+
+FATES = {b"commit": LocalTransactionState.COMMIT_MESSAGE, b"rollback": LocalTransactionState.ROLLBACK_MESSAGE,
+         b"lost-end": LocalTransactionState.UNKNOW}
+
+class Listener(TransactionListener):
+    def execute_local_transaction(self, msg, arg):
+        return FATES[msg.body]
+
+    def check_local_transaction(self, msg):  # the lost END's transaction was committed locally
+        return LocalTransactionState.COMMIT_MESSAGE
+
+with TransactionProducer("install_group", Listener(), CoordinatorConfig.load("c.toml")) as producer:
+    sent = {fate: producer.send_message_in_transaction(Message("INSTALL_TOPIC", fate.decode().encode())).transaction_id
+            for fate in map(str.encode, sys.argv[1:])}
+    print(json.dumps({fate.decode(): tid for fate, tid in sent.items()}), flush=True)
+    while not Path("stop-producer").exists():  # its check-back worker answers until then
+        time.sleep(0.2)
+'''
+
+
+def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, **kwargs)
+    assert result.returncode == 0, f"{argv}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh virtualenv with the wheel and its Spark extra, at the versions requirements.lock pins."""
+    root = tmp_path_factory.mktemp("install")
+    run([sys.executable, "-m", "uv", "build", "--wheel", "--quiet", "--out-dir", str(root / "dist"), str(REPO_ROOT)])
+    [wheel] = (root / "dist").glob("txcoord-*.whl")
+    venv = root / "venv"
+    run([sys.executable, "-m", "uv", "venv", "--quiet", "--python", sys.executable, str(venv)])
+    run([sys.executable, "-m", "uv", "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
+         f"txcoord[spark] @ {wheel.as_uri()}", "--constraint", str(REPO_ROOT / "requirements.lock")])
+    return venv
+
+
+def user_environment(venv: Path) -> dict[str, str]:
+    """The environment of a user whose virtualenv is activated: nothing of the checkout or its tests."""
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("TXCOORD_", "PYSPARK_", "SPARK_", "PYTHON", "VIRTUAL_ENV"))}
+    return dict(clean, PATH=f"{venv / 'bin'}{os.pathsep}{clean['PATH']}", VIRTUAL_ENV=str(venv))
+
+
+class Started:
+    """A process in its own process group, its output in a log file."""
+
+    def __init__(self, argv: list[str], workdir: Path, env: dict[str, str], log: str) -> None:
+        self.log = workdir / log
+        with open(self.log, "w") as out:
+            self.process = subprocess.Popen(argv, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+    def wait_for(self, condition, what: str, timeout_s: float = 240) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert self.process.poll() is None, f"exited {self.process.returncode} before {what}:\n{self.tail()}"
+            assert time.monotonic() < deadline, f"no {what} after {timeout_s} s:\n{self.tail()}"
+            time.sleep(0.5)
+
+    def stop(self) -> int:
+        """SIGTERM to the process, as docker, Kubernetes and systemd (``KillMode=mixed``) send it; its exit status."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=120)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)  # whatever it left behind
+
+    def tail(self) -> str:
+        return self.log.read_text()[-4000:]
+
+
+def delivered(workdir: Path) -> list[str]:
+    topic = workdir / "lakehouse" / "topics" / "INSTALL_TOPIC"
+    return sorted(read_table(str(topic)).column("transaction_id").to_pylist()) if DeltaTable.is_deltatable(str(topic)) else []
+
+
+def send(workdir: Path, env: dict[str, str], venv: Path, *fates: str) -> tuple[subprocess.Popen, dict[str, str]]:
+    (workdir / "stop-producer").unlink(missing_ok=True)
+    producer = subprocess.Popen([str(venv / "bin" / "python"), "producer.py", *fates], cwd=workdir, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return producer, json.loads(producer.stdout.readline() or "{}")
+
+
+def test_the_installed_package_runs_the_checker_and_delivers_from_outside_the_checkout(installed, tmp_path):
+    workdir = tmp_path / "service"
+    workdir.mkdir()
+    env = user_environment(installed)
+    txcoord = str(installed / "bin" / "txcoord")
+    where = run([str(installed / "bin" / "python"), "-c", "import coordinator; print(coordinator.__file__)"],
+                cwd=workdir, env=env).stdout
+    assert where.startswith(str(installed)), where  # the wheel's package, not the checkout's
+    assert run([txcoord, "--version"], cwd=workdir, env=env).stdout.startswith("txcoord ")
+
+    assert "wrote c.toml" in run([txcoord, "init", "--config", "c.toml"], cwd=workdir, env=env).stdout
+    # Short timings, so that the lost END is checked back within seconds.
+    config = workdir / "c.toml"
+    written = config.read_text()
+    shortened = written.replace("transaction_timeout_ms = 6000", "transaction_timeout_ms = 1000").replace(
+        "transaction_check_interval_ms = 60000", "transaction_check_interval_ms = 2000")
+    config.write_text(shortened)
+    settings = tomllib.loads(shortened)
+    assert (settings["transaction_timeout_ms"], settings["transaction_check_interval_ms"]) == (1000, 2000)
+    (workdir / "producer.py").write_text(PRODUCER)
+
+    checker = Started([txcoord, "checker", "--config", "c.toml"], workdir, env, "checker.log")
+    producer, sent = send(workdir, env, installed, "commit", "rollback", "lost-end")
+    checker.wait_for(lambda: len(delivered(workdir)) >= 2, "commit and check-back delivered")
+    assert checker.stop() == 0, checker.tail()
+    (workdir / "stop-producer").touch()
+    assert producer.wait(timeout=60) == 0, producer.stderr.read()
+    assert delivered(workdir) == sorted([sent["commit"], sent["lost-end"]])  # never the rolled-back one
+    outcomes = dict(zip(*read_table(str(workdir / "lakehouse" / "system" / "op"), ["transaction_id", "outcome"])
+                        .to_pydict().values()))
+    assert outcomes == {sent["commit"]: "COMMIT", sent["rollback"]: "ROLLBACK", sent["lost-end"]: "COMMIT"}
+    checks = read_table(str(workdir / "lakehouse" / "system" / "check_requests"), ["transaction_id"])
+    assert set(checks.column("transaction_id").to_pylist()) == {sent["lost-end"]}
+
+    # The documented spark-submit line, with the job and the settings the installed package names.
+    properties = run([txcoord, "spark-setup", "--properties-file"], cwd=workdir, env=env).stdout.strip()
+    job = run([txcoord, "spark-setup", "--job-file", "checker"], cwd=workdir, env=env).stdout.strip()
+    assert job.startswith(str(installed)) and Path(properties).is_file()
+    submitted = Started(["spark-submit", "--properties-file", properties, job, "--config", "c.toml"], workdir, env,
+                        "spark-submit.log")
+    producer, more = send(workdir, env, installed, "commit")
+    submitted.wait_for(lambda: more["commit"] in delivered(workdir), "a commit delivered under spark-submit")
+    assert submitted.stop() == 0, submitted.tail()
+    (workdir / "stop-producer").touch()
+    assert producer.wait(timeout=60) == 0, producer.stderr.read()
+    assert delivered(workdir) == sorted([sent["commit"], sent["lost-end"], more["commit"]])
