@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Optional
 
 import pyarrow as pa
@@ -212,18 +213,46 @@ def without_txcoord_settings() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("TXCOORD_")}
 
 
+def run_checked(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """Run ``argv`` to its end; fail the test with its output unless it exits 0."""
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, **kwargs)
+    assert result.returncode == 0, f"{argv}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
 @pytest.fixture(scope="session")
-def demo(tmp_path_factory):
-    """Run ``txcoord demo --json`` once for the session (12 orders, every fate at least once);
-    yield ``(lakehouse, completed process, seconds)``. Tests that change the lakehouse copy it first."""
-    lakehouse = tmp_path_factory.mktemp("demo") / "lakehouse"
+def installed(tmp_path_factory) -> Path:
+    """A fresh virtualenv with the wheel and its Spark extra, at the versions requirements.lock pins."""
+    root = tmp_path_factory.mktemp("install")
+    run_checked([sys.executable, "-m", "uv", "build", "--wheel", "--quiet", "--out-dir", str(root / "dist"), str(REPO_ROOT)])
+    [wheel] = (root / "dist").glob("txcoord-*.whl")
+    venv = root / "venv"
+    run_checked([sys.executable, "-m", "uv", "venv", "--quiet", "--python", sys.executable, str(venv)])
+    run_checked([sys.executable, "-m", "uv", "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
+         f"txcoord[spark] @ {wheel.as_uri()}", "--constraint", str(REPO_ROOT / "requirements.lock")])
+    return venv
+
+
+def user_environment(venv: Path) -> dict[str, str]:
+    """The environment of a user whose virtualenv is activated: nothing of the checkout or its tests."""
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("TXCOORD_", "PYSPARK_", "SPARK_", "PYTHON", "VIRTUAL_ENV"))}
+    return dict(clean, PATH=f"{venv / 'bin'}{os.pathsep}{clean['PATH']}", VIRTUAL_ENV=str(venv))
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory, installed):
+    """Run ``txcoord demo --json`` once for the session (12 orders, every fate at least once), as a
+    user would: the installed wheel, from an empty directory outside the checkout; yield
+    ``(lakehouse, completed process, seconds)``. Tests that change the lakehouse copy it first."""
+    workdir = tmp_path_factory.mktemp("demo")
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "coordinator", "demo", "--lakehouse", str(lakehouse), "--orders", str(DEMO_ORDERS),
+        [str(installed / "bin" / "txcoord"), "demo", "--lakehouse", "lakehouse", "--orders", str(DEMO_ORDERS),
          "--timeout", "240", "--json"],
-        capture_output=True, text=True, cwd=REPO_ROOT, env=without_txcoord_settings(), timeout=420,
+        capture_output=True, text=True, cwd=workdir, env=user_environment(installed), timeout=420,
     )
-    return lakehouse, result, time.monotonic() - started
+    return workdir / "lakehouse", result, time.monotonic() - started
 
 
 def pytest_collection_modifyitems(items):

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import tomllib
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 from deltalake import DeltaTable
 
 from coordinator.lakehouse import read_table
-from tests import REPO_ROOT
+from tests.conftest import run_checked as run, user_environment
 
 pytestmark = pytest.mark.slow
 
@@ -45,32 +44,6 @@ with TransactionProducer("install_group", Listener(), CoordinatorConfig.load("c.
     while not Path("stop-producer").exists():  # its check-back worker answers until then
         time.sleep(0.2)
 '''
-
-
-def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, **kwargs)
-    assert result.returncode == 0, f"{argv}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result
-
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """A fresh virtualenv with the wheel and its Spark extra, at the versions requirements.lock pins."""
-    root = tmp_path_factory.mktemp("install")
-    run([sys.executable, "-m", "uv", "build", "--wheel", "--quiet", "--out-dir", str(root / "dist"), str(REPO_ROOT)])
-    [wheel] = (root / "dist").glob("txcoord-*.whl")
-    venv = root / "venv"
-    run([sys.executable, "-m", "uv", "venv", "--quiet", "--python", sys.executable, str(venv)])
-    run([sys.executable, "-m", "uv", "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
-         f"txcoord[spark] @ {wheel.as_uri()}", "--constraint", str(REPO_ROOT / "requirements.lock")])
-    return venv
-
-
-def user_environment(venv: Path) -> dict[str, str]:
-    """The environment of a user whose virtualenv is activated: nothing of the checkout or its tests."""
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("TXCOORD_", "PYSPARK_", "SPARK_", "PYTHON", "VIRTUAL_ENV"))}
-    return dict(clean, PATH=f"{venv / 'bin'}{os.pathsep}{clean['PATH']}", VIRTUAL_ENV=str(venv))
 
 
 class Started:
