@@ -1,7 +1,8 @@
 """txcoord as a user installs it: the wheel, built from this checkout, in a fresh virtualenv, run
 from a directory outside the checkout. ``txcoord init`` writes the configuration and the tables,
 ``txcoord checker`` and then the documented ``spark-submit`` line run the checker, and a producer's
-commit, rollback and check-back are delivered as they should be; SIGTERM stops the checker with 0."""
+commit, rollback and check-back are delivered as they should be; SIGTERM, and Ctrl-C, stop the
+checker with 0."""
 
 from __future__ import annotations
 
@@ -65,6 +66,14 @@ class Started:
     def stop(self) -> int:
         """SIGTERM to the process, as docker, Kubernetes and systemd (``KillMode=mixed``) send it; its exit status."""
         self.process.send_signal(signal.SIGTERM)
+        return self._exit_status()
+
+    def interrupt(self) -> int:
+        """SIGINT to the whole process group, as Ctrl-C in a terminal sends it; its exit status."""
+        os.killpg(self.process.pid, signal.SIGINT)
+        return self._exit_status()
+
+    def _exit_status(self) -> int:
         try:
             return self.process.wait(timeout=120)
         finally:
@@ -129,7 +138,7 @@ def test_the_installed_package_runs_the_checker_and_delivers_from_outside_the_ch
                         "spark-submit.log")
     producer, more = send(workdir, env, installed, "commit")
     submitted.wait_for(lambda: more["commit"] in delivered(workdir), "a commit delivered under spark-submit")
-    assert submitted.stop() == 0, submitted.tail()
+    assert submitted.interrupt() == 0, submitted.tail()  # Ctrl-C: as graceful as SIGTERM
     (workdir / "stop-producer").touch()
     assert producer.wait(timeout=60) == 0, producer.stderr.read()
     assert delivered(workdir) == sorted([sent["commit"], sent["lost-end"], more["commit"]])

@@ -87,15 +87,20 @@ def start_job(app_name: str, args: argparse.Namespace, prog: str,
     if before_spark is not None:
         before_spark(args, config)
     stop_requested = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop_requested.set())
+    _stop_on_signals(stop_requested)
     try:
         spark = lakehouse_spark(app_name, Lakehouse.of(config))
     except SparkSetupError as error:
         print(f"{prog}: {error}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
+    _stop_on_signals(stop_requested)  # again: the SparkContext replaced SIGINT's handler with its own
     _forward_jvm_signals(spark, stop_requested)
     return JobRuntime(args, config, spark, stop_requested)
+
+
+def _stop_on_signals(stop_requested: threading.Event) -> None:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop_requested.set())
 
 
 def _forward_jvm_signals(spark, stop_requested: threading.Event) -> None:

@@ -139,10 +139,10 @@ def cached_jars() -> list[str]:
     Raises :class:`SparkSetupError` naming the URL when a jar cannot be downloaded or does not match
     its SHA-256, and when the installed pyspark and delta-spark are not the pair the lock is for.
     """
+    pinned = _read_lock(spark_packages())  # at every start: pyspark may have changed since the jars were cached
     directory = jars_dir()
     complete = directory / ".complete"
     if not complete.exists():
-        pinned = _read_lock(spark_packages())
         with _exclusively(directory.parent / ".lock"):  # a second process waits, then finds the jars
             if not complete.exists():
                 _download(pinned, directory)
