@@ -1,8 +1,8 @@
 """The checker on a real Spark cluster: a standalone master and workers on this machine.
 
 Starts a Spark standalone master and ``--workers`` workers (one core, ``--worker-memory``
-each) from the Spark that pyspark installed, submits the very same ``jobs/checker.py``
-to it with ``spark-submit --master spark://…``, runs a workload through it (commits,
+each) from the Spark that pyspark installed, submits the very same checker job
+(``coordinator/jobs/checker.py``) to it with ``spark-submit --master spark://…``, runs a workload through it (commits,
 rollbacks, lost second phases repaired by check-back, one transaction nobody can decide),
 checks the outcome, stops the checker with SIGTERM and the cluster, and prints a summary.
 

@@ -213,7 +213,7 @@ def test_the_streaming_checker_runs_on_object_storage(spark, s3_server, s3_lakeh
     from coordinator.spark import object_store_conf
 
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
-    for key, value in object_store_conf(s3_server.storage_options).items():  # what jobs/checker.py starts with
+    for key, value in object_store_conf(s3_server.storage_options).items():  # what the checker job starts with
         hadoop.set(key.removeprefix("spark.hadoop."), value)
     config = CoordinatorConfig(lakehouse=s3_lakehouse.root, storage=s3_server.storage_options, trigger_interval_ms=200)
     checker = CheckerQuery(spark, config).start()
@@ -280,7 +280,7 @@ def test_maintenance_beside_writers_on_object_storage_loses_and_duplicates_nothi
 
 @pytest.mark.slow
 def test_the_demo_runs_on_object_storage_and_every_notebook_reads_it(s3_server, tmp_path, monkeypatch):
-    """The whole story on the bucket: producers, ``spark-submit jobs/checker.py`` and ``jobs/credits.py``
+    """The whole story on the bucket: producers, ``spark-submit`` of the checker job and the credits job
     (S3A), check-back, then the three notebooks (Spark SQL, time travel, a stream; delta-rs reads)."""
     for variable, value in s3_server.environment.items():  # how the demo, its jobs and the notebooks reach it
         monkeypatch.setenv(variable, value)

@@ -50,7 +50,7 @@ def object_store_conf(storage: Mapping[str, str]) -> dict[str, str]:
 
     conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",  # the TOML's s3:// locations
             # Uploads buffered in memory (checkpoint files are small): S3A's disk buffers need Hadoop's
-            # checksumming local filesystem, which conf/spark-defaults.conf replaces with the raw one.
+            # checksumming local filesystem, which spark-defaults.conf replaces with the raw one.
             "spark.hadoop.fs.s3a.fast.upload.buffer": "bytebuffer"}
     endpoint = setting("aws_endpoint", "AWS_ENDPOINT_URL") or storage.get("aws_endpoint_url")
     if endpoint:
