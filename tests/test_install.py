@@ -42,19 +42,33 @@ with TransactionProducer("install_group", Listener(), CoordinatorConfig.load("c.
     sent = {fate: producer.send_message_in_transaction(Message("INSTALL_TOPIC", fate.decode().encode())).transaction_id
             for fate in map(str.encode, sys.argv[1:])}
     print(json.dumps({fate.decode(): tid for fate, tid in sent.items()}), flush=True)
-    while not Path("stop-producer").exists():  # its check-back worker answers until then
+    deadline = time.monotonic() + 600
+    while not Path("stop-producer").exists() and time.monotonic() < deadline:  # its check-back worker answers
         time.sleep(0.2)
 '''
+
+
+@pytest.fixture
+def started():
+    """Every process a test starts, killed with its group at the end if it is still running."""
+    processes: list[subprocess.Popen] = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
 
 
 class Started:
     """A process in its own process group, its output in a log file."""
 
-    def __init__(self, argv: list[str], workdir: Path, env: dict[str, str], log: str) -> None:
+    def __init__(self, argv: list[str], workdir: Path, env: dict[str, str], log: str,
+                 started: list[subprocess.Popen]) -> None:
         self.log = workdir / log
         with open(self.log, "w") as out:
             self.process = subprocess.Popen(argv, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
                                             start_new_session=True)
+        started.append(self.process)
 
     def wait_for(self, condition, what: str, timeout_s: float = 240) -> None:
         deadline = time.monotonic() + timeout_s
@@ -86,17 +100,21 @@ class Started:
 
 def delivered(workdir: Path) -> list[str]:
     topic = workdir / "lakehouse" / "topics" / "INSTALL_TOPIC"
-    return sorted(read_table(str(topic)).column("transaction_id").to_pylist()) if DeltaTable.is_deltatable(str(topic)) else []
+    if not DeltaTable.is_deltatable(str(topic)):
+        return []
+    return sorted(read_table(str(topic)).column("transaction_id").to_pylist())
 
 
-def send(workdir: Path, env: dict[str, str], venv: Path, *fates: str) -> tuple[subprocess.Popen, dict[str, str]]:
+def send(workdir: Path, env: dict[str, str], venv: Path, started: list[subprocess.Popen],
+         *fates: str) -> tuple[subprocess.Popen, dict[str, str]]:
     (workdir / "stop-producer").unlink(missing_ok=True)
     producer = subprocess.Popen([str(venv / "bin" / "python"), "producer.py", *fates], cwd=workdir, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    started.append(producer)
     return producer, json.loads(producer.stdout.readline() or "{}")
 
 
-def test_the_installed_package_runs_the_checker_and_delivers_from_outside_the_checkout(installed, tmp_path):
+def test_the_installed_package_runs_the_checker_and_delivers_from_outside_the_checkout(installed, tmp_path, started):
     workdir = tmp_path / "service"
     workdir.mkdir()
     env = user_environment(installed)
@@ -117,8 +135,8 @@ def test_the_installed_package_runs_the_checker_and_delivers_from_outside_the_ch
     assert (settings["transaction_timeout_ms"], settings["transaction_check_interval_ms"]) == (1000, 2000)
     (workdir / "producer.py").write_text(PRODUCER)
 
-    checker = Started([txcoord, "checker", "--config", "c.toml"], workdir, env, "checker.log")
-    producer, sent = send(workdir, env, installed, "commit", "rollback", "lost-end")
+    checker = Started([txcoord, "checker", "--config", "c.toml"], workdir, env, "checker.log", started)
+    producer, sent = send(workdir, env, installed, started, "commit", "rollback", "lost-end")
     checker.wait_for(lambda: len(delivered(workdir)) >= 2, "commit and check-back delivered")
     assert checker.stop() == 0, checker.tail()
     (workdir / "stop-producer").touch()
@@ -135,8 +153,8 @@ def test_the_installed_package_runs_the_checker_and_delivers_from_outside_the_ch
     job = run([txcoord, "spark-setup", "--job-file", "checker"], cwd=workdir, env=env).stdout.strip()
     assert job.startswith(str(installed)) and Path(properties).is_file()
     submitted = Started(["spark-submit", "--properties-file", properties, job, "--config", "c.toml"], workdir, env,
-                        "spark-submit.log")
-    producer, more = send(workdir, env, installed, "commit")
+                        "spark-submit.log", started)
+    producer, more = send(workdir, env, installed, started, "commit")
     submitted.wait_for(lambda: more["commit"] in delivered(workdir), "a commit delivered under spark-submit")
     assert submitted.interrupt() == 0, submitted.tail()  # Ctrl-C: as graceful as SIGTERM
     (workdir / "stop-producer").touch()
