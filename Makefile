@@ -37,15 +37,16 @@ demo: setup
 # The S3 server of the object-storage tests is built from source once (cached in .cache/s3: about
 # 3 minutes of both cores), from the start (the build script needs only Python's stdlib). The
 # end-to-end tests that start Spark jobs of their own (`slow`) run in two lanes at once, as each
-# leaves a core mostly idle: those on a local disk, and those on the S3 server (their first one waits
-# for the build; their output is printed when they end). Then the rest on two workers, each with its
-# one shared Spark session.
+# leaves a core mostly idle: the benchmarks' tiny runs then those on the S3 server (which wait for the
+# build; this lane's output is printed when it ends), and all others. Then the rest on two workers,
+# each with its one shared Spark session.
 test:
 	@mkdir -p .cache; $(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
 	$(MAKE) --no-print-directory setup || { kill $$build 2>/dev/null; exit 1; }; \
-	$(PY) -m pytest -q -m "slow and object_store" > .cache/object-store-tests.log 2>&1 & object_store=$$!; \
-	$(PY) -m pytest -q -m "slow and not object_store"; local=$$?; \
-	wait $$object_store; object_store=$$?; echo "--- the slow tests on the S3 server:"; cat .cache/object-store-tests.log; \
+	$(PY) -m pytest -q -m "slow and (benchmark or object_store)" > .cache/second-lane-tests.log 2>&1 & second=$$!; \
+	$(PY) -m pytest -q -m "slow and not (benchmark or object_store)"; local=$$?; \
+	wait $$second; object_store=$$?; echo "--- the benchmarks' tiny runs and the slow tests on the S3 server:"; \
+	cat .cache/second-lane-tests.log; \
 	wait $$build || { cat .cache/s3-build.log; exit 1; }; \
 	[ $$local -eq 0 ] && [ $$object_store -eq 0 ] && $(PY) -m pytest -q -m "not slow" -n 2 --dist worksteal
 

@@ -17,6 +17,7 @@ a Delta read with a filter and a count.
 
     python bench/batch_cost.py
     python bench/batch_cost.py --batches 3 --floor-repeats 5
+    python bench/batch_cost.py --tiny             # the smallest run, for the tests (tests/test_bench.py)
 
 Prints a table and writes ``bench/results/batch_cost.json`` (``--results`` to change).
 """
@@ -35,6 +36,8 @@ import benchlib  # noqa: E402
 
 GROUP = "bench-batch-cost"
 TOPIC = "BENCH_BATCH_COST"
+#: ``--tiny``: one counted round of one commit of two transactions, the floor's operations once each.
+TINY = {"batches": 1, "commits": 1, "transactions": 2, "floor_repeats": 1}
 
 
 def timed_jobs(spark, action) -> tuple[float, int, object]:
@@ -159,25 +162,24 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--transactions", type=int, default=20, help="transactions per commit")
     parser.add_argument("--floor-repeats", type=int, default=15)
     parser.add_argument("--results", default=str(benchlib.RESULTS / "batch_cost.json"))
-    args = parser.parse_args(argv)
+    args = benchlib.parse_args(parser, argv, "batch_cost", TINY)
     report = benchlib.start_report("batch_cost", vars(args))
 
-    from coordinator.checker.session import get_spark
     from coordinator.lakehouse import init_lakehouse
 
-    spark = get_spark("bench-batch-cost")
     workdir = tempfile.mkdtemp(prefix="bench-batch-cost-")
-    try:
-        lakehouse = f"{workdir}/lakehouse"
-        init_lakehouse(lakehouse)
-        print(f"batches of {args.commits * args.transactions} transactions "
-              f"({2 * args.commits} commit-log versions), then a heartbeat-only batch:", flush=True)
-        report["batches"] = batch_figures(spark, lakehouse, args)
-        print("the same rounds through the streaming query...", flush=True)
-        report["triggers"] = trigger_figures(spark, workdir, args)
-        report["floor"] = floor_figures(spark, workdir, args.floor_repeats)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with benchlib.spark_session("bench-batch-cost") as spark:
+        try:
+            lakehouse = f"{workdir}/lakehouse"
+            init_lakehouse(lakehouse)
+            print(f"batches of {args.commits * args.transactions} transactions "
+                  f"({2 * args.commits} commit-log versions), then a heartbeat-only batch:", flush=True)
+            report["batches"] = batch_figures(spark, lakehouse, args)
+            print("the same rounds through the streaming query...", flush=True)
+            report["triggers"] = trigger_figures(spark, workdir, args)
+            report["floor"] = floor_figures(spark, workdir, args.floor_repeats)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
 
     print(f"\n{'batch':>28} {'median s':>9} {'Spark jobs':>11}")
     for kind, figures in report["batches"].items():

@@ -1,5 +1,6 @@
-"""What every benchmark shares: the report envelope (time, machine, load), percentiles,
-the real checker job as a subprocess (and its log), a steady-rate producer, and Delta log inspection.
+"""What every benchmark shares: the report envelope (time, machine, load), the ``--tiny`` option,
+percentiles, the real checker job as a subprocess (and its log), a steady-rate producer, and Delta
+log inspection.
 
 Other engineers share this machine: every report records ``os.getloadavg()`` at start
 and end, and a loaded machine is flagged at start, because its figures mean little.
@@ -7,6 +8,8 @@ and end, and a loaded machine is flagged at start, because its figures mean litt
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
 import platform
@@ -18,7 +21,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, NamedTuple, Optional, Union
 from urllib.parse import unquote
 
 if TYPE_CHECKING:
@@ -59,6 +62,28 @@ def finish_report(report: dict, path: Path) -> dict:
     print(f"load average (1, 5, 15 min): start {report['loadavg_start']}, end {report['loadavg_end']}; "
           f"written to {path}", flush=True)
     return report
+
+
+TINY_HELP = ("the smallest run that still goes through the whole benchmark, in seconds, for the tests "
+             "(tests/test_bench.py): its figures mean nothing; options given explicitly still win")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Optional[list[str]], benchmark: str,
+               tiny: Mapping[str, object]) -> argparse.Namespace:
+    """``parser``'s arguments from ``argv``, with a ``--tiny`` option: it makes ``tiny`` (option
+    destinations → values) the defaults, and ``bench/results/<benchmark>-tiny.json`` the default
+    results file (gitignored), so that a tiny run never overwrites a real one.
+
+    Tiny runs exist so that a benchmark cannot rot: the tests run each one and check what it reports.
+
+    Example::
+
+        args = benchlib.parse_args(parser, argv, "cold_start", {"runs": 1})
+    """
+    parser.add_argument("--tiny", action="store_true", help=TINY_HELP)
+    if parser.parse_known_args(argv)[0].tiny:
+        parser.set_defaults(**tiny, results=str(RESULTS / f"{benchmark}-tiny.json"))
+    return parser.parse_args(argv)
 
 
 def percentile(values: list[float], q: float) -> Optional[float]:
@@ -189,7 +214,7 @@ class CheckerJob:
     """
 
     def __init__(self, config_path: str, lakehouse: Union[str, Lakehouse], log_path: str):
-        from coordinator.checker.session import spark_submit
+        from coordinator.spark import spark_submit
         from coordinator.control.progress import CheckerProgress
         from coordinator.lakehouse import Lakehouse
         from coordinator.tables import COMMIT_LOG
@@ -464,6 +489,30 @@ class Commits:
                 return LocalTransactionState.COMMIT_MESSAGE
 
         return _Commits()
+
+
+@contextlib.contextmanager
+def spark_session(app_name: str) -> Iterator:
+    """The Spark session of a benchmark that drives the checker's logic in its own process: started here
+    and stopped at the end, or, where this process has one already, that one, left running (the tests
+    run the tiny modes in their own shared session, which later tests still need).
+
+    Example::
+
+        with benchlib.spark_session("bench-history") as spark:
+            ...
+    """
+    from pyspark import SparkContext
+
+    from coordinator.spark import get_spark
+
+    ours = SparkContext._active_spark_context is None
+    spark = get_spark(app_name)
+    try:
+        yield spark
+    finally:
+        if ours:
+            spark.stop()
 
 
 # ---------------------------------------------------------------------------------------------

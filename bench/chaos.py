@@ -1,4 +1,4 @@
-"""Chaos harness: DESIGN §6's invariants under kill -9, with real processes on this machine.
+"""Chaos harness: the invariants of docs/design.md#invariants under kill -9, with real processes on this machine.
 
 Runs several producer processes (``bench/chaos_producer.py``, each with its own SQLite
 store and producer group), the real checker (``spark-submit jobs/checker.py``) and
@@ -30,6 +30,7 @@ and exits 1 on any violation.
     python bench/chaos.py --transactions 2000 --checker-kills 5 --producer-kills 8
     python bench/chaos.py --standby                         # kills the active of two checkers
     python bench/chaos.py --object-store                    # the lakehouse on a loopback S3 server
+    python bench/chaos.py --tiny                            # 10 transactions, one kill of each: about a minute
 
 With ``--object-store`` the lakehouse is a prefix of a bucket on a real S3-compatible server
 (``scripts/s3_server.py``, started for the run); the run's directory keeps only the logs, the
@@ -74,7 +75,7 @@ from chaos_producer import (
     group_of,
     plan_id_of,
 )
-from coordinator.checker.session import PROJECT_ROOT, spark_submit
+from coordinator.spark import spark_submit
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse, init_lakehouse, topic_names
 from coordinator.ops.resolve import resolve_transaction
@@ -128,6 +129,14 @@ print(json.dumps([dataclasses.asdict(r) for r in maintain(lakehouse, tables=tabl
 """
 
 
+#: ``--tiny``: a few transactions (every kind, and more than one of some) from two producers over 5 s, one
+#: checker and one producer kill. Its seed plans two transactions held for review, and its operator commits
+#: the first discard it sees (seed 1's passes it over): the run goes through a recovery even when the producer
+#: kill cuts one of the two short.
+TINY = {"transactions": 10, "producers": 2, "checker_kills": 1, "producer_kills": 1, "seed": 15, "send_seconds": 5.0,
+        "maintenance_every": 5.0, "timeout": 300.0}
+
+
 @dataclass(frozen=True)
 class Options:
     transactions: int = 150
@@ -147,7 +156,7 @@ class Options:
 
 def parse_options(argv: Optional[list[str]] = None) -> Options:
     defaults = Options()
-    parser = argparse.ArgumentParser(description="Kill the checker and producers at random; verify DESIGN §6.")
+    parser = argparse.ArgumentParser(description="Kill the checker and producers at random; verify docs/design.md#invariants.")
     parser.add_argument("--transactions", type=int, default=defaults.transactions, help="planned transactions in all")
     parser.add_argument("--producers", type=int, default=defaults.producers, help="producer processes")
     parser.add_argument("--checker-kills", type=int, default=defaults.checker_kills)
@@ -166,12 +175,12 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
                         help="run a second checker standing by; each checker kill hits the active one")
     parser.add_argument("--object-store", action="store_true",
                         help="the lakehouse on a loopback S3 server (scripts/s3_server.py); --lakehouse keeps the logs")
-    args = parser.parse_args(argv)
+    args = benchlib.parse_args(parser, argv, "chaos", TINY)
     if args.transactions < len(KINDS):
         parser.error(f"--transactions must be at least {len(KINDS)}, one of each kind")
     if args.producers < 1 or args.checker_kills < 0 or args.producer_kills < 0:
         parser.error("--producers must be at least 1, kill counts at least 0")
-    return Options(**vars(args))
+    return Options(**{name: value for name, value in vars(args).items() if name != "tiny"})
 
 
 # --------------------------------------------------------------------------- processes
@@ -236,7 +245,7 @@ class Checker:
 
     def __init__(self, root: Path, config_path: Path, name: str = "checker") -> None:
         self.root, self.name = root, name
-        self.argv, env = spark_submit(PROJECT_ROOT / "jobs" / "checker.py", "--config", str(config_path))
+        self.argv, env = spark_submit(BENCH.parent / "jobs" / "checker.py", "--config", str(config_path))
         self.env = child_environment(env)
         self.child: Optional[Child] = None
         self.log: Optional[benchlib.CheckerLog] = None  # the current run's

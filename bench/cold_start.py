@@ -12,6 +12,7 @@ Target: the first batch at most 20 s after the launch.
 
     python bench/cold_start.py             # 3 runs
     python bench/cold_start.py --runs 1
+    python bench/cold_start.py --tiny      # one run, for the tests (tests/test_bench.py)
 
 Prints a table and writes ``bench/results/cold_start.json`` (``--results`` to change).
 """
@@ -30,6 +31,8 @@ import benchlib  # noqa: E402
 TARGET_S = 20.0
 #: The log is read this often: the figures' resolution.
 _POLL_S = 0.1
+#: ``--tiny``: one cold start, which is already the whole benchmark.
+TINY = {"runs": 1}
 
 
 def one_start(trigger_ms: int, timeout_s: float) -> dict:
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--trigger-ms", type=int, default=1000, help="checker trigger_interval_ms (the default's)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for a run's first batch")
     parser.add_argument("--results", default=str(benchlib.RESULTS / "cold_start.json"))
-    args = parser.parse_args(argv)
+    args = benchlib.parse_args(parser, argv, "cold_start", TINY)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     report = benchlib.start_report("cold_start", vars(args))

@@ -16,6 +16,7 @@ failover at most the lease TTL (``checker_lease_ttl_ms``, 30 s by default) + 5 s
 
     python bench/failover.py                    # 5 kills per mode
     python bench/failover.py --kills 3 --modes standby
+    python bench/failover.py --tiny             # one kill per mode, 7 transactions: about two minutes
 
 Prints a table and writes ``bench/results/failover.json`` (``--results`` to change).
 """
@@ -36,6 +37,8 @@ import chaos  # noqa: E402
 from coordinator.config import CoordinatorConfig  # noqa: E402
 
 TARGET_MARGIN_S = 5.0
+#: ``--tiny``: both modes, one kill each, one producer sending one transaction of each kind over 3 s.
+TINY = {"kills": 1, "transactions": len(chaos.KINDS), "producers": 1, "send_seconds": 3.0}
 
 
 def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict:
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--send-seconds", type=float, default=90.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--results", default=str(Path(__file__).resolve().parent / "results" / "failover.json"))
-    args = parser.parse_args(argv)
+    args = benchlib.parse_args(parser, argv, "failover", TINY)
 
     ttl_s = CoordinatorConfig().checker_lease_ttl_ms / 1000
     target_s = ttl_s + TARGET_MARGIN_S

@@ -1,6 +1,6 @@
 """History independence: checker micro-batch time over an empty lakehouse and over one holding
-``--history`` resolved transactions (DESIGN §4: "a batch over a lakehouse with a million resolved
-transactions must cost about what it costs over an empty one").
+``--history`` resolved transactions (docs/design.md#cost-follows-new-and-pending-work: a batch's
+cost follows its new and pending work, so a long resolved history adds next to nothing).
 
 Lakehouse A is empty. Lakehouse B gets its history straight from Spark, one commit per table
 written as ``--appends`` files of contiguous offsets (so each of system/half, system/op and
@@ -18,6 +18,7 @@ The first round warms up and is not counted.
 
     python bench/history.py                                   # 1,000,000 resolved, 500 per batch
     python bench/history.py --history 100000 --workload small # the quick version
+    python bench/history.py --tiny                            # 2,000 resolved, 5 per batch: for the tests
 
 Prints a table and writes ``bench/results/history.json`` (``--results`` to change).
 """
@@ -39,6 +40,8 @@ import benchlib  # noqa: E402
 WORKLOADS = {"small": 100, "default": 500}
 TOPIC = "BENCH_HISTORY"
 GROUP = "bench-history"
+#: ``--tiny``: a history of two files per table, one counted round of five transactions.
+TINY = {"history": 2000, "workload": "5", "repeats": 1, "appends": 2}
 
 
 def build_history(spark, lakehouse: str, n: int, appends: int) -> dict:
@@ -53,8 +56,11 @@ def build_history(spark, lakehouse: str, n: int, appends: int) -> dict:
     per_append = -(-n // appends)
 
     def conform(df, table: TableDef):
-        types = dict(table.columns)
-        return df.select([F.col(name).cast(types[name]).alias(name) for name in table.column_names])
+        """``df`` in ``table``'s schema (tables/__init__.py, the one definition): its columns in the
+        table's order and types, and a typed null for each column the history leaves unset, so a
+        column added to the table later (check_requests' producer_instance was one) cannot break this."""
+        return df.select([(F.col(name) if name in df.columns else F.lit(None)).cast(kind).alias(name)
+                          for name, kind in table.columns])
 
     ms = F.lit(base_ms) + F.col("id")  # one transaction per millisecond: ids grow with offsets
     # spark.range splits 0..n-1 into contiguous ranges, one per partition: each written file
@@ -132,33 +138,31 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--appends", type=int, default=20, help="files per table of B's history")
     parser.add_argument("--workdir", default=None, help="where the two lakehouses go (default: a temporary directory)")
     parser.add_argument("--results", default=str(benchlib.RESULTS / "history.json"))
-    args = parser.parse_args(argv)
+    args = benchlib.parse_args(parser, argv, "history", TINY)
     workload = WORKLOADS[args.workload] if args.workload in WORKLOADS else int(args.workload)
     report = benchlib.start_report("history", vars(args) | {"transactions_per_batch": workload})
 
-    from coordinator.checker.session import get_spark
     from coordinator.config import CoordinatorConfig
     from coordinator.lakehouse import init_lakehouse
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-history-")
-    spark = get_spark("bench-history")
-    try:
-        lakehouses = {"empty": os.path.join(workdir, "A-empty"), "history": os.path.join(workdir, "B-history")}
-        for path in lakehouses.values():
-            shutil.rmtree(path, ignore_errors=True)
-            init_lakehouse(path)
-        print(f"building B's history: {args.history:,} committed transactions, {args.appends} files per table "
-              "(as after maintenance)", flush=True)
-        report["build"] = build_history(spark, lakehouses["history"], args.history, args.appends)
-        print(f"  built in {report['build']['seconds']} s; files: {report['build']['files']}", flush=True)
-        drivers = {name: benchlib.BatchDriver(spark, CoordinatorConfig(lakehouse=path), first_batch_id=args.appends,
-                                              pending_from=args.history if name == "history" else 0)
-                   for name, path in lakehouses.items()}
-        timings = run_workload(drivers, workload, args.repeats)
-    finally:
-        spark.stop()
-        if args.workdir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+    with benchlib.spark_session("bench-history") as spark:
+        try:
+            lakehouses = {"empty": os.path.join(workdir, "A-empty"), "history": os.path.join(workdir, "B-history")}
+            for path in lakehouses.values():
+                shutil.rmtree(path, ignore_errors=True)
+                init_lakehouse(path)
+            print(f"building B's history: {args.history:,} committed transactions, {args.appends} files per table "
+                  "(as after maintenance)", flush=True)
+            report["build"] = build_history(spark, lakehouses["history"], args.history, args.appends)
+            print(f"  built in {report['build']['seconds']} s; files: {report['build']['files']}", flush=True)
+            drivers = {name: benchlib.BatchDriver(spark, CoordinatorConfig(lakehouse=path), first_batch_id=args.appends,
+                                                  pending_from=args.history if name == "history" else 0)
+                       for name, path in lakehouses.items()}
+            timings = run_workload(drivers, workload, args.repeats)
+        finally:
+            if args.workdir is None:
+                shutil.rmtree(workdir, ignore_errors=True)
 
     medians = {name: {kind: benchlib.median(t[kind]) for kind in ("records", "heartbeat")} for name, t in timings.items()}
     ratio = round(medians["history"]["records"] / medians["empty"]["records"], 3)

@@ -6,6 +6,7 @@ and queueing the one-way END. No JVM is involved.
 
     python bench/producer.py                      # 1, 16, 64, 128, 256 threads, batched sends, 1/2/4 processes
     python bench/producer.py --seconds 5 --threads 16 --processes 1 2
+    python bench/producer.py --tiny               # every configuration for half a second, for the tests
 
 Every figure is quoted against the **append floor**, measured first in the same run: a bare
 delta-rs ``write_deltalake`` of one commit-log row to a warm table, many times over, the table
@@ -53,6 +54,10 @@ FLOOR_WARMUP = 20
 #: from 22 ms after 100 commits to 175 ms after 1,000 here), so the floor reopens it, untimed: its best case.
 FLOOR_REOPEN_EVERY = 20
 PROCESS_THREADS = 64
+#: How long the processes of the process curve wait for each other to be ready to send.
+PROCESS_START_TIMEOUT_S = 120
+#: ``--tiny``: every configuration (a thread count above one, the batched sends, the process curve) for half a second.
+TINY = {"seconds": 0.5, "threads": [1, 4], "batch": 3, "processes": [2], "floor_appends": 5}
 
 
 class Commits(TransactionListener):
@@ -122,10 +127,11 @@ def append_floor(places: Places, appends: int) -> dict:
             "p99_ms": round(percentile(latencies, 0.99) * 1000, 2)}
 
 
-def send_until(lakehouse: str, storage: dict[str, str], threads: int, start_at: float, stop_at: float,
-               messages_per_txn: int) -> tuple[list[float], float]:
-    """Send from ``threads`` threads of one producer from ``start_at`` until ``stop_at`` (``time.time()``);
-    return the send latencies and when the last send finished."""
+def send_for(lakehouse: str, storage: dict[str, str], threads: int, seconds: float, messages_per_txn: int,
+             ready=None) -> tuple[list[float], float, float]:
+    """Send from ``threads`` threads of one producer for ``seconds``, from when every process of the run is
+    ready (``ready``: a barrier they share, passed once the producer is open; ``None`` for a single process);
+    return the send latencies, when sending started and when the last send finished (``time.time()``)."""
     config = CoordinatorConfig(lakehouse=lakehouse, storage=storage)
     latencies: list[float] = []
     lock = threading.Lock()
@@ -143,14 +149,17 @@ def send_until(lakehouse: str, storage: dict[str, str], threads: int, start_at: 
             latencies.extend(mine)
 
     with TransactionProducer("bench", Commits(), config) as producer:
-        time.sleep(max(0.0, start_at - time.time()))
+        if ready is not None:
+            ready.wait()
+        start_at = time.time()
+        stop_at = start_at + seconds
         workers = [threading.Thread(target=sender, args=(producer,)) for _ in range(threads)]
         for worker in workers:
             worker.start()
         for worker in workers:
             worker.join()
         finished = time.time()
-    return latencies, finished
+    return latencies, start_at, finished
 
 
 def run(places: Places, threads: int, seconds: float, messages_per_txn: int, floor: Optional[dict] = None,
@@ -160,17 +169,18 @@ def run(places: Places, threads: int, seconds: float, messages_per_txn: int, flo
     with places.lakehouse() as where:
         lakehouse, storage = where.root, where.storage
         if processes == 1:
-            start_at = time.time()
-            latencies, finished = send_until(lakehouse, storage, threads, start_at, start_at + seconds,
-                                             messages_per_txn)
+            latencies, start_at, finished = send_for(lakehouse, storage, threads, seconds, messages_per_txn)
         else:
-            # Every process starts (imports, opens the log) before the shared start: allow for it.
-            start_at = time.time() + 5
-            with multiprocessing.get_context("spawn").Pool(processes) as pool:
-                shares = pool.starmap(send_until, [(lakehouse, storage, threads, start_at, start_at + seconds,
-                                                    messages_per_txn)] * processes)
-            latencies = [latency for share, _ in shares for latency in share]
-            finished = max(last for _, last in shares)
+            # Every process starts (imports, opens the log) before any sends: on a loaded machine that takes
+            # seconds, and a process still starting would shorten, or miss, the window the others share.
+            spawn = multiprocessing.get_context("spawn")
+            with spawn.Manager() as manager, spawn.Pool(processes) as pool:
+                ready = manager.Barrier(processes, timeout=PROCESS_START_TIMEOUT_S)
+                shares = pool.starmap(send_for, [(lakehouse, storage, threads, seconds, messages_per_txn, ready)]
+                                      * processes)
+            latencies = [latency for share, _, _ in shares for latency in share]
+            start_at = min(started for _, started, _ in shares)
+            finished = max(last for _, _, last in shares)
         elapsed = finished - start_at
         commits = where.table(COMMIT_LOG).version()  # version 0 created the table
         p50, p99 = statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000
@@ -208,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--object-store", action="store_true",
                         help="every lakehouse on a loopback S3 server (scripts/s3_server.py) instead of a local disk")
     parser.add_argument("--results", default=None, help="default: bench/results/producer.json (producer-s3.json)")
-    args = parser.parse_args(argv)
+    args = benchlib.parse_args(parser, argv, "producer", TINY)
     args.results = args.results or str(RESULTS / ("producer-s3.json" if args.object_store else "producer.json"))
     report = benchlib.start_report("producer", vars(args))
     places = Places(args.object_store)

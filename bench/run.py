@@ -4,10 +4,13 @@
                                   # and batch_cost: `make bench`
     python bench/run.py           # the full versions: cold_start, producer, history, e2e, unresolved,
                                   # soak, batch_cost (45 minutes at least: soak 30, e2e 10)
+    python bench/run.py --tiny    # each of those with --tiny: the smallest run that goes through all of it,
+                                  # in seconds; its figures mean nothing (tests/test_bench.py runs them)
 
 Each benchmark writes its own JSON under ``bench/results/`` (``*-quick.json`` for the quick
-versions); this script writes ``run.json`` / ``run-quick.json`` with the headline figures and
-prints them, as one JSON object, on its last line:
+versions, ``*-tiny.json`` for the tiny ones), or beside ``--results``; this script writes ``run.json``
+(``run-quick.json``, ``run-tiny.json``) with the headline figures and prints them, as one JSON
+object, on its last line:
 
 * ``producer_txn_per_s``, ``send_p99_ms``: the single-message producer configuration with the
   highest throughput, and that configuration's send p99;
@@ -55,6 +58,7 @@ FULL = {
     "soak": [],
     "batch_cost": [],
 }
+TINY = {name: ["--tiny"] for name in FULL}
 
 
 def run_one(name: str, extra: list[str], results: Path) -> dict:
@@ -62,23 +66,13 @@ def run_one(name: str, extra: list[str], results: Path) -> dict:
     print(f"\n=== {name}: {' '.join(argv[1:])}", flush=True)
     started = time.monotonic()
     subprocess.run(argv, check=True)
-    print(f"=== {name} took {time.monotonic() - started:.0f} s", flush=True)
-    return json.loads(results.read_text())
+    seconds = time.monotonic() - started
+    print(f"=== {name} took {seconds:.0f} s", flush=True)
+    return json.loads(results.read_text()) | {"run_seconds": round(seconds, 1)}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="one cold start and small versions of producer, e2e, history and batch_cost")
-    parser.add_argument("--only", nargs="*", help="run only these benchmarks")
-    args = parser.parse_args(argv)
-    plan = QUICK if args.quick else FULL
-    suffix = "-quick" if args.quick else ""
-    report = benchlib.start_report("run" + suffix, vars(args))
-    started = time.monotonic()
-    reports = {name: run_one(name, extra, benchlib.RESULTS / f"{name}{suffix}.json")
-               for name, extra in plan.items() if not args.only or name in args.only}
-
+def headline(reports: dict[str, dict]) -> dict:
+    """The headline figures (this module's docstring lists them) of the benchmarks' ``reports`` (name → JSON)."""
     summary = {}
     if "producer" in reports:
         single = [r for r in reports["producer"]["runs"] if r["messages_per_txn"] == 1]
@@ -96,9 +90,32 @@ def main(argv: list[str] | None = None) -> dict:
                        reference_spark_append_ms=floor["append"]["ms_median"])
     if "cold_start" in reports:
         summary.update(cold_start_s=reports["cold_start"]["first_batch_s"]["median"])
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true",
+                      help="one cold start and small versions of producer, e2e, history and batch_cost")
+    size.add_argument("--tiny", action="store_true", help=f"every benchmark with --tiny: {benchlib.TINY_HELP}")
+    parser.add_argument("--only", nargs="*", help="run only these benchmarks")
+    parser.add_argument("--results", default=None,
+                        help="this run's JSON (default: bench/results/run.json, run-quick.json, run-tiny.json); "
+                             "each benchmark's goes beside it")
+    args = parser.parse_args(argv)
+    plan, suffix = (QUICK, "-quick") if args.quick else (TINY, "-tiny") if args.tiny else (FULL, "")
+    results = Path(args.results) if args.results else benchlib.RESULTS / f"run{suffix}.json"
+    report = benchlib.start_report("run" + suffix, vars(args))
+    started = time.monotonic()
+    reports = {name: run_one(name, extra, results.parent / f"{name}{suffix}.json")
+               for name, extra in plan.items() if not args.only or name in args.only}
+
+    summary = headline(reports)
     report.update(seconds=round(time.monotonic() - started, 1), summary=summary,
+                  seconds_by_benchmark={name: r["run_seconds"] for name, r in reports.items()},
                   loadavg_by_benchmark={name: [r["loadavg_start"], r["loadavg_end"]] for name, r in reports.items()})
-    benchlib.finish_report(report, benchlib.RESULTS / f"run{suffix}.json")
+    benchlib.finish_report(report, results)
     print(f"suite took {report['seconds']} s")
     print(json.dumps(summary), flush=True)
     return summary

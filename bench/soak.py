@@ -17,6 +17,7 @@ depend on how long ago maintenance last ran).
 
     python bench/soak.py                          # 30 minutes at 200 txn/s, maintenance every 5 min
     python bench/soak.py --minutes 3 --rate 20 --maintenance-every 60
+    python bench/soak.py --tiny                   # 6 s at 10 txn/s, for the tests (tests/test_bench.py)
 
 Prints a table and writes ``bench/results/soak.json`` (``--results`` to change).
 """
@@ -35,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 
 TOPIC = "BENCH_SOAK"
+#: ``--tiny``: 6 s at 10 txn/s, maintenance every 2 s, start and end windows of half the run each.
+TINY = {"minutes": 0.1, "rate": 10, "threads": 4, "maintenance_every": 2, "window": 0.5}
 
 
 class Maintainer(threading.Thread):
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--startup-timeout", type=float, default=300)
     parser.add_argument("--lakehouse", default=None, help="default: a temporary directory, removed afterwards")
     parser.add_argument("--results", default=str(benchlib.RESULTS / "soak.json"))
-    args = parser.parse_args(argv)
+    args = benchlib.parse_args(parser, argv, "soak", TINY)
     report = benchlib.start_report("soak", vars(args))
 
     from coordinator import CoordinatorConfig, TransactionProducer

@@ -13,6 +13,7 @@ peak RSS (``VmHWM``, reset just before the round); this Python process's peak RS
 
     python bench/unresolved.py                  # 100,000 halves
     python bench/unresolved.py --halves 10000
+    python bench/unresolved.py --tiny           # 20 halves, for the tests (tests/test_bench.py)
 
 Prints a table and writes ``bench/results/unresolved.json`` (``--results`` to change).
 """
@@ -34,6 +35,8 @@ import benchlib  # noqa: E402
 
 TOPIC = "BENCH_UNRESOLVED"
 GROUP = "bench-unresolved"
+#: ``--tiny``: a few halves, in two commits.
+TINY = {"halves": 20, "commits": 2}
 
 
 class HeapSampler(threading.Thread):
@@ -63,10 +66,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--immunity-s", type=int, default=60)
     parser.add_argument("--lakehouse", default=None, help="default: a temporary directory, removed afterwards")
     parser.add_argument("--results", default=str(benchlib.RESULTS / "unresolved.json"))
-    args = parser.parse_args(argv)
+    args = benchlib.parse_args(parser, argv, "unresolved", TINY)
     report = benchlib.start_report("unresolved", vars(args))
 
-    from coordinator.checker.session import get_spark
     from coordinator.config import CoordinatorConfig
     from coordinator.lakehouse import init_lakehouse
     from coordinator.producer.transaction_producer import time_ordered_id
@@ -79,38 +81,37 @@ def main(argv: list[str] | None = None) -> dict:
     # find nothing due.
     config = CoordinatorConfig(lakehouse=lakehouse, transaction_timeout_ms=args.immunity_s * 1000,
                                transaction_check_interval_ms=(args.immunity_s + 60) * 1000)
-    spark = get_spark("bench-unresolved")
-    try:
-        driver = benchlib.BatchDriver(spark, config)
-        started = time.perf_counter()
-        per_commit = -(-args.halves // args.commits)
-        for low in range(0, args.halves, per_commit):
-            ids = [time_ordered_id() for _ in range(min(per_commit, args.halves - low))]
-            driver.write(benchlib.half_rows(ids, GROUP, TOPIC))
-        report["write_s"] = round(time.perf_counter() - started, 1)
-        print(f"{args.halves:,} halves written in {args.commits} commits ({report['write_s']} s)", flush=True)
+    with benchlib.spark_session("bench-unresolved") as spark:
+        try:
+            driver = benchlib.BatchDriver(spark, config)
+            started = time.perf_counter()
+            per_commit = -(-args.halves // args.commits)
+            for low in range(0, args.halves, per_commit):
+                ids = [time_ordered_id() for _ in range(min(per_commit, args.halves - low))]
+                driver.write(benchlib.half_rows(ids, GROUP, TOPIC))
+            report["write_s"] = round(time.perf_counter() - started, 1)
+            print(f"{args.halves:,} halves written in {args.commits} commits ({report['write_s']} s)", flush=True)
 
-        ingest, ingest_s = driver.run()
-        assert ingest.halves == args.halves and ingest.checks == 0, ingest
-        print(f"  ingest round: {ingest_s * 1000:.0f} ms, {ingest.halves} halves, {ingest.checks} checks", flush=True)
+            ingest, ingest_s = driver.run()
+            assert ingest.halves == args.halves and ingest.checks == 0, ingest
+            print(f"  ingest round: {ingest_s * 1000:.0f} ms, {ingest.halves} halves, {ingest.checks} checks", flush=True)
 
-        due_at = datetime.now(timezone.utc) + timedelta(seconds=args.immunity_s + 1)
-        before = benchlib.jvm_memory(spark)
-        reset = benchlib.reset_peak_rss(before["pid"])
-        heap = HeapSampler(spark)
-        heap.start()
-        due, due_s = driver.run(now=due_at)
-        heap_peak = heap.stop()
-        after = benchlib.jvm_memory(spark)
-        print(f"  due round: {due_s * 1000:.0f} ms, {due.checks} check requests", flush=True)
+            due_at = datetime.now(timezone.utc) + timedelta(seconds=args.immunity_s + 1)
+            before = benchlib.jvm_memory(spark)
+            reset = benchlib.reset_peak_rss(before["pid"])
+            heap = HeapSampler(spark)
+            heap.start()
+            due, due_s = driver.run(now=due_at)
+            heap_peak = heap.stop()
+            after = benchlib.jvm_memory(spark)
+            print(f"  due round: {due_s * 1000:.0f} ms, {due.checks} check requests", flush=True)
 
-        quiet, quiet_s = driver.run(now=due_at + timedelta(seconds=1))
-        print(f"  next round (nothing due, {quiet.pending} pending): {quiet_s * 1000:.0f} ms, {quiet.checks} checks",
-              flush=True)
-    finally:
-        spark.stop()
-        if args.lakehouse is None:
-            shutil.rmtree(lakehouse, ignore_errors=True)
+            quiet, quiet_s = driver.run(now=due_at + timedelta(seconds=1))
+            print(f"  next round (nothing due, {quiet.pending} pending): {quiet_s * 1000:.0f} ms, {quiet.checks} checks",
+                  flush=True)
+        finally:
+            if args.lakehouse is None:
+                shutil.rmtree(lakehouse, ignore_errors=True)
 
     figures = {
         "ingest_round_ms": round(ingest_s * 1000, 1),

@@ -262,4 +262,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "s3_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.object_store)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # Within the slow ones, those on the S3 server last: make test starts them while the server is being built.
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 item.get_closest_marker("object_store") is not None))

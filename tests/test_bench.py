@@ -1,21 +1,69 @@
-"""The benchmark suite's own machinery: its Delta log reading (no JVM), and a tiny history run
-(only with ``BENCH_TESTS=1``: it took 102 s on this 2-core machine at load 4-5)."""
+"""The benchmark suite's own machinery, and every benchmark's tiny run.
+
+``--tiny`` (``benchlib.parse_args``) runs a benchmark at the smallest scale that still goes through
+all of it; the tests here run each one and check that what it wrote adds up, so that a benchmark
+cannot rot unnoticed. Where each runs is a matter of CI time (two cores):
+
+- ``producer`` starts no JVM: a subprocess, among the fast tests;
+- ``history``, ``unresolved`` and ``batch_cost`` drive the checker's logic in a Spark session of their
+  own: in their own process, each would spend 10-35 s starting and warming up a JVM, so they run in
+  process, in this worker's shared session (``benchlib.spark_session`` leaves it running);
+- ``cold_start``, ``e2e`` and ``soak`` start the checker job (``spark-submit``, about 20 s to its
+  first batch): one slow test runs the three through ``bench/run.py --tiny``;
+- ``failover`` (a chaos run per mode) and ``bench/peers`` on our side are slow tests of their own;
+  ``tests/test_chaos.py`` runs ``chaos.py --tiny`` (and a larger run on the S3 server); RocketMQ and
+  Kafka need ``PEERS_TESTS=1`` (``tests/test_bench_peers.py``).
+
+The slow ones are marked ``benchmark`` too: ``make test`` runs them in the lane of the S3 tests,
+while the S3 server is still being built.
+"""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
-import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from coordinator.checker.session import PROJECT_ROOT
+from tests import REPO_ROOT
+from tests.conftest import without_txcoord_settings
 
-sys.path.insert(0, str(PROJECT_ROOT / "bench"))
+pytestmark = pytest.mark.benchmark
+
+BENCH = REPO_ROOT / "bench"
+sys.path.insert(0, str(BENCH))
 import benchlib  # noqa: E402
+import chaos  # noqa: E402
+import e2e  # noqa: E402
+
+#: bench/run.py, under a name of its own: bench/peers/run.py is ``run`` to tests/test_bench_peers.py.
+_spec = importlib.util.spec_from_file_location("bench_run", BENCH / "run.py")
+bench_run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_run)
+
+def run_tiny(script: str, results: Path, *options: str, timeout: float = 600) -> dict:
+    """``bench/<script> --tiny --results <results> <options>`` as its own process; the JSON it wrote."""
+    argv = [sys.executable, str(BENCH / script), "--tiny", "--results", str(results), *options]
+    run = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, env=without_txcoord_settings(),
+                         timeout=timeout)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    return json.loads(results.read_text())
+
+
+def assert_envelope(report: dict, benchmark: str) -> None:
+    """The report's envelope, as ``benchlib.start_report`` and ``finish_report`` make it, of a tiny run."""
+    assert report["benchmark"] == benchmark and report["args"]["tiny"] is True
+    assert len(report["loadavg_start"]) == 3 and len(report["loadavg_end"]) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Machinery, no JVM
 
 
 def test_commits_map_each_version_to_its_timestamp_and_added_files(tmp_path):
@@ -38,17 +86,221 @@ def test_percentile_and_median_by_nearest_rank():
     assert benchlib.median([3, 1, 2, 4]) == 2.5 and benchlib.percentile([], 0.5) is None
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("BENCH_TESTS") != "1",
-                    reason="about 100 s on two loaded cores, too long for CI: set BENCH_TESTS=1 to run it")
-def test_history_benchmark_runs_at_tiny_scale_and_reports_a_ratio(tmp_path):
-    results = tmp_path / "history.json"
-    argv = [sys.executable, str(PROJECT_ROOT / "bench" / "history.py"), "--history", "2000", "--workload", "5",
-            "--repeats", "1", "--appends", "2", "--workdir", str(tmp_path / "work"), "--results", str(results)]
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=1000)
+    parser.add_argument("--results", default="full.json")
+    return parser
 
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    report = json.loads(results.read_text())
-    assert report["ratio"] > 0 and report["heartbeat_ratio"] > 0
-    assert len(report["loadavg_start"]) == 3 and len(report["loadavg_end"]) == 3
-    assert report["build"]["files"]["system/half"] == 2
+
+def test_tiny_makes_its_values_the_defaults_and_options_given_explicitly_still_win():
+    tiny = {"runs": 1, "rate": 10.0}
+
+    full = benchlib.parse_args(_parser(), [], "bench", tiny)
+    small = benchlib.parse_args(_parser(), ["--tiny"], "bench", tiny)
+    mixed = benchlib.parse_args(_parser(), ["--rate", "50", "--tiny", "--results", "mine.json"], "bench", tiny)
+
+    assert (full.tiny, full.runs, full.rate, full.results) == (False, 3, 1000, "full.json")
+    assert (small.tiny, small.runs, small.rate) == (True, 1, 10.0)
+    assert small.results == str(benchlib.RESULTS / "bench-tiny.json")  # never over a real run's results
+    assert (mixed.runs, mixed.rate, mixed.results) == (1, 50.0, "mine.json")
+
+
+def test_chaos_tiny_options_are_a_valid_run_of_every_kind():
+    options = chaos.parse_options(["--tiny", "--lakehouse", "somewhere"])
+
+    assert options == chaos.Options(**{**chaos.TINY, "lakehouse": "somewhere",
+                                       "results": str(benchlib.RESULTS / "chaos-tiny.json")})
+    assert options.transactions >= len(chaos.KINDS) and options.checker_kills == options.producer_kills == 1
+
+
+def test_the_checker_kept_up_when_its_lag_held_steady():
+    assert e2e.kept_up(0, 46, 57)  # the 10-minute run that a 2-version tolerance called behind
+    assert e2e.kept_up(0, 2, 6)  # a handful of versions: the slack absorbs a commit or two
+    assert e2e.kept_up(0, None, 3)  # no sample in the second quarter: no lag then
+
+
+def test_the_checker_fell_behind_when_its_lag_grew_or_messages_are_missing():
+    assert not e2e.kept_up(0, 46, 92)  # doubled: what a lag growing from nothing does from mid-run to the end
+    assert not e2e.kept_up(0, 8, 40)
+    assert not e2e.kept_up(1, 46, 46)  # a message never delivered
+    assert not e2e.kept_up(0, 46, None)  # the last quarter never sampled: nothing shows it kept up
+
+
+def test_producer_tiny_run_reports_every_configuration_with_consistent_counts(tmp_path):
+    report = run_tiny("producer.py", tmp_path / "producer.json", timeout=300)
+
+    assert_envelope(report, "producer")
+    args = report["args"]
+    assert [(r["threads"], r["messages_per_txn"]) for r in report["runs"]] == (
+        [(threads, 1) for threads in args["threads"]] + [(max(args["threads"]), args["batch"])])
+    assert [r["processes"] for r in report["processes"]] == args["processes"]
+    assert report["append_floor"]["appends"] == args["floor_appends"]
+    for run in report["runs"] + report["processes"]:
+        assert run["transactions"] > 0 and run["commits"] > 0
+        assert run["send_p50_ms"] <= run["send_p99_ms"]
+        assert run["txn_per_commit"] == round(run["transactions"] / run["commits"], 1)
+        assert run["messages_per_s"] == pytest.approx(run["txn_per_s"] * run["messages_per_txn"], rel=0.01)
+        assert run["send_p50_vs_floor"] == round(run["send_p50_ms"] / report["append_floor_p50_ms"], 2)
+    best = max((r for r in report["runs"] if r["messages_per_txn"] == 1), key=lambda r: r["txn_per_s"])
+    assert bench_run.headline({"producer": report}) == {"producer_txn_per_s": best["txn_per_s"],
+                                                        "send_p99_ms": best["send_p99_ms"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# In process, in this worker's shared Spark session
+
+
+def run_in_process(module_name: str, results: Path, *options: str) -> dict:
+    """``bench/<module_name>.py``'s ``main`` with ``--tiny``, in this process; the JSON it wrote."""
+    module = __import__(module_name)
+    module.main(["--tiny", "--results", str(results), *options])
+    return json.loads(results.read_text())
+
+
+def test_history_tiny_run_builds_every_table_and_delivers_each_round(spark, tmp_path):
+    report = run_in_process("history", tmp_path / "history.json", "--workdir", str(tmp_path / "work"))
+
+    assert_envelope(report, "history")
+    args, workload = report["args"], report["transactions_per_batch"]
+    # Every table of the history, check_requests too, in its schema of tables/__init__.py, one file per append.
+    assert report["build"]["files"] == {"system/half": args["appends"], "system/op": args["appends"],
+                                        "topics/BENCH_HISTORY": args["appends"],
+                                        "system/check_requests": args["appends"]}
+    for name in ("empty", "history"):
+        timings = report["timings_ms"][name]
+        assert len(timings["records"]) == len(timings["heartbeat"]) == args["repeats"]
+        assert [s["delivered"] for s in timings["summaries"]] == [workload] * args["repeats"]
+        assert [s["records"] for s in timings["summaries"]] == [2 * workload] * args["repeats"]  # a HALF, an END
+    medians = report["median_ms"]
+    assert report["ratio"] == round(medians["history"]["records"] / medians["empty"]["records"], 3)
+    assert bench_run.headline({"history": report}) == {"history_ratio": report["ratio"]}
+    assert spark.range(1).count() == 1  # the shared session still runs
+
+
+def test_unresolved_tiny_run_checks_every_half_once_when_due(spark, tmp_path):
+    report = run_in_process("unresolved", tmp_path / "unresolved.json")
+
+    assert_envelope(report, "unresolved")
+    halves = report["args"]["halves"]
+    assert report["check_requests"] == halves and report["all_checked"] is True
+    assert report["pending_after"] == halves  # still pending, none checked again inside the interval
+    assert report["jvm_heap_max_mib"] > 0 and report["python_maxrss_mib"] > 0
+    assert spark.range(1).count() == 1
+
+
+def test_batch_cost_tiny_run_times_batches_triggers_and_the_floor(spark, tmp_path):
+    report = run_in_process("batch_cost", tmp_path / "batch_cost.json")
+
+    assert_envelope(report, "batch_cost")
+    args = report["args"]
+    for kind in ("records", "heartbeat"):
+        batches = report["batches"][kind]
+        assert len(batches["runs"]) == args["batches"]
+        assert batches["seconds_median"] == round(benchlib.median([s for s, _ in batches["runs"]]), 3)
+    triggers = report["triggers"]
+    assert triggers["triggers"] >= 2 + args["batches"] + 1  # two before the rounds, one per round at least
+    assert 0 < triggers["records_per_trigger_median"] <= 2 * args["commits"] * args["transactions"]
+    assert set(report["floor"]) == {"append", "idempotent append", "idempotent append, replayed",
+                                    "read, filter, count"}
+    assert all(0 < op["ms_min"] <= op["ms_median"] for op in report["floor"].values())
+    headline = bench_run.headline({"batch_cost": report})
+    assert headline["reference_spark_append_ms"] == report["floor"]["append"]["ms_median"]
+    assert spark.range(1).count() == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The checker job, as deployed
+
+
+@pytest.mark.slow
+def test_run_tiny_drives_cold_start_end_to_end_and_soak_and_every_count_adds_up(tmp_path):
+    """``bench/run.py --tiny`` over the three benchmarks that start the checker job (about 95 s)."""
+    argv = [sys.executable, str(BENCH / "run.py"), "--tiny", "--only", "cold_start", "e2e", "soak",
+            "--results", str(tmp_path / "run.json")]
+    run = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, env=without_txcoord_settings(),
+                         timeout=900)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-4000:]
+    reports = {name: json.loads((tmp_path / f"{name}-tiny.json").read_text()) for name in ("cold_start", "e2e", "soak")}
+    suite = json.loads((tmp_path / "run.json").read_text())
+    for name, report in reports.items():
+        assert_envelope(report, name)
+
+    assert suite["summary"] == bench_run.headline(reports) == json.loads(run.stdout.strip().splitlines()[-1])
+    assert set(suite["seconds_by_benchmark"]) == set(reports)
+    assert_cold_start(reports["cold_start"])
+    assert_end_to_end(reports["e2e"])
+    assert_soak(reports["soak"])
+
+
+def assert_cold_start(report: dict) -> None:
+    assert len(report["runs"]) == report["args"]["runs"] == 1
+    run = report["runs"][0]
+    assert 0 < run["query_started_s"] <= run["first_batch_s"] and run["checker_exit_code"] == 0
+    assert report["first_batch_s"] == {"min": run["first_batch_s"], "median": run["first_batch_s"],
+                                       "max": run["first_batch_s"]}
+
+
+def assert_end_to_end(report: dict) -> None:
+    assert report["reference_producer"]["transactions"] > 0  # the producer alone ran first
+    assert report["offered"] == int(report["offered_txn_per_s"] * report["args"]["seconds"])
+    assert report["sent"] + report["unsent"] + report["send_errors"] == report["offered"]
+    assert report["send_errors"] == 0 and report["sent"] > 0
+    assert report["delivered"] == report["sent"] and report["missing_after_drain"] == 0
+    assert report["e2e_p50_ms"] <= report["e2e_p99_ms"] <= report["e2e_max_ms"]
+    assert report["lag_second_quarter_max"] is not None and report["lag_last_quarter_max"] is not None
+    assert report["kept_up"] == e2e.kept_up(report["missing_after_drain"], report["lag_second_quarter_max"],
+                                            report["lag_last_quarter_max"])
+    assert report["checker_exit_code"] == 0
+
+
+def assert_soak(report: dict) -> None:
+    args = report["args"]
+    assert report["sent"] + report["unsent"] + report["send_errors"] == int(args["rate"] * args["minutes"] * 60)
+    assert report["send_errors"] == 0 and report["sent"] > 0
+    assert report["batches_in_start_window"] >= 1 and report["batches_in_end_window"] >= 1
+    assert report["batch_ms_end_over_start"] == round(report["batch_ms_end_median"] / report["batch_ms_start_median"], 3)
+    runs = report["maintenance_runs"]
+    assert runs and all(run["error"] is None for run in runs)
+    for shape in ("shape_end", "shape_end_after_maintenance"):
+        commit_log = report[shape]["system/commit_log"]
+        assert commit_log["exists"] and commit_log["version"] >= report["sent"]  # a HALF commit per send at least
+    assert report["checker_exit_code"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Chaos runs: failover's, and ours beside RocketMQ's and Kafka's
+
+
+@pytest.mark.slow
+def test_failover_tiny_run_measures_one_takeover_per_mode(tmp_path):
+    """About 130 s: a tiny chaos run per mode, a standby taking over in one, a restart in the other."""
+    report = run_tiny("failover.py", tmp_path / "failover.json")
+
+    assert_envelope(report, "failover")
+    assert set(report["modes"]) == {"standby", "restart"}
+    for mode, figures in report["modes"].items():
+        assert figures["kills"] == len(figures["failover_s"]) == 1, mode
+        assert figures["violations"] == 0 and set(figures["found"].values()) == {0}, (mode, figures["found"])
+        assert figures["min_s"] == figures["median_s"] == figures["max_s"] == figures["failover_s"][0] > 0
+    assert report["modes"]["standby"]["taken_over_by"] == ["standby"]  # the standby, not the restarted checker
+    assert report["standby_met"] == (report["modes"]["standby"]["max_s"] <= report["target_s"])
+
+
+@pytest.mark.slow
+def test_peers_tiny_run_on_our_side_delivers_every_commit_once_and_checks_every_unknown(tmp_path):
+    """About 50 s: bench/peers/run.py with our checker only (RocketMQ and Kafka: PEERS_TESTS=1)."""
+    report = run_tiny("peers/run.py", tmp_path / "peers.json", "--systems", "ours")
+
+    assert_envelope(report, "peers")
+    plans = report["plans"]
+    for phase, by_system in report["phases"].items():
+        figures, transactions = by_system["ours"], plans[phase]["transactions"]
+        unknowns = transactions * (100 - plans[phase]["commit_percent"] - plans[phase]["rollback_percent"]) // 100
+        assert figures["transactions"] == transactions and figures["send_errors"] == 0, phase
+        assert figures["committed_missing"] == 0 and figures["committed_delivered"] == (
+            transactions * plans[phase]["commit_percent"] // 100)
+        assert figures["unknown_checked"] == figures["unknown_delivered"] == unknowns > 0
+        assert figures["rolled_back_delivered"] == figures["duplicate_deliveries"] == 0
+    assert report["ratios"] == {}  # no peer ran: nothing to compare with

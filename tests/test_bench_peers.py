@@ -107,17 +107,21 @@ def test_ratios_are_ours_over_each_peer_and_the_table_says_kafka_aborts_unknowns
 @pytest.mark.skipif(os.environ.get("PEERS_TESTS") != "1",
                     reason="starts RocketMQ and Kafka from Maven Central jars (about 2 min, and a download the "
                            "first time): set PEERS_TESTS=1 to run it")
-def test_real_rocketmq_and_kafka_deliver_every_commit_once_and_treat_unknowns_as_they_promise(tmp_path):
+def test_peers_tiny_run_rocketmq_and_kafka_deliver_every_commit_once_and_treat_unknowns_as_they_promise(tmp_path):
+    """``bench/peers/run.py --tiny``: every system, both phases, 100 transactions each."""
     results = tmp_path / "peers.json"
-    subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "peers" / "run.py"), "--systems", "rocketmq", "kafka",
-                    "--transactions", "300", "--threads", "4", "--paced-rate", "50", "--paced-seconds", "2",
-                    "--drain", "120", "--grace", "1", "--results", str(results)], check=True, timeout=600)
-    phases = json.loads(results.read_text())["phases"]
-    for phase, plan_size in (("max", 300), ("paced", 100)):
-        for system in ("rocketmq", "kafka"):
+    subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "peers" / "run.py"), "--tiny", "--results", str(results)],
+                   check=True, timeout=900)
+    report = json.loads(results.read_text())
+    phases = report["phases"]
+    for phase, plan in report["plans"].items():
+        unknowns = plan["transactions"] * (100 - plan["commit_percent"] - plan["rollback_percent"]) // 100
+        for system in ("rocketmq", "kafka", "ours"):
             figures = phases[phase][system]
+            assert figures["transactions"] == plan["transactions"], (phase, system)
             assert figures["send_errors"] == 0 and figures["committed_missing"] == 0
             assert figures["duplicate_deliveries"] == 0 and figures["rolled_back_delivered"] == 0
-        unknowns = plan_size // 10
-        assert phases[phase]["rocketmq"]["unknown_checked"] == phases[phase]["rocketmq"]["unknown_delivered"] == unknowns
+        for system in ("rocketmq", "ours"):  # check-back commits every unknown
+            assert phases[phase][system]["unknown_checked"] == phases[phase][system]["unknown_delivered"] == unknowns > 0
         assert phases[phase]["kafka"]["unknown_delivered"] == 0  # no check-back: aborted
+    assert set(report["ratios"]) == {"rocketmq", "kafka"}

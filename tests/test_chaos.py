@@ -1,4 +1,5 @@
-"""The chaos harness as `make chaos` runs it: real producer processes, the real checker, kill -9 of both (docs/design.md#invariants)."""
+"""The chaos harness (``bench/chaos.py``): real producer processes, the real checker, kill -9 of both, and
+every invariant checked afterwards (docs/design.md#invariants)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from tests import REPO_ROOT
 from tests.conftest import require_s3_server
 
 
-#: ``make chaos``'s run, and a smaller one with the lakehouse on a loopback S3 server.
+#: ``chaos.py --tiny``, and a larger run with the lakehouse on a loopback S3 server.
 RUNS = {
-    "local disk": [],
+    "local disk": ["--tiny"],  # chaos.py's tiny run: every kind of transaction, one kill of each, a recovery
     "object store": ["--object-store", "--transactions", "80", "--send-seconds", "15", "--checker-kills", "1",
                      "--producer-kills", "2"],
 }
@@ -38,4 +39,7 @@ def test_the_chaos_run_kills_checker_and_producers_and_breaks_no_invariant(tmp_p
     assert len(report["did"]["producer_kills"]) >= 1
     assert report["did"]["bad_inputs"] and all(bad["reason"] for bad in report["did"]["bad_inputs"])
     assert report["did"]["operator_recoveries"] >= 1  # discarded, then committed by hand: delivered once
+    assert report["did"]["operator_commits_sent"] == report["did"]["operator_recoveries"] + 1  # the first twice, racing
+    assert report["did"]["maintenance_runs"] >= 1 and not report["did"]["maintenance_errors"]
+    assert len(report["did"]["failovers"]) == len(report["did"]["checker_kills"])
     assert report["run"]["options"]["object_store"] == (mode == "object store")
