@@ -50,7 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
     """
     from coordinator.demo import story as demo
     from coordinator.demo.services import MIN_ORDERS
-
     from coordinator.jobs import checker
 
     parser = argparse.ArgumentParser(prog="txcoord", description="Transactional messages on Delta Lake.")
@@ -155,7 +154,7 @@ def run_init(args: argparse.Namespace) -> int:
         output.print_json({"lakehouse": root, "created": created, "config_written": written})
         return EXIT_OK
     if written:
-        print(f"wrote {written} (every setting at its default, each explained: edit it, then run init again)")
+        print(f"wrote {written} (every setting at its default, each explained)")
     for name in created:
         print(f"created {name}")
     if created:
