@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from coordinator.exceptions import ConfigError
+from coordinator.grants import TopicGrants
 from coordinator.storage import is_object_store
 
 DEFAULT_CONFIG_PATH = Path("conf") / "coordinator.toml"
@@ -46,6 +47,9 @@ class CoordinatorConfig:
     commit_interval_ms: int = 10
     producer_heartbeat_ms: int = 2000
     storage: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)  # may hold credentials
+    #: The TOML's ``[topic_grants]``: producer group -> topics it may publish to (:mod:`coordinator.grants`);
+    #: None, the default, when the TOML has no such table: grants off.
+    topic_grants: Optional[Mapping[str, tuple[str, ...]]] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.lakehouse, str) or not self.lakehouse.strip():
@@ -59,6 +63,8 @@ class CoordinatorConfig:
         if not isinstance(self.storage, Mapping) or not all(isinstance(key, str) for key in self.storage):
             raise ConfigError(f"storage must be a table of settings ([storage] in the TOML), got {self.storage!r}")
         object.__setattr__(self, "storage", {key: _setting(value) for key, value in self.storage.items()})
+        if self.topic_grants is not None:
+            object.__setattr__(self, "topic_grants", TopicGrants.parse(self.topic_grants))
         for f in dataclasses.fields(self):
             if f.type != "int":
                 continue

@@ -298,3 +298,34 @@ def test_halves_past_retention_are_discarded_unchecked(checker):
 
     assert len(checker.rows("check_requests")) == 0
     assert [r.reason for r in checker.rows("discarded")] == ["expired: older than file_reserved_time_hours"]
+
+
+def test_a_transaction_with_a_message_for_an_ungranted_topic_is_refused_whole_and_never_delivered(checker):
+    checker.config = checker.config.replace(topic_grants={"orders": ["ORDER_*"], "audit": ["AUDIT"]})
+    checker.write(
+        half_record("granted", group="orders", topic="ORDER_EU"),
+        half_record("sneaky", group="orders", topic="ORDER_EU", message_index=0, message_count=2, record_id="r-ok"),
+        half_record("sneaky", group="orders", topic="PAYMENTS", message_index=1, message_count=2, record_id="r-bad"),
+        half_record("stranger", group="unlisted", topic="ORDER_EU", record_id="r-stranger"),
+    )
+    checker.write(end_record("granted", group="orders"), end_record("sneaky", group="orders"),
+                  end_record("stranger", group="unlisted"))
+    summary = checker.run()
+
+    assert summary.delivered == 1 and [r.transaction_id for r in checker.rows("ORDER_EU")] == ["granted"]
+    assert [r.transaction_id for r in checker.rows("half")] == ["granted"]
+    refused = reasons(checker)
+    assert refused["r-bad"] == ("producer group 'orders' may not publish to topic 'PAYMENTS' "
+                                "(topic_grants: ORDER_*)")
+    assert refused["r-ok"] == "another message of the transaction was refused"
+    assert refused["r-stranger"] == ("producer group 'unlisted' may not publish to topic 'ORDER_EU' "
+                                     "(topic_grants: no topic)")
+    assert not Path(checker.path("PAYMENTS")).exists()
+
+
+def test_without_topic_grants_every_group_publishes_to_every_topic(checker):
+    assert checker.config.topic_grants is None
+    checker.write(half_record("a", group="orders", topic="ANYTHING"), half_record("b", group="other", topic="ELSE"))
+    checker.write(end_record("a", group="orders"), end_record("b", group="other"))
+
+    assert checker.run().delivered == 2 and reasons(checker) == {}

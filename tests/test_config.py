@@ -53,6 +53,10 @@ def test_environment_overrides_the_file(tmp_path):
         'lakehouse = ""\n',
         "no_such_setting = 1\n",
         "this is not toml\n",
+        'topic_grants = "ORDER_*"\n',
+        '[topic_grants]\norder_group = "ORDER_*"\n',
+        '[topic_grants]\norder_group = ["ORDER_*", ""]\n',
+        '[topic_grants]\norder_group = [1]\n',
     ],
 )
 def test_bad_files_are_refused(tmp_path, text):
@@ -82,3 +86,11 @@ def test_a_lakehouse_on_a_store_the_producers_cannot_reach_is_refused_not_taken_
     with pytest.raises(ConfigError, match="is not supported; a lakehouse is a local path or on S3-compatible storage"):
         CoordinatorConfig(lakehouse=location)
     assert Lakehouse(CoordinatorConfig(lakehouse="s3://bucket/lh").lakehouse).root == "s3://bucket/lh"
+
+
+def test_topic_grants_are_read_from_their_table_and_off_without_it(tmp_path):
+    text = '[topic_grants]\norder_group = ["ORDER_TOPIC", "AUDIT_*"]\nquiet_group = []\n'
+    config = CoordinatorConfig.load(write_toml(tmp_path, text), environ={})
+
+    assert config.topic_grants == {"order_group": ("ORDER_TOPIC", "AUDIT_*"), "quiet_group": ()}
+    assert CoordinatorConfig.load(write_toml(tmp_path, ""), environ={}).topic_grants is None

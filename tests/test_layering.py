@@ -53,8 +53,9 @@ def test_checker_never_imports_producer_side_or_operator_tools():
 
 
 def test_shared_modules_belong_to_no_side():
-    shared = ["coordinator.protocol", "coordinator.config", "coordinator.lakehouse", "coordinator.appender",
-              "coordinator.exceptions", "coordinator.logs", "coordinator.tables", *modules_of("coordinator.control")]
+    shared = ["coordinator.protocol", "coordinator.config", "coordinator.grants", "coordinator.lakehouse",
+              "coordinator.appender", "coordinator.exceptions", "coordinator.logs", "coordinator.tables",
+              *modules_of("coordinator.control")]
     modules = loaded_after("".join(f"import {m}\n" for m in shared))
     assert "coordinator.control.lease" in modules
     assert spark_loaded(modules) == []

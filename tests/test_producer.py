@@ -127,6 +127,16 @@ def test_a_bad_message_writes_nothing(lakehouse, messages):
     assert listener.executed == []
 
 
+def test_a_message_for_a_topic_the_group_is_not_granted_writes_nothing_and_runs_no_local_transaction(lakehouse):
+    listener = RecordingListener()
+    config = CoordinatorConfig(lakehouse=lakehouse, topic_grants={"order_group": ["ORDER_*"]})
+    with TransactionProducer("order_group", listener, config) as producer:
+        with pytest.raises(MessageValidationError, match="may not publish to topic 'PAYMENTS'.*not run"):
+            producer.send_messages_in_transaction([Message("ORDER_EU", b"x"), Message("PAYMENTS", b"x")])
+        assert commit_log_version(lakehouse) == 0 and listener.executed == []
+        assert producer.send_message_in_transaction(Message("ORDER_EU", b"x")).send_status.value == "SEND_OK"
+
+
 def test_the_same_message_object_twice_is_refused(lakehouse):
     msg = Message("ORDER_TOPIC", b"x")
     with producer_for(lakehouse, RecordingListener()) as producer:

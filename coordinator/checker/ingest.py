@@ -12,6 +12,7 @@ import pyarrow as pa
 from coordinator.checker.context import BatchContext, BatchRecords, shaped
 from coordinator.checker.refusals import first_failure, rejection
 from coordinator.checker.state import Known, PendingTransaction, pending_from_rows
+from coordinator.grants import TopicGrants
 from coordinator.protocol import (
     CHECK_IMMUNITY_TIME_IN_SECONDS,
     DELAY_PROPERTIES,
@@ -54,7 +55,8 @@ def refuse_unknown_kinds(records: BatchRecords) -> list[dict]:
 def ingest_halves(ctx: BatchContext, records: BatchRecords, known: Mapping[str, Known]) -> Ingested:
     """Split this batch's HALF records into accepted halves and rejections.
 
-    A transaction is all-or-nothing: if one of its messages is refused, all are.
+    A transaction is all-or-nothing: if one of its messages is refused (a message for a topic its
+    group is not granted, for one), all are.
     A transaction id already ingested by an earlier batch (one in ``known``) or
     commit is refused as a duplicate.
 
@@ -65,8 +67,10 @@ def ingest_halves(ctx: BatchContext, records: BatchRecords, known: Mapping[str, 
     """
     halves = [r for r in records.rows if r["kind"] == RecordKind.HALF]
     _number(halves)
+    grants = TopicGrants(ctx.config.topic_grants)
     for record in halves:
-        record["reason"] = first_failure(record, _RECORD_RULES)
+        record["reason"] = (first_failure(record, _RECORD_RULES)
+                            or grants.refusal(record["producer_group"], record["topic"]))
     _refuse_whole_transactions(halves, known)
     accepted = [r for r in halves if r["reason"] is None]
     table = _half_rows(ctx, records, accepted)

@@ -91,7 +91,10 @@ class CheckerQuery:
             raise
         self._renewer = threading.Thread(target=self._keep_lease, name="checker-lease", daemon=True)
         self._renewer.start()
-        log.info("checker started on %s (checkpoint %s)", self.config.lakehouse, checkpoint_location(self.config))
+        log.info("checker started on %s (checkpoint %s); topic grants: %s", self.config.lakehouse,
+                 checkpoint_location(self.config),
+                 "off, every group may publish to every topic" if self.config.topic_grants is None
+                 else f"{len(self.config.topic_grants)} group(s), the others may publish nowhere")
         return self
 
     def recover(self) -> Progress:

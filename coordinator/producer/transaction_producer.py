@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import HalfNotStoredError, MessageValidationError, ProducerStateError
+from coordinator.grants import TopicGrants
 from coordinator.lakehouse import Lakehouse
 from coordinator.producer.checkback import CheckBackWorker
 from coordinator.producer.commit_log import CommitLogWriter, end_record, half_records
@@ -146,6 +147,7 @@ class TransactionProducer:
     def _send(self, msgs: list[Message], listener_msg: Any, arg: Any) -> TransactionSendResult:
         writer = self._running_writer()
         _validate(msgs)
+        self._refuse_ungranted_topics(msgs)
         transaction_id = time_ordered_id()
         for msg in msgs:
             msg.transaction_id = transaction_id
@@ -179,6 +181,14 @@ class TransactionProducer:
             local_transaction_state=state,
             msg_ids=tuple(msg.msg_id for msg in msgs),
         )
+
+    def _refuse_ungranted_topics(self, msgs: list[Message]) -> None:
+        # The checker would refuse the transaction after the local one ran: say so before either happens.
+        grants = TopicGrants(self.config.topic_grants)
+        for msg in msgs:
+            refusal = grants.refusal(self.group, msg.topic)
+            if refusal:
+                raise MessageValidationError(f"{refusal}: nothing was sent, the local transaction was not run")
 
     def _execute_local_transaction(self, listener_msg: Any, arg: Any, transaction_id: str, extra: dict) -> LocalTransactionState:
         try:
