@@ -116,10 +116,18 @@ class ManualChecker:
 
         self.state = CheckerState()
 
-    def write(self, *rows: dict) -> int:
-        """Append raw commit-log records as one commit; return its version."""
-        append_rows(Lakehouse(self.config.lakehouse).path(COMMIT_LOG), COMMIT_LOG, list(rows))
-        return DeltaTable(Lakehouse(self.config.lakehouse).path(COMMIT_LOG)).version()
+    def write(self, *rows: dict, stored_at: Optional[dt.datetime] = None) -> int:
+        """Append raw commit-log records as one commit; return its version.
+
+        ``stored_at`` dates the commit (its log file's modification time, which the checker reads
+        as when the records were stored): a commit made "a while ago" without waiting for it.
+        """
+        path = Lakehouse(self.config.lakehouse).path(COMMIT_LOG)
+        append_rows(path, COMMIT_LOG, list(rows))
+        version = DeltaTable(path).version()
+        if stored_at is not None:
+            os.utime(os.path.join(path, "_delta_log", f"{version:020d}.json"), (stored_at.timestamp(),) * 2)
+        return version
 
     def records(self, first_version: int, last_version: int, now: dt.datetime):
         from coordinator.checker.source import Segment

@@ -4,7 +4,6 @@ to the commit log with delta-rs (the way any writer, well-behaved or not, can)."
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections import Counter
 
 import pyarrow as pa
@@ -217,8 +216,9 @@ def test_first_resolution_is_final(checker):
 
 
 def test_late_producer_end_waits_for_check_but_a_check_answer_is_accepted(checker):
-    checker.write(half_record("late", properties={CHECK_IMMUNITY_TIME_IN_SECONDS: "1"}))
-    time.sleep(1.5)
+    # Stored 1.5 s before its producer's END: past its 1 s immunity.
+    checker.write(half_record("late", properties={CHECK_IMMUNITY_TIME_IN_SECONDS: "1"}),
+                  stored_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1.5))
     late = end_record("late")
     checker.write(late)
     checker.run()

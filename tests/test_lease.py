@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -51,6 +52,12 @@ def wait_until(predicate, timeout_s: float) -> None:
         time.sleep(0.02)
 
 
+def on_disk(lease: CheckerLease) -> dict:
+    """The lease file's record, as another process would read it."""
+    with open(lease.path) as file:
+        return json.load(file)
+
+
 def held_by_a_child(tmp_path) -> subprocess.Popen:
     child = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     done, outcome = in_thread(child.stdout.readline)
@@ -64,15 +71,22 @@ def held_by_a_child(tmp_path) -> subprocess.Popen:
 def test_second_checker_is_refused_while_the_first_renews(tmp_path):
     clock = Clock()
     first = CheckerLease(str(tmp_path), ttl_s=1.0, clock=clock).acquire()
-    with pytest.raises(CheckerAlreadyRunningError, match=r"pid \d+"):
+    acquired = on_disk(first)
+    assert (acquired["owner"], acquired["renewed_at"], acquired["ttl_s"]) == (first.owner, clock.now, 1.0)
+    assert (acquired["host"], acquired["pid"]) == (socket.gethostname(), os.getpid())
+    assert not acquired.get("released")
+    with pytest.raises(CheckerAlreadyRunningError, match=rf"pid {os.getpid()}"):
         CheckerLease(str(tmp_path), ttl_s=1.0, clock=clock).acquire()
+    assert on_disk(first) == acquired  # a refused checker writes nothing
     clock.now += 0.6
     first.renew()
+    assert on_disk(first) == acquired | {"renewed_at": clock.now}
     clock.now += 0.6  # 1.2 s after acquiring, but renewed 0.6 s ago
     with pytest.raises(CheckerAlreadyRunningError):
         CheckerLease(str(tmp_path), ttl_s=1.0, clock=clock).acquire()
     clock.now += 0.5  # 1.1 s without renewal: lapsed
-    CheckerLease(str(tmp_path), ttl_s=1.0, clock=clock).acquire()
+    second = CheckerLease(str(tmp_path), ttl_s=1.0, clock=clock).acquire()
+    assert (on_disk(second)["owner"], on_disk(second)["renewed_at"]) == (second.owner, clock.now)
 
 
 def test_a_dead_holder_is_taken_over_and_then_must_stop(tmp_path):
@@ -80,11 +94,17 @@ def test_a_dead_holder_is_taken_over_and_then_must_stop(tmp_path):
     dead = CheckerLease(str(tmp_path), ttl_s=0.3, clock=clock).acquire()
     clock.now += 0.5  # no renewal: the holder is gone
     successor = CheckerLease(str(tmp_path), ttl_s=0.3, clock=clock).acquire()
+    taken_over = on_disk(successor)
+    assert (taken_over["owner"], taken_over["renewed_at"]) == (successor.owner, clock.now)
     with pytest.raises(LeaseLostError):
         dead.renew()
+    assert on_disk(successor) == taken_over  # the refused renewal wrote nothing
+    clock.now += 0.2
     successor.renew()
+    renewed = on_disk(successor)
+    assert (renewed["owner"], renewed["renewed_at"]) == (successor.owner, clock.now)
     dead.release()  # not its lease any more: must leave the successor's alone
-    assert json.loads(open(successor.path).read())["owner"] == successor.owner
+    assert on_disk(successor) == renewed
 
 
 @pytest.mark.parametrize("reaped", [True, False], ids=["gone", "zombie"])
@@ -102,6 +122,7 @@ def test_a_killed_holder_on_this_host_is_taken_over_at_once(tmp_path, reaped):
     finally:
         child.kill()
         child.wait(10)
+    assert (on_disk(successor)["owner"], on_disk(successor)["pid"]) == (successor.owner, os.getpid())
     successor.renew()
 
 
@@ -116,7 +137,9 @@ def test_a_reused_pid_does_not_pass_for_the_holder(tmp_path):
         with open(holder.path, "w") as file:
             json.dump(reused, file)
         assert process_gone(reused)
-        CheckerLease(str(tmp_path), ttl_s=30).acquire()
+        successor = CheckerLease(str(tmp_path), ttl_s=30).acquire()
+        taken = on_disk(successor)
+        assert (taken["owner"], taken["pid"], taken["started"]) == (successor.owner, os.getpid(), record["started"])
     finally:
         other.kill()
         other.wait(10)
@@ -130,28 +153,23 @@ def test_a_holder_on_another_host_is_awaited_for_its_whole_lease(tmp_path):
     assert not process_gone(record)
     with pytest.raises(CheckerAlreadyRunningError, match="host elsewhere"):
         CheckerLease(str(tmp_path), ttl_s=30).acquire()
+    assert on_disk(holder) == record
 
 
 def test_a_standby_waits_while_the_holder_renews_and_takes_over_once_it_stops(tmp_path, standby_logs):
-    holder = CheckerLease(str(tmp_path), ttl_s=0.5).acquire()
-    stop_renewing = threading.Event()
-
-    def keep_renewing():
-        while not stop_renewing.wait(0.05):
-            holder.renew()
-
-    renewer = threading.Thread(target=keep_renewing)
-    renewer.start()
-    standby = CheckerLease(str(tmp_path), ttl_s=0.5)
+    clock = Clock()
+    holder = CheckerLease(str(tmp_path), ttl_s=0.5, clock=clock).acquire()
+    standby = CheckerLease(str(tmp_path), ttl_s=0.5, clock=clock)  # polls every 0.05 s
     taken, outcome = in_thread(lambda: standby.acquire(wait=True))
-    try:
-        assert not taken.wait(1.2), outcome  # over twice the lease's life, renewed all along
-    finally:
-        stop_renewing.set()
-        renewer.join()
-    stopped_renewing_at = time.monotonic()
+    wait_until(standby_logs, 10)
+    clock.now += 0.25
+    holder.renew()
+    clock.now += 0.25  # the lease's whole life since it was taken, but renewed 0.25 s ago
+    assert not taken.wait(0.3), outcome  # some six polls
+    assert on_disk(holder)["owner"] == holder.owner
+    clock.now += 0.25  # 0.5 s without renewal: lapsed
     assert taken.wait(5) and outcome == [standby]
-    assert time.monotonic() - stopped_renewing_at > 0.3  # the lease ran out first (0.5 s after its last renewal)
+    assert (on_disk(standby)["owner"], on_disk(standby)["renewed_at"]) == (standby.owner, clock.now)
     with pytest.raises(LeaseLostError):
         holder.renew()
     assert len(standby_logs()) == 1, standby_logs()
@@ -159,14 +177,14 @@ def test_a_standby_waits_while_the_holder_renews_and_takes_over_once_it_stops(tm
 
 
 def test_a_released_lease_is_taken_over_at_once(tmp_path, standby_logs):
-    holder = CheckerLease(str(tmp_path), ttl_s=5).acquire()
-    standby = CheckerLease(str(tmp_path), ttl_s=5)  # polls every 0.5 s
+    clock = Clock()  # never moves: the lease cannot run out
+    holder = CheckerLease(str(tmp_path), ttl_s=1, clock=clock).acquire()
+    standby = CheckerLease(str(tmp_path), ttl_s=1, clock=clock)  # polls every 0.1 s
     taken, outcome = in_thread(lambda: standby.acquire(wait=True))
     wait_until(standby_logs, 10)
     holder.release()
-    released_at = time.monotonic()
     assert taken.wait(5) and outcome == [standby]
-    assert time.monotonic() - released_at < 2  # not the 5 s the lease had left
+    assert on_disk(standby)["owner"] == standby.owner and not on_disk(standby).get("released")
     assert len(standby_logs()) == 1
 
 
@@ -183,21 +201,28 @@ def test_a_waiting_killed_holder_is_taken_over_at_once(tmp_path, standby_logs):
     finally:
         child.kill()
         child.wait(10)
+    assert (on_disk(standby)["owner"], on_disk(standby)["pid"]) == (standby.owner, os.getpid())
 
 
 def test_stop_ends_the_wait_promptly(tmp_path):
-    CheckerLease(str(tmp_path), ttl_s=30).acquire()
+    holder = CheckerLease(str(tmp_path), ttl_s=30).acquire()
     stop = threading.Event()
     threading.Timer(0.2, stop.set).start()
     started = time.monotonic()
     with pytest.raises(CheckerAlreadyRunningError, match="stopped while standing by"):
         CheckerLease(str(tmp_path), ttl_s=30).acquire(wait=True, stop=stop)  # polls every second
     assert time.monotonic() - started < 0.9
+    assert on_disk(holder)["owner"] == holder.owner
 
 
 def test_release_lets_the_next_checker_start_at_once(tmp_path):
-    CheckerLease(str(tmp_path)).acquire().release()
-    CheckerLease(str(tmp_path)).acquire()
+    clock = Clock()  # never moves: the 30 s lease cannot run out
+    first = CheckerLease(str(tmp_path), clock=clock).acquire()
+    held = on_disk(first)
+    first.release()
+    assert on_disk(first) == held | {"released": True}
+    second = CheckerLease(str(tmp_path), clock=clock).acquire()
+    assert on_disk(second) == held | {"owner": second.owner}  # this process again, not released
 
 
 def test_an_unreadable_lease_file_is_replaced(tmp_path):
@@ -205,4 +230,5 @@ def test_an_unreadable_lease_file_is_replaced(tmp_path):
     (tmp_path / "system").mkdir()
     open(lease.path, "w").write("{half-written")
     lease.acquire()
+    assert on_disk(lease)["owner"] == lease.owner
     lease.renew()

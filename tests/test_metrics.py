@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 
 from deltalake import DeltaTable
 
 from coordinator.checker.metrics import CheckerMetrics
 from coordinator.checker.query import CheckerQuery
 from coordinator.lakehouse import Lakehouse, read_table
-from coordinator.tables import COMMIT_LOG, HALF, METRICS
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF, METRICS, OP, REJECTED
 from tests.conftest import append_rows, end_record, half_record
 from tests.producer_side import wait_until
 
@@ -41,10 +42,28 @@ def test_the_streaming_checker_records_each_batch_with_its_decisions(spark, conf
     assert all(r["finished_at"] - r["started_at"] == dt.timedelta(milliseconds=r["duration_ms"]) and r["duration_ms"] > 0
                for r in rows)
     assert all(r["input_rows"] == r["records"] + 1 for r in rows)  # and the batch's clock tick
-    # The batch that ingested the halves is the one the metrics say did.
-    [ingesting] = set(read_table(Lakehouse(config.lakehouse).path(HALF), ["batch_id"]).column(0).to_pylist())
-    assert next(r for r in rows if r["halves"]) ["batch_id"] == ingesting
-    assert read_table(Lakehouse(config.lakehouse).topic("M")).num_rows == 2
+    # Each row is what its batch did: the commit-log records it read (the versions since the previous
+    # row's), and the rows the checker's tables hold with its batch id.
+    lakehouse = Lakehouse(config.lakehouse)
+    by_batch = {name: Counter(read_table(lakehouse.path(table), ["batch_id"]).column(0).to_pylist())
+                for name, table in (("halves", HALF), ("rejected", REJECTED), ("checks", CHECK_REQUESTS))}
+    by_batch["delivered"] = Counter(read_table(lakehouse.topic("M"), ["batch_id"]).column(0).to_pylist())
+    ops = read_table(lakehouse.path(OP), ["batch_id", "transaction_id", "outcome"]).to_pylist()  # one per message
+    ended = {(o["batch_id"], o["transaction_id"], o["outcome"]) for o in ops}
+    by_batch["commits"] = Counter(batch_id for batch_id, _, outcome in ended if outcome == "COMMIT")
+    by_batch["rollbacks"] = Counter(batch_id for batch_id, _, outcome in ended if outcome == "ROLLBACK")
+    read_up_to = -1
+    for r in rows:
+        assert r["commit_log_version"] >= read_up_to
+        assert r["records"] == log_rows(log, r["commit_log_version"]) - log_rows(log, read_up_to), r
+        assert {name: r[name] for name in by_batch} == {name: by_batch[name][r["batch_id"]] for name in by_batch}, r
+        read_up_to = r["commit_log_version"]
+    assert read_table(lakehouse.topic("M")).num_rows == 2
+
+
+def log_rows(log: str, version: int) -> int:
+    """How many records the commit log holds at ``version`` (none before its first)."""
+    return DeltaTable(log, version=version).to_pyarrow_dataset().count_rows() if version >= 0 else 0
 
 
 def test_a_batch_is_recorded_once(config):
@@ -57,5 +76,5 @@ def test_a_batch_is_recorded_once(config):
     assert metrics.record(row | {"batch_id": 6}) is False  # nor does an older one
     assert metrics.record(row | {"batch_id": 8}) is True
 
-    recorded = read_table(Lakehouse(config.lakehouse).path(METRICS), ["batch_id", "checks"]).sort_by("batch_id").to_pylist()
-    assert recorded == [{"batch_id": 7, "checks": 0}, {"batch_id": 8, "checks": 0}]
+    recorded = read_table(Lakehouse(config.lakehouse).path(METRICS)).sort_by("batch_id").to_pylist()
+    assert recorded == [row, row | {"batch_id": 8}]  # each row whole, as first reported

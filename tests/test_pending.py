@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import time
 
 import pytest
 
@@ -18,11 +17,14 @@ SECOND = dt.timedelta(seconds=1)
 @pytest.fixture
 def hanging(checker):
     """After two batches: "late" (group g) checked once, "patient" (group other, one-hour immunity)
-    never checked, "done" committed; the second batch ran 7 s after "late" was stored."""
+    never checked, "done" committed. All were stored 30 s ago; the first batch ran 1 s after,
+    the second 7 s after."""
+    stored_at = dt.datetime.now(dt.timezone.utc) - 30 * SECOND
     checker.write(half_record("late"), half_record("done"),
-                  half_record("patient", group="other", topic="U", properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "3600"}))
-    checker.write(end_record("done"))
-    checker.run()
+                  half_record("patient", group="other", topic="U", properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "3600"}),
+                  stored_at=stored_at)
+    checker.write(end_record("done"), stored_at=stored_at)
+    checker.run(now=stored_at + SECOND)
     checker.stored = stored_time(checker, "late")
     checker.run(now=checker.stored + 7 * SECOND)
     return checker
@@ -64,10 +66,11 @@ def test_pending_prints_a_table_or_json(hanging, config_file, capsys):
     assert "late" in text and "patient" in text and "done" not in text.split()
     assert "2 pending transaction(s)" in text
 
-    time.sleep(max(0.0, (hanging.stored + 1.1 * SECOND - dt.datetime.now(dt.timezone.utc)).total_seconds()))
-    assert main(["pending", "--config", config_file, "--json", "--group", "g", "--older-than", "1s"]) == 0
+    assert main(["pending", "--config", config_file, "--json", "--group", "g", "--older-than", "20s"]) == 0
     [late] = json.loads(capsys.readouterr().out)["pending"]
     assert (late["transaction_id"], late["checks"], late["next_step"]) == ("late", 1, "check")
+    assert main(["pending", "--config", config_file, "--json", "--older-than", "1m"]) == 0
+    assert json.loads(capsys.readouterr().out)["pending"] == []  # stored 30 s ago: none is a minute old
 
 
 @pytest.mark.parametrize("duration", ["10", "5x", "-1m", "m", "infh"])
