@@ -56,6 +56,8 @@ from coordinator.exceptions import InvalidArgumentError, UnsupportedTableError
 from coordinator.lakehouse import open_table
 from coordinator.storage import FileStore, is_object_store
 
+__all__ = ["DeltaAppender", "check_writable", "file_stats"]
+
 _log = logging.getLogger("coordinator.appender")
 
 #: Writer features a blind append honours by appending, as long as no column carries an invariant,

@@ -14,6 +14,8 @@ from coordinator.exceptions import ConfigError
 from coordinator.grants import TopicGrants
 from coordinator.storage import is_object_store
 
+__all__ = ["CoordinatorConfig", "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "EXIT_USAGE"]
+
 DEFAULT_CONFIG_PATH = Path("conf") / "coordinator.toml"
 ENV_PREFIX = "TXCOORD_"
 #: The exit status of every command and job started with bad arguments or a bad configuration.

@@ -1,5 +1,10 @@
 """Every error the coordinator raises. All derive from :class:`CoordinatorError`."""
 
+__all__ = ["CheckerAlreadyRunningError", "CheckerStateError", "CheckpointMismatchError", "ConfigError",
+           "CoordinatorError", "HalfNotStoredError", "IncompleteListenerError", "InvalidArgumentError",
+           "LakehouseNotFoundError", "LeaseLostError", "MessageValidationError", "OutdatedLakehouseError",
+           "ProducerStateError", "SparkSetupError", "StopRequested", "UnsupportedTableError"]
+
 
 class CoordinatorError(Exception):
     """Base class of every error raised by the coordinator."""

@@ -24,6 +24,9 @@ from coordinator.exceptions import LakehouseNotFoundError, OutdatedLakehouseErro
 from coordinator.storage import FileStore, is_object_store
 from coordinator.tables import COMMIT_LOG, HALF, OP, SYSTEM_TABLES, TableDef
 
+__all__ = ["LEASE_KEY", "Lakehouse", "PRODUCERS_KEY", "PROGRESS_KEY", "create_table", "init_lakehouse", "open_table",
+           "read_pending", "read_table", "require_lakehouse", "table_dataset", "topic_names", "transaction_ids_in"]
+
 
 #: The checker's lease (:mod:`coordinator.control.lease`), its progress record
 #: (:mod:`coordinator.control.progress`) and the producer instances' announcements
@@ -96,11 +99,6 @@ class Lakehouse:
         return self._join("topics", topic)
 
     @property
-    def topics_dir(self) -> str:
-        """The directory that holds one table per topic."""
-        return self._join("topics")
-
-    @property
     def lease_file(self) -> str:
         """The checker's lease (:mod:`coordinator.control.lease`)."""
         return self._join(*LEASE_KEY.split("/"))
@@ -109,11 +107,6 @@ class Lakehouse:
     def progress_file(self) -> str:
         """The checker's progress record (:mod:`coordinator.control.progress`)."""
         return self._join(*PROGRESS_KEY.split("/"))
-
-    @property
-    def producers_dir(self) -> str:
-        """Where producer instances announce themselves (:mod:`coordinator.control.instances`)."""
-        return self._join(*PRODUCERS_KEY.split("/"))
 
     @property
     def checker_checkpoint(self) -> str:

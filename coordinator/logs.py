@@ -25,6 +25,8 @@ import datetime as dt
 import json
 import logging
 
+__all__ = ["CONTEXT_FIELDS", "JsonFormatter"]
+
 #: Context fields copied from a record's ``extra`` into its JSON line, when present.
 CONTEXT_FIELDS = ("transaction_id", "check_id", "producer_group")
 

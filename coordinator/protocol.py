@@ -20,6 +20,11 @@ from typing import Any, Optional
 
 from coordinator.exceptions import MessageValidationError
 
+__all__ = ["CHECK_IMMUNITY_TIME_IN_SECONDS", "DELAY_PROPERTIES", "IMMUNITY_DIGITS", "LocalTransactionState",
+           "MAX_BODY_BYTES", "MAX_IMMUNITY_SECONDS", "MAX_REASON_LENGTH", "OPERATOR_CHECK_PREFIX", "OPERATOR_PROPERTY",
+           "OPERATOR_REASON_PROPERTY", "Outcome", "RecordKind", "TOPIC_CHARACTERS", "TOPIC_MAX_LENGTH", "TOPIC_PATTERN",
+           "outcome_of", "parse_immunity_seconds", "validate_topic"]
+
 
 class RecordKind(enum.StrEnum):
     """What a commit-log record is: a prepared message, or the end of a local transaction."""

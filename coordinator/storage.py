@@ -37,6 +37,8 @@ from obstore.store import S3Store
 
 from coordinator.exceptions import InvalidArgumentError
 
+__all__ = ["FileStore", "Versioned", "is_object_store"]
+
 #: Location schemes served by object storage; anything else is a local path.
 OBJECT_SCHEMES = ("s3", "s3a")
 

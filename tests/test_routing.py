@@ -53,7 +53,9 @@ def test_an_instance_is_live_while_it_renews_and_forgotten_long_after(tmp_path):
     assert [i.instance_id for i in instances.live("g")] == ["c"]
     assert instances.files.list("system/_producers/g") == ["system/_producers/g/a.json", "system/_producers/g/c.json"]
     clock.now += FORGET_AFTER_S
-    assert instances.live("g") == [] and instances.files.list("system/_producers/g") == []
+    assert instances.live("g") == [] and len(instances.files.list("system/_producers/g")) == 2  # reading deletes nothing
+    instances.forget("g", instances.survey("g").stale)
+    assert instances.files.list("system/_producers/g") == []
 
 
 def test_an_instance_whose_process_is_gone_from_this_host_is_passed_over_at_once(tmp_path):

@@ -13,3 +13,5 @@ The checker never imports the producer side. Its lease and progress record live 
 
 #: The checker's one name: its Spark application, its streaming query, and the app id of its idempotent writes.
 CHECKER_NAME = "txcoord-checker"
+
+__all__ = ["CHECKER_NAME"]

@@ -27,6 +27,7 @@ from coordinator.checker.resolve import promote, resolve_ends
 from coordinator.checker.state import CheckerState, lookup_in_tables
 from coordinator.checker.writer import files_written_at_us
 from coordinator.config import CoordinatorConfig
+from coordinator.control.instances import ProducerInstances
 from coordinator.lakehouse import Lakehouse
 from coordinator.protocol import Outcome
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TOPIC
@@ -156,6 +157,10 @@ def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerSt
                                                                          lakehouse.storage)
     if rejected:
         append(REJECTED, _rows_table(REJECTED, rejected, batch_id))
+    if due.stale_instances:  # only now, and explicitly: deciding the checks deleted nothing
+        instances = ProducerInstances(lakehouse)
+        for group, stale in due.stale_instances.items():
+            instances.forget(group, stale)
 
     state.resolve([*resolved.outcomes, *due.given_up])
     if visible_at_us is not None:

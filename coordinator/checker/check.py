@@ -7,7 +7,8 @@ since the half entered the commit log, then one every
 older than ``file_reserved_time_hours``, the transaction is discarded (and that
 counts as resolved: an op row with outcome ``DISCARD``). Each check is addressed to one
 live instance of the group (:mod:`coordinator.control.instances`), or to any of them
-when none is known.
+when none is known. Deciding only reads the instances' records; the stale ones it comes upon
+are returned (``Due.stale_instances``) for the batch to remove once its tables are written.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from coordinator.checker.context import BatchContext
-from coordinator.checker.state import CheckerState, PendingTransaction
-from coordinator.control.instances import ProducerInstances
+from coordinator.checker.state import CheckerState, TrackedTransaction
+from coordinator.control.instances import ProducerInstance, ProducerInstances
 from coordinator.protocol import Outcome
 from coordinator.tables import MESSAGE_FIELDS
 
@@ -29,11 +30,12 @@ EXPIRED = "expired: older than file_reserved_time_hours"
 class Due:
     """What the check step decided."""
 
-    checked: list[PendingTransaction]  # one check request each
+    checked: list[TrackedTransaction]  # one check request each
     given_up: dict[str, str]  # transaction id -> why it is discarded
     requests: pa.Table  # check_requests rows (less batch_id)
     discarded: pa.Table  # discarded rows (less batch_id), one per message
     discard_ops: list[dict]  # the op rows of the discarded halves
+    stale_instances: dict[str, list[ProducerInstance]]  # producer group -> records to forget (none live)
 
 
 def find_due(ctx: BatchContext, state: CheckerState, resolved_now: set[str]) -> Due:
@@ -63,7 +65,8 @@ def find_due(ctx: BatchContext, state: CheckerState, resolved_now: set[str]) -> 
     firsts = state.rows.take(p.offsets[0] for p in checked)
     requests = firsts.select(list(MESSAGE_FIELDS))
     instances = ProducerInstances(ctx.lakehouse)
-    live = {group: instances.live(group) for group in {p.producer_group for p in checked}}
+    surveys = {group: instances.survey(group) for group in {p.producer_group for p in checked}}
+    live = {group: survey.live for group, survey in surveys.items()}
     for name, values in (
         ("check_id", [f"{p.transaction_id}-{p.checks + 1}" for p in checked]),
         ("transaction_id", [p.transaction_id for p in checked]),
@@ -90,4 +93,5 @@ def find_due(ctx: BatchContext, state: CheckerState, resolved_now: set[str]) -> 
     discard_ops = [dict(half_offset=offset, transaction_id=p.transaction_id, producer_group=p.producer_group,
                         outcome=Outcome.DISCARD, resolved_at=now, end_record_id=None, check_id=None)
                    for p in gone for offset in p.offsets]
-    return Due(checked, given_up, requests, discarded, discard_ops)
+    stale = {group: survey.stale for group, survey in surveys.items() if survey.stale}
+    return Due(checked, given_up, requests, discarded, discard_ops, stale)

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from coordinator.checker.context import BatchContext, BatchRecords, shaped
 from coordinator.checker.refusals import first_failure, rejection
-from coordinator.checker.state import Known, PendingTransaction, pending_from_rows
+from coordinator.checker.state import Known, TrackedTransaction, pending_from_rows
 from coordinator.grants import TopicGrants
 from coordinator.protocol import (
     CHECK_IMMUNITY_TIME_IN_SECONDS,
@@ -42,7 +42,7 @@ class Ingested:
     transaction each) and the HALF records it refused (``system/rejected`` rows)."""
 
     halves: pa.Table
-    transactions: list[PendingTransaction]
+    transactions: list[TrackedTransaction]
     rejections: list[dict]
 
 

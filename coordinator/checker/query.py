@@ -32,6 +32,8 @@ from coordinator.jobs.runtime import BatchGate
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 from coordinator.tables import COMMIT_LOG
 
+__all__ = ["CheckerQuery", "checkpoint_location"]
+
 log = logging.getLogger("coordinator.checker")
 
 

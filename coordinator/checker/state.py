@@ -53,8 +53,9 @@ RESOLVED_REMEMBERED = 200_000
 
 
 @dataclass
-class PendingTransaction:
-    """An unresolved transaction: what judging its END and deciding its checks needs."""
+class TrackedTransaction:
+    """An unresolved transaction as the checker tracks it in memory: what judging its END and deciding its checks
+    needs (the operators' view of a pending transaction is :class:`coordinator.ops.pending.PendingTransaction`)."""
 
     transaction_id: str
     producer_group: str
@@ -81,7 +82,7 @@ class Known:
     """What an earlier batch ingested under one transaction id."""
 
     producer_group: str
-    pending: Optional[PendingTransaction]  # ``None``: resolved
+    pending: Optional[TrackedTransaction]  # ``None``: resolved
 
 
 class HalfRows:
@@ -145,7 +146,7 @@ class CheckerState:
     """
 
     next_batch_id: Optional[int] = None
-    pending: dict[str, PendingTransaction] = field(default_factory=dict)
+    pending: dict[str, TrackedTransaction] = field(default_factory=dict)
     rows: HalfRows = field(default_factory=HalfRows)
     resolved: "OrderedDict[str, str]" = field(default_factory=OrderedDict)  # id -> producer group
     id_floor: Optional[str] = None
@@ -184,7 +185,7 @@ class CheckerState:
                 unsure.add(transaction_id)
         return known, unsure
 
-    def due(self, now_us: int, config: CoordinatorConfig) -> list[PendingTransaction]:
+    def due(self, now_us: int, config: CoordinatorConfig) -> list[TrackedTransaction]:
         """The pending transactions whose next check or expiry has come by ``now_us``."""
         found = {}
         later = []
@@ -213,7 +214,7 @@ class CheckerState:
 
     # --- what a batch changes (only once all its writes have landed) ------------------------
 
-    def add_pending(self, transactions: Iterable[PendingTransaction], rows: pa.Table, config: CoordinatorConfig) -> None:
+    def add_pending(self, transactions: Iterable[TrackedTransaction], rows: pa.Table, config: CoordinatorConfig) -> None:
         self.rows.add(rows)
         for pending in transactions:
             self.pending[pending.transaction_id] = pending
@@ -297,8 +298,8 @@ def _highest_transaction_id(lakehouse: Lakehouse) -> Optional[str]:
     return max((bound for bound in bounds if bound is not None), default=None)
 
 
-def pending_from_rows(halves: pa.Table) -> list[PendingTransaction]:
-    """One :class:`PendingTransaction` per transaction in ``halves`` (accepted half rows, all of
+def pending_from_rows(halves: pa.Table) -> list[TrackedTransaction]:
+    """One :class:`TrackedTransaction` per transaction in ``halves`` (accepted half rows, all of
     each transaction's messages).
 
     Example::
@@ -316,7 +317,7 @@ def pending_from_rows(halves: pa.Table) -> list[PendingTransaction]:
     for transaction_id, parts in messages.items():
         parts.sort()
         first = parts[0][2]
-        result.append(PendingTransaction(
+        result.append(TrackedTransaction(
             transaction_id=transaction_id,
             producer_group=columns["producer_group"][first],
             offsets=[offset for _, offset, _ in parts],

@@ -4,3 +4,5 @@ far it got (:mod:`.progress`), and which producer instances are alive to answer 
 
 The checker and producers write these files; the operator tools read them without starting a JVM.
 """
+
+__all__: list[str] = []  # its public surface is its modules, named above

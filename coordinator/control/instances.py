@@ -7,11 +7,13 @@ seen from its own host, while its process runs (a killed instance is passed over
 checker addresses each check request to one live instance of the transaction's group, chosen
 by the transaction and the check's number so that the checks of a group spread over its
 instances and a check that went unanswered goes to another one next time. A record a crashed
-instance left behind is removed once it is :data:`FORGET_AFTER_S` old (at once when its process
-is seen gone from its host), so the directory holds
-one small file per instance alive lately and nothing grows without bound.
+instance left behind is stale once it is :data:`FORGET_AFTER_S` old (at once when its process
+is seen gone from its host): reading the records (:meth:`ProducerInstances.survey`,
+:meth:`ProducerInstances.live`) never deletes, the checker removes the stale records it found
+(:meth:`ProducerInstances.forget`) after each batch's writes, so the directory holds one small file
+per instance alive lately and nothing grows without bound.
 
-Needs no JVM: producers write these files, the checker reads them.
+Needs no JVM: producers write these files, the checker reads them (and removes the stale ones).
 
 Example::
 
@@ -19,6 +21,7 @@ Example::
     instances.announce("order_group", "3f2a…", heartbeat_s=2.0)
     [i.instance_id for i in instances.live("order_group")]  # ['3f2a…']
     instances.address("order_group", instances.live("order_group"), "txn-1", check_times=1)  # '3f2a…'
+    instances.forget("order_group", instances.survey("order_group").stale)  # deletes the records of instances long gone
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from urllib.parse import quote
 from coordinator.control.processes import process_gone, this_process
 from coordinator.lakehouse import PRODUCERS_KEY, Lakehouse
 
+__all__ = ["FORGET_AFTER_S", "GroupSurvey", "LIVE_FOR_HEARTBEATS", "ProducerInstance", "ProducerInstances"]
+
 #: An instance is live while its record is at most this many of its heartbeats old.
 LIVE_FOR_HEARTBEATS = 3
-#: A record this old is removed by whoever reads the group's records.
+#: A record this old (and not live) is stale: :meth:`ProducerInstances.forget` may remove it.
 FORGET_AFTER_S = 3600.0
 
 
@@ -52,9 +57,17 @@ class ProducerInstance:
     last_seen: float  # seconds since the epoch
     heartbeat_s: float
 
-    def renewed_at(self, now: float) -> bool:
+    def renewed_recently(self, now: float) -> bool:
         """Whether it announced itself within its last three heartbeats before ``now``."""
         return now - self.last_seen <= LIVE_FOR_HEARTBEATS * self.heartbeat_s
+
+
+@dataclass(frozen=True)
+class GroupSurvey:
+    """The records of one group, sorted: which instances are live, which records are stale."""
+
+    live: list[ProducerInstance]  # by instance id
+    stale: list[ProducerInstance]  # gone from their host, or older than FORGET_AFTER_S: to be forgotten
 
 
 class ProducerInstances:
@@ -74,17 +87,27 @@ class ProducerInstances:
         """Remove ``instance_id``'s record: it shuts down and answers no more checks."""
         self.files.delete(self._key(group, instance_id))
 
-    def live(self, group: str) -> list[ProducerInstance]:
-        """The live instances of ``group``, by instance id; forgets records older than :data:`FORGET_AFTER_S`."""
+    def survey(self, group: str) -> GroupSurvey:
+        """Read the records of ``group``: its live instances, and the stale records (see :meth:`forget`).
+        Deletes nothing."""
         now = self.clock()
-        found = []
-        for record in self._records(group):
+        live, stale = [], []
+        for record in sorted(self._records(group), key=lambda record: record.instance_id):
             gone = process_gone(asdict(record))
-            if record.renewed_at(now) and not gone:
-                found.append(record)
+            if record.renewed_recently(now) and not gone:
+                live.append(record)
             elif gone or now - record.last_seen > FORGET_AFTER_S:
-                self.withdraw(group, record.instance_id)
-        return sorted(found, key=lambda record: record.instance_id)
+                stale.append(record)
+        return GroupSurvey(live, stale)
+
+    def live(self, group: str) -> list[ProducerInstance]:
+        """The live instances of ``group``, by instance id. Deletes nothing."""
+        return self.survey(group).live
+
+    def forget(self, group: str, stale: list[ProducerInstance]) -> None:
+        """Remove the records of ``stale`` instances of ``group`` (its :meth:`survey`'s ``stale``)."""
+        for record in stale:
+            self.withdraw(group, record.instance_id)
 
     @staticmethod
     def address(group: str, live: list[ProducerInstance], transaction_id: str, check_times: int) -> Optional[str]:

@@ -28,6 +28,8 @@ from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
 from coordinator.lakehouse import LEASE_KEY, Lakehouse
 from coordinator.storage import Versioned
 
+__all__ = ["CheckerLease", "lease_record"]
+
 
 log = logging.getLogger("coordinator.checker")
 

@@ -13,6 +13,8 @@ import os
 import socket
 from typing import Optional
 
+__all__ = ["process_gone", "this_process"]
+
 
 def this_process() -> dict:
     """What identifies this process, to be recorded beside what it holds.

@@ -31,6 +31,8 @@ from coordinator.exceptions import CheckpointMismatchError, LeaseLostError
 from coordinator.lakehouse import PROGRESS_KEY, Lakehouse
 from coordinator.storage import FileStore
 
+__all__ = ["BatchRecord", "CheckerProgress", "CheckpointState", "Epoch", "Progress", "verify_checkpoint"]
+
 
 @dataclass(frozen=True)
 class Epoch:

@@ -37,6 +37,8 @@ from coordinator.protocol import (OPERATOR_CHECK_PREFIX, OPERATOR_PROPERTY, OPER
                                   RecordKind)
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, HALF, OP, REJECTED
 
+__all__ = ["Event", "PENDING", "STEPS", "outcome", "transaction_timeline"]
+
 #: What :func:`outcome` says of a transaction with no op row yet.
 PENDING = "PENDING"
 

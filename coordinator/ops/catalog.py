@@ -27,6 +27,8 @@ from coordinator.exceptions import InvalidArgumentError
 from coordinator.lakehouse import Lakehouse, topic_names
 from coordinator.tables import SYSTEM_TABLES
 
+__all__ = ["DEFAULT_DATABASE", "lakehouse_tables", "register_tables", "topic_table_name"]
+
 DEFAULT_DATABASE = "txn"
 
 

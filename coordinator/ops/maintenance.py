@@ -51,6 +51,9 @@ from coordinator.lakehouse import Lakehouse
 from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
 
+__all__ = ["DEFAULT_RETENTION_HOURS", "LOG_RETENTION_PROPERTY", "MIN_RETENTION_HOURS", "TableMaintenance",
+           "log_retention_interval", "maintain", "maintained_tables"]
+
 #: Delta's own default for ``delta.deletedFileRetentionDuration``.
 DEFAULT_RETENTION_HOURS = 168
 #: The shortest retention while writers may be running (delta-rs counts retention in whole hours).

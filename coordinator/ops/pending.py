@@ -26,6 +26,8 @@ from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse, read_pending, require_lakehouse
 from coordinator.tables import CHECK_REQUESTS
 
+__all__ = ["CHECK", "DISCARD", "PendingTransaction", "next_step_of", "pending_transactions"]
+
 UTC = dt.timezone.utc
 CHECK = "check"
 DISCARD = "discard"

@@ -30,6 +30,8 @@ from coordinator.protocol import (MAX_REASON_LENGTH, OPERATOR_CHECK_PREFIX, OPER
                                   LocalTransactionState, Outcome)
 from coordinator.tables import OP
 
+__all__ = ["DECISIONS", "resolve_transaction"]
+
 DECISIONS = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE)
 
 

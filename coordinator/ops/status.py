@@ -30,6 +30,8 @@ from coordinator.ops.pending import pending_transactions
 from coordinator.protocol import Outcome
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, OP, REJECTED
 
+__all__ = ["Status", "delivery_latencies", "last_batch", "read_lease", "read_metrics", "read_status"]
+
 UTC = dt.timezone.utc
 
 

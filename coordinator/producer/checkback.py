@@ -38,6 +38,8 @@ from coordinator.producer.message import Message
 from coordinator.protocol import LocalTransactionState
 from coordinator.tables import CHECK_REQUESTS
 
+__all__ = ["CheckBackWorker"]
+
 _log = logging.getLogger("coordinator.producer.checkback")
 
 #: Check ids remembered for de-duplication. A request is only ever re-read when it

@@ -31,6 +31,8 @@ from coordinator.producer.message import Message
 from coordinator.protocol import LocalTransactionState, RecordKind
 from coordinator.tables import COMMIT_LOG
 
+__all__ = ["CommitLogWriter", "end_record", "half_records", "records_to_arrow"]
+
 _log = logging.getLogger("coordinator.producer.commit_log")
 _SCHEMA = COMMIT_LOG.arrow_schema()
 _ROW_TYPE = pa.struct(list(_SCHEMA))

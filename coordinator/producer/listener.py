@@ -8,6 +8,8 @@ from coordinator.exceptions import IncompleteListenerError
 from coordinator.producer.message import Message
 from coordinator.protocol import LocalTransactionState
 
+__all__ = ["TransactionListener"]
+
 _REQUIRED = ("execute_local_transaction", "check_local_transaction")
 
 

@@ -12,6 +12,8 @@ from coordinator.exceptions import MessageValidationError
 from coordinator.protocol import (CHECK_IMMUNITY_TIME_IN_SECONDS, DELAY_PROPERTIES, MAX_BODY_BYTES, LocalTransactionState,
                                   parse_immunity_seconds, validate_topic)
 
+__all__ = ["Message", "SendStatus", "TransactionSendResult"]
+
 
 @dataclass
 class Message:

@@ -30,6 +30,8 @@ from coordinator.producer.listener import TransactionListener
 from coordinator.producer.message import Message, SendStatus, TransactionSendResult
 from coordinator.protocol import LocalTransactionState
 
+__all__ = ["TransactionProducer", "time_ordered_id"]
+
 _log = logging.getLogger("coordinator.producer.transaction_producer")
 
 
