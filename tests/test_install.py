@@ -78,8 +78,8 @@ class Started:
             time.sleep(0.5)
 
     def stop(self) -> int:
-        """SIGTERM to the process, as docker, Kubernetes and systemd (``KillMode=mixed``) send it; its exit status."""
-        self.process.send_signal(signal.SIGTERM)
+        """SIGTERM to the whole process group, as systemd sends it by default; its exit status."""
+        os.killpg(self.process.pid, signal.SIGTERM)
         return self._exit_status()
 
     def interrupt(self) -> int:

@@ -30,6 +30,8 @@ Example::
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional
@@ -150,6 +152,7 @@ class CommitLogReader(SimpleDataSourceStreamReader):
         self.commit_log = commit_log
         self.starting_version = starting_version
         self.storage = storage
+        _outlive_stop_signals()
 
     def initialOffset(self) -> dict:
         return {"version": self.starting_version, "clock_us": 0}
@@ -165,6 +168,21 @@ class CommitLogReader(SimpleDataSourceStreamReader):
     def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple]:
         # A list's iterator: Spark copies it to keep the batch for a replay, which a generator would not allow.
         return iter([(start["version"], end["version"], end["clock_us"])])
+
+
+def _outlive_stop_signals() -> None:
+    """In the Python process that runs this reader for the JVM, ignore SIGTERM and SIGINT.
+
+    A stop sent to the checker's whole process group (Ctrl-C in a terminal, ``kill -TERM -PGID``,
+    systemd's default ``KillMode=control-group``) reaches this process too; dying of it mid-call
+    failed the streaming query (exit 1) where the checker would have finished its batch and
+    exited 0. The JVM ends this process when it stops (its socket closes), so it needs no signal.
+    """
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is None and threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 class CommitLogSource(DataSource):

@@ -108,10 +108,9 @@ def _forward_jvm_signals(spark, stop_requested: threading.Event) -> None:
 
     Under spark-submit the JVM is the parent process and is signalled first; when Python
     started the JVM, a signal sent to the whole process group (``kill -TERM -PGID``,
-    ``timeout``) reaches it too. Either way it would otherwise die mid-batch. A signal to the
-    whole group also reaches the Python helpers the JVM started (the commit-log source's
-    runner), which die of it and fail the query (exit 1): signal the job's main process, as
-    docker, Kubernetes and systemd with ``KillMode=mixed`` do (docs/operations.md).
+    ``timeout``, systemd) reaches it too. Either way it would otherwise die mid-batch. The
+    Python helper the JVM starts for the commit-log source ignores both signals
+    (:mod:`coordinator.checker.source`), so a stop sent to the whole group is graceful too.
     """
     from pyspark.java_gateway import ensure_callback_server_started
 
