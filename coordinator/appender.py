@@ -30,7 +30,7 @@ It stays a correct Delta writer:
 
 Example::
 
-    appender = DeltaAppender(Lakehouse("lakehouse").path(COMMIT_LOG))
+    appender = DeltaAppender(Lakehouse("lakehouse").commit_log("order_group"))
     appender.append(records)                                   # the version committed
     appender.append(rows, app_transaction=("txcoord-checker", 12))
     appender.close()
@@ -150,7 +150,7 @@ class DeltaAppender:
 
     Example::
 
-        with DeltaAppender(Lakehouse("lakehouse").path(COMMIT_LOG)) as appender:
+        with DeltaAppender(Lakehouse("lakehouse").commit_log("order_group")) as appender:
             appender.append(records)
     """
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from typing import Iterable, Mapping, Optional, Union
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,18 +23,43 @@ from deltalake.schema import Field
 
 from coordinator.exceptions import LakehouseNotFoundError, OutdatedLakehouseError
 from coordinator.storage import FileStore, is_object_store
-from coordinator.tables import COMMIT_LOG, HALF, OP, SYSTEM_TABLES, TableDef
+from coordinator.tables import COMMIT_LOG, GROUP_CHECK_REQUESTS, HALF, OP, SYSTEM_TABLES, TableDef
 
-__all__ = ["LEASE_KEY", "Lakehouse", "PRODUCERS_KEY", "PROGRESS_KEY", "create_table", "init_lakehouse", "open_table",
-           "read_pending", "read_table", "require_lakehouse", "table_dataset", "topic_names", "transaction_ids_in"]
+__all__ = ["GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY", "SHARED_LOG_KEY",
+           "create_group_tables", "create_table", "group_key", "group_of_key", "init_lakehouse", "open_table", "read_pending", "read_table",
+           "require_lakehouse", "table_dataset", "topic_names", "transaction_ids_in"]
 
 
 #: The checker's lease (:mod:`coordinator.control.lease`), its progress record
-#: (:mod:`coordinator.control.progress`) and the producer instances' announcements
-#: (:mod:`coordinator.control.instances`): keys under the lakehouse's root.
+#: (:mod:`coordinator.control.progress`) and the lakehouse's layout (:mod:`coordinator.commit_logs`):
+#: keys under the lakehouse's root.
 LEASE_KEY = "system/_checker_lease.json"
 PROGRESS_KEY = "system/_checker_progress.json"
-PRODUCERS_KEY = "system/_producers"
+LAYOUT_KEY = "system/_layout.json"
+#: Each producer group's own prefix: its commit log, its check requests and its instances' announcements.
+GROUPS_KEY = "groups"
+#: The operators' decisions (``txcoord resolve``): a commit log only operators may write.
+OPERATORS_LOG_KEY = "operators/commit_log"
+#: The one commit log every group shared before each had its own (:mod:`coordinator.commit_logs`).
+SHARED_LOG_KEY = "system/commit_log"
+
+
+def group_key(group: str) -> str:
+    """The directory name of ``group`` under ``groups/``.
+
+    A group name may hold any character (``/`` and ``..`` too): quoted, it stays one directory.
+
+    Example::
+
+        group_key("order_group")   # 'order_group'
+        group_key("a/b")           # 'a%2Fb'
+    """
+    return quote(group, safe="").replace(".", "%2E")
+
+
+def group_of_key(name: str) -> str:
+    """The group whose directory under ``groups/`` is ``name``: :func:`group_key` undone."""
+    return unquote(name)
 
 
 class Lakehouse:
@@ -50,6 +76,8 @@ class Lakehouse:
         lakehouse.path(HALF)             # '/data/lakehouse/system/half'
         lakehouse.path("topics/ORDER")   # '/data/lakehouse/topics/ORDER'
         lakehouse.topic("ORDER")         # '/data/lakehouse/topics/ORDER'
+        lakehouse.commit_log("order_group")  # '/data/lakehouse/groups/order_group/commit_log'
+        lakehouse.operators_log          # '/data/lakehouse/operators/commit_log'
         lakehouse.lease_file             # '/data/lakehouse/system/_checker_lease.json'
         Lakehouse("s3://bucket/lh").path(HALF)  # 's3://bucket/lh/system/half'
     """
@@ -97,6 +125,27 @@ class Lakehouse:
         name holds no path separator and no dot, so it cannot leave ``topics/``.
         """
         return self._join("topics", topic)
+
+    def group_dir(self, group: str) -> str:
+        """The key (relative to the root) of everything ``group`` owns: ``groups/<group>``."""
+        return f"{GROUPS_KEY}/{group_key(group)}"
+
+    def commit_log(self, group: str) -> str:
+        """The commit log ``group`` writes and only it may write (see :mod:`coordinator.commit_logs`)."""
+        return self._join(*self.group_dir(group).split("/"), "commit_log")
+
+    def check_requests(self, group: str) -> str:
+        """The check requests the checker sends ``group``: only that group reads them (they carry bodies)."""
+        return self._join(*self.group_dir(group).split("/"), "check_requests")
+
+    @property
+    def operators_log(self) -> str:
+        """The commit log of operators' decisions: only operators may write it."""
+        return self._join(*OPERATORS_LOG_KEY.split("/"))
+
+    def key_path(self, key: str) -> str:
+        """The location of ``key``, a path relative to the root (``groups/g/commit_log``)."""
+        return self._join(*key.split("/"))
 
     @property
     def lease_file(self) -> str:
@@ -152,7 +201,7 @@ def open_table(path: str, version: Optional[int] = None, storage: Optional[Mappi
 
     Example::
 
-        open_table(Lakehouse("lakehouse").path(COMMIT_LOG)).version()
+        open_table(Lakehouse("lakehouse").commit_log("order_group")).version()
     """
     attempts = 0
     while True:
@@ -206,16 +255,33 @@ def _add_missing_columns(table: TableDef, path: str, storage: Optional[Mapping[s
 
 
 def init_lakehouse(lakehouse: Union[str, Lakehouse]) -> list[str]:
-    """Create every missing system table under ``lakehouse``; return the names created.
+    """Create every missing system table under ``lakehouse``, and the operators' commit log; return
+    the names created.
 
     Idempotent: a second call creates nothing.
 
     Example::
 
-        init_lakehouse("lakehouse")  # ['system/commit_log', 'system/half', ...]
+        init_lakehouse("lakehouse")  # ['system/half', ..., 'operators/commit_log']
     """
     lakehouse = Lakehouse.at(lakehouse)
-    return [table.name for table in SYSTEM_TABLES if create_table(table, lakehouse.path(table), lakehouse.storage)]
+    created = [table.name for table in SYSTEM_TABLES if create_table(table, lakehouse.path(table), lakehouse.storage)]
+    if create_table(COMMIT_LOG, lakehouse.operators_log, lakehouse.storage):
+        created.append(OPERATORS_LOG_KEY)
+    return created
+
+
+def create_group_tables(lakehouse: Union[str, Lakehouse], group: str) -> list[str]:
+    """Create ``group``'s commit log and check-request table under ``lakehouse`` if missing; return
+    the paths created.
+
+    Example::
+
+        create_group_tables("lakehouse", "order_group")  # [.../groups/order_group/commit_log, ...]
+    """
+    lakehouse = Lakehouse.at(lakehouse)
+    wanted = ((COMMIT_LOG, lakehouse.commit_log(group)), (GROUP_CHECK_REQUESTS, lakehouse.check_requests(group)))
+    return [path for table, path in wanted if create_table(table, path, lakehouse.storage)]
 
 
 def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[pc.Expression] = None,
@@ -281,14 +347,14 @@ def read_pending(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] 
 
 
 def require_lakehouse(lakehouse: Union[str, Lakehouse]) -> Lakehouse:
-    """The lakehouse at ``lakehouse`` if it holds a commit log; else raise :class:`LakehouseNotFoundError`.
+    """The lakehouse at ``lakehouse`` if it holds the checker's tables; else raise :class:`LakehouseNotFoundError`.
 
     Example::
 
         require_lakehouse("lakehouse")  # Lakehouse('/…/lakehouse')
     """
     lakehouse = Lakehouse.at(lakehouse)
-    if not lakehouse.exists(COMMIT_LOG):
+    if not lakehouse.exists(HALF):
         raise LakehouseNotFoundError(f"no lakehouse at {lakehouse.root} (run `txcoord init` to create one)")
     return lakehouse
 

@@ -14,7 +14,7 @@ Where each table lives under a lakehouse is :class:`coordinator.lakehouse.Lakeho
 Example::
 
     from coordinator.tables import COMMIT_LOG
-    COMMIT_LOG.name                          # 'system/commit_log'
+    COMMIT_LOG.name                          # 'groups/<GROUP>/commit_log'
     COMMIT_LOG.arrow_schema().names[:2]      # ['record_id', 'kind']
 """
 
@@ -91,12 +91,13 @@ _MESSAGE = (
 MESSAGE_FIELDS = tuple(name for name, _ in _MESSAGE
                        if name not in ("transaction_id", "producer_group", "message_index", "message_count"))
 
-#: Everything producers send: HALF records (prepared messages) and END records
-#: (the outcome of a local transaction, from the producer or answering a check).
-#: Append-only. The checker reads each version's added files straight from the log
-#: (``coordinator.checker.source``); the change data feed stays on for other readers.
+#: Everything a producer group sends: HALF records (prepared messages) and END records
+#: (the outcome of a local transaction, from the producer or answering a check), in the group's
+#: own log; operators' decisions go to ``operators/commit_log``, of the same schema
+#: (``coordinator.commit_logs``). Append-only. The checker reads each version's added files
+#: straight from the log (``coordinator.checker.segment``); the change data feed stays on for other readers.
 COMMIT_LOG = TableDef(
-    "system/commit_log",
+    "groups/<GROUP>/commit_log",
     (
         ("record_id", "string"),
         ("kind", "string"),
@@ -136,10 +137,13 @@ OP = TableDef(
     ),
 )
 
-#: One row per check-back sent to a producer group. Carries the transaction's
-#: first message so the producer can answer without reading the half queue.
-CHECK_REQUESTS = TableDef(
-    "system/check_requests",
+#: One row per check-back sent to a producer group, in the group's own table
+#: (``groups/<GROUP>/check_requests``, which only that group reads): it carries the transaction's
+#: first message so the producer can answer without reading the half queue. The checker keeps its
+#: own record of every check in ``system/check_requests``, of the same schema, without the
+#: message's content (``keys``, ``tags``, ``properties`` and ``body`` are null there).
+GROUP_CHECK_REQUESTS = TableDef(
+    "groups/<GROUP>/check_requests",
     (
         ("check_id", "string"),
         ("transaction_id", "string"),
@@ -160,6 +164,12 @@ CHECK_REQUESTS = TableDef(
     ),
     {"delta.enableChangeDataFeed": "true"},
 )
+
+#: The checker's record of every check it sent: see :data:`GROUP_CHECK_REQUESTS`.
+CHECK_REQUESTS = TableDef("system/check_requests", GROUP_CHECK_REQUESTS.columns)
+
+#: The columns a check request carries only to its group: the message's content.
+MESSAGE_CONTENT = ("keys", "tags", "properties", "body")
 
 #: Halves given up: checked the maximum number of times, or past retention.
 DISCARDED = TableDef(
@@ -199,6 +209,8 @@ REJECTED = TableDef(
         ("commit_version", "long"),
         ("stored_timestamp", "timestamp"),
         ("batch_id", "long"),
+        # Where the record was stored: the commit log it came from, which says who wrote it.
+        ("commit_log", "string"),
     ),
 )
 
@@ -239,10 +251,11 @@ METRICS = TableDef(
         ("discarded", "long"),  # halves discarded
         ("rejected", "long"),  # records refused
         ("pending_halves", "long"),  # halves with no op row once the batch had committed
-        ("commit_log_version", "long"),  # the last commit-log version the checker had read
+        ("commit_log_version", "long"),  # how many commit-log versions the checker had read, over every log
     ),
 )
 
-#: The tables ``coordinator init`` creates. Topic tables appear on first delivery.
-SYSTEM_TABLES = (COMMIT_LOG, HALF, OP, CHECK_REQUESTS, DISCARDED, REJECTED, METRICS)
+#: The checker's tables, which ``txcoord init`` creates. Topic tables appear on first delivery;
+#: a group's tables when it is added (``txcoord add-group``) or first sends.
+SYSTEM_TABLES = (HALF, OP, CHECK_REQUESTS, DISCARDED, REJECTED, METRICS)
 

@@ -101,45 +101,58 @@ def append_rows(path: str, table: TableDef, rows: list[dict], storage: Optional[
 class ManualChecker:
     """The checker's batch logic, driven one batch at a time over new commit-log versions.
 
-    ``run(now)`` processes every version committed since the last run, with a
-    heartbeat tick at ``now`` (default: the wall clock) as the batch clock, and
-    hands each batch's ``pending_from`` to the next, as the streaming query does.
+    ``run(now)`` processes every version of every commit log committed since the last run, with a
+    heartbeat tick at ``now`` (default: the wall clock) as the batch clock, and hands each batch's
+    ``pending_from`` to the next, as the streaming query does.
     """
 
     def __init__(self, spark, config: CoordinatorConfig):
         self.spark = spark
         self.config = config
-        self.next_version = 0
+        self.lakehouse = Lakehouse(config.lakehouse)
+        self.next_versions: dict[str, int] = {}
         self.batch_id = 0
         self.pending_from = 0
         from coordinator.checker.state import CheckerState
 
         self.state = CheckerState()
 
-    def write(self, *rows: dict, stored_at: Optional[dt.datetime] = None) -> int:
+    def write(self, *rows: dict, stored_at: Optional[dt.datetime] = None, log: Optional[str] = None) -> int:
         """Append raw commit-log records as one commit; return its version.
 
+        ``log`` is the commit log's key (``groups/g/commit_log``); by default the first record's
+        group's own (``g`` for a record with none), or the operators' for an operator's decision.
         ``stored_at`` dates the commit (its log file's modification time, which the checker reads
         as when the records were stored): a commit made "a while ago" without waiting for it.
         """
-        path = Lakehouse(self.config.lakehouse).path(COMMIT_LOG)
+        from coordinator.commit_logs import CommitLogRef
+        from coordinator.lakehouse import create_table
+        from coordinator.protocol import OPERATOR_CHECK_PREFIX
+
+        first = rows[0]
+        if log is None and (first.get("check_id") or "").startswith(OPERATOR_CHECK_PREFIX):
+            log = CommitLogRef.operators().key
+        log = log or CommitLogRef.of_group(first.get("producer_group") or "g").key
+        path = self.lakehouse.key_path(log)
+        create_table(COMMIT_LOG, path)
         append_rows(path, COMMIT_LOG, list(rows))
         version = DeltaTable(path).version()
         if stored_at is not None:
             os.utime(os.path.join(path, "_delta_log", f"{version:020d}.json"), (stored_at.timestamp(),) * 2)
         return version
 
-    def records(self, first_version: int, last_version: int, now: dt.datetime):
-        from coordinator.checker.source import Segment
+    def records(self, starts: dict, ends: dict, now: dt.datetime):
+        from coordinator.checker.segment import Segment
 
-        segment = Segment(first_version, last_version + 1, int(now.timestamp() * 1_000_000))
-        return segment.records(Lakehouse(self.config.lakehouse).path(COMMIT_LOG))
+        return Segment(starts, ends, int(now.timestamp() * 1_000_000)).records(self.lakehouse)
 
     def run(self, now: Optional[dt.datetime] = None):
         """Run the next batch over every commit-log version not yet processed, at clock ``now``."""
-        latest = DeltaTable(Lakehouse(self.config.lakehouse).path(COMMIT_LOG)).version()
-        self.last_batch = (self.next_version, latest, now or dt.datetime.now(UTC), self.batch_id, self.pending_from)
-        self.next_version, self.batch_id = latest + 1, self.batch_id + 1
+        from coordinator.checker.segment import grown_to
+
+        ends = grown_to(self.lakehouse, self.next_versions)
+        self.last_batch = (self.next_versions, ends, now or dt.datetime.now(UTC), self.batch_id, self.pending_from)
+        self.next_versions, self.batch_id = ends, self.batch_id + 1
         summary = self.replay()
         self.pending_from = summary.pending_from
         return summary
@@ -148,8 +161,8 @@ class ManualChecker:
         """Run the last batch again, exactly as Spark does after a crash: same id, versions and clock."""
         from coordinator.checker.batch import run_batch
 
-        first, last, now, batch_id, pending_from = self.last_batch
-        return run_batch(self.config, self.records(first, last, now), batch_id,
+        starts, ends, now, batch_id, pending_from = self.last_batch
+        return run_batch(self.config, self.records(starts, ends, now), batch_id,
                          pending_from=pending_from, state=self.state)
 
     def table(self, name: str):

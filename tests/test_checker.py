@@ -118,10 +118,10 @@ def test_crash_between_writes_is_repaired_by_replay(checker, monkeypatch):
     checker.write(end_record("x"))
     real_append = writer.TableWriter.append
 
-    def crash_on_topic(self, path, data, batch_id):
+    def crash_on_topic(self, path, data, batch_id, **options):
         if "/topics/" in path:
             raise RuntimeError("simulated crash after the op was written")
-        return real_append(self, path, data, batch_id)
+        return real_append(self, path, data, batch_id, **options)
 
     monkeypatch.setattr(writer.TableWriter, "append", crash_on_topic)
     with pytest.raises(RuntimeError):
@@ -145,16 +145,19 @@ def test_hostile_and_malformed_records_are_rejected_with_reasons(checker):
         "bad_immunity": half_record("h5", properties={CHECK_IMMUNITY_TIME_IN_SECONDS: "-3"}),
         "unknown_kind": half_record("h6", kind="DELETE_EVERYTHING"),
         "valid": half_record("ok", group="g"),
-        "other_group_valid": half_record("owned", group="owner"),
     }
     checker.write(*records.values())
+    checker.write(half_record("owned", group="owner"))
     ends = {
         "unknown_state": end_record("ok", state="MAYBE"),
         "unknown_txn": end_record("nobody-sent-this"),
-        "forged_group": end_record("owned", group="intruder"),
         "valid_end": end_record("ok"),
     }
     checker.write(*ends.values())
+    # Another group, in its own log, ends the owner's transaction; then claims to be the owner.
+    ends["forged_group"] = end_record("owned", group="intruder")
+    ends["claims_owner"] = end_record("owned", group="owner")
+    checker.write(ends["forged_group"], ends["claims_owner"], log="groups/intruder/commit_log")
     ends["second_end"] = end_record("ok", state="ROLLBACK_MESSAGE")  # a later commit: the first END has won
     checker.write(ends["second_end"])
     summary = checker.run()
@@ -174,14 +177,16 @@ def test_hostile_and_malformed_records_are_rejected_with_reasons(checker):
     assert got[ends["unknown_state"]["record_id"]] == "unknown state 'MAYBE'"
     assert got[ends["unknown_txn"]["record_id"]] == "unknown transaction"
     assert got[ends["forged_group"]["record_id"]] == "producer group does not own the transaction"
+    assert got[ends["claims_owner"]["record_id"]] == ("stored in producer group 'intruder''s commit log but names "
+                                                      "producer group 'owner'")
     assert got[ends["second_end"]["record_id"]] == "transaction already resolved"
     assert ends["valid_end"]["record_id"] not in got
-    assert summary.rejected == len(expected) + 4
+    assert summary.rejected == len(expected) + 5
     # Valid traffic around the bad records is untouched.
     assert [r.transaction_id for r in checker.rows("T")] == ["ok"]
     assert {r.transaction_id for r in checker.rows("half")} == {"ok", "owned"}
     # Nothing left the lakehouse's topics/ directory.
-    assert sorted(p.name for p in Path(checker.config.lakehouse).iterdir()) == ["system", "topics"]
+    assert sorted(p.name for p in Path(checker.config.lakehouse).iterdir()) == ["groups", "operators", "system", "topics"]
     assert [p.name for p in (Path(checker.config.lakehouse) / "topics").iterdir()] == ["T"]
 
 

@@ -139,7 +139,7 @@ def test_producers_commit_to_the_commit_log_on_object_storage(s3_server, s3_lake
                          storage=s3_lakehouse.storage).to_pylist()
     assert {(r["kind"], r["body"]) for r in records if r["transaction_id"] == result.transaction_id} == {
         ("HALF", b"on S3"), ("END", None)}
-    assert Lakehouse(s3_lakehouse.root, s3_server.storage_options).files.list("system/_producers/g") == []  # withdrawn
+    assert Lakehouse(s3_lakehouse.root, s3_server.storage_options).files.list("groups/g/_producers") == []  # withdrawn
 
 
 def test_the_operator_tools_read_and_resolve_a_lakehouse_on_object_storage(s3_server, s3_lakehouse, tmp_path, capsys):

@@ -51,11 +51,11 @@ def test_an_instance_is_live_while_it_renews_and_forgotten_long_after(tmp_path):
     assert [i.instance_id for i in instances.live("g")] == ["a", "c"]
     clock.now += 2.0  # "a" was last seen 7 s ago: more than three heartbeats
     assert [i.instance_id for i in instances.live("g")] == ["c"]
-    assert instances.files.list("system/_producers/g") == ["system/_producers/g/a.json", "system/_producers/g/c.json"]
+    assert instances.files.list("groups/g/_producers") == ["groups/g/_producers/a.json", "groups/g/_producers/c.json"]
     clock.now += FORGET_AFTER_S
-    assert instances.live("g") == [] and len(instances.files.list("system/_producers/g")) == 2  # reading deletes nothing
+    assert instances.live("g") == [] and len(instances.files.list("groups/g/_producers")) == 2  # reading deletes nothing
     instances.forget("g", instances.survey("g").stale)
-    assert instances.files.list("system/_producers/g") == []
+    assert instances.files.list("groups/g/_producers") == []
 
 
 def test_an_instance_whose_process_is_gone_from_this_host_is_passed_over_at_once(tmp_path):

@@ -20,17 +20,19 @@ import pyarrow.compute as pc
 
 from coordinator.checker import CHECKER_NAME
 from coordinator.checker.check import find_due
-from coordinator.checker.context import BatchContext, BatchRecords, shaped
-from coordinator.checker.ingest import OFFSETS_PER_COMMIT, ingest_halves, refuse_unknown_kinds
+from coordinator.checker.context import COMMITS_PER_BATCH, OFFSETS_PER_COMMIT, BatchContext, BatchRecords, shaped
+from coordinator.checker.ingest import ingest_halves, refuse_unknown_kinds
+from coordinator.checker.provenance import refuse_misattributed
 from coordinator.checker.recover import recover_discarded
 from coordinator.checker.resolve import promote, resolve_ends
 from coordinator.checker.state import CheckerState, lookup_in_tables
 from coordinator.checker.writer import files_written_at_us
+from coordinator.commit_logs import CommitLogs
 from coordinator.config import CoordinatorConfig
 from coordinator.control.instances import ProducerInstances
 from coordinator.lakehouse import Lakehouse
 from coordinator.protocol import Outcome
-from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TOPIC
+from coordinator.tables import CHECK_REQUESTS, DISCARDED, GROUP_CHECK_REQUESTS, HALF, MESSAGE_CONTENT, OP, REJECTED, TOPIC
 
 log = logging.getLogger("coordinator.checker")
 
@@ -54,28 +56,15 @@ class BatchSummary:
     duration_ms: int = 0
 
 
-@dataclass(frozen=True)
-class BatchBounds:
-    """The commit-log versions a batch read (``None`` if only heartbeat ticks) and its clock."""
-
-    first_version: Optional[int]
-    last_version: Optional[int]
-    now_us: int
-
-
-def batch_bounds(records: pa.Table) -> Optional[BatchBounds]:
-    """The bounds of a collected batch, or ``None`` for an empty batch.
-
-    The clock is the latest commit or tick time among the batch's own rows, never
-    the wall clock, so a replayed batch decides exactly as the first run did.
+def batch_clock(records: pa.Table) -> Optional[int]:
+    """The clock of a collected batch (``None`` for an empty batch): the latest commit or tick time
+    among its own rows, never the wall clock, so a replayed batch decides exactly as the first run did.
 
     Example::
 
-        batch_bounds(segment.records(commit_log))  # BatchBounds(first_version=3, last_version=5, now_us=...)
+        batch_clock(segment.records(lakehouse))  # microseconds since the epoch
     """
-    versions = pc.min_max(records.column("commit_version"))
-    now_us = pc.max(records.column("stored_timestamp").cast(pa.int64())).as_py()
-    return None if now_us is None else BatchBounds(versions["min"].as_py(), versions["max"].as_py(), now_us)
+    return pc.max(records.column("stored_timestamp").cast(pa.int64())).as_py()
 
 
 def run_batch(
@@ -83,41 +72,40 @@ def run_batch(
     records: pa.Table,
     batch_id: int,
     app_id: str = CHECKER_NAME,
-    bounds: Optional[BatchBounds] = None,
     pending_from: int = 0,
     state: Optional[CheckerState] = None,
+    shared_log: bool = False,
 ) -> Optional[BatchSummary]:
     """Process one micro-batch of commit-log records (plus heartbeat ticks).
 
-    ``records`` are the batch's rows (``coordinator.checker.source.Segment.records``): the
-    commit-log columns plus ``commit_version``, ``stored_timestamp`` and ``is_heartbeat``; ``bounds`` are its
-    :func:`batch_bounds`, computed here unless given (a replay from the progress
-    record gives them). ``pending_from`` is the previous batch's
-    ``BatchSummary.pending_from`` (0 looks through the whole half queue); ``state`` the
-    checker's memory, kept between calls (a fresh one, the default, is built from the
-    tables). Returns ``None`` for an empty batch.
+    ``records`` are the batch's rows (:meth:`coordinator.checker.segment.Segment.records`).
+    ``pending_from`` is the previous batch's ``BatchSummary.pending_from`` (0 looks through the
+    whole half queue); ``state`` the checker's memory, kept between calls (a fresh one, the
+    default, is built from the tables); ``shared_log`` replays a batch a checker of the one
+    shared commit log announced (:mod:`.context`). Returns ``None`` for an empty batch.
 
     Example::
 
         state = CheckerState()
-        run_batch(config, Segment(3, 5, clock_us).records(commit_log), batch_id=7, state=state)
+        run_batch(config, segment.records(lakehouse), batch_id=7, state=state)
     """
     started = time.monotonic()
-    bounds = bounds or batch_bounds(records)
-    if bounds is None:
+    now_us = batch_clock(records)
+    if now_us is None:
         return None
     state = state if state is not None else CheckerState()
     state.prepare(config, batch_id, pending_from, app_id)
-    summary = _decide_and_write(BatchContext(config, batch_id, bounds.now_us, Lakehouse.of(config)), BatchRecords.of(records),
-                                state, pending_from, bounds)
+    summary = _decide_and_write(BatchContext(config, batch_id, now_us, Lakehouse.of(config)),
+                                BatchRecords.of(records, batch_id, shared_log), state, pending_from, shared_log)
     summary = replace(summary, duration_ms=int((time.monotonic() - started) * 1000))
     log.info("batch %d: %s", batch_id, ", ".join(f"{k}={v}" for k, v in asdict(summary).items() if k != "batch_id"))
     return summary
 
 
-def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerState,
-                      pending_from: int, bounds: BatchBounds) -> BatchSummary:
+def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: CheckerState,
+                      pending_from: int, shared_log: bool) -> BatchSummary:
     state.invalidate()  # until every write below has landed: a batch that fails leaves the next one to rebuild
+    records, misattributed = refuse_misattributed(all_records, CommitLogs(ctx.lakehouse).layout())
     ids = {r["transaction_id"] for r in records.rows if r["transaction_id"] is not None}
     known, unsure = state.lookup(ids)
     known.update(lookup_in_tables(ctx.config, ctx.batch_id, unsure))
@@ -128,14 +116,16 @@ def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerSt
     recovered = recover_discarded(ctx, resolved.to_recover)
     deliveries = pa.concat_tables([promote(resolved, state), recovered.deliveries])
     due = find_due(ctx, state, set(resolved.outcomes))
-    rejected = refuse_unknown_kinds(records) + ingested.rejections + resolved.rejections + recovered.rejections
+    rejected = (misattributed + refuse_unknown_kinds(records) + ingested.rejections + resolved.rejections
+                + recovered.rejections)
 
     ops = resolved.ops + recovered.ops + due.discard_ops
     lakehouse, writer, batch_id = ctx.lakehouse, state.writer, ctx.batch_id
     written = []
 
     def append(table, data: pa.Table, path: Optional[str] = None) -> Optional[int]:
-        version = writer.append(path or lakehouse.path(table), data, batch_id)
+        version = writer.append(path or lakehouse.path(table), data, batch_id,
+                                create_as=table if table is GROUP_CHECK_REQUESTS else None)
         written.append(version is not None)
         return version
 
@@ -152,7 +142,16 @@ def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerSt
         append(DISCARDED, _table(DISCARDED, due.discarded, batch_id))
     visible_at_us = None
     if due.checked:
-        version = append(CHECK_REQUESTS, _table(CHECK_REQUESTS, due.requests, batch_id))
+        # Each group's requests to its own table first, then the checker's record of them without the
+        # messages' content: a check counts as visible when the record is, never before its group's.
+        requests = _table(CHECK_REQUESTS, due.requests, batch_id)
+        for group in sorted(set(requests.column("producer_group").to_pylist())):
+            append(GROUP_CHECK_REQUESTS, requests.filter(pc.equal(requests.column("producer_group"), group)),
+                   lakehouse.check_requests(group))
+        for name in MESSAGE_CONTENT:
+            requests = requests.set_column(requests.schema.get_field_index(name), name,
+                                           pa.nulls(requests.num_rows, requests.schema.field(name).type))
+        version = append(CHECK_REQUESTS, requests)
         visible_at_us = None if version is None else files_written_at_us(lakehouse.path(CHECK_REQUESTS), version,
                                                                          lakehouse.storage)
     if rejected:
@@ -170,11 +169,10 @@ def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerSt
     # else: a replay found some of its writes made already; the next batch rebuilds from the tables.
 
     lowest = state.lowest_pending_offset()
-    next_offset = pending_from if bounds.last_version is None else (bounds.last_version + 1) * OFFSETS_PER_COMMIT
     outcomes = list(resolved.outcomes.values())
     return BatchSummary(
         batch_id=batch_id,
-        records=len(records.rows),
+        records=len(all_records.rows),
         halves=ingested.halves.num_rows,
         commits=outcomes.count(Outcome.COMMIT) + len(recovered.transaction_ids),
         rollbacks=outcomes.count(Outcome.ROLLBACK),
@@ -184,8 +182,16 @@ def _decide_and_write(ctx: BatchContext, records: BatchRecords, state: CheckerSt
         discarded=due.discarded.num_rows,
         rejected=len(rejected),
         pending=state.pending_half_count,
-        pending_from=lowest if lowest is not None else max(pending_from, next_offset),
+        pending_from=lowest if lowest is not None else max(pending_from, _next_offset(all_records, batch_id, shared_log)),
     )
+
+
+def _next_offset(records: BatchRecords, batch_id: int, shared_log: bool) -> int:
+    """A queue offset no half of a later batch can be below (see :mod:`.context`)."""
+    if not shared_log:
+        return (batch_id + 1) * COMMITS_PER_BATCH * OFFSETS_PER_COMMIT
+    # A batch of the shared log: its sequences are versions, the next batch's are higher.
+    return (max((r["sequence"] for r in records.rows), default=-1) + 1) * OFFSETS_PER_COMMIT
 
 
 def _table(table, data: pa.Table, batch_id: int) -> pa.Table:

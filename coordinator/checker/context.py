@@ -1,4 +1,14 @@
-"""What every step of a checker batch shares: its id and clock, its records, and row-to-table shaping."""
+"""What every step of a checker batch shares: its id and clock, its records, their order, and row-to-table shaping.
+
+**Sequence.** The commits a batch reads, from every commit log, are merged into one order
+(:mod:`.segment`); a commit's *sequence* is ``batch_id * COMMITS_PER_BATCH + its rank`` in that
+order, so sequences increase from batch to batch and a replayed batch gives the same ones. A half's
+**queue offset** is ``sequence * OFFSETS_PER_COMMIT + its position in its commit``: unique,
+increasing in the order the checker took the halves in, and the same on every replay. A batch
+announced by a checker of the one shared commit log (before each group had its own) used that
+log's version as the sequence, and is replayed so; ``txcoord upgrade`` starts the batch ids high
+enough that every later sequence is higher.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +21,12 @@ import pyarrow.compute as pc
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse
 from coordinator.tables import TableDef
+
+#: A batch reads fewer commits than this (``segment.MAX_VERSIONS_PER_BATCH``): see the module's docstring.
+COMMITS_PER_BATCH = 1 << 11
+#: A commit holds at most this many halves (the rest of a larger one is refused).
+OFFSETS_PER_COMMIT = 1 << 20
+
 
 @dataclass(frozen=True)
 class BatchContext:
@@ -33,28 +49,39 @@ class BatchRecords:
 
     ``table`` holds every column; ``rows`` the same records as dicts without the two
     heavy columns (``body``, ``born_timestamp``), plus ``row`` (the index in ``table``),
-    ``stored_us`` (``stored_timestamp`` in microseconds) and ``body_size``.
+    ``stored_us`` (``stored_timestamp`` in microseconds), ``body_size`` and ``sequence``
+    (the record's commit's place in the checker's order: see the module's docstring).
     """
 
     table: pa.Table
     rows: list[dict]
 
     @classmethod
-    def of(cls, collected: pa.Table) -> "BatchRecords":
-        """The records of a collected batch, ticks left out.
+    def of(cls, collected: pa.Table, batch_id: int, shared_log: bool = False) -> "BatchRecords":
+        """The records of a collected batch, ticks left out. ``shared_log``: the batch was announced by a
+        checker of the one shared commit log, whose versions are its sequences.
 
         Example::
 
-            BatchRecords.of(segment.records(commit_log)).rows[0]["kind"]  # 'HALF'
+            BatchRecords.of(segment.records(lakehouse), batch_id=7).rows[0]["kind"]  # 'HALF'
         """
         table = collected.filter(pc.invert(collected.column("is_heartbeat")))
         light = table.drop_columns(["body", "born_timestamp", "stored_timestamp", "is_heartbeat"])
         light = light.append_column("stored_us", table.column("stored_timestamp").cast(pa.int64()))
         light = light.append_column("body_size", pc.binary_length(table.column("body")))
+        if (pc.max(table.column("commit_rank")).as_py() or 0) >= COMMITS_PER_BATCH:
+            raise ValueError(f"a batch reads fewer than {COMMITS_PER_BATCH} commits (segment.MAX_VERSIONS_PER_BATCH)")
+        sequence = (table.column("commit_version") if shared_log else
+                    pc.add(table.column("commit_rank"), batch_id * COMMITS_PER_BATCH))
+        light = light.append_column("sequence", sequence)
         rows = light.to_pylist()
         for index, row in enumerate(rows):
             row["row"] = index
         return cls(table, rows)
+
+    def without(self, refused: set[int]) -> "BatchRecords":
+        """The same records less the rows whose ``row`` is in ``refused``."""
+        return BatchRecords(self.table, [row for row in self.rows if row["row"] not in refused])
 
 
 def shaped(table: TableDef, columns: Mapping[str, object], num_rows: int, batch_id: Optional[int]) -> pa.Table:

@@ -9,7 +9,7 @@ from typing import Mapping
 
 import pyarrow as pa
 
-from coordinator.checker.context import BatchContext, BatchRecords, shaped
+from coordinator.checker.context import OFFSETS_PER_COMMIT, BatchContext, BatchRecords, shaped
 from coordinator.checker.refusals import first_failure, rejection
 from coordinator.checker.state import Known, TrackedTransaction, pending_from_rows
 from coordinator.grants import TopicGrants
@@ -25,10 +25,6 @@ from coordinator.protocol import (
     RecordKind,
 )
 from coordinator.tables import HALF
-
-#: A queue offset is ``commit_version * OFFSETS_PER_COMMIT + position in that commit``:
-#: unique, increasing in commit-log order, and the same every time a batch is replayed.
-OFFSETS_PER_COMMIT = 1 << 20
 
 _KINDS = frozenset(kind.value for kind in RecordKind)
 
@@ -78,16 +74,17 @@ def ingest_halves(ctx: BatchContext, records: BatchRecords, known: Mapping[str, 
 
 
 def _number(halves: list[dict]) -> None:
-    """Give each half its position in its commit and its queue offset (nulls sort first, as in SQL)."""
-    by_version = defaultdict(list)
+    """Give each half its position in its commit and its queue offset (nulls sort first, as in SQL);
+    see :mod:`.context` for the queue offset."""
+    by_commit = defaultdict(list)
     for record in halves:
-        by_version[record["commit_version"]].append(record)
-    for version, commit in by_version.items():
+        by_commit[record["sequence"]].append(record)
+    for sequence, commit in by_commit.items():
         commit.sort(key=lambda r: tuple((r[c] is not None, r[c] if r[c] is not None else 0)
                                         for c in ("record_id", "transaction_id", "message_index")))
         for position, record in enumerate(commit):
             record["position"] = position
-            record["queue_offset"] = version * OFFSETS_PER_COMMIT + position
+            record["queue_offset"] = sequence * OFFSETS_PER_COMMIT + position
 
 
 def _blank(name: str):
@@ -130,13 +127,13 @@ _RECORD_RULES = [
 
 def _refuse_whole_transactions(halves: list[dict], known: Mapping[str, Known]) -> None:
     """Apply the transaction-level rules: one commit, one group, every message present, a new id."""
-    commits = defaultdict(list)  # (transaction id, commit version) -> its records
-    first_version: dict = {}
+    commits = defaultdict(list)  # (transaction id, commit sequence) -> its records
+    first_commit: dict = {}
     for record in halves:
-        key = (record["transaction_id"], record["commit_version"])
+        key = (record["transaction_id"], record["sequence"])
         commits[key].append(record)
-        first_version[key[0]] = min(first_version.get(key[0], key[1]), key[1])
-    for (transaction_id, version), messages in commits.items():
+        first_commit[key[0]] = min(first_commit.get(key[0], key[1]), key[1])
+    for (transaction_id, sequence), messages in commits.items():
         counts = [r["message_count"] for r in messages if r["message_count"] is not None]
         expected = max(counts, default=None)
         indexes = {r["message_index"] for r in messages if r["message_index"] is not None}
@@ -145,7 +142,7 @@ def _refuse_whole_transactions(halves: list[dict], known: Mapping[str, Known]) -
         for record in messages:
             if record["reason"] is not None:
                 continue
-            if version > first_version[transaction_id] or transaction_id in known:
+            if sequence > first_commit[transaction_id] or transaction_id in known:
                 record["reason"] = "duplicate transaction_id"
             elif incomplete:
                 record["reason"] = "transaction's messages incomplete or inconsistent"

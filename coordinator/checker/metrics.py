@@ -149,11 +149,11 @@ def metrics_row(progress, summary) -> dict:
 
 
 def commit_log_version(progress) -> Optional[int]:
-    """The last commit-log version the checker has read, from its source's end offset
-    (``{"version": first version not read, ...}``, see ``coordinator.checker.source``).
+    """How many commit-log versions the checker has read, over every log, from its source's end
+    offset (``{"versions": {log: first version not read}, ...}``, see ``coordinator.checker.source``).
     """
     for source in progress.sources:
         offset = json.loads(source.endOffset) if isinstance(source.endOffset, str) else source.endOffset
-        if isinstance(offset, dict) and "version" in offset:
-            return int(offset["version"]) - 1
+        if isinstance(offset, dict) and "versions" in offset:
+            return sum(int(version) for version in offset["versions"].values())
     return None

@@ -1,8 +1,8 @@
-"""The checker's streaming query: the commit log, one batch per trigger, a clock tick in each.
+"""The checker's streaming query: the commit logs, one batch per trigger, a clock tick in each.
 
-The source (:mod:`.source`) reads each new commit-log version straight from its
-Delta log, so each record comes with the version and the time at which it entered
-the log, and ends a batch of one clock tick once a second when producers are quiet,
+The source (:mod:`.source`) reads each new version of every commit log straight from its
+Delta log, so each record comes with the log, the version and the time at which it entered
+it, and ends a batch of one clock tick once a second when producers are quiet,
 so check-backs keep coming. Spark keeps the offsets in the query's checkpoint.
 """
 
@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
-import time
 from typing import Optional
 
 import pyarrow as pa
@@ -20,17 +18,19 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from coordinator.checker import CHECKER_NAME
-from coordinator.checker.batch import BatchBounds, batch_bounds, run_batch
+from coordinator.checker.batch import batch_clock, run_batch
+from coordinator.checker.epochs import begin_next_epoch
 from coordinator.checker.metrics import CheckerMetrics
-from coordinator.checker.source import CommitLogSource, Segment, segments
+from coordinator.checker.segment import Segment
+from coordinator.checker.source import CommitLogSource, segments
 from coordinator.checker.state import CheckerState
+from coordinator.commit_logs import CommitLogs
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
 from coordinator.control.progress import BatchRecord, CheckerProgress, CheckpointState, Progress
 from coordinator.exceptions import CheckpointMismatchError, LeaseLostError
 from coordinator.jobs.runtime import BatchGate
 from coordinator.lakehouse import Lakehouse, init_lakehouse
-from coordinator.tables import COMMIT_LOG
 
 __all__ = ["CheckerQuery", "checkpoint_location"]
 
@@ -58,7 +58,6 @@ class CheckerQuery:
         self.app_id = app_id
         self.query: Optional[StreamingQuery] = None
         self.lakehouse = Lakehouse.of(config)
-        self.commit_log = self.lakehouse.path(COMMIT_LOG)
         self.lease = CheckerLease(self.lakehouse, ttl_s=config.checker_lease_ttl_ms / 1000)
         self.metrics = CheckerMetrics(self.lakehouse, app_id, CHECKER_NAME)
         self.progress_store = CheckerProgress(self.lakehouse)
@@ -76,7 +75,9 @@ class CheckerQuery:
 
         While another checker holds the lease, stand by until it lapses (see
         :meth:`CheckerLease.acquire`); :class:`CheckerAlreadyRunningError` if ``stop`` is set
-        meanwhile, or at once with ``wait_for_lease=False``."""
+        meanwhile, or at once with ``wait_for_lease=False``. A lakehouse made before each group had its own
+        commit log is refused (:class:`OutdatedLakehouseError`) until ``txcoord upgrade``."""
+        CommitLogs(self.lakehouse).layout()
         init_lakehouse(self.lakehouse)
         # Resolved before the lease, so that a standby has its source's Python worker up when it takes over.
         self.spark.dataSource.register(CommitLogSource)
@@ -86,7 +87,7 @@ class CheckerQuery:
             checkpoint = CheckpointState.read(checkpoint_location(self.config), self.lakehouse.storage)
             self._progress = self.progress_store.begin(checkpoint)
             self.spark.streams.addListener(self.metrics)
-            self.query = self._start_query(self._progress.epoch.starting_version)
+            self.query = self._start_query(self._progress.epoch.starting_versions)
         except BaseException:
             self.spark.streams.removeListener(self.metrics)
             self.lease.release()
@@ -105,8 +106,9 @@ class CheckerQuery:
         Replays the last batch the progress record announced, over exactly the commit-log
         versions and clock it recorded (each of its writes lands once, whether or not it
         had been made), sets the old checkpoint aside, and begins a new epoch: a fresh
-        checkpoint starting at the first version after that batch, with batch ids that keep
-        increasing. Nothing is re-delivered and nothing is skipped.
+        checkpoint starting at the first versions after that batch, with batch ids that keep
+        increasing (:func:`~coordinator.checker.epochs.begin_next_epoch`). Nothing is
+        re-delivered and nothing is skipped.
 
         Does not stand by: while another checker holds the lease it raises
         :class:`CheckerAlreadyRunningError`, as recovering under a running checker is a mistake
@@ -117,6 +119,7 @@ class CheckerQuery:
             CheckerQuery(spark, config).recover()
             CheckerQuery(spark, config).start()
         """
+        CommitLogs(self.lakehouse).layout()
         init_lakehouse(self.lakehouse)
         self.lease.acquire()
         try:
@@ -124,30 +127,16 @@ class CheckerQuery:
             if progress is None:
                 raise CheckpointMismatchError(f"{self.progress_store.path} does not exist: no checker has run here, "
                                               "nothing to recover; start the checker normally")
-            last = progress.last_batch
-            if last is not None:
-                first = last.next_version if last.first_version is None else last.first_version
-                records = Segment(first, last.next_version, last.now_us).records(self.commit_log, self.lakehouse.storage)
-                bounds = BatchBounds(last.first_version, last.last_version, last.now_us)
-                run_batch(self.config, records, last.batch_id, self.app_id, bounds, last.pending_from)
-            location = checkpoint_location(self.config)
-            if os.path.exists(location):
-                aside = f"{location}.replaced-{time.strftime('%Y%m%dT%H%M%S')}"
-                os.rename(location, aside)
-                log.warning("checker checkpoint %s set aside as %s", location, aside)
-            following = self.progress_store.next_epoch(progress)
-            log.warning("checker recovered: epoch %d starts at commit-log version %d with batch %d",
-                        following.epoch.number, following.epoch.starting_version, following.epoch.first_batch_id)
-            return following
+            return begin_next_epoch(self.config, self.progress_store, progress, self.app_id)
         finally:
             self.lease.release()
 
     def _commit_log_reader(self):
-        return (self.spark.readStream.format(CommitLogSource.name()).option("path", self.commit_log)
+        return (self.spark.readStream.format(CommitLogSource.name()).option("path", self.lakehouse.root)
                 .option("storage", json.dumps(self.lakehouse.storage)))
 
-    def _start_query(self, starting_version: int) -> StreamingQuery:
-        records = self._commit_log_reader().option("startingVersion", starting_version).load()
+    def _start_query(self, starting_versions: dict[str, int]) -> StreamingQuery:
+        records = self._commit_log_reader().option("startingVersions", json.dumps(starting_versions)).load()
         return (
             records.writeStream.queryName(CHECKER_NAME)
             .foreachBatch(self._run_batch)
@@ -159,19 +148,21 @@ class CheckerQuery:
     def _run_batch(self, batch: DataFrame, stream_batch_id: int) -> None:
         def body() -> None:
             self._renew_lease()  # a checker whose lease was taken over writes nothing more
-            records = pa.concat_tables([segment.records(self.commit_log, self.lakehouse.storage)
-                                        for segment in segments(batch)])
-            announced = self._announce(records, stream_batch_id)
+            covered = segments(batch)
+            if not covered:
+                return
+            segment = Segment(covered[0].starts, covered[-1].ends, covered[-1].clock_us)
+            records = segment.records(self.lakehouse)
+            announced = self._announce(segment, records, stream_batch_id)
             if announced is not None:
-                bounds = BatchBounds(announced.first_version, announced.last_version, announced.now_us)
-                summary = run_batch(self.config, records, announced.batch_id, self.app_id, bounds,
-                                    announced.pending_from, self.state)
+                summary = run_batch(self.config, records, announced.batch_id, self.app_id, announced.pending_from,
+                                    self.state, announced.shared_log)
                 self._pending_from = summary.pending_from
                 self.metrics.batch_done(stream_batch_id, summary)
 
         self._gate.run(stream_batch_id, body)
 
-    def _announce(self, records: pa.Table, stream_batch_id: int) -> Optional[BatchRecord]:
+    def _announce(self, segment: Segment, records: pa.Table, stream_batch_id: int) -> Optional[BatchRecord]:
         """Record the batch in the progress record before it writes anything; ``None`` if it is empty.
 
         A batch Spark replays after a crash was announced already: it runs again as announced.
@@ -184,16 +175,14 @@ class CheckerQuery:
         if progress.last_batch is not None and progress.last_batch.batch_id == batch_id:
             self._progress = progress
             return progress.last_batch
-        bounds = batch_bounds(records)
-        if bounds is None:
+        now_us = batch_clock(records)
+        if now_us is None:
             self._progress = progress
             return None
-        next_version = progress.next_version if bounds.last_version is None else bounds.last_version + 1
         # After a restart the last recorded bound serves: the bound only ever grows.
         pending_from = self._pending_from if self._pending_from is not None else progress.pending_from
-        announced = BatchRecord(batch_id=batch_id, stream_batch_id=stream_batch_id, first_version=bounds.first_version,
-                                last_version=bounds.last_version, next_version=next_version, now_us=bounds.now_us,
-                                pending_from=pending_from)
+        announced = BatchRecord(batch_id=batch_id, stream_batch_id=stream_batch_id, starts=dict(segment.starts),
+                                ends=dict(segment.ends), now_us=now_us, pending_from=pending_from)
         self._progress = Progress(progress.epoch, announced)
         self.progress_store.save(self._progress)
         return announced

@@ -62,7 +62,7 @@ def recover_discarded(ctx: BatchContext, ends: list[dict]) -> Recovered:
     for transaction_id, outcome in zip(ops.column(0).to_pylist(), ops.column(1).to_pylist()):
         outcomes.setdefault(transaction_id, set()).add(outcome)
     accepted, rejections = {}, []
-    for end in sorted(ends, key=lambda r: (r["commit_version"], r["record_id"])):
+    for end in sorted(ends, key=lambda r: (r["sequence"], r["record_id"])):
         found = outcomes.get(end["transaction_id"], set())
         if end["transaction_id"] in accepted or found == {Outcome.DISCARD, Outcome.COMMIT}:
             rejections.append(rejection(end, ALREADY_RECOVERED))

@@ -30,7 +30,8 @@ def rejection(record: dict, reason: str) -> dict:
         rejection(record, "unknown transaction")["reason"]  # 'unknown transaction'
     """
     row = {name: _echo(record.get(name)) for name in _ECHOED}
-    row.update(reason=reason, commit_version=record.get("commit_version"), stored_timestamp=record.get("stored_us"))
+    row.update(reason=reason, commit_version=record.get("commit_version"), stored_timestamp=record.get("stored_us"),
+               commit_log=record.get("commit_log"))
     return row
 
 

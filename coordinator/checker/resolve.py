@@ -60,7 +60,7 @@ def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str,
         elif outcome_of(end["state"]) is not None:
             decisions.append(end)
     outcomes, ops = {}, []
-    for end in sorted(decisions, key=lambda r: (r["commit_version"], r["record_id"])):
+    for end in sorted(decisions, key=lambda r: (r["sequence"], r["record_id"])):
         pending = end["pending"]
         if pending.transaction_id in outcomes:
             rejections.append(rejection(end, ALREADY_RESOLVED))
@@ -79,7 +79,7 @@ _END_RULES = [
     (lambda r: r["state"] not in _STATES, lambda r: f"unknown state '{r['state'] if r['state'] is not None else 'null'}'"),
     (lambda r: r["owner"] is None, "unknown transaction"),
     (lambda r: r["producer_group"] != r["owner"], "producer group does not own the transaction"),
-    (lambda r: r["pending"] is not None and r["commit_version"] <= r["pending"].half_version, "end precedes its half"),
+    (lambda r: r["pending"] is not None and r["sequence"] <= r["pending"].half_sequence, "end precedes its half"),
     (lambda r: r["pending"] is None, ALREADY_RESOLVED),
     (lambda r: outcome_of(r["state"]) is not None and r["check_id"] is None and r["stored_us"] > r["pending"].own_end_until_us,
      WAIT_FOR_CHECK),

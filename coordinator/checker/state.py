@@ -39,7 +39,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator.checker.context import shaped
+from coordinator.checker.context import OFFSETS_PER_COMMIT, shaped
 from coordinator.checker.writer import TableWriter
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import CheckerStateError
@@ -60,7 +60,7 @@ class TrackedTransaction:
     transaction_id: str
     producer_group: str
     offsets: list[int]  # its halves' queue offsets, first message first
-    half_version: int  # the commit-log version its halves entered with
+    half_sequence: int  # the sequence of the commit its halves entered with (:mod:`.context`)
     stored_us: int  # when that version was committed
     immunity_ms: int  # its first message's: no check before stored_us + immunity
     own_end_until_us: int  # its producer's own COMMIT/ROLLBACK is accepted until then (latest immunity)
@@ -306,7 +306,7 @@ def pending_from_rows(halves: pa.Table) -> list[TrackedTransaction]:
 
         pending_from_rows(new_halves)[0].offsets  # [queue offsets, first message first]
     """
-    columns = halves.select(["transaction_id", "producer_group", "queue_offset", "message_index", "commit_version",
+    columns = halves.select(["transaction_id", "producer_group", "queue_offset", "message_index",
                              "immunity_ms"]).to_pydict()
     stored = halves.column("stored_timestamp").cast(pa.int64()).to_pylist()
     messages: dict[str, list[tuple]] = {}
@@ -321,7 +321,7 @@ def pending_from_rows(halves: pa.Table) -> list[TrackedTransaction]:
             transaction_id=transaction_id,
             producer_group=columns["producer_group"][first],
             offsets=[offset for _, offset, _ in parts],
-            half_version=max(columns["commit_version"][i] for _, _, i in parts),
+            half_sequence=max(offset for _, offset, _ in parts) // OFFSETS_PER_COMMIT,
             stored_us=min(stored[i] for _, _, i in parts),
             immunity_ms=columns["immunity_ms"][first],
             own_end_until_us=min(stored[i] for _, _, i in parts) + max(columns["immunity_ms"][i] for _, _, i in parts) * 1000,

@@ -26,7 +26,9 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from coordinator.appender import DeltaAppender
+from coordinator.lakehouse import create_table
 from coordinator.storage import FileStore
+from coordinator.tables import TableDef
 
 
 class TableWriter:
@@ -37,15 +39,18 @@ class TableWriter:
         self.storage = dict(storage or {})
         self._appenders: dict[str, DeltaAppender] = {}
 
-    def append(self, path: str, data: pa.Table, batch_id: int) -> Optional[int]:
+    def append(self, path: str, data: pa.Table, batch_id: int, create_as: Optional[TableDef] = None) -> Optional[int]:
         """Append ``data`` to the table at ``path`` as batch ``batch_id``'s write; return the
         version written, or ``None`` if this batch's write is there already. A table that does
-        not exist yet (a topic's, before its first delivery) is created by this append, with
-        ``data``'s schema.
+        not exist yet is created: as ``create_as`` says, if given (a group's check requests, whose
+        readers need its change feed), else by this append, with ``data``'s schema (a topic's,
+        before its first delivery).
         """
         appender = self._appenders.get(path)
         if appender is None:
             options = self.storage or None
+            if create_as is not None:
+                create_table(create_as, path, self.storage)
             if not DeltaTable.is_deltatable(path, storage_options=options):
                 # Created by its first write, so that its version 0 holds rows (time travel to it shows them).
                 write_deltalake(path, data, mode="append", storage_options=options, commit_properties=CommitProperties(

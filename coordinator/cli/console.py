@@ -115,6 +115,24 @@ def build_parser() -> argparse.ArgumentParser:
     _common_options(maintain)
     maintain.set_defaults(run=run_maintain)
 
+    add_group = commands.add_parser("add-group", help="create what a producer group needs (a running checker takes it "
+                                                      "in) and print the grants to give its principal")
+    add_group.add_argument("group", metavar="GROUP")
+    _grant_options(add_group)
+    _common_options(add_group)
+    add_group.set_defaults(run=run_add_group)
+
+    grants = commands.add_parser("grants", help="print what each principal (checker, operators, analysts, every "
+                                                "group) may read and write")
+    _grant_options(grants)
+    _common_options(grants)
+    grants.set_defaults(run=run_grants)
+
+    upgrade = commands.add_parser("upgrade", help="upgrade a lakehouse whose groups share one commit log (checker "
+                                                  "stopped; idempotent)")
+    _common_options(upgrade)
+    upgrade.set_defaults(run=run_upgrade)
+
     run = commands.add_parser("demo", help="run the order/credits story against a local lakehouse (or one on S3)")
     run.add_argument("--lakehouse", default=demo.DEFAULT_LAKEHOUSE,
                      help=f"demo directory, wiped and recreated (default: ./{demo.DEFAULT_LAKEHOUSE})")
@@ -349,6 +367,99 @@ def run_maintain(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def run_add_group(args: argparse.Namespace) -> int:
+    """Create a producer group's tables (:func:`coordinator.ops.tenancy.add_group`) and print its grants.
+
+    Example::
+
+        $ txcoord add-group payment_group --config conf/coordinator.toml --account payment_group=svc-payments
+    """
+    from coordinator.ops.tenancy import add_group, group_principal
+
+    config = CoordinatorConfig.load(args.config)
+    try:
+        created = add_group(config, args.group)
+    except InvalidArgumentError as error:
+        print(f"txcoord add-group: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    return _print_grants(args, config, {group_principal(args.group)}, created)
+
+
+def run_grants(args: argparse.Namespace) -> int:
+    """Print every principal's grants (:func:`coordinator.ops.tenancy.access_plan`), and with ``--account``
+    on an S3 lakehouse, the bucket policy that gives them.
+
+    Example::
+
+        $ txcoord grants --config conf/coordinator.toml --account checker=svc-checker --account operators=alice
+    """
+    return _print_grants(args, CoordinatorConfig.load(args.config), None, [])
+
+
+def _print_grants(args: argparse.Namespace, config: CoordinatorConfig, only: Optional[set[str]],
+                  created: list[str]) -> int:
+    from coordinator.commit_logs import CommitLogs
+    from coordinator.ops.tenancy import access_plan, s3_bucket_policy
+
+    lakehouse = Lakehouse.of(config)
+    plan = [grant for grant in access_plan(CommitLogs(lakehouse).groups()) if only is None or grant.principal in only]
+    accounts = _accounts(args.account)
+    policy = s3_bucket_policy(lakehouse.root, accounts) if accounts and not lakehouse.is_local else None
+    if accounts and lakehouse.is_local:
+        print(f"txcoord {args.command}: --account makes an S3 bucket policy; {lakehouse.root} is a local directory "
+              "(see docs/operations.md#tenancy for its permissions)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        output.print_json({"lakehouse": lakehouse.root, "created": created,
+                           "grants": [dataclasses.asdict(grant) for grant in plan], "s3_bucket_policy": policy})
+    else:
+        output.print_grants(lakehouse.root, plan, created, policy)
+    return EXIT_OK
+
+
+def _accounts(pairs: Optional[list[str]]) -> dict[str, list[str]]:
+    from coordinator.ops.tenancy import ANALYSTS, CHECKER, OPERATORS, group_principal
+
+    accounts: dict[str, list[str]] = {}
+    for pair in pairs or ():
+        principal, _, account = pair.partition("=")
+        if not account or not principal:
+            raise ConfigError(f"--account takes PRINCIPAL=ACCOUNT, got {pair!r}")
+        if principal not in (CHECKER, OPERATORS, ANALYSTS):
+            principal = group_principal(principal)
+        accounts.setdefault(principal, []).append(account)
+    return accounts
+
+
+def run_upgrade(args: argparse.Namespace) -> int:
+    """Upgrade a lakehouse made when every group shared one commit log (:func:`coordinator.ops.tenancy.upgrade`).
+
+    Example::
+
+        $ txcoord upgrade --config conf/coordinator.toml
+    """
+    from coordinator.checker import CHECKER_NAME
+    from coordinator.exceptions import CheckerAlreadyRunningError
+    from coordinator.ops.tenancy import upgrade
+
+    config = CoordinatorConfig.load(args.config)
+    try:
+        done = upgrade(config, CHECKER_NAME)
+    except CheckerAlreadyRunningError as error:
+        print(f"txcoord upgrade: stop the checker first: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        output.print_json(dataclasses.asdict(done))
+    elif not done.done:
+        print(f"{config.lakehouse}: nothing to upgrade (each producer group has its own commit log)")
+    else:
+        print(f"{config.lakehouse} upgraded: system/commit_log is retired after version {done.shared_log_end - 1} "
+              f"(what was written to it before is taken in; later records are refused); tables created for "
+              f"{len(done.groups)} group(s): {', '.join(done.groups) or 'none'}. Upgrade the producers, grant each "
+              "group its prefix (`txcoord grants`), revoke writes to system/commit_log, then start the checker.")
+    return EXIT_OK
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Parse ``argv`` and run the subcommand; return the exit code.
 
@@ -380,6 +491,12 @@ def _spark_jobs() -> dict[str, str]:
     from coordinator.spark.submit import JOBS
 
     return JOBS
+
+
+def _grant_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--account", action="append", metavar="PRINCIPAL=ACCOUNT",
+                         help="for a lakehouse on S3, also print a bucket policy giving ACCOUNT the grants of PRINCIPAL "
+                              "(checker, operators, analysts or a group's name; repeatable)")
 
 
 def _common_options(command: argparse.ArgumentParser) -> None:

@@ -52,12 +52,12 @@ def print_status(status) -> None:
         last_batch = (f"#{status.last_batch_id}, finished {duration(status.last_batch_age_s)} ago, "
                       f"took {duration(status.last_batch_duration_ms / 1000)}")
     if status.lag_versions is None:
-        lag = f"unknown (commit log at version {status.commit_log_version})"
+        lag = f"unknown ({status.commit_log_versions} commit-log version(s) written)"
     elif status.lag_versions == 0:
-        lag = f"none: read up to commit-log version {status.commit_log_version}"
+        lag = f"none: read all {status.commit_log_versions} commit-log version(s)"
     else:
-        lag = (f"{status.lag_versions} commit-log version(s) unread, the oldest written "
-               f"{duration(status.lag_s)} ago (head {status.commit_log_version})")
+        lag = (f"{status.lag_versions} of {status.commit_log_versions} commit-log version(s) unread, the oldest "
+               f"written {duration(status.lag_s)} ago")
     pending = f"{status.pending_transactions} transaction(s)"
     if status.oldest_pending_age_s is not None:
         pending += f", oldest {duration(status.oldest_pending_age_s)}"
@@ -113,6 +113,24 @@ def print_maintenance(results, retention_hours: int, log_retention_hours: Option
     out.print(table)
     out.print(f"{len(results)} table(s) maintained; files removed more than {retention_hours} h ago were vacuumed"
                   + ("" if log_retention_hours is None else f"; logs keep commits for {log_retention_hours:g} h"))
+
+
+def print_grants(root: str, grants, created: list[str], policy: Optional[dict]) -> None:
+    """``txcoord grants`` and ``add-group``: what was created, then one row per grant, then the bucket policy."""
+    from rich.table import Table
+
+    out = console()
+    for path in created:
+        out.print(f"created {path}")
+    table = Table(box=None, padding=(0, 2, 0, 0), pad_edge=False)
+    for column in ("principal", "access", "prefix"):
+        table.add_column(column, no_wrap=column != "prefix", overflow="fold")
+    for grant in grants:
+        table.add_row(grant.principal, ", ".join(grant.access), f"{root.rstrip('/')}/{grant.prefix}")
+    out.print(table)
+    if policy is not None:
+        out.print("S3 bucket policy:")
+        print(json.dumps(policy, indent=2))
 
 
 def print_pending(transactions, now) -> None:

@@ -1,6 +1,6 @@
 """Which producer instances of a group are alive, so that each check goes to one of them.
 
-Every producer instance announces itself in ``system/_producers/<group>/<instance>.json``
+Every producer instance announces itself in ``groups/<group>/_producers/<instance>.json``
 (its host, pid and when it was last seen), renewed every ``producer_heartbeat_ms`` and removed
 when it shuts down. An instance is live while its record is at most three heartbeats old and,
 seen from its own host, while its process runs (a killed instance is passed over at once); the
@@ -34,7 +34,7 @@ from typing import Callable, Optional, Union
 from urllib.parse import quote
 
 from coordinator.control.processes import process_gone, this_process
-from coordinator.lakehouse import PRODUCERS_KEY, Lakehouse
+from coordinator.lakehouse import Lakehouse
 
 __all__ = ["FORGET_AFTER_S", "GroupSurvey", "LIVE_FOR_HEARTBEATS", "ProducerInstance", "ProducerInstances"]
 
@@ -74,7 +74,8 @@ class ProducerInstances:
     """The producer instances of a lakehouse, by group (see the module's docstring)."""
 
     def __init__(self, lakehouse: Union[str, Lakehouse], clock: Callable[[], float] = time.time):
-        self.files = Lakehouse.at(lakehouse).files
+        self.lakehouse = Lakehouse.at(lakehouse)
+        self.files = self.lakehouse.files
         self.clock = clock
 
     def announce(self, group: str, instance_id: str, heartbeat_s: float) -> None:
@@ -130,10 +131,8 @@ class ProducerInstances:
                 continue  # not one of ours
         return records
 
-    @staticmethod
-    def _group_dir(group: str) -> str:
-        # A group name may hold any character (".." too): quoted, it stays one directory under the lakehouse.
-        return f"{PRODUCERS_KEY}/{quote(group, safe='').replace('.', '%2E')}"
+    def _group_dir(self, group: str) -> str:
+        return f"{self.lakehouse.group_dir(group)}/_producers"
 
     def _key(self, group: str, instance_id: str) -> str:
         return f"{self._group_dir(group)}/{quote(instance_id, safe='')}.json"

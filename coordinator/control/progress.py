@@ -5,15 +5,18 @@ lakehouse says what it wrote. They must agree. ``system/_checker_progress.json``
 ties them together:
 
 * the **epoch**: which checkpoint the lakehouse is served by (its id), the global
-  batch id of that checkpoint's batch 0, and the commit-log version it starts at;
+  batch id of that checkpoint's batch 0, and the version of each commit log it starts at;
 * the **last batch**, recorded *before* that batch writes anything: its global id,
-  the commit-log versions it covers and its clock.
+  the versions of each commit log it covers and its clock.
+
+A record written before each group had its own commit log names versions of the one shared log
+(``system/commit_log``); it is read as such, for ``txcoord upgrade``.
 
 On start, :func:`verify_checkpoint` compares the checkpoint with this record and
 refuses a checkpoint that is missing, belongs to another query, or is older than
 the lakehouse. :func:`CheckerProgress.next_epoch` is the recovery path: replay the
 last recorded batch exactly (its writes are idempotent) and start a new checkpoint
-at the first version after it, with batch ids that keep increasing.
+at the first versions after it, with batch ids that keep increasing.
 
 Reading this file needs no JVM: ``txcoord status`` and maintenance use it too. Each save
 replaces the version this checker last read or wrote, and nothing else
@@ -28,7 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Mapping, Optional, Union
 
 from coordinator.exceptions import CheckpointMismatchError, LeaseLostError
-from coordinator.lakehouse import PROGRESS_KEY, Lakehouse
+from coordinator.lakehouse import PROGRESS_KEY, SHARED_LOG_KEY, Lakehouse
 from coordinator.storage import FileStore
 
 __all__ = ["BatchRecord", "CheckerProgress", "CheckpointState", "Epoch", "Progress", "verify_checkpoint"]
@@ -39,32 +42,35 @@ class Epoch:
     """One checkpoint's life on the lakehouse.
 
     ``checkpoint_id`` is the streaming query's id (the checkpoint's ``metadata`` file),
-    ``None`` until the epoch's query first starts.
+    ``None`` until the epoch's query first starts; ``starting_versions`` the first version of
+    each commit log it reads (a log not named starts at 0). ``shared_log``: the epoch of a checker
+    of the one shared commit log (read from a record in the earlier format).
     """
 
     number: int
     first_batch_id: int
-    starting_version: int
+    starting_versions: dict[str, int]
     checkpoint_id: Optional[str] = None
+    shared_log: bool = False
 
 
 @dataclass(frozen=True)
 class BatchRecord:
     """A batch as announced before its writes.
 
-    ``first_version``/``last_version`` bound the commit-log versions it read (both
-    ``None`` for a heartbeat-only batch); ``next_version`` is the first version no
-    batch up to this one has read; ``now_us`` is its clock; ``pending_from`` is the
-    queue offset below which every half was resolved before it.
+    ``starts``/``ends`` bound the versions of each commit log it read (``ends``: the first version
+    no batch up to this one has read); ``now_us`` is its clock; ``pending_from`` is the queue offset
+    below which every half was resolved before it. ``shared_log``: announced by a checker of the
+    shared commit log, whose queue offsets follow that log's versions.
     """
 
     batch_id: int
     stream_batch_id: int
-    first_version: Optional[int]
-    last_version: Optional[int]
-    next_version: int
+    starts: dict[str, int]
+    ends: dict[str, int]
     now_us: int
     pending_from: int = 0
+    shared_log: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,9 +79,9 @@ class Progress:
     last_batch: Optional[BatchRecord] = None
 
     @property
-    def next_version(self) -> int:
-        """The first commit-log version the checker has not read."""
-        return self.last_batch.next_version if self.last_batch else self.epoch.starting_version
+    def next_versions(self) -> dict[str, int]:
+        """The first version of each commit log the checker has not read."""
+        return dict(self.last_batch.ends if self.last_batch else self.epoch.starting_versions)
 
     @property
     def pending_from(self) -> int:
@@ -83,15 +89,28 @@ class Progress:
         return self.last_batch.pending_from if self.last_batch else 0
 
     @property
-    def oldest_needed_version(self) -> int:
-        """The oldest commit-log version the checker may still read: its last batch may be replayed."""
-        last = self.last_batch
-        return last.first_version if last is not None and last.first_version is not None else self.next_version
+    def oldest_needed_versions(self) -> dict[str, int]:
+        """The oldest version of each commit log the checker may still read: its last batch may be replayed."""
+        return dict(self.last_batch.starts if self.last_batch is not None else self.epoch.starting_versions)
 
     @property
     def next_batch_id(self) -> int:
         """The global id the next new batch (after the last recorded one) gets."""
         return self.last_batch.batch_id + 1 if self.last_batch else self.epoch.first_batch_id
+
+
+def _progress_of(raw: dict) -> Progress:
+    """The progress a record holds, in either format (see the module's docstring)."""
+    epoch, last = dict(raw["epoch"]), raw.get("last_batch")
+    if "starting_version" in epoch:  # the shared commit log's
+        epoch.update(starting_versions={SHARED_LOG_KEY: epoch.pop("starting_version")}, shared_log=True)
+        if last:
+            last = dict(last)
+            first, following = last.pop("first_version"), last.pop("next_version")
+            last.pop("last_version")
+            last.update(starts={SHARED_LOG_KEY: following if first is None else first},
+                        ends={SHARED_LOG_KEY: following}, shared_log=True)
+    return Progress(epoch=Epoch(**epoch), last_batch=BatchRecord(**last) if last else None)
 
 
 @dataclass(frozen=True)
@@ -101,8 +120,8 @@ class CheckpointState:
     exists: bool
     checkpoint_id: Optional[str] = None
     last_planned_batch: Optional[int] = None  # highest ``offsets/`` entry
-    #: Its offsets are the Delta change-feed source's, which checkers before the commit-log source used.
-    change_feed_offsets: bool = False
+    #: Its offsets are an earlier source's: Delta's change feed, or the one shared commit log's.
+    outdated_offsets: bool = False
 
     @classmethod
     def read(cls, location: str, storage: Optional[Mapping[str, str]] = None) -> "CheckpointState":
@@ -123,8 +142,8 @@ class CheckpointState:
             checkpoint_id = None
         names = [key.rsplit("/", 1)[-1] for key in files.list("offsets")]
         last = max((int(name) for name in names if name.isdigit()), default=None)
-        change_feed = last is not None and b"reservoirVersion" in files.read(f"offsets/{last}").data
-        return cls(exists=True, checkpoint_id=checkpoint_id, last_planned_batch=last, change_feed_offsets=change_feed)
+        outdated = last is not None and b'"versions"' not in files.read(f"offsets/{last}").data
+        return cls(exists=True, checkpoint_id=checkpoint_id, last_planned_batch=last, outdated_offsets=outdated)
 
 
 class CheckerProgress:
@@ -153,8 +172,7 @@ class CheckerProgress:
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise CheckpointMismatchError(f"{self.path} is unreadable ({error}); restore it from a backup") from None
         self._version = current.version
-        last = raw.get("last_batch")
-        return Progress(epoch=Epoch(**raw["epoch"]), last_batch=BatchRecord(**last) if last else None)
+        return _progress_of(raw)
 
     def save(self, progress: Progress) -> None:
         """Replace the record as this object last read or wrote it (whole, or not at all).
@@ -176,12 +194,13 @@ class CheckerProgress:
     def begin(self, checkpoint: CheckpointState) -> Progress:
         """Check ``checkpoint`` against the record and return the progress to run with.
 
-        A first run starts epoch 0 at version 0. Raises :class:`CheckpointMismatchError`
+        A first run starts epoch 0 at version 0 of every log. Raises :class:`CheckpointMismatchError`
         when the checkpoint is missing, foreign or stale (see :func:`verify_checkpoint`).
         """
         progress = self.load()
         if progress is None:
-            progress = Progress(Epoch(number=0, first_batch_id=0, starting_version=0, checkpoint_id=checkpoint.checkpoint_id))
+            progress = Progress(Epoch(number=0, first_batch_id=0, starting_versions={},
+                                      checkpoint_id=checkpoint.checkpoint_id))
             self.save(progress)
             return progress
         verify_checkpoint(progress, checkpoint, self.path)
@@ -195,10 +214,13 @@ class CheckerProgress:
         self.save(adopted)
         return adopted
 
-    def next_epoch(self, progress: Progress) -> Progress:
-        """Start a new epoch after the last recorded batch: a fresh checkpoint begins there."""
-        epoch = Epoch(number=progress.epoch.number + 1, first_batch_id=progress.next_batch_id,
-                      starting_version=progress.next_version)
+    def next_epoch(self, progress: Progress, first_batch_id: Optional[int] = None) -> Progress:
+        """Start a new epoch after the last recorded batch: a fresh checkpoint begins there, its
+        batches numbered from ``first_batch_id`` (by default, right after the last recorded one;
+        never lower)."""
+        epoch = Epoch(number=progress.epoch.number + 1,
+                      first_batch_id=max(progress.next_batch_id, first_batch_id or 0),
+                      starting_versions=progress.next_versions)
         following = Progress(epoch=epoch)
         self.save(following)
         return following
@@ -217,18 +239,18 @@ def verify_checkpoint(progress: Progress, checkpoint: CheckpointState, record_pa
         if epoch.checkpoint_id is None and last is None:
             return  # a new epoch whose query has not started yet
         raise CheckpointMismatchError(
-            f"the checker's checkpoint is missing, but {record_path} shows epoch {epoch.number} processed the commit log "
-            f"up to version {progress.next_version - 1} (batch {last.batch_id if last else '-'}); {recovery}"
+            f"the checker's checkpoint is missing, but {record_path} shows epoch {epoch.number} processed the commit logs "
+            f"up to batch {last.batch_id if last else '-'} ({_versions(progress.next_versions)}); {recovery}"
         )
     if epoch.checkpoint_id is not None and checkpoint.checkpoint_id != epoch.checkpoint_id:
         raise CheckpointMismatchError(
             f"the checker's checkpoint belongs to query {checkpoint.checkpoint_id}, not to {epoch.checkpoint_id} which "
             f"{record_path} records for this lakehouse (a checkpoint from another lakehouse?); {recovery}"
         )
-    if checkpoint.change_feed_offsets:
+    if checkpoint.outdated_offsets:
         raise CheckpointMismatchError(
-            "the checker's checkpoint was written by an earlier version, which read the commit log through "
-            f"Delta's change feed; this one reads the log itself. {recovery[0].upper()}{recovery[1:]}"
+            "the checker's checkpoint was written by an earlier version, which read one commit log shared by every "
+            f"group (or Delta's change feed); this one reads each group's log. {recovery[0].upper()}{recovery[1:]}"
         )
     planned = None if checkpoint.last_planned_batch is None else epoch.first_batch_id + checkpoint.last_planned_batch
     if last is not None and (planned is None or planned < last.batch_id):
@@ -236,3 +258,7 @@ def verify_checkpoint(progress: Progress, checkpoint: CheckpointState, record_pa
             f"the checker's checkpoint stops at batch {planned if planned is not None else 'none'}, older than batch "
             f"{last.batch_id} that {record_path} shows was processed (a checkpoint restored from an old copy?); {recovery}"
         )
+
+
+def _versions(versions: Mapping[str, int]) -> str:
+    return ", ".join(f"{key} before version {version}" for key, version in sorted(versions.items())) or "no version"

@@ -52,7 +52,7 @@ from coordinator.lakehouse import Lakehouse, topic_names
 from coordinator.logs import JsonFormatter
 from coordinator.producer.message import TransactionSendResult
 from coordinator.protocol import Outcome
-from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, OP, REJECTED, TableDef
+from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TableDef
 
 DEFAULT_LAKEHOUSE = "demo-lakehouse"
 DEFAULT_ORDERS = 40
@@ -152,7 +152,7 @@ def require_empty_object_store(location: str) -> Lakehouse:
     if lakehouse.is_local:
         raise DemoError(f"--object-store takes an object-storage location (s3://BUCKET/PREFIX), got {location!r}")
     try:
-        taken = lakehouse.exists(COMMIT_LOG) or topic_names(lakehouse)
+        taken = lakehouse.exists(HALF) or topic_names(lakehouse)
     except OSError as error:
         raise DemoError(f"cannot reach {location}: {error} (the AWS_* environment variables say where and how)") from error
     if taken:

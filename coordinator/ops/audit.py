@@ -6,9 +6,10 @@ The steps, and where each comes from:
 ===================  ==========================  ===========================================
 step                 table                       time
 ===================  ==========================  ===========================================
-half sent            ``system/commit_log``       the message's born timestamp
+half sent            ``groups/<G>/commit_log``   the message's born timestamp
 half stored          ``system/half``             when the half entered the commit log
-end request          ``system/commit_log``       the END's born timestamp (state, check id)
+end request          the group's or operators'   the END's born timestamp (state, check id)
+                     ``commit_log``
 check requested      ``system/check_requests``   the checker's batch clock
 resolved             ``system/op``               when the deciding END entered the commit log
 delivered            ``topics/<TOPIC>``          end of the delivering batch (``system/metrics``),
@@ -27,15 +28,16 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict, dataclass
-from typing import Union
+from typing import Callable, Union
 
 import pyarrow.compute as pc
 
+from coordinator.commit_logs import CommitLogs
 from coordinator.lakehouse import Lakehouse, require_lakehouse, topic_names
 from coordinator.ops.status import read_metrics
 from coordinator.protocol import (OPERATOR_CHECK_PREFIX, OPERATOR_PROPERTY, OPERATOR_REASON_PROPERTY, Outcome,
                                   RecordKind)
-from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, HALF, OP, REJECTED
+from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TableDef
 
 __all__ = ["Event", "PENDING", "STEPS", "outcome", "transaction_timeline"]
 
@@ -60,6 +62,19 @@ class Event:
         return asdict(self) | {"at": self.at.isoformat()}
 
 
+def _commit_log_rows(lakehouse: Lakehouse, rows: Callable[[str, list[str]], list[dict]],
+                     transaction_id: str) -> list[tuple[str, dict]]:
+    """The transaction's records in the commit logs, each with its log: its group's log (every group's
+    while the checker has not taken it in), the operators' and the retired shared one."""
+    groups = {r["producer_group"] for r in rows(HALF.name, ["producer_group"])}
+    logs = CommitLogs(lakehouse).discover()
+    if groups:
+        logs = [ref for ref in logs if ref.group is None or ref.group in groups]
+    columns = ["kind", "msg_id", "message_index", "message_count", "topic", "state", "check_id", "born_timestamp",
+               "producer_group", "properties"]
+    return [(ref.key, r) for ref in logs for r in rows(ref.key, columns)]
+
+
 def transaction_timeline(lakehouse: Union[str, Lakehouse], transaction_id: str) -> list[Event]:
     """Every recorded step of ``transaction_id``, oldest first; ``[]`` if no table knows it.
 
@@ -72,16 +87,15 @@ def transaction_timeline(lakehouse: Union[str, Lakehouse], transaction_id: str) 
     """
     lakehouse = require_lakehouse(lakehouse)
 
-    def rows(table, columns: list[str]) -> list[dict]:
+    def rows(table: Union[TableDef, str], columns: list[str]) -> list[dict]:
         if not lakehouse.exists(table):
             return []
         return lakehouse.read(table, columns, pc.field("transaction_id") == transaction_id).to_pylist()
 
     events: list[Event] = []
-    for r in rows(COMMIT_LOG, ["kind", "msg_id", "message_index", "message_count", "topic", "state",
-                                               "check_id", "born_timestamp", "producer_group", "properties"]):
+    for log, r in _commit_log_rows(lakehouse, rows, transaction_id):
         if r["kind"] == RecordKind.HALF:
-            events.append(Event(r["born_timestamp"], "half sent", COMMIT_LOG.name,
+            events.append(Event(r["born_timestamp"], "half sent", log,
                                 f"message {r['message_index'] + 1}/{r['message_count']} to {r['topic']} "
                                 f"(msg_id {r['msg_id']}, group {r['producer_group']})"))
         else:
@@ -91,7 +105,7 @@ def transaction_timeline(lakehouse: Union[str, Lakehouse], transaction_id: str) 
                           f"{properties.get(OPERATOR_REASON_PROPERTY)}")
             else:
                 origin = f"answering check {r['check_id']}" if r["check_id"] else "from the producer"
-            events.append(Event(r["born_timestamp"], "end request", COMMIT_LOG.name, f"{r['state']} {origin}"))
+            events.append(Event(r["born_timestamp"], "end request", log, f"{r['state']} {origin}"))
     for r in rows(HALF, ["queue_offset", "topic", "stored_timestamp", "immunity_ms", "batch_id"]):
         events.append(Event(r["stored_timestamp"], "half stored", HALF.name,
                             f"queue offset {r['queue_offset']} ({r['topic']}), immunity {r['immunity_ms']} ms, batch {r['batch_id']}"))

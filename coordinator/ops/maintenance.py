@@ -26,11 +26,11 @@ nothing writes to, such as a test's.
 
 The Delta logs (``_delta_log/*.json``, one file per commit) are cleaned of commits
 older than each table's ``delta.logRetentionDuration`` (Delta's default: 30 days);
-``log_retention_hours`` sets that property, which bounds the logs. The commit log's
-change feed is read by the checker from its commits, so its log is cleaned only
-when no commit from the oldest version the checker may still read on is old enough
-to be deleted; otherwise the cleanup is skipped and said so (producers never clean
-it: see :class:`~coordinator.producer.commit_log.CommitLogWriter`).
+``log_retention_hours`` sets that property, which bounds the logs. The checker reads
+each commit log from its commits, so a commit log's log is cleaned only when no commit
+from the oldest version the checker may still read on is old enough to be deleted;
+otherwise the cleanup is skipped and said so (producers never clean it: see
+:class:`~coordinator.producer.commit_log.CommitLogWriter`).
 """
 
 from __future__ import annotations
@@ -45,11 +45,12 @@ from typing import Callable, Optional, Union
 from deltalake import DeltaTable, PostCommitHookProperties
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from coordinator.commit_logs import CommitLogs
 from coordinator.control.progress import CheckerProgress
 from coordinator.exceptions import InvalidArgumentError
 from coordinator.lakehouse import Lakehouse
 from coordinator.storage import FileStore
-from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
+from coordinator.tables import CHECK_REQUESTS, SYSTEM_TABLES
 
 __all__ = ["DEFAULT_RETENTION_HOURS", "LOG_RETENTION_PROPERTY", "MIN_RETENTION_HOURS", "TableMaintenance",
            "log_retention_interval", "maintain", "maintained_tables"]
@@ -91,13 +92,23 @@ class TableMaintenance:
 
 
 def maintained_tables(lakehouse: Union[str, Lakehouse]) -> list[str]:
-    """Names of every table maintenance looks after: the system tables and every topic.
+    """Names of every table maintenance looks after: the system tables, every commit log, every group's
+    check requests and every topic.
 
     Example::
 
-        maintained_tables("lakehouse")  # ['system/commit_log', ..., 'topics/ORDER_TOPIC']
+        maintained_tables("lakehouse")  # ['system/half', ..., 'groups/g/commit_log', ..., 'topics/ORDER_TOPIC']
     """
-    return [table.name for table in SYSTEM_TABLES] + [f"topics/{name}" for name in Lakehouse.at(lakehouse).files.directories("topics")]
+    lakehouse = Lakehouse.at(lakehouse)
+    logs = CommitLogs(lakehouse)
+    candidates = ([ref.key for ref in logs.discover()]
+                  + [f"{lakehouse.group_dir(group)}/check_requests" for group in logs.groups()])
+    return ([table.name for table in SYSTEM_TABLES] + sorted(name for name in candidates if lakehouse.exists(name))
+            + [f"topics/{name}" for name in lakehouse.files.directories("topics")])
+
+
+def _is_commit_log(name: str) -> bool:
+    return name.endswith("/commit_log")
 
 
 def maintain(
@@ -181,7 +192,7 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
         metrics = _attempt(result, "compaction", lambda: lakehouse.table(name).optimize.compact(), {})
         result.files_compacted = metrics.get("numFilesRemoved", 0)
     _attempt(result, "checkpoint", lambda: lakehouse.table(name).create_checkpoint(), None)
-    still_needed = _commit_still_needed(lakehouse) if name == COMMIT_LOG.name else None
+    still_needed = _commit_still_needed(lakehouse, name) if _is_commit_log(name) else None
     if still_needed is not None:
         result.skipped.append(f"log cleanup: {still_needed}")
     else:
@@ -206,10 +217,10 @@ def _versions_still_read(lakehouse: Lakehouse, name: str, table: DeltaTable) -> 
     checker may still read from a version below ``c``, some of those files are still
     needed, and all of them are in the snapshot just before the compaction.
     """
-    if name != COMMIT_LOG.name:
+    if not _is_commit_log(name):
         return []
     progress = CheckerProgress(lakehouse).load()
-    still_read = progress.oldest_needed_version if progress is not None else 0
+    still_read = progress.oldest_needed_versions.get(name, 0) if progress is not None else 0
     return [entry["version"] - 1 for entry in table.history()
             if entry.get("operation") == "OPTIMIZE" and entry["version"] > still_read]
 
@@ -222,7 +233,7 @@ def _set_log_retention(table: DeltaTable, name: str, log_retention: str) -> None
     """
     configuration = table.metadata().configuration
     wanted = {LOG_RETENTION_PROPERTY: log_retention}
-    if name == COMMIT_LOG.name:
+    if _is_commit_log(name):
         wanted[AUTO_LOG_CLEANUP_PROPERTY] = "false"
     if _log_retention(table) == _parse_interval(log_retention) and \
             all(configuration.get(key) == value for key, value in wanted.items() if key != LOG_RETENTION_PROPERTY):
@@ -231,19 +242,20 @@ def _set_log_retention(table: DeltaTable, name: str, log_retention: str) -> None
     table.alter.set_table_properties(wanted, post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False))
 
 
-def _commit_still_needed(lakehouse: Lakehouse) -> Optional[str]:
-    """Why cleaning the commit log's log now could delete a commit the checker still reads (``None`` if it cannot).
+def _commit_still_needed(lakehouse: Lakehouse, name: str) -> Optional[str]:
+    """Why cleaning the log of commit log ``name`` now could delete a commit the checker still reads
+    (``None`` if it cannot).
 
     The cleanup deletes commit files older than the log retention, by their time on
     disk; the checker reads every commit from its oldest needed version on (all of
     them when it has no progress record yet).
     """
     progress = CheckerProgress(lakehouse).load()
-    needed = progress.oldest_needed_version if progress is not None else 0
-    retention = _log_retention(lakehouse.table(COMMIT_LOG))
+    needed = progress.oldest_needed_versions.get(name, 0) if progress is not None else 0
+    retention = _log_retention(lakehouse.table(name))
     cutoff_ms = (time.time() - (retention - min(_CLOCK_MARGIN, retention / 2)).total_seconds()) * 1000
     commits = {key.rsplit("/", 1)[-1].removesuffix(".json"): written_ms
-               for key, written_ms in FileStore.at(lakehouse.path(COMMIT_LOG), lakehouse.storage).modified("_delta_log").items()
+               for key, written_ms in FileStore.at(lakehouse.path(name), lakehouse.storage).modified("_delta_log").items()
                if key.endswith(".json")}
     expired = min((int(version) for version, written_ms in commits.items()
                    if version.isdigit() and int(version) >= needed and written_ms < cutoff_ms), default=None)

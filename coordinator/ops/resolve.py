@@ -1,8 +1,9 @@
 """Ending a hanging transaction by hand: what ``txcoord resolve`` does (no JVM).
 
-An operator's decision goes through the commit log like any other: an END record marked as the
-operator's (its check id starts with ``operator-``; its properties carry who and why), which the
-checker judges as a check answer. The checker stays the only writer of its tables, and every
+An operator's decision goes through a commit log like any other: an END record marked as the
+operator's (its check id starts with ``operator-``; its properties carry who and why), in the
+operators' own log (``operators/commit_log``), which only operators may write; the checker judges
+it as a check answer, and refuses an operator's mark anywhere else. The checker stays the only writer of its tables, and every
 rule still applies: the first decision of a transaction counts, a resolved one cannot be
 resolved again, except that a discarded one can be committed once (it is then delivered from
 ``system/discarded``, exactly once). ``txcoord inspect`` shows who resolved it and why.
@@ -22,6 +23,7 @@ from typing import Optional
 
 import pyarrow.compute as pc
 
+from coordinator.commit_logs import CommitLogRef
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import InvalidArgumentError
 from coordinator.lakehouse import Lakehouse, read_pending, require_lakehouse
@@ -60,7 +62,7 @@ def resolve_transaction(config: CoordinatorConfig, transaction_id: str, decision
     operator = operator or f"{getpass.getuser()}@{socket.gethostname()}"
     record = end_record(group, transaction_id, decision, check_id=f"{OPERATOR_CHECK_PREFIX}{uuid.uuid4().hex}",
                         properties={OPERATOR_PROPERTY: operator, OPERATOR_REASON_PROPERTY: reason})
-    with CommitLogWriter(lakehouse) as writer:
+    with CommitLogWriter(lakehouse, CommitLogRef.operators()) as writer:
         writer.submit([record]).result()
     return record
 

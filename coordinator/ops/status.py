@@ -3,7 +3,7 @@
 What ``txcoord status`` prints and ``notebooks/health.ipynb`` plots: pending
 transactions and their ages, checks issued and due, discards, rejections, whether
 a live checker holds the lakehouse's lease, its last recorded batch (``system/metrics``)
-and how far it lags behind the commit log.
+and how far it lags behind the commit logs.
 
 Example::
 
@@ -21,14 +21,18 @@ from typing import Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
+from coordinator.commit_logs import CommitLogs
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import lease_record
 from coordinator.control.processes import process_gone
-from coordinator.lakehouse import LEASE_KEY, Lakehouse, require_lakehouse, topic_names, transaction_ids_in
+from coordinator.control.progress import CheckerProgress
+from coordinator.lakehouse import LEASE_KEY, Lakehouse, open_table, require_lakehouse, topic_names, transaction_ids_in
 from coordinator.ops.pending import pending_transactions
 from coordinator.protocol import Outcome
-from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, OP, REJECTED
+from coordinator.storage import FileStore
+from coordinator.tables import CHECK_REQUESTS, DISCARDED, METRICS, OP, REJECTED
 
 __all__ = ["Status", "delivery_latencies", "last_batch", "read_lease", "read_metrics", "read_status"]
 
@@ -56,8 +60,8 @@ class Status:
     last_batch_id: Optional[int]
     last_batch_age_s: Optional[float]
     last_batch_duration_ms: Optional[int]
-    commit_log_version: int  # the newest version of the commit log
-    lag_versions: Optional[int]  # commit-log versions the checker has not read (None: it never recorded a batch)
+    commit_log_versions: int  # versions written to the commit logs, over every log
+    lag_versions: Optional[int]  # of those, the ones the checker has not read (None: it never recorded a batch)
     lag_s: Optional[float]  # age of the oldest of those versions
     pending_ages_s: list[float] = field(repr=False, default_factory=list)
 
@@ -94,8 +98,7 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
     lease_age = None if lease is None else now.timestamp() - lease["renewed_at"]
     gone = lease is not None and process_gone(lease)
     last = last_batch(lakehouse)
-    head = lakehouse.table(COMMIT_LOG).version()
-    lag_versions = None if last is None or last["commit_log_version"] is None else head - last["commit_log_version"]
+    written, lag_versions, lag_s = _lag(lakehouse, now)
     return Status(
         lakehouse=lakehouse.root,
         generated_at=now,
@@ -114,9 +117,9 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
         last_batch_id=None if last is None else last["batch_id"],
         last_batch_age_s=None if last is None else (now - last["finished_at"]).total_seconds(),
         last_batch_duration_ms=None if last is None else last["duration_ms"],
-        commit_log_version=head,
+        commit_log_versions=written,
         lag_versions=lag_versions,
-        lag_s=_lag_seconds(lakehouse, head, lag_versions, now),
+        lag_s=lag_s,
         pending_ages_s=ages,
     )
 
@@ -190,10 +193,25 @@ def delivery_latencies(lakehouse: Union[str, Lakehouse]) -> pa.Table:
     return pa.Table.from_pylist([{k: r[k] for k in schema.names} for r in rows], schema=schema)
 
 
-def _lag_seconds(lakehouse: Lakehouse, head: int, lag_versions: Optional[int], now: dt.datetime) -> Optional[float]:
-    if lag_versions is None:
-        return None
-    if lag_versions <= 0:
-        return 0.0
-    oldest_unread = min(lakehouse.table(COMMIT_LOG).history(limit=lag_versions), key=lambda c: c["version"])
-    return max(0.0, now.timestamp() - oldest_unread["timestamp"] / 1000)
+def _lag(lakehouse: Lakehouse, now: dt.datetime) -> tuple[int, Optional[int], Optional[float]]:
+    """Versions written over every commit log; of those, how many the checker has not read
+    (``None`` before it recorded a batch); and the age of the oldest unread one."""
+    progress = CheckerProgress(lakehouse).load()
+    read = {} if progress is None else progress.next_versions
+    written, unread, oldest_ms = 0, 0, None
+    for ref in CommitLogs(lakehouse).discover():
+        path = lakehouse.key_path(ref.key)
+        if not DeltaTable.is_deltatable(path, storage_options=lakehouse.storage or None):
+            continue
+        versions = open_table(path, storage=lakehouse.storage).version() + 1
+        written += versions
+        first_unread = read.get(ref.key, 0)
+        if first_unread < versions:
+            unread += versions - first_unread
+            commit = FileStore.at(path, lakehouse.storage).read(f"_delta_log/{first_unread:020d}.json")
+            if commit is not None:
+                oldest_ms = commit.modified_ms if oldest_ms is None else min(oldest_ms, commit.modified_ms)
+    if progress is None or progress.last_batch is None:
+        return written, None, None
+    lag_s = 0.0 if oldest_ms is None else max(0.0, now.timestamp() - oldest_ms / 1000)
+    return written, unread, lag_s

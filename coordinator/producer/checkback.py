@@ -1,9 +1,10 @@
 """The check-back worker: answers the checker's questions about unresolved transactions.
 
-The checker appends a row to ``system/check_requests`` for each half it wants
-resolved. The worker follows that table's change data feed, asks the listener's
-``check_local_transaction`` on a bounded thread pool, and appends an END record
-with the answer and the request's ``check_id`` to the commit log.
+The checker appends a row to the group's own ``groups/<group>/check_requests`` for each
+transaction it wants resolved (only the group may read it: it carries the message). The worker
+follows that table's change data feed, asks the listener's ``check_local_transaction`` on a
+bounded thread pool, and appends an END record with the answer and the request's ``check_id``
+to the group's commit log.
 
 Example::
 
@@ -36,7 +37,7 @@ from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.producer.listener import TransactionListener
 from coordinator.producer.message import Message
 from coordinator.protocol import LocalTransactionState
-from coordinator.tables import CHECK_REQUESTS
+from coordinator.tables import GROUP_CHECK_REQUESTS
 
 __all__ = ["CheckBackWorker"]
 
@@ -46,11 +47,11 @@ _log = logging.getLogger("coordinator.producer.checkback")
 #: is rewritten, long after it was answered; this covers hours of checks.
 _REMEMBERED_CHECKS = 100_000
 
-_CDF_SCHEMA = CHECK_REQUESTS.arrow_schema().append(pa.field("_change_type", pa.string()))
+_CDF_SCHEMA = GROUP_CHECK_REQUESTS.arrow_schema().append(pa.field("_change_type", pa.string()))
 
 
 class CheckBackWorker:
-    """Follows ``system/check_requests`` for one producer group and answers each request once.
+    """Follows one producer group's check requests and answers each request once.
 
     It announces its instance (``instance_id``) every ``producer_heartbeat_ms`` while it runs
     (:mod:`coordinator.control.instances`) and answers the requests addressed to it, or to no
@@ -80,7 +81,7 @@ class CheckBackWorker:
         instance_id: Optional[str] = None,
     ) -> None:
         lakehouse = Lakehouse.at(lakehouse)
-        self.path = lakehouse.path(CHECK_REQUESTS)
+        self.path = lakehouse.check_requests(group)
         self.storage = lakehouse.storage
         self.group = group
         self.listener = listener
@@ -176,7 +177,7 @@ class CheckBackWorker:
         return read_table(self.path, filter=recent, storage=self.storage)
 
     def _dispatch(self, requests: pa.Table) -> None:
-        for request in requests.select(CHECK_REQUESTS.column_names).to_pylist():
+        for request in requests.select(GROUP_CHECK_REQUESTS.column_names).to_pylist():
             check_id = request["check_id"]
             if check_id is None:
                 _log.warning("check request without check_id ignored transaction_id=%s", request["transaction_id"],

@@ -1,13 +1,14 @@
 """The commit log, producer side: record formats and the group-committing writer.
 
 Every record a producer sends (a HALF for each prepared message, an END for each
-outcome) is appended to ``system/commit_log`` as a Delta commit of its own making
+outcome) is appended to its group's own commit log, ``groups/<group>/commit_log``
+(:mod:`coordinator.commit_logs`), as a Delta commit of its own making
 (:class:`~coordinator.appender.DeltaAppender`), so a producer starts no JVM. Sends
 from many threads are gathered into few commits.
 
 Example::
 
-    writer = CommitLogWriter("lakehouse")
+    writer = CommitLogWriter("lakehouse", "order_group")
     writer.submit([end_record("order_group", "3f2a...", LocalTransactionState.COMMIT_MESSAGE)])
     writer.close()
 """
@@ -25,8 +26,9 @@ from typing import Optional, Sequence, Union
 
 import pyarrow as pa
 from coordinator.appender import DeltaAppender
+from coordinator.commit_logs import CommitLogRef
 from coordinator.exceptions import InvalidArgumentError, ProducerStateError
-from coordinator.lakehouse import Lakehouse, init_lakehouse
+from coordinator.lakehouse import Lakehouse, create_table
 from coordinator.producer.message import Message
 from coordinator.protocol import LocalTransactionState, RecordKind
 from coordinator.tables import COMMIT_LOG
@@ -125,7 +127,8 @@ def _rows_to_arrow(rows: Sequence[tuple]) -> pa.Table:
 
 
 class CommitLogWriter:
-    """Appends records to ``system/commit_log``, many submits per Delta commit.
+    """Appends records to one commit log, many submits per Delta commit: producer group ``log``'s own
+    (a name), or the one a :class:`~coordinator.commit_logs.CommitLogRef` names (the operators').
 
     One background thread takes everything waiting (up to ``max_batch_rows``,
     never splitting a submit) and writes it as one commit, then resolves the
@@ -140,22 +143,24 @@ class CommitLogWriter:
     :func:`coordinator.ops.maintenance.maintain` does, once the checker no longer
     needs them.
 
-    Creates the lakehouse's tables if they are missing.
+    Creates the commit log if it is missing (a group's principal may: the log is in its own prefix).
 
     Example::
 
-        with CommitLogWriter("lakehouse") as writer:
+        with CommitLogWriter("lakehouse", "order_group") as writer:
             writer.submit(half_records("order_group", txid, [msg])).result()  # durable now
     """
 
-    def __init__(self, lakehouse: Union[str, Lakehouse], max_batch_rows: int = 5000, commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS) -> None:
+    def __init__(self, lakehouse: Union[str, Lakehouse], log: Union[str, CommitLogRef], max_batch_rows: int = 5000,
+                 commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS) -> None:
         if max_batch_rows < 1:
             raise InvalidArgumentError(f"max_batch_rows must be at least 1, got {max_batch_rows}")
         if commit_interval_ms < 0:
             raise InvalidArgumentError(f"commit_interval_ms must not be negative, got {commit_interval_ms}")
         lakehouse = Lakehouse.at(lakehouse)
-        init_lakehouse(lakehouse)
-        self.path = lakehouse.path(COMMIT_LOG)
+        self.log = log if isinstance(log, CommitLogRef) else CommitLogRef.of_group(log)
+        self.path = lakehouse.key_path(self.log.key)
+        create_table(COMMIT_LOG, self.path, lakehouse.storage)
         self.max_batch_rows = max_batch_rows
         self.commit_interval_s = commit_interval_ms / 1000
         self._next_commit_at = 0.0

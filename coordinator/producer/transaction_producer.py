@@ -38,7 +38,7 @@ _log = logging.getLogger("coordinator.producer.transaction_producer")
 class TransactionProducer:
     """Sends messages in transactions for one producer group, and answers check-backs.
 
-    ``start()`` opens the commit-log writer (creating the lakehouse's tables if
+    ``start()`` opens the commit-log writer (creating the group's commit log if
     needed) and starts the check-back worker; ``shutdown()`` stops the worker
     and writes everything still pending. Safe to share between threads.
 
@@ -60,7 +60,7 @@ class TransactionProducer:
         self.config = config
         self._lock = threading.Lock()
         self._state = "created"
-        #: This instance of the group, as the checker addresses it (``system/_producers``).
+        #: This instance of the group, as the checker addresses it (``groups/<group>/_producers``).
         self.instance_id = uuid.uuid4().hex
         self._writer: Optional[CommitLogWriter] = None
         self._checkback: Optional[CheckBackWorker] = None
@@ -80,7 +80,8 @@ class TransactionProducer:
                 return self
             if self._state == "stopped":
                 raise ProducerStateError(f"producer {self.group!r} was shut down; create a new one")
-            writer = CommitLogWriter(Lakehouse.of(self.config), commit_interval_ms=self.config.commit_interval_ms)
+            writer = CommitLogWriter(Lakehouse.of(self.config), self.group,
+                                     commit_interval_ms=self.config.commit_interval_ms)
             checkback = CheckBackWorker(Lakehouse.of(self.config), self.group, self.listener, writer, self.config,
                                         instance_id=self.instance_id)
             checkback.start()

@@ -1,0 +1,211 @@
+"""What one checker batch reads: a segment of every commit log, and its clock.
+
+The commit logs (:mod:`coordinator.commit_logs`) are append-only, one small commit per group
+commit. A :class:`Segment` names, for each log, the versions a batch covers, and the batch's
+**clock** (the wall clock when Spark planned it). How far a log has grown is found by looking for
+its next versions' ``_delta_log/<version>.json`` files (a commit exists whole or not at all), so a
+trigger costs a few ``stat`` calls per log rather than a Delta snapshot rebuild.
+
+:meth:`Segment.records` reads the segment on the driver: the data files its versions added, each
+record with the log it came from, the version it entered with and when that version was
+committed (the log file's modification time, which is what Delta calls the commit's timestamp).
+Compaction commits (``dataChange=false``) add no records and are skipped, as Delta's own change
+feed does. A data file outside the log's own directory is never read (a writer could otherwise
+make another group's records, or any file the checker can read, appear in its own log): it stands
+as one record whose ``refusal`` says so, which the batch refuses.
+
+The commits of the different logs are merged by commit time (ties by log, then version), each
+log's own commits staying in version order; ``commit_rank`` numbers them in that order. With the
+batch's id it gives every commit a place in one order across all logs and batches
+(:func:`coordinator.checker.context.sequence_of`), the same every time the batch is replayed.
+
+Needs no JVM: the Spark source (:mod:`.source`), recovery and ``txcoord upgrade`` share it.
+
+Example::
+
+    segment = Segment({"groups/g/commit_log": 3}, {"groups/g/commit_log": 5}, clock_us)
+    segment.records(Lakehouse("lakehouse")).num_rows
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import posixpath
+from dataclasses import dataclass
+from typing import Mapping, Optional
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from coordinator.commit_logs import CommitLogs
+from coordinator.lakehouse import Lakehouse
+from coordinator.storage import FileStore
+from coordinator.tables import COMMIT_LOG
+
+__all__ = ["MAX_VERSIONS_PER_BATCH", "RECORD_SCHEMA", "Segment", "grown_to", "tick"]
+
+#: A backlog is read in bounded steps: at most this many commit-log versions per batch, over all logs.
+#: Below 2**11, so that a commit's rank in its batch fits the bits :data:`OFFSETS_PER_BATCH` leaves it.
+MAX_VERSIONS_PER_BATCH = 2000
+
+_COMMIT_LOG_SCHEMA = COMMIT_LOG.arrow_schema()
+#: A checker record: a commit-log record, the log and version it entered with, when that version was
+#: committed and its commit's rank in the batch; or a clock tick. ``refusal`` is set on a record
+#: that cannot be read at all (a data file outside its log).
+RECORD_SCHEMA = pa.schema([*_COMMIT_LOG_SCHEMA, pa.field("commit_log", pa.string()),
+                           pa.field("commit_version", pa.int64()), pa.field("commit_rank", pa.int64()),
+                           pa.field("refusal", pa.string()),
+                           pa.field("stored_timestamp", pa.timestamp("us", tz="UTC")),
+                           pa.field("is_heartbeat", pa.bool_())])
+
+
+def _log_file(version: int) -> str:
+    return f"_delta_log/{version:020d}.json"
+
+
+def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_VERSIONS_PER_BATCH) -> dict[str, int]:
+    """For each log (every one :meth:`CommitLogs.discover` finds, and those in ``starts``): the first
+    version at or after its start (0 for a new log) that is not committed yet, at most ``budget``
+    versions on over all logs.
+
+    The budget is shared fairly: each log may first take an equal part, then the logs that had
+    more take what the others left.
+
+    Example::
+
+        grown_to(Lakehouse("lakehouse"), {"groups/g/commit_log": 3})  # {'groups/g/commit_log': 5, ...}
+    """
+    keys = sorted(set(starts) | {ref.key for ref in CommitLogs(lakehouse).discover()})
+    ends = {key: starts.get(key, 0) for key in keys}
+    stores = {key: FileStore.at(lakehouse.key_path(key), lakehouse.storage) for key in keys}
+    open_logs = list(keys)
+    while budget > 0 and open_logs:
+        share = max(1, budget // len(open_logs))
+        still_growing = []
+        for key in open_logs:
+            taken = 0
+            while taken < share and budget > 0 and stores[key].exists(_log_file(ends[key])):
+                ends[key] += 1
+                taken += 1
+                budget -= 1
+            if taken == share:
+                still_growing.append(key)
+        open_logs = still_growing
+    return ends
+
+
+@dataclass(frozen=True)
+class Segment:
+    """What one micro-batch covers: for each commit log, versions ``starts[log]`` up to (not
+    including) ``ends[log]``, and its clock (the wall clock when Spark planned it)."""
+
+    starts: Mapping[str, int]
+    ends: Mapping[str, int]
+    clock_us: int = 0
+
+    @property
+    def versions(self) -> int:
+        """How many commit-log versions the segment covers, over all logs."""
+        return sum(end - self.starts.get(key, 0) for key, end in self.ends.items())
+
+    def records(self, lakehouse: Lakehouse) -> pa.Table:
+        """The segment's records, in merged commit order, then its clock tick: what the checker's batch
+        decides over.
+
+        Example::
+
+            segment.records(Lakehouse("lakehouse")).column("commit_log")
+        """
+        commits = []  # per log: (modified ms, key, version, log text), in version order
+        stores = {key: FileStore.at(lakehouse.key_path(key), lakehouse.storage) for key in self.ends}
+        for key in sorted(self.ends):
+            log = []
+            for version in range(self.starts.get(key, 0), self.ends[key]):
+                commit = stores[key].read(_log_file(version))
+                log.append((commit.modified_ms, key, version, commit.data))
+            commits.append(log)
+        merged = heapq.merge(*commits, key=lambda commit: commit[:3])
+        parts, refusals, meta = [], [], []  # meta: per commit, (key, version, rank, modified ms, rows)
+        for rank, (modified_ms, key, version, data) in enumerate(merged):
+            part, refused = _commit_rows(stores[key], data)
+            parts.append(part)
+            refusals.extend(refused)
+            meta.append((key, version, rank, modified_ms * 1000, part.num_rows))
+        return pa.concat_tables([_with_origin(parts, refusals, meta), tick(self.clock_us)])
+
+    def to_json(self) -> str:
+        """The segment as Spark carries it in a batch's row."""
+        return json.dumps({"starts": dict(self.starts), "ends": dict(self.ends), "clock_us": self.clock_us},
+                          sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Segment":
+        raw = json.loads(text)
+        return cls(raw["starts"], raw["ends"], raw["clock_us"])
+
+
+def _commit_rows(store: FileStore, log_text: bytes) -> tuple[pa.Table, list[Optional[str]]]:
+    """The records one commit added (commit-log columns), and for each the reason it cannot be read, if any."""
+    parts, refusals = [], []
+    for action in (json.loads(line) for line in log_text.splitlines() if line.strip()):
+        add = action.get("add")
+        if add is None or not add.get("dataChange", True):
+            continue
+        path = _inside(unquote(add["path"]))
+        if path is None:
+            parts.append(_null_record())
+            refusals.append(f"data file outside the commit log's directory: {add['path']}"[:512])
+        else:
+            # A producer commits small files, often one per version: ParquetFile reads one at a
+            # fraction of read_table's cost, which sets up a dataset for every file.
+            part = _commit_log_rows(pq.ParquetFile(pa.BufferReader(store.read(path).data))
+                                    .read(columns=COMMIT_LOG.column_names, use_threads=False))
+            parts.append(part)
+            refusals.extend([None] * part.num_rows)
+    return (pa.concat_tables(parts) if parts else _COMMIT_LOG_SCHEMA.empty_table()), refusals
+
+
+def _with_origin(parts: list[pa.Table], refusals: list[Optional[str]], meta: list[tuple]) -> pa.Table:
+    """The commits' records with the columns saying where each came from (one array each, built once)."""
+    if not parts:
+        return RECORD_SCHEMA.empty_table()
+    data = pa.concat_tables(parts)
+    counts = [commit[4] for commit in meta]
+    for index, (name, arrow_type) in enumerate((("commit_log", pa.string()), ("commit_version", pa.int64()),
+                                                ("commit_rank", pa.int64()))):
+        data = data.append_column(name, pa.array(_repeat([commit[index] for commit in meta], counts), arrow_type))
+    data = data.append_column("refusal", pa.array(refusals, pa.string()))
+    stored = pa.array(_repeat([commit[3] for commit in meta], counts), pa.int64())
+    data = data.append_column("stored_timestamp", stored.cast(RECORD_SCHEMA.field("stored_timestamp").type))
+    return data.append_column("is_heartbeat", pa.repeat(False, data.num_rows))
+
+
+def _repeat(values: list, counts: list[int]) -> list:
+    return [value for value, count in zip(values, counts) for _ in range(count)]
+
+
+def _null_record() -> pa.Table:
+    return pa.table({f.name: pa.nulls(1, f.type) for f in _COMMIT_LOG_SCHEMA}, schema=_COMMIT_LOG_SCHEMA)
+
+
+def _inside(path: str) -> Optional[str]:
+    """``path`` if it names a file inside the table's own directory; else ``None`` (an absolute URI,
+    or one that climbs out with ``..``)."""
+    if "://" in path or path.startswith("/"):
+        return None
+    normal = posixpath.normpath(path)
+    return None if normal.startswith("..") or normal == "." else normal
+
+
+def _commit_log_rows(data: pa.Table) -> pa.Table:
+    return data if data.schema.equals(_COMMIT_LOG_SCHEMA) else data.cast(_COMMIT_LOG_SCHEMA)
+
+
+def tick(clock_us: int) -> pa.Table:
+    """One clock tick, shaped like a record: only ``stored_timestamp`` and ``is_heartbeat`` are set."""
+    columns = {f.name: pa.nulls(1, f.type) for f in RECORD_SCHEMA}
+    columns["stored_timestamp"] = pa.array([clock_us], pa.int64()).cast(RECORD_SCHEMA.field("stored_timestamp").type)
+    columns["is_heartbeat"] = pa.array([True])
+    return pa.table(columns, schema=RECORD_SCHEMA)

@@ -1,0 +1,148 @@
+"""The commit logs of a lakehouse, and who writes each: a record's writer is the log it is stored in.
+
+Every producer group appends to a commit log of its own, ``groups/<group>/commit_log``, and
+operators' decisions (``txcoord resolve``) go to ``operators/commit_log``. The storage's own
+permissions say who may write each one (docs/operations.md#tenancy lists the grants), so the
+checker never takes a writer's identity from a column the writer filled in: it takes it from the
+log (:class:`CommitLogRef`), and refuses a record whose columns claim otherwise
+(:mod:`coordinator.checker.provenance`).
+
+A lakehouse made before logs were per group has one log every group shared, ``system/commit_log``.
+``txcoord upgrade`` retires it (:func:`coordinator.ops.tenancy.upgrade`): the checker still reads
+what was written there before the upgrade, trusting its columns as before, and refuses, with the
+reason, whatever arrives there afterwards. The lakehouse's **layout** record
+(``system/_layout.json``, :class:`Layout`) says whether this has been done, and up to which version
+the shared log is trusted.
+
+Example::
+
+    logs = CommitLogs(Lakehouse("lakehouse"))
+    [ref.key for ref in logs.discover()]   # ['groups/order_group/commit_log', 'operators/commit_log']
+    CommitLogRef.of("groups/order_group/commit_log").group   # 'order_group'
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+from coordinator.exceptions import OutdatedLakehouseError
+from coordinator.lakehouse import (GROUPS_KEY, LAYOUT_KEY, OPERATORS_LOG_KEY, SHARED_LOG_KEY, Lakehouse, group_key,
+                                   group_of_key)
+
+__all__ = ["CURRENT_LAYOUT", "CommitLogRef", "CommitLogs", "Layout"]
+
+#: The layout this version writes: one commit log per group, and the operators' own.
+CURRENT_LAYOUT = 2
+
+
+@dataclass(frozen=True, order=True)
+class CommitLogRef:
+    """One commit log, by its key under the lakehouse's root, and who writes it.
+
+    Example::
+
+        CommitLogRef.of("groups/order_group/commit_log").group   # 'order_group'
+        CommitLogRef.of("operators/commit_log").is_operators      # True
+    """
+
+    key: str
+
+    @classmethod
+    def of(cls, key: str) -> "CommitLogRef":
+        """The log at ``key``; :class:`ValueError` for a key that is no commit log's."""
+        ref = cls(key)
+        if not (ref.is_operators or ref.is_shared or ref.group is not None):
+            raise ValueError(f"{key!r} is not a commit log of a lakehouse")
+        return ref
+
+    @classmethod
+    def of_group(cls, group: str) -> "CommitLogRef":
+        """The commit log of producer group ``group``."""
+        return cls(f"{GROUPS_KEY}/{group_key(group)}/commit_log")
+
+    @classmethod
+    def operators(cls) -> "CommitLogRef":
+        """The operators' commit log."""
+        return cls(OPERATORS_LOG_KEY)
+
+    @property
+    def group(self) -> Optional[str]:
+        """The producer group whose own log this is; ``None`` for the operators' and the shared log."""
+        parts = self.key.split("/")
+        if len(parts) == 3 and parts[0] == GROUPS_KEY and parts[2] == "commit_log":
+            return group_of_key(parts[1])
+        return None
+
+    @property
+    def is_operators(self) -> bool:
+        """Whether this is the operators' log, which only operators may write."""
+        return self.key == OPERATORS_LOG_KEY
+
+    @property
+    def is_shared(self) -> bool:
+        """Whether this is the commit log every group shared before each had its own (retired)."""
+        return self.key == SHARED_LOG_KEY
+
+    def __str__(self) -> str:
+        return self.key
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What ``system/_layout.json`` records: the layout's number and, for a lakehouse upgraded from
+    the shared commit log, the first version of that log written after the upgrade (``None``: it
+    never had one)."""
+
+    version: int = CURRENT_LAYOUT
+    shared_log_end: Optional[int] = None
+
+
+class CommitLogs:
+    """The commit logs of one lakehouse (see the module's documentation)."""
+
+    def __init__(self, lakehouse: Lakehouse):
+        self.lakehouse = lakehouse
+
+    def discover(self) -> list[CommitLogRef]:
+        """Every commit log the checker reads, sorted: each group's (a directory under ``groups/``,
+        whether or not its log has a first version yet), the operators', and the retired shared one
+        if the lakehouse was upgraded from it. One listing of ``groups/``.
+
+        Example::
+
+            CommitLogs(Lakehouse("lakehouse")).discover()
+        """
+        refs = [CommitLogRef(f"{GROUPS_KEY}/{name}/commit_log")
+                for name in self.lakehouse.files.directories(GROUPS_KEY)]
+        refs.append(CommitLogRef(OPERATORS_LOG_KEY))
+        if self.layout().shared_log_end is not None:
+            refs.append(CommitLogRef(SHARED_LOG_KEY))
+        return sorted(refs)
+
+    def groups(self) -> list[str]:
+        """The producer groups that have a directory under ``groups/``, sorted by name."""
+        return sorted(group_of_key(name) for name in self.lakehouse.files.directories(GROUPS_KEY))
+
+    def path(self, ref: CommitLogRef) -> str:
+        """The location of the log ``ref``."""
+        return self.lakehouse.key_path(ref.key)
+
+    def layout(self) -> Layout:
+        """The lakehouse's layout: read from ``system/_layout.json``; a lakehouse without the record
+        has the current layout unless it holds the shared commit log (then
+        :class:`OutdatedLakehouseError`: it needs ``txcoord upgrade``)."""
+        stored = self.lakehouse.files.read(LAYOUT_KEY)
+        if stored is not None:
+            return Layout(**json.loads(stored.data))
+        if self.lakehouse.files.exists(f"{SHARED_LOG_KEY}/_delta_log/{0:020d}.json"):
+            raise OutdatedLakehouseError(
+                f"{self.lakehouse.root} was made by an earlier txcoord, whose producer groups share one commit log "
+                f"({SHARED_LOG_KEY}); run `txcoord upgrade --config FILE` once (docs/operations.md#upgrading)")
+        return Layout()
+
+    def record_layout(self, layout: Layout) -> None:
+        """Write ``system/_layout.json``."""
+        self.lakehouse.files.put(LAYOUT_KEY, json.dumps({"version": layout.version,
+                                                         "shared_log_end": layout.shared_log_end}).encode())

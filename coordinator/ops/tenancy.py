@@ -1,0 +1,197 @@
+"""Tenancy: what each principal may read and write, adding a producer group, upgrading a lakehouse.
+
+The storage enforces who is who (:mod:`coordinator.commit_logs`): each principal gets the
+prefixes :func:`access_plan` lists, with the storage's ordinary permissions (an S3 bucket policy,
+:func:`s3_bucket_policy`; IAM or Unity Catalog grants; POSIX owners and modes).
+
+Example::
+
+    add_group(config, "payment_group")        # its tables, while the checker runs
+    for grant in access_plan(["payment_group"]):
+        print(grant.principal, grant.access, grant.prefix)
+    upgrade(config)                            # a lakehouse made before logs per group
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Optional, Sequence
+
+import pyarrow.compute as pc
+
+from coordinator.commit_logs import CommitLogs, Layout
+from coordinator.config import CoordinatorConfig
+from coordinator.control.lease import CheckerLease
+from coordinator.control.progress import CheckerProgress
+from coordinator.exceptions import InvalidArgumentError, OutdatedLakehouseError
+from coordinator.lakehouse import (GROUPS_KEY, OPERATORS_LOG_KEY, SHARED_LOG_KEY, Lakehouse, create_group_tables,
+                                   group_key, init_lakehouse, open_table, read_table)
+from coordinator.tables import HALF
+
+__all__ = ["ANALYSTS", "CHECKER", "OPERATORS", "Grant", "Upgrade", "access_plan", "add_group", "group_principal",
+           "s3_bucket_policy", "upgrade"]
+
+log = logging.getLogger("coordinator.ops")
+
+CHECKER, OPERATORS, ANALYSTS = "checker", "operators", "analysts"
+
+
+def group_principal(group: str) -> str:
+    """How :func:`access_plan` names the principal of producer group ``group``."""
+    return f"group {group}"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One permission: ``principal`` may ``access`` the keys under ``prefix`` (relative to the
+    lakehouse's root; ``*`` stands for one group's directory). ``access`` is a subset of ``read``
+    (get and list), ``write`` (create and replace) and ``delete``."""
+
+    principal: str
+    access: tuple[str, ...]
+    prefix: str
+
+
+def access_plan(groups: Iterable[str]) -> list[Grant]:
+    """Every grant the lakehouse needs, for its checker, operators, analysts and each of ``groups``.
+
+    * the **checker** reads and writes everything (it also runs ``txcoord maintain``);
+    * **operators** write their own commit log; read the checker's tables, the topics and every
+      group's commit log (``txcoord status``, ``pending``, ``inspect``), never a group's check requests;
+    * **analysts** read the topics and the checker's tables (the audit trail);
+    * each **group** writes its own commit log and its instances' announcements, and reads its own
+      check requests: nothing of another group, nothing of the checker's.
+
+    Example::
+
+        [(g.principal, g.prefix) for g in access_plan(["order_group"]) if g.principal.startswith("group")]
+    """
+    plan = [
+        Grant(CHECKER, ("read", "write", "delete"), ""),
+        Grant(OPERATORS, ("read", "write"), f"{OPERATORS_LOG_KEY}/"),
+        Grant(OPERATORS, ("read",), "system/"),
+        Grant(OPERATORS, ("read",), "topics/"),
+        Grant(OPERATORS, ("read",), f"{GROUPS_KEY}/*/commit_log/"),
+        Grant(ANALYSTS, ("read",), "system/"),
+        Grant(ANALYSTS, ("read",), "topics/"),
+    ]
+    for group in sorted(set(groups)):
+        directory = f"{GROUPS_KEY}/{group_key(group)}"
+        plan += [Grant(group_principal(group), ("read", "write"), f"{directory}/commit_log/"),
+                 Grant(group_principal(group), ("read", "write", "delete"), f"{directory}/_producers/"),
+                 Grant(group_principal(group), ("read",), f"{directory}/check_requests/")]
+    return plan
+
+
+def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]]) -> dict:
+    """An S3 bucket policy granting :func:`access_plan` on the lakehouse at ``root``
+    (``s3://bucket/prefix``) to the accounts of each principal: ``accounts`` maps a principal of the
+    plan (``checker``, ``operators``, ``analysts``, ``group <name>``) to its account names or ARNs.
+    A principal left out is granted nothing.
+
+    Example::
+
+        s3_bucket_policy("s3://lakehouse/lh", {"checker": ["svc-checker"], "group order_group": ["svc-orders"]})
+    """
+    if not root.startswith("s3://"):
+        raise InvalidArgumentError(f"a bucket policy is for a lakehouse on S3, not {root}")
+    bucket, _, prefix = root.removeprefix("s3://").partition("/")
+    base = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+    groups = [principal.removeprefix("group ") for principal in accounts if principal.startswith("group ")]
+    statements = []
+    for grant in access_plan(groups):
+        names = list(accounts.get(grant.principal, ()))
+        if not names:
+            continue
+        keys = f"{base}{grant.prefix}"
+        actions = [action for access, action in (("read", "s3:GetObject"), ("write", "s3:PutObject"),
+                                                 ("delete", "s3:DeleteObject")) if access in grant.access]
+        statements.append({"Effect": "Allow", "Principal": {"AWS": names}, "Action": actions,
+                           "Resource": [f"arn:aws:s3:::{bucket}/{keys}*"]})
+        listed = [keys, f"{keys}*"] if keys else ["*"]
+        if grant.prefix.startswith(f"{GROUPS_KEY}/*/"):  # finding the groups lists their parent
+            listed.append(f"{base}{GROUPS_KEY}/")
+        statements.append({"Effect": "Allow", "Principal": {"AWS": names}, "Action": ["s3:ListBucket"],
+                           "Resource": [f"arn:aws:s3:::{bucket}"],
+                           "Condition": {"StringLike": {"s3:prefix": listed}}})
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def add_group(config: CoordinatorConfig, group: str) -> list[str]:
+    """Create what producer group ``group`` needs (its commit log and check-request table) and return
+    the paths created. A running checker takes the group's records in from its next trigger.
+
+    Example::
+
+        add_group(config, "payment_group")  # ['/…/groups/payment_group/commit_log', '/…/check_requests']
+    """
+    if not group or not group.strip():
+        raise InvalidArgumentError("a producer group is a non-empty name")
+    lakehouse = Lakehouse.of(config)
+    CommitLogs(lakehouse).layout()
+    init_lakehouse(lakehouse)
+    return create_group_tables(lakehouse, group)
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """What :func:`upgrade` did."""
+
+    done: bool  # False: the lakehouse had nothing to upgrade
+    shared_log_end: Optional[int] = None  # versions of the shared log trusted (those written before the upgrade)
+    groups: list[str] = field(default_factory=list)  # the groups found in the shared log, whose tables it created
+    first_batch_id: Optional[int] = None  # of the checker's new epoch
+
+
+def upgrade(config: CoordinatorConfig, app_id: str) -> Upgrade:
+    """Upgrade a lakehouse made when every producer group shared one commit log (``system/commit_log``).
+
+    With no checker running (it takes the checker's lease; :class:`CheckerAlreadyRunningError`
+    otherwise): records how far the shared log goes (what was written there so far is taken in as
+    before; what arrives afterwards is refused, with the reason), creates the operators' log and a
+    commit log and check-request table for every group found, replays the checker's last batch and
+    starts its new epoch (the old checkpoint is set aside). Nothing is lost or taken twice.
+    Idempotent: run again, it finishes what a crash interrupted, or does nothing.
+
+    Example::
+
+        upgrade(config, "txcoord-checker").shared_log_end  # e.g. 5312
+    """
+    from coordinator.checker.epochs import begin_next_epoch
+
+    lakehouse = Lakehouse.of(config)
+    logs = CommitLogs(lakehouse)
+    shared = lakehouse.key_path(SHARED_LOG_KEY)
+    if not lakehouse.exists(SHARED_LOG_KEY):
+        return Upgrade(done=False)
+    lease = CheckerLease(lakehouse, ttl_s=config.checker_lease_ttl_ms / 1000).acquire()
+    try:
+        try:
+            layout = logs.layout()
+        except OutdatedLakehouseError:  # no layout record yet: this run retires the shared log
+            layout = Layout(shared_log_end=open_table(shared, storage=lakehouse.storage).version() + 1)
+            logs.record_layout(layout)
+        init_lakehouse(lakehouse)
+        groups = _groups_of(lakehouse, shared)
+        for group in groups:
+            create_group_tables(lakehouse, group)
+        store = CheckerProgress(lakehouse)
+        progress = store.load()
+        if progress is None or not progress.epoch.shared_log:
+            return Upgrade(done=True, shared_log_end=layout.shared_log_end, groups=groups,
+                           first_batch_id=None if progress is None else progress.epoch.first_batch_id)
+        following = begin_next_epoch(config, store, progress, app_id)
+        log.warning("lakehouse %s upgraded: %s trusted up to version %d; %d group(s)", lakehouse.root, SHARED_LOG_KEY,
+                    layout.shared_log_end - 1, len(groups))
+        return Upgrade(done=True, shared_log_end=layout.shared_log_end, groups=groups,
+                       first_batch_id=following.epoch.first_batch_id)
+    finally:
+        lease.release()
+
+
+def _groups_of(lakehouse: Lakehouse, shared: str) -> list[str]:
+    """The producer groups that wrote to the shared log, or have halves in the half queue."""
+    names = set(read_table(shared, ["producer_group"], storage=lakehouse.storage).column(0).unique().to_pylist())
+    names |= set(pc.unique(lakehouse.read(HALF, ["producer_group"]).column(0)).to_pylist())
+    return sorted(name for name in names if name and name.strip())
