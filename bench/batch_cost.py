@@ -58,7 +58,7 @@ def batch_figures(spark, lakehouse: str, args) -> dict:
     from coordinator.config import CoordinatorConfig
     from coordinator.producer.transaction_producer import time_ordered_id
 
-    driver = benchlib.BatchDriver(spark, CoordinatorConfig(lakehouse=lakehouse))
+    driver = benchlib.BatchDriver(spark, CoordinatorConfig(lakehouse=lakehouse), GROUP)
     rows = {"records": [], "heartbeat": []}
     for round_ in range(args.batches + 1):
         for _ in range(args.commits):
@@ -91,7 +91,7 @@ def trigger_figures(spark, workdir: str, args) -> dict:
     lakehouse = f"{workdir}/streaming"
     init_lakehouse(lakehouse)
     config = CoordinatorConfig(lakehouse=lakehouse)
-    writer = benchlib.BatchDriver(spark, config)
+    writer = benchlib.BatchDriver(spark, config, GROUP)
     transactions = args.commits * args.transactions
 
     def recorded() -> list[dict]:

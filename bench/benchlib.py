@@ -217,10 +217,8 @@ class CheckerJob:
         from coordinator.spark import spark_submit
         from coordinator.control.progress import CheckerProgress
         from coordinator.lakehouse import Lakehouse
-        from coordinator.tables import COMMIT_LOG
 
         self.lakehouse = Lakehouse.at(lakehouse)
-        self.commit_log = self.lakehouse.path(COMMIT_LOG)
         self._progress = CheckerProgress(self.lakehouse)
         argv, env = spark_submit(ROOT / "jobs" / "checker.py", "--config", config_path)
         self.log_file = open(log_path, "w")
@@ -233,21 +231,24 @@ class CheckerJob:
         """The checker's progress record (``system/_checker_progress.json``), ``None`` before it wrote one."""
         return self._progress.load()
 
-    def next_version(self) -> Optional[int]:
-        """The first commit-log version the checker has not yet announced a batch for."""
+    def written_versions(self) -> dict[str, int]:
+        """How many versions each commit log has (its latest version + 1)."""
+        from coordinator.commit_logs import CommitLogs
+
+        return {ref.key: latest_version(self.lakehouse.key_path(ref.key), self.lakehouse.storage) + 1
+                for ref in CommitLogs(self.lakehouse).discover()}
+
+    def latest_commit_log_version(self) -> int:
+        """Versions written over every commit log, less one (-1 before any)."""
+        return sum(self.written_versions().values()) - 1
+
+    def lag(self) -> Optional[int]:
+        """Commit-log versions written but not yet taken by a checker batch, over every log."""
         progress = self.progress()
         if progress is None:
             return None
-        return progress.last_batch.next_version if progress.last_batch else progress.epoch.starting_version
-
-    def latest_commit_log_version(self) -> int:
-        """The commit log's latest version (-1 before it has one)."""
-        return latest_version(self.commit_log, self.lakehouse.storage)
-
-    def lag(self) -> Optional[int]:
-        """Commit-log versions written but not yet taken by a checker batch."""
-        next_version = self.next_version()
-        return None if next_version is None else max(0, self.latest_commit_log_version() - next_version + 1)
+        read = progress.next_versions
+        return sum(max(0, written - read.get(key, 0)) for key, written in self.written_versions().items())
 
     def wait_ready(self, timeout_s: float) -> float:
         """Wait for the checker's first batch to be announced; return the seconds it took to start."""
@@ -525,20 +526,21 @@ class BatchDriver:
 
     Example::
 
-        driver = BatchDriver(spark, config, first_batch_id=0, pending_from=0)
+        driver = BatchDriver(spark, config, "order_group", first_batch_id=0, pending_from=0)
         driver.write(records)           # one commit-log commit (delta-rs)
         summary, seconds = driver.run() # one batch over every new version, clock = now
     """
 
-    def __init__(self, spark, config, first_batch_id: int = 0, pending_from: int = 0):
-        from deltalake import DeltaTable
-
-        from coordinator.lakehouse import Lakehouse
+    def __init__(self, spark, config, group: str, first_batch_id: int = 0, pending_from: int = 0):
+        from coordinator.checker.segment import grown_to
+        from coordinator.lakehouse import Lakehouse, create_table
         from coordinator.tables import COMMIT_LOG
 
         self.spark, self.config = spark, config
-        self.commit_log = Lakehouse(config.lakehouse).path(COMMIT_LOG)
-        self.next_version = DeltaTable(self.commit_log).version() + 1
+        self.lakehouse = Lakehouse(config.lakehouse)
+        self.commit_log = self.lakehouse.commit_log(group)
+        create_table(COMMIT_LOG, self.commit_log)
+        self.next_versions = grown_to(self.lakehouse, {}, budget=10**9)
         self.batch_id = first_batch_id
         self.pending_from = pending_from
         from coordinator.checker.state import CheckerState
@@ -554,27 +556,26 @@ class BatchDriver:
         write_deltalake(self.commit_log, records_to_arrow(records), mode="append")
         return DeltaTable(self.commit_log).version()
 
-    def records(self, first_version: int, last_version: int, now):
-        from coordinator.checker.source import Segment
+    def records(self, starts: dict, ends: dict, now):
+        from coordinator.checker.segment import Segment
 
-        return Segment(first_version, last_version + 1, int(now.timestamp() * 1_000_000)).records(self.commit_log)
+        return Segment(starts, ends, int(now.timestamp() * 1_000_000)).records(self.lakehouse)
 
     def run(self, now=None):
         """One batch over every new version at clock ``now`` (default: the wall clock);
         returns ``(summary, wall seconds of run_batch)``."""
         from datetime import datetime, timezone
 
-        from deltalake import DeltaTable
-
         from coordinator.checker.batch import run_batch
+        from coordinator.checker.segment import grown_to
 
-        latest = DeltaTable(self.commit_log).version()
-        started = time.perf_counter()  # reading the new versions is part of the batch, as in the streaming query
-        records = self.records(self.next_version, latest, now or datetime.now(timezone.utc))
+        started = time.perf_counter()  # finding and reading the new versions is part of the batch, as in the query
+        ends = grown_to(self.lakehouse, self.next_versions)
+        records = self.records(self.next_versions, ends, now or datetime.now(timezone.utc))
         summary = run_batch(self.config, records, self.batch_id, pending_from=self.pending_from,
                             state=self.state)
         seconds = time.perf_counter() - started
-        self.next_version, self.batch_id, self.pending_from = latest + 1, self.batch_id + 1, summary.pending_from
+        self.next_versions, self.batch_id, self.pending_from = ends, self.batch_id + 1, summary.pending_from
         return summary, seconds
 
 

@@ -12,7 +12,8 @@ table maintenance (``coordinator.ops.maintenance.maintain``) at once, then:
   (the kill to the next checker's first finished batch) is reported;
 - SIGKILLs producer processes in the middle of their sends and group commits, and
   restarts them at once (a restarted producer skips what it already attempted);
-- appends hostile records straight to ``system/commit_log``;
+- appends hostile records to a forging group's own commit log: malformed ones, and forgeries (claiming
+  another group, an operator's mark, a topic the group is not granted);
 - commits by hand, as an operator would (``txcoord resolve --commit``), about half of the
   transactions the checker discards, the first of them twice at once (two operators racing).
 
@@ -77,11 +78,12 @@ from chaos_producer import (
 )
 from coordinator.spark import spark_submit
 from coordinator.config import CoordinatorConfig
+from coordinator.commit_logs import CommitLogs
 from coordinator.lakehouse import Lakehouse, init_lakehouse, topic_names
 from coordinator.ops.resolve import resolve_transaction
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.protocol import LocalTransactionState
-from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, HALF, OP, REJECTED
+from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent / "scripts"))
@@ -318,9 +320,10 @@ def make_plan(transactions: int, producers: int, rng: random.Random) -> list[lis
     return plans
 
 
-def prepare(root: Path, lakehouse: Optional[str] = None, storage: Optional[dict[str, str]] = None) -> Path:
+def prepare(root: Path, producers: int, lakehouse: Optional[str] = None, storage: Optional[dict[str, str]] = None) -> Path:
     """Wipe and recreate the run's directory (the lakehouse too, unless ``lakehouse`` names another
-    place, reached with ``storage``); refuse a non-empty one a chaos run did not make."""
+    place, reached with ``storage``); refuse a non-empty one a chaos run did not make. The producers'
+    groups may publish to the chaos topics, the forging group to the order topic only."""
     if root.exists():
         if any(root.iterdir()) and not (root / CONFIG_NAME).exists():
             raise SystemExit(f"refusing to wipe {root}: not empty and no {CONFIG_NAME} in it; choose another --lakehouse")
@@ -331,6 +334,8 @@ def prepare(root: Path, lakehouse: Optional[str] = None, storage: Optional[dict[
     lines += [f"{key} = {value}" for key, value in SETTINGS.items()]
     if storage:
         lines += ["", "[storage]", *(f"{key} = {json.dumps(value)}" for key, value in storage.items())]
+    lines += ["", "[topic_grants]", *(f'{group_of(index)} = ["CHAOS_*"]' for index in range(producers)),
+              f"{FORGED_GROUP} = [{json.dumps(ORDER_TOPIC)}]"]
     config_path.write_text("\n".join(lines) + "\n")
     init_lakehouse(Lakehouse.of(CoordinatorConfig.load(config_path, environ={})))
     return config_path
@@ -359,7 +364,8 @@ class Maintenance:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
-            tables = ["system/commit_log", f"topics/{ORDER_TOPIC}", f"topics/{AUDIT_TOPIC}"]
+            tables = [*(ref.key for ref in CommitLogs(Lakehouse.of(CoordinatorConfig.load(self.config_path, environ={})))
+                        .discover()), f"topics/{ORDER_TOPIC}", f"topics/{AUDIT_TOPIC}"]
             result = subprocess.run([sys.executable, "-c", _MAINTAIN, str(self.config_path), json.dumps(tables),
                                      str(self.retention_hours)],
                                     capture_output=True, text=True, env=child_environment(dict(os.environ)))
@@ -381,14 +387,17 @@ class BadInput:
     what: str
     record_id: str
     reason: Optional[str] = None
+    forgery: bool = False  # claims what its writer may not: another group, an operator's mark, an ungranted topic
 
 
 class HostileWriter:
-    """Appends records no well-behaved producer sends, straight to ``system/commit_log``."""
+    """Appends records no well-behaved producer sends to the commit log of :data:`FORGED_GROUP`, a group
+    whose principal may write only that log."""
 
     def __init__(self, lakehouse: Lakehouse, rng: random.Random) -> None:
         self.lakehouse, self.rng = lakehouse, rng
         self.injected: list[BadInput] = []
+        self.forgeries: list[tuple[str, dict]] = []  # of those, the records claiming what their writer may not
 
     def inject_blind(self) -> None:
         """Records that are refused whatever the lakehouse holds."""
@@ -406,7 +415,7 @@ class HostileWriter:
             ("end before its half", _end(transaction_id=early_txn)),
         ])
         # The half the early END named, in a later commit: valid, but nobody answers its checks.
-        with CommitLogWriter(self.lakehouse) as writer:
+        with CommitLogWriter(self.lakehouse, FORGED_GROUP) as writer:
             writer.submit([_half(transaction_id=early_txn)]).result()
 
     def inject_targeted(self, plans: list[list[tuple[str, str]]], require_every_target: bool) -> bool:
@@ -435,6 +444,18 @@ class HostileWriter:
                             _end(transaction_id=pending_forever["transaction_id"])))
             records.append(("null group commits a pending transaction",
                             _end(transaction_id=pending_forever["transaction_id"], producer_group=None)))
+            self.forgeries += [
+                ("claims the owner's group to commit a pending transaction",
+                 _end(transaction_id=pending_forever["transaction_id"], producer_group=pending_forever["producer_group"])),
+                ("an operator's mark from a group commits a pending transaction",
+                 _end(transaction_id=pending_forever["transaction_id"], check_id=f"operator-{uuid.uuid4().hex}")),
+                ("the owner's group and an operator's mark",
+                 _end(transaction_id=pending_forever["transaction_id"], producer_group=pending_forever["producer_group"],
+                      check_id=f"operator-{uuid.uuid4().hex}")),
+                ("a half for a topic the group is not granted", _half(topic=AUDIT_TOPIC)),
+                ("a half claiming another group", _half(producer_group=pending_forever["producer_group"])),
+            ]
+            records += self.forgeries[-5:]
         if rolled_back:
             records.append(("owner commits a rolled-back transaction",
                             _end(transaction_id=rolled_back["transaction_id"], producer_group=rolled_back["producer_group"])))
@@ -443,10 +464,13 @@ class HostileWriter:
                             _half(transaction_id=committed["transaction_id"], producer_group=committed["producer_group"])))
         if records:
             self._write(records)
+            forged = {record["record_id"] for _, record in self.forgeries}
+            for bad in self.injected:
+                bad.forgery = bad.forgery or bad.record_id in forged
         return True
 
     def _write(self, records: list[tuple[str, dict]]) -> None:
-        with CommitLogWriter(self.lakehouse) as writer:
+        with CommitLogWriter(self.lakehouse, FORGED_GROUP) as writer:
             writer.submit([record for _, record in records]).result()
         self.injected += [BadInput(what, record["record_id"]) for what, record in records]
 
@@ -546,7 +570,7 @@ class Run:
                 server.create_bucket(OBJECT_STORE_BUCKET)
                 lakehouse, storage = f"s3://{OBJECT_STORE_BUCKET}/{uuid.uuid4().hex}", server.storage_options
                 print(f"lakehouse on a loopback S3 server ({server.endpoint}): {lakehouse}", flush=True)
-            return self._execute(prepare(self.root, lakehouse, storage))
+            return self._execute(prepare(self.root, self.options.producers, lakehouse, storage))
 
     def _execute(self, config_path: Path) -> dict:
         options, rng = self.options, self.rng
@@ -787,7 +811,9 @@ def verify(config: CoordinatorConfig, producers: list[Producer], bad_inputs: lis
     kind_of = {plan_id: kind for plan in plans for plan_id, kind in plan}
     groups = {group_of(p.index) for p in producers}
     bad_ids = {bad.record_id for bad in bad_inputs}
-    log = _rows(lakehouse, COMMIT_LOG, ["record_id", "kind", "transaction_id", "producer_group", "msg_id", "state"])
+    log = [row for ref in CommitLogs(lakehouse).discover()
+           for row in _rows(lakehouse, ref.key, ["record_id", "kind", "transaction_id", "producer_group", "msg_id",
+                                                 "state"])]
     halves = _rows(lakehouse, HALF, ["transaction_id", "producer_group", "queue_offset", "msg_id", "message_index",
                                           "body", "stored_timestamp", "immunity_ms"])
     ops = _rows(lakehouse, OP, ["half_offset", "transaction_id", "outcome", "end_record_id"])
@@ -898,7 +924,8 @@ def verify(config: CoordinatorConfig, producers: list[Producer], bad_inputs: lis
     for bad in bad_inputs:
         bad.reason = reasons.get(bad.record_id)
         if bad.reason is None:
-            violation("bad_input_unrecorded", f"{bad.what} (record {bad.record_id}) is not in system/rejected")
+            violation("forged_accepted" if bad.forgery else "bad_input_unrecorded",
+                      f"{bad.what} (record {bad.record_id}) is not in system/rejected")
     # Decisions not yet looked at: a COMMIT or ROLLBACK in the log that is neither an op nor a refusal.
     looked_at = {row["end_record_id"] for row in ops} | set(reasons)
     undecided_ends = sum(1 for row in log if row["kind"] == "END" and row["state"] in ("COMMIT_MESSAGE", "ROLLBACK_MESSAGE")
@@ -907,7 +934,9 @@ def verify(config: CoordinatorConfig, producers: list[Producer], bad_inputs: lis
                             and row["record_id"] not in bad_ids)
     return {
         "found": {name: found[name] for name in ("lost", "duplicated", "leaked", "wrong_outcome", "early_checks",
-                                                   "over_checked", "unresolved", "bad_input_unrecorded")},
+                                                   "over_checked", "unresolved", "bad_input_unrecorded",
+                                                   "forged_accepted")},
+        "forgeries_refused": sum(1 for bad in bad_inputs if bad.forgery and bad.reason is not None),
         "violations": sum(found.values()),
         "examples": {name: list(values) for name, values in examples.items()},
         "pending_halves": pending + undecided_ends

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
                   "(as after maintenance)", flush=True)
             report["build"] = build_history(spark, lakehouses["history"], args.history, args.appends)
             print(f"  built in {report['build']['seconds']} s; files: {report['build']['files']}", flush=True)
-            drivers = {name: benchlib.BatchDriver(spark, CoordinatorConfig(lakehouse=path), first_batch_id=args.appends,
+            drivers = {name: benchlib.BatchDriver(spark, CoordinatorConfig(lakehouse=path), GROUP, first_batch_id=args.appends,
                                                   pending_from=args.history if name == "history" else 0)
                        for name, path in lakehouses.items()}
             timings = run_workload(drivers, workload, args.repeats)

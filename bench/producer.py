@@ -43,7 +43,7 @@ import benchlib  # noqa: E402
 from deltalake import write_deltalake
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
-from coordinator.lakehouse import Lakehouse, init_lakehouse
+from coordinator.lakehouse import Lakehouse, create_table, init_lakehouse
 from coordinator.producer.commit_log import half_records, records_to_arrow
 from coordinator.tables import COMMIT_LOG
 
@@ -96,11 +96,13 @@ class Places:
         if self.storage:
             lakehouse = Lakehouse(f"s3://{self.BUCKET}/{uuid.uuid4().hex}", self.storage)
             init_lakehouse(lakehouse)
+            create_table(COMMIT_LOG, lakehouse.commit_log("bench"), lakehouse.storage)
             yield lakehouse
             return
         with tempfile.TemporaryDirectory() as directory:
             lakehouse = Lakehouse(directory)
             init_lakehouse(lakehouse)
+            create_table(COMMIT_LOG, lakehouse.commit_log("bench"), lakehouse.storage)
             yield lakehouse
 
     def close(self) -> None:
@@ -118,7 +120,7 @@ def append_floor(places: Places, appends: int) -> dict:
         latencies = []
         for attempt in range(FLOOR_WARMUP + appends):
             if attempt % FLOOR_REOPEN_EVERY == 0:
-                table = lakehouse.table(COMMIT_LOG)
+                table = lakehouse.table("groups/bench/commit_log")
             started = time.perf_counter()
             write_deltalake(table, row, mode="append")
             if attempt >= FLOOR_WARMUP:
@@ -182,7 +184,7 @@ def run(places: Places, threads: int, seconds: float, messages_per_txn: int, flo
             start_at = min(started for _, started, _ in shares)
             finished = max(last for _, _, last in shares)
         elapsed = finished - start_at
-        commits = where.table(COMMIT_LOG).version()  # version 0 created the table
+        commits = where.table("groups/bench/commit_log").version()  # version 0 created the table
         p50, p99 = statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000
         against_floor = {} if floor is None else {
             "append_floor_p50_ms": floor["p50_ms"],

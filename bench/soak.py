@@ -77,10 +77,11 @@ class Maintainer(threading.Thread):
 
 def shapes(lakehouse: str) -> dict:
     from coordinator.lakehouse import Lakehouse
-    from coordinator.tables import COMMIT_LOG, HALF, OP
+    from coordinator.tables import HALF, OP
 
+    log = "groups/bench-soak/commit_log"
     return {name: benchlib.table_shape(path) for name, path in [
-        ("system/commit_log", Lakehouse(lakehouse).path(COMMIT_LOG)), ("system/half", Lakehouse(lakehouse).path(HALF)),
+        (log, Lakehouse(lakehouse).key_path(log)), ("system/half", Lakehouse(lakehouse).path(HALF)),
         ("system/op", Lakehouse(lakehouse).path(OP)), (f"topics/{TOPIC}", Lakehouse(lakehouse).topic(TOPIC))]}
 
 

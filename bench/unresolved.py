@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
                                transaction_check_interval_ms=(args.immunity_s + 60) * 1000)
     with benchlib.spark_session("bench-unresolved") as spark:
         try:
-            driver = benchlib.BatchDriver(spark, config)
+            driver = benchlib.BatchDriver(spark, config, GROUP)
             started = time.perf_counter()
             per_commit = -(-args.halves // args.commits)
             for low in range(0, args.halves, per_commit):

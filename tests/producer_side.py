@@ -15,23 +15,24 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
-from coordinator.lakehouse import Lakehouse
-from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG
+from coordinator.lakehouse import Lakehouse, create_table
+from coordinator.tables import GROUP_CHECK_REQUESTS
 
 
-def commit_log_rows(lakehouse: str) -> list[dict]:
-    """Every commit-log row, each with the ``_commit_version`` it was written in."""
-    table = DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG))
+def commit_log_rows(lakehouse: str, group: str = "order_group") -> list[dict]:
+    """Every row of ``group``'s commit log, each with the ``_commit_version`` it was written in."""
+    table = DeltaTable(Lakehouse(lakehouse).commit_log(group))
     changes = pa.RecordBatchReader.from_stream(table.load_cdf(starting_version=0)).read_all()
     return changes.to_pylist()
 
 
-def commit_log_version(lakehouse: str) -> int:
-    return DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).version()
+def commit_log_version(lakehouse: str, log: str = "groups/order_group/commit_log") -> int:
+    """The latest version of the commit log ``log`` (a key under the lakehouse)."""
+    return DeltaTable(Lakehouse(lakehouse).key_path(log)).version()
 
 
 def append_check_request(lakehouse: str, **overrides) -> dict:
-    """Append one check request the way the checker writes it; return the row."""
+    """Append one check request to its group's table, the way the checker writes it; return the row."""
     now = datetime.now(timezone.utc)
     row = {
         "check_id": uuid.uuid4().hex,
@@ -50,8 +51,9 @@ def append_check_request(lakehouse: str, **overrides) -> dict:
         "batch_id": 3,
         **overrides,
     }
-    write_deltalake(Lakehouse(lakehouse).path(CHECK_REQUESTS), pa.Table.from_pylist([row], schema=CHECK_REQUESTS.arrow_schema()),
-                    mode="append")
+    path = Lakehouse(lakehouse).check_requests(row["producer_group"])
+    create_table(GROUP_CHECK_REQUESTS, path)
+    write_deltalake(path, pa.Table.from_pylist([row], schema=GROUP_CHECK_REQUESTS.arrow_schema()), mode="append")
     return row
 
 

@@ -59,14 +59,14 @@ def versions_by_transaction(lakehouse):
 
 
 def test_submit_resolves_once_durable_with_the_commit_version(lakehouse):
-    with CommitLogWriter(lakehouse) as writer:
+    with CommitLogWriter(lakehouse, "order_group") as writer:
         version = writer.submit(ends("t1", 3)).result(timeout=10)
         assert version == commit_log_version(lakehouse) == 1
         assert [r["transaction_id"] for r in commit_log_rows(lakehouse)] == ["t1"] * 3
 
 
 def test_waiting_submits_share_a_commit_up_to_max_batch_rows_and_are_never_split(lakehouse, writes):
-    with CommitLogWriter(lakehouse, max_batch_rows=4) as writer:
+    with CommitLogWriter(lakehouse, "order_group", max_batch_rows=4) as writer:
         first = writer.submit(ends("first", 1))
         assert writes.entered.wait(10)
         futures = [writer.submit(ends(f"t{i}", 2)) for i in range(4)] + [writer.submit(ends("big", 6))]
@@ -82,7 +82,7 @@ def test_waiting_submits_share_a_commit_up_to_max_batch_rows_and_are_never_split
 
 def test_a_failed_commit_fails_every_submit_in_it_and_the_writer_carries_on(lakehouse, writes):
     writes.failures[2] = OSError("disk full")
-    with CommitLogWriter(lakehouse) as writer:
+    with CommitLogWriter(lakehouse, "order_group") as writer:
         first = writer.submit(ends("first", 1))
         assert writes.entered.wait(10)
         doomed = [writer.submit(ends("a", 1)), writer.submit(ends("b", 2))]
@@ -97,7 +97,7 @@ def test_a_failed_commit_fails_every_submit_in_it_and_the_writer_carries_on(lake
 
 def test_writers_of_several_processes_share_the_log_without_losing_a_version(lakehouse):
     # Two writers stand for two processes: each commits behind the other's back.
-    with CommitLogWriter(lakehouse) as first, CommitLogWriter(lakehouse) as second:
+    with CommitLogWriter(lakehouse, "order_group") as first, CommitLogWriter(lakehouse, "order_group") as second:
         versions = [writer.submit(ends(f"t{i}", 1)).result(timeout=10)
                     for i, writer in enumerate([first, second, second, first, first, second])]
     assert versions == [1, 2, 3, 4, 5, 6]
@@ -105,7 +105,7 @@ def test_writers_of_several_processes_share_the_log_without_losing_a_version(lak
 
 
 def test_a_cancelled_submit_is_not_written(lakehouse, writes):
-    with CommitLogWriter(lakehouse) as writer:
+    with CommitLogWriter(lakehouse, "order_group") as writer:
         writer.submit(ends("first", 1))
         assert writes.entered.wait(10)
         cancelled = writer.submit(ends("cancelled", 1))
@@ -118,7 +118,7 @@ def test_a_cancelled_submit_is_not_written(lakehouse, writes):
 
 
 def test_close_flushes_pending_submits_and_is_idempotent(lakehouse):
-    writer = CommitLogWriter(lakehouse)
+    writer = CommitLogWriter(lakehouse, "order_group")
     futures = [writer.submit(ends(f"t{i}", 1)) for i in range(50)]
     writer.close()
     writer.close()
@@ -129,7 +129,7 @@ def test_close_flushes_pending_submits_and_is_idempotent(lakehouse):
 
 
 def test_records_that_do_not_fit_the_schema_are_refused_and_lose_nothing_else(lakehouse, writes):
-    with CommitLogWriter(lakehouse) as writer:
+    with CommitLogWriter(lakehouse, "order_group") as writer:
         with pytest.raises(ValueError, match="stat"):
             writer.submit([{"record_id": "r", "kind": "END", "stat": "COMMIT_MESSAGE"}])
         with pytest.raises(ValueError):
@@ -149,7 +149,7 @@ def test_records_that_do_not_fit_the_schema_are_refused_and_lose_nothing_else(la
 
 
 def test_sends_arriving_within_the_commit_interval_share_the_next_commit(lakehouse):
-    with CommitLogWriter(lakehouse, commit_interval_ms=300) as writer:
+    with CommitLogWriter(lakehouse, "order_group", commit_interval_ms=300) as writer:
         assert writer.submit(ends("first", 1)).result(timeout=10) == 1
         started = time.monotonic()
         early = writer.submit(ends("early", 1))
