@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-from coordinator.exceptions import OutdatedLakehouseError
+from coordinator.exceptions import InvalidArgumentError, OutdatedLakehouseError
 from coordinator.lakehouse import (GROUPS_KEY, LAYOUT_KEY, OPERATORS_LOG_KEY, SHARED_LOG_KEY, Lakehouse, group_key,
                                    group_of_key)
 
@@ -51,10 +51,10 @@ class CommitLogRef:
 
     @classmethod
     def of(cls, key: str) -> "CommitLogRef":
-        """The log at ``key``; :class:`ValueError` for a key that is no commit log's."""
+        """The log at ``key``; :class:`InvalidArgumentError` for a key that is no commit log's."""
         ref = cls(key)
         if not (ref.is_operators or ref.is_shared or ref.group is not None):
-            raise ValueError(f"{key!r} is not a commit log of a lakehouse")
+            raise InvalidArgumentError(f"{key!r} is not a commit log of a lakehouse")
         return ref
 
     @classmethod

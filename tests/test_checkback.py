@@ -98,7 +98,7 @@ def test_the_worker_waits_for_a_missing_table_and_stops_cleanly(tmp_path, monkey
                         staticmethod(lambda path, *args, **kwargs: looked_for.append(path) or is_deltatable(path, *args, **kwargs)))
     listener = RecordingListener()
     before = set(threading.enumerate())
-    with CommitLogWriter(answered_into) as writer:
+    with CommitLogWriter(answered_into, "order_group") as writer:
         worker = CheckBackWorker(followed, "order_group", listener, writer, CoordinatorConfig(lakehouse=followed),
                                  poll_interval_s=0.05, max_workers=2)
         worker.start()
@@ -120,8 +120,6 @@ def test_a_worker_whose_unread_log_was_cleaned_up_starts_again_from_recent_reque
 
     from deltalake import DeltaTable
 
-    from coordinator.tables import CHECK_REQUESTS
-
     listener = RecordingListener()
     with producer_for(lakehouse, listener) as producer:
         first = append_check_request(lakehouse)
@@ -130,8 +128,8 @@ def test_a_worker_whose_unread_log_was_cleaned_up_starts_again_from_recent_reque
         worker._stopping.set()  # the worker stalls: log cleanup overtakes it
         worker._thread.join()
         missed = append_check_request(lakehouse)
-        append_check_request(lakehouse, producer_group="payment_group")
-        path = Lakehouse(lakehouse).path(CHECK_REQUESTS)
+        append_check_request(lakehouse, producer_instance="another-instance")  # a later version, not ours to answer
+        path = Lakehouse(lakehouse).check_requests("order_group")
         DeltaTable(path).create_checkpoint()
         checkpoint = DeltaTable(path).version()
         for commit in glob.glob(os.path.join(path, "_delta_log", "*.json")):

@@ -17,6 +17,7 @@ import pytest
 from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
 from tests import REPO_ROOT
 from coordinator.cli import main
+from coordinator.commit_logs import CommitLogRef
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
 from coordinator.control.progress import BatchRecord, CheckerProgress, Epoch, Progress
@@ -24,7 +25,7 @@ from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
 from coordinator.lakehouse import Lakehouse, open_table, read_table
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.storage import FileStore
-from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF, OP
+from coordinator.tables import CHECK_REQUESTS, HALF, OP
 from tests.conftest import DEMO_ORDERS, Clock, append_rows, end_record, half_record, without_txcoord_settings
 from tests.test_notebooks import PLOTS, run_notebook
 
@@ -99,26 +100,29 @@ def test_of_checkers_racing_for_a_lapsed_lease_exactly_one_takes_it(s3_lakehouse
 
 def test_a_stale_checker_fails_its_next_batch_announcement(s3_lakehouse):
     stale, successor = CheckerProgress(s3_lakehouse), CheckerProgress(s3_lakehouse)
-    epoch = Epoch(number=0, first_batch_id=0, starting_version=0, checkpoint_id="q")
+    log = CommitLogRef.of_group("g").key
+    epoch = Epoch(number=0, first_batch_id=0, starting_versions={log: 0}, checkpoint_id="q")
     assert stale.load() is None
-    stale.save(Progress(epoch, BatchRecord(0, 0, 0, 0, 1, 0)))
+    stale.save(Progress(epoch, BatchRecord(0, 0, {log: 0}, {log: 1}, 0)))
     successor.load()  # took the lease over, read the record
-    successor.save(Progress(epoch, BatchRecord(1, 1, 1, 1, 2, 0)))
+    successor.save(Progress(epoch, BatchRecord(1, 1, {log: 1}, {log: 2}, 0)))
     with pytest.raises(LeaseLostError, match="changed by another checker"):
-        stale.save(Progress(epoch, BatchRecord(1, 1, 1, 3, 4, 0)))
-    assert CheckerProgress(s3_lakehouse).load().last_batch.batch_id == 1
+        stale.save(Progress(epoch, BatchRecord(1, 1, {log: 1}, {log: 4}, 0)))
+    recorded = CheckerProgress(s3_lakehouse).load()
+    assert (recorded.last_batch.batch_id, recorded.next_versions) == (1, {log: 2})
 
 
 def test_producers_commit_to_the_commit_log_on_object_storage(s3_server, s3_lakehouse):
     """Two writers at once: every commit lands, none is lost, each is its own version."""
-    with CommitLogWriter(s3_lakehouse) as first, CommitLogWriter(s3_lakehouse) as second:
+    commit_log = s3_lakehouse.commit_log("g")  # group g's own log
+    with CommitLogWriter(s3_lakehouse, "g") as first, CommitLogWriter(s3_lakehouse, "g") as second:
         futures = [(first if i % 2 else second).submit([half_record(f"t{i}")]) for i in range(20)]
         versions = [future.result() for future in futures]
-    log = read_table(s3_lakehouse.path(COMMIT_LOG), ["transaction_id"], storage=s3_lakehouse.storage)
+    log = read_table(commit_log, ["transaction_id"], storage=s3_lakehouse.storage)
     assert sorted(log.column(0).to_pylist()) == sorted(f"t{i}" for i in range(20))
     committed = sorted(set(versions))  # submits of one group commit share its version
     assert committed == list(range(1, len(committed) + 1))  # each its own version, none lost
-    assert open_table(s3_lakehouse.path(COMMIT_LOG), storage=s3_lakehouse.storage).version() == committed[-1]
+    assert open_table(commit_log, storage=s3_lakehouse.storage).version() == committed[-1]
 
     class Commits(TransactionListener):
         def execute_local_transaction(self, msg, arg):
@@ -135,8 +139,7 @@ def test_producers_commit_to_the_commit_log_on_object_storage(s3_server, s3_lake
     finally:
         producer.shutdown()
     assert result.local_transaction_state == LocalTransactionState.COMMIT_MESSAGE
-    records = read_table(s3_lakehouse.path(COMMIT_LOG), ["kind", "transaction_id", "body"],
-                         storage=s3_lakehouse.storage).to_pylist()
+    records = read_table(commit_log, ["kind", "transaction_id", "body"], storage=s3_lakehouse.storage).to_pylist()
     assert {(r["kind"], r["body"]) for r in records if r["transaction_id"] == result.transaction_id} == {
         ("HALF", b"on S3"), ("END", None)}
     assert Lakehouse(s3_lakehouse.root, s3_server.storage_options).files.list("groups/g/_producers") == []  # withdrawn
@@ -147,9 +150,9 @@ def test_the_operator_tools_read_and_resolve_a_lakehouse_on_object_storage(s3_se
     settings = "\n".join(f'{key} = "{value}"' for key, value in s3_server.storage_options.items())
     config_file = tmp_path / "coordinator.toml"
     config_file.write_text(f'lakehouse = "{s3_lakehouse.root}"\ntransaction_check_max = 3\n\n[storage]\n{settings}\n')
-    with CommitLogWriter(s3_lakehouse) as writer:
+    with CommitLogWriter(s3_lakehouse, "g") as writer:
         writer.submit([half_record("stuck", body=b"held")]).result()
-    stored = read_table(s3_lakehouse.path(COMMIT_LOG), ["transaction_id", "born_timestamp"],
+    stored = read_table(s3_lakehouse.commit_log("g"), ["transaction_id", "born_timestamp"],
                         storage=s3_lakehouse.storage).to_pylist()[0]["born_timestamp"]
     # What the checker's ingest step writes for it (the checker's Spark side does not run on S3 yet).
     append_rows(s3_lakehouse.path(HALF), HALF, [half_record("stuck", body=b"held", queue_offset=1 << 20,
@@ -165,8 +168,8 @@ def test_the_operator_tools_read_and_resolve_a_lakehouse_on_object_storage(s3_se
 
     assert main(["resolve", "stuck", "--commit", "--reason", "paid", "--config", str(config_file)]) == 0
     capsys.readouterr()
-    ends = [r for r in read_table(s3_lakehouse.path(COMMIT_LOG), ["kind", "transaction_id", "state", "check_id"],
-                                  storage=s3_lakehouse.storage).to_pylist() if r["kind"] == "END"]
+    ends = [r for r in read_table(s3_lakehouse.operators_log, ["kind", "transaction_id", "state", "check_id"],
+                                  storage=s3_lakehouse.storage).to_pylist() if r["kind"] == "END"]  # the operators' log
     assert [(r["transaction_id"], r["state"]) for r in ends] == [("stuck", "COMMIT_MESSAGE")]
     assert ends[0]["check_id"].startswith("operator-")
 
@@ -179,18 +182,19 @@ def test_the_checkers_batches_decide_and_deliver_on_object_storage(s3_server, s3
     """The batch steps (ingest, resolve, promote, check) over a commit log on S3, writing their tables
     there; a replayed batch writes nothing twice, and a restarted state (rebuilt from S3) goes on."""
     from coordinator.checker.batch import run_batch
-    from coordinator.checker.source import Segment, next_versions
+    from coordinator.checker.segment import Segment, grown_to
     from coordinator.checker.state import CheckerState
 
     config = CoordinatorConfig(lakehouse=s3_lakehouse.root, storage=s3_server.storage_options)
-    commit_log, storage = s3_lakehouse.path(COMMIT_LOG), s3_lakehouse.storage
-    with CommitLogWriter(s3_lakehouse) as writer:
+    commit_log = CommitLogRef.of_group("g").key
+    with CommitLogWriter(s3_lakehouse, "g") as writer:
         writer.submit([half_record("paid", body=b"order 1"), half_record("unsure")]).result()
         writer.submit([end_record("paid")]).result()
-    end = next_versions(commit_log, 1, storage=storage)
-    assert end == 3
+    starts = {commit_log: 1}
+    ends = grown_to(s3_lakehouse, starts)
+    assert ends == {commit_log: 3, CommitLogRef.operators().key: 1}  # each log found on the bucket, and how far it grew
     now_us = time.time_ns() // 1000
-    records = Segment(1, end, now_us).records(commit_log, storage)
+    records = Segment(starts, ends, now_us).records(s3_lakehouse)
 
     state = CheckerState()
     first = run_batch(config, records, batch_id=0, state=state)
@@ -200,11 +204,14 @@ def test_the_checkers_batches_decide_and_deliver_on_object_storage(s3_server, s3
     topic = s3_lakehouse.read("topics/T", ["transaction_id", "body"]).to_pylist()
     assert topic == [{"transaction_id": "paid", "body": b"order 1"}]  # once
 
-    later = Segment(end, end, now_us + 7_000_000).records(commit_log, storage)  # past the immunity time
+    later = Segment(ends, ends, now_us + 7_000_000).records(s3_lakehouse)  # past the immunity time
     checked = run_batch(config, later, batch_id=1, state=CheckerState())  # a restarted checker's first batch
     assert (checked.checks, checked.pending) == (1, 1)
-    [request] = s3_lakehouse.read(CHECK_REQUESTS, ["transaction_id", "check_times"]).to_pylist()
-    assert request == {"transaction_id": "unsure", "check_times": 1}
+    [request] = s3_lakehouse.read(CHECK_REQUESTS, ["transaction_id", "check_times", "body"]).to_pylist()
+    assert request == {"transaction_id": "unsure", "check_times": 1, "body": None}  # the checker's record: no content
+    [sent] = read_table(s3_lakehouse.check_requests("g"), ["transaction_id", "check_times", "body"],
+                        storage=s3_lakehouse.storage).to_pylist()
+    assert sent == {"transaction_id": "unsure", "check_times": 1, "body": b"hello"}  # the group's, with the message
 
 
 def test_the_streaming_checker_runs_on_object_storage(spark, s3_server, s3_lakehouse):
@@ -218,7 +225,7 @@ def test_the_streaming_checker_runs_on_object_storage(spark, s3_server, s3_lakeh
     config = CoordinatorConfig(lakehouse=s3_lakehouse.root, storage=s3_server.storage_options, trigger_interval_ms=200)
     checker = CheckerQuery(spark, config).start()
     try:
-        with CommitLogWriter(s3_lakehouse) as writer:
+        with CommitLogWriter(s3_lakehouse, "g") as writer:
             writer.submit([half_record("paid", body=b"order 1"), half_record("refused")]).result()
             writer.submit([end_record("paid"), end_record("refused", "ROLLBACK_MESSAGE")]).result()
         deadline = time.monotonic() + 120
@@ -256,7 +263,7 @@ def test_maintenance_beside_writers_on_object_storage_loses_and_duplicates_nothi
     sent: list[str] = []
 
     def produce():
-        with CommitLogWriter(s3_lakehouse, commit_interval_ms=0) as writer:
+        with CommitLogWriter(s3_lakehouse, "g", commit_interval_ms=0) as writer:
             while not stop.is_set():
                 transaction_id = f"t{len(sent)}"
                 writer.submit([half_record(transaction_id)]).result()
@@ -268,13 +275,13 @@ def test_maintenance_beside_writers_on_object_storage_loses_and_duplicates_nothi
     try:
         while len(sent) < 20:
             time.sleep(0.05)
-        runs = [maintain(s3_lakehouse, tables=[COMMIT_LOG.name], retention_hours=1) for _ in range(3)]
+        runs = [maintain(s3_lakehouse, tables=[CommitLogRef.of_group("g").key], retention_hours=1) for _ in range(3)]
     finally:
         stop.set()
         producer.join()
     compacted = sum(result.files_compacted for [result] in runs)
     assert compacted >= 20, runs  # at least one compaction committed between the producer's commits
-    log = read_table(s3_lakehouse.path(COMMIT_LOG), ["transaction_id"], storage=s3_lakehouse.storage)
+    log = read_table(s3_lakehouse.commit_log("g"), ["transaction_id"], storage=s3_lakehouse.storage)
     assert sorted(log.column(0).to_pylist()) == sorted(sent)  # every send once: none lost, none doubled
 
 

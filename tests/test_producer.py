@@ -13,7 +13,6 @@ from coordinator import (CoordinatorConfig, LocalTransactionState, Message, Send
 from coordinator.exceptions import (CoordinatorError, HalfNotStoredError, IncompleteListenerError, MessageValidationError,
                                     ProducerStateError)
 from coordinator.lakehouse import Lakehouse
-from coordinator.tables import COMMIT_LOG
 
 
 @pytest.fixture
@@ -79,7 +78,7 @@ def test_listener_receives_the_message_and_arg(lakehouse):
 def test_half_write_failure_raises_and_skips_the_local_transaction(lakehouse):
     listener = RecordingListener()
     with producer_for(lakehouse, listener) as producer:
-        path = Lakehouse(lakehouse).path(COMMIT_LOG)
+        path = Lakehouse(lakehouse).commit_log("order_group")
         shutil.rmtree(path)
         with open(path, "w") as blocker:  # a file where the table's directory should be
             blocker.write("not a table")

@@ -9,6 +9,7 @@ import sys
 from collections import Counter
 
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from coordinator.control.instances import FORGET_AFTER_S, ProducerInstances
 from coordinator.lakehouse import Lakehouse, read_table
@@ -85,12 +86,16 @@ def test_checks_spread_over_the_live_instances_and_move_on_when_one_is_gone():
 
 
 def check_requests(lakehouse: str) -> list[dict]:
-    return read_table(Lakehouse(lakehouse).path(CHECK_REQUESTS), ["check_id", "check_times", "producer_instance"],
-                      pc.field("producer_group") == "routed").to_pylist()
+    """The checks issued to group "routed", from its own table (the one its instances follow; the
+    checker creates it with the group's first check)."""
+    path = Lakehouse(lakehouse).check_requests("routed")
+    if not DeltaTable.is_deltatable(path):
+        return []
+    return read_table(path, ["check_id", "check_times", "producer_instance"], pc.field("producer_group") == "routed").to_pylist()
 
 
 def answers(lakehouse: str) -> Counter:
-    return Counter(r["check_id"] for r in commit_log_rows(lakehouse) if r["kind"] == "END" and r["check_id"])
+    return Counter(r["check_id"] for r in commit_log_rows(lakehouse, "routed") if r["kind"] == "END" and r["check_id"])
 
 
 def test_three_instances_answer_each_check_once_and_a_killed_ones_checks_go_to_the_others(checker):
@@ -139,6 +144,10 @@ def test_three_instances_answer_each_check_once_and_a_killed_ones_checks_go_to_t
         assert [counted[r["check_id"]] for r in lost] == [0] * len(lost)
         assert all(counted[r["check_id"]] == 1 for r in first + second + third if r not in lost)  # exactly once
         assert len(checker.rows("rejected")) == 0
+        recorded = read_table(Lakehouse(lakehouse).path(CHECK_REQUESTS), ["check_id", "producer_instance"],
+                              pc.field("producer_group") == "routed").to_pylist()  # the checker's own record
+        assert sorted(recorded, key=str) == sorted(({k: r[k] for k in ("check_id", "producer_instance")}
+                                                    for r in check_requests(lakehouse)), key=str)
     finally:
         for child in children:
             child.kill()

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.config import CoordinatorConfig
+from coordinator.exceptions import CheckerStateError
 from coordinator.lakehouse import Lakehouse
 from coordinator.tables import TableDef
 
@@ -70,7 +71,7 @@ class BatchRecords:
         light = light.append_column("stored_us", table.column("stored_timestamp").cast(pa.int64()))
         light = light.append_column("body_size", pc.binary_length(table.column("body")))
         if (pc.max(table.column("commit_rank")).as_py() or 0) >= COMMITS_PER_BATCH:
-            raise ValueError(f"a batch reads fewer than {COMMITS_PER_BATCH} commits (segment.MAX_VERSIONS_PER_BATCH)")
+            raise CheckerStateError(f"a batch reads fewer than {COMMITS_PER_BATCH} commits (segment.MAX_VERSIONS_PER_BATCH)")
         sequence = (table.column("commit_version") if shared_log else
                     pc.add(table.column("commit_rank"), batch_id * COMMITS_PER_BATCH))
         light = light.append_column("sequence", sequence)
