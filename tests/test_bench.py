@@ -264,7 +264,7 @@ def assert_soak(report: dict) -> None:
     runs = report["maintenance_runs"]
     assert runs and all(run["error"] is None for run in runs)
     for shape in ("shape_end", "shape_end_after_maintenance"):
-        commit_log = report[shape]["system/commit_log"]
+        commit_log = report[shape]["groups/bench-soak/commit_log"]
         assert commit_log["exists"] and commit_log["version"] >= report["sent"]  # a HALF commit per send at least
     assert report["checker_exit_code"] == 0
 

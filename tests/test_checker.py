@@ -311,10 +311,10 @@ def test_a_transaction_with_a_message_for_an_ungranted_topic_is_refused_whole_an
         half_record("granted", group="orders", topic="ORDER_EU"),
         half_record("sneaky", group="orders", topic="ORDER_EU", message_index=0, message_count=2, record_id="r-ok"),
         half_record("sneaky", group="orders", topic="PAYMENTS", message_index=1, message_count=2, record_id="r-bad"),
-        half_record("stranger", group="unlisted", topic="ORDER_EU", record_id="r-stranger"),
     )
-    checker.write(end_record("granted", group="orders"), end_record("sneaky", group="orders"),
-                  end_record("stranger", group="unlisted"))
+    checker.write(half_record("stranger", group="unlisted", topic="ORDER_EU", record_id="r-stranger"))  # its own log
+    checker.write(end_record("granted", group="orders"), end_record("sneaky", group="orders"))
+    checker.write(end_record("stranger", group="unlisted"))
     summary = checker.run()
 
     assert summary.delivered == 1 and [r.transaction_id for r in checker.rows("ORDER_EU")] == ["granted"]
@@ -330,7 +330,9 @@ def test_a_transaction_with_a_message_for_an_ungranted_topic_is_refused_whole_an
 
 def test_without_topic_grants_every_group_publishes_to_every_topic(checker):
     assert checker.config.topic_grants is None
-    checker.write(half_record("a", group="orders", topic="ANYTHING"), half_record("b", group="other", topic="ELSE"))
-    checker.write(end_record("a", group="orders"), end_record("b", group="other"))
+    checker.write(half_record("a", group="orders", topic="ANYTHING"))  # each group writes its own commit log
+    checker.write(half_record("b", group="other", topic="ELSE"))
+    checker.write(end_record("a", group="orders"))
+    checker.write(end_record("b", group="other"))
 
     assert checker.run().delivered == 2 and reasons(checker) == {}

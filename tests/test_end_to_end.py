@@ -21,7 +21,8 @@ from coordinator.spark import spark_submit
 from tests import REPO_ROOT
 from coordinator.control.lease import CheckerLease
 from coordinator.exceptions import CheckerAlreadyRunningError
-from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.commit_logs import CommitLogs
+from coordinator.lakehouse import Lakehouse, create_group_tables, read_table
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF
 from tests.conftest import half_record, stored_time
 from tests.producer_side import wait_until
@@ -47,20 +48,23 @@ class SeedListener(TransactionListener):
         return self.check_answer[msg.keys]
 
 
+GROUP = "TransactionProducer"
+
+
 def end_records(lakehouse: str) -> int:
-    kinds = read_table(Lakehouse(lakehouse).path(COMMIT_LOG), ["kind"]).column("kind").to_pylist()
+    kinds = read_table(Lakehouse(lakehouse).commit_log(GROUP), ["kind"]).column("kind").to_pylist()
     return kinds.count("END")
 
 
 def answered_checks(lakehouse: str) -> int:
-    log = read_table(Lakehouse(lakehouse).path(COMMIT_LOG), ["check_id"])
+    log = read_table(Lakehouse(lakehouse).commit_log(GROUP), ["check_id"])
     return sum(1 for c in log.column("check_id").to_pylist() if c is not None)
 
 
 def test_five_transactions_of_the_rocketmq_example(checker):
     config = checker.config  # immunity 6 s, interval 60 s, at most 5 checks
     listener = SeedListener()
-    with TransactionProducer("TransactionProducer", listener, config) as producer:
+    with TransactionProducer(GROUP, listener, config) as producer:
         results = {
             f"msg-{i}": producer.send_message_in_transaction(
                 Message("TransactionTopicTest", f"Hello RocketMQ {i}".encode(), keys=f"msg-{i}", tags="TagA",
@@ -114,15 +118,20 @@ def test_streaming_checker_heartbeat_fires_checks_with_no_new_records(spark, con
             CheckerQuery(spark, config).start(wait_for_lease=False)  # one active checker per lakehouse
         from tests.conftest import append_rows
 
-        append_rows(Lakehouse(config.lakehouse).path(COMMIT_LOG), COMMIT_LOG, [half_record("quiet")])
-        written_at = DeltaTable(Lakehouse(config.lakehouse).path(COMMIT_LOG)).version()
-        # Nothing else is ever written to the commit log: only the heartbeat can bring the check.
-        wait_until(lambda: read_table(Lakehouse(config.lakehouse).path(CHECK_REQUESTS)).num_rows == 1, 120)
-        assert DeltaTable(Lakehouse(config.lakehouse).path(COMMIT_LOG)).version() == written_at
+        lakehouse = Lakehouse(config.lakehouse)
+        create_group_tables(lakehouse, "g")
+        append_rows(lakehouse.commit_log("g"), COMMIT_LOG, [half_record("quiet", group="g")])
+        written_at = {log: DeltaTable(lakehouse.key_path(log.key)).version() for log in CommitLogs(lakehouse).discover()}
+        # Nothing else is ever written to any commit log: only the heartbeat can bring the check.
+        wait_until(lambda: read_table(lakehouse.check_requests("g")).num_rows == 1, 120)
+        assert {log: DeltaTable(lakehouse.key_path(log.key)).version()
+                for log in CommitLogs(lakehouse).discover()} == written_at
     finally:
         checker.stop()
     CheckerLease(config.lakehouse).acquire()  # released on stop: a new checker may start at once
     request = spark.read.format("delta").load(Lakehouse(config.lakehouse).path(CHECK_REQUESTS)).first()
+    [sent] = read_table(Lakehouse(config.lakehouse).check_requests("g")).to_pylist()  # what the group's producer reads
+    assert (sent["check_id"], sent["transaction_id"], sent["body"]) == (request.check_id, "quiet", b"hello")
     half = spark.read.format("delta").load(Lakehouse(config.lakehouse).path(HALF)).first()
     assert request.transaction_id == "quiet"
     assert (request.requested_at - half.stored_timestamp) >= dt.timedelta(seconds=1)

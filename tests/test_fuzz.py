@@ -70,9 +70,10 @@ def test_every_message_is_sent_or_refused_with_a_reason(topic, body, keys, prope
     assert accepted == follows_the_rules(topic, body, properties)
 
 
-def run_commits(checker: ManualChecker, commits: list[list[dict]]) -> None:
+def run_commits(checker: ManualChecker, commits: list[list[dict]], log: str | None = None) -> None:
+    """Write each commit (to ``log``, by default its first record's group's) and run the checker after it."""
     for rows in commits:
-        checker.write(*rows)
+        checker.write(*rows, log=log)
         checker.run()
 
 
@@ -128,7 +129,7 @@ hostile_record = st.fixed_dictionaries({
     "body": st.sampled_from([b"b", b"", None]),
     "properties": properties,
     "state": st.sampled_from(STATES),
-    "check_id": st.sampled_from([None, "c-1"]),
+    "check_id": st.sampled_from([None, "c-1", "operator-x"]),  # an operator's decision outside the operators' log
 })
 
 
@@ -141,7 +142,8 @@ def test_hostile_records_are_refused_with_reasons_and_valid_traffic_is_unaffecte
     patient = {CHECK_IMMUNITY_TIME_IN_SECONDS: "600"}  # slow batches must not make their ENDs late
     first = [half_record(c, topic="CANARY", body=c.encode(), properties=patient) for c in canaries]
     last = [end_record(c) for c in canaries]
-    run_commits(checker, [first, *commits[:-1], commits[-1] + last])  # valid ENDs share a commit with hostile rows
+    # Group g's own log, the only one g may write: valid ENDs share a commit with hostile rows, some naming other groups.
+    run_commits(checker, [first, *commits[:-1], commits[-1] + last], log="groups/g/commit_log")
 
     delivered = sorted(r.transaction_id for r in checker.rows("CANARY") if r.transaction_id in canaries)
     assert delivered == canaries
@@ -167,4 +169,5 @@ def test_hostile_records_are_refused_with_reasons_and_valid_traffic_is_unaffecte
             assert outcomes[row.transaction_id] == "COMMIT"
         keys = [(r.transaction_id, r.queue_offset) for r in checker.rows(topic)]
         assert len(keys) == len(set(keys))
-    assert sorted(os.listdir(lakehouse)) == ["system", "topics"]
+    assert sorted(os.listdir(lakehouse)) == ["groups", "operators", "system", "topics"]
+    assert os.listdir(os.path.join(lakehouse, "groups")) == ["g"]  # no table for a group named by a forged record

@@ -17,6 +17,7 @@ from tests.conftest import end_record, half_record, stored_time
 from tests.producer_side import commit_log_version
 
 SECOND = dt.timedelta(seconds=1)
+OPERATORS_LOG = "operators/commit_log"  # where `txcoord resolve` writes its decisions
 
 
 @pytest.fixture
@@ -43,10 +44,10 @@ def test_an_operators_commit_is_delivered_once_and_shown_with_its_reason(checker
     [resolved] = [e for e in events if e.step == "resolved"]
     assert resolved.detail.startswith("COMMIT by the operator (operator-")
 
-    version = commit_log_version(checker.config.lakehouse)
+    version = commit_log_version(checker.config.lakehouse, OPERATORS_LOG)
     assert main(["resolve", "stuck", "--rollback", "--reason", "second thoughts", "--config", config_file]) == 2
     assert "already resolved: COMMIT" in capsys.readouterr().err
-    assert commit_log_version(checker.config.lakehouse) == version  # nothing written
+    assert commit_log_version(checker.config.lakehouse, OPERATORS_LOG) == version  # nothing written
 
     assert main(["resolve", "other", "--rollback", "--reason", "cancelled", "--json", "--config", config_file]) == 0
     sent = json.loads(capsys.readouterr().out)
@@ -75,10 +76,10 @@ def test_a_discarded_transaction_can_be_committed_once_and_is_then_delivered_onc
     from coordinator.ops.status import read_status
 
     _discard(checker, "gone", messages=2)
-    version = commit_log_version(checker.config.lakehouse)
+    version = commit_log_version(checker.config.lakehouse, OPERATORS_LOG)
     assert main(["resolve", "gone", "--rollback", "--reason", "drop it", "--config", config_file]) == 2
     assert "was discarded: it was never delivered" in capsys.readouterr().err
-    assert commit_log_version(checker.config.lakehouse) == version
+    assert commit_log_version(checker.config.lakehouse, OPERATORS_LOG) == version
 
     assert main(["resolve", "gone", "--commit", "--reason", "paid after all", "--config", config_file]) == 0
     checker.write(end_record("gone", check_id="operator-forged"))  # a second operator COMMIT, sent by hand
@@ -107,8 +108,8 @@ def test_a_discarded_transaction_can_be_committed_once_and_is_then_delivered_onc
 
 def test_only_an_operators_commit_recovers_a_discarded_transaction(checker):
     _discard(checker, "gone", "left")
-    checker.write(end_record("gone"), end_record("gone", check_id="gone-1"),  # the producer's, late: not a recovery
-                  end_record("left", check_id="operator-x", group="intruder"))
+    checker.write(end_record("gone"), end_record("gone", check_id="gone-1"))  # the producer's, late: not a recovery
+    checker.write(end_record("left", check_id="operator-x", group="intruder"))  # in the operators' log
     checker.run()
     assert topic_names(checker.config.lakehouse) == []  # nothing delivered
     assert sorted(r.reason for r in checker.rows("rejected")) == [
@@ -119,7 +120,7 @@ def test_an_unknown_resolved_or_unreasoned_resolution_is_refused_and_writes_noth
     checker.write(half_record("done"), half_record("stuck"))
     checker.write(end_record("done"))
     checker.run()
-    version = commit_log_version(checker.config.lakehouse)
+    version = commit_log_version(checker.config.lakehouse, OPERATORS_LOG)
 
     for argv, message in [
         (["resolve", "done", "--commit", "--reason", "found it"], "already resolved: COMMIT"),
@@ -133,4 +134,4 @@ def test_an_unknown_resolved_or_unreasoned_resolution_is_refused_and_writes_noth
     assert exited.value.code == 2
     with pytest.raises(InvalidArgumentError, match="COMMIT_MESSAGE or ROLLBACK_MESSAGE"):
         resolve_transaction(checker.config, "stuck", LocalTransactionState.UNKNOW, "x")
-    assert commit_log_version(checker.config.lakehouse) == version
+    assert commit_log_version(checker.config.lakehouse, OPERATORS_LOG) == version
