@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 
 import pytest
@@ -9,19 +11,22 @@ from deltalake import DeltaTable
 
 from coordinator.checker.query import CheckerQuery
 from coordinator.checker.query import checkpoint_location
+from coordinator.commit_logs import CommitLogs
 from coordinator.control.progress import BatchRecord, CheckerProgress, CheckpointState, Epoch, Progress, verify_checkpoint
-from coordinator.exceptions import CheckpointMismatchError
-from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.exceptions import CheckpointMismatchError, OutdatedLakehouseError
+from coordinator.lakehouse import SHARED_LOG_KEY, Lakehouse, create_group_tables, create_table, read_table
 from coordinator.tables import COMMIT_LOG, OP, REJECTED
 from tests.conftest import append_rows, end_record, half_record
 from tests.producer_side import wait_until
 
 RECORD = "/lh/system/_checker_progress.json"
+LOG = "groups/g/commit_log"
 
 
 def progress(checkpoint_id="q1", first_batch_id=0, last_batch_id=None) -> Progress:
-    last = None if last_batch_id is None else BatchRecord(last_batch_id, last_batch_id - first_batch_id, 3, 4, 5, 10)
-    return Progress(Epoch(number=0, first_batch_id=first_batch_id, starting_version=0, checkpoint_id=checkpoint_id), last)
+    last = None if last_batch_id is None else BatchRecord(last_batch_id, last_batch_id - first_batch_id, starts={LOG: 3},
+                                                          ends={LOG: 5}, now_us=10)
+    return Progress(Epoch(number=0, first_batch_id=first_batch_id, starting_versions={}, checkpoint_id=checkpoint_id), last)
 
 
 def test_the_checkpoint_the_lakehouse_was_served_by_is_accepted():
@@ -42,25 +47,68 @@ def test_a_missing_foreign_or_stale_checkpoint_is_refused_with_the_way_out(check
     assert "--recover-checkpoint" in str(refused.value)
 
 
-def test_a_checkpoint_of_the_change_feed_checker_is_read_as_such_and_refused_with_the_way_out(tmp_path):
-    """Checkers before the commit-log source kept Delta change-feed offsets: upgrading goes through recovery."""
+def test_a_checkpoint_of_an_earlier_source_is_read_as_such_and_refused_with_the_way_out(tmp_path):
+    """Checkers before the commit-log source kept Delta change-feed offsets, and checkers of the one shared
+    commit log the version of that log: continuing with per-group logs goes through recovery."""
     (tmp_path / "offsets").mkdir()
     (tmp_path / "metadata").write_text('{"id":"q1"}')
     (tmp_path / "offsets" / "7").write_text('v1\n{"batchWatermarkMs":0}\n'
                                              '{"sourceVersion":1,"reservoirId":"r","reservoirVersion":12,"index":-1}\n')
     checkpoint = CheckpointState.read(str(tmp_path))
-    assert (checkpoint.checkpoint_id, checkpoint.last_planned_batch, checkpoint.change_feed_offsets) == ("q1", 7, True)
+    assert (checkpoint.checkpoint_id, checkpoint.last_planned_batch, checkpoint.outdated_offsets) == ("q1", 7, True)
     with pytest.raises(CheckpointMismatchError, match="change feed.*--recover-checkpoint"):
         verify_checkpoint(progress(last_batch_id=7), checkpoint, RECORD)
     (tmp_path / "offsets" / "8").write_text('v1\n{"batchWatermarkMs":0}\n{"version":13,"clock_us":5}\n')
+    checkpoint = CheckpointState.read(str(tmp_path))
+    assert (checkpoint.last_planned_batch, checkpoint.outdated_offsets) == (8, True)
+    with pytest.raises(CheckpointMismatchError, match="one commit log shared by every group.*--recover-checkpoint"):
+        verify_checkpoint(progress(last_batch_id=7), checkpoint, RECORD)
+    (tmp_path / "offsets" / "9").write_text('v1\n{"batchWatermarkMs":0}\n{"versions":{"%s":13},"clock_us":5}\n' % LOG)
+    assert not CheckpointState.read(str(tmp_path)).outdated_offsets
     verify_checkpoint(progress(last_batch_id=7), CheckpointState.read(str(tmp_path)), RECORD)
+
+
+def test_a_progress_record_of_the_shared_commit_log_is_read_as_such_and_refused_at_start_with_the_way_out(spark, config):
+    """A checker of the one shared commit log wrote its progress in the earlier format: it is still read, as
+    that log's, and a checker of per-group logs starts from it only through ``txcoord upgrade``."""
+    lakehouse = Lakehouse(config.lakehouse)
+    earlier = {"epoch": {"number": 2, "first_batch_id": 40, "starting_version": 30, "checkpoint_id": "q1"},
+               "last_batch": {"batch_id": 47, "stream_batch_id": 7, "first_version": 33, "last_version": 34,
+                              "next_version": 35, "now_us": 10, "pending_from": 9}}
+    lakehouse.files.put("system/_checker_progress.json", json.dumps(earlier).encode())
+
+    loaded = CheckerProgress(lakehouse).load()
+    assert loaded.epoch == Epoch(number=2, first_batch_id=40, starting_versions={SHARED_LOG_KEY: 30},
+                                 checkpoint_id="q1", shared_log=True)
+    assert loaded.last_batch == BatchRecord(47, 7, starts={SHARED_LOG_KEY: 33}, ends={SHARED_LOG_KEY: 35}, now_us=10,
+                                            pending_from=9, shared_log=True)
+    assert (loaded.next_versions, loaded.oldest_needed_versions, loaded.next_batch_id) == (
+        {SHARED_LOG_KEY: 35}, {SHARED_LOG_KEY: 33}, 48)
+    heartbeat = dict(earlier, last_batch=dict(earlier["last_batch"], first_version=None, last_version=None))
+    lakehouse.files.put("system/_checker_progress.json", json.dumps(heartbeat).encode())
+    assert CheckerProgress(lakehouse).load().last_batch.starts == {SHARED_LOG_KEY: 35}  # a batch of a clock tick only
+    lakehouse.files.put("system/_checker_progress.json", json.dumps(earlier).encode())
+
+    # Its lakehouse still holds the shared log: the checker refuses it until `txcoord upgrade`.
+    create_table(COMMIT_LOG, lakehouse.key_path(SHARED_LOG_KEY))
+    with pytest.raises(OutdatedLakehouseError, match="share one commit log.*txcoord upgrade"):
+        CheckerQuery(spark, config).start()
+    # Its checkpoint kept the shared log's offsets: refused too, with the way out.
+    location = checkpoint_location(config)
+    os.makedirs(os.path.join(location, "offsets"))
+    with open(os.path.join(location, "metadata"), "w") as metadata:
+        metadata.write('{"id":"q1"}')
+    with open(os.path.join(location, "offsets", "7"), "w") as offsets:
+        offsets.write('v1\n{"batchWatermarkMs":0}\n{"version":35,"clock_us":10}\n')
+    with pytest.raises(CheckpointMismatchError, match="one commit log shared by every group.*--recover-checkpoint"):
+        CheckerProgress(lakehouse).begin(CheckpointState.read(location))
 
 
 def test_batch_ids_of_a_later_epoch_continue_from_the_last_recorded_batch(tmp_path):
     store = CheckerProgress(str(tmp_path))
     store.save(progress(first_batch_id=0, last_batch_id=7))
     following = store.next_epoch(store.load())
-    assert following.epoch == Epoch(number=1, first_batch_id=8, starting_version=5, checkpoint_id=None)
+    assert following.epoch == Epoch(number=1, first_batch_id=8, starting_versions={LOG: 5}, checkpoint_id=None)
     assert store.load() == following
     with pytest.raises(CheckpointMismatchError, match="stops at batch 9, older than batch 10"):
         verify_checkpoint(progress(first_batch_id=8, last_batch_id=10), CheckpointState(True, "q1", 1), RECORD)
@@ -72,7 +120,9 @@ def delivered(lakehouse: str, topic: str = "T") -> list[str]:
 
 
 def commit(lakehouse: str, *transaction_ids: str) -> None:
-    log = Lakehouse(lakehouse).path(COMMIT_LOG)
+    """Commit ``transaction_ids`` through group g's own commit log: their halves, then their ENDs."""
+    create_group_tables(lakehouse, "g")
+    log = Lakehouse(lakehouse).commit_log("g")
     append_rows(log, COMMIT_LOG, [half_record(t) for t in transaction_ids])
     append_rows(log, COMMIT_LOG, [end_record(t) for t in transaction_ids])
 
@@ -98,11 +148,11 @@ def test_lost_checkpoint_after_a_crash_mid_batch_is_recovered_without_loss_or_du
     # The next batch dies between its op write and its topic write...
     real_append = writer.TableWriter.append
 
-    def crash_on_topic(self, path, data, batch_id):
+    def crash_on_topic(self, path, data, batch_id, **options):
         # Only the batch that delivers "in-flight": a stopped query may replay its last batch first.
         if "/topics/" in path and "in-flight" in data.column("transaction_id").to_pylist():
             raise RuntimeError("simulated crash after the op was written")
-        return real_append(self, path, data, batch_id)
+        return real_append(self, path, data, batch_id, **options)
 
     monkeypatch.setattr(writer.TableWriter, "append", crash_on_topic)
     commit(lakehouse, "in-flight")
@@ -124,8 +174,10 @@ def test_lost_checkpoint_after_a_crash_mid_batch_is_recovered_without_loss_or_du
     recovered = CheckerQuery(spark, config).recover()
     assert delivered(lakehouse) == ["before", "in-flight"]  # the announced batch, completed exactly once
     assert recovered.epoch.number == 1
-    # The new checkpoint starts after the last version: one nobody has written yet.
-    assert recovered.epoch.starting_version == DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).version() + 1
+    # The new checkpoint starts after the last version of each log: one nobody has written yet.
+    logs = CommitLogs(Lakehouse(lakehouse))
+    assert [ref.key for ref in logs.discover()] == [LOG, "operators/commit_log"]
+    assert recovered.epoch.starting_versions == {ref.key: DeltaTable(logs.path(ref)).version() + 1 for ref in logs.discover()}
     checker = CheckerQuery(spark, config).start()
     try:
         commit_and_await_delivery(lakehouse, "after")  # delivered: after, before, in-flight

@@ -12,8 +12,8 @@ import pytest
 from deltalake import DeltaTable
 
 from coordinator.config import CoordinatorConfig
-from coordinator.lakehouse import Lakehouse, read_table
-from coordinator.tables import SYSTEM_TABLES
+from coordinator.lakehouse import OPERATORS_LOG_KEY, Lakehouse, read_table
+from coordinator.tables import COMMIT_LOG, SYSTEM_TABLES
 from tests import REPO_ROOT
 
 
@@ -31,23 +31,28 @@ def config_file(tmp_path):
     return path
 
 
+#: What ``txcoord init`` creates: every system table and the operators' commit log (a group's tables come with the group).
+CREATED = [t.name for t in SYSTEM_TABLES] + [OPERATORS_LOG_KEY]
+
+
 def test_init_creates_the_tables_then_reports_already_initialised(config_file, tmp_path):
     lakehouse = tmp_path / "lakehouse"
 
     first = txcoord("init", "--config", str(config_file))
     assert first.returncode == 0, first.stderr
-    assert first.stdout.splitlines() == [f"created {t.name}" for t in SYSTEM_TABLES] + [
-        f"lakehouse {lakehouse} initialised: {len(SYSTEM_TABLES)} table(s) created"
+    assert first.stdout.splitlines() == [f"created {name}" for name in CREATED] + [
+        f"lakehouse {lakehouse} initialised: {len(CREATED)} table(s) created"
     ]
 
     second = txcoord("init", "--config", str(config_file))
     assert second.returncode == 0, second.stderr
     assert second.stdout.splitlines() == [f"lakehouse {lakehouse} already initialised"]
 
-    for table in SYSTEM_TABLES:
-        assert DeltaTable(Lakehouse(lakehouse).path(table)).version() == 0  # the second init wrote nothing
-        data = read_table(Lakehouse(lakehouse).path(table))
+    for name, table in [(t.name, t) for t in SYSTEM_TABLES] + [(OPERATORS_LOG_KEY, COMMIT_LOG)]:
+        assert DeltaTable(Lakehouse(lakehouse).path(name)).version() == 0  # the second init wrote nothing
+        data = read_table(Lakehouse(lakehouse).path(name))
         assert (data.column_names, data.num_rows) == (table.column_names, 0)
+    assert not (lakehouse / "groups").exists()  # no group's commit log before the group is added
 
 
 @pytest.mark.parametrize(
@@ -88,7 +93,7 @@ def test_init_writes_a_missing_config_file_with_the_defaults_then_the_lakehouse_
     assert f"wrote {config}" in result.stdout
     assert CoordinatorConfig.load(config) == CoordinatorConfig()  # every setting at its default, commented
     assert "# Immunity" in config.read_text()
-    assert (tmp_path / "lakehouse" / "system" / "commit_log" / "_delta_log").is_dir()  # relative to the directory
+    assert (tmp_path / "lakehouse" / "operators" / "commit_log" / "_delta_log").is_dir()  # relative to the directory
     again = txcoord("init", "--config", str(config), cwd=tmp_path)
     assert "wrote" not in again.stdout and "already initialised" in again.stdout
 
@@ -132,19 +137,21 @@ def test_status_and_inspect_of_a_directory_without_a_lakehouse_exit_2(tmp_path):
 def test_init_json_lists_what_it_created(config_file, tmp_path):
     first = json.loads(txcoord("init", "--config", str(config_file), "--json").stdout)
     second = json.loads(txcoord("init", "--config", str(config_file), "--json").stdout)
-    assert first == {"lakehouse": str(tmp_path / "lakehouse"), "created": [t.name for t in SYSTEM_TABLES],
-                     "config_written": None}
+    assert first == {"lakehouse": str(tmp_path / "lakehouse"), "created": CREATED, "config_written": None}
     assert second["created"] == []
 
 
 def test_maintain_sets_the_log_retention_and_refuses_one_that_is_not_positive(config_file, tmp_path):
     assert txcoord("init", "--config", str(config_file)).returncode == 0
+    added = txcoord("add-group", "order_group", "--config", str(config_file))
+    assert added.returncode == 0, added.stderr
 
     done = txcoord("maintain", "--config", str(config_file), "--log-retention-hours", "0.25", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["log_retention_hours"] == 0.25
-    configuration = DeltaTable(str(tmp_path / "lakehouse" / "system" / "commit_log")).metadata().configuration
-    assert configuration["delta.logRetentionDuration"] == "interval 15 minutes"
+    for log in ("groups/order_group/commit_log", OPERATORS_LOG_KEY):  # every commit log, the group's and the operators'
+        configuration = DeltaTable(str(tmp_path / "lakehouse" / log)).metadata().configuration
+        assert configuration["delta.logRetentionDuration"] == "interval 15 minutes", log
 
     for bad in ("0", "-1", "soon"):
         refused = txcoord("maintain", "--config", str(config_file), "--log-retention-hours", bad)

@@ -11,10 +11,11 @@ import shutil
 import pytest
 from deltalake import DeltaTable
 
+from coordinator.commit_logs import CommitLogs
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.ops.audit import transaction_timeline
 from coordinator.ops.maintenance import maintained_tables
-from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, DISCARDED, METRICS, OP
+from coordinator.tables import CHECK_REQUESTS, DISCARDED, METRICS, OP
 from tests.test_cli import txcoord
 
 pytestmark = pytest.mark.slow
@@ -43,7 +44,10 @@ def test_status_after_the_demo_reports_a_stopped_checker_and_what_the_tables_hol
     assert status["checks_issued"] == len(column(Lakehouse(lakehouse).path(CHECK_REQUESTS), "transaction_id")) > 0
     assert status["discarded"] == len(set(column(Lakehouse(lakehouse).path(DISCARDED), "transaction_id"))) > 0
     assert status["last_batch_id"] == max(column(Lakehouse(lakehouse).path(METRICS), "batch_id"))
-    assert status["commit_log_version"] == DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).version()
+    logs = CommitLogs(Lakehouse(lakehouse))
+    assert "groups/order_group/commit_log" in [ref.key for ref in logs.discover()]
+    # the versions written over every commit log: the demo's group's and the operators'
+    assert status["commit_log_versions"] == sum(DeltaTable(logs.path(ref)).version() + 1 for ref in logs.discover())
     assert 0 <= status["lag_versions"] <= 1  # an answer to the last check may arrive after the last batch
     lines = dict(line.split(None, 1) if " " in line else (line, "") for line in text.stdout.splitlines())
     assert lines["checker"].startswith("not running")
@@ -101,7 +105,8 @@ def test_maintain_compacts_a_copy_of_the_demo_and_changes_no_row(demo, tmp_path)
     assert (as_json.returncode, text.returncode) == (0, 0), as_json.stderr + text.stderr
     results = {r["table"]: r for r in json.loads(as_json.stdout)["tables"]}
     assert list(results) == tables
-    assert results["system/commit_log"]["files_before"] > 1 and results["system/commit_log"]["files_after"] == 1
+    group_log = results["groups/order_group/commit_log"]
+    assert group_log["files_before"] > 1 and group_log["files_after"] == 1
     assert rows() == before
     lines = text.stdout.splitlines()
     assert lines[0].split() == ["table", "files", "compacted", "vacuumed", "version", "skipped"]

@@ -13,12 +13,15 @@ from deltalake import DeltaTable
 
 from coordinator.checker.query import CheckerQuery
 from coordinator.control.progress import BatchRecord, CheckerProgress, Epoch, Progress
-from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.lakehouse import Lakehouse, create_group_tables, read_table
 from coordinator.ops.maintenance import LOG_RETENTION_PROPERTY, maintain, maintained_tables
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.tables import COMMIT_LOG
 from tests.conftest import append_rows, end_record, half_record
 from tests.test_checkpoint import commit_and_await_delivery
+
+#: The commit log of group ``g``, which the tests' records (``half_record``, ``end_record``) come from.
+LOG = "groups/g/commit_log"
 
 
 def contents(checker) -> dict[str, list]:
@@ -31,11 +34,17 @@ def by_table(results) -> dict:
 
 
 def checker_reads_from(lakehouse: str, version: int) -> None:
-    """Record a checker whose last batch (which may be replayed) read from commit-log ``version``."""
-    epoch = Epoch(number=0, first_batch_id=0, starting_version=0, checkpoint_id="q")
+    """Record a checker whose last batch (which may be replayed) read from ``version`` of group g's commit log."""
+    epoch = Epoch(number=0, first_batch_id=0, starting_versions={}, checkpoint_id="q")
     store = CheckerProgress(lakehouse)
     store.load()
-    store.save(Progress(epoch, BatchRecord(5, 5, version, version, version + 1, 0)))
+    store.save(Progress(epoch, BatchRecord(5, 5, starts={LOG: version}, ends={LOG: version + 1}, now_us=0)))
+
+
+def group_log(lakehouse: str) -> str:
+    """Group g's commit log, created (as ``txcoord add-group`` does) if missing."""
+    create_group_tables(lakehouse, "g")
+    return Lakehouse(lakehouse).commit_log("g")
 
 
 def commits_in_log(path: str) -> list[int]:
@@ -77,14 +86,14 @@ def test_compaction_keeps_every_row_and_replays_stay_idempotent(checker):
 
     assert results["system/op"].files_before == 3 and results["system/op"].files_after == 1
     assert results["topics/T"].files_compacted == 3 and results["topics/T"].files_after == 1
-    assert results["system/commit_log"].files_after == 1
+    assert results[LOG].files_after == 1 and results["operators/commit_log"].files_after == 0
     assert any("check interval" in reason for reason in results["system/check_requests"].skipped)
     assert contents(checker) == before
     # The checkpoint maintenance wrote keeps the checker's idempotency records:
     checker.replay()
     assert contents(checker) == before
-    # and the commit log's change feed still serves versions written before the compaction.
-    checker.next_version = 0
+    # and the commit log still serves the records of versions written before the compaction.
+    checker.next_versions = {}
     checker.batch_id = 100
     checker.run()
     assert {r.reason for r in checker.rows("rejected")} >= {"transaction already resolved"}
@@ -93,18 +102,18 @@ def test_compaction_keeps_every_row_and_replays_stay_idempotent(checker):
 
 def test_the_commit_log_is_vacuumed_only_once_the_checker_has_read_past_its_compaction(checker):
     lakehouse = checker.config.lakehouse
-    log = Lakehouse(lakehouse).path(COMMIT_LOG)
+    log = Lakehouse(lakehouse).commit_log("g")
     for name in ("a", "b"):
         checker.write(half_record(name))
-    maintain(lakehouse, tables=["system/commit_log"], retention_hours=0, quiesced=True)
+    maintain(lakehouse, tables=[LOG], retention_hours=0, quiesced=True)
     compacted_at = DeltaTable(log).version()
 
     checker_reads_from(lakehouse, compacted_at - 1)  # its last batch, which may be replayed, reads b's version again
-    held = by_table(maintain(lakehouse, tables=["system/commit_log"], retention_hours=0, quiesced=True))["system/commit_log"]
+    held = by_table(maintain(lakehouse, tables=[LOG], retention_hours=0, quiesced=True))[LOG]
     assert held.files_vacuumed == 0 and not held.skipped
 
     checker_reads_from(lakehouse, compacted_at)  # past every version whose files the compaction removed
-    freed = by_table(maintain(lakehouse, tables=["system/commit_log"], retention_hours=0, quiesced=True))["system/commit_log"]
+    freed = by_table(maintain(lakehouse, tables=[LOG], retention_hours=0, quiesced=True))[LOG]
     assert freed.files_vacuumed == 2 and not freed.skipped
     assert sorted(read_table(log, ["transaction_id"]).column("transaction_id").to_pylist()) == ["a", "b"]
 
@@ -121,13 +130,13 @@ def test_maintenance_of_a_missing_table_says_so(config):
 
 def test_the_logs_shrink_to_a_bound_once_their_commits_are_older_than_the_log_retention(config):
     lakehouse = config.lakehouse
-    log = Lakehouse(lakehouse).path(COMMIT_LOG)
+    log = group_log(lakehouse)
     sizes, checkpoints = [], []
     for _ in range(4):
         write_commits(log, 20)
         age_log(log, hours=2)
         checker_reads_from(lakehouse, write_commits(log, 1))  # the checker is up to date
-        maintain(lakehouse, tables=[COMMIT_LOG.name], log_retention_hours=1)
+        maintain(lakehouse, tables=[LOG], log_retention_hours=1)
         sizes.append(len(commits_in_log(log)))
         checkpoints.append(DeltaTable(log).version())  # each run checkpoints the head
 
@@ -142,21 +151,21 @@ def test_the_logs_shrink_to_a_bound_once_their_commits_are_older_than_the_log_re
 
 def test_the_commit_log_keeps_every_commit_the_checker_still_needs_even_past_the_log_retention(config):
     lakehouse = config.lakehouse
-    log = Lakehouse(lakehouse).path(COMMIT_LOG)
+    log = group_log(lakehouse)
     write_commits(log, 10)
-    maintain(lakehouse, tables=[COMMIT_LOG.name])  # a checkpoint, so that the cleanup could delete up to it
+    maintain(lakehouse, tables=[LOG])  # a checkpoint, so that the cleanup could delete up to it
     compacted = DeltaTable(log).version()
     head = write_commits(log, 10)
     age_log(log, hours=2)
 
     # No checker has recorded progress: it will read from version 0.
-    (unread,) = maintain(lakehouse, tables=[COMMIT_LOG.name], log_retention_hours=1)
+    (unread,) = maintain(lakehouse, tables=[LOG], log_retention_hours=1)
     assert any(reason.startswith("log cleanup: version 0 is older than the log retention (1:00:00), "
                                  "and the checker still reads from version 0") for reason in unread.skipped)
     assert commits_in_log(log)[0] == 0
 
     checker_reads_from(lakehouse, 5)  # lagging: versions 5 on are past the retention, yet still needed
-    (lagging,) = maintain(lakehouse, tables=[COMMIT_LOG.name], log_retention_hours=1)
+    (lagging,) = maintain(lakehouse, tables=[LOG], log_retention_hours=1)
     assert any("the checker still reads from version 5" in reason for reason in lagging.skipped)
     assert commits_in_log(log)[:head + 1] == list(range(head + 1))
     changes = pa.RecordBatchReader.from_stream(DeltaTable(log).load_cdf(starting_version=5)).read_all()
@@ -164,13 +173,13 @@ def test_the_commit_log_keeps_every_commit_the_checker_still_needs_even_past_the
     assert written == [v for v in range(5, head + 1) if v != compacted]  # the checker can still read all it needs
 
     checker_reads_from(lakehouse, write_commits(log, 1))  # caught up: the old commits may go now
-    (caught_up,) = maintain(lakehouse, tables=[COMMIT_LOG.name], log_retention_hours=1)
+    (caught_up,) = maintain(lakehouse, tables=[LOG], log_retention_hours=1)
     assert not any(reason.startswith("log cleanup") for reason in caught_up.skipped)
     assert commits_in_log(log)[0] > 5
 
 
 def test_the_commit_log_writer_writes_checkpoints_but_never_cleans_the_log_itself(config):
-    log = Lakehouse(config.lakehouse).path(COMMIT_LOG)
+    log = group_log(config.lakehouse)
     # A checkpoint every 2 commits, so the writer's own commits write one; by default delta-rs
     # would then delete every expired commit before it.
     DeltaTable(log).alter.set_table_properties({LOG_RETENTION_PROPERTY: "interval 1 hour", "delta.checkpointInterval": "2"})
@@ -178,7 +187,7 @@ def test_the_commit_log_writer_writes_checkpoints_but_never_cleans_the_log_itsel
     age_log(log, hours=2)
     before = commits_in_log(log)
 
-    with CommitLogWriter(config.lakehouse) as writer:
+    with CommitLogWriter(config.lakehouse, "g") as writer:
         for name in ("a", "b", "c"):
             writer.submit([half_record(name)]).result()
 
@@ -189,14 +198,16 @@ def test_the_commit_log_writer_writes_checkpoints_but_never_cleans_the_log_itsel
 
 def test_an_open_commit_log_writer_keeps_writing_after_maintenance_changed_the_log_retention(config):
     # A property change is a metadata commit: an append from a snapshot older than it conflicts with it.
-    with CommitLogWriter(config.lakehouse) as writer:
+    with CommitLogWriter(config.lakehouse, "g") as writer:
         writer.submit([half_record("before")]).result()
-        maintain(config.lakehouse, tables=[COMMIT_LOG.name], log_retention_hours=2)
-        assert writer.submit([end_record("before")]).result() == DeltaTable(Lakehouse(config.lakehouse).path(COMMIT_LOG)).version()
+        maintain(config.lakehouse, tables=[LOG], log_retention_hours=2)
+        assert writer.submit([end_record("before")]).result() == DeltaTable(Lakehouse(config.lakehouse).commit_log("g")).version()
 
 
 def test_the_log_retention_is_set_on_every_table_and_only_when_it_changes(config):
     lakehouse = config.lakehouse
+    group_log(lakehouse)  # a group's tables too: its commit log and its check requests
+    assert {LOG, "groups/g/check_requests", "operators/commit_log"} <= set(maintained_tables(lakehouse))
 
     def settings() -> dict[str, tuple]:
         return {name: (DeltaTable(os.path.join(lakehouse, name)).metadata().configuration.get(LOG_RETENTION_PROPERTY),
@@ -218,7 +229,7 @@ def test_the_log_retention_is_set_on_every_table_and_only_when_it_changes(config
 
 @pytest.mark.parametrize("hours", [0, -1, math.nan, math.inf, 1e-12])
 def test_a_log_retention_that_is_not_a_positive_duration_is_refused_before_any_change(config, hours):
-    log = Lakehouse(config.lakehouse).path(COMMIT_LOG)
+    log = group_log(config.lakehouse)
     version = DeltaTable(log).version()
     with pytest.raises(ValueError, match="log_retention_hours must be a positive, finite number of hours"):
         maintain(config.lakehouse, log_retention_hours=hours)
@@ -226,17 +237,17 @@ def test_a_log_retention_that_is_not_a_positive_duration_is_refused_before_any_c
 
 
 def test_the_streaming_checker_keeps_delivering_after_maintenance_changed_the_commit_logs_properties(spark, config):
-    # The property change is a metaData action in the change feed the checker streams: Delta's
-    # source must pass over it (the schema is unchanged) rather than fail the query.
+    # The property change is a commit of the commit log with a metaData action and no added file:
+    # the checker's source must pass over it (the schema is unchanged) rather than fail the query.
     config = config.replace(trigger_interval_ms=500)
     lakehouse = config.lakehouse
     checker = CheckerQuery(spark, config).start()
     try:
         commit_and_await_delivery(lakehouse, "before")
-        (result,) = maintain(lakehouse, tables=[COMMIT_LOG.name], log_retention_hours=0.25)
+        (result,) = maintain(lakehouse, tables=[LOG], log_retention_hours=0.25)
         assert not any(reason.startswith("log retention") for reason in result.skipped)
         commit_and_await_delivery(lakehouse, "after")
         assert checker.query.isActive and checker.query.exception() is None
     finally:
         checker.stop()
-    assert DeltaTable(Lakehouse(lakehouse).path(COMMIT_LOG)).metadata().configuration[LOG_RETENTION_PROPERTY] == "interval 15 minutes"
+    assert DeltaTable(Lakehouse(lakehouse).commit_log("g")).metadata().configuration[LOG_RETENTION_PROPERTY] == "interval 15 minutes"

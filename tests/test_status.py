@@ -13,11 +13,12 @@ from deltalake import DeltaTable
 
 from coordinator.checker.metrics import CheckerMetrics
 from coordinator.control.lease import CheckerLease
+from coordinator.control.progress import BatchRecord, CheckerProgress, Epoch, Progress
 from coordinator.exceptions import LakehouseNotFoundError
-from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse import OPERATORS_LOG_KEY, Lakehouse
 from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.ops.status import read_status
-from coordinator.tables import COMMIT_LOG, METRICS
+from coordinator.tables import METRICS
 from tests.conftest import end_record, half_record, stored_time
 from tests.test_lease import held_by_a_child
 
@@ -55,11 +56,20 @@ def test_status_counts_pending_due_and_refused_transactions(traffic):
 def test_status_reads_the_lease_and_the_last_recorded_batch(traffic):
     config = traffic.config
     lease = CheckerLease(config.lakehouse).acquire()
-    head = DeltaTable(Lakehouse(config.lakehouse).path(COMMIT_LOG)).version()
+    group_log = Lakehouse(config.lakehouse).commit_log("g")
+    head = DeltaTable(group_log).version()
+    operators_versions = DeltaTable(Lakehouse(config.lakehouse).operators_log).version() + 1
     finished = dt.datetime.now(dt.timezone.utc)
+    # The checker's last batch read every version of the operators' log and all but the last of group g's.
+    read_up_to = {"groups/g/commit_log": head, OPERATORS_LOG_KEY: operators_versions}
+    store = CheckerProgress(config.lakehouse)
+    store.load()
+    store.save(Progress(Epoch(number=0, first_batch_id=0, starting_versions={}, checkpoint_id="q"),
+                        BatchRecord(4, 4, starts={"groups/g/commit_log": head - 1, OPERATORS_LOG_KEY: 0},
+                                    ends=read_up_to, now_us=int(finished.timestamp() * 1e6))))
     row = {name: 0 for name in METRICS.column_names} | {
         "batch_id": 4, "started_at": finished - dt.timedelta(seconds=2), "finished_at": finished,
-        "duration_ms": 2000, "commit_log_version": head - 1}
+        "duration_ms": 2000, "commit_log_version": sum(read_up_to.values())}
     CheckerMetrics(config.lakehouse, "test").record(row)
 
     status = read_status(config, now=finished + dt.timedelta(seconds=3))
@@ -67,8 +77,9 @@ def test_status_reads_the_lease_and_the_last_recorded_batch(traffic):
     assert status.checker_alive and status.checker_holder.endswith(f"pid {os.getpid()}")  # the lease is this process's
     assert (status.last_batch_id, status.last_batch_duration_ms) == (4, 2000)
     assert status.last_batch_age_s == pytest.approx(3, abs=0.01)
-    assert (status.commit_log_version, status.lag_versions) == (head, 1)
-    written = DeltaTable(Lakehouse(config.lakehouse).path(COMMIT_LOG)).history(1)[0]["timestamp"] / 1000
+    # Versions written over every log: group g's and the operators'; the checker has not read g's last.
+    assert (status.commit_log_versions, status.lag_versions) == (head + 1 + operators_versions, 1)
+    written = os.path.getmtime(os.path.join(group_log, "_delta_log", f"{head:020d}.json"))
     assert status.lag_s == pytest.approx(finished.timestamp() + 3 - written, abs=0.01)
     lease.release()
     assert not read_status(config).checker_alive

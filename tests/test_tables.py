@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shutil
 import subprocess
 import sys
@@ -11,8 +12,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
-from coordinator.tables import CHECK_REQUESTS, SYSTEM_TABLES, TOPIC, TableDef
+from coordinator.lakehouse import Lakehouse, create_group_tables, init_lakehouse, read_table
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, GROUP_CHECK_REQUESTS, SYSTEM_TABLES, TOPIC, TableDef
 from tests.conftest import append_rows
 
 NOW = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.timezone.utc)
@@ -43,11 +44,21 @@ def sample_row(table: TableDef, text: str) -> dict:
     return row
 
 
-@pytest.mark.parametrize("table", SYSTEM_TABLES, ids=lambda t: t.name)
+def table_path(lakehouse: str, table: TableDef) -> str:
+    """Where ``table`` lives: a system table's own place, a group's tables under group ``g``'s directory."""
+    if table is COMMIT_LOG:
+        return Lakehouse(lakehouse).commit_log("g")
+    if table is GROUP_CHECK_REQUESTS:
+        return Lakehouse(lakehouse).check_requests("g")
+    return Lakehouse(lakehouse).path(table)
+
+
+@pytest.mark.parametrize("table", (*SYSTEM_TABLES, COMMIT_LOG, GROUP_CHECK_REQUESTS), ids=lambda t: t.name)
 def test_both_engines_read_and_write(spark, tmp_path, table):
     lakehouse = str(tmp_path / "lh")
     init_lakehouse(lakehouse)
-    path = Lakehouse(lakehouse).path(table)
+    create_group_tables(lakehouse, "g")
+    path = table_path(lakehouse, table)
     key = marker_column(table)
 
     append_rows(path, table, [sample_row(table, "from-delta-rs")])
@@ -90,7 +101,9 @@ def test_init_is_idempotent_and_needs_no_jvm(tmp_path):
             f"print(len(init_lakehouse({lakehouse!r}))); assert 'pyspark' not in sys.modules")
     first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert (first.stdout.strip(), second.stdout.strip()) == (str(len(SYSTEM_TABLES)), "0")
+    # every system table and the operators' commit log; no group's tables (a group's come when it is added)
+    assert (first.stdout.strip(), second.stdout.strip()) == (str(len(SYSTEM_TABLES) + 1), "0")
+    assert Lakehouse(lakehouse).exists("operators/commit_log") and not os.path.exists(os.path.join(lakehouse, "groups"))
 
 
 def test_an_older_lakehouse_is_named_as_such_until_init_adds_the_missing_column(tmp_path, capsys):

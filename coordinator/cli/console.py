@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="set each table's delta.logRetentionDuration to H hours (fractions allowed), so log "
                                "cleanup keeps the Delta logs bounded (default: leave each table's own, Delta's 30 days)")
     maintain.add_argument("--table", action="append", dest="tables", metavar="NAME",
-                          help="only this table, e.g. system/commit_log or topics/ORDER_TOPIC (repeatable; default: all)")
+                          help="only this table, e.g. groups/<group>/commit_log or topics/ORDER_TOPIC (repeatable; default: all)")
     _common_options(maintain)
     maintain.set_defaults(run=run_maintain)
 

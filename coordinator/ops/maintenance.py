@@ -5,7 +5,7 @@ compacting, and their logs a checkpoint, to stay fast to read. Runs through
 delta-rs (no JVM) and is safe while producers and the checker are running:
 
 * compaction commits change no data (``dataChange=false``), so streaming readers
-  skip it and the checker's change-feed offsets stay valid;
+  skip it and the checker's commit-log offsets stay valid;
 * the commit log's vacuum keeps every file the checker may still read: a file that
   a compaction removed after the oldest version the checker may still read (its
   progress record says which) stays on disk until the checker has moved past it;

@@ -81,7 +81,7 @@ class Status:
 def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) -> Status:
     """Read the lakehouse of ``config`` and summarise it; timing rules (checks due) are ``config``'s.
 
-    Raises :class:`~coordinator.lakehouse.LakehouseNotFoundError` if there is no commit log.
+    Raises :class:`~coordinator.lakehouse.LakehouseNotFoundError` if there is no ``system/half``.
 
     Example::
 
