@@ -397,7 +397,6 @@ class HostileWriter:
     def __init__(self, lakehouse: Lakehouse, rng: random.Random) -> None:
         self.lakehouse, self.rng = lakehouse, rng
         self.injected: list[BadInput] = []
-        self.forgeries: list[tuple[str, dict]] = []  # of those, the records claiming what their writer may not
 
     def inject_blind(self) -> None:
         """Records that are refused whatever the lakehouse holds."""
@@ -438,13 +437,13 @@ class HostileWriter:
         committed = pick(lambda row: outcomes.get(row["transaction_id"]) == "COMMIT")
         if require_every_target and None in (pending_forever, rolled_back, committed):
             return False
-        records = []
+        records, forgeries = [], []
         if pending_forever:
             records.append(("forged group commits a pending transaction",
                             _end(transaction_id=pending_forever["transaction_id"])))
             records.append(("null group commits a pending transaction",
                             _end(transaction_id=pending_forever["transaction_id"], producer_group=None)))
-            self.forgeries += [
+            forgeries = [
                 ("claims the owner's group to commit a pending transaction",
                  _end(transaction_id=pending_forever["transaction_id"], producer_group=pending_forever["producer_group"])),
                 ("an operator's mark from a group commits a pending transaction",
@@ -455,7 +454,6 @@ class HostileWriter:
                 ("a half for a topic the group is not granted", _half(topic=AUDIT_TOPIC)),
                 ("a half claiming another group", _half(producer_group=pending_forever["producer_group"])),
             ]
-            records += self.forgeries[-5:]
         if rolled_back:
             records.append(("owner commits a rolled-back transaction",
                             _end(transaction_id=rolled_back["transaction_id"], producer_group=rolled_back["producer_group"])))
@@ -463,16 +461,15 @@ class HostileWriter:
             records.append(("second half for a committed transaction id",
                             _half(transaction_id=committed["transaction_id"], producer_group=committed["producer_group"])))
         if records:
-            self._write(records)
-            forged = {record["record_id"] for _, record in self.forgeries}
-            for bad in self.injected:
-                bad.forgery = bad.forgery or bad.record_id in forged
+            self._write(records, forgeries)
         return True
 
-    def _write(self, records: list[tuple[str, dict]]) -> None:
+    def _write(self, records: list[tuple[str, dict]], forgeries: list[tuple[str, dict]] = ()) -> None:
+        """Append ``records`` and ``forgeries`` (records claiming what their writer may not) as one commit."""
         with CommitLogWriter(self.lakehouse, FORGED_GROUP) as writer:
-            writer.submit([record for _, record in records]).result()
+            writer.submit([record for _, record in [*records, *forgeries]]).result()
         self.injected += [BadInput(what, record["record_id"]) for what, record in records]
+        self.injected += [BadInput(what, record["record_id"], forgery=True) for what, record in forgeries]
 
 
 class Operator:
