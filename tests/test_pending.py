@@ -20,9 +20,9 @@ def hanging(checker):
     never checked, "done" committed. All were stored 30 s ago; the first batch ran 1 s after,
     the second 7 s after."""
     stored_at = dt.datetime.now(dt.timezone.utc) - 30 * SECOND
-    checker.write(half_record("late"), half_record("done"),
-                  half_record("patient", group="other", topic="U", properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "3600"}),
-                  stored_at=stored_at)
+    checker.write(half_record("late"), half_record("done"), stored_at=stored_at)
+    checker.write(half_record("patient", group="other", topic="U", properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "3600"}),
+                  stored_at=stored_at)  # in group other's own log
     checker.write(end_record("done"), stored_at=stored_at)
     checker.run(now=stored_at + SECOND)
     checker.stored = stored_time(checker, "late")
