@@ -2,7 +2,7 @@
 
 __all__ = ["CheckerAlreadyRunningError", "CheckerStateError", "CheckpointMismatchError", "ConfigError",
            "CoordinatorError", "HalfNotStoredError", "IncompleteListenerError", "InvalidArgumentError",
-           "LakehouseNotFoundError", "LeaseLostError", "MessageValidationError", "OutdatedLakehouseError",
+           "AccessDeniedError", "LakehouseNotFoundError", "LeaseLostError", "MessageValidationError", "OutdatedLakehouseError",
            "ProducerStateError", "SparkSetupError", "StopRequested", "UnsupportedTableError"]
 
 
@@ -48,6 +48,11 @@ class LakehouseNotFoundError(CoordinatorError):
 class OutdatedLakehouseError(CoordinatorError):
     """A table lacks a column this version reads: an older txcoord made it. ``txcoord init``, or
     starting the checker or a producer, adds the column."""
+
+
+class AccessDeniedError(CoordinatorError, PermissionError):
+    """The storage refused this principal's request for a path (its grants do not cover it; see
+    ``txcoord grants``). Nothing was written."""
 
 
 class SparkSetupError(CoordinatorError):

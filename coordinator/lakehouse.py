@@ -22,7 +22,7 @@ from deltalake.exceptions import DeltaError
 from deltalake.schema import Field
 
 from coordinator.exceptions import LakehouseNotFoundError, OutdatedLakehouseError
-from coordinator.storage import FileStore, is_object_store
+from coordinator.storage import FileStore, denied_as_error, is_object_store
 from coordinator.tables import COMMIT_LOG, GROUP_CHECK_REQUESTS, HALF, OP, SYSTEM_TABLES, TableDef
 
 __all__ = ["GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY", "SHARED_LOG_KEY",
@@ -172,7 +172,9 @@ class Lakehouse:
 
     def exists(self, table: Union[TableDef, str]) -> bool:
         """Whether ``table`` (see :meth:`path`) is a Delta table yet."""
-        return DeltaTable.is_deltatable(self.path(table), storage_options=self.storage or None)
+        path = self.path(table)
+        with denied_as_error(path):
+            return DeltaTable.is_deltatable(path, storage_options=self.storage or None)
 
     def read(self, table: Union[TableDef, str], columns: Optional[list[str]] = None,
              filter: Optional[pc.Expression] = None) -> pa.Table:
@@ -206,7 +208,8 @@ def open_table(path: str, version: Optional[int] = None, storage: Optional[Mappi
     attempts = 0
     while True:
         try:
-            return DeltaTable(path, version=version, storage_options=dict(storage) if storage else None)
+            with denied_as_error(path):
+                return DeltaTable(path, version=version, storage_options=dict(storage) if storage else None)
         except DeltaError as error:
             attempts += 1
             if "Expected contiguous commit files" not in str(error) or attempts == _LISTING_ATTEMPTS:
@@ -226,18 +229,19 @@ def create_table(table: TableDef, path: str, storage: Optional[Mapping[str, str]
         create_table(HALF, Lakehouse("lakehouse").path(HALF))  # True the first time, then False
     """
     options = dict(storage) if storage else None
-    if DeltaTable.is_deltatable(path, storage_options=options):
-        _add_missing_columns(table, path, storage)
-        return False
-    if not is_object_store(path):
-        os.makedirs(path, exist_ok=True)
-    try:
-        DeltaTable.create(path, schema=table.arrow_schema(), mode="error", configuration=table.properties or None,
-                          storage_options=options)
-    except DeltaError:
+    with denied_as_error(path):
         if DeltaTable.is_deltatable(path, storage_options=options):
+            _add_missing_columns(table, path, storage)
             return False
-        raise
+        if not is_object_store(path):
+            os.makedirs(path, exist_ok=True)
+        try:
+            DeltaTable.create(path, schema=table.arrow_schema(), mode="error", configuration=table.properties or None,
+                              storage_options=options)
+        except DeltaError:
+            if DeltaTable.is_deltatable(path, storage_options=options):
+                return False
+            raise
     return True
 
 
@@ -300,7 +304,8 @@ def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[
     if missing:
         raise OutdatedLakehouseError(f"{path} has no column {', '.join(missing)}: an older txcoord made it; "
                                      "`txcoord init` (or starting the checker) adds it")
-    return dataset.to_table(columns=columns, filter=filter)
+    with denied_as_error(path):
+        return dataset.to_table(columns=columns, filter=filter)
 
 
 def table_dataset(path: str, storage: Optional[Mapping[str, str]] = None) -> tuple[DeltaTable, ds.Dataset]:

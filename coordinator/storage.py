@@ -23,21 +23,22 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import fcntl
+import functools
 import hashlib
 import os
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Iterator, Mapping, NamedTuple, Optional
+from typing import Callable, Iterator, Mapping, NamedTuple, Optional
 from urllib.parse import urlparse
 
 import obstore
-from obstore.exceptions import AlreadyExistsError, PreconditionError
+from obstore.exceptions import AlreadyExistsError, PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import S3Store
 
-from coordinator.exceptions import InvalidArgumentError
+from coordinator.exceptions import AccessDeniedError, InvalidArgumentError
 
-__all__ = ["FileStore", "Versioned", "is_object_store"]
+__all__ = ["FileStore", "Versioned", "denied_as_error", "is_object_store"]
 
 #: Location schemes served by object storage; anything else is a local path.
 OBJECT_SCHEMES = ("s3", "s3a")
@@ -57,6 +58,45 @@ def is_object_store(location: str) -> bool:
     return urlparse(location).scheme in OBJECT_SCHEMES
 
 
+@contextmanager
+def denied_as_error(location: str) -> Iterator[None]:
+    """Raise :class:`AccessDeniedError` naming ``location`` for a request the storage refused to these
+    credentials, whichever client made it (obstore, delta-rs, pyarrow, the local filesystem): their
+    own errors name an HTTP status or an errno, not what the principal lacks.
+
+    Example::
+
+        with denied_as_error("s3://lakehouse/lh/groups/order_group/commit_log"):
+            DeltaTable(...)
+    """
+    try:
+        yield
+    except AccessDeniedError:
+        raise
+    except Exception as error:
+        if not _is_access_denied(error):
+            raise
+        raise AccessDeniedError(f"{location}: access denied by the storage to these credentials (`txcoord grants` "
+                                f"lists what each principal may read and write): "
+                                f"{str(error).strip().splitlines()[0]}") from error
+
+
+def _is_access_denied(error: Exception) -> bool:
+    if isinstance(error, (PermissionError, PermissionDeniedError, UnauthenticatedError)):
+        return True
+    # delta-rs and obstore's listings report a refusal as a generic error carrying the HTTP answer.
+    return any(mark in str(error) for mark in ("403 Forbidden", "<Code>AccessDenied</Code>", "ACCESS_DENIED"))
+
+
+def _naming_denied_paths(method: Callable) -> Callable:
+    """A file store's ``method(key, ...)``, refused access raising :class:`AccessDeniedError` with the file's location."""
+    @functools.wraps(method)
+    def named(store: "FileStore", key: str, *args, **kwargs):
+        with denied_as_error(store.location(key)):
+            return method(store, key, *args, **kwargs)
+    return named
+
+
 class FileStore(abc.ABC):
     """Small files under one root, read with their version and written conditionally.
 
@@ -73,6 +113,10 @@ class FileStore(abc.ABC):
             FileStore.at("/data/lakehouse").read("system/_checker_progress.json")
         """
         return ObjectFileStore(root, options or {}) if is_object_store(root) else LocalFileStore(root)
+
+    @abc.abstractmethod
+    def location(self, key: str) -> str:
+        """Where the file ``key`` is: a path, or an ``s3://`` URL."""
 
     @abc.abstractmethod
     def read(self, key: str) -> Optional[Versioned]:
@@ -124,6 +168,10 @@ class LocalFileStore(FileStore):
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))
 
+    def location(self, key: str) -> str:
+        return self._path(key)
+
+    @_naming_denied_paths
     def read(self, key: str) -> Optional[Versioned]:
         try:
             with open(self._path(key), "rb") as file:
@@ -133,9 +181,11 @@ class LocalFileStore(FileStore):
             return None
         return Versioned(data, _local_version(data), modified_ns // 1_000_000)
 
+    @_naming_denied_paths
     def exists(self, key: str) -> bool:
         return os.path.exists(self._path(key))
 
+    @_naming_denied_paths
     def create(self, key: str, data: bytes) -> Optional[str]:
         path = self._path(key)
         staged = self._stage(path, data)
@@ -147,6 +197,7 @@ class LocalFileStore(FileStore):
             os.remove(staged)
         return _local_version(data)
 
+    @_naming_denied_paths
     def replace(self, key: str, data: bytes, version: str) -> Optional[str]:
         path = self._path(key)
         with self._locked(path):
@@ -156,17 +207,20 @@ class LocalFileStore(FileStore):
             os.replace(self._stage(path, data), path)
             return _local_version(data)
 
+    @_naming_denied_paths
     def put(self, key: str, data: bytes) -> int:
         path = self._path(key)
         os.replace(self._stage(path, data), path)
         return os.stat(path).st_mtime_ns // 1_000_000
 
+    @_naming_denied_paths
     def delete(self, key: str) -> None:
         try:
             os.remove(self._path(key))
         except FileNotFoundError:
             pass
 
+    @_naming_denied_paths
     def list(self, prefix: str) -> list[str]:
         directory = self._path(prefix)
         if not os.path.isdir(directory):
@@ -174,6 +228,7 @@ class LocalFileStore(FileStore):
         return sorted(f"{prefix.rstrip('/')}/{name}" for name in os.listdir(directory)
                       if not name.startswith(".") and os.path.isfile(os.path.join(directory, name)))
 
+    @_naming_denied_paths
     def modified(self, prefix: str) -> dict[str, int]:
         directory = self._path(prefix)
         if not os.path.isdir(directory):
@@ -181,6 +236,7 @@ class LocalFileStore(FileStore):
         return {f"{prefix.rstrip('/')}/{entry.name}": entry.stat().st_mtime_ns // 1_000_000
                 for entry in os.scandir(directory) if entry.is_file() and not entry.name.startswith(".")}
 
+    @_naming_denied_paths
     def directories(self, prefix: str) -> list[str]:
         directory = self._path(prefix)
         if not os.path.isdir(directory):
@@ -225,6 +281,10 @@ class ObjectFileStore(FileStore):
         self._store = S3Store(parsed.netloc, prefix=parsed.path.strip("/") or None, config=config or None,
                               client_options=client)
 
+    def location(self, key: str) -> str:
+        return f"{self.root.rstrip('/')}/{key}"
+
+    @_naming_denied_paths
     def read(self, key: str) -> Optional[Versioned]:
         try:
             result = obstore.get(self._store, key)
@@ -232,6 +292,7 @@ class ObjectFileStore(FileStore):
             return None
         return Versioned(bytes(result.bytes()), result.meta["e_tag"], _milliseconds(result.meta["last_modified"]))
 
+    @_naming_denied_paths
     def exists(self, key: str) -> bool:
         try:
             obstore.head(self._store, key)
@@ -239,38 +300,45 @@ class ObjectFileStore(FileStore):
             return False
         return True
 
+    @_naming_denied_paths
     def create(self, key: str, data: bytes) -> Optional[str]:
         try:
             return obstore.put(self._store, key, data, mode="create")["e_tag"]
         except (AlreadyExistsError, PreconditionError):
             return None
 
+    @_naming_denied_paths
     def replace(self, key: str, data: bytes, version: str) -> Optional[str]:
         try:
             return obstore.put(self._store, key, data, mode={"e_tag": version})["e_tag"]
         except (PreconditionError, FileNotFoundError):
             return None
 
+    @_naming_denied_paths
     def put(self, key: str, data: bytes) -> int:
         obstore.put(self._store, key, data)
         return int(time.time() * 1000)
 
+    @_naming_denied_paths
     def delete(self, key: str) -> None:
         try:
             obstore.delete(self._store, key)
         except FileNotFoundError:
             pass
 
+    @_naming_denied_paths
     def list(self, prefix: str) -> list[str]:
         prefix = prefix.rstrip("/") + "/"
         return sorted(meta["path"] for batch in obstore.list(self._store, prefix) for meta in batch
                       if "/" not in meta["path"][len(prefix):])
 
 
+    @_naming_denied_paths
     def modified(self, prefix: str) -> dict[str, int]:
         listed = obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/")
         return {meta["path"]: _milliseconds(meta["last_modified"]) for meta in listed["objects"]}
 
+    @_naming_denied_paths
     def directories(self, prefix: str) -> list[str]:
         listed = obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/")
         return sorted(common.rstrip("/").rsplit("/", 1)[-1] for common in listed["common_prefixes"])

@@ -19,6 +19,10 @@ From Python::
     with S3Server(data_dir) as server:
         server.create_bucket("lakehouse")
         config = CoordinatorConfig(lakehouse="s3://lakehouse/lh", storage=server.storage_options)
+
+With accounts (``with_accounts=True``), the server keeps an account store of its own: the root
+account (``storage_options``) owns the buckets and sets their policies; ``create_account`` adds a
+user whose requests a bucket policy naming its account grants (or not), as S3 does.
 """
 
 from __future__ import annotations
@@ -84,8 +88,10 @@ class S3Server:
             server.endpoint        # 'http://127.0.0.1:41234'
     """
 
-    def __init__(self, data_dir: str | os.PathLike, port: Optional[int] = None, log_file: Optional[str] = None):
+    def __init__(self, data_dir: str | os.PathLike, port: Optional[int] = None, log_file: Optional[str] = None,
+                 with_accounts: bool = False):
         self.data_dir = Path(data_dir)
+        self.accounts_dir = self.data_dir.parent / f"{self.data_dir.name}-accounts" if with_accounts else None
         self.port = port or _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log_file = log_file
@@ -93,9 +99,23 @@ class S3Server:
 
     @property
     def storage_options(self) -> dict[str, str]:
-        """The ``[storage]`` settings (``object_store``'s keys) that reach this server."""
-        return {"aws_endpoint": self.endpoint, "aws_access_key_id": ACCESS_KEY, "aws_secret_access_key": SECRET_KEY,
+        """The ``[storage]`` settings (``object_store``'s keys) that reach this server as its root account."""
+        return self.storage_options_of(ACCESS_KEY, SECRET_KEY)
+
+    def storage_options_of(self, access_key: str, secret_key: str) -> dict[str, str]:
+        """The ``[storage]`` settings that reach this server as the account ``access_key``."""
+        return {"aws_endpoint": self.endpoint, "aws_access_key_id": access_key, "aws_secret_access_key": secret_key,
                 "aws_region": REGION, "aws_allow_http": "true"}
+
+    def create_account(self, access_key: str, secret_key: str) -> dict[str, str]:
+        """Add the (non-admin) account ``access_key`` to a server started ``with_accounts``; return its
+        ``[storage]`` settings. It may do only what bucket policies grant it."""
+        if self.accounts_dir is None:
+            raise RuntimeError("this S3 server was started without accounts (with_accounts=False)")
+        subprocess.run([str(build()), "admin", "--access", ACCESS_KEY, "--secret", SECRET_KEY, "--endpoint-url",
+                        self.endpoint, "create-user", "--access", access_key, "--secret", secret_key, "--role", "user"],
+                       check=True, capture_output=True)
+        return self.storage_options_of(access_key, secret_key)
 
     @property
     def environment(self) -> dict[str, str]:
@@ -107,9 +127,13 @@ class S3Server:
         binary = build()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+        accounts = []
+        if self.accounts_dir is not None:
+            self.accounts_dir.mkdir(parents=True, exist_ok=True)
+            accounts = ["--iam-dir", str(self.accounts_dir)]
         self._process = subprocess.Popen(
             [str(binary), "--access", ACCESS_KEY, "--secret", SECRET_KEY, "--region", REGION,
-             "--port", f"127.0.0.1:{self.port}", "--quiet", "posix", str(self.data_dir)],
+             "--port", f"127.0.0.1:{self.port}", *accounts, "--quiet", "posix", str(self.data_dir)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + _READY_TIMEOUT_S
         while not _listening(self.port):

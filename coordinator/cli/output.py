@@ -129,7 +129,8 @@ def print_grants(root: str, grants, created: list[str], policy: Optional[dict]) 
         table.add_row(grant.principal, ", ".join(grant.access), f"{root.rstrip('/')}/{grant.prefix}")
     out.print(table)
     if policy is not None:
-        out.print("S3 bucket policy:")
+        out.print("S3 bucket policy for the accounts given (a bucket has one policy, replaced whole: pass every "
+                  "principal's --account, or add these statements to the policy in place):")
         print(json.dumps(policy, indent=2))
 
 

@@ -90,6 +90,10 @@ def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]]) -> dict:
     plan (``checker``, ``operators``, ``analysts``, ``group <name>``) to its account names or ARNs.
     A principal left out is granted nothing.
 
+    Each principal gets one statement per set of actions and one listing statement (about 200
+    bytes a statement): S3 caps a bucket policy at 20 KB, enough for some twenty groups; beyond,
+    attach each principal's statements to its own IAM identity instead.
+
     Example::
 
         s3_bucket_policy("s3://lakehouse/lh", {"checker": ["svc-checker"], "group order_group": ["svc-orders"]})
@@ -99,23 +103,28 @@ def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]]) -> dict:
     bucket, _, prefix = root.removeprefix("s3://").partition("/")
     base = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
     groups = [principal.removeprefix("group ") for principal in accounts if principal.startswith("group ")]
+    plan = access_plan(groups)
     statements = []
-    for grant in access_plan(groups):
-        names = list(accounts.get(grant.principal, ()))
+    for principal in dict.fromkeys(grant.principal for grant in plan):
+        names = list(accounts.get(principal, ()))
         if not names:
             continue
-        keys = f"{base}{grant.prefix}"
-        actions = [action for access, action in (("read", "s3:GetObject"), ("write", "s3:PutObject"),
-                                                 ("delete", "s3:DeleteObject")) if access in grant.access]
-        statements.append({"Effect": "Allow", "Principal": {"AWS": names}, "Action": actions,
-                           "Resource": [f"arn:aws:s3:::{bucket}/{keys}*"]})
-        listed = [keys, f"{keys}*"] if keys else ["*"]
-        if grant.prefix.startswith(f"{GROUPS_KEY}/*/"):  # finding the groups lists their parent
+        grants = [grant for grant in plan if grant.principal == principal]
+        by_actions: dict[tuple[str, ...], list[str]] = {}
+        for grant in grants:
+            actions = tuple(action for access, action in _S3_ACTIONS if access in grant.access)
+            by_actions.setdefault(actions, []).append(f"arn:aws:s3:::{bucket}/{base}{grant.prefix}*")
+        statements += [{"Effect": "Allow", "Principal": {"AWS": names}, "Action": list(actions), "Resource": resources}
+                       for actions, resources in by_actions.items()]
+        listed = [f"{base}{grant.prefix}*" for grant in grants]
+        if any(grant.prefix.startswith(f"{GROUPS_KEY}/*/") for grant in grants):  # finding the groups lists their parent
             listed.append(f"{base}{GROUPS_KEY}/")
         statements.append({"Effect": "Allow", "Principal": {"AWS": names}, "Action": ["s3:ListBucket"],
-                           "Resource": [f"arn:aws:s3:::{bucket}"],
-                           "Condition": {"StringLike": {"s3:prefix": listed}}})
+                           "Resource": [f"arn:aws:s3:::{bucket}"], "Condition": {"StringLike": {"s3:prefix": listed}}})
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+_S3_ACTIONS = (("read", "s3:GetObject"), ("write", "s3:PutObject"), ("delete", "s3:DeleteObject"))
 
 
 def add_group(config: CoordinatorConfig, group: str) -> list[str]:

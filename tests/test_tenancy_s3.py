@@ -1,0 +1,169 @@
+"""Tenancy on a real S3 server with one account per principal: the bucket policy `txcoord grants`
+prints is all that keeps groups apart, and the checker refuses what a group may write but not claim.
+
+The server (versitygw) keeps accounts of its own; its root account owns the bucket and sets the
+policy, as a platform team would with ``aws s3api put-bucket-policy``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from contextlib import ExitStack
+
+import boto3
+import pytest
+from deltalake import DeltaTable
+
+from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
+from coordinator.commit_logs import CommitLogRef
+from coordinator.config import CoordinatorConfig
+from coordinator.exceptions import AccessDeniedError
+from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
+from coordinator.ops.tenancy import add_group, s3_bucket_policy
+from coordinator.producer.commit_log import CommitLogWriter
+from coordinator.tables import REJECTED
+from tests.conftest import end_record, half_record, require_s3_server
+from tests.producer_side import wait_until
+
+pytestmark = pytest.mark.object_store
+
+BUCKET = "tenancy"  # not the other tests' bucket: Spark's S3A keeps one client per bucket
+ROOT = f"s3://{BUCKET}/lh"
+ACCOUNTS = {"checker": "svc-checker", "operators": "ops-alice", "analysts": "analyst-bob",
+            "group order_group": "svc-orders", "group payment_group": "svc-payments"}
+GRANTS = {"order_group": ["orders"], "payment_group": ["payments"]}
+COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
+                            LocalTransactionState.UNKNOW)
+
+
+class Tenancy:
+    """The lakehouse at :data:`ROOT` and every principal's ``[storage]`` settings."""
+
+    def __init__(self, server):
+        self.server = server
+        self.storage = {principal: server.create_account(name, f"{name}-secret") for principal, name in ACCOUNTS.items()}
+
+    def lakehouse(self, principal: str) -> Lakehouse:
+        return Lakehouse(ROOT, self.storage[principal])
+
+    def config(self, principal: str, **settings) -> CoordinatorConfig:
+        return CoordinatorConfig(lakehouse=ROOT, storage=self.storage[principal], topic_grants=GRANTS, **settings)
+
+
+@pytest.fixture(scope="module")
+def tenancy(tmp_path_factory):
+    require_s3_server()
+    from s3_server import S3Server
+
+    work = tmp_path_factory.mktemp("s3-accounts")
+    with S3Server(work / "data", log_file=str(work / "server.log"), with_accounts=True) as server:
+        server.create_bucket(BUCKET)
+        tenancy = Tenancy(server)
+        root = server.storage_options
+        boto3.client("s3", endpoint_url=server.endpoint, region_name=root["aws_region"],
+                     aws_access_key_id=root["aws_access_key_id"], aws_secret_access_key=root["aws_secret_access_key"],
+                     ).put_bucket_policy(Bucket=BUCKET, Policy=json.dumps(
+                         s3_bucket_policy(ROOT, {principal: [name] for principal, name in ACCOUNTS.items()})))
+        init_lakehouse(tenancy.lakehouse("checker"))  # the platform team, with the checker's account
+        for group in GRANTS:
+            add_group(tenancy.config("checker"), group)
+        yield tenancy
+
+
+def log_version(tenancy: Tenancy, key: str) -> int:
+    return DeltaTable(tenancy.lakehouse("checker").key_path(key), storage_options=tenancy.storage["checker"]).version()
+
+
+def test_a_group_writes_only_its_own_log_and_reads_only_its_own_check_requests(tenancy):
+    payments = tenancy.lakehouse("group payment_group")
+    for target in (CommitLogRef.of_group("order_group"), CommitLogRef.operators()):
+        before = log_version(tenancy, target.key)
+        with pytest.raises(AccessDeniedError, match=target.key) as denied:
+            with CommitLogWriter(payments, target) as writer:
+                writer.submit([half_record(uuid.uuid4().hex, group="order_group", topic="orders")]).result()
+        assert "denied" in str(denied.value)
+        # Nor around the product's API: the storage itself refuses the next commit of the log.
+        next_commit = f"{target.key}/_delta_log/{before + 1:020d}.json"
+        with pytest.raises(AccessDeniedError, match=next_commit):
+            payments.files.create(next_commit, b'{"commitInfo":{}}')
+        assert log_version(tenancy, target.key) == before  # nothing written
+    with pytest.raises(AccessDeniedError, match="groups/order_group/check_requests"):
+        read_table(payments.check_requests("order_group"), storage=payments.storage)
+    with pytest.raises(AccessDeniedError, match="system/half"):
+        payments.read("system/half")
+    read_table(payments.check_requests("payment_group"), storage=payments.storage)  # its own: granted
+
+    analysts = tenancy.lakehouse("analysts")
+    analysts.read("system/half")
+    with pytest.raises(AccessDeniedError, match="groups/order_group/commit_log"):
+        with CommitLogWriter(analysts, "order_group") as writer:
+            writer.submit([half_record(uuid.uuid4().hex, group="order_group", topic="orders")]).result()
+
+    operators = tenancy.lakehouse("operators")
+    with CommitLogWriter(operators, CommitLogRef.operators()) as writer:  # theirs alone
+        writer.submit([end_record("nothing-open", group="order_group", check_id="operator-test")]).result()
+    with pytest.raises(AccessDeniedError, match="groups/payment_group/check_requests"):
+        read_table(operators.check_requests("payment_group"), storage=operators.storage)
+
+
+class Shop(TransactionListener):
+    """``c-*`` commit; ``u-*`` answer UNKNOW, then their check commits ``u-*-even`` and rolls back the others."""
+
+    def execute_local_transaction(self, msg, arg):
+        return COMMIT if msg.keys.startswith("c-") else UNKNOW
+
+    def check_local_transaction(self, msg):
+        return COMMIT if int(msg.keys.rsplit("-", 1)[1]) % 2 == 0 else ROLLBACK
+
+
+def test_forgeries_are_refused_and_every_groups_traffic_is_delivered_exactly_once(spark, tenancy):
+    from coordinator.checker.query import CheckerQuery
+    from coordinator.spark import object_store_conf
+
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in object_store_conf(tenancy.storage["checker"]).items():  # for this bucket only
+        setting = key.removeprefix("spark.hadoop.")
+        hadoop.set(setting.replace("fs.s3a.", f"fs.s3a.bucket.{BUCKET}.", 1), value)
+    checker = CheckerQuery(spark, tenancy.config("checker", trigger_interval_ms=200, transaction_timeout_ms=1000,
+                                                 transaction_check_interval_ms=1000)).start()
+    try:
+        with ExitStack() as running:
+            producers = {group: running.enter_context(TransactionProducer(
+                group, Shop(), tenancy.config(f"group {group}", transaction_timeout_ms=1000))) for group in GRANTS}
+            for group, producer in producers.items():
+                for kind, count in (("c", 6), ("u", 4)):
+                    for i in range(count):
+                        producer.send_message_in_transaction(Message(GRANTS[group][0], b"paid", keys=f"{kind}-{group}-{i}"))
+            with CommitLogWriter(tenancy.lakehouse("group payment_group"), "payment_group") as forger:
+                forger.submit([half_record("claims-orders", group="order_group", topic="orders", keys="forged-1"),
+                               end_record("claims-orders", group="order_group")]).result()
+                forger.submit([half_record("ungranted", group="payment_group", topic="orders", keys="forged-2"),
+                               end_record("ungranted", group="payment_group")]).result()
+                forger.submit([half_record("operator-mark", group="payment_group", topic="payments", keys="forged-3")]).result()
+                forger.submit([end_record("operator-mark", group="payment_group", check_id="operator-forged")]).result()
+            for group, topics in GRANTS.items():
+                wait_until(lambda: sorted(delivered(tenancy, topics[0])) == expected(group), timeout_s=120)
+    finally:
+        checker.stop()
+
+    for group, topics in GRANTS.items():
+        assert sorted(delivered(tenancy, topics[0])) == expected(group)  # each exactly once, no forgery
+    rejected = tenancy.lakehouse("analysts").read(REJECTED, ["transaction_id", "commit_log", "reason"])
+    reasons = {}
+    for row in rejected.to_pylist():
+        reasons.setdefault(row["transaction_id"], []).append((row["commit_log"], row["reason"]))
+    assert {log for log, _ in reasons["claims-orders"]} == {"groups/payment_group/commit_log"}
+    assert all("order_group" in reason for _, reason in reasons["claims-orders"])
+    assert any("orders" in reason and "grant" in reason for _, reason in reasons["ungranted"])
+    assert any("operator" in reason for _, reason in reasons["operator-mark"])
+
+
+def delivered(tenancy: Tenancy, topic: str) -> list[str]:
+    analysts = tenancy.lakehouse("analysts")
+    key = f"topics/{topic}"
+    return analysts.read(key, ["keys"]).column(0).to_pylist() if analysts.exists(key) else []
+
+
+def expected(group: str) -> list[str]:
+    return sorted([f"c-{group}-{i}" for i in range(6)] + [f"u-{group}-{i}" for i in (0, 2)])
