@@ -79,54 +79,14 @@ def batch_figures(spark, lakehouse: str, args) -> dict:
 
 
 def trigger_figures(spark, workdir: str, args) -> dict:
-    """The same rounds through the real streaming query (``CheckerQuery``, in this process): each
-    trigger's whole time, as ``system/metrics`` records it (planning, the offset and commit logs,
-    the batch), and the Spark jobs the query ran per trigger."""
-    from coordinator.checker.query import CheckerQuery
+    """The same rounds through the real streaming query (:func:`benchlib.streaming_triggers`)."""
     from coordinator.config import CoordinatorConfig
-    from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
-    from coordinator.producer.transaction_producer import time_ordered_id
-    from coordinator.tables import METRICS
+    from coordinator.lakehouse import init_lakehouse
 
     lakehouse = f"{workdir}/streaming"
     init_lakehouse(lakehouse)
-    config = CoordinatorConfig(lakehouse=lakehouse)
-    writer = benchlib.BatchDriver(spark, config, GROUP)
-    transactions = args.commits * args.transactions
-
-    def recorded() -> list[dict]:
-        return read_table(Lakehouse(lakehouse).path(METRICS)).sort_by("batch_id").to_pylist()
-
-    def wait_for(condition, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise TimeoutError("the streaming checker did not keep up")
-            time.sleep(0.05)
-
-    checker = CheckerQuery(spark, config).start()
-    try:
-        wait_for(lambda: len(recorded()) >= 2)
-        first_counted = None
-        for round_ in range(args.batches + 1):
-            if round_ == 1:
-                first_counted = max(r["batch_id"] for r in recorded()) + 1
-            ids = [time_ordered_id() for _ in range(transactions)]
-            writer.write(benchlib.half_rows(ids, GROUP, TOPIC))
-            writer.write(benchlib.commit_rows(ids, GROUP))
-            wait_for(lambda: sum(r["delivered"] for r in recorded()) == (round_ + 1) * transactions)
-            time.sleep(1.5)  # a heartbeat-only batch or two
-        jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup(str(checker.query.runId)))
-    finally:
-        checker.stop()
-    rows = recorded()
-    counted = [r for r in rows if r["batch_id"] >= first_counted]
-    busy = [r for r in counted if r["records"]]
-    idle = [r for r in counted if not r["records"]]
-    return {"trigger_ms_median_with_records": benchlib.median([r["duration_ms"] for r in busy]),
-            "records_per_trigger_median": benchlib.median([r["records"] for r in busy]),
-            "trigger_ms_median_heartbeat": benchlib.median([r["duration_ms"] for r in idle]),
-            "spark_jobs_per_trigger": round(jobs / len(rows), 2), "triggers": len(rows)}
+    return benchlib.streaming_triggers(spark, CoordinatorConfig(lakehouse=lakehouse), GROUP, TOPIC, args.batches,
+                                       args.commits * args.transactions)
 
 
 def floor_figures(spark, workdir: str, repeats: int) -> dict:

@@ -537,9 +537,9 @@ class BatchDriver:
         from coordinator.tables import COMMIT_LOG
 
         self.spark, self.config = spark, config
-        self.lakehouse = Lakehouse(config.lakehouse)
+        self.lakehouse = Lakehouse.of(config)
         self.commit_log = self.lakehouse.commit_log(group)
-        create_table(COMMIT_LOG, self.commit_log)
+        create_table(COMMIT_LOG, self.commit_log, self.lakehouse.storage)
         self.next_versions = grown_to(self.lakehouse, {}, budget=10**9)
         self.batch_id = first_batch_id
         self.pending_from = pending_from
@@ -553,8 +553,9 @@ class BatchDriver:
 
         from coordinator.producer.commit_log import records_to_arrow
 
-        write_deltalake(self.commit_log, records_to_arrow(records), mode="append")
-        return DeltaTable(self.commit_log).version()
+        storage = dict(self.lakehouse.storage) or None
+        write_deltalake(self.commit_log, records_to_arrow(records), mode="append", storage_options=storage)
+        return DeltaTable(self.commit_log, storage_options=storage).version()
 
     def records(self, starts: dict, ends: dict, now):
         from coordinator.checker.segment import Segment
@@ -577,6 +578,72 @@ class BatchDriver:
         seconds = time.perf_counter() - started
         self.next_versions, self.batch_id, self.pending_from = ends, self.batch_id + 1, summary.pending_from
         return summary, seconds
+
+
+def reach_object_store(spark, storage: Mapping[str, str]) -> None:
+    """Let this process's Spark session reach the S3 server of ``storage`` (the checker's checkpoint
+    goes there through S3A), as the checker job's own settings do."""
+    from coordinator.spark import object_store_conf
+
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in object_store_conf(storage).items():
+        hadoop.set(key.removeprefix("spark.hadoop."), value)
+
+
+def streaming_triggers(spark, config, group: str, topic: str, rounds: int, transactions: int) -> dict:
+    """The real streaming query (``CheckerQuery``, in this process) over ``rounds`` rounds after a
+    warm-up one, each a commit of ``transactions`` HALF records of ``group`` then one of their COMMIT
+    ENDs, waited for until delivered, then a heartbeat-only trigger or two. Each trigger's whole time
+    (planning, the offset and commit logs, the batch) as ``system/metrics`` records it, and the Spark
+    jobs the query ran per trigger.
+
+    Example::
+
+        streaming_triggers(spark, CoordinatorConfig(lakehouse="/tmp/lh"), "g", "T", rounds=5, transactions=200)
+    """
+    from coordinator.checker.query import CheckerQuery
+    from coordinator.lakehouse import Lakehouse
+    from coordinator.producer.transaction_producer import time_ordered_id
+    from coordinator.tables import METRICS
+
+    writer = BatchDriver(spark, config, group)
+    lakehouse = Lakehouse.of(config)
+
+    def recorded() -> list[dict]:
+        return lakehouse.read(METRICS).sort_by("batch_id").to_pylist()
+
+    def wait_for(condition, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the streaming checker did not keep up")
+            time.sleep(0.05)
+
+    earlier = recorded() if lakehouse.exists(METRICS) else []  # of an earlier run
+    checker = CheckerQuery(spark, config).start()
+    try:
+        wait_for(lambda: len(recorded()) >= len(earlier) + 2)
+        delivered_before = sum(r["delivered"] for r in recorded())
+        first_counted = None
+        for round_ in range(rounds + 1):
+            if round_ == 1:
+                first_counted = max(r["batch_id"] for r in recorded()) + 1
+            ids = [time_ordered_id() for _ in range(transactions)]
+            writer.write(half_rows(ids, group, topic))
+            writer.write(commit_rows(ids, group))
+            wait_for(lambda: sum(r["delivered"] for r in recorded()) == delivered_before + (round_ + 1) * transactions)
+            time.sleep(1.5)  # a heartbeat-only batch or two
+        jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup(str(checker.query.runId)))
+    finally:
+        checker.stop()
+    rows = recorded()[len(earlier):]
+    counted = [r for r in rows if r["batch_id"] >= first_counted]
+    busy = [r for r in counted if r["records"]]
+    idle = [r for r in counted if not r["records"]]
+    return {"trigger_ms_median_with_records": median([r["duration_ms"] for r in busy]),
+            "records_per_trigger_median": median([r["records"] for r in busy]),
+            "trigger_ms_median_heartbeat": median([r["duration_ms"] for r in idle]),
+            "spark_jobs_per_trigger": round(jobs / len(rows), 2), "triggers": len(rows)}
 
 
 def half_rows(transaction_ids: list[str], group: str, topic: str, properties: Optional[dict] = None) -> list[dict]:

@@ -3,7 +3,7 @@
     python bench/run.py --quick   # one cold start, then small versions of producer, end to end, history
                                   # and batch_cost: `make bench`
     python bench/run.py           # the full versions: cold_start, producer, history, e2e, unresolved,
-                                  # soak, batch_cost (45 minutes at least: soak 30, e2e 10)
+                                  # soak, batch_cost, groups (50 minutes at least: soak 30, e2e 10)
     python bench/run.py --tiny    # each of those with --tiny: the smallest run that goes through all of it,
                                   # in seconds; its figures mean nothing (tests/test_bench.py runs them)
 
@@ -22,7 +22,9 @@ object, on its last line:
   ``reference_spark_append_ms``, a plain Spark Delta append measured in the same run, to quote
   them against;
 * ``cold_start_s``: median seconds from launching the checker job to its first finished batch
-  (bench/cold_start.py).
+  (bench/cold_start.py);
+* ``groups_trigger_ratio``: median trigger time with records, 50 groups of which one is busy / one
+  group alone (bench/groups.py; the target is at most 1.5).
 
 The machine is shared: the load average at start and end is recorded, and a warning printed
 when the 1-minute load is above 1.5 at start.
@@ -57,6 +59,7 @@ FULL = {
     "unresolved": [],
     "soak": [],
     "batch_cost": [],
+    "groups": [],
 }
 TINY = {name: ["--tiny"] for name in FULL}
 
@@ -90,6 +93,8 @@ def headline(reports: dict[str, dict]) -> dict:
                        reference_spark_append_ms=floor["append"]["ms_median"])
     if "cold_start" in reports:
         summary.update(cold_start_s=reports["cold_start"]["first_batch_s"]["median"])
+    if "groups" in reports:
+        summary.update(groups_trigger_ratio=reports["groups"]["ratio"]["with_records"])
     return summary
 
 

@@ -5,7 +5,7 @@ all of it; the tests here run each one and check that what it wrote adds up, so 
 cannot rot unnoticed. Where each runs is a matter of CI time (two cores):
 
 - ``producer`` starts no JVM: a subprocess, among the fast tests;
-- ``history``, ``unresolved`` and ``batch_cost`` drive the checker's logic in a Spark session of their
+- ``history``, ``unresolved``, ``batch_cost`` and ``groups`` drive the checker's logic in a Spark session of their
   own: in their own process, each would spend 10-35 s starting and warming up a JVM, so they run in
   process, in this worker's shared session (``benchlib.spark_session`` leaves it running);
 - ``cold_start``, ``e2e`` and ``soak`` start the checker job (``spark-submit``, about 20 s to its
@@ -207,6 +207,22 @@ def test_batch_cost_tiny_run_times_batches_triggers_and_the_floor(spark, tmp_pat
     assert all(0 < op["ms_min"] <= op["ms_median"] for op in report["floor"].values())
     headline = bench_run.headline({"batch_cost": report})
     assert headline["reference_spark_append_ms"] == report["floor"]["append"]["ms_median"]
+    assert spark.range(1).count() == 1
+
+
+def test_groups_tiny_run_times_triggers_of_one_group_and_of_many(spark, tmp_path):
+    report = run_in_process("groups", tmp_path / "groups.json")
+
+    assert_envelope(report, "groups")
+    args = report["args"]
+    for name in ("one", "many"):
+        assert len(report["runs"][name]) == args["runs"]
+        for run in report["runs"][name]:
+            assert run["records_per_trigger_median"] > 0 and run["trigger_ms_median_heartbeat"] > 0
+            assert run["triggers"] >= 2 + args["rounds"] + 1
+    summary = report["trigger_ms_median"]
+    assert report["ratio"]["with_records"] == round(summary["many"]["with_records"] / summary["one"]["with_records"], 2)
+    assert report["within_target"] == (report["ratio"]["with_records"] <= report["target_ratio"])
     assert spark.range(1).count() == 1
 
 
