@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 import json
 import posixpath
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Mapping, Optional
 from urllib.parse import unquote
@@ -79,14 +80,16 @@ def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_
     """
     keys = sorted(set(starts) | {ref.key for ref in CommitLogs(lakehouse).discover()})
     ends = {key: starts.get(key, 0) for key in keys}
-    stores = {key: FileStore.at(lakehouse.key_path(key), lakehouse.storage) for key in keys}
-    open_logs = list(keys)
+    files = lakehouse.files  # one client for every log: an S3 client takes 4 ms to build
+    open_logs = _grown_at_all(files, keys, ends)
+    first_probed = set(open_logs)
     while budget > 0 and open_logs:
         share = max(1, budget // len(open_logs))
         still_growing = []
         for key in open_logs:
             taken = 0
-            while taken < share and budget > 0 and stores[key].exists(_log_file(ends[key])):
+            while taken < share and budget > 0 and (key in first_probed or files.exists(f"{key}/{_log_file(ends[key])}")):
+                first_probed.discard(key)
                 ends[key] += 1
                 taken += 1
                 budget -= 1
@@ -94,6 +97,23 @@ def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_
                 still_growing.append(key)
         open_logs = still_growing
     return ends
+
+
+#: Logs probed at once. On S3 a probe is a request: on loopback, 50 groups' probes take 25 ms one after
+#: the other and 21 ms at once, but a HEAD to AWS S3 takes 10 to 30 ms, so 50 in a row would add a
+#: second to every trigger.
+_CONCURRENT_PROBES = 16
+
+
+def _grown_at_all(files: FileStore, keys: list[str], ends: Mapping[str, int]) -> list[str]:
+    """The logs of ``keys`` (in that order) whose version ``ends[log]`` exists: one probe each, concurrently."""
+    def grown(key: str) -> bool:
+        return files.exists(f"{key}/{_log_file(ends[key])}")
+
+    if len(keys) <= 1:
+        return [key for key in keys if grown(key)]
+    with ThreadPoolExecutor(max_workers=min(_CONCURRENT_PROBES, len(keys))) as probes:
+        return [key for key, exists in zip(keys, probes.map(grown, keys)) if exists]
 
 
 @dataclass(frozen=True)
@@ -119,8 +139,9 @@ class Segment:
             segment.records(Lakehouse("lakehouse")).column("commit_log")
         """
         commits = []  # per log: (modified ms, key, version, log text), in version order
-        stores = {key: FileStore.at(lakehouse.key_path(key), lakehouse.storage) for key in self.ends}
-        for key in sorted(self.ends):
+        grown = sorted(key for key, end in self.ends.items() if end > self.starts.get(key, 0))
+        stores = {key: FileStore.at(lakehouse.key_path(key), lakehouse.storage) for key in grown}
+        for key in grown:
             log = []
             for version in range(self.starts.get(key, 0), self.ends[key]):
                 commit = stores[key].read(_log_file(version))
