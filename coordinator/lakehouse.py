@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from deltalake.schema import Field
 
-from coordinator.exceptions import LakehouseNotFoundError, OutdatedLakehouseError
+from coordinator.exceptions import InvalidArgumentError, LakehouseNotFoundError, OutdatedLakehouseError
 from coordinator.storage import FileStore, denied_as_error, is_object_store
 from coordinator.tables import COMMIT_LOG, GROUP_CHECK_REQUESTS, HALF, OP, SYSTEM_TABLES, TableDef
 
@@ -114,8 +114,13 @@ class Lakehouse:
         return self._files
 
     def path(self, table: Union[TableDef, str]) -> str:
-        """The directory of ``table``: a definition from ``tables/``, or a name like ``system/half``."""
+        """The directory of ``table``: a definition from ``tables/``, or a name like ``system/half``.
+        A table each group has (its commit log, its check requests) is at :meth:`commit_log` or
+        :meth:`check_requests` instead."""
         name = table.name if isinstance(table, TableDef) else table
+        if "<" in name:
+            raise InvalidArgumentError(f"{name} is one table per producer group: ask for a group's "
+                                       "(Lakehouse.commit_log, Lakehouse.check_requests)")
         return self._join(*name.split("/"))
 
     def topic(self, topic: str) -> str:

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from coordinator.exceptions import InvalidArgumentError
 from coordinator.lakehouse import Lakehouse, create_group_tables, init_lakehouse, read_table
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, GROUP_CHECK_REQUESTS, SYSTEM_TABLES, TOPIC, TableDef
 from tests.conftest import append_rows
@@ -142,3 +143,10 @@ def test_a_log_listed_while_a_commit_lands_is_opened_again(tmp_path):
         DeltaTable(path)
     threading.Timer(0.05, aside.rename, [second]).start()  # version 2 lands
     assert open_table(path).version() == 3
+
+
+def test_a_table_each_group_has_is_asked_for_by_group():
+    lakehouse = Lakehouse("/lh")
+    with pytest.raises(InvalidArgumentError, match="one table per producer group"):
+        lakehouse.path(COMMIT_LOG)
+    assert lakehouse.commit_log("order_group") == "/lh/groups/order_group/commit_log"
