@@ -1,8 +1,9 @@
 """Tenancy on a real S3 server with one account per principal: the bucket policy `txcoord grants`
 prints is all that keeps groups apart, and the checker refuses what a group may write but not claim.
 
-The server (versitygw) keeps accounts of its own; its root account owns the bucket and sets the
-policy, as a platform team would with ``aws s3api put-bucket-policy``.
+The server (versitygw) keeps accounts of its own; its root account owns the bucket: with it the
+platform team makes the lakehouse and its groups (``txcoord init``, ``txcoord add-group``) and sets
+the policy ``txcoord grants --account ...`` prints, as it would with ``aws s3api put-bucket-policy``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from coordinator import LocalTransactionState, Message, TransactionListener, Tra
 from coordinator.commit_logs import CommitLogRef
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import AccessDeniedError
-from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
-from coordinator.ops.tenancy import add_group, s3_bucket_policy
+from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.tables import REJECTED
 from tests.conftest import end_record, half_record, require_s3_server
 from tests.producer_side import wait_until
+from tests.test_cli import txcoord
 
 pytestmark = pytest.mark.object_store
 
@@ -60,14 +61,20 @@ def tenancy(tmp_path_factory):
     with S3Server(work / "data", log_file=str(work / "server.log"), with_accounts=True) as server:
         server.create_bucket(BUCKET)
         tenancy = Tenancy(server)
+        # The platform team, as the bucket's owner: the lakehouse, its groups, and the policy `txcoord grants` prints.
+        owner = work / "owner.toml"
+        owner.write_text(f'lakehouse = "{ROOT}"\n[storage]\n'
+                         + "".join(f'{key} = "{value}"\n' for key, value in server.storage_options.items()))
+        for command in (["init"], *(["add-group", group] for group in GRANTS)):
+            done = txcoord(*command, "--config", str(owner))
+            assert done.returncode == 0, done.stderr
+        accounts = [f"--account={principal.removeprefix('group ')}={name}" for principal, name in ACCOUNTS.items()]
+        granted = txcoord("grants", "--config", str(owner), "--json", *accounts)
+        assert granted.returncode == 0, granted.stderr
         root = server.storage_options
         boto3.client("s3", endpoint_url=server.endpoint, region_name=root["aws_region"],
                      aws_access_key_id=root["aws_access_key_id"], aws_secret_access_key=root["aws_secret_access_key"],
-                     ).put_bucket_policy(Bucket=BUCKET, Policy=json.dumps(
-                         s3_bucket_policy(ROOT, {principal: [name] for principal, name in ACCOUNTS.items()})))
-        init_lakehouse(tenancy.lakehouse("checker"))  # the platform team, with the checker's account
-        for group in GRANTS:
-            add_group(tenancy.config("checker"), group)
+                     ).put_bucket_policy(Bucket=BUCKET, Policy=json.dumps(json.loads(granted.stdout)["s3_bucket_policy"]))
         yield tenancy
 
 
