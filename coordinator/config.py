@@ -52,6 +52,11 @@ class CoordinatorConfig:
     #: The TOML's ``[topic_grants]``: producer group -> topics it may publish to (:mod:`coordinator.grants`);
     #: None, the default, when the TOML has no such table: grants off.
     topic_grants: Optional[Mapping[str, tuple[str, ...]]] = None
+    #: The checker serves its Prometheus metrics at ``http://metrics_host:metrics_port/metrics``; None, the
+    #: default: not served. 0 takes any free port (the checker logs which).
+    metrics_port: Optional[int] = None
+    #: Where the metrics are served: this host only unless told otherwise (``0.0.0.0``: every interface).
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if not isinstance(self.lakehouse, str) or not self.lakehouse.strip():
@@ -67,6 +72,11 @@ class CoordinatorConfig:
         object.__setattr__(self, "storage", {key: _setting(value) for key, value in self.storage.items()})
         if self.topic_grants is not None:
             object.__setattr__(self, "topic_grants", TopicGrants.parse(self.topic_grants))
+        if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int)
+                                              or not 0 <= self.metrics_port <= 65535):
+            raise ConfigError(f"metrics_port must be a TCP port (0 to 65535; 0: any free one), got {self.metrics_port!r}")
+        if not isinstance(self.metrics_host, str) or not self.metrics_host.strip():
+            raise ConfigError(f"metrics_host must be a host name or address, got {self.metrics_host!r}")
         for f in dataclasses.fields(self):
             if f.type != "int":
                 continue
@@ -105,8 +115,8 @@ class CoordinatorConfig:
             raise ConfigError(f"{file}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(known)}")
         for name, f in known.items():
             variable = ENV_PREFIX + name.upper()
-            if variable in environ and f.type in ("int", "str"):  # [storage]: the AWS_* variables instead
-                values[name] = _parse_env(variable, environ[variable], f.type)
+            if variable in environ and f.type in ("int", "str", "Optional[int]"):  # [storage]: AWS_* instead
+                values[name] = _parse_env(variable, environ[variable], f.type.removeprefix("Optional[").rstrip("]"))
         return cls(**values)
 
     def replace(self, **changes: Any) -> "CoordinatorConfig":

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, replace
-from typing import Optional
+from dataclasses import asdict, dataclass, field, replace
+from typing import Mapping, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,6 +54,7 @@ class BatchSummary:
     pending: int = 0  # halves still unresolved after this batch
     pending_from: int = 0  # the next batch's ``pending_from``: no unresolved half lies below it
     duration_ms: int = 0
+    delivered_by_topic: Mapping[str, int] = field(default_factory=dict)  # messages delivered, per topic
 
 
 def batch_clock(records: pa.Table) -> Optional[int]:
@@ -98,7 +99,8 @@ def run_batch(
     summary = _decide_and_write(BatchContext(config, batch_id, now_us, Lakehouse.of(config)),
                                 BatchRecords.of(records, batch_id, shared_log), state, pending_from, shared_log)
     summary = replace(summary, duration_ms=int((time.monotonic() - started) * 1000))
-    log.info("batch %d: %s", batch_id, ", ".join(f"{k}={v}" for k, v in asdict(summary).items() if k != "batch_id"))
+    log.info("batch %d: %s", batch_id, ", ".join(f"{k}={v}" for k, v in asdict(summary).items()
+                                                 if k not in ("batch_id", "delivered_by_topic")))
     return summary
 
 
@@ -178,6 +180,7 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
         rollbacks=outcomes.count(Outcome.ROLLBACK),
         resolved=len(ops),
         delivered=deliveries.num_rows,
+        delivered_by_topic={count["values"]: count["counts"] for count in pc.value_counts(deliveries.column("topic")).to_pylist()},
         checks=len(due.checked),
         discarded=due.discarded.num_rows,
         rejected=len(rejected),

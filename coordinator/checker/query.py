@@ -20,6 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 from coordinator.checker import CHECKER_NAME
 from coordinator.checker.batch import batch_clock, run_batch
 from coordinator.checker.epochs import begin_next_epoch
+from coordinator.checker.exporter import CheckerExporter
 from coordinator.checker.metrics import CheckerMetrics
 from coordinator.checker.segment import Segment
 from coordinator.checker.source import CommitLogSource, segments
@@ -68,6 +69,9 @@ class CheckerQuery:
         self._stop_renewing = threading.Event()
         self._lease_lock = threading.Lock()
         self._gate = BatchGate()
+        self.exporter = CheckerExporter()
+        #: The port serving the Prometheus metrics once started (``metrics_port`` set), else None.
+        self.metrics_port: Optional[int] = None
 
     def start(self, wait_for_lease: bool = True, stop: Optional[threading.Event] = None) -> "CheckerQuery":
         """Take the lakehouse's checker lease, check the checkpoint against the lakehouse's progress
@@ -82,7 +86,16 @@ class CheckerQuery:
         # Resolved before the lease, so that a standby has its source's Python worker up when it takes over.
         self.spark.dataSource.register(CommitLogSource)
         self._commit_log_reader().load()
-        self.lease.acquire(wait=wait_for_lease, stop=stop)
+        if self.config.metrics_port is not None and self.metrics_port is None:
+            self.metrics_port = self.exporter.serve(self.config.metrics_host, self.config.metrics_port)
+        self.exporter.holding_lease(False, standing_by=wait_for_lease)
+        try:
+            self.lease.acquire(wait=wait_for_lease, stop=stop)
+        except BaseException:
+            self.exporter.holding_lease(False)
+            self.exporter.close()
+            raise
+        self.exporter.holding_lease(True)
         try:
             checkpoint = CheckpointState.read(checkpoint_location(self.config), self.lakehouse.storage)
             self._progress = self.progress_store.begin(checkpoint)
@@ -91,6 +104,8 @@ class CheckerQuery:
         except BaseException:
             self.spark.streams.removeListener(self.metrics)
             self.lease.release()
+            self.exporter.holding_lease(False)
+            self.exporter.close()
             raise
         self._renewer = threading.Thread(target=self._keep_lease, name="checker-lease", daemon=True)
         self._renewer.start()
@@ -159,6 +174,7 @@ class CheckerQuery:
                                     self.state, announced.shared_log)
                 self._pending_from = summary.pending_from
                 self.metrics.batch_done(stream_batch_id, summary)
+                self.exporter.batch_done(summary)
 
         self._gate.run(stream_batch_id, body)
 
@@ -197,6 +213,8 @@ class CheckerQuery:
             self._stop_renewing.set()
             self._renewer.join()
             self.lease.release()
+        self.exporter.holding_lease(False)
+        self.exporter.close()
         log.info("checker stopped")
 
     def _keep_lease(self) -> None:
@@ -206,6 +224,7 @@ class CheckerQuery:
                 self._renew_lease()
             except LeaseLostError:
                 log.error("checker lease lost; the next batch will fail and the checker stop")
+                self.exporter.holding_lease(False)
                 return
 
     def _renew_lease(self) -> None:

@@ -1,0 +1,92 @@
+"""The checker's metrics for Prometheus, served when the configuration sets ``metrics_port``.
+
+Counters count what this checker process did since it started (Prometheus takes a restart's reset
+in its stride: ``rate()`` and ``increase()``); gauges say how things stand after its last batch.
+The registry, the text format and the HTTP server are ``prometheus_client``'s. docs/operations.md
+lists each metric beside its RocketMQ counterpart.
+
+Example::
+
+    exporter = CheckerExporter()
+    port = exporter.serve("127.0.0.1", 9464)     # http://127.0.0.1:9464/metrics
+    exporter.batch_done(summary)                  # after each batch
+    exporter.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = ["CheckerExporter"]
+
+log = logging.getLogger("coordinator.checker")
+
+#: Batch durations, seconds: a heartbeat takes tens of milliseconds, a backlog's batch seconds.
+_BATCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class CheckerExporter:
+    """The checker's metrics (``txcoord_*``) in a registry of their own, and the server that exposes them."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.lease_held = Gauge("txcoord_checker_lease_held", "1 while this checker holds the lakehouse's lease "
+                                "and runs batches, else 0", registry=registry)
+        self.standby = Gauge("txcoord_checker_standby", "1 while this checker waits for the lease another holds",
+                             registry=registry)
+        self.batches = Counter("txcoord_batches", "Batches run (heartbeat-only ones included)", registry=registry)
+        self.batch_duration = Histogram("txcoord_batch_duration_seconds", "How long a batch took, from reading "
+                                        "its records to its last write", buckets=_BATCH_BUCKETS, registry=registry)
+        self.last_batch = Gauge("txcoord_last_batch_timestamp_seconds", "When the last batch finished (Unix time)",
+                                registry=registry)
+        self.halves = Counter("txcoord_half_messages_stored", "Half messages taken into system/half", registry=registry)
+        self.ended = Counter("txcoord_transactions_ended", "Transactions ended, by outcome", ["outcome"],
+                             registry=registry)
+        self.discarded = Counter("txcoord_half_messages_discarded", "Half messages discarded after the last check "
+                                 "(or past file_reserved_time_hours)", registry=registry)
+        self.delivered = Counter("txcoord_messages_delivered", "Messages written to their topic's table, by topic",
+                                 ["topic"], registry=registry)
+        self.checks = Counter("txcoord_check_requests_sent", "Check-backs requested from producer groups",
+                              registry=registry)
+        self.rejected = Counter("txcoord_records_rejected", "Commit-log records refused into system/rejected",
+                                registry=registry)
+        self.pending = Gauge("txcoord_pending_half_messages", "Half messages with no outcome after the last batch",
+                             registry=registry)
+        self._server = None
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve ``/metrics`` on ``host``:``port`` (0: any free port) in a background thread; return the port."""
+        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        bound = self._server.server_port
+        log.info("metrics served at http://%s:%d/metrics", host, bound)
+        return bound
+
+    def batch_done(self, summary) -> None:
+        """Count what one batch did (a :class:`~coordinator.checker.batch.BatchSummary`)."""
+        self.batches.inc()
+        self.batch_duration.observe(summary.duration_ms / 1000)
+        self.last_batch.set(time.time())
+        self.halves.inc(summary.halves)
+        self.ended.labels("commit").inc(summary.commits)
+        self.ended.labels("rollback").inc(summary.rollbacks)
+        self.discarded.inc(summary.discarded)
+        for topic, messages in summary.delivered_by_topic.items():
+            self.delivered.labels(topic).inc(messages)
+        self.checks.inc(summary.checks)
+        self.rejected.inc(summary.rejected)
+        self.pending.set(summary.pending)
+
+    def holding_lease(self, held: bool, standing_by: bool = False) -> None:
+        """Say whether this checker holds the lease, or stands by for it."""
+        self.lease_held.set(1 if held else 0)
+        self.standby.set(1 if standing_by else 0)
+
+    def close(self) -> None:
+        """Stop serving (the port is free again)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

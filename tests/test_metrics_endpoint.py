@@ -1,0 +1,65 @@
+"""The checker's Prometheus endpoint (``metrics_port``): served while it runs, moving as transactions flow."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from coordinator.checker.query import CheckerQuery
+from coordinator.config import CoordinatorConfig
+from coordinator.exceptions import ConfigError
+from coordinator.lakehouse import Lakehouse
+from coordinator.producer.commit_log import CommitLogWriter
+from tests.conftest import end_record, half_record
+from tests.producer_side import wait_until
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """Every sample at ``http://127.0.0.1:port/metrics``: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_the_checker_serves_its_metrics_and_they_move_as_transactions_flow(spark, config):
+    config = config.replace(metrics_port=0, trigger_interval_ms=200)
+    checker = CheckerQuery(spark, config).start()
+    try:
+        port = checker.metrics_port
+        before = scrape(port)
+        assert before[("txcoord_checker_lease_held", ())] == 1 and before[("txcoord_checker_standby", ())] == 0
+        with CommitLogWriter(Lakehouse.of(config), "g") as writer:
+            writer.submit([half_record("paid", topic="ORDERS"), half_record("refused", topic="ORDERS"),
+                           half_record("open", topic="ORDERS")]).result()
+            writer.submit([end_record("paid"), end_record("refused", "ROLLBACK_MESSAGE"),
+                           end_record("paid", group="intruder")]).result()
+
+        def moved():
+            now = scrape(port)
+            return now if now.get(("txcoord_messages_delivered_total", (("topic", "ORDERS"),))) == 1 else None
+
+        after = wait_until(moved, timeout_s=60)
+        assert after[("txcoord_transactions_ended_total", (("outcome", "commit"),))] == 1
+        assert after[("txcoord_transactions_ended_total", (("outcome", "rollback"),))] == 1
+        assert after[("txcoord_half_messages_stored_total", ())] == 3
+        assert after[("txcoord_records_rejected_total", ())] == 1  # the intruder's END, in g's log
+        assert after[("txcoord_pending_half_messages", ())] == 1  # "open"
+        assert after[("txcoord_batches_total", ())] >= 1
+        assert after[("txcoord_batch_duration_seconds_count", ())] == after[("txcoord_batches_total", ())]
+        assert after[("txcoord_last_batch_timestamp_seconds", ())] > 0
+    finally:
+        checker.stop()
+    with pytest.raises(urllib.error.URLError):  # stopped: nothing served any more
+        scrape(port)
+
+
+def test_metrics_are_not_served_unless_asked_and_a_bad_port_is_refused(tmp_path):
+    assert CoordinatorConfig(lakehouse=str(tmp_path)).metrics_port is None
+    for bad in (-1, 70000, "9464", True):
+        with pytest.raises(ConfigError, match="metrics_port must be a TCP port"):
+            CoordinatorConfig(lakehouse=str(tmp_path), metrics_port=bad)
+    assert CoordinatorConfig.load(None, environ={"TXCOORD_METRICS_PORT": "9464"}).metrics_port == 9464
