@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JARS := .cache/spark-jars.stamp
 
-.PHONY: setup lock demo test s3-server chaos cluster bench peers clean
+.PHONY: setup lock demo test system-packages s3-server chaos cluster bench peers clean
 
 setup: $(INSTALLED) $(JARS)
 
@@ -40,7 +40,7 @@ demo: setup
 # leaves a core mostly idle: the benchmarks' tiny runs then those on the S3 server (which wait for the
 # build; this lane's output is printed when it ends), and all others. Then the rest on two workers,
 # each with its one shared Spark session.
-test:
+test: system-packages
 	@mkdir -p .cache; $(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
 	$(MAKE) --no-print-directory setup || { kill $$build 2>/dev/null; exit 1; }; \
 	$(PY) -m pytest -q -m "slow and (benchmark or object_store)" > .cache/second-lane-tests.log 2>&1 & second=$$!; \
@@ -49,6 +49,15 @@ test:
 	cat .cache/second-lane-tests.log; \
 	wait $$build || { cat .cache/s3-build.log; exit 1; }; \
 	[ $$local -eq 0 ] && [ $$object_store -eq 0 ] && $(PY) -m pytest -q -m "not slow" -n 2 --dist worksteal
+
+# Debian packages the tests use: Prometheus's server and promtool (tests/test_prometheus.py), installed
+# when missing if this runs as root (CI does); otherwise those tests are skipped, saying how to install them.
+system-packages:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; \
+	  else echo "tests/test_prometheus.py needs Prometheus (sudo apt-get install prometheus): skipped without it"; fi; }
 
 # A real S3-compatible server on loopback (versitygw), built once into .cache/s3: `scripts/s3_server.py --help`.
 s3-server: setup

@@ -148,6 +148,9 @@ def test_the_installed_package_runs_the_checker_and_delivers_from_outside_the_ch
     checks = read_table(str(workdir / "lakehouse" / "system" / "check_requests"), ["transaction_id"])
     assert set(checks.column("transaction_id").to_pylist()) == {sent["lost-end"]}
 
+    # The alert rules ship with the package.
+    assert "alert: TxcoordNoChecker" in run([txcoord, "alert-rules"], cwd=workdir, env=env).stdout
+
     # The documented spark-submit line, with the job and the settings the installed package names.
     properties = run([txcoord, "spark-setup", "--properties-file"], cwd=workdir, env=env).stdout.strip()
     job = run([txcoord, "spark-setup", "--job-file", "checker"], cwd=workdir, env=env).stdout.strip()

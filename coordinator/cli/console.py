@@ -12,6 +12,7 @@ Subcommands (each reads ``--config``, default ``conf/coordinator.toml``)::
     txcoord inspect TRANSACTION_ID    # one transaction's timeline, from every table
     txcoord maintain [--retention-hours H] [--log-retention-hours H] [--table NAME]   # compact, checkpoint, vacuum
     txcoord demo [--lakehouse DIR] [--orders N] [--object-store S3_URL]   # the order/credits story, end to end
+    txcoord alert-rules               # the Prometheus alert rules for the checker's metrics (no --config)
 
 ``init``, ``status``, ``pending``, ``resolve``, ``inspect`` and ``maintain`` start no JVM; ``txcoord --version``
 prints the version. Output is for people; ``--json``
@@ -133,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common_options(upgrade)
     upgrade.set_defaults(run=run_upgrade)
 
+    rules = commands.add_parser("alert-rules", help="print the Prometheus alert rules for the checker's metrics "
+                                                    "(a rule file for Prometheus's rule_files)")
+    rules.set_defaults(run=run_alert_rules)
+
     run = commands.add_parser("demo", help="run the order/credits story against a local lakehouse (or one on S3)")
     run.add_argument("--lakehouse", default=demo.DEFAULT_LAKEHOUSE,
                      help=f"demo directory, wiped and recreated (default: ./{demo.DEFAULT_LAKEHOUSE})")
@@ -204,6 +209,19 @@ def run_checker(args: argparse.Namespace) -> int:
     from coordinator.jobs import checker
 
     return checker.run(args, "txcoord checker")
+
+
+def run_alert_rules(args: argparse.Namespace) -> int:
+    """Print the alert rules shipped for the checker's Prometheus metrics (``metrics_port``).
+
+    Example::
+
+        $ txcoord alert-rules > /etc/prometheus/txcoord-alerts.yml
+    """
+    from importlib.resources import files
+
+    print((files("coordinator.resources") / "txcoord-alerts.yml").read_text(), end="")
+    return EXIT_OK
 
 
 def run_spark_setup(args: argparse.Namespace) -> int:
