@@ -48,11 +48,15 @@ def test_the_checker_serves_its_metrics_and_they_move_as_transactions_flow(spark
         assert after[("txcoord_half_messages_stored_total", ())] == 3
         assert after[("txcoord_records_rejected_total", ())] == 1  # the intruder's END, in g's log
         assert after[("txcoord_pending_half_messages", ())] == 1  # "open"
+        assert 0 < after[("txcoord_oldest_pending_transaction_age_seconds", ())] < 120
+        assert scrape(port)[("txcoord_oldest_pending_transaction_age_seconds", ())] >= after[
+            ("txcoord_oldest_pending_transaction_age_seconds", ())]  # as of each scrape
         assert after[("txcoord_batches_total", ())] >= 1
         assert after[("txcoord_batch_duration_seconds_count", ())] == after[("txcoord_batches_total", ())]
         assert after[("txcoord_last_batch_timestamp_seconds", ())] > 0
     finally:
         checker.stop()
+    assert before[("txcoord_oldest_pending_transaction_age_seconds", ())] == 0  # nothing was pending
     with pytest.raises(urllib.error.URLError):  # stopped: nothing served any more
         scrape(port)
 

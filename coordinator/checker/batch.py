@@ -55,6 +55,7 @@ class BatchSummary:
     pending_from: int = 0  # the next batch's ``pending_from``: no unresolved half lies below it
     duration_ms: int = 0
     delivered_by_topic: Mapping[str, int] = field(default_factory=dict)  # messages delivered, per topic
+    oldest_pending_stored_us: Optional[int] = None  # when the oldest unresolved half was stored
 
 
 def batch_clock(records: pa.Table) -> Optional[int]:
@@ -100,7 +101,8 @@ def run_batch(
                                 BatchRecords.of(records, batch_id, shared_log), state, pending_from, shared_log)
     summary = replace(summary, duration_ms=int((time.monotonic() - started) * 1000))
     log.info("batch %d: %s", batch_id, ", ".join(f"{k}={v}" for k, v in asdict(summary).items()
-                                                 if k not in ("batch_id", "delivered_by_topic")))
+                                                 if k not in ("batch_id", "delivered_by_topic",
+                                                              "oldest_pending_stored_us")))
     return summary
 
 
@@ -185,6 +187,7 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
         discarded=due.discarded.num_rows,
         rejected=len(rejected),
         pending=state.pending_half_count,
+        oldest_pending_stored_us=state.oldest_pending_stored_us(),
         pending_from=lowest if lowest is not None else max(pending_from, _next_offset(all_records, batch_id, shared_log)),
     )
 

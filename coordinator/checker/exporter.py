@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Optional
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 __all__ = ["CheckerExporter"]
@@ -55,6 +56,11 @@ class CheckerExporter:
                                 registry=registry)
         self.pending = Gauge("txcoord_pending_half_messages", "Half messages with no outcome after the last batch",
                              registry=registry)
+        self._oldest_pending_stored_s: Optional[float] = None
+        self.oldest_pending_age = Gauge("txcoord_oldest_pending_transaction_age_seconds", "How long the oldest "
+                                        "transaction with no outcome has waited since its half was stored (0: none)",
+                                        registry=registry)
+        self.oldest_pending_age.set_function(self._oldest_pending_age)
         self._server = None
 
     def serve(self, host: str, port: int) -> int:
@@ -78,6 +84,12 @@ class CheckerExporter:
         self.checks.inc(summary.checks)
         self.rejected.inc(summary.rejected)
         self.pending.set(summary.pending)
+        stored = summary.oldest_pending_stored_us
+        self._oldest_pending_stored_s = None if stored is None else stored / 1_000_000
+
+    def _oldest_pending_age(self) -> float:
+        stored = self._oldest_pending_stored_s  # as of the last batch; the age as of this scrape
+        return 0.0 if stored is None else max(0.0, time.time() - stored)
 
     def holding_lease(self, held: bool, standing_by: bool = False) -> None:
         """Say whether this checker holds the lease, or stands by for it."""

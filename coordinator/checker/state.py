@@ -207,6 +207,11 @@ class CheckerState:
     def pending_half_count(self) -> int:
         return len(self.rows)
 
+    def oldest_pending_stored_us(self) -> Optional[int]:
+        """When the oldest pending transaction's half was stored (the first in ``pending``, by queue offset)."""
+        first = next(iter(self.pending.values()), None)
+        return None if first is None else first.stored_us
+
     def lowest_pending_offset(self) -> Optional[int]:
         # ``pending`` is filled in queue-offset order, so its first transaction holds the lowest.
         first = next(iter(self.pending.values()), None)
