@@ -36,7 +36,7 @@ def test_the_checker_serves_its_metrics_and_they_move_as_transactions_flow(spark
             writer.submit([half_record("paid", topic="ORDERS"), half_record("refused", topic="ORDERS"),
                            half_record("open", topic="ORDERS")]).result()
             writer.submit([end_record("paid"), end_record("refused", "ROLLBACK_MESSAGE"),
-                           end_record("paid", group="intruder")]).result()
+                           end_record("paid", group="intruder"), end_record("open", "UNKNOW", check_id="open-1")]).result()
 
         def moved():
             now = scrape(port)
@@ -46,6 +46,7 @@ def test_the_checker_serves_its_metrics_and_they_move_as_transactions_flow(spark
         assert after[("txcoord_transactions_ended_total", (("outcome", "commit"),))] == 1
         assert after[("txcoord_transactions_ended_total", (("outcome", "rollback"),))] == 1
         assert after[("txcoord_half_messages_stored_total", ())] == 3
+        assert after[("txcoord_check_answers_total", (("answer", "unknown"),))] == 1  # "open" stays pending
         assert after[("txcoord_records_rejected_total", ())] == 1  # the intruder's END, in g's log
         assert after[("txcoord_pending_half_messages", ())] == 1  # "open"
         assert 0 < after[("txcoord_oldest_pending_transaction_age_seconds", ())] < 120

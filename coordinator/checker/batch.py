@@ -56,6 +56,7 @@ class BatchSummary:
     duration_ms: int = 0
     delivered_by_topic: Mapping[str, int] = field(default_factory=dict)  # messages delivered, per topic
     oldest_pending_stored_us: Optional[int] = None  # when the oldest unresolved half was stored
+    check_answers: Mapping[str, int] = field(default_factory=dict)  # valid check-back answers, by state
 
 
 def batch_clock(records: pa.Table) -> Optional[int]:
@@ -102,7 +103,7 @@ def run_batch(
     summary = replace(summary, duration_ms=int((time.monotonic() - started) * 1000))
     log.info("batch %d: %s", batch_id, ", ".join(f"{k}={v}" for k, v in asdict(summary).items()
                                                  if k not in ("batch_id", "delivered_by_topic",
-                                                              "oldest_pending_stored_us")))
+                                                              "oldest_pending_stored_us", "check_answers")))
     return summary
 
 
@@ -188,6 +189,7 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
         rejected=len(rejected),
         pending=state.pending_half_count,
         oldest_pending_stored_us=state.oldest_pending_stored_us(),
+        check_answers=dict(resolved.check_answers),
         pending_from=lowest if lowest is not None else max(pending_from, _next_offset(all_records, batch_id, shared_log)),
     )
 

@@ -20,12 +20,19 @@ import time
 from typing import Optional
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from coordinator.protocol import LocalTransactionState
+
 __all__ = ["CheckerExporter"]
 
 log = logging.getLogger("coordinator.checker")
 
 #: Batch durations, seconds: a heartbeat takes tens of milliseconds, a backlog's batch seconds.
 _BATCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+#: An END's state as the ``answer`` label says it.
+_ANSWERS = {LocalTransactionState.COMMIT_MESSAGE.value: "commit", LocalTransactionState.ROLLBACK_MESSAGE.value: "rollback",
+            LocalTransactionState.UNKNOW.value: "unknown"}
 
 
 class CheckerExporter:
@@ -52,6 +59,8 @@ class CheckerExporter:
                                  ["topic"], registry=registry)
         self.checks = Counter("txcoord_check_requests_sent", "Check-backs requested from producer groups",
                               registry=registry)
+        self.check_answers = Counter("txcoord_check_answers", "Producers' answers to check-backs, by answer "
+                                     "(commit, rollback, unknown)", ["answer"], registry=registry)
         self.rejected = Counter("txcoord_records_rejected", "Commit-log records refused into system/rejected",
                                 registry=registry)
         self.pending = Gauge("txcoord_pending_half_messages", "Half messages with no outcome after the last batch",
@@ -82,6 +91,8 @@ class CheckerExporter:
         for topic, messages in summary.delivered_by_topic.items():
             self.delivered.labels(topic).inc(messages)
         self.checks.inc(summary.checks)
+        for state, answers in summary.check_answers.items():
+            self.check_answers.labels(_ANSWERS[state]).inc(answers)
         self.rejected.inc(summary.rejected)
         self.pending.set(summary.pending)
         stored = summary.oldest_pending_stored_us

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -11,7 +12,7 @@ from coordinator.checker.context import BatchRecords
 from coordinator.checker.recover import ALREADY_RESOLVED, is_operator_commit
 from coordinator.checker.refusals import first_failure, rejection
 from coordinator.checker.state import CheckerState, Known
-from coordinator.protocol import LocalTransactionState, Outcome, RecordKind, outcome_of
+from coordinator.protocol import OPERATOR_CHECK_PREFIX, LocalTransactionState, Outcome, RecordKind, outcome_of
 from coordinator.tables import MESSAGE_FIELDS
 
 _STATES = {state.value for state in LocalTransactionState}
@@ -26,6 +27,7 @@ class Resolved:
     outcomes: dict[str, str]  # transaction id -> COMMIT or ROLLBACK
     rejections: list[dict]
     to_recover: list[dict]  # operators' COMMITs of transactions no longer pending: see :mod:`.recover`
+    check_answers: Counter  # valid answers to check-backs, by state (UNKNOW included)
 
 
 def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str, Known]) -> Resolved:
@@ -46,7 +48,7 @@ def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str,
         resolved.outcomes  # {'019a...': 'COMMIT'}
     """
     ends = [r for r in records.rows if r["kind"] == RecordKind.END]
-    rejections, decisions, to_recover = [], [], []
+    rejections, decisions, to_recover, check_answers = [], [], [], Counter()
     for end in ends:
         pending = state.pending.get(end["transaction_id"])
         earlier = known.get(end["transaction_id"])
@@ -57,8 +59,11 @@ def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str,
             to_recover.append(end)
         elif reason is not None:
             rejections.append(rejection(end, reason))
-        elif outcome_of(end["state"]) is not None:
-            decisions.append(end)
+        else:
+            if end["check_id"] is not None and not end["check_id"].startswith(OPERATOR_CHECK_PREFIX):
+                check_answers[end["state"]] += 1
+            if outcome_of(end["state"]) is not None:
+                decisions.append(end)
     outcomes, ops = {}, []
     for end in sorted(decisions, key=lambda r: (r["sequence"], r["record_id"])):
         pending = end["pending"]
@@ -70,7 +75,7 @@ def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str,
                         outcome=outcome, resolved_at=end["stored_us"], end_record_id=end["record_id"],
                         check_id=end["check_id"])
                    for offset in pending.offsets)
-    return Resolved(ops, outcomes, rejections, to_recover)
+    return Resolved(ops, outcomes, rejections, to_recover, check_answers)
 
 
 _END_RULES = [
