@@ -24,14 +24,18 @@ Example::
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, NamedTuple, Optional
+
+from deltalake import DeltaTable
 
 from coordinator.exceptions import InvalidArgumentError, OutdatedLakehouseError
 from coordinator.lakehouse import (GROUPS_KEY, LAYOUT_KEY, OPERATORS_LOG_KEY, SHARED_LOG_KEY, Lakehouse, group_key,
-                                   group_of_key)
+                                   group_of_key, open_table)
+from coordinator.storage import FileStore
 
-__all__ = ["CURRENT_LAYOUT", "CommitLogRef", "CommitLogs", "Layout"]
+__all__ = ["CURRENT_LAYOUT", "CommitLogRef", "CommitLogs", "Lag", "Layout"]
 
 #: The layout this version writes: one commit log per group, and the operators' own.
 CURRENT_LAYOUT = 2
@@ -142,7 +146,40 @@ class CommitLogs:
                 f"({SHARED_LOG_KEY}); run `txcoord upgrade --config FILE` once (docs/operations.md#upgrading)")
         return Layout()
 
+    def lag(self, read: Mapping[str, int], now_s: Optional[float] = None) -> "Lag":
+        """How far the logs are ahead of a reader that has read each log's versions below ``read[key]``
+        (the checker's progress): versions written over every log, those not read yet, and the age at
+        ``now_s`` (default: now) of the oldest of those.
+
+        Example::
+
+            CommitLogs(lakehouse).lag(CheckerProgress(lakehouse).load().next_versions).unread_versions
+        """
+        now_s = time.time() if now_s is None else now_s
+        written, unread, oldest_ms = 0, 0, None
+        for ref in self.discover():
+            path = self.path(ref)
+            if not DeltaTable.is_deltatable(path, storage_options=self.lakehouse.storage or None):
+                continue
+            versions = open_table(path, storage=self.lakehouse.storage).version() + 1
+            written += versions
+            first_unread = read.get(ref.key, 0)
+            if first_unread < versions:
+                unread += versions - first_unread
+                commit = FileStore.at(path, self.lakehouse.storage).read(f"_delta_log/{first_unread:020d}.json")
+                if commit is not None:
+                    oldest_ms = commit.modified_ms if oldest_ms is None else min(oldest_ms, commit.modified_ms)
+        return Lag(written, unread, 0.0 if oldest_ms is None else max(0.0, now_s - oldest_ms / 1000))
+
     def record_layout(self, layout: Layout) -> None:
         """Write ``system/_layout.json``."""
         self.lakehouse.files.put(LAYOUT_KEY, json.dumps({"version": layout.version,
                                                          "shared_log_end": layout.shared_log_end}).encode())
+
+
+class Lag(NamedTuple):
+    """What :meth:`CommitLogs.lag` finds."""
+
+    written_versions: int  # over every commit log
+    unread_versions: int  # of those, the ones not read yet
+    seconds: float  # the age of the oldest unread version (0 when none)

@@ -25,6 +25,11 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
+def lag_read(port: int) -> float:
+    """The checker's lag in commit-log versions, as scraped."""
+    return scrape(port)[("txcoord_commit_log_lag_versions", ())]
+
+
 def test_the_checker_serves_its_metrics_and_they_move_as_transactions_flow(spark, config):
     config = config.replace(metrics_port=0, trigger_interval_ms=200)
     checker = CheckerQuery(spark, config).start()
@@ -55,6 +60,8 @@ def test_the_checker_serves_its_metrics_and_they_move_as_transactions_flow(spark
         assert after[("txcoord_batches_total", ())] >= 1
         assert after[("txcoord_batch_duration_seconds_count", ())] == after[("txcoord_batches_total", ())]
         assert after[("txcoord_last_batch_timestamp_seconds", ())] > 0
+        caught_up = wait_until(lambda: lag_read(port) == 0, timeout_s=30)
+        assert caught_up and scrape(port)[("txcoord_commit_log_lag_seconds", ())] == 0
     finally:
         checker.stop()
     assert before[("txcoord_oldest_pending_transaction_age_seconds", ())] == 0  # nothing was pending

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import Callable, Mapping, Optional
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
 
+from coordinator.commit_logs import CommitLogs
+from coordinator.lakehouse import Lakehouse
 from coordinator.protocol import LocalTransactionState
 
 __all__ = ["CheckerExporter"]
@@ -102,6 +105,12 @@ class CheckerExporter:
         stored = self._oldest_pending_stored_s  # as of the last batch; the age as of this scrape
         return 0.0 if stored is None else max(0.0, time.time() - stored)
 
+    def watch_lag(self, lakehouse: Lakehouse, read: Callable[[], Optional[Mapping[str, int]]]) -> None:
+        """Serve the checker's lag behind the commit logs, computed at each scrape (on the server's
+        thread, never in a batch) from ``read()``: each log's first version the checker has not read
+        (``None``: not known yet, nothing served)."""
+        self.registry.register(_LagCollector(CommitLogs(lakehouse), read))
+
     def holding_lease(self, held: bool, standing_by: bool = False) -> None:
         """Say whether this checker holds the lease, or stands by for it."""
         self.lease_held.set(1 if held else 0)
@@ -113,3 +122,27 @@ class CheckerExporter:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _LagCollector:
+    """``txcoord_commit_log_lag_versions`` and ``txcoord_commit_log_lag_seconds``, as of the scrape."""
+
+    def __init__(self, logs: CommitLogs, read: Callable[[], Optional[Mapping[str, int]]]):
+        self.logs, self.read = logs, read
+
+    def describe(self):  # registering must not run a scrape's storage reads
+        return []
+
+    def collect(self):
+        read = self.read()
+        if read is None:
+            return
+        try:
+            lag = self.logs.lag(read)
+        except Exception:  # a storage error must not fail the whole scrape
+            log.warning("metrics: could not measure the lag behind the commit logs", exc_info=True)
+            return
+        yield GaugeMetricFamily("txcoord_commit_log_lag_versions", "Commit-log versions written that the checker "
+                                "has not read yet, over every log", value=lag.unread_versions)
+        yield GaugeMetricFamily("txcoord_commit_log_lag_seconds", "Age of the oldest commit-log version the checker "
+                                "has not read yet (0: none)", value=lag.seconds)

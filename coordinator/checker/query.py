@@ -87,6 +87,7 @@ class CheckerQuery:
         self.spark.dataSource.register(CommitLogSource)
         self._commit_log_reader().load()
         if self.config.metrics_port is not None and self.metrics_port is None:
+            self.exporter.watch_lag(self.lakehouse, lambda: None if self._progress is None else self._progress.next_versions)
             self.metrics_port = self.exporter.serve(self.config.metrics_host, self.config.metrics_port)
         self.exporter.holding_lease(False, standing_by=wait_for_lease)
         try:

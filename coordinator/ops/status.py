@@ -21,17 +21,15 @@ from typing import Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from coordinator.commit_logs import CommitLogs
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import lease_record
 from coordinator.control.processes import process_gone
 from coordinator.control.progress import CheckerProgress
-from coordinator.lakehouse import LEASE_KEY, Lakehouse, open_table, require_lakehouse, topic_names, transaction_ids_in
+from coordinator.lakehouse import LEASE_KEY, Lakehouse, require_lakehouse, topic_names, transaction_ids_in
 from coordinator.ops.pending import pending_transactions
 from coordinator.protocol import Outcome
-from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, METRICS, OP, REJECTED
 
 __all__ = ["Status", "delivery_latencies", "last_batch", "read_lease", "read_metrics", "read_status"]
@@ -197,21 +195,7 @@ def _lag(lakehouse: Lakehouse, now: dt.datetime) -> tuple[int, Optional[int], Op
     """Versions written over every commit log; of those, how many the checker has not read
     (``None`` before it recorded a batch); and the age of the oldest unread one."""
     progress = CheckerProgress(lakehouse).load()
-    read = {} if progress is None else progress.next_versions
-    written, unread, oldest_ms = 0, 0, None
-    for ref in CommitLogs(lakehouse).discover():
-        path = lakehouse.key_path(ref.key)
-        if not DeltaTable.is_deltatable(path, storage_options=lakehouse.storage or None):
-            continue
-        versions = open_table(path, storage=lakehouse.storage).version() + 1
-        written += versions
-        first_unread = read.get(ref.key, 0)
-        if first_unread < versions:
-            unread += versions - first_unread
-            commit = FileStore.at(path, lakehouse.storage).read(f"_delta_log/{first_unread:020d}.json")
-            if commit is not None:
-                oldest_ms = commit.modified_ms if oldest_ms is None else min(oldest_ms, commit.modified_ms)
+    lag = CommitLogs(lakehouse).lag({} if progress is None else progress.next_versions, now.timestamp())
     if progress is None or progress.last_batch is None:
-        return written, None, None
-    lag_s = 0.0 if oldest_ms is None else max(0.0, now.timestamp() - oldest_ms / 1000)
-    return written, unread, lag_s
+        return lag.written_versions, None, None
+    return lag.written_versions, lag.unread_versions, lag.seconds
