@@ -52,6 +52,9 @@ def test_the_checker_serves_its_metrics_and_they_move_as_transactions_flow(spark
         assert after[("txcoord_transactions_ended_total", (("outcome", "rollback"),))] == 1
         assert after[("txcoord_half_messages_stored_total", ())] == 3
         assert after[("txcoord_check_answers_total", (("answer", "unknown"),))] == 1  # "open" stays pending
+        assert after[("txcoord_commit_to_visible_seconds_count", (("topic", "ORDERS"),))] == 1
+        assert 0 < after[("txcoord_commit_to_visible_seconds_sum", (("topic", "ORDERS"),))] < 60
+        assert after[("txcoord_half_to_end_seconds_count", ())] == 2  # "paid" and "refused"
         assert after[("txcoord_records_rejected_total", ())] == 1  # the intruder's END, in g's log
         assert after[("txcoord_pending_half_messages", ())] == 1  # "open"
         assert 0 < after[("txcoord_oldest_pending_transaction_age_seconds", ())] < 120

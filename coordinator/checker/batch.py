@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -57,6 +57,8 @@ class BatchSummary:
     delivered_by_topic: Mapping[str, int] = field(default_factory=dict)  # messages delivered, per topic
     oldest_pending_stored_us: Optional[int] = None  # when the oldest unresolved half was stored
     check_answers: Mapping[str, int] = field(default_factory=dict)  # valid check-back answers, by state
+    half_to_end_s: Sequence[float] = ()  # per transaction committed or rolled back: half stored to END stored
+    commit_to_visible_s: Mapping[str, Sequence[float]] = field(default_factory=dict)  # per topic, per message
 
 
 def batch_clock(records: pa.Table) -> Optional[int]:
@@ -103,7 +105,8 @@ def run_batch(
     summary = replace(summary, duration_ms=int((time.monotonic() - started) * 1000))
     log.info("batch %d: %s", batch_id, ", ".join(f"{k}={v}" for k, v in asdict(summary).items()
                                                  if k not in ("batch_id", "delivered_by_topic",
-                                                              "oldest_pending_stored_us", "check_answers")))
+                                                              "oldest_pending_stored_us", "check_answers",
+                                                              "half_to_end_s", "commit_to_visible_s")))
     return summary
 
 
@@ -140,9 +143,11 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
         append(HALF, ingested.halves)
     if ops:
         append(OP, _rows_table(OP, ops, batch_id))
+    commit_to_visible_s = {}
     for topic in sorted(set(deliveries.column("topic").to_pylist())):
         rows = deliveries.filter(pc.equal(deliveries.column("topic"), topic))
         append(TOPIC, _table(TOPIC, rows, batch_id), lakehouse.topic(topic))
+        commit_to_visible_s[topic] = _seconds_since(rows.column("commit_timestamp"))
     if due.discarded.num_rows:
         append(DISCARDED, _table(DISCARDED, due.discarded, batch_id))
     visible_at_us = None
@@ -190,8 +195,16 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
         pending=state.pending_half_count,
         oldest_pending_stored_us=state.oldest_pending_stored_us(),
         check_answers=dict(resolved.check_answers),
+        half_to_end_s=resolved.half_to_end_s,
+        commit_to_visible_s=commit_to_visible_s,
         pending_from=lowest if lowest is not None else max(pending_from, _next_offset(all_records, batch_id, shared_log)),
     )
+
+
+def _seconds_since(times: pa.ChunkedArray) -> list[float]:
+    """For each of ``times``, the seconds from it to now (the moment its rows became visible)."""
+    now_us = time.time_ns() // 1000
+    return pc.divide(pc.subtract(now_us, times.cast(pa.int64())), 1e6).to_pylist()
 
 
 def _next_offset(records: BatchRecords, batch_id: int, shared_log: bool) -> int:

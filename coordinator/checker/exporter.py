@@ -33,6 +33,9 @@ log = logging.getLogger("coordinator.checker")
 _BATCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
+#: Transaction latencies, seconds: a commit is visible in about a second; a check-back takes a minute or more.
+_LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
+
 #: An END's state as the ``answer`` label says it.
 _ANSWERS = {LocalTransactionState.COMMIT_MESSAGE.value: "commit", LocalTransactionState.ROLLBACK_MESSAGE.value: "rollback",
             LocalTransactionState.UNKNOW.value: "unknown"}
@@ -60,6 +63,12 @@ class CheckerExporter:
                                  "(or past file_reserved_time_hours)", registry=registry)
         self.delivered = Counter("txcoord_messages_delivered", "Messages written to their topic's table, by topic",
                                  ["topic"], registry=registry)
+        self.commit_to_visible = Histogram("txcoord_commit_to_visible_seconds", "From a transaction's COMMIT "
+                                           "entering the commit log to its message's topic row being written, by topic",
+                                           ["topic"], buckets=_LATENCY_BUCKETS, registry=registry)
+        self.half_to_end = Histogram("txcoord_half_to_end_seconds", "From a half entering the commit log to the END "
+                                     "that decided its transaction (commit or rollback)", buckets=_LATENCY_BUCKETS,
+                                     registry=registry)
         self.checks = Counter("txcoord_check_requests_sent", "Check-backs requested from producer groups",
                               registry=registry)
         self.check_answers = Counter("txcoord_check_answers", "Producers' answers to check-backs, by answer "
@@ -93,6 +102,12 @@ class CheckerExporter:
         self.discarded.inc(summary.discarded)
         for topic, messages in summary.delivered_by_topic.items():
             self.delivered.labels(topic).inc(messages)
+        for topic, latencies in summary.commit_to_visible_s.items():
+            visible = self.commit_to_visible.labels(topic)
+            for seconds in latencies:
+                visible.observe(seconds)
+        for seconds in summary.half_to_end_s:
+            self.half_to_end.observe(seconds)
         self.checks.inc(summary.checks)
         for state, answers in summary.check_answers.items():
             self.check_answers.labels(_ANSWERS[state]).inc(answers)

@@ -28,6 +28,7 @@ class Resolved:
     rejections: list[dict]
     to_recover: list[dict]  # operators' COMMITs of transactions no longer pending: see :mod:`.recover`
     check_answers: Counter  # valid answers to check-backs, by state (UNKNOW included)
+    half_to_end_s: list[float]  # per transaction resolved: from its half's storing to its deciding END's
 
 
 def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str, Known]) -> Resolved:
@@ -64,18 +65,19 @@ def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str,
                 check_answers[end["state"]] += 1
             if outcome_of(end["state"]) is not None:
                 decisions.append(end)
-    outcomes, ops = {}, []
+    outcomes, ops, half_to_end_s = {}, [], []
     for end in sorted(decisions, key=lambda r: (r["sequence"], r["record_id"])):
         pending = end["pending"]
         if pending.transaction_id in outcomes:
             rejections.append(rejection(end, ALREADY_RESOLVED))
             continue
         outcome = outcomes[pending.transaction_id] = outcome_of(end["state"])
+        half_to_end_s.append(max(0, end["stored_us"] - pending.stored_us) / 1_000_000)
         ops.extend(dict(half_offset=offset, transaction_id=pending.transaction_id, producer_group=pending.producer_group,
                         outcome=outcome, resolved_at=end["stored_us"], end_record_id=end["record_id"],
                         check_id=end["check_id"])
                    for offset in pending.offsets)
-    return Resolved(ops, outcomes, rejections, to_recover, check_answers)
+    return Resolved(ops, outcomes, rejections, to_recover, check_answers, half_to_end_s)
 
 
 _END_RULES = [
