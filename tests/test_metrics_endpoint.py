@@ -56,7 +56,9 @@ def test_the_checker_serves_its_metrics_and_they_move_as_transactions_flow(spark
         assert 0 < after[("txcoord_commit_to_visible_seconds_sum", (("topic", "ORDERS"),))] < 60
         assert after[("txcoord_half_to_end_seconds_count", ())] == 2  # "paid" and "refused"
         assert after[("txcoord_records_rejected_total", ())] == 1  # the intruder's END, in g's log
-        assert after[("txcoord_pending_half_messages", ())] == 1  # "open"
+        assert after[("txcoord_pending_half_messages", (("topic", "ORDERS"),))] == 1  # "open"
+        assert after[("txcoord_half_messages_ended_total", (("outcome", "commit"), ("topic", "ORDERS")))] == 1
+        assert after[("txcoord_half_messages_ended_total", (("outcome", "rollback"), ("topic", "ORDERS")))] == 1
         assert 0 < after[("txcoord_oldest_pending_transaction_age_seconds", ())] < 120
         assert scrape(port)[("txcoord_oldest_pending_transaction_age_seconds", ())] >= after[
             ("txcoord_oldest_pending_transaction_age_seconds", ())]  # as of each scrape

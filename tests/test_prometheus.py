@@ -100,7 +100,7 @@ def test_prometheus_scrapes_the_checker_sees_transactions_flow_and_pages_when_no
                 writer.submit([end_record(f"t{i}")]).result()
         wait_until(lambda: prometheus.value('sum(txcoord_messages_delivered_total{topic="ORDERS"})') == 3, timeout_s=60)
         assert prometheus.value('txcoord_transactions_ended_total{outcome="commit"}') == 3
-        assert prometheus.value("txcoord_pending_half_messages") == 0
+        assert prometheus.value("sum(txcoord_pending_half_messages)") == 0
 
         checker.stop()
         checker = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
@@ -59,6 +60,8 @@ class BatchSummary:
     check_answers: Mapping[str, int] = field(default_factory=dict)  # valid check-back answers, by state
     half_to_end_s: Sequence[float] = ()  # per transaction committed or rolled back: half stored to END stored
     commit_to_visible_s: Mapping[str, Sequence[float]] = field(default_factory=dict)  # per topic, per message
+    pending_by_topic: Mapping[str, int] = field(default_factory=dict)  # halves still unresolved, per topic
+    ended_by_topic: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (outcome, topic) -> halves
 
 
 def batch_clock(records: pa.Table) -> Optional[int]:
@@ -106,7 +109,8 @@ def run_batch(
     log.info("batch %d: %s", batch_id, ", ".join(f"{k}={v}" for k, v in asdict(summary).items()
                                                  if k not in ("batch_id", "delivered_by_topic",
                                                               "oldest_pending_stored_us", "check_answers",
-                                                              "half_to_end_s", "commit_to_visible_s")))
+                                                              "half_to_end_s", "commit_to_visible_s",
+                                                              "pending_by_topic", "ended_by_topic")))
     return summary
 
 
@@ -171,6 +175,7 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
         for group, stale in due.stale_instances.items():
             instances.forget(group, stale)
 
+    ended_by_topic = _ended_by_topic(state, resolved.outcomes, due.discarded, recovered.deliveries)
     state.resolve([*resolved.outcomes, *due.given_up])
     if visible_at_us is not None:
         state.checked([p.transaction_id for p in due.checked], visible_at_us, ctx.config)
@@ -197,8 +202,23 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
         check_answers=dict(resolved.check_answers),
         half_to_end_s=resolved.half_to_end_s,
         commit_to_visible_s=commit_to_visible_s,
+        pending_by_topic={topic: count for topic, count in state.pending_by_topic.items()},
+        ended_by_topic=ended_by_topic,
         pending_from=lowest if lowest is not None else max(pending_from, _next_offset(all_records, batch_id, shared_log)),
     )
+
+
+def _ended_by_topic(state: CheckerState, outcomes: Mapping[str, str], discarded: pa.Table,
+                    recovered: pa.Table) -> dict[tuple[str, str], int]:
+    """Half messages this batch ended, by outcome and topic: committed or rolled back (their transactions
+    are still in ``state.pending``), discarded, and committed by an operator after their discard."""
+    ended: Counter = Counter()
+    for transaction_id, outcome in outcomes.items():
+        ended.update((outcome, topic) for topic in state.pending[transaction_id].topics)
+    for outcome, rows in ((Outcome.DISCARD, discarded), (Outcome.COMMIT, recovered)):
+        for count in pc.value_counts(rows.column("topic")).to_pylist():
+            ended[(outcome, count["values"])] += count["counts"]
+    return dict(ended)
 
 
 def _seconds_since(times: pa.ChunkedArray) -> list[float]:

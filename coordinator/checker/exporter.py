@@ -59,8 +59,10 @@ class CheckerExporter:
         self.halves = Counter("txcoord_half_messages_stored", "Half messages taken into system/half", registry=registry)
         self.ended = Counter("txcoord_transactions_ended", "Transactions ended, by outcome", ["outcome"],
                              registry=registry)
-        self.discarded = Counter("txcoord_half_messages_discarded", "Half messages discarded after the last check "
-                                 "(or past file_reserved_time_hours)", registry=registry)
+        self.ended_halves = Counter("txcoord_half_messages_ended", "Half messages ended, by topic and outcome: "
+                                    "commit, rollback, discard (after the last check, or past "
+                                    "file_reserved_time_hours; an operator's later commit counts as a commit)",
+                                    ["topic", "outcome"], registry=registry)
         self.delivered = Counter("txcoord_messages_delivered", "Messages written to their topic's table, by topic",
                                  ["topic"], registry=registry)
         self.commit_to_visible = Histogram("txcoord_commit_to_visible_seconds", "From a transaction's COMMIT "
@@ -75,8 +77,8 @@ class CheckerExporter:
                                      "(commit, rollback, unknown)", ["answer"], registry=registry)
         self.rejected = Counter("txcoord_records_rejected", "Commit-log records refused into system/rejected",
                                 registry=registry)
-        self.pending = Gauge("txcoord_pending_half_messages", "Half messages with no outcome after the last batch",
-                             registry=registry)
+        self.pending = Gauge("txcoord_pending_half_messages", "Half messages with no outcome after the last batch, "
+                             "by topic", ["topic"], registry=registry)
         self._oldest_pending_stored_s: Optional[float] = None
         self.oldest_pending_age = Gauge("txcoord_oldest_pending_transaction_age_seconds", "How long the oldest "
                                         "transaction with no outcome has waited since its half was stored (0: none)",
@@ -99,7 +101,8 @@ class CheckerExporter:
         self.halves.inc(summary.halves)
         self.ended.labels("commit").inc(summary.commits)
         self.ended.labels("rollback").inc(summary.rollbacks)
-        self.discarded.inc(summary.discarded)
+        for (outcome, topic), halves in summary.ended_by_topic.items():
+            self.ended_halves.labels(topic, str(outcome).lower()).inc(halves)
         for topic, messages in summary.delivered_by_topic.items():
             self.delivered.labels(topic).inc(messages)
         for topic, latencies in summary.commit_to_visible_s.items():
@@ -112,7 +115,8 @@ class CheckerExporter:
         for state, answers in summary.check_answers.items():
             self.check_answers.labels(_ANSWERS[state]).inc(answers)
         self.rejected.inc(summary.rejected)
-        self.pending.set(summary.pending)
+        for topic, halves in summary.pending_by_topic.items():
+            self.pending.labels(topic).set(halves)
         stored = summary.oldest_pending_stored_us
         self._oldest_pending_stored_s = None if stored is None else stored / 1_000_000
 

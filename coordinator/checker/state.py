@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 from urllib.parse import unquote
@@ -64,6 +64,7 @@ class TrackedTransaction:
     stored_us: int  # when that version was committed
     immunity_ms: int  # its first message's: no check before stored_us + immunity
     own_end_until_us: int  # its producer's own COMMIT/ROLLBACK is accepted until then (latest immunity)
+    topics: tuple[str, ...] = ()  # its halves' topics, in the order of ``offsets``
     checks: int = 0
     last_check_us: Optional[int] = None  # when its last check request became visible
 
@@ -152,6 +153,7 @@ class CheckerState:
     id_floor: Optional[str] = None
     writer: Optional[TableWriter] = None  # the batch's writes; what it knows of them is state too
     _due: list = field(default_factory=list)  # heap of (next event us, transaction id)
+    pending_by_topic: Counter = field(default_factory=Counter)  # pending halves per topic
 
     def prepare(self, config: CoordinatorConfig, batch_id: int, pending_from: int, app_id: str) -> bool:
         """Make the state ready for batch ``batch_id``, rebuilding it from the tables unless it
@@ -223,6 +225,7 @@ class CheckerState:
         self.rows.add(rows)
         for pending in transactions:
             self.pending[pending.transaction_id] = pending
+            self.pending_by_topic.update(pending.topics)
             heapq.heappush(self._due, (pending.next_event_us(config), pending.transaction_id))
 
     def checked(self, transaction_ids: Iterable[str], visible_at_us: int, config: CoordinatorConfig) -> None:
@@ -236,6 +239,7 @@ class CheckerState:
         for transaction_id in transaction_ids:
             pending = self.pending.pop(transaction_id)
             self.rows.remove(pending.offsets)
+            self.pending_by_topic.subtract(pending.topics)
             self.resolved[transaction_id] = pending.producer_group
         while len(self.resolved) > RESOLVED_REMEMBERED:
             forgotten, _ = self.resolved.popitem(last=False)
@@ -257,6 +261,7 @@ class CheckerState:
 
         self.next_batch_id = batch_id
         self.pending, self.rows, self.resolved, self._due = {}, HalfRows(), OrderedDict(), []
+        self.pending_by_topic = Counter()
         self.id_floor = _highest_transaction_id(lakehouse)
         transactions = pending_from_rows(pending_rows)
         for pending in transactions:
@@ -312,7 +317,7 @@ def pending_from_rows(halves: pa.Table) -> list[TrackedTransaction]:
         pending_from_rows(new_halves)[0].offsets  # [queue offsets, first message first]
     """
     columns = halves.select(["transaction_id", "producer_group", "queue_offset", "message_index",
-                             "immunity_ms"]).to_pydict()
+                             "immunity_ms", "topic"]).to_pydict()
     stored = halves.column("stored_timestamp").cast(pa.int64()).to_pylist()
     messages: dict[str, list[tuple]] = {}
     for i, transaction_id in enumerate(columns["transaction_id"]):
@@ -330,6 +335,7 @@ def pending_from_rows(halves: pa.Table) -> list[TrackedTransaction]:
             stored_us=min(stored[i] for _, _, i in parts),
             immunity_ms=columns["immunity_ms"][first],
             own_end_until_us=min(stored[i] for _, _, i in parts) + max(columns["immunity_ms"][i] for _, _, i in parts) * 1000,
+            topics=tuple(columns["topic"][i] for _, _, i in parts),
         ))
     return result
 
