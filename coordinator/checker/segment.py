@@ -16,8 +16,8 @@ as one record whose ``refusal`` says so, which the batch refuses.
 
 The commits of the different logs are merged by commit time (ties by log, then version), each
 log's own commits staying in version order; ``commit_rank`` numbers them in that order. With the
-batch's id it gives every commit a place in one order across all logs and batches
-(:func:`coordinator.checker.context.sequence_of`), the same every time the batch is replayed.
+batch's id it gives every commit a place in one order across all logs and batches (its *sequence*,
+:mod:`coordinator.checker.context`), the same every time the batch is replayed.
 
 Needs no JVM: the Spark source (:mod:`.source`), recovery and ``txcoord upgrade`` share it.
 
@@ -48,7 +48,7 @@ from coordinator.tables import COMMIT_LOG
 __all__ = ["MAX_VERSIONS_PER_BATCH", "RECORD_SCHEMA", "Segment", "grown_to", "tick"]
 
 #: A backlog is read in bounded steps: at most this many commit-log versions per batch, over all logs.
-#: Below 2**11, so that a commit's rank in its batch fits the bits :data:`OFFSETS_PER_BATCH` leaves it.
+#: Below 2**11, so that a commit's rank in its batch fits below :data:`~.context.COMMITS_PER_BATCH`.
 MAX_VERSIONS_PER_BATCH = 2000
 
 _COMMIT_LOG_SCHEMA = COMMIT_LOG.arrow_schema()
@@ -64,6 +64,11 @@ RECORD_SCHEMA = pa.schema([*_COMMIT_LOG_SCHEMA, pa.field("commit_log", pa.string
 
 def _log_file(version: int) -> str:
     return f"_delta_log/{version:020d}.json"
+
+
+def _committed(files: FileStore, key: str, version: int) -> bool:
+    """Whether commit log ``key`` (relative to ``files``' root) has version ``version``: its log file exists."""
+    return files.exists(f"{key}/{_log_file(version)}")
 
 
 def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_VERSIONS_PER_BATCH) -> dict[str, int]:
@@ -88,7 +93,7 @@ def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_
         still_growing = []
         for key in open_logs:
             taken = 0
-            while taken < share and budget > 0 and (key in first_probed or files.exists(f"{key}/{_log_file(ends[key])}")):
+            while taken < share and budget > 0 and (key in first_probed or _committed(files, key, ends[key])):
                 first_probed.discard(key)
                 ends[key] += 1
                 taken += 1
@@ -107,13 +112,11 @@ _CONCURRENT_PROBES = 16
 
 def _grown_at_all(files: FileStore, keys: list[str], ends: Mapping[str, int]) -> list[str]:
     """The logs of ``keys`` (in that order) whose version ``ends[log]`` exists: one probe each, concurrently."""
-    def grown(key: str) -> bool:
-        return files.exists(f"{key}/{_log_file(ends[key])}")
-
     if len(keys) <= 1:
-        return [key for key in keys if grown(key)]
+        return [key for key in keys if _committed(files, key, ends[key])]
     with ThreadPoolExecutor(max_workers=min(_CONCURRENT_PROBES, len(keys))) as probes:
-        return [key for key, exists in zip(keys, probes.map(grown, keys)) if exists]
+        committed = probes.map(lambda key: _committed(files, key, ends[key]), keys)
+        return [key for key, exists in zip(keys, committed) if exists]
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 
 from coordinator.checker.context import OFFSETS_PER_COMMIT, shaped
 from coordinator.checker.writer import TableWriter
+from coordinator.commit_logs import CommitLogs, Layout
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import CheckerStateError
 from coordinator.lakehouse import Lakehouse, table_dataset, transaction_ids_in
@@ -154,6 +155,9 @@ class CheckerState:
     writer: Optional[TableWriter] = None  # the batch's writes; what it knows of them is state too
     _due: list = field(default_factory=list)  # heap of (next event us, transaction id)
     pending_by_topic: Counter = field(default_factory=Counter)  # pending halves per topic
+    #: The lakehouse's layout, read when the state is built: only ``txcoord upgrade`` changes it, and only
+    #: while no checker runs.
+    layout: Layout = field(default_factory=Layout)
 
     def prepare(self, config: CoordinatorConfig, batch_id: int, pending_from: int, app_id: str) -> bool:
         """Make the state ready for batch ``batch_id``, rebuilding it from the tables unless it
@@ -210,14 +214,17 @@ class CheckerState:
         return len(self.rows)
 
     def oldest_pending_stored_us(self) -> Optional[int]:
-        """When the oldest pending transaction's half was stored (the first in ``pending``, by queue offset)."""
-        first = next(iter(self.pending.values()), None)
+        """When the oldest pending transaction's half was stored."""
+        first = self._first_pending()
         return None if first is None else first.stored_us
 
     def lowest_pending_offset(self) -> Optional[int]:
-        # ``pending`` is filled in queue-offset order, so its first transaction holds the lowest.
-        first = next(iter(self.pending.values()), None)
+        first = self._first_pending()
         return None if first is None else min(first.offsets)
+
+    def _first_pending(self) -> Optional[TrackedTransaction]:
+        # ``pending`` is filled in queue-offset order: its first transaction holds the lowest, and is the oldest.
+        return next(iter(self.pending.values()), None)
 
     # --- what a batch changes (only once all its writes have landed) ------------------------
 
@@ -262,6 +269,7 @@ class CheckerState:
         self.next_batch_id = batch_id
         self.pending, self.rows, self.resolved, self._due = {}, HalfRows(), OrderedDict(), []
         self.pending_by_topic = Counter()
+        self.layout = CommitLogs(lakehouse).layout()
         self.id_floor = _highest_transaction_id(lakehouse)
         transactions = pending_from_rows(pending_rows)
         for pending in transactions:
