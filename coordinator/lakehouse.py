@@ -25,7 +25,7 @@ from coordinator.exceptions import InvalidArgumentError, LakehouseNotFoundError,
 from coordinator.storage import FileStore, denied_as_error, is_object_store
 from coordinator.tables import COMMIT_LOG, GROUP_CHECK_REQUESTS, HALF, OP, SYSTEM_TABLES, TableDef
 
-__all__ = ["GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY", "SHARED_LOG_KEY",
+__all__ = ["GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY", "SHARED_LOG_KEY", "STANDBYS_KEY",
            "create_group_tables", "create_table", "group_key", "group_of_key", "init_lakehouse", "open_table", "read_pending", "read_table",
            "require_lakehouse", "table_dataset", "topic_names", "transaction_ids_in"]
 
@@ -34,6 +34,8 @@ __all__ = ["GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_
 #: (:mod:`coordinator.control.progress`) and the lakehouse's layout (:mod:`coordinator.commit_logs`):
 #: keys under the lakehouse's root.
 LEASE_KEY = "system/_checker_lease.json"
+#: Where each checker standing by for the lease announces itself (``<owner>.json``), for operators to see.
+STANDBYS_KEY = "system/_checker_standbys"
 PROGRESS_KEY = "system/_checker_progress.json"
 LAYOUT_KEY = "system/_layout.json"
 #: Each producer group's own prefix: its commit log, its check requests and its instances' announcements.

@@ -22,7 +22,7 @@ from deltalake import DeltaTable, write_deltalake
 from tests import REPO_ROOT
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
-from coordinator.tables import COMMIT_LOG, TableDef
+from coordinator.tables import COMMIT_LOG, METRICS, TableDef
 
 UTC = dt.timezone.utc
 
@@ -87,6 +87,11 @@ def end_record(transaction_id: str, state: str = "COMMIT_MESSAGE", group: str = 
     )
     record.update(overrides)
     return record
+
+
+def metrics_row(**values: Any) -> dict:
+    """A ``system/metrics`` row of an idle batch (counts 0, no topic), with ``values`` set."""
+    return {name: None if kind.startswith("map") else 0 for name, kind in METRICS.columns} | values
 
 
 def append_rows(path: str, table: TableDef, rows: list[dict], storage: Optional[dict] = None) -> None:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from coordinator.control.lease import CheckerLease
+from coordinator.control.lease import CheckerLease, standby_checkers
 from coordinator.control.processes import process_gone
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
 from tests.conftest import Clock
@@ -162,6 +162,8 @@ def test_a_standby_waits_while_the_holder_renews_and_takes_over_once_it_stops(tm
     standby = CheckerLease(str(tmp_path), ttl_s=0.5, clock=clock)  # polls every 0.05 s
     taken, outcome = in_thread(lambda: standby.acquire(wait=True))
     wait_until(standby_logs, 10)
+    wait_until(lambda: standby_checkers(str(tmp_path), clock), 10)  # announced for operators to see
+    assert [(c["owner"], c["pid"]) for c in standby_checkers(str(tmp_path), clock)] == [(standby.owner, os.getpid())]
     clock.now += 0.25
     holder.renew()
     clock.now += 0.25  # the lease's whole life since it was taken, but renewed 0.25 s ago
@@ -174,6 +176,22 @@ def test_a_standby_waits_while_the_holder_renews_and_takes_over_once_it_stops(tm
         holder.renew()
     assert len(standby_logs()) == 1, standby_logs()
     assert f"pid {os.getpid()}" in standby_logs()[0].getMessage()
+    assert standby_checkers(str(tmp_path), clock) == [] and os.listdir(tmp_path / "system" / "_checker_standbys") == []
+
+
+def test_a_standby_that_stops_announcing_itself_is_no_longer_shown(tmp_path):
+    clock = Clock()
+    CheckerLease(str(tmp_path), ttl_s=30, clock=clock).acquire()
+    stop = threading.Event()
+    standby = CheckerLease(str(tmp_path), ttl_s=1, clock=clock)
+    done, outcome = in_thread(lambda: standby.acquire(wait=True, stop=stop))
+    wait_until(lambda: standby_checkers(str(tmp_path), clock), 10)
+    announcement = tmp_path / "system" / "_checker_standbys" / f"{standby.owner}.json"
+    assert json.loads(announcement.read_text())["renewed_at"] == clock.now
+    assert standby_checkers(str(tmp_path), lambda: clock.now + 1.0) == []  # seen its TTL later, had it hung
+    stop.set()
+    assert done.wait(5) and isinstance(outcome[0], CheckerAlreadyRunningError)
+    assert not announcement.exists()  # a standby that gives up takes its announcement with it
 
 
 def test_a_released_lease_is_taken_over_at_once(tmp_path, standby_logs):

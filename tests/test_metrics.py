@@ -11,7 +11,7 @@ from coordinator.checker.metrics import CheckerMetrics
 from coordinator.checker.query import CheckerQuery
 from coordinator.lakehouse import Lakehouse, create_group_tables, read_table
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF, METRICS, OP, REJECTED
-from tests.conftest import append_rows, end_record, half_record
+from tests.conftest import append_rows, end_record, half_record, metrics_row
 from tests.producer_side import wait_until
 
 
@@ -68,6 +68,13 @@ def test_the_streaming_checker_records_each_batch_with_its_decisions(spark, conf
         assert {name: r[name] for name in by_batch} == {name: by_batch[name][r["batch_id"]] for name in by_batch}, r
         read_up_to = read_of_g(r["commit_log_version"])
     assert read_table(lakehouse.topic("M")).num_rows == 2
+    # Per topic: the batch that delivered wrote both of M's messages, with latencies no later than its end.
+    delivering = [r for r in rows if r["delivered"]]
+    assert [dict(r["delivered_by_topic"]) for r in delivering] == [{"M": 2}]
+    p50, p99 = dict(delivering[0]["visible_p50_ms_by_topic"])["M"], dict(delivering[0]["visible_p99_ms_by_topic"])["M"]
+    commits = read_table(lakehouse.topic("M"), ["commit_timestamp"]).column(0).to_pylist()
+    assert 0 <= p50 <= p99 <= (delivering[0]["finished_at"] - min(commits)).total_seconds() * 1000
+    assert all(not r["delivered_by_topic"] for r in rows if not r["delivered"])
 
 
 def log_rows(log: str, version: int) -> int:
@@ -78,7 +85,7 @@ def log_rows(log: str, version: int) -> int:
 def test_a_batch_is_recorded_once(config):
     metrics = CheckerMetrics(config.lakehouse, app_id="test-checker")
     now = dt.datetime.now(dt.timezone.utc)
-    row = {name: 0 for name in METRICS.column_names} | {"batch_id": 7, "started_at": now, "finished_at": now}
+    row = metrics_row(batch_id=7, started_at=now, finished_at=now)
 
     assert metrics.record(row) is True
     assert metrics.record(row | {"checks": 5}) is False  # a repeated report of batch 7 changes nothing

@@ -18,8 +18,7 @@ from coordinator.exceptions import LakehouseNotFoundError
 from coordinator.lakehouse import OPERATORS_LOG_KEY, Lakehouse
 from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.ops.status import read_status
-from coordinator.tables import METRICS
-from tests.conftest import end_record, half_record, stored_time
+from tests.conftest import end_record, half_record, metrics_row, stored_time
 from tests.test_lease import held_by_a_child
 
 
@@ -67,9 +66,8 @@ def test_status_reads_the_lease_and_the_last_recorded_batch(traffic):
     store.save(Progress(Epoch(number=0, first_batch_id=0, starting_versions={}, checkpoint_id="q"),
                         BatchRecord(4, 4, starts={"groups/g/commit_log": head - 1, OPERATORS_LOG_KEY: 0},
                                     ends=read_up_to, now_us=int(finished.timestamp() * 1e6))))
-    row = {name: 0 for name in METRICS.column_names} | {
-        "batch_id": 4, "started_at": finished - dt.timedelta(seconds=2), "finished_at": finished,
-        "duration_ms": 2000, "commit_log_version": sum(read_up_to.values())}
+    row = metrics_row(batch_id=4, started_at=finished - dt.timedelta(seconds=2), finished_at=finished,
+                      duration_ms=2000, commit_log_version=sum(read_up_to.values()))
     CheckerMetrics(config.lakehouse, "test").record(row)
 
     status = read_status(config, now=finished + dt.timedelta(seconds=3))

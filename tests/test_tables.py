@@ -19,7 +19,7 @@ from tests.conftest import append_rows
 
 NOW = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.timezone.utc)
 SAMPLE = {"string": "s", "int": 1, "long": 2, "boolean": True, "binary": b"\x00\x01", "timestamp": NOW,
-          "map<string,string>": {"k": "v"}}
+          "map<string,string>": {"k": "v"}, "map<string,long>": {"k": 3}}
 
 
 MARKERS = ("from-delta-rs", "from-spark", "from-delta-rs-again")

@@ -27,9 +27,10 @@ import datetime as dt
 import json
 import logging
 import threading
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql.streaming import StreamingQueryListener
 
@@ -145,7 +146,16 @@ def metrics_row(progress, summary) -> dict:
         "rejected": summary.rejected,
         "pending_halves": summary.pending,
         "commit_log_version": commit_log_version(progress),
+        "delivered_by_topic": {topic: len(samples) for topic, samples in summary.commit_to_visible_s.items()},
+        "visible_p50_ms_by_topic": _percentile_ms(summary.commit_to_visible_s, 0.5),
+        "visible_p99_ms_by_topic": _percentile_ms(summary.commit_to_visible_s, 0.99),
     }
+
+
+def _percentile_ms(seconds_by_topic: Mapping[str, Sequence[float]], quantile: float) -> dict[str, int]:
+    """Per topic, the ``quantile`` of its samples (seconds) in whole milliseconds: the nearest sample at or above it."""
+    return {topic: round(pc.quantile(pa.array(samples, pa.float64()), q=quantile, interpolation="higher")[0].as_py() * 1000)
+            for topic, samples in seconds_by_topic.items() if samples}
 
 
 def commit_log_version(progress) -> Optional[int]:

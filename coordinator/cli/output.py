@@ -65,6 +65,7 @@ def print_status(status) -> None:
     for key, value in [
         ("lakehouse", status.lakehouse),
         ("checker", checker),
+        ("standing by", ", ".join(status.standby_checkers) or "no checker"),
         ("last batch", last_batch),
         ("lag", lag),
         ("pending", pending),

@@ -6,6 +6,8 @@ renewing it (the holder died elsewhere, or stalled), or, seen from the holder's 
 as soon as the holder's process is gone: a checker restarted after ``kill -9`` takes over
 at once. A second checker either refuses to start while the lease is held or stands by
 until it lapses. A holder that finds its lease taken over stops before writing anything else.
+A checker standing by announces itself in ``system/_checker_standbys/`` (renewed like the lease,
+removed when it takes over or gives up) so that operators see it: :func:`standby_checkers`.
 
 Every write is conditional (:mod:`coordinator.storage`): the lease is created only if absent,
 and taken over, renewed or released only if it is still the version that was read, so of two
@@ -25,10 +27,10 @@ from typing import Callable, Optional, Union
 
 from coordinator.control.processes import process_gone, this_process
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
-from coordinator.lakehouse import LEASE_KEY, Lakehouse
+from coordinator.lakehouse import LEASE_KEY, STANDBYS_KEY, Lakehouse
 from coordinator.storage import Versioned
 
-__all__ = ["CheckerLease", "lease_record"]
+__all__ = ["CheckerLease", "lease_record", "standby_checkers"]
 
 
 log = logging.getLogger("coordinator.checker")
@@ -63,21 +65,33 @@ class CheckerLease:
         """
         stop = stop or threading.Event()
         standing_by = False
-        while (holder := self._take()) is not None:
-            age = self.clock() - holder["renewed_at"]
-            held = self._held_by(holder)
-            if not wait:
-                raise self._refusal(holder)
-            if not standing_by:
-                log.warning("%s; standing by to take over once it is released, its process is gone or it goes "
-                            "%.0f s without renewal (in %.0f s if it renews no more)",
-                            held, holder["ttl_s"], max(0.0, holder["ttl_s"] - age))
-                standing_by = True
-            if stop.wait(min(1.0, self.ttl_s / 10)):
-                raise CheckerAlreadyRunningError(f"stopped while standing by: {held}")
+        announced_at = None
+        try:
+            while (holder := self._take()) is not None:
+                age = self.clock() - holder["renewed_at"]
+                held = self._held_by(holder)
+                if not wait:
+                    raise self._refusal(holder)
+                if not standing_by:
+                    log.warning("%s; standing by to take over once it is released, its process is gone or it goes "
+                                "%.0f s without renewal (in %.0f s if it renews no more)",
+                                held, holder["ttl_s"], max(0.0, holder["ttl_s"] - age))
+                    standing_by = True
+                if announced_at is None or self.clock() - announced_at >= self.ttl_s / 3:
+                    announced_at = self.clock()
+                    self.files.put(self._standby_key, _encode(self._record()))
+                if stop.wait(min(1.0, self.ttl_s / 10)):
+                    raise CheckerAlreadyRunningError(f"stopped while standing by: {held}")
+        finally:
+            if announced_at is not None:
+                self.files.delete(self._standby_key)
         if standing_by:
             log.info("took over the checker lease %s", self.path)
         return self
+
+    @property
+    def _standby_key(self) -> str:
+        return f"{STANDBYS_KEY}/{self.owner}.json"
 
     def ensure_free(self) -> None:
         """Raise :class:`CheckerAlreadyRunningError` if a live checker holds the lease now; take nothing.
@@ -148,6 +162,20 @@ def lease_record(current: Optional[Versioned]) -> Optional[dict]:
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
     return record if isinstance(record, dict) and {"owner", "renewed_at", "ttl_s", "host", "pid"} <= set(record) else None
+
+
+def standby_checkers(lakehouse: Union[str, Lakehouse], clock: Callable[[], float] = time.time) -> list[dict]:
+    """The checkers standing by for ``lakehouse``'s lease now (records as the lease's: host, pid,
+    renewed_at, ttl_s...), oldest first: those renewed within their TTL whose process is not gone.
+
+    Example::
+
+        [f"{c['host']} pid {c['pid']}" for c in standby_checkers("lakehouse")]  # ['node-2 pid 5151']
+    """
+    files = Lakehouse.at(lakehouse).files
+    records = (lease_record(files.read(key)) for key in files.list(f"{STANDBYS_KEY}/"))
+    live = [r for r in records if r is not None and clock() < r["renewed_at"] + r["ttl_s"] and not process_gone(r)]
+    return sorted(live, key=lambda r: r["renewed_at"])
 
 
 def _encode(record: dict) -> bytes:

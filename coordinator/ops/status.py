@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from coordinator.commit_logs import CommitLogs
 from coordinator.config import CoordinatorConfig
-from coordinator.control.lease import lease_record
+from coordinator.control.lease import lease_record, standby_checkers
 from coordinator.control.processes import process_gone
 from coordinator.control.progress import CheckerProgress
 from coordinator.lakehouse import LEASE_KEY, Lakehouse, require_lakehouse, topic_names, transaction_ids_in
@@ -54,6 +54,7 @@ class Status:
     checker_alive: bool
     checker_holder: Optional[str]  # "host pid N", from the lease
     checker_process_gone: bool  # the lease names a process of this host that no longer runs
+    standby_checkers: list[str]  # "host pid N" of each checker standing by to take the lease over
     lease_renewed_age_s: Optional[float]
     last_batch_id: Optional[int]
     last_batch_age_s: Optional[float]
@@ -111,6 +112,7 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
         checker_alive=lease is not None and lease_age < lease["ttl_s"] and not gone,
         checker_holder=None if lease is None else f"{lease['host']} pid {lease['pid']}",
         checker_process_gone=gone,
+        standby_checkers=[f"{r['host']} pid {r['pid']}" for r in standby_checkers(lakehouse, now.timestamp)],
         lease_renewed_age_s=lease_age,
         last_batch_id=None if last is None else last["batch_id"],
         last_batch_age_s=None if last is None else (now - last["finished_at"]).total_seconds(),
