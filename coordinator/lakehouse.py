@@ -26,7 +26,7 @@ from coordinator.storage import FileStore, denied_as_error, is_object_store
 from coordinator.tables import COMMIT_LOG, GROUP_CHECK_REQUESTS, HALF, OP, SYSTEM_TABLES, TableDef
 
 __all__ = ["GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY", "SHARED_LOG_KEY", "STANDBYS_KEY",
-           "create_group_tables", "create_table", "group_key", "group_of_key", "init_lakehouse", "open_table", "read_pending", "read_table",
+           "create_group_tables", "create_table", "group_key", "group_of_key", "init_lakehouse", "open_table", "read_table",
            "require_lakehouse", "table_dataset", "topic_names", "transaction_ids_in"]
 
 
@@ -340,22 +340,6 @@ def transaction_ids_in(transaction_ids: Iterable[str]) -> pc.Expression:
     ids = sorted(set(transaction_ids))
     field = pc.field("transaction_id")
     return (field >= ids[0]) & (field <= ids[-1]) & field.isin(ids)
-
-
-def read_pending(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] = None) -> pa.Table:
-    """The halves of ``lakehouse`` that have no op row yet (unresolved), with ``columns`` of ``system/half``.
-
-    Reads both queues in full with delta-rs: meant for operators (``txcoord status``), not for a batch.
-
-    Example::
-
-        read_pending("lakehouse", ["transaction_id", "stored_timestamp"]).num_rows
-    """
-    lakehouse = Lakehouse.at(lakehouse)
-    columns = columns or HALF.column_names
-    halves = lakehouse.read(HALF, list(dict.fromkeys(columns + ["queue_offset"])))
-    resolved = lakehouse.read(OP, ["half_offset"]).column("half_offset")
-    return halves.filter(pc.invert(pc.is_in(halves.column("queue_offset"), value_set=resolved))).select(columns)
 
 
 def require_lakehouse(lakehouse: Union[str, Lakehouse]) -> Lakehouse:

@@ -539,18 +539,13 @@ def _log_retention(text: str) -> float:
     return hours
 
 
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
 def _duration(text: str) -> float:
-    number, unit = text[:-1], text[-1:]
+    from coordinator.ops.pending import parse_duration
+
     try:
-        seconds = float(number) * _DURATION_UNITS[unit]
-    except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (a number and a unit: 90s, 10m, 2h, 1d)") from None
-    if not 0 <= seconds < float("inf"):
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (it must be positive and finite)")
-    return seconds
+        return parse_duration(text)
+    except InvalidArgumentError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _order_count(text: str) -> int:

@@ -26,7 +26,8 @@ import pyarrow.compute as pc
 from coordinator.commit_logs import CommitLogRef
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import InvalidArgumentError
-from coordinator.lakehouse import Lakehouse, read_pending, require_lakehouse
+from coordinator.lakehouse import Lakehouse, require_lakehouse
+from coordinator.ops.pending import read_pending
 from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.protocol import (MAX_REASON_LENGTH, OPERATOR_CHECK_PREFIX, OPERATOR_PROPERTY, OPERATOR_REASON_PROPERTY,
                                   LocalTransactionState, Outcome)
