@@ -23,7 +23,7 @@ from deltalake.schema import Field
 
 from coordinator.exceptions import InvalidArgumentError, LakehouseNotFoundError, OutdatedLakehouseError
 from coordinator.storage import FileStore, denied_as_error, is_object_store
-from coordinator.tables import COMMIT_LOG, GROUP_CHECK_REQUESTS, HALF, OP, SYSTEM_TABLES, TableDef
+from coordinator.tables import COMMIT_LOG, GROUP_CHECK_REQUESTS, HALF, SYSTEM_TABLES, TableDef
 
 __all__ = ["GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY", "SHARED_LOG_KEY", "STANDBYS_KEY",
            "create_group_tables", "create_table", "group_key", "group_of_key", "init_lakehouse", "open_table", "read_table",

@@ -13,6 +13,8 @@ Subcommands (each reads ``--config``, default ``conf/coordinator.toml``)::
     txcoord maintain [--retention-hours H] [--log-retention-hours H] [--table NAME]   # compact, checkpoint, vacuum
     txcoord demo [--lakehouse DIR] [--orders N] [--object-store S3_URL]   # the order/credits story, end to end
     txcoord alert-rules               # the Prometheus alert rules for the checker's metrics (no --config)
+    txcoord console [--port N] [--host H] [--users FILE]   # the operators' web console (needs txcoord[console])
+    txcoord console-user add|remove|list [NAME] [--role viewer|operator]   # who may sign in to it
 
 ``init``, ``status``, ``pending``, ``resolve``, ``inspect`` and ``maintain`` start no JVM; ``txcoord --version``
 prints the version. Output is for people; ``--json``
@@ -30,6 +32,7 @@ import dataclasses
 import functools
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Optional
 
 from coordinator.cli import output
@@ -138,6 +141,28 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "(a rule file for Prometheus's rule_files)")
     rules.set_defaults(run=run_alert_rules)
 
+    web = commands.add_parser("console", help="serve the operators' web console: pending, discarded, timelines, "
+                                              "charts, ending a transaction by hand (needs txcoord[console])")
+    web.add_argument("--port", type=_port, default=None, help="TCP port (default: 8470; 0: any free port)")
+    web.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    web.add_argument("--refresh", type=_refresh, default=5, metavar="SECONDS",
+                     help="how often live pages reload themselves (default: %(default)s)")
+    _users_option(web)
+    web.set_defaults(run=run_console)
+
+    console_user = commands.add_parser("console-user", help="add, remove or list the console's users (needs txcoord[console])")
+    console_user.add_argument("action", choices=("add", "remove", "list"))
+    console_user.add_argument("name", nargs="?", metavar="NAME")
+    console_user.add_argument("--role", choices=("viewer", "operator"), default=None,
+                              help="add: a viewer reads; an operator may also end transactions by hand")
+    console_user.add_argument("--password-stdin", action="store_true",
+                              help="add: read the password from the first line of stdin instead of prompting")
+    console_user.add_argument("--storage", action="append", default=[], metavar="KEY=VALUE",
+                              help="add: a storage setting of this user's own (e.g. aws_access_key_id=...): the "
+                                   "console then reads and writes as them; repeat for each")
+    _users_option(console_user)
+    console_user.set_defaults(run=run_console_user)
+
     run = commands.add_parser("demo", help="run the order/credits story against a local lakehouse (or one on S3)")
     run.add_argument("--lakehouse", default=demo.DEFAULT_LAKEHOUSE,
                      help=f"demo directory, wiped and recreated (default: ./{demo.DEFAULT_LAKEHOUSE})")
@@ -222,6 +247,99 @@ def run_alert_rules(args: argparse.Namespace) -> int:
 
     print((files("coordinator.resources") / "txcoord-alerts.yml").read_text(), end="")
     return EXIT_OK
+
+
+def run_console(args: argparse.Namespace) -> int:
+    """Serve the web console (:mod:`coordinator.web`) until interrupted; exit 2 if it has no user.
+
+    Example::
+
+        $ txcoord console --config conf/coordinator.toml --port 8470
+    """
+    import logging
+
+    web = _console_extra()
+    config = CoordinatorConfig.load(args.config)
+    Lakehouse.of(config)  # a bad location fails now, not at the first page
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = web.console_server(config, _users_file(args), host=args.host,
+                                port=web.DEFAULT_PORT if args.port is None else args.port, refresh_s=args.refresh)
+    print(f"txcoord console: {server.url} (users from {_users_file(args)}; Ctrl-C to stop)", flush=True)
+    try:
+        server.run()
+    finally:
+        server.close()
+    return EXIT_OK
+
+
+def run_console_user(args: argparse.Namespace) -> int:
+    """Add, remove or list the console's users (:mod:`coordinator.web.users`).
+
+    Example::
+
+        $ txcoord console-user add alice --role operator --config conf/coordinator.toml
+    """
+    import getpass
+
+    web = _console_extra()
+    users = web.ConsoleUsers.load(_users_file(args))
+    if args.action == "list":
+        for name in users.names():
+            print(f"{name}\t{users.get(name).role}" + ("\town storage credentials" if users.get(name).storage else ""))
+        return EXIT_OK
+    if not args.name:
+        print(f"txcoord console-user {args.action}: name the user", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.action == "remove":
+            users.remove(args.name)
+        else:
+            if args.role is None:
+                print("txcoord console-user add: give the user a --role (viewer or operator)", file=sys.stderr)
+                return EXIT_USAGE
+            if args.password_stdin:
+                password = sys.stdin.readline().rstrip("\n")
+            else:
+                password = getpass.getpass(f"password for {args.name}: ")
+                if getpass.getpass("again: ") != password:
+                    print("txcoord console-user add: the passwords differ", file=sys.stderr)
+                    return EXIT_USAGE
+            users.add(args.name, args.role, password, storage=_settings(args.storage))
+    except InvalidArgumentError as error:
+        print(f"txcoord console-user {args.action}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{'removed' if args.action == 'remove' else 'saved'} console user {args.name} in {users.path}")
+    return EXIT_OK
+
+
+def _console_extra():
+    try:
+        import coordinator.web as web
+    except ModuleNotFoundError as error:
+        raise ConfigError(f"the console needs its extra ({error.name} is missing): `pip install 'txcoord[console]'`") from None
+    return web
+
+
+def _users_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--config", default=None, help="coordinator TOML file (default: conf/coordinator.toml)")
+    command.add_argument("--users", default=None, metavar="FILE",
+                         help="the console's users file (default: console-users.toml beside the config file)")
+
+
+def _users_file(args: argparse.Namespace) -> Path:
+    from coordinator.config import DEFAULT_CONFIG_PATH
+
+    return Path(args.users) if args.users else Path(args.config or DEFAULT_CONFIG_PATH).parent / "console-users.toml"
+
+
+def _settings(pairs: list[str]) -> dict[str, str]:
+    settings = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            raise InvalidArgumentError(f"a storage setting is KEY=VALUE, got {pair!r}")
+        settings[key.strip()] = value
+    return settings
 
 
 def run_spark_setup(args: argparse.Namespace) -> int:
@@ -546,6 +664,17 @@ def _duration(text: str) -> float:
         return parse_duration(text)
     except InvalidArgumentError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _port(text: str) -> int:
+    value = _at_least(0, text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 0 to 65535, got {value}")
+    return value
+
+
+def _refresh(text: str) -> int:
+    return _at_least(1, text)
 
 
 def _order_count(text: str) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import getpass
 import socket
 import uuid
+from dataclasses import dataclass
 from typing import Optional
 
 import pyarrow.compute as pc
@@ -31,11 +32,47 @@ from coordinator.ops.pending import read_pending
 from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.protocol import (MAX_REASON_LENGTH, OPERATOR_CHECK_PREFIX, OPERATOR_PROPERTY, OPERATOR_REASON_PROPERTY,
                                   LocalTransactionState, Outcome)
-from coordinator.tables import OP
+from coordinator.tables import DISCARDED, OP
 
-__all__ = ["DECISIONS", "resolve_transaction"]
+__all__ = ["DECISIONS", "Preview", "preview_resolution", "resolve_transaction"]
 
 DECISIONS = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE)
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a decision would do to a transaction, before it is sent: its group, whether it was
+    discarded, and its messages (``topic``, ``msg_id``, ``keys``, ``tags``, ``body``, in order),
+    which a commit delivers and a rollback drops."""
+
+    transaction_id: str
+    producer_group: str
+    decision: LocalTransactionState
+    discarded: bool
+    messages: list[dict]
+
+
+def preview_resolution(config: CoordinatorConfig, transaction_id: str, decision: LocalTransactionState) -> Preview:
+    """What :func:`resolve_transaction` would end, and how, writing nothing.
+
+    Raises :class:`~coordinator.exceptions.InvalidArgumentError` exactly when
+    :func:`resolve_transaction` would refuse the decision.
+
+    Example::
+
+        preview = preview_resolution(config, txn, LocalTransactionState.COMMIT_MESSAGE)
+        [m["topic"] for m in preview.messages]  # what a commit delivers
+    """
+    lakehouse = require_lakehouse(Lakehouse.of(config))
+    _check_decision(decision)
+    group, discarded = _owner_if_open(lakehouse, transaction_id, decision)
+    columns = ["message_index", "topic", "msg_id", "keys", "tags", "body"]
+    if discarded:
+        rows = lakehouse.read(DISCARDED, columns, pc.field("transaction_id") == transaction_id)
+    else:
+        rows = read_pending(lakehouse, ["transaction_id", *columns]).filter(pc.field("transaction_id") == transaction_id)
+    messages = rows.sort_by("message_index").select(columns[1:]).to_pylist()
+    return Preview(transaction_id, group, decision, discarded, messages)
 
 
 def resolve_transaction(config: CoordinatorConfig, transaction_id: str, decision: LocalTransactionState, reason: str,
@@ -54,12 +91,11 @@ def resolve_transaction(config: CoordinatorConfig, transaction_id: str, decision
         resolve_transaction(config, txn, LocalTransactionState.COMMIT_MESSAGE, "paid, confirmed by phone")
     """
     lakehouse = require_lakehouse(Lakehouse.of(config))
-    if decision not in DECISIONS:
-        raise InvalidArgumentError(f"a decision is COMMIT_MESSAGE or ROLLBACK_MESSAGE, got {decision}")
+    _check_decision(decision)
     reason = (reason or "").strip()
     if not reason or len(reason) > MAX_REASON_LENGTH:
         raise InvalidArgumentError(f"give a reason of 1 to {MAX_REASON_LENGTH} characters")
-    group = _owner_if_open(lakehouse, transaction_id, decision)
+    group, _ = _owner_if_open(lakehouse, transaction_id, decision)
     operator = operator or f"{getpass.getuser()}@{socket.gethostname()}"
     record = end_record(group, transaction_id, decision, check_id=f"{OPERATOR_CHECK_PREFIX}{uuid.uuid4().hex}",
                         properties={OPERATOR_PROPERTY: operator, OPERATOR_REASON_PROPERTY: reason})
@@ -68,17 +104,22 @@ def resolve_transaction(config: CoordinatorConfig, transaction_id: str, decision
     return record
 
 
-def _owner_if_open(lakehouse: Lakehouse, transaction_id: str, decision: LocalTransactionState) -> str:
-    """The producer group of ``transaction_id`` if ``decision`` may still end it: it is pending, or it
-    was discarded, not committed since, and the decision is a commit."""
+def _check_decision(decision: LocalTransactionState) -> None:
+    if decision not in DECISIONS:
+        raise InvalidArgumentError(f"a decision is COMMIT_MESSAGE or ROLLBACK_MESSAGE, got {decision}")
+
+
+def _owner_if_open(lakehouse: Lakehouse, transaction_id: str, decision: LocalTransactionState) -> tuple[str, bool]:
+    """The producer group of ``transaction_id`` and whether it was discarded, if ``decision`` may still
+    end it: it is pending, or it was discarded, not committed since, and the decision is a commit."""
     pending = read_pending(lakehouse, ["transaction_id", "producer_group"]).filter(
         pc.field("transaction_id") == transaction_id)
     if pending.num_rows:
-        return pending.column("producer_group")[0].as_py()
+        return pending.column("producer_group")[0].as_py(), False
     ops = lakehouse.read(OP, ["producer_group", "outcome"], pc.field("transaction_id") == transaction_id)
     outcomes = set(ops.column("outcome").to_pylist())
     if outcomes == {Outcome.DISCARD} and decision == LocalTransactionState.COMMIT_MESSAGE:
-        return ops.column("producer_group")[0].as_py()
+        return ops.column("producer_group")[0].as_py(), True
     if outcomes == {Outcome.DISCARD}:
         raise InvalidArgumentError(f"transaction {transaction_id} was discarded: it was never delivered and stays so; "
                                    "only --commit can still end it (once)")

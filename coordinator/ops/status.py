@@ -27,10 +27,10 @@ from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import lease_record, standby_checkers
 from coordinator.control.processes import process_gone
 from coordinator.control.progress import CheckerProgress
-from coordinator.lakehouse import LEASE_KEY, Lakehouse, require_lakehouse, topic_names, transaction_ids_in
+from coordinator.lakehouse import LEASE_KEY, Lakehouse, require_lakehouse, topic_names
+from coordinator.ops.discarded import committed_since
 from coordinator.ops.pending import pending_transactions
-from coordinator.protocol import Outcome
-from coordinator.tables import CHECK_REQUESTS, DISCARDED, METRICS, OP, REJECTED
+from coordinator.tables import CHECK_REQUESTS, DISCARDED, METRICS, REJECTED
 
 __all__ = ["Status", "delivery_latencies", "last_batch", "read_lease", "read_metrics", "read_status"]
 
@@ -106,7 +106,7 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
         checks_due=sum(transaction.next_step_at <= now for transaction in pending),
         checks_issued=requests.num_rows,
         discarded=len(discarded),
-        recovered=len(_committed_since(lakehouse, discarded)),
+        recovered=len(committed_since(lakehouse, discarded)),
         rejected=sum(rejected_reasons.values()),
         rejected_by_reason=dict(rejected_reasons.most_common()),
         checker_alive=lease is not None and lease_age < lease["ttl_s"] and not gone,
@@ -124,14 +124,6 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
     )
 
 
-def _committed_since(lakehouse: Lakehouse, discarded: list[str]) -> set[str]:
-    """Those of the ``discarded`` transactions that have a COMMIT op row too (an operator's, after the discard)."""
-    if not discarded:
-        return set()
-    commits = lakehouse.read(OP, ["transaction_id"], transaction_ids_in(discarded) & (pc.field("outcome") == Outcome.COMMIT))
-    return set(commits.column(0).to_pylist())
-
-
 def read_lease(lakehouse: Union[str, Lakehouse]) -> Optional[dict]:
     """The checker lease of ``lakehouse`` (owner, host, pid, renewed_at, ttl_s), or ``None`` if none is held.
 
@@ -143,8 +135,11 @@ def read_lease(lakehouse: Union[str, Lakehouse]) -> Optional[dict]:
     return None if record is None or record.get("released") else record
 
 
-def read_metrics(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] = None) -> pa.Table:
-    """Every batch the checker recorded in ``system/metrics``, by batch id; empty if the table does not exist.
+def read_metrics(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] = None,
+                 since: Optional[dt.datetime] = None) -> pa.Table:
+    """Every batch the checker recorded in ``system/metrics`` (those finished at ``since`` or later,
+    if given: the files' statistics leave the older ones unread), by batch id; empty if the table
+    does not exist.
 
     Example::
 
@@ -153,7 +148,7 @@ def read_metrics(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] 
     lakehouse = Lakehouse.at(lakehouse)
     if not lakehouse.exists(METRICS):
         return METRICS.arrow_schema().empty_table().select(columns or METRICS.column_names)
-    table = lakehouse.read(METRICS, columns)
+    table = lakehouse.read(METRICS, columns, None if since is None else pc.field("finished_at") >= since)
     return table.sort_by("batch_id") if "batch_id" in table.column_names else table
 
 
@@ -164,7 +159,10 @@ def last_batch(lakehouse: Union[str, Lakehouse]) -> Optional[dict]:
 
         last_batch("lakehouse")["duration_ms"]
     """
-    rows = read_metrics(lakehouse)
+    # The last ten minutes first: the files' statistics leave the rest unread, however long the history.
+    rows = read_metrics(lakehouse, since=dt.datetime.now(UTC) - dt.timedelta(minutes=10))
+    if not rows.num_rows:
+        rows = read_metrics(lakehouse)
     return rows.slice(rows.num_rows - 1).to_pylist()[0] if rows.num_rows else None
 
 

@@ -1,0 +1,292 @@
+"""The console's web application (Flask): pages, login, and the one action, ending a transaction by hand.
+
+Every page needs a signed-in user (a session cookie from ``/login``); every form carries a CSRF
+token (Flask-WTF), the session cookie is ``SameSite=Strict`` and no page may be framed. Pages read
+the lakehouse as the signed-in user (their own storage credentials if the users file gives them
+some, else the console's): a refusal by the storage is shown as such, naming the path. Ending a
+transaction goes through :func:`coordinator.ops.resolve.resolve_transaction`, as ``txcoord
+resolve`` does: an END in the operators' commit log carrying who and why; the checker stays the
+only writer of its tables.
+
+Example::
+
+    app = create_app(CoordinatorConfig.load("conf/coordinator.toml"), ConsoleUsers.load("conf/console-users.toml"))
+    app.run()  # development only: ``txcoord console`` serves it with waitress
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import logging
+import secrets
+import socket
+from typing import Callable, Optional
+
+from flask import Flask, Response, abort, flash, redirect, render_template, request, url_for
+from flask_login import LoginManager, current_user, login_required, login_user, logout_user
+from flask_wtf import FlaskForm
+from flask_wtf.csrf import CSRFError, CSRFProtect
+from wtforms import BooleanField, PasswordField, StringField, TextAreaField
+from wtforms.validators import DataRequired, Length
+
+from coordinator.cli.output import duration
+from coordinator.commit_logs import CommitLogs
+from coordinator.config import CoordinatorConfig
+from coordinator.exceptions import AccessDeniedError, InvalidArgumentError, LakehouseNotFoundError
+from coordinator.lakehouse import Lakehouse, require_lakehouse
+from coordinator.ops.audit import outcome, transaction_timeline
+from coordinator.ops.discarded import discarded_transactions
+from coordinator.ops.pending import parse_duration, pending_transactions
+from coordinator.ops.resolve import preview_resolution, resolve_transaction
+from coordinator.ops.status import read_status, read_metrics
+from coordinator.protocol import MAX_REASON_LENGTH, LocalTransactionState
+from coordinator.web import charts
+from coordinator.web.users import ConsoleUser, ConsoleUsers
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("coordinator.web")
+
+UTC = dt.timezone.utc
+#: The decisions a form may ask for, by the name in its URL.
+_DECISIONS = {"commit": LocalTransactionState.COMMIT_MESSAGE, "rollback": LocalTransactionState.ROLLBACK_MESSAGE}
+#: The age filters offered on the pending page (any other ``older_than`` in the URL works too).
+AGE_FILTERS = ("", "1m", "10m", "1h", "1d")
+_CHART_WINDOWS_MIN = (5, 15, 60)
+
+
+class _SignedIn:
+    """A console user as Flask-Login holds them for a request."""
+
+    is_authenticated = True
+    is_active = True
+    is_anonymous = False
+
+    def __init__(self, user: ConsoleUser):
+        self.user = user
+
+    def get_id(self) -> str:
+        return self.user.name
+
+
+class LoginForm(FlaskForm):
+    username = StringField("User", validators=[DataRequired()])
+    password = PasswordField("Password", validators=[DataRequired()])
+
+
+class ResolveForm(FlaskForm):
+    reason = TextAreaField("Reason (kept in the audit trail)", validators=[DataRequired(), Length(max=MAX_REASON_LENGTH)])
+    confirm = BooleanField("I have checked the preview", validators=[DataRequired()])
+
+
+class LogoutForm(FlaskForm):
+    pass
+
+
+def create_app(config: CoordinatorConfig, users: ConsoleUsers, refresh_s: int = 5,
+               clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(UTC)) -> Flask:
+    """The console for ``config``'s lakehouse, signing in ``users``; pages that follow live state
+    reload every ``refresh_s`` seconds; ``clock`` says what time it is (ages, chart windows).
+
+    Example::
+
+        client = create_app(config, users).test_client()
+    """
+    app = Flask(__name__, static_folder=None)
+    app.config.update(
+        # Per process: a restarted console signs everyone out, and no key is ever stored.
+        SECRET_KEY=secrets.token_bytes(32),
+        SESSION_COOKIE_SAMESITE="Strict",
+        SESSION_COOKIE_HTTPONLY=True,
+        PERMANENT_SESSION_LIFETIME=dt.timedelta(hours=8),
+        WTF_CSRF_TIME_LIMIT=None,  # a token lives as long as its session
+    )
+    CSRFProtect(app)
+    logins = LoginManager(app)
+    logins.login_view = "login"
+    logins.login_message = "Sign in to use the console."
+    host = socket.gethostname()
+
+    @logins.user_loader
+    def load_user(name: str) -> Optional[_SignedIn]:
+        user = users.get(name)
+        return _SignedIn(user) if user else None
+
+    def user() -> ConsoleUser:
+        return current_user.user
+
+    def user_config() -> CoordinatorConfig:
+        """The configuration with the signed-in user's own storage credentials, if they have any."""
+        own = user().storage
+        return config.replace(storage={**config.storage, **own}) if own else config
+
+    def operator_only(view):
+        @functools.wraps(view)
+        def checked(*args, **kwargs):
+            if not user().is_operator:
+                abort(403, description=f"{user().name} is a viewer: ending a transaction takes the operator role")
+            return view(*args, **kwargs)
+        return checked
+
+    @app.context_processor
+    def common() -> dict:
+        return {"user": current_user.user if current_user.is_authenticated else None, "logout_form": LogoutForm(),
+                "lakehouse": config.lakehouse, "refresh_s": refresh_s}
+
+    app.jinja_env.filters["duration"] = duration
+    app.jinja_env.filters["utc"] = lambda t: t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if t else "–"
+
+    @app.after_request
+    def protect(response: Response) -> Response:
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Content-Security-Policy"] = ("default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; "
+                                                       "form-action 'self'; frame-ancestors 'none'")
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    @app.errorhandler(AccessDeniedError)
+    def denied(error: AccessDeniedError):
+        return render_template("error.html", title="Refused by the storage", message=str(error)), 403
+
+    @app.errorhandler(LakehouseNotFoundError)
+    def no_lakehouse(error: LakehouseNotFoundError):
+        return render_template("error.html", title="No lakehouse", message=str(error)), 503
+
+    @app.errorhandler(CSRFError)
+    def forged(error: CSRFError):
+        log.warning("refused a %s to %s without a valid CSRF token (%s)", request.method, request.path, error.description)
+        return render_template("error.html", title="Refused", message="This form did not come from this console's page "
+                               f"(or your session ended): {error.description} Reload the page and try again."), 400
+
+    @app.errorhandler(403)
+    def forbidden(error):
+        return render_template("error.html", title="Not allowed", message=error.description), 403
+
+    @app.route("/login", methods=["GET", "POST"])
+    def login():
+        form = LoginForm()
+        if form.validate_on_submit():
+            found = users.authenticate(form.username.data, form.password.data)
+            if found is None:
+                log.warning("console sign-in refused for %r from %s", form.username.data, request.remote_addr)
+                flash("Unknown user or wrong password.", "error")
+                return render_template("login.html", form=form), 401
+            login_user(_SignedIn(found))
+            log.info("console: %s (%s) signed in from %s", found.name, found.role, request.remote_addr)
+            target = request.args.get("next", "")
+            return redirect(target if target.startswith("/") and not target.startswith("//") else url_for("overview"))
+        return render_template("login.html", form=form)
+
+    @app.post("/logout")
+    @login_required
+    def logout():
+        if LogoutForm().validate_on_submit():
+            log.info("console: %s signed out", user().name)
+            logout_user()
+        return redirect(url_for("login"))
+
+    @app.get("/")
+    @login_required
+    def overview():
+        status = read_status(user_config(), now=clock())
+        minutes = _window(request.args.get("minutes"))
+        return render_template("overview.html", status=status, minutes=minutes, windows=_CHART_WINDOWS_MIN)
+
+    @app.get("/charts/<name>.svg")
+    @login_required
+    def chart(name: str):
+        now = clock()
+        minutes = _window(request.args.get("minutes"))
+        since = now - dt.timedelta(minutes=minutes)
+        rows = read_metrics(require_lakehouse(Lakehouse.of(user_config())), charts.CHART_COLUMNS, since=since)
+        if name == "throughput":
+            svg = charts.throughput_chart(rows, since, now, bucket_s=max(1, minutes * 60 // 90))
+        elif name == "latency":
+            svg = charts.latency_chart(rows, since, now)
+        elif name == "batches":
+            svg = charts.batches_chart(rows, since, now)
+        else:
+            abort(404)
+        return Response(svg, mimetype="image/svg+xml")
+
+    @app.get("/pending")
+    @login_required
+    def pending():
+        cfg = user_config()
+        group = request.args.get("group") or None
+        older_than = request.args.get("older_than", "")
+        try:
+            older_than_s = parse_duration(older_than) if older_than else 0.0
+        except InvalidArgumentError as error:
+            flash(str(error), "error")
+            older_than, older_than_s = "", 0.0
+        now = clock()
+        transactions = pending_transactions(cfg, older_than_s=older_than_s, group=group, now=now)
+        return render_template("pending.html", transactions=transactions, now=now, group=group or "",
+                               groups=_groups(cfg), older_than=older_than, age_filters=AGE_FILTERS)
+
+    @app.get("/discarded")
+    @login_required
+    def discarded():
+        cfg = user_config()
+        group = request.args.get("group") or None
+        return render_template("discarded.html", transactions=discarded_transactions(cfg, group=group),
+                               group=group or "", groups=_groups(cfg))
+
+    @app.get("/find")
+    @login_required
+    def find():
+        transaction_id = (request.args.get("transaction_id") or "").strip()
+        return redirect(url_for("transaction", transaction_id=transaction_id) if transaction_id else url_for("overview"))
+
+    @app.get("/transactions/<transaction_id>")
+    @login_required
+    def transaction(transaction_id: str):
+        events = transaction_timeline(Lakehouse.of(user_config()), transaction_id)
+        if not events:
+            return render_template("error.html", title="Unknown transaction",
+                                   message=f"No table knows transaction {transaction_id}."), 404
+        ended = outcome(events)
+        return render_template("transaction.html", transaction_id=transaction_id, events=events, outcome=ended,
+                               discarded=any(e.step == "discarded" for e in events))
+
+    @app.route("/transactions/<transaction_id>/<decision>", methods=["GET", "POST"])
+    @login_required
+    @operator_only
+    def resolve(transaction_id: str, decision: str):
+        if decision not in _DECISIONS:
+            abort(404)
+        cfg = user_config()
+        form = ResolveForm()
+        try:
+            preview = preview_resolution(cfg, transaction_id, _DECISIONS[decision])
+        except InvalidArgumentError as error:
+            return render_template("error.html", title=f"Cannot {decision} {transaction_id}", message=str(error)), 409
+        if form.validate_on_submit():
+            operator = f"{user().name} (txcoord console on {host})"
+            try:
+                record = resolve_transaction(cfg, transaction_id, _DECISIONS[decision], form.reason.data, operator=operator)
+            except InvalidArgumentError as error:
+                flash(str(error), "error")
+            else:
+                log.info("console: %s sent %s of transaction %s (%s): %s", user().name, record["state"], transaction_id,
+                         record["check_id"], form.reason.data.strip())
+                flash(f"{record['state']} sent as {record['check_id']}: the checker applies it at its next batch.", "ok")
+                return redirect(url_for("transaction", transaction_id=transaction_id))
+        return render_template("resolve.html", preview=preview, decision=decision, form=form), 422 if form.errors else 200
+
+    return app
+
+
+def _window(minutes: Optional[str]) -> int:
+    """The chart window asked for, one of those offered (default the middle one)."""
+    try:
+        return int(minutes) if int(minutes) in _CHART_WINDOWS_MIN else _CHART_WINDOWS_MIN[1]
+    except (TypeError, ValueError):
+        return _CHART_WINDOWS_MIN[1]
+
+
+def _groups(config: CoordinatorConfig) -> list[str]:
+    return sorted({ref.group for ref in CommitLogs(Lakehouse.of(config)).discover() if ref.group is not None})
