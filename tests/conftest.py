@@ -146,6 +146,17 @@ class ManualChecker:
             os.utime(os.path.join(path, "_delta_log", f"{version:020d}.json"), (stored_at.timestamp(),) * 2)
         return version
 
+    def discard(self, *transaction_ids: str, messages: int = 1) -> None:
+        """Write ``transaction_ids`` as halves and run batches until each is discarded (one check is the maximum)."""
+        self.config = self.config.replace(transaction_check_max=1)
+        self.write(*(half_record(t, body=f"{t} {i}".encode(), message_index=i, message_count=messages)
+                     for t in transaction_ids for i in range(messages)))
+        self.run()
+        stored = stored_time(self, transaction_ids[0])
+        self.run(now=stored + dt.timedelta(seconds=7))
+        self.run(now=dt.datetime.now(UTC) + dt.timedelta(seconds=61))  # the check's interval has passed
+        assert {r.outcome for r in self.rows("op", pc.field("transaction_id").isin(transaction_ids))} == {"DISCARD"}
+
     def records(self, starts: dict, ends: dict, now: dt.datetime):
         from coordinator.checker.segment import Segment
 

@@ -17,11 +17,11 @@ from coordinator.tables import COMMIT_LOG, SYSTEM_TABLES
 from tests import REPO_ROOT
 
 
-def txcoord(*args: str, env: dict | None = None, cwd=REPO_ROOT) -> subprocess.CompletedProcess:
-    """Run ``python -m coordinator *args``; ``TXCOORD_*`` from the caller's environment is left out."""
+def txcoord(*args: str, env: dict | None = None, cwd=REPO_ROOT, input: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m coordinator *args`` (``input`` on its stdin); ``TXCOORD_*`` from the caller's environment is left out."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TXCOORD_")}
     return subprocess.run([sys.executable, "-m", "coordinator", *args], capture_output=True, text=True,
-                          cwd=cwd, env={**clean, **(env or {})}, timeout=120)
+                          cwd=cwd, env={**clean, **(env or {})}, timeout=120, input=input)
 
 
 @pytest.fixture

@@ -48,8 +48,19 @@ def test_producer_side_never_imports_pyspark():
 def test_checker_never_imports_producer_side_or_operator_tools():
     modules = loaded_after("".join(f"import {m}\n" for m in modules_of("coordinator.checker")))
     assert "coordinator.checker.query" in modules and "pyspark" in modules
-    assert not any(m.startswith(("coordinator.producer", "coordinator.ops", "coordinator.cli", "coordinator.demo"))
-                   for m in modules)
+    assert not any(m.startswith(("coordinator.producer", "coordinator.ops", "coordinator.cli", "coordinator.demo",
+                                 "coordinator.web")) for m in modules)
+
+
+def test_the_web_console_starts_no_jvm_and_only_the_console_extra_brings_its_framework():
+    modules = loaded_after("".join(f"import {m}\n" for m in modules_of("coordinator.web")))
+    assert "flask" in modules and "waitress" in modules
+    assert spark_loaded(modules) == []
+    base = loaded_after("import coordinator, coordinator.cli, coordinator.ops.status")
+    assert not {"flask", "waitress", "matplotlib"} & base
+    project = tomllib.loads((PACKAGE_DIR.parent / "pyproject.toml").read_text())["project"]
+    assert {re.split(r"[=<>!~\[ ;]", r, maxsplit=1)[0].lower() for r in project["optional-dependencies"]["console"]} == {
+        "flask", "flask-wtf", "flask-login", "waitress", "tomli-w", "matplotlib"}
 
 
 def test_shared_modules_belong_to_no_side():

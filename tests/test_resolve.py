@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 
 import pytest
@@ -13,10 +12,9 @@ from coordinator.lakehouse import topic_names
 from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.ops.resolve import resolve_transaction
 from coordinator.protocol import LocalTransactionState
-from tests.conftest import end_record, half_record, stored_time
+from tests.conftest import end_record, half_record
 from tests.producer_side import commit_log_version
 
-SECOND = dt.timedelta(seconds=1)
 OPERATORS_LOG = "operators/commit_log"  # where `txcoord resolve` writes its decisions
 
 
@@ -57,25 +55,11 @@ def test_an_operators_commit_is_delivered_once_and_shown_with_its_reason(checker
     assert len(checker.rows("T")) == 1
 
 
-def _discard(checker, *transaction_ids, messages: int = 1) -> None:
-    """Write ``transaction_ids`` as halves and run the checker until each is discarded (one check is the maximum)."""
-    from dataclasses import replace
-
-    checker.config = replace(checker.config, transaction_check_max=1)
-    checker.write(*(half_record(t, body=f"{t} {i}".encode(), message_index=i, message_count=messages)
-                    for t in transaction_ids for i in range(messages)))
-    checker.run()
-    stored = stored_time(checker, transaction_ids[0])
-    checker.run(now=stored + 7 * SECOND)
-    checker.run(now=dt.datetime.now(dt.timezone.utc) + 61 * SECOND)  # the check's interval has passed
-    assert {r.outcome for r in checker.rows("op")} == {"DISCARD"}
-
-
 def test_a_discarded_transaction_can_be_committed_once_and_is_then_delivered_once(checker, config_file, capsys):
     from coordinator.checker.state import CheckerState
     from coordinator.ops.status import read_status
 
-    _discard(checker, "gone", messages=2)
+    checker.discard("gone", messages=2)
     version = commit_log_version(checker.config.lakehouse, OPERATORS_LOG)
     assert main(["resolve", "gone", "--rollback", "--reason", "drop it", "--config", config_file]) == 2
     assert "was discarded: it was never delivered" in capsys.readouterr().err
@@ -107,7 +91,7 @@ def test_a_discarded_transaction_can_be_committed_once_and_is_then_delivered_onc
 
 
 def test_only_an_operators_commit_recovers_a_discarded_transaction(checker):
-    _discard(checker, "gone", "left")
+    checker.discard("gone", "left")
     checker.write(end_record("gone"), end_record("gone", check_id="gone-1"))  # the producer's, late: not a recovery
     checker.write(end_record("left", check_id="operator-x", group="intruder"))  # in the operators' log
     checker.run()

@@ -124,16 +124,20 @@ class Shop(TransactionListener):
         return COMMIT if int(msg.keys.rsplit("-", 1)[1]) % 2 == 0 else ROLLBACK
 
 
-def test_forgeries_are_refused_and_every_groups_traffic_is_delivered_exactly_once(spark, tenancy):
+def start_checker(spark, tenancy: Tenancy, **settings):
+    """The streaming checker with the checker's account, for this bucket only (the session's other tests use another)."""
     from coordinator.checker.query import CheckerQuery
     from coordinator.spark import object_store_conf
 
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
-    for key, value in object_store_conf(tenancy.storage["checker"]).items():  # for this bucket only
+    for key, value in object_store_conf(tenancy.storage["checker"]).items():
         setting = key.removeprefix("spark.hadoop.")
         hadoop.set(setting.replace("fs.s3a.", f"fs.s3a.bucket.{BUCKET}.", 1), value)
-    checker = CheckerQuery(spark, tenancy.config("checker", trigger_interval_ms=200, transaction_timeout_ms=1000,
-                                                 transaction_check_interval_ms=1000)).start()
+    return CheckerQuery(spark, tenancy.config("checker", trigger_interval_ms=200, **settings)).start()
+
+
+def test_forgeries_are_refused_and_every_groups_traffic_is_delivered_exactly_once(spark, tenancy):
+    checker = start_checker(spark, tenancy, transaction_timeout_ms=1000, transaction_check_interval_ms=1000)
     try:
         with ExitStack() as running:
             producers = {group: running.enter_context(TransactionProducer(
@@ -174,3 +178,45 @@ def delivered(tenancy: Tenancy, topic: str) -> list[str]:
 
 def expected(group: str) -> list[str]:
     return sorted([f"c-{group}-{i}" for i in range(6)] + [f"u-{group}-{i}" for i in (0, 2)])
+
+
+def test_the_console_shows_and_does_only_what_each_users_account_may(spark, tenancy, tmp_path):
+    """Console users with storage accounts of their own: the operators' account may end a transaction,
+    the analysts' reads but the storage refuses its END, a group's account reads none of the checker's tables."""
+    from coordinator.ops.audit import outcome, transaction_timeline
+    from coordinator.ops.pending import pending_transactions
+    from coordinator.web import OPERATOR, VIEWER, ConsoleUsers
+    from tests.console_client import running_console, signed_in
+
+    users = ConsoleUsers(tmp_path / "console-users.toml")
+    password = "a-password-long-enough"
+    for name, role, principal in (("alice", OPERATOR, "operators"), ("bob", OPERATOR, "analysts"),
+                                  ("carol", VIEWER, "group payment_group")):
+        users.add(name, role, password, storage=tenancy.storage[principal])
+    checker = start_checker(spark, tenancy, transaction_timeout_ms=600_000)  # immune from checks for the test
+    try:
+        with CommitLogWriter(tenancy.lakehouse("group order_group"), "order_group") as producer:
+            producer.submit([half_record("console-pending", group="order_group", topic="orders")]).result()
+        operators = tenancy.config("operators")
+        wait_until(lambda: [t.transaction_id for t in pending_transactions(operators)] == ["console-pending"], 120)
+        # The console's own account is the analysts': read-only, as a shared console's should be.
+        with running_console(tenancy.config("analysts"), users.path) as url:
+            alice, bob, carol = (signed_in(url, name, password) for name in ("alice", "bob", "carol"))
+            for session in (alice, bob):
+                assert 'data-transaction="console-pending"' in session.get("/pending").text
+            refused = carol.get("/pending")
+            assert refused.status_code == 403 and "Refused by the storage" in refused.text and "system/" in refused.text
+
+            before = log_version(tenancy, "operators/commit_log")
+            form = {"reason": "cancelled by support", "confirm": "y"}
+            denied = bob.post("/transactions/console-pending/rollback", form)
+            assert denied.status_code == 403 and "operators/commit_log" in denied.text
+            assert log_version(tenancy, "operators/commit_log") == before  # nothing written
+
+            assert alice.post("/transactions/console-pending/rollback", form).status_code == 302
+            lakehouse = tenancy.lakehouse("operators")
+            wait_until(lambda: outcome(transaction_timeline(lakehouse, "console-pending")) == "ROLLBACK", 120)
+    finally:
+        checker.stop()
+    [end] = [e for e in transaction_timeline(tenancy.lakehouse("operators"), "console-pending") if e.step == "end request"]
+    assert "from operator alice" in end.detail and end.detail.endswith(": cancelled by support")

@@ -66,12 +66,14 @@ def preview_resolution(config: CoordinatorConfig, transaction_id: str, decision:
     lakehouse = require_lakehouse(Lakehouse.of(config))
     _check_decision(decision)
     group, discarded = _owner_if_open(lakehouse, transaction_id, decision)
-    columns = ["message_index", "topic", "msg_id", "keys", "tags", "body"]
-    if discarded:
-        rows = lakehouse.read(DISCARDED, columns, pc.field("transaction_id") == transaction_id)
+    columns = ["topic", "msg_id", "keys", "tags", "body"]
+    if discarded:  # in queue order, which is the transaction's order of messages
+        rows = lakehouse.read(DISCARDED, ["half_offset", *columns], pc.field("transaction_id") == transaction_id)
+        rows = rows.sort_by("half_offset")
     else:
-        rows = read_pending(lakehouse, ["transaction_id", *columns]).filter(pc.field("transaction_id") == transaction_id)
-    messages = rows.sort_by("message_index").select(columns[1:]).to_pylist()
+        rows = read_pending(lakehouse, ["transaction_id", "queue_offset", *columns])
+        rows = rows.filter(pc.field("transaction_id") == transaction_id).sort_by("queue_offset")
+    messages = rows.select(columns).to_pylist()
     return Preview(transaction_id, group, decision, discarded, messages)
 
 

@@ -135,6 +135,7 @@ def create_app(config: CoordinatorConfig, users: ConsoleUsers, refresh_s: int = 
                 "lakehouse": config.lakehouse, "refresh_s": refresh_s}
 
     app.jinja_env.filters["duration"] = duration
+    app.jinja_env.filters["excerpt"] = _excerpt
     app.jinja_env.filters["utc"] = lambda t: t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if t else "–"
 
     @app.after_request
@@ -225,15 +226,16 @@ def create_app(config: CoordinatorConfig, users: ConsoleUsers, refresh_s: int = 
         now = clock()
         transactions = pending_transactions(cfg, older_than_s=older_than_s, group=group, now=now)
         return render_template("pending.html", transactions=transactions, now=now, group=group or "",
-                               groups=_groups(cfg), older_than=older_than, age_filters=AGE_FILTERS)
+                               groups=_groups(cfg, transactions), older_than=older_than, age_filters=AGE_FILTERS)
 
     @app.get("/discarded")
     @login_required
     def discarded():
         cfg = user_config()
         group = request.args.get("group") or None
-        return render_template("discarded.html", transactions=discarded_transactions(cfg, group=group),
-                               group=group or "", groups=_groups(cfg))
+        transactions = discarded_transactions(cfg, group=group)
+        return render_template("discarded.html", transactions=transactions, group=group or "",
+                               groups=_groups(cfg, transactions))
 
     @app.get("/find")
     @login_required
@@ -280,6 +282,12 @@ def create_app(config: CoordinatorConfig, users: ConsoleUsers, refresh_s: int = 
     return app
 
 
+def _excerpt(body: Optional[bytes], limit: int = 160) -> str:
+    """The start of a message body as text, for a preview (undecodable bytes shown as such)."""
+    text = (body or b"")[:limit].decode("utf-8", "replace")
+    return text + (" …" if len(body or b"") > limit else "")
+
+
 def _window(minutes: Optional[str]) -> int:
     """The chart window asked for, one of those offered (default the middle one)."""
     try:
@@ -288,5 +296,9 @@ def _window(minutes: Optional[str]) -> int:
         return _CHART_WINDOWS_MIN[1]
 
 
-def _groups(config: CoordinatorConfig) -> list[str]:
-    return sorted({ref.group for ref in CommitLogs(Lakehouse.of(config)).discover() if ref.group is not None})
+def _groups(config: CoordinatorConfig, seen: list) -> list[str]:
+    """The producer groups to filter by: every group's log the user may list, else those of the rows shown."""
+    try:
+        return sorted({ref.group for ref in CommitLogs(Lakehouse.of(config)).discover() if ref.group is not None})
+    except AccessDeniedError:  # e.g. analysts: they read the checker's tables, not the groups' directory
+        return sorted({row.producer_group for row in seen})

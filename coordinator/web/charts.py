@@ -17,6 +17,7 @@ import io
 from collections import defaultdict
 
 import pyarrow as pa
+from matplotlib import rc_context
 from matplotlib.dates import DateFormatter
 from matplotlib.figure import Figure
 
@@ -85,5 +86,7 @@ def _svg(figure: Figure, axes, has_data: bool) -> bytes:
     else:
         axes.text(0.5, 0.5, "no batch in this window", transform=axes.transAxes, ha="center", color="gray")
     out = io.BytesIO()
-    figure.savefig(out, format="svg")
+    # Text as text, not outlines: a third of the size, and readable by screen readers and searches.
+    with rc_context({"svg.fonttype": "none"}):
+        figure.savefig(out, format="svg")
     return out.getvalue()

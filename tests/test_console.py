@@ -1,0 +1,204 @@
+"""``txcoord console`` over HTTP: nothing without signing in, roles, forms from elsewhere refused,
+and what the pages show and do against a lakehouse the checker's batch logic writes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+
+import pytest
+
+from coordinator.checker.metrics import CheckerMetrics
+from coordinator.exceptions import ConfigError
+from coordinator.ops.audit import outcome, transaction_timeline
+from coordinator.web import OPERATOR, VIEWER, ConsoleUsers, console_server
+from tests.conftest import end_record, half_record, metrics_row
+from tests.console_client import ConsoleSession, running_console, signed_in
+from tests.producer_side import commit_log_version
+from tests.test_cli import txcoord
+
+PASSWORDS = {"alice": "alice-operates-the-lakehouse", "victor": "victor-only-looks-around"}
+OPERATORS_LOG = "operators/commit_log"
+PAGES = ["/", "/pending", "/discarded", "/transactions/t1", "/transactions/t1/commit", "/charts/throughput.svg"]
+
+
+@pytest.fixture
+def users_file(tmp_path):
+    users = ConsoleUsers(tmp_path / "console-users.toml")
+    users.add("alice", OPERATOR, PASSWORDS["alice"])
+    users.add("victor", VIEWER, PASSWORDS["victor"])
+    return users.path
+
+
+@pytest.fixture
+def console(checker, users_file):
+    with running_console(checker.config, users_file) as url:
+        yield url
+
+
+def test_nothing_is_served_without_signing_in(checker, console):
+    checker.write(half_record("hidden-txn", body=b"secret order"))
+    checker.run()
+    anonymous = ConsoleSession(console)
+    for path in PAGES:
+        page = anonymous.get(path)
+        assert page.status_code == 302 and page.headers["Location"].startswith("/login?next="), path
+        assert "hidden-txn" not in page.text and checker.config.lakehouse not in page.text
+    for name, password in [("alice", "not-her-password"), ("mallory", PASSWORDS["alice"]), ("alice", "")]:
+        refused = anonymous.sign_in(name, password)
+        assert refused.status_code in (200, 401) and "Sign in" in refused.text
+        assert anonymous.get("/pending").status_code == 302  # still nobody
+    assert anonymous.post("/login", {"username": "alice", "password": PASSWORDS["alice"]}, token="").status_code == 400
+    assert anonymous.sign_in("alice", PASSWORDS["alice"]).status_code == 302
+    assert "hidden-txn" in anonymous.get("/pending").text
+    assert anonymous.post("/logout", {}, token=anonymous.csrf_token("/")).status_code == 302
+    assert anonymous.get("/pending").status_code == 302  # signed out
+
+
+def test_a_sign_in_never_redirects_to_another_site(console):
+    session = ConsoleSession(console)
+    token = session.csrf_token("/login")
+    for target in ("https://evil.example/", "//evil.example/x"):
+        answer = session.http.post(f"{console}/login", params={"next": target}, allow_redirects=False, timeout=30,
+                                   data={"csrf_token": token, "username": "victor", "password": PASSWORDS["victor"]})
+        assert answer.status_code == 302 and answer.headers["Location"] == "/", target
+
+
+def test_a_console_without_users_does_not_start(config, tmp_path):
+    with pytest.raises(ConfigError, match="no console user"):
+        console_server(config, tmp_path / "nobody.toml", port=0)
+    config_file = tmp_path / "coordinator.toml"
+    config_file.write_text(f"lakehouse = '{config.lakehouse}'\n")
+    started = txcoord("console", "--config", str(config_file), "--port", "0")
+    assert started.returncode == 2 and "txcoord console-user add" in started.stderr
+
+
+def test_console_user_keeps_only_hashes_readable_by_its_owner(tmp_path):
+    config_file = tmp_path / "coordinator.toml"
+    config_file.write_text("lakehouse = 'lh'\n")
+    added = txcoord("console-user", "add", "olga", "--role", "operator", "--password-stdin", "--config", str(config_file),
+                    input="olga-has-a-long-password\n")
+    assert added.returncode == 0, added.stderr
+    users_file = tmp_path / "console-users.toml"
+    assert "olga-has-a-long-password" not in users_file.read_text() and users_file.stat().st_mode & 0o777 == 0o600
+    assert ConsoleUsers.load(users_file).authenticate("olga", "olga-has-a-long-password").role == OPERATOR
+    short = txcoord("console-user", "add", "pat", "--role", "viewer", "--password-stdin", "--config", str(config_file),
+                    input="short\n")
+    assert short.returncode == 2 and "at least 12 characters" in short.stderr
+    assert txcoord("console-user", "list", "--config", str(config_file)).stdout == "olga\toperator\n"
+    assert txcoord("console-user", "remove", "olga", "--config", str(config_file)).returncode == 0
+    assert ConsoleUsers.load(users_file).names() == []
+
+
+def test_forms_from_elsewhere_are_refused_and_write_nothing(checker, console):
+    checker.write(half_record("t1"))
+    checker.run()
+    alice = signed_in(console, "alice", PASSWORDS["alice"])
+    other = signed_in(console, "alice", PASSWORDS["alice"])  # another browser: its token is not this session's
+    version = commit_log_version(checker.config.lakehouse, OPERATORS_LOG)
+    form = {"reason": "forged", "confirm": "y"}
+    for token in ("", other.csrf_token("/transactions/t1/commit"), "made-up"):
+        refused = alice.post("/transactions/t1/commit", form, token=token)
+        assert refused.status_code == 400 and "did not come from this console" in refused.text
+    assert commit_log_version(checker.config.lakehouse, OPERATORS_LOG) == version
+    page = alice.get("/pending")
+    assert page.headers["X-Frame-Options"] == "DENY" and "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+    cookie = ConsoleSession(console).sign_in("victor", PASSWORDS["victor"]).headers["Set-Cookie"]
+    assert "SameSite=Strict" in cookie and "HttpOnly" in cookie  # no other site's page sends it along
+
+
+def test_pending_lists_oldest_first_with_filters_and_links_to_timelines(checker, console):
+    checker.write(half_record("older", group="g", topic="T"))
+    checker.run()
+    checker.write(half_record("newer", group="h", topic="U"))
+    checker.run()
+    victor = signed_in(console, "victor", PASSWORDS["victor"])
+
+    page = victor.get("/pending").text
+    assert page.index('data-transaction="older"') < page.index('data-transaction="newer"')
+    assert 'href="/transactions/older"' in page and "2 pending transaction(s)" in page
+    only_h = victor.get("/pending", group="h").text
+    assert 'data-transaction="newer"' in only_h and 'data-transaction="older"' not in only_h
+    assert "No pending transaction" in victor.get("/pending", older_than="1h").text
+    assert "not a duration" in victor.get("/pending", older_than="soon").text
+
+    timeline = victor.get("/transactions/older").text
+    assert "PENDING" in timeline and "half stored" in timeline and "queue offset" in timeline
+    assert "Commit by hand" not in timeline  # a viewer's page offers no action
+    assert victor.get("/transactions/nobody").status_code == 404
+
+
+def test_an_operator_commits_a_discarded_transaction_once_with_a_reason(checker, console):
+    checker.discard("gone", messages=2)
+    alice = signed_in(console, "alice", PASSWORDS["alice"])
+    assert 'data-transaction="gone"' in alice.get("/discarded").text
+
+    preview = alice.get("/transactions/gone/commit").text
+    assert "gone 0" in preview and "gone 1" in preview and "delivers these 2 message(s)" in preview
+    version = commit_log_version(checker.config.lakehouse, OPERATORS_LOG)
+    for incomplete in ({"reason": "  ", "confirm": "y"}, {"reason": "paid after all"}):
+        assert alice.post("/transactions/gone/commit", incomplete).status_code == 422
+    assert commit_log_version(checker.config.lakehouse, OPERATORS_LOG) == version  # nothing sent
+
+    sent = alice.post("/transactions/gone/commit", {"reason": "paid after all", "confirm": "y"})
+    assert sent.status_code == 302 and sent.headers["Location"] == "/transactions/gone"
+    assert "the checker applies it at its next batch" in alice.get("/transactions/gone").text
+    checker.run()
+    checker.run()
+    assert sorted(bytes(r.body) for r in checker.rows("T")) == [b"gone 0", b"gone 1"]  # delivered, once
+    events = transaction_timeline(checker.config.lakehouse, "gone")
+    assert outcome(events) == "COMMIT"
+    [end] = [e for e in events if e.step == "end request"]
+    assert f"from operator alice (txcoord console on {socket.gethostname()})" in end.detail
+    assert end.detail.endswith(": paid after all")
+
+    assert 'data-transaction="gone"' not in alice.get("/discarded").text
+    again = alice.get("/transactions/gone/commit")
+    assert again.status_code == 409 and "resolved for good" in again.text
+    checker.run()
+    assert len(checker.rows("T")) == 2
+
+
+def test_an_operator_rolls_back_a_pending_transaction(checker, console):
+    checker.write(half_record("stuck"))
+    checker.run()
+    alice = signed_in(console, "alice", PASSWORDS["alice"])
+    assert "drops these 1 message(s)" in alice.get("/transactions/stuck/rollback").text
+    assert alice.post("/transactions/stuck/rollback", {"reason": "order cancelled", "confirm": "y"}).status_code == 302
+    checker.run()
+    assert outcome(transaction_timeline(checker.config.lakehouse, "stuck")) == "ROLLBACK"
+    assert alice.get("/transactions/stuck/maybe").status_code == 404
+
+
+def test_a_viewer_reads_but_cannot_act(checker, console):
+    checker.discard("gone")
+    victor = signed_in(console, "victor", PASSWORDS["victor"])
+    assert 'data-transaction="gone"' in victor.get("/discarded").text
+    assert "Commit by hand" not in victor.get("/discarded").text
+    version = commit_log_version(checker.config.lakehouse, OPERATORS_LOG)
+    assert victor.get("/transactions/gone/commit").status_code == 403
+    token = victor.csrf_token("/discarded")
+    refused = victor.post("/transactions/gone/commit", {"reason": "let me", "confirm": "y"}, token=token)
+    assert refused.status_code == 403 and "operator role" in refused.text
+    assert commit_log_version(checker.config.lakehouse, OPERATORS_LOG) == version
+
+
+def test_the_overview_shows_the_checkers_health_and_charts_its_batches(checker, console):
+    checker.write(half_record("a", topic="orders"), end_record("a"))
+    checker.run()
+    victor = signed_in(console, "victor", PASSWORDS["victor"])
+    assert "no batch in this window" in victor.get("/charts/batches.svg").text
+    now = dt.datetime.now(dt.timezone.utc)
+    metrics = CheckerMetrics(checker.config.lakehouse, app_id="console-test")
+    metrics.record(metrics_row(batch_id=1, started_at=now - dt.timedelta(seconds=3), finished_at=now - dt.timedelta(seconds=2),
+                               duration_ms=1000, delivered=1, delivered_by_topic={"orders": 40},
+                               visible_p50_ms_by_topic={"orders": 350}, visible_p99_ms_by_topic={"orders": 900}))
+
+    page = victor.get("/").text
+    assert 'http-equiv="refresh"' in page  # it follows the lakehouse by itself
+    assert "#1" in page and "not running" in page  # a recorded batch, and no checker holds the lease
+    throughput = victor.get("/charts/throughput.svg")
+    assert throughput.headers["Content-Type"].startswith("image/svg+xml") and ">orders<" in throughput.text
+    assert ">orders p50<" in victor.get("/charts/latency.svg").text and ">orders p99<" in victor.get("/charts/latency.svg").text
+    assert "no batch in this window" not in victor.get("/charts/batches.svg", minutes=5).text
+    assert victor.get("/charts/nothing.svg").status_code == 404
