@@ -50,14 +50,24 @@ test: system-packages
 	wait $$build || { cat .cache/s3-build.log; exit 1; }; \
 	[ $$local -eq 0 ] && [ $$object_store -eq 0 ] && $(PY) -m pytest -q -m "not slow" -n 2 --dist worksteal
 
-# Debian packages the tests use: Prometheus's server and promtool (tests/test_prometheus.py), installed
-# when missing if this runs as root (CI does); otherwise those tests are skipped, saying how to install them.
+# Debian packages the tests use, installed when missing if this runs as root (CI does); otherwise the
+# tests that need them are skipped, saying how to install them:
+#   Prometheus's server and promtool: tests/test_prometheus.py
+#   Chromium, headless, and its driver: tests/test_console_browser.py
 system-packages:
-	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	@$(call apt-install,prometheus,prometheus promtool,tests/test_prometheus.py needs Prometheus \
+	  (sudo apt-get install prometheus): skipped without it)
+	@$(call apt-install,chromium chromium-driver,chromium chromedriver,tests/test_console_browser.py needs Chromium \
+	  and its driver (sudo apt-get install chromium chromium-driver): skipped without them)
+
+# $(call apt-install,PACKAGES,COMMANDS,MESSAGE): install Debian's PACKAGES unless every one of COMMANDS is
+# on the PATH, if root (apt-get update only when the first try fails); else print MESSAGE.
+apt-install = missing=; for command in $(2); do command -v $$command >/dev/null || missing=1; done; \
+	[ -z "$$missing" ] || { \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
-	      { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; \
-	  else echo "tests/test_prometheus.py needs Prometheus (sudo apt-get install prometheus): skipped without it"; fi; }
+	    export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q --no-install-recommends $(1) >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(1) >/dev/null; }; \
+	  else echo "$(strip $(3))"; fi; }
 
 # A real S3-compatible server on loopback (versitygw), built once into .cache/s3: `scripts/s3_server.py --help`.
 s3-server: setup

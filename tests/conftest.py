@@ -259,14 +259,14 @@ def run_checked(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory) -> Path:
-    """A fresh virtualenv with the wheel and its Spark extra, at the versions requirements.lock pins."""
+    """A fresh virtualenv with the wheel and its Spark and console extras, at the versions requirements.lock pins."""
     root = tmp_path_factory.mktemp("install")
     run_checked([sys.executable, "-m", "uv", "build", "--wheel", "--quiet", "--out-dir", str(root / "dist"), str(REPO_ROOT)])
     [wheel] = (root / "dist").glob("txcoord-*.whl")
     venv = root / "venv"
     run_checked([sys.executable, "-m", "uv", "venv", "--quiet", "--python", sys.executable, str(venv)])
     run_checked([sys.executable, "-m", "uv", "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
-         f"txcoord[spark] @ {wheel.as_uri()}", "--constraint", str(REPO_ROOT / "requirements.lock")])
+         f"txcoord[spark,console] @ {wheel.as_uri()}", "--constraint", str(REPO_ROOT / "requirements.lock")])
     return venv
 
 

@@ -134,7 +134,7 @@ def test_an_operator_commits_a_discarded_transaction_once_with_a_reason(checker,
     assert 'data-transaction="gone"' in alice.get("/discarded").text
 
     preview = alice.get("/transactions/gone/commit").text
-    assert "gone 0" in preview and "gone 1" in preview and "delivers these 2 message(s)" in preview
+    assert preview.index("gone 0") < preview.index("gone 1") and "delivers these 2 message(s)" in preview
     version = commit_log_version(checker.config.lakehouse, OPERATORS_LOG)
     for incomplete in ({"reason": "  ", "confirm": "y"}, {"reason": "paid after all"}):
         assert alice.post("/transactions/gone/commit", incomplete).status_code == 422
@@ -157,6 +157,15 @@ def test_an_operator_commits_a_discarded_transaction_once_with_a_reason(checker,
     assert again.status_code == 409 and "resolved for good" in again.text
     checker.run()
     assert len(checker.rows("T")) == 2
+
+
+def test_a_preview_lists_the_messages_in_the_transactions_order(checker, console):
+    # Record ids in the opposite order: the checker numbers a commit's halves by record id, not by message.
+    checker.write(*(half_record("multi", message_index=i, message_count=3, body=f"message {i}".encode(), record_id=rid)
+                    for i, rid in enumerate(("c", "b", "a"))))
+    checker.run()
+    preview = signed_in(console, "alice", PASSWORDS["alice"]).get("/transactions/multi/commit").text
+    assert preview.index("message 0") < preview.index("message 1") < preview.index("message 2")
 
 
 def test_an_operator_rolls_back_a_pending_transaction(checker, console):

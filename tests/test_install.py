@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -20,6 +21,7 @@ from deltalake import DeltaTable
 
 from coordinator.lakehouse import read_table
 from tests.conftest import run_checked as run, user_environment
+from tests.console_client import signed_in
 
 pytestmark = pytest.mark.slow
 
@@ -150,6 +152,15 @@ def test_the_installed_package_runs_the_checker_and_delivers_from_outside_the_ch
 
     # The alert rules ship with the package.
     assert "alert: TxcoordNoChecker" in run([txcoord, "alert-rules"], cwd=workdir, env=env).stdout
+    # So do the web console's pages: a user signs in and sees the delivered transaction's timeline.
+    run([txcoord, "console-user", "add", "ops", "--role", "viewer", "--password-stdin", "--config", "c.toml"],
+        cwd=workdir, env=env, input="ops-has-a-long-password\n")
+    console = Started([txcoord, "console", "--config", "c.toml", "--port", "0"], workdir, env, "console.log", started)
+    console.wait_for(lambda: "txcoord console: http" in console.log.read_text(), "the console's address")
+    url = re.search(r"(http://\S+)/ ", console.log.read_text()).group(1)
+    timeline = signed_in(url, "ops", "ops-has-a-long-password").get(f"/transactions/{sent['commit']}")
+    assert timeline.status_code == 200 and "delivered" in timeline.text and "INSTALL_TOPIC" in timeline.text
+    assert console.stop() == 0, console.tail()  # SIGTERM
 
     # The documented spark-submit line, with the job and the settings the installed package names.
     properties = run([txcoord, "spark-setup", "--properties-file"], cwd=workdir, env=env).stdout.strip()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import signal
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -265,6 +266,11 @@ def run_console(args: argparse.Namespace) -> int:
     server = web.console_server(config, _users_file(args), host=args.host,
                                 port=web.DEFAULT_PORT if args.port is None else args.port, refresh_s=args.refresh)
     print(f"txcoord console: {server.url} (users from {_users_file(args)}; Ctrl-C to stop)", flush=True)
+
+    def stop(signum, frame):  # SIGTERM (systemd's stop) ends it as cleanly as Ctrl-C, with status 0
+        raise SystemExit(EXIT_OK)
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         server.run()
     finally:

@@ -32,7 +32,7 @@ from coordinator.ops.pending import read_pending
 from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.protocol import (MAX_REASON_LENGTH, OPERATOR_CHECK_PREFIX, OPERATOR_PROPERTY, OPERATOR_REASON_PROPERTY,
                                   LocalTransactionState, Outcome)
-from coordinator.tables import DISCARDED, OP
+from coordinator.tables import DISCARDED, HALF, OP
 
 __all__ = ["DECISIONS", "Preview", "preview_resolution", "resolve_transaction"]
 
@@ -67,13 +67,14 @@ def preview_resolution(config: CoordinatorConfig, transaction_id: str, decision:
     _check_decision(decision)
     group, discarded = _owner_if_open(lakehouse, transaction_id, decision)
     columns = ["topic", "msg_id", "keys", "tags", "body"]
-    if discarded:  # in queue order, which is the transaction's order of messages
+    if discarded:  # what a commit delivers: the discard's copies, in the order the halves give them
         rows = lakehouse.read(DISCARDED, ["half_offset", *columns], pc.field("transaction_id") == transaction_id)
-        rows = rows.sort_by("half_offset")
+        order = lakehouse.read(HALF, ["queue_offset", "message_index"], pc.field("transaction_id") == transaction_id)
+        rows = rows.join(order, keys="half_offset", right_keys="queue_offset")
     else:
-        rows = read_pending(lakehouse, ["transaction_id", "queue_offset", *columns])
-        rows = rows.filter(pc.field("transaction_id") == transaction_id).sort_by("queue_offset")
-    messages = rows.select(columns).to_pylist()
+        rows = read_pending(lakehouse, ["transaction_id", "message_index", *columns])
+        rows = rows.filter(pc.field("transaction_id") == transaction_id)
+    messages = rows.sort_by("message_index").select(columns).to_pylist()
     return Preview(transaction_id, group, decision, discarded, messages)
 
 

@@ -94,7 +94,8 @@ def read_status(config: CoordinatorConfig, now: Optional[dt.datetime] = None) ->
     discarded = sorted(set(lakehouse.read(DISCARDED, ["transaction_id"]).column(0).to_pylist()))
     rejected_reasons = Counter(lakehouse.read(REJECTED, ["reason"]).column("reason").to_pylist())
     lease = read_lease(lakehouse)
-    lease_age = None if lease is None else now.timestamp() - lease["renewed_at"]
+    # Renewed after ``now`` was taken (it is read afterwards) counts as just renewed.
+    lease_age = None if lease is None else max(0.0, now.timestamp() - lease["renewed_at"])
     gone = lease is not None and process_gone(lease)
     last = last_batch(lakehouse)
     written, lag_versions, lag_s = _lag(lakehouse, now)

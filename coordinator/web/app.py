@@ -106,6 +106,7 @@ def create_app(config: CoordinatorConfig, users: ConsoleUsers, refresh_s: int = 
     logins = LoginManager(app)
     logins.login_view = "login"
     logins.login_message = "Sign in to use the console."
+    logins.login_message_category = "info"
     host = socket.gethostname()
 
     @logins.user_loader

@@ -68,7 +68,7 @@ def batches_chart(rows: pa.Table, since: dt.datetime, now: dt.datetime) -> bytes
 
 
 def _figure(title: str, unit: str, since: dt.datetime, now: dt.datetime):
-    figure = Figure(figsize=(6.4, 2.6), dpi=100, layout="constrained")
+    figure = Figure(figsize=(4.4, 2.6), dpi=100, layout="constrained")
     axes = figure.add_subplot()
     axes.set_title(title, fontsize=10, loc="left")
     axes.set_ylabel(unit, fontsize=9)
