@@ -21,7 +21,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple, Optional, Union
 from urllib.parse import unquote
 
 if TYPE_CHECKING:
@@ -203,7 +203,36 @@ def table_shape(table_path: str) -> dict:
 # The real checker job
 
 
-class CheckerJob:
+class _Job:
+    """A process of its own (``process``, in its own session) writing to ``log_file``; a context manager that stops it."""
+
+    process: subprocess.Popen
+    log_file: Any
+    exit_code: Optional[int]
+
+    def _stop(self, sig: int, timeout_s: float) -> int:
+        """Send ``sig``, SIGKILL its process group after ``timeout_s``; its exit status (once known, kept)."""
+        if self.exit_code is not None:
+            return self.exit_code
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.exit_code = self.process.returncode
+        self.log_file.close()
+        return self.exit_code
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()  # each job's own way of asking it to end
+
+
+class CheckerJob(_Job):
     """``spark-submit jobs/checker.py`` on a lakehouse, as deployed; its output goes to ``log_path``.
 
     Example::
@@ -221,6 +250,7 @@ class CheckerJob:
         self.lakehouse = Lakehouse.at(lakehouse)
         self._progress = CheckerProgress(self.lakehouse)
         argv, env = spark_submit(ROOT / "jobs" / "checker.py", "--config", config_path)
+        self.config_path = config_path
         self.log_file = open(log_path, "w")
         self.started = time.monotonic()
         self.process = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=self.log_file, stderr=subprocess.STDOUT,
@@ -265,24 +295,7 @@ class CheckerJob:
 
     def stop(self, timeout_s: float = 120) -> int:
         """SIGTERM (the checker finishes its batch and exits 0); SIGKILL after ``timeout_s``."""
-        if self.exit_code is not None:
-            return self.exit_code
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self.exit_code = self.process.returncode
-        self.log_file.close()
-        return self.exit_code
-
-    def __enter__(self) -> "CheckerJob":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
+        return self._stop(signal.SIGTERM, timeout_s)
 
 
 def write_config(lakehouse: Union[str, Lakehouse], directory: Optional[str] = None, **settings) -> str:
@@ -303,10 +316,11 @@ def write_config(lakehouse: Union[str, Lakehouse], directory: Optional[str] = No
 
 
 def checker_on_fresh_lakehouse(requested: Optional[str], benchmark: str, trigger_ms: int,
-                               object_store: Optional[Lakehouse] = None) -> tuple[str, CheckerJob]:
+                               object_store: Optional[Lakehouse] = None, **settings) -> tuple[str, CheckerJob]:
     """The checker job on an empty lakehouse, not yet waited for, and the local directory that holds its
     TOML and log: ``requested`` (wiped) or a new temporary directory. That directory is the lakehouse
     too, unless ``object_store`` names an empty lakehouse on object storage (with its storage settings).
+    ``settings`` go into the TOML beside ``trigger_interval_ms`` (``metrics_port=0``).
     Returns ``(directory, checker)``.
 
     Example::
@@ -323,7 +337,7 @@ def checker_on_fresh_lakehouse(requested: Optional[str], benchmark: str, trigger
         shutil.rmtree(directory, ignore_errors=True)
     lakehouse = object_store or Lakehouse(directory)
     init_lakehouse(lakehouse)
-    config_path = write_config(lakehouse, directory, trigger_interval_ms=trigger_ms)
+    config_path = write_config(lakehouse, directory, trigger_interval_ms=trigger_ms, **settings)
     return directory, CheckerJob(config_path, lakehouse, os.path.join(directory, "checker.log"))
 
 
@@ -332,6 +346,8 @@ def checker_on_fresh_lakehouse(requested: Optional[str], benchmark: str, trigger
 STARTED_LINE = b"checker started on "
 STANDBY_LINE = b"standing by to take over"
 BATCH_LINE = re.compile(rb"batch \d+: records=")
+#: What the checker logs (coordinator/checker/exporter.py) once it serves its metrics (``metrics_port`` set).
+METRICS_LINE = re.compile(rb"metrics served at (http://\S+/metrics)")
 
 
 class CheckerLog:
@@ -349,6 +365,7 @@ class CheckerLog:
         self.path = path
         self.standing_by = False
         self.query_started = False
+        self.metrics_url: Optional[str] = None  # where it serves its Prometheus metrics, once it says so
         self.batches = 0
         self._read = 0  # bytes of complete lines already read
 
@@ -364,6 +381,9 @@ class CheckerLog:
         self._read += len(complete)
         self.standing_by = self.standing_by or STANDBY_LINE in complete
         self.query_started = self.query_started or STARTED_LINE in complete
+        served = METRICS_LINE.search(complete)
+        if served:
+            self.metrics_url = served.group(1).decode()
         finished = len(BATCH_LINE.findall(complete))
         self.batches += finished
         return finished
@@ -391,6 +411,240 @@ class LagSampler(threading.Thread):
 
     def between(self, start_s: float, end_s: float) -> list[int]:
         return [lag for t, lag, _ in self.samples if start_s <= t < end_s]
+
+
+# ---------------------------------------------------------------------------------------------
+# Watching the checker as operators do: its metrics endpoint scraped, the web console open
+
+
+#: What ``txcoord console`` prints once it listens (coordinator/cli/console.py).
+CONSOLE_LINE = re.compile(rb"txcoord console: (http://\S+/) ")
+_CSRF_INPUT = re.compile(r'<input[^>]*\bname="csrf_token"[^>]*>')
+_VALUE = re.compile(r'\bvalue="([^"]*)"')
+_META_REFRESH = re.compile(r'<meta[^>]*http-equiv="refresh"[^>]*content="(\d+(?:\.\d+)?)', re.IGNORECASE)
+_IMG_SRC = re.compile(r'<img[^>]*\bsrc="([^"]+)"')
+
+
+class ConsoleJob(_Job):
+    """``txcoord console`` (the operators' web console) on a coordinator TOML, as a process of its own on
+    any free loopback port, with a viewer created for it (a random password) in ``console-users.toml``
+    beside the TOML; its output goes to ``log_path``. Stopped as by Ctrl-C (SIGINT: the server closes,
+    exit 0), SIGKILL after a timeout.
+
+    Example::
+
+        with ConsoleJob(checker.config_path, "/tmp/console.log") as console:
+            console.wait_ready(60)   # console.url: 'http://127.0.0.1:41234/'
+            ConsoleBrowser(console.url, console.username, console.password).sign_in()
+    """
+
+    USERNAME = "bench-viewer"
+
+    def __init__(self, config_path: str, log_path: str, refresh_s: int = 5):
+        import secrets
+
+        txcoord = [sys.executable, "-m", "coordinator"]  # the txcoord command line of this interpreter
+        self.users_path = os.path.join(os.path.dirname(config_path), "console-users.toml")
+        self.username, self.password = self.USERNAME, secrets.token_urlsafe(18)
+        added = subprocess.run([*txcoord, "console-user", "add", self.username, "--role", "viewer", "--password-stdin",
+                                "--config", config_path, "--users", self.users_path],
+                               input=self.password + "\n", text=True, capture_output=True, cwd=ROOT)
+        if added.returncode != 0:
+            raise RuntimeError(f"txcoord console-user add exited with {added.returncode}: {added.stderr.strip()}")
+        self.log_file = open(log_path, "w")
+        self.process = subprocess.Popen([*txcoord, "console", "--config", config_path, "--users", self.users_path,
+                                         "--port", "0", "--refresh", str(refresh_s)],
+                                        cwd=ROOT, stdout=self.log_file, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        self.url: Optional[str] = None
+        self.exit_code: Optional[int] = None
+
+    def wait_ready(self, timeout_s: float) -> str:
+        """Wait for the console to say where it listens; return that URL."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with open(self.log_file.name, "rb") as log:
+                found = CONSOLE_LINE.search(log.read())
+            if found:
+                self.url = found.group(1).decode()
+                return self.url
+            if self.process.poll() is not None:
+                raise RuntimeError(f"txcoord console exited with {self.process.returncode}; see {self.log_file.name}")
+            time.sleep(0.2)
+        raise RuntimeError(f"txcoord console did not listen within {timeout_s} s; see {self.log_file.name}")
+
+    def cpu_seconds(self) -> Optional[float]:
+        """User and system CPU seconds the console process has used so far (``/proc``), None once it is gone."""
+        try:
+            with open(f"/proc/{self.process.pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+
+    def stop(self, timeout_s: float = 30) -> int:
+        """SIGINT, as Ctrl-C (the console closes its server and exits 0); SIGKILL after ``timeout_s``."""
+        return self._stop(signal.SIGINT, timeout_s)
+
+
+class _Observer(threading.Thread):
+    """A thread that repeats :meth:`observe` until :meth:`stop`, counting the attempts and the failed
+    ones (the first few errors kept) and keeping each successful one's duration in seconds."""
+
+    #: Errors kept for the report (the count has them all).
+    KEPT_ERRORS = 5
+
+    def __init__(self, name: str, timeout_s: float):
+        super().__init__(name=name, daemon=True)
+        import requests
+
+        self.session = requests.Session()
+        self.timeout_s = timeout_s
+        self.attempts = 0
+        self.failures = 0
+        self.seconds: list[float] = []
+        self.errors: list[str] = []
+        self._halt = threading.Event()
+
+    def observe(self) -> None:
+        raise NotImplementedError
+
+    def attempt(self) -> bool:
+        """One :meth:`observe`, timed and counted; whether it succeeded."""
+        started = time.perf_counter()
+        try:
+            self.observe()
+        except Exception as error:  # a failure to count, not to stop on
+            self.attempts += 1
+            self.failures += 1
+            if len(self.errors) < self.KEPT_ERRORS:
+                self.errors.append(f"{type(error).__name__}: {error}")
+            return False
+        self.seconds.append(time.perf_counter() - started)
+        self.attempts += 1
+        return True
+
+    def stop(self) -> None:
+        """Stop repeating (:meth:`attempt` may still be called)."""
+        self._halt.set()
+        if self.is_alive():
+            self.join()
+
+
+class MetricsScraper(_Observer):
+    """Scrapes a Prometheus endpoint every ``interval_s`` on a fixed schedule, as Prometheus does (a scrape
+    that overruns is followed at once by the next), keeping the last successful scrape's text.
+
+    Example::
+
+        scraper = MetricsScraper("http://127.0.0.1:9464/metrics")
+        scraper.start(); ...; scraper.stop()
+        scraper.attempts, scraper.failures, scraper.value("txcoord_messages_delivered_total")
+    """
+
+    def __init__(self, url: str, interval_s: float = 1.0, timeout_s: float = 5.0):
+        super().__init__("metrics-scraper", timeout_s)
+        self.url, self.interval_s = url, interval_s
+        self.last_text: Optional[str] = None
+
+    def observe(self) -> None:
+        response = self.session.get(self.url, timeout=self.timeout_s)
+        response.raise_for_status()
+        self.last_text = response.text
+
+    def run(self) -> None:
+        next_at = time.monotonic()
+        while not self._halt.is_set():
+            self.attempt()
+            next_at = max(next_at + self.interval_s, time.monotonic())
+            self._halt.wait(next_at - time.monotonic())
+
+    def value(self, sample: str) -> Optional[float]:
+        """The sum of the last successful scrape's samples named ``sample`` over their labels (``None``: no
+        such sample, or no scrape yet)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        if self.last_text is None:
+            return None
+        values = [s.value for family in text_string_to_metric_families(self.last_text) for s in family.samples
+                  if s.name == sample]
+        return sum(values) if values else None
+
+
+class ConsoleBrowser(_Observer):
+    """A browser with the console's overview open: signed in once (:meth:`sign_in`: the form's hidden
+    ``csrf_token`` posted back with the session cookie), it loads ``url`` and every image the page embeds
+    (its charts), one after the other, then loads them again when the page's meta refresh says, counted
+    from the end of the load as a browser counts it, until stopped. A load fails on an error, a status
+    other than 200, being sent back to the sign-in page, a page with no image or an image that is not SVG;
+    a successful load's duration is the page's and its images'.
+
+    Example::
+
+        browser = ConsoleBrowser("http://127.0.0.1:8470/", "viewer", "a long password")
+        browser.sign_in(); browser.start(); ...; browser.stop()
+        browser.attempts, browser.failures, browser.refresh_s, browser.images, browser.by_path["/"]
+    """
+
+    def __init__(self, url: str, username: str, password: str, refresh_s: float = 5.0, timeout_s: float = 30.0):
+        super().__init__("console-browser", timeout_s)
+        self.url, self.username, self.password = url, username, password
+        self.refresh_s = refresh_s  # until the page says otherwise
+        self.images: Optional[int] = None  # images the last successful load fetched
+        self.by_path: dict[str, list[float]] = {}  # path → seconds of each successful request of a load
+
+    def sign_in(self) -> None:
+        """Sign in through ``/login``'s form; raises ``RuntimeError`` if refused."""
+        import html
+        from urllib.parse import urljoin, urlparse
+
+        login = urljoin(self.url, "login")
+        page = self._get(login, "text/html", allow_login=True)
+        field = _CSRF_INPUT.search(page.text)
+        token = _VALUE.search(field.group(0)) if field else None
+        if token is None:
+            raise RuntimeError(f"no csrf_token input on {login}")
+        signed = self.session.post(login, timeout=self.timeout_s, data={
+            "username": self.username, "password": self.password, "csrf_token": html.unescape(token.group(1))})
+        if signed.status_code != 200 or urlparse(signed.url).path == "/login":
+            raise RuntimeError(f"the console refused the sign-in of {self.username}: HTTP {signed.status_code} "
+                               f"at {signed.url}")
+
+    def _get(self, url: str, content_type: str, allow_login: bool = False):
+        from urllib.parse import urlparse
+
+        started = time.perf_counter()
+        response = self.session.get(url, timeout=self.timeout_s)
+        seconds = time.perf_counter() - started
+        if response.status_code != 200:
+            raise RuntimeError(f"HTTP {response.status_code} for {url}")
+        if not allow_login and urlparse(response.url).path == "/login":
+            raise RuntimeError(f"{url} led to the sign-in page: signed out")
+        if not response.headers.get("Content-Type", "").startswith(content_type):
+            raise RuntimeError(f"{url} is {response.headers.get('Content-Type')!r}, not {content_type}")
+        if not allow_login:
+            self.by_path.setdefault(urlparse(url).path, []).append(seconds)
+        return response
+
+    def observe(self) -> None:
+        import html
+        from urllib.parse import urljoin
+
+        page = self._get(self.url, "text/html")
+        refresh = _META_REFRESH.search(page.text)
+        if refresh:
+            self.refresh_s = float(refresh.group(1))
+        images = [urljoin(page.url, html.unescape(src)) for src in _IMG_SRC.findall(page.text)]
+        if not images:
+            raise RuntimeError(f"{self.url} embeds no chart")
+        for image in images:
+            self._get(image, "image/svg+xml")
+        self.images = len(images)
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.attempt()
+            self._halt.wait(self.refresh_s)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,7 +32,24 @@ while the latencies from commitInfo timestamps (milliseconds) are as precise as 
     python bench/e2e.py                                  # 1,000 txn/s (or 90 % of the reference) for 10 minutes
     python bench/e2e.py --rate 50 --seconds 30 --threads 8
     python bench/e2e.py --object-store --rate 50 --seconds 30 --threads 8   # the lakehouse on a loopback S3 server
+    python bench/e2e.py --observed                       # the same, with the metrics scraped and the console open
     python bench/e2e.py --tiny                           # 10 txn/s for 5 s, for the tests (tests/test_bench.py)
+
+With ``--observed``, the run is watched as operators watch it, to show that watching does not slow the
+checker (issue 25: the targets still hold at 1,000 txn/s). The checker's TOML sets ``metrics_port = 0``
+(any free port, read from its log line "metrics served at ...") and a thread of this process scrapes
+``/metrics`` every second; ``txcoord console`` runs as a process of its own (any free port, a viewer
+created for the run) and another thread behaves as a browser with its overview open: it signs in once,
+then loads ``/`` and the three charts it embeds, one after the other, again every time the page's meta
+refresh says (5 s). Both start when sending starts and stop once the drain is over; a last scrape then
+checks the endpoint under load: its ``txcoord_messages_delivered_total`` must equal the rows of the topic
+table (scraped again for up to ``--trigger-ms`` × 20, at least 10 s, while it is lower: a batch's counters
+are updated once its writes are done). Reported: ``metrics_scrapes`` and ``metrics_scrape_failures``,
+``metrics_scrape_p50_ms``/``p99``/``max`` (successful scrapes), ``console_page_loads`` and
+``console_page_load_failures``, ``console_page_load_p50_ms``/``p99``/``max`` (page and charts) and
+each request's p50 and max by path (``console_request_p50_ms_by_path``, ``..._max_ms_by_path``),
+``metrics_delivered_total`` and ``metrics_delivered_matches``, the console's CPU seconds, the first
+errors of each; ``observed`` is in every report, true or false.
 
 Prints a table and writes ``bench/results/e2e.json`` (``bench/results/e2e-s3.json`` with
 ``--object-store``; ``--results`` to change).
@@ -42,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import sys
 import time
@@ -71,6 +89,12 @@ LAG_SLACK_VERSIONS = 3
 #: ``--tiny``: half a second of reference, then 5 s of sending at 10 txn/s (long enough for the once-a-second lag
 #: sampler to fall in both the second and the last quarter).
 TINY = {"rate": 10, "reference_producer_seconds": 0.5, "seconds": 5, "threads": 4, "drain": 60}
+#: ``--observed``: the metrics scraped every second, the console's overview reloaded as often as it says.
+SCRAPE_INTERVAL_S = 1.0
+#: The console's default refresh, which the run keeps (its page says so, and the browser follows the page).
+CONSOLE_REFRESH_S = 5
+#: The Prometheus counter of the messages a checker delivered, by topic.
+DELIVERED_SAMPLE = "txcoord_messages_delivered_total"
 
 
 def offered_rate(places: producer_benchmark.Places, requested: float,
@@ -101,6 +125,11 @@ def main(argv: list[str] | None = None) -> dict:
                         "(with --object-store: only the checker's TOML and log go there)")
     parser.add_argument("--object-store", action="store_true",
                         help="the lakehouse on a loopback S3 server (scripts/s3_server.py) instead of a local disk")
+    parser.add_argument("--observed", action="store_true",
+                        help="watch the run as operators do: the checker's metrics endpoint (metrics_port) scraped "
+                             "every second, and txcoord console running with a signed-in browser reloading its "
+                             "overview and charts every 5 s; reports their counts, failures and durations, and "
+                             "whether the delivered counter scraped last matches the topic table")
     parser.add_argument("--results", default=None, help="default: bench/results/e2e.json (e2e-s3.json)")
     args = benchlib.parse_args(parser, argv, "e2e", TINY)
     args.results = args.results or str(benchlib.RESULTS / ("e2e-s3.json" if args.object_store else "e2e.json"))
@@ -126,12 +155,20 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
     from coordinator import TransactionProducer
 
     report = {}
-    directory, checker = benchlib.checker_on_fresh_lakehouse(args.lakehouse, "e2e", args.trigger_ms, object_store)
+    settings = {"metrics_port": 0} if args.observed else {}
+    directory, checker = benchlib.checker_on_fresh_lakehouse(args.lakehouse, "e2e", args.trigger_ms, object_store,
+                                                             **settings)
     lakehouse = checker.lakehouse
-    sampler = None
+    sampler = console = scraper = browser = None
+    observed = {}
     try:
         print(f"starting the checker (trigger {args.trigger_ms} ms)...", flush=True)
+        if args.observed:  # started while the checker starts
+            console = benchlib.ConsoleJob(checker.config_path, os.path.join(directory, "console.log"),
+                                          refresh_s=CONSOLE_REFRESH_S)
         report["checker_start_s"] = checker.wait_ready(args.startup_timeout)
+        if args.observed:
+            scraper, browser = start_observers(checker, console)
         print(f"  first batch after {report['checker_start_s']} s; offering {rate:g} txn/s for {args.seconds:g} s "
               f"from {args.threads} threads", flush=True)
         t0 = time.monotonic()
@@ -146,10 +183,17 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
               f"achieved, {sender.errors} errors, {sender.unsent} unsent); waiting for delivery...", flush=True)
         delivered = wait_for_deliveries(lakehouse, wanted, args.drain)
         drained_after = round(time.monotonic() - t0 - send_seconds, 1)
+        if args.observed:
+            observed = stop_observers(scraper, browser, console, sum(d.rows for d in delivered.values()),
+                                      settle_s=max(10.0, 20 * args.trigger_ms / 1000))
     finally:
-        if sampler is not None:
-            sampler.stop()
-        exit_code = checker.stop()
+        for thread in (sampler, scraper, browser):
+            if thread is not None:
+                thread.stop()
+        try:
+            exit_code = checker.stop()
+        finally:
+            console_exit_code = None if console is None else console.stop()
     missing = len(wanted - delivered.keys())
 
     latencies = sorted(delivered[tid].timestamp_s - returned for tid, returned, _ in sender.sent if tid in delivered)
@@ -187,7 +231,10 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         "lag_last_quarter_max": max(lag_q4, default=None),
         "kept_up": keeping_up,
         "checker_exit_code": exit_code,
+        "observed": args.observed,
     }
+    if args.observed:
+        figures.update(observed, console_exit_code=console_exit_code)
     print(f"\n{'offered':>8} {'achieved':>9} {'sent':>7} {'unsent':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'lag max':>8} "
           f"{'lag Q2':>7} {'lag Q4':>7} {'kept up':>8}")
     f = figures
@@ -196,6 +243,20 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
           f"{f['lag_last_quarter_max']!s:>7} {str(f['kept_up']):>8}")
     print(f"send p50 {f['send_p50_ms']} ms, p99 {f['send_p99_ms']} ms; {missing} not delivered after the drain; "
           f"checker exit code {exit_code}")
+    if args.observed:
+        print(f"observed: /metrics scraped {f['metrics_scrapes']} times ({f['metrics_scrape_failures']} failed), "
+              f"p50 {f['metrics_scrape_p50_ms']} ms, p99 {f['metrics_scrape_p99_ms']} ms, max {f['metrics_scrape_max_ms']} ms; "
+              f"console overview loaded {f['console_page_loads']} times ({f['console_page_load_failures']} failed, "
+              f"page and {f['console_charts_per_page']} charts), p50 {f['console_page_load_p50_ms']} ms, "
+              f"p99 {f['console_page_load_p99_ms']} ms, max {f['console_page_load_max_ms']} ms; console CPU "
+              f"{f['console_cpu_s']} s, exit code {console_exit_code}")
+        print("  console requests, p50 (max) ms: " + ", ".join(
+            f"{path} {p50} ({f['console_request_max_ms_by_path'][path]})"
+            for path, p50 in f["console_request_p50_ms_by_path"].items()))
+        print(f"  {DELIVERED_SAMPLE} scraped last: {f['metrics_delivered_total']} against {f['topic_rows']} rows in the "
+              f"topic table: {'matches' if f['metrics_delivered_matches'] else 'DOES NOT MATCH'}")
+        for error in f["metrics_scrape_errors"] + f["console_page_load_errors"]:
+            print(f"  observer error: {error}")
     if object_store is not None:
         figures["log_file_mtime_resolution_s"] = OBJECT_STORE_MTIME_RESOLUTION_S
         print(f"e2e p99 by log file mtime {f['e2e_p99_ms_by_log_file_mtime']} ms: a "
@@ -221,6 +282,68 @@ def kept_up(missing: int, lag_second_quarter_max: int | None, lag_last_quarter_m
     if missing or lag_last_quarter_max is None:
         return False
     return lag_last_quarter_max <= LAG_GROWTH_TOLERANCE * (lag_second_quarter_max or 0) + LAG_SLACK_VERSIONS
+
+
+def start_observers(checker: benchlib.CheckerJob,
+                    console: benchlib.ConsoleJob) -> tuple[benchlib.MetricsScraper, benchlib.ConsoleBrowser]:
+    """``--observed``: the metrics scraper on the URL the checker logged and a browser signed in to
+    ``console`` with its overview open, both started."""
+    log = benchlib.CheckerLog(checker.log_file.name)
+    log.follow()  # the checker serves its metrics before it takes the lease, so before its first batch
+    if log.metrics_url is None:
+        raise RuntimeError(f"the checker did not log where it serves its metrics; see {checker.log_file.name}")
+    url = console.wait_ready(60)
+    scraper = benchlib.MetricsScraper(log.metrics_url, interval_s=SCRAPE_INTERVAL_S)
+    browser = benchlib.ConsoleBrowser(url, console.username, console.password, refresh_s=CONSOLE_REFRESH_S)
+    browser.sign_in()
+    print(f"  observed: scraping {log.metrics_url} every {SCRAPE_INTERVAL_S:g} s; {console.username} signed in to "
+          f"the console at {url}", flush=True)
+    scraper.start()
+    browser.start()
+    return scraper, browser
+
+
+def stop_observers(scraper: benchlib.MetricsScraper, browser: benchlib.ConsoleBrowser, console: benchlib.ConsoleJob,
+                   topic_rows: int, settle_s: float) -> dict:
+    """Stop both observers, scrape once more (again each second for up to ``settle_s`` while the delivered
+    counter is below ``topic_rows``: a batch counts its deliveries once its writes are done) and return
+    the ``--observed`` figures."""
+    browser.stop()
+    scraper.stop()
+    deadline = time.monotonic() + settle_s
+    while True:
+        scraper.attempt()
+        delivered = scraper.value(DELIVERED_SAMPLE)
+        if (delivered is not None and delivered >= topic_rows) or time.monotonic() >= deadline:
+            break
+        time.sleep(1)
+
+    def ms(seconds: list[float], q: float):
+        value = benchlib.percentile(seconds, q)
+        return None if value is None else round(value * 1000, 1)
+
+    return {
+        "metrics_scrapes": scraper.attempts,
+        "metrics_scrape_failures": scraper.failures,
+        "metrics_scrape_p50_ms": ms(scraper.seconds, 0.5),
+        "metrics_scrape_p99_ms": ms(scraper.seconds, 0.99),
+        "metrics_scrape_max_ms": ms(scraper.seconds, 1.0),
+        "metrics_scrape_errors": scraper.errors,
+        "console_page_loads": browser.attempts,
+        "console_page_load_failures": browser.failures,
+        "console_page_load_p50_ms": ms(browser.seconds, 0.5),
+        "console_page_load_p99_ms": ms(browser.seconds, 0.99),
+        "console_page_load_max_ms": ms(browser.seconds, 1.0),
+        "console_page_load_errors": browser.errors,
+        "console_charts_per_page": browser.images,
+        "console_request_p50_ms_by_path": {path: ms(seconds, 0.5) for path, seconds in browser.by_path.items()},
+        "console_request_max_ms_by_path": {path: ms(seconds, 1.0) for path, seconds in browser.by_path.items()},
+        "console_refresh_s": browser.refresh_s,
+        "console_cpu_s": console.cpu_seconds(),
+        "metrics_delivered_total": None if delivered is None else int(delivered),
+        "topic_rows": topic_rows,
+        "metrics_delivered_matches": delivered == topic_rows,
+    }
 
 
 def wait_for_deliveries(lakehouse: Lakehouse, wanted: set[str], drain_s: float) -> dict[str, benchlib.Delivery]:

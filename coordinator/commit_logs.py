@@ -28,14 +28,13 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, NamedTuple, Optional
 
-from deltalake import DeltaTable
 
 from coordinator.exceptions import InvalidArgumentError, OutdatedLakehouseError
 from coordinator.lakehouse import (GROUPS_KEY, LAYOUT_KEY, OPERATORS_LOG_KEY, SHARED_LOG_KEY, Lakehouse, group_key,
-                                   group_of_key, open_table)
+                                   group_of_key)
 from coordinator.storage import FileStore
 
-__all__ = ["CURRENT_LAYOUT", "CommitLogRef", "CommitLogs", "Lag", "Layout"]
+__all__ = ["CURRENT_LAYOUT", "CommitLogRef", "CommitLogs", "Lag", "Layout", "committed", "log_file", "versions_written"]
 
 #: The layout this version writes: one commit log per group, and the operators' own.
 CURRENT_LAYOUT = 2
@@ -151,22 +150,25 @@ class CommitLogs:
         (the checker's progress): versions written over every log, those not read yet, and the age at
         ``now_s`` (default: now) of the oldest of those.
 
+        Each log's latest version is found by probing for its commit files from the reader's
+        position on (a few existence checks, however long the log): opening the logs' Delta tables
+        would replay every commit since their last checkpoint, which a busy log makes slow
+        (the checker's metrics endpoint computes this at every scrape).
+
         Example::
 
             CommitLogs(lakehouse).lag(CheckerProgress(lakehouse).load().next_versions).unread_versions
         """
         now_s = time.time() if now_s is None else now_s
+        files = self.lakehouse.files
         written, unread, oldest_ms = 0, 0, None
         for ref in self.discover():
-            path = self.path(ref)
-            if not DeltaTable.is_deltatable(path, storage_options=self.lakehouse.storage or None):
-                continue
-            versions = open_table(path, storage=self.lakehouse.storage).version() + 1
-            written += versions
             first_unread = read.get(ref.key, 0)
+            versions = versions_written(files, ref.key, first_unread)
+            written += versions
             if first_unread < versions:
                 unread += versions - first_unread
-                commit = FileStore.at(path, self.lakehouse.storage).read(f"_delta_log/{first_unread:020d}.json")
+                commit = files.read(f"{ref.key}/{log_file(first_unread)}")
                 if commit is not None:
                     oldest_ms = commit.modified_ms if oldest_ms is None else min(oldest_ms, commit.modified_ms)
         return Lag(written, unread, 0.0 if oldest_ms is None else max(0.0, now_s - oldest_ms / 1000))
@@ -175,6 +177,37 @@ class CommitLogs:
         """Write ``system/_layout.json``."""
         self.lakehouse.files.put(LAYOUT_KEY, json.dumps({"version": layout.version,
                                                          "shared_log_end": layout.shared_log_end}).encode())
+
+
+def log_file(version: int) -> str:
+    """Where a Delta table's commit ``version`` is, relative to the table."""
+    return f"_delta_log/{version:020d}.json"
+
+
+def committed(files: FileStore, key: str, version: int) -> bool:
+    """Whether commit log ``key`` (relative to ``files``' root) has version ``version``: its log file exists."""
+    return files.exists(f"{key}/{log_file(version)}")
+
+
+def versions_written(files: FileStore, key: str, known: int = 0) -> int:
+    """How many versions commit log ``key`` has (its latest + 1), knowing it has at least ``known``:
+    doubling steps past the last version found, then halving back (about 2·log2 of the distance in
+    existence checks).
+
+    Example::
+
+        versions_written(lakehouse.files, "groups/order_group/commit_log", known=1200)  # e.g. 1234
+    """
+    if not committed(files, key, known):
+        return known
+    present, step = known, 1
+    while committed(files, key, present + step):
+        present, step = present + step, step * 2
+    absent = present + step
+    while absent - present > 1:
+        middle = (present + absent) // 2
+        present, absent = (middle, absent) if committed(files, key, middle) else (present, middle)
+    return present + 1
 
 
 class Lag(NamedTuple):

@@ -248,7 +248,32 @@ def test_run_tiny_drives_cold_start_end_to_end_and_soak_and_every_count_adds_up(
     assert set(suite["seconds_by_benchmark"]) == set(reports)
     assert_cold_start(reports["cold_start"])
     assert_end_to_end(reports["e2e"])
+    assert reports["e2e"]["observed"] is False and "metrics_scrapes" not in reports["e2e"]
     assert_soak(reports["soak"])
+
+
+@pytest.mark.slow
+def test_e2e_tiny_observed_run_scrapes_the_metrics_and_keeps_the_console_open_without_a_failure(tmp_path):
+    """About 30 s: ``bench/e2e.py --tiny --observed``, the checker's /metrics scraped every second and a signed-in
+    browser reloading the console's overview and charts, through 5 s of sending and the drain."""
+    report = run_tiny("e2e.py", tmp_path / "e2e-observed.json", "--observed")
+
+    assert_envelope(report, "e2e")
+    assert report["observed"] is True and report["args"]["observed"] is True
+    assert_end_to_end(report)
+    # The endpoint, scraped every second from the first batch to the end of the drain, and once more after it.
+    assert report["metrics_scrapes"] >= report["args"]["seconds"] and report["metrics_scrape_failures"] == 0
+    assert report["metrics_scrape_errors"] == []
+    assert 0 < report["metrics_scrape_p50_ms"] <= report["metrics_scrape_p99_ms"] <= report["metrics_scrape_max_ms"]
+    # The overview, signed in once, loaded at once and every 5 s after, as its page says, with its three charts.
+    assert report["console_page_loads"] >= 1 and report["console_page_load_failures"] == 0
+    assert report["console_page_load_errors"] == []
+    assert report["console_charts_per_page"] == 3 and report["console_refresh_s"] == 5
+    assert 0 < report["console_page_load_p50_ms"] <= report["console_page_load_p99_ms"] <= report["console_page_load_max_ms"]
+    # The counter scraped last is what the topic table holds: every message sent, delivered once.
+    assert report["metrics_delivered_total"] == report["topic_rows"] == report["delivered"] == report["sent"]
+    assert report["metrics_delivered_matches"] is True
+    assert report["console_cpu_s"] > 0 and report["console_exit_code"] == 0
 
 
 def assert_cold_start(report: dict) -> None:

@@ -211,3 +211,36 @@ def test_the_overview_shows_the_checkers_health_and_charts_its_batches(checker, 
     assert ">orders p50<" in victor.get("/charts/latency.svg").text and ">orders p99<" in victor.get("/charts/latency.svg").text
     assert "no batch in this window" not in victor.get("/charts/batches.svg", minutes=5).text
     assert victor.get("/charts/nothing.svg").status_code == 404
+
+
+def test_the_charts_window_is_topped_up_with_new_batches_and_survives_compaction(config):
+    from coordinator.lakehouse import Lakehouse, init_lakehouse
+    from coordinator.tables import METRICS
+    from coordinator.web.recent import RecentBatches
+
+    init_lakehouse(config.lakehouse)
+    lakehouse = Lakehouse(config.lakehouse)
+    metrics = CheckerMetrics(lakehouse, app_id="recent-test")
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def record(batch_id: int, age_min: float) -> None:
+        finished = now - dt.timedelta(minutes=age_min)
+        metrics.record(metrics_row(batch_id=batch_id, started_at=finished, finished_at=finished))
+
+    def finished_times(recent: RecentBatches, since_min: float = 60) -> list[int]:
+        return [int(t.timestamp()) for t in recent.since(now - dt.timedelta(minutes=since_min), now)
+                .column("finished_at").to_pylist()]
+
+    recent = RecentBatches(lakehouse, keep=dt.timedelta(minutes=30))
+    assert recent.since(now - dt.timedelta(minutes=30), now).num_rows == 0
+    record(1, 45)  # older than the window kept
+    record(2, 20)
+    record(3, 10)
+    assert recent.since(now - dt.timedelta(minutes=30), now).num_rows == 2
+    record(4, 5)
+    assert recent.since(now - dt.timedelta(minutes=30), now).num_rows == 3  # topped up with the new file
+    assert recent.since(now - dt.timedelta(minutes=15), now).num_rows == 2
+    lakehouse.table(METRICS).optimize.compact()  # the files read so far are gone
+    record(5, 1)
+    assert recent.since(now - dt.timedelta(minutes=30), now).num_rows == 4  # each batch once
+    assert finished_times(recent) == sorted(finished_times(recent))

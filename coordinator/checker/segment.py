@@ -40,7 +40,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from coordinator.commit_logs import CommitLogs
+from coordinator.commit_logs import CommitLogs, committed, log_file
 from coordinator.lakehouse import Lakehouse
 from coordinator.storage import FileStore
 from coordinator.tables import COMMIT_LOG
@@ -60,15 +60,6 @@ RECORD_SCHEMA = pa.schema([*_COMMIT_LOG_SCHEMA, pa.field("commit_log", pa.string
                            pa.field("refusal", pa.string()),
                            pa.field("stored_timestamp", pa.timestamp("us", tz="UTC")),
                            pa.field("is_heartbeat", pa.bool_())])
-
-
-def _log_file(version: int) -> str:
-    return f"_delta_log/{version:020d}.json"
-
-
-def _committed(files: FileStore, key: str, version: int) -> bool:
-    """Whether commit log ``key`` (relative to ``files``' root) has version ``version``: its log file exists."""
-    return files.exists(f"{key}/{_log_file(version)}")
 
 
 def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_VERSIONS_PER_BATCH) -> dict[str, int]:
@@ -93,7 +84,7 @@ def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_
         still_growing = []
         for key in open_logs:
             taken = 0
-            while taken < share and budget > 0 and (key in first_probed or _committed(files, key, ends[key])):
+            while taken < share and budget > 0 and (key in first_probed or committed(files, key, ends[key])):
                 first_probed.discard(key)
                 ends[key] += 1
                 taken += 1
@@ -113,10 +104,10 @@ _CONCURRENT_PROBES = 16
 def _grown_at_all(files: FileStore, keys: list[str], ends: Mapping[str, int]) -> list[str]:
     """The logs of ``keys`` (in that order) whose version ``ends[log]`` exists: one probe each, concurrently."""
     if len(keys) <= 1:
-        return [key for key in keys if _committed(files, key, ends[key])]
+        return [key for key in keys if committed(files, key, ends[key])]
     with ThreadPoolExecutor(max_workers=min(_CONCURRENT_PROBES, len(keys))) as probes:
-        committed = probes.map(lambda key: _committed(files, key, ends[key]), keys)
-        return [key for key, exists in zip(keys, committed) if exists]
+        found = probes.map(lambda key: committed(files, key, ends[key]), keys)
+        return [key for key, exists in zip(keys, found) if exists]
 
 
 @dataclass(frozen=True)
@@ -147,7 +138,7 @@ class Segment:
         for key in grown:
             log = []
             for version in range(self.starts.get(key, 0), self.ends[key]):
-                commit = stores[key].read(_log_file(version))
+                commit = stores[key].read(log_file(version))
                 log.append((commit.modified_ms, key, version, commit.data))
             commits.append(log)
         merged = heapq.merge(*commits, key=lambda commit: commit[:3])

@@ -137,10 +137,10 @@ def read_lease(lakehouse: Union[str, Lakehouse]) -> Optional[dict]:
 
 
 def read_metrics(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] = None,
-                 since: Optional[dt.datetime] = None) -> pa.Table:
+                 since: Optional[dt.datetime] = None, where: Optional[pc.Expression] = None) -> pa.Table:
     """Every batch the checker recorded in ``system/metrics`` (those finished at ``since`` or later,
-    if given: the files' statistics leave the older ones unread), by batch id; empty if the table
-    does not exist.
+    and matching ``where``, if given: the files' statistics leave the others unread), by batch id;
+    empty if the table does not exist.
 
     Example::
 
@@ -149,21 +149,29 @@ def read_metrics(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] 
     lakehouse = Lakehouse.at(lakehouse)
     if not lakehouse.exists(METRICS):
         return METRICS.arrow_schema().empty_table().select(columns or METRICS.column_names)
-    table = lakehouse.read(METRICS, columns, None if since is None else pc.field("finished_at") >= since)
+    if since is not None:
+        where = pc.field("finished_at") >= since if where is None else where & (pc.field("finished_at") >= since)
+    table = lakehouse.read(METRICS, columns, where)
     return table.sort_by("batch_id") if "batch_id" in table.column_names else table
 
 
 def last_batch(lakehouse: Union[str, Lakehouse]) -> Optional[dict]:
     """The checker's latest recorded batch (a ``system/metrics`` row), or ``None``.
 
+    Reads one file: the one whose statistics hold the highest batch id (the table gains a file
+    per batch, thousands an hour until ``txcoord maintain`` compacts them).
+
     Example::
 
         last_batch("lakehouse")["duration_ms"]
     """
-    # The last ten minutes first: the files' statistics leave the rest unread, however long the history.
-    rows = read_metrics(lakehouse, since=dt.datetime.now(UTC) - dt.timedelta(minutes=10))
-    if not rows.num_rows:
-        rows = read_metrics(lakehouse)
+    lakehouse = Lakehouse.at(lakehouse)
+    if not lakehouse.exists(METRICS):
+        return None
+    highest = pc.max(pa.table(lakehouse.table(METRICS).get_add_actions(flatten=True)).column("max.batch_id")).as_py()
+    if highest is None:
+        return None
+    rows = read_metrics(lakehouse, since=None, where=pc.field("batch_id") == highest)
     return rows.slice(rows.num_rows - 1).to_pylist()[0] if rows.num_rows else None
 
 

@@ -39,9 +39,10 @@ from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.ops.discarded import discarded_transactions
 from coordinator.ops.pending import parse_duration, pending_transactions
 from coordinator.ops.resolve import preview_resolution, resolve_transaction
-from coordinator.ops.status import read_status, read_metrics
+from coordinator.ops.status import read_status
 from coordinator.protocol import MAX_REASON_LENGTH, LocalTransactionState
 from coordinator.web import charts
+from coordinator.web.recent import RecentBatches
 from coordinator.web.users import ConsoleUser, ConsoleUsers
 
 __all__ = ["create_app"]
@@ -108,6 +109,14 @@ def create_app(config: CoordinatorConfig, users: ConsoleUsers, refresh_s: int = 
     logins.login_message = "Sign in to use the console."
     logins.login_message_category = "info"
     host = socket.gethostname()
+    recent: dict[tuple, RecentBatches] = {}
+
+    def recent_batches(cfg: CoordinatorConfig) -> RecentBatches:
+        """One in-memory window of batches per storage account the users read with."""
+        key = tuple(sorted(cfg.storage.items()))
+        if key not in recent:
+            recent[key] = RecentBatches(require_lakehouse(Lakehouse.of(cfg)))
+        return recent[key]
 
     @logins.user_loader
     def load_user(name: str) -> Optional[_SignedIn]:
@@ -202,7 +211,7 @@ def create_app(config: CoordinatorConfig, users: ConsoleUsers, refresh_s: int = 
         now = clock()
         minutes = _window(request.args.get("minutes"))
         since = now - dt.timedelta(minutes=minutes)
-        rows = read_metrics(require_lakehouse(Lakehouse.of(user_config())), charts.CHART_COLUMNS, since=since)
+        rows = recent_batches(user_config()).since(since, now)
         if name == "throughput":
             svg = charts.throughput_chart(rows, since, now, bucket_s=max(1, minutes * 60 // 90))
         elif name == "latency":
