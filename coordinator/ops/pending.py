@@ -139,8 +139,10 @@ def read_pending(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] 
     columns = columns or HALF.column_names
     progress = CheckerProgress(lakehouse).load()
     start = 0 if progress is None else progress.pending_from
-    halves = lakehouse.read(HALF, list(dict.fromkeys(columns + ["queue_offset"])), pc.field("queue_offset") >= start)
-    resolved = lakehouse.read(OP, ["half_offset"], pc.field("half_offset") >= start).column("half_offset")
+    halves = lakehouse.read(HALF, list(dict.fromkeys(columns + ["queue_offset"])), pc.field("queue_offset") >= start,
+                            files=f"queue_offset >= {start}")
+    resolved = lakehouse.read(OP, ["half_offset"], pc.field("half_offset") >= start,
+                              files=f"half_offset >= {start}").column("half_offset")
     return halves.filter(pc.invert(pc.is_in(halves.column("queue_offset"), value_set=resolved))).select(columns)
 
 

@@ -137,10 +137,10 @@ def read_lease(lakehouse: Union[str, Lakehouse]) -> Optional[dict]:
 
 
 def read_metrics(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] = None,
-                 since: Optional[dt.datetime] = None, where: Optional[pc.Expression] = None) -> pa.Table:
+                 since: Optional[dt.datetime] = None) -> pa.Table:
     """Every batch the checker recorded in ``system/metrics`` (those finished at ``since`` or later,
-    and matching ``where``, if given: the files' statistics leave the others unread), by batch id;
-    empty if the table does not exist.
+    if given: the files' statistics leave the older ones unread), by batch id; empty if the table
+    does not exist.
 
     Example::
 
@@ -149,9 +149,12 @@ def read_metrics(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] 
     lakehouse = Lakehouse.at(lakehouse)
     if not lakehouse.exists(METRICS):
         return METRICS.arrow_schema().empty_table().select(columns or METRICS.column_names)
+    where = files = None
     if since is not None:
-        where = pc.field("finished_at") >= since if where is None else where & (pc.field("finished_at") >= since)
-    table = lakehouse.read(METRICS, columns, where)
+        where = pc.field("finished_at") >= since
+        # Statistics keep timestamps to the millisecond, truncated: a file's true maximum may be up to 1 ms above.
+        files = f"finished_at >= '{(since - dt.timedelta(milliseconds=1)).isoformat()}'"
+    table = lakehouse.read(METRICS, columns, where, files=files)
     return table.sort_by("batch_id") if "batch_id" in table.column_names else table
 
 
@@ -171,7 +174,7 @@ def last_batch(lakehouse: Union[str, Lakehouse]) -> Optional[dict]:
     highest = pc.max(pa.table(lakehouse.table(METRICS).get_add_actions(flatten=True)).column("max.batch_id")).as_py()
     if highest is None:
         return None
-    rows = read_metrics(lakehouse, since=None, where=pc.field("batch_id") == highest)
+    rows = lakehouse.read(METRICS, filter=pc.field("batch_id") == highest, files=f"batch_id >= {highest}")
     return rows.slice(rows.num_rows - 1).to_pylist()[0] if rows.num_rows else None
 
 

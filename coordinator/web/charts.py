@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 __all__ = ["CHART_COLUMNS", "batches_chart", "latency_chart", "throughput_chart"]
 
 #: The ``system/metrics`` columns the charts read.
-CHART_COLUMNS = ["finished_at", "duration_ms", "delivered_by_topic", "visible_p50_ms_by_topic", "visible_p99_ms_by_topic"]
+CHART_COLUMNS = ["batch_id", "finished_at", "duration_ms", "delivered_by_topic", "visible_p50_ms_by_topic", "visible_p99_ms_by_topic"]
 
 
 def throughput_chart(rows: pa.Table, since: dt.datetime, now: dt.datetime, bucket_s: int) -> bytes:
