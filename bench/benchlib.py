@@ -428,7 +428,7 @@ _IMG_SRC = re.compile(r'<img[^>]*\bsrc="([^"]+)"')
 class ConsoleJob(_Job):
     """``txcoord console`` (the operators' web console) on a coordinator TOML, as a process of its own on
     any free loopback port, with a viewer created for it (a random password) in ``console-users.toml``
-    beside the TOML; its output goes to ``log_path``. Stopped as by Ctrl-C (SIGINT: the server closes,
+    beside the TOML; its output goes to ``log_path``. Stopped as systemd stops it (SIGTERM: the server closes,
     exit 0), SIGKILL after a timeout.
 
     Example::
@@ -483,8 +483,12 @@ class ConsoleJob(_Job):
         return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
 
     def stop(self, timeout_s: float = 30) -> int:
-        """SIGINT, as Ctrl-C (the console closes its server and exits 0); SIGKILL after ``timeout_s``."""
-        return self._stop(signal.SIGINT, timeout_s)
+        """SIGTERM, as systemd stops it (the console closes its server and exits 0); SIGKILL after ``timeout_s``.
+
+        Not SIGINT: a process started from a shell's background job (as `make test`'s second lane runs
+        these benchmarks) inherits SIGINT ignored, and the console would never see it.
+        """
+        return self._stop(signal.SIGTERM, timeout_s)
 
 
 class _Observer(threading.Thread):
