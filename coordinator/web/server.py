@@ -33,16 +33,23 @@ class ConsoleServer:
 
     def __init__(self, server, host: str):
         self._server = server
+        self._closed = False
         self.port = server.effective_port
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{self.port}/"
 
     def run(self) -> None:
         """Serve requests until :meth:`close` (or Ctrl-C)."""
-        self._server.run()
+        try:
+            self._server.run()
+        except OSError:
+            # Closed from another thread while the loop waited on the sockets: the wait fails on the closed socket.
+            if not self._closed:
+                raise
 
     def close(self) -> None:
-        """Stop listening, and let :meth:`run` return."""
+        """Stop listening, and let :meth:`run` return (from any thread)."""
+        self._closed = True
         self._server.close()
 
 
