@@ -24,7 +24,7 @@ import socket
 from typing import Callable, Optional
 
 from flask import Flask, Response, abort, flash, redirect, render_template, request, url_for
-from flask_login import LoginManager, current_user, login_required, login_user, logout_user
+from flask_login import LoginManager, UserMixin, current_user, login_required, login_user, logout_user
 from flask_wtf import FlaskForm
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from wtforms import BooleanField, PasswordField, StringField, TextAreaField
@@ -57,12 +57,8 @@ AGE_FILTERS = ("", "1m", "10m", "1h", "1d")
 _CHART_WINDOWS_MIN = (5, 15, 60)
 
 
-class _SignedIn:
+class _SignedIn(UserMixin):
     """A console user as Flask-Login holds them for a request."""
-
-    is_authenticated = True
-    is_active = True
-    is_anonymous = False
 
     def __init__(self, user: ConsoleUser):
         self.user = user
