@@ -5,7 +5,8 @@
     python bench/run.py           # the full versions: cold_start, producer, history, e2e, unresolved,
                                   # soak, batch_cost, groups (50 minutes at least: soak 30, e2e 10)
     python bench/run.py --tiny    # each of those with --tiny: the smallest run that goes through all of it,
-                                  # in seconds; its figures mean nothing (tests/test_bench.py runs them)
+                                  # in seconds (e2e's with --observed); its figures mean nothing
+                                  # (tests/test_bench.py runs them)
 
 Each benchmark writes its own JSON under ``bench/results/`` (``*-quick.json`` for the quick
 versions, ``*-tiny.json`` for the tiny ones), or beside ``--results``; this script writes ``run.json``
@@ -61,7 +62,7 @@ FULL = {
     "batch_cost": [],
     "groups": [],
 }
-TINY = {name: ["--tiny"] for name in FULL}
+TINY = {name: ["--tiny"] for name in FULL} | {"e2e": ["--tiny", "--observed"]}  # the observers go through it too
 
 
 def run_one(name: str, extra: list[str], results: Path) -> dict:
