@@ -19,6 +19,12 @@ It stays a correct Delta writer:
   someone else changed the table's protocol or metadata;
 * a commit that lost the race for a version is tried at the next one, after
   reading the winner's commit (a blind append conflicts with nothing else);
+* a commit whose reply the storage lost is not committed twice: retried, it
+  finds the version taken by exactly its own content (a commit names its data
+  file by UUID), which :mod:`coordinator.storage` recognises as its own; if the
+  storage never answers within the retry bound,
+  :class:`~coordinator.exceptions.WriteOutcomeUnknownError` says the outcome is
+  unknown, never that the append failed;
 * it never creates a version a log cleanup may have deleted: it commits at
   ``v`` only once ``v - 1`` is known to exist and the newest checkpoint is
   older than ``v``;

@@ -1,9 +1,10 @@
 """Every error the coordinator raises. All derive from :class:`CoordinatorError`."""
 
 __all__ = ["CheckerAlreadyRunningError", "CheckerStateError", "CheckpointMismatchError", "ConfigError",
-           "CoordinatorError", "HalfNotStoredError", "IncompleteListenerError", "InvalidArgumentError",
-           "AccessDeniedError", "LakehouseNotFoundError", "LeaseLostError", "MessageValidationError", "OutdatedLakehouseError",
-           "ProducerStateError", "SparkSetupError", "StopRequested", "UnsupportedTableError"]
+           "CoordinatorError", "HalfNotStoredError", "HalfOutcomeUnknownError", "IncompleteListenerError",
+           "InvalidArgumentError", "AccessDeniedError", "LakehouseNotFoundError", "LeaseLostError",
+           "MessageValidationError", "OutdatedLakehouseError", "ProducerStateError", "SparkSetupError", "StopRequested",
+           "StorageUnavailableError", "UnsupportedTableError", "WriteOutcomeUnknownError"]
 
 
 class CoordinatorError(Exception):
@@ -37,6 +38,21 @@ class HalfNotStoredError(CoordinatorError):
     """
 
 
+class HalfOutcomeUnknownError(CoordinatorError):
+    """The storage did not say whether the half message was stored (it failed, or its reply was
+    lost, on every attempt for the bounded retry time).
+
+    The local transaction was not run. If the half was stored, the checker will check back once its
+    immunity is over: the listener's ``check_local_transaction`` then answers for a local
+    transaction that never ran (roll back). ``transaction_id`` says which transaction to look for
+    (``txcoord inspect``).
+    """
+
+    def __init__(self, message: str, transaction_id: str) -> None:
+        super().__init__(message)
+        self.transaction_id = transaction_id
+
+
 class ProducerStateError(CoordinatorError):
     """The producer was used before ``start()`` or after ``shutdown()``."""
 
@@ -53,6 +69,18 @@ class OutdatedLakehouseError(CoordinatorError):
 class AccessDeniedError(CoordinatorError, PermissionError):
     """The storage refused this principal's request for a path (its grants do not cover it; see
     ``txcoord grants``). Nothing was written."""
+
+
+class StorageUnavailableError(CoordinatorError):
+    """The storage failed a request on every attempt (throttling, server errors, timeouts, lost
+    connections) until the retries' bound (the ``[storage]`` settings ``max_retries`` and
+    ``retry_timeout``) ran out. A write it names may have happened or not (see
+    :class:`WriteOutcomeUnknownError`); nothing else was done."""
+
+
+class WriteOutcomeUnknownError(StorageUnavailableError):
+    """A conditional write (a Delta commit, the lease, the progress record) whose outcome the
+    storage never told: it may have been made. Whoever reads the file next learns which."""
 
 
 class SparkSetupError(CoordinatorError):

@@ -6,6 +6,13 @@ and replaced only if it is still at that version, or created only if absent. Tha
 lease and a progress record need to stay single-writer, on either kind of storage: two
 processes racing to replace the same version see one win and one refused.
 
+On object storage every request is retried, bounded and counted, by :mod:`coordinator.retries`
+(throttling, server errors, timeouts, lost connections). A conditional write is where a retry
+is ambiguous: if its first attempt was made but the reply lost, the retry is refused as if
+another writer had won. :meth:`FileStore.create` and :meth:`FileStore.replace` then read the file:
+holding exactly what this writer wrote, it is this writer's (every caller's content is unique
+to it), and the write is reported made.
+
 Object storage is reached through ``obstore`` (the Rust ``object_store`` crate, the one delta-rs
 uses), so the same settings serve both: ``AWS_*`` environment variables, or the coordinator
 TOML's ``[storage]`` table (the same keys, e.g. ``aws_endpoint``, ``aws_allow_http``).
@@ -29,17 +36,20 @@ import os
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Callable, Iterator, Mapping, NamedTuple, Optional
+from typing import Callable, Iterator, Mapping, NamedTuple, Optional, TypeVar
 from urllib.parse import urlparse
 
 import obstore
 from obstore.exceptions import AlreadyExistsError, PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import S3Store
 
-from coordinator.exceptions import AccessDeniedError, InvalidArgumentError
+from coordinator.exceptions import (AccessDeniedError, InvalidArgumentError, StorageUnavailableError,
+                                    WriteOutcomeUnknownError)
+from coordinator.retries import RETRY_SETTINGS, RetryPolicy, note_own_write_recognised, retrying
 
 __all__ = ["FileStore", "Versioned", "denied_as_error", "is_object_store"]
 
+_T = TypeVar("_T")
 #: Location schemes served by object storage; anything else is a local path.
 OBJECT_SCHEMES = ("s3", "s3a")
 
@@ -128,12 +138,16 @@ class FileStore(abc.ABC):
 
     @abc.abstractmethod
     def create(self, key: str, data: bytes) -> Optional[str]:
-        """Write the file only if it does not exist; return its version, or ``None`` if it existed."""
+        """Write the file only if it does not exist; return its version, or ``None`` if it existed.
+
+        ``data`` must be unique to this writer (an id, a holder and time): a retried create that finds
+        exactly ``data`` in place takes it as its own. Raises
+        :class:`~coordinator.exceptions.WriteOutcomeUnknownError` when the storage never told."""
 
     @abc.abstractmethod
     def replace(self, key: str, data: bytes, version: str) -> Optional[str]:
         """Overwrite the file only if it is still at ``version``; return the new version, or ``None``
-        if it changed or is gone."""
+        if it changed or is gone. ``data`` must be unique to this writer, as for :meth:`create`."""
 
     @abc.abstractmethod
     def put(self, key: str, data: bytes) -> int:
@@ -276,72 +290,118 @@ class ObjectFileStore(FileStore):
         if not parsed.netloc:
             raise InvalidArgumentError(f"an object-storage location names a bucket: s3://BUCKET/PREFIX, got {root!r}")
         self.root = root
-        config = {key: value for key, value in options.items() if key != "aws_allow_http"}
+        self._policy = RetryPolicy.of(options)
+        config = {key: value for key, value in options.items() if key != "aws_allow_http" and key not in RETRY_SETTINGS}
         client = {"allow_http": _truthy(options["aws_allow_http"])} if "aws_allow_http" in options else None
+        # object_store's own retries are off: coordinator.retries makes them, counted and logged, and
+        # tells a conditional write whose reply was lost from one refused (see create and replace).
         self._store = S3Store(parsed.netloc, prefix=parsed.path.strip("/") or None, config=config or None,
-                              client_options=client)
+                              client_options=client, retry_config={"max_retries": 0})
 
     def location(self, key: str) -> str:
         return f"{self.root.rstrip('/')}/{key}"
 
     @_naming_denied_paths
     def read(self, key: str) -> Optional[Versioned]:
-        try:
-            result = obstore.get(self._store, key)
-        except FileNotFoundError:
-            return None
-        return Versioned(bytes(result.bytes()), result.meta["e_tag"], _milliseconds(result.meta["last_modified"]))
+        def attempt() -> Optional[Versioned]:
+            try:
+                result = obstore.get(self._store, key)
+                data = bytes(result.bytes())  # the body is read here: its failures are retried too
+            except FileNotFoundError:
+                return None
+            return Versioned(data, result.meta["e_tag"], _milliseconds(result.meta["last_modified"]))
+
+        return self._retrying("read", key, attempt)
 
     @_naming_denied_paths
     def exists(self, key: str) -> bool:
-        try:
-            obstore.head(self._store, key)
-        except FileNotFoundError:
-            return False
-        return True
+        def attempt() -> bool:
+            try:
+                obstore.head(self._store, key)
+            except FileNotFoundError:
+                return False
+            return True
+
+        return self._retrying("exists", key, attempt)
 
     @_naming_denied_paths
     def create(self, key: str, data: bytes) -> Optional[str]:
-        try:
-            return obstore.put(self._store, key, data, mode="create")["e_tag"]
-        except (AlreadyExistsError, PreconditionError):
-            return None
+        attempts = 0
+
+        def attempt() -> Optional[str]:
+            nonlocal attempts
+            attempts += 1
+            try:
+                return obstore.put(self._store, key, data, mode="create")["e_tag"]
+            except (AlreadyExistsError, PreconditionError):
+                return None
+
+        version = self._retrying("create", key, attempt, WriteOutcomeUnknownError)
+        return self._own_write("create", key, data) if version is None and attempts > 1 else version
 
     @_naming_denied_paths
     def replace(self, key: str, data: bytes, version: str) -> Optional[str]:
-        try:
-            return obstore.put(self._store, key, data, mode={"e_tag": version})["e_tag"]
-        except (PreconditionError, FileNotFoundError):
-            return None
+        attempts = 0
+
+        def attempt() -> Optional[str]:
+            nonlocal attempts
+            attempts += 1
+            try:
+                return obstore.put(self._store, key, data, mode={"e_tag": version})["e_tag"]
+            except (PreconditionError, FileNotFoundError):
+                return None
+
+        written = self._retrying("replace", key, attempt, WriteOutcomeUnknownError)
+        return self._own_write("replace", key, data) if written is None and attempts > 1 else written
 
     @_naming_denied_paths
     def put(self, key: str, data: bytes) -> int:
-        obstore.put(self._store, key, data)
+        self._retrying("put", key, lambda: obstore.put(self._store, key, data))
         return int(time.time() * 1000)
 
     @_naming_denied_paths
     def delete(self, key: str) -> None:
-        try:
-            obstore.delete(self._store, key)
-        except FileNotFoundError:
-            pass
+        def attempt() -> None:
+            try:
+                obstore.delete(self._store, key)
+            except FileNotFoundError:
+                pass
+
+        self._retrying("delete", key, attempt)
 
     @_naming_denied_paths
     def list(self, prefix: str) -> list[str]:
         prefix = prefix.rstrip("/") + "/"
-        return sorted(meta["path"] for batch in obstore.list(self._store, prefix) for meta in batch
-                      if "/" not in meta["path"][len(prefix):])
-
+        return self._retrying("list", prefix, lambda: sorted(
+            meta["path"] for batch in obstore.list(self._store, prefix) for meta in batch
+            if "/" not in meta["path"][len(prefix):]))
 
     @_naming_denied_paths
     def modified(self, prefix: str) -> dict[str, int]:
-        listed = obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/")
+        listed = self._retrying("list", prefix, lambda: obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/"))
         return {meta["path"]: _milliseconds(meta["last_modified"]) for meta in listed["objects"]}
 
     @_naming_denied_paths
     def directories(self, prefix: str) -> list[str]:
-        listed = obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/")
+        listed = self._retrying("list", prefix, lambda: obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/"))
         return sorted(common.rstrip("/").rsplit("/", 1)[-1] for common in listed["common_prefixes"])
+
+    def _retrying(self, operation: str, key: str, attempt: Callable[[], _T],
+                  exhausted: type[StorageUnavailableError] = StorageUnavailableError) -> _T:
+        return retrying(self._policy, operation, self.location(key), attempt, exhausted)
+
+    def _own_write(self, operation: str, key: str, data: bytes) -> Optional[str]:
+        """After a conditional write was refused on a second attempt: the file's version if it holds
+        exactly ``data`` (the first attempt was made, its reply lost), else ``None`` (another writer's).
+
+        Exact because every caller's content is its own: a Delta commit names a data file by UUID, a
+        lease or progress record its holder and time.
+        """
+        current = self.read(key)
+        if current is None or current.data != data:
+            return None
+        note_own_write_recognised(operation, self.location(key))
+        return current.version
 
 
 def _milliseconds(when: dt.datetime) -> int:

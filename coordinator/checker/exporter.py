@@ -20,11 +20,12 @@ import time
 from typing import Callable, Mapping, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from coordinator.commit_logs import CommitLogs
 from coordinator.lakehouse import Lakehouse
 from coordinator.protocol import LocalTransactionState
+from coordinator.retries import storage_request_counts
 
 __all__ = ["CheckerExporter"]
 
@@ -84,6 +85,7 @@ class CheckerExporter:
                                         "transaction with no outcome has waited since its half was stored (0: none)",
                                         registry=registry)
         self.oldest_pending_age.set_function(self._oldest_pending_age)
+        self.registry.register(_StorageRequestsCollector())
         self._server = None
 
     def serve(self, host: str, port: int) -> int:
@@ -164,3 +166,30 @@ class _LagCollector:
                                 "has not read yet, over every log", value=lag.unread_versions)
         yield GaugeMetricFamily("txcoord_commit_log_lag_seconds", "Age of the oldest commit-log version the checker "
                                 "has not read yet (0: none)", value=lag.seconds)
+
+
+class _StorageRequestsCollector:
+    """``txcoord_storage_*``: this process's storage requests that did not go straight through
+    (:mod:`coordinator.retries` counts them, whichever thread made them)."""
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        counts = storage_request_counts()
+        retries = CounterMetricFamily("txcoord_storage_retries", "Object-storage requests tried again, by operation "
+                                      "and cause (throttled, server_error, timeout, connection, other)",
+                                      labels=["operation", "cause"])
+        for (operation, cause), n in sorted(counts.retries.items()):
+            retries.add_metric([operation, cause], n)
+        exhausted = CounterMetricFamily("txcoord_storage_requests_failed", "Object-storage requests that failed on "
+                                        "every attempt until max_retries or retry_timeout ran out, by operation and "
+                                        "the last failure's cause", labels=["operation", "cause"])
+        for (operation, cause), n in sorted(counts.exhausted.items()):
+            exhausted.add_metric([operation, cause], n)
+        own = CounterMetricFamily("txcoord_storage_own_writes_recognised", "Conditional writes refused on a retry "
+                                  "because the file held exactly what this writer wrote: the first attempt was made "
+                                  "and its reply lost", labels=["operation"])
+        for operation, n in sorted(counts.own_writes_recognised.items()):
+            own.add_metric([operation], n)
+        yield from (retries, exhausted, own)

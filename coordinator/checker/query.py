@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -29,13 +29,16 @@ from coordinator.commit_logs import CommitLogs
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
 from coordinator.control.progress import BatchRecord, CheckerProgress, CheckpointState, Progress
-from coordinator.exceptions import CheckpointMismatchError, LeaseLostError
+from coordinator.exceptions import CheckpointMismatchError, LeaseLostError, StopRequested, StorageUnavailableError
 from coordinator.jobs.runtime import BatchGate
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 
 __all__ = ["CheckerQuery", "checkpoint_location"]
 
 log = logging.getLogger("coordinator.checker")
+
+#: Seconds between runs of a batch that failed because the storage was unavailable past its retry bound.
+OUTAGE_PAUSE_S = 5
 
 
 def checkpoint_location(config: CoordinatorConfig) -> str:
@@ -69,6 +72,7 @@ class CheckerQuery:
         self._stop_renewing = threading.Event()
         self._lease_lock = threading.Lock()
         self._gate = BatchGate()
+        self._stopping = threading.Event()
         self.exporter = CheckerExporter()
         #: The port serving the Prometheus metrics once started (``metrics_port`` set), else None.
         self.metrics_port: Optional[int] = None
@@ -177,7 +181,23 @@ class CheckerQuery:
                 self.metrics.batch_done(stream_batch_id, summary)
                 self.exporter.batch_done(summary)
 
-        self._gate.run(stream_batch_id, body)
+        self._gate.run(stream_batch_id, lambda: self._until_storage_answers(stream_batch_id, body))
+
+    def _until_storage_answers(self, stream_batch_id: int, body: Callable[[], None]) -> None:
+        """Run a batch's ``body``; while the storage stays unavailable past its retry bound, run it
+        again from the start every :data:`OUTAGE_PAUSE_S`, until it goes through or the checker is
+        stopped. Running it again is safe: every write is replay-safe, and the state, invalidated
+        before the first write, rebuilds. The streaming query thus outlives an outage, and no restart
+        is needed once the storage answers again."""
+        while True:
+            try:
+                return body()
+            except StorageUnavailableError as error:
+                self.state.invalidate()
+                log.error("batch %d could not finish, the storage is unavailable: %s; running it again in %d s",
+                          stream_batch_id, error, OUTAGE_PAUSE_S)
+                if self._stopping.wait(OUTAGE_PAUSE_S):
+                    raise StopRequested(f"stopping; batch {stream_batch_id} is left for the next run") from error
 
     def _announce(self, segment: Segment, records: pa.Table, stream_batch_id: int) -> Optional[BatchRecord]:
         """Record the batch in the progress record before it writes anything; ``None`` if it is empty.
@@ -200,12 +220,13 @@ class CheckerQuery:
         pending_from = self._pending_from if self._pending_from is not None else progress.pending_from
         announced = BatchRecord(batch_id=batch_id, stream_batch_id=stream_batch_id, starts=dict(segment.starts),
                                 ends=dict(segment.ends), now_us=now_us, pending_from=pending_from)
-        self._progress = Progress(progress.epoch, announced)
-        self.progress_store.save(self._progress)
+        self.progress_store.save(Progress(progress.epoch, announced))
+        self._progress = Progress(progress.epoch, announced)  # once durable: a batch run again announces it again
         return announced
 
     def stop(self) -> None:
         """Stop after the batch in flight, if any, has finished and committed its writes."""
+        self._stopping.set()  # a batch waiting for the storage gives up at once
         self._gate.close()
         if self.query is not None:
             self.query.stop()
@@ -227,6 +248,8 @@ class CheckerQuery:
                 log.error("checker lease lost; the next batch will fail and the checker stop")
                 self.exporter.holding_lease(False)
                 return
+            except StorageUnavailableError as error:  # tried again at the next renewal, while the lease lasts
+                log.error("checker lease not renewed, the storage is unavailable: %s", error)
 
     def _renew_lease(self) -> None:
         with self._lease_lock:

@@ -664,7 +664,7 @@ def _log_retention(text: str) -> float:
 
 
 def _duration(text: str) -> float:
-    from coordinator.ops.pending import parse_duration
+    from coordinator.durations import parse_duration
 
     try:
         return parse_duration(text)

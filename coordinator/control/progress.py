@@ -30,7 +30,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Mapping, Optional, Union
 
-from coordinator.exceptions import CheckpointMismatchError, LeaseLostError
+from coordinator.exceptions import CheckpointMismatchError, LeaseLostError, WriteOutcomeUnknownError
 from coordinator.lakehouse import PROGRESS_KEY, SHARED_LOG_KEY, Lakehouse
 from coordinator.storage import FileStore
 
@@ -160,6 +160,7 @@ class CheckerProgress:
         self.path = lakehouse.progress_file
         self.files = lakehouse.files
         self._version: Optional[str] = None  # of the record as this object last read or wrote it
+        self._unconfirmed: Optional[bytes] = None  # a write whose outcome the storage never told
 
     def load(self) -> Optional[Progress]:
         """The recorded progress, or ``None`` if no checker has recorded any."""
@@ -182,14 +183,27 @@ class CheckerProgress:
         """
         data = json.dumps({"epoch": asdict(progress.epoch),
                            "last_batch": asdict(progress.last_batch) if progress.last_batch else None}).encode()
-        if self._version is None:
-            version = self.files.create(PROGRESS_KEY, data)
-        else:
-            version = self.files.replace(PROGRESS_KEY, data, self._version)
+        if self._unconfirmed is not None:
+            self._confirm(self._unconfirmed)
+        try:
+            if self._version is None:
+                version = self.files.create(PROGRESS_KEY, data)
+            else:
+                version = self.files.replace(PROGRESS_KEY, data, self._version)
+        except WriteOutcomeUnknownError:
+            self._unconfirmed = data  # the next save learns whether it was made
+            raise
         if version is None:
             raise LeaseLostError(f"{self.path} was changed by another checker since this one read it: its lease was "
                                  "taken over, and it must stop")
         self._version = version
+
+    def _confirm(self, unconfirmed: bytes) -> None:
+        """After a save whose outcome was unknown: if it was made, the record's version is now its own."""
+        current = self.files.read(PROGRESS_KEY)
+        if current is not None and current.data == unconfirmed:
+            self._version = current.version
+        self._unconfirmed = None
 
     def begin(self, checkpoint: CheckpointState) -> Progress:
         """Check ``checkpoint`` against the record and return the progress to run with.

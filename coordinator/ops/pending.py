@@ -25,11 +25,10 @@ import pyarrow.compute as pc
 
 from coordinator.config import CoordinatorConfig
 from coordinator.control.progress import CheckerProgress
-from coordinator.exceptions import InvalidArgumentError
 from coordinator.lakehouse import Lakehouse, require_lakehouse
 from coordinator.tables import CHECK_REQUESTS, HALF, OP
 
-__all__ = ["CHECK", "DISCARD", "PendingTransaction", "next_step_of", "parse_duration", "pending_transactions",
+__all__ = ["CHECK", "DISCARD", "PendingTransaction", "next_step_of", "pending_transactions",
            "read_pending"]
 
 UTC = dt.timezone.utc
@@ -144,28 +143,6 @@ def read_pending(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] 
     resolved = lakehouse.read(OP, ["half_offset"], pc.field("half_offset") >= start,
                               files=f"half_offset >= {start}").column("half_offset")
     return halves.filter(pc.invert(pc.is_in(halves.column("queue_offset"), value_set=resolved))).select(columns)
-
-
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in a duration written as a number and a unit (``s``, ``m``, ``h``, ``d``), as ``--older-than`` takes it.
-
-    Raises :class:`~coordinator.exceptions.InvalidArgumentError` if it is not one, or negative.
-
-    Example::
-
-        parse_duration("10m")  # 600.0
-    """
-    number, unit = text.strip()[:-1], text.strip()[-1:]
-    try:
-        seconds = float(number) * _DURATION_UNITS[unit]
-    except (KeyError, ValueError):
-        raise InvalidArgumentError(f"not a duration: {text!r} (a number and a unit: 90s, 10m, 2h, 1d)") from None
-    if not 0 <= seconds < float("inf"):
-        raise InvalidArgumentError(f"not a duration: {text!r} (it must be positive and finite)")
-    return seconds
 
 
 def _checks_by_transaction(lakehouse: Lakehouse, transaction_ids: set[str]) -> dict[str, list[dict]]:

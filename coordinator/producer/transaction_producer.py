@@ -21,7 +21,8 @@ from concurrent.futures import Future
 from typing import Any, Optional, Sequence
 
 from coordinator.config import CoordinatorConfig
-from coordinator.exceptions import HalfNotStoredError, MessageValidationError, ProducerStateError
+from coordinator.exceptions import (HalfNotStoredError, HalfOutcomeUnknownError, MessageValidationError,
+                                    ProducerStateError, WriteOutcomeUnknownError)
 from coordinator.grants import TopicGrants
 from coordinator.lakehouse import Lakehouse
 from coordinator.producer.checkback import CheckBackWorker
@@ -119,8 +120,11 @@ class TransactionProducer:
         (the coordinator will check back). The outcome is sent one-way, as
         RocketMQ does: if it is lost, the check-back repairs it.
 
-        Raises :class:`MessageValidationError` (nothing written) or
-        :class:`HalfNotStoredError` (local transaction not run).
+        Raises :class:`MessageValidationError` (nothing written), :class:`HalfNotStoredError`
+        (nothing stored, local transaction not run) or :class:`HalfOutcomeUnknownError` (the
+        storage never said whether the half was stored; local transaction not run; its
+        ``transaction_id`` names it). A storage that fails for a while is retried first, within
+        the ``[storage]`` settings ``max_retries`` and ``retry_timeout``.
 
         Example::
 
@@ -160,6 +164,14 @@ class TransactionProducer:
             version = writer.submit(half_records(self.group, transaction_id, msgs)).result()
         except ProducerStateError:
             raise
+        except WriteOutcomeUnknownError as error:
+            _log.error("half outcome unknown transaction_id=%s group=%s: %s", transaction_id, self.group, error,
+                       extra=extra)
+            raise HalfOutcomeUnknownError(
+                f"transaction {transaction_id}: the storage never confirmed whether the half message(s) were stored; "
+                f"the local transaction was not run. If they were, the checker checks back once their immunity is "
+                f"over and check_local_transaction answers (roll back: the local transaction never ran)",
+                transaction_id) from error
         except Exception as error:
             _log.error("half not stored transaction_id=%s group=%s: %s", transaction_id, self.group, error, extra=extra)
             raise HalfNotStoredError(

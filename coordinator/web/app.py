@@ -37,7 +37,8 @@ from coordinator.exceptions import AccessDeniedError, InvalidArgumentError, Lake
 from coordinator.lakehouse import Lakehouse, require_lakehouse
 from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.ops.discarded import discarded_transactions
-from coordinator.ops.pending import parse_duration, pending_transactions
+from coordinator.durations import parse_duration
+from coordinator.ops.pending import pending_transactions
 from coordinator.ops.resolve import preview_resolution, resolve_transaction
 from coordinator.ops.status import read_status
 from coordinator.protocol import MAX_REASON_LENGTH, LocalTransactionState

@@ -1,0 +1,202 @@
+"""Bounded retries of object-storage requests, each one logged and counted.
+
+Object storage throttles (503 SlowDown), fails (500), stalls and drops connections, sometimes
+after it has done what it was asked. Every request txcoord itself makes to a bucket (the small
+files and the Delta commits of :mod:`coordinator.storage`) goes through :func:`retrying`:
+exponential backoff with jitter (``stamina``), at most ``max_retries`` retries and
+``retry_timeout`` in all, then :class:`~coordinator.exceptions.StorageUnavailableError`. Those two
+are ``[storage]`` settings that delta-rs reads too, so its own reads are bounded alike
+(object_store retries them itself, uncounted).
+
+What happened is counted in this process (:func:`storage_request_counts`, which the checker
+serves as ``txcoord_storage_*`` metrics) and logged: each retry with its cause, each request that
+ran out of retries, and each conditional write found already made by this writer, its reply
+having been lost (:func:`note_own_write_recognised`; :mod:`coordinator.storage` tells).
+
+Example::
+
+    policy = RetryPolicy.of({"max_retries": "5", "retry_timeout": "30s"})
+    etag = retrying(policy, "create", "s3://b/lh/_delta_log/00000000000000000042.json", lambda: put(...))
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, TypeVar
+
+import stamina
+from obstore.exceptions import GenericError, JoinError
+
+from coordinator.durations import parse_duration
+from coordinator.exceptions import ConfigError, InvalidArgumentError, StorageUnavailableError
+
+__all__ = ["RETRY_SETTINGS", "RetryPolicy", "StorageRequestCounts", "note_own_write_recognised", "retrying",
+           "storage_request_counts"]
+
+_log = logging.getLogger("coordinator.storage")
+
+#: The ``[storage]`` settings that bound retries, named as delta-rs (object_store) names them.
+RETRY_SETTINGS = ("max_retries", "retry_timeout")
+DEFAULT_MAX_RETRIES = 10
+DEFAULT_RETRY_TIMEOUT_S = 60.0
+#: The causes a retry is counted under, from what the storage or the connection said.
+THROTTLED, SERVER_ERROR, TIMEOUT, CONNECTION, OTHER = "throttled", "server_error", "timeout", "connection", "other"
+
+_T = TypeVar("_T")
+_STATUS = re.compile(r"\b([1-5][0-9]{2})\b")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often, and for how long in all, a failed storage request is tried again.
+
+    Example::
+
+        RetryPolicy.of({"retry_timeout": "2m"})  # RetryPolicy(max_retries=10, timeout_s=120.0)
+    """
+
+    max_retries: int = DEFAULT_MAX_RETRIES
+    timeout_s: float = DEFAULT_RETRY_TIMEOUT_S
+
+    @classmethod
+    def of(cls, storage: Mapping[str, str]) -> "RetryPolicy":
+        """The policy the ``[storage]`` settings ``storage`` ask for (defaults for those absent);
+        raises :class:`~coordinator.exceptions.ConfigError` for a bad value."""
+        max_retries, timeout = storage.get("max_retries"), storage.get("retry_timeout")
+        try:
+            retries = DEFAULT_MAX_RETRIES if max_retries is None else int(max_retries)
+        except ValueError:
+            raise ConfigError(f"[storage] max_retries must be a whole number, got {max_retries!r}") from None
+        try:
+            timeout_s = DEFAULT_RETRY_TIMEOUT_S if timeout is None else parse_duration(timeout)
+        except InvalidArgumentError as error:
+            raise ConfigError(f"[storage] retry_timeout: {error}") from None
+        if retries < 0 or timeout_s <= 0:
+            raise ConfigError(f"[storage] max_retries must be at least 0 and retry_timeout more than 0, got "
+                              f"{max_retries!r} and {timeout!r}")
+        return cls(retries, timeout_s)
+
+
+def retrying(policy: RetryPolicy, operation: str, location: str, call: Callable[[], _T],
+             exhausted: type[StorageUnavailableError] = StorageUnavailableError) -> _T:
+    """``call()``, tried again on what object storage may fail for a while, as ``policy`` bounds it.
+
+    Raises ``exhausted`` (naming ``operation``, ``location``, the attempts and the last error) once
+    the bound is reached; any other error at once.
+
+    Example::
+
+        data = retrying(policy, "read", location, lambda: obstore.get(store, key).bytes())
+    """
+    started = time.monotonic()
+    previous: Optional[BaseException] = None
+    attempts = 0
+    try:
+        for attempt in stamina.retry_context(on=_retried, attempts=policy.max_retries + 1, timeout=policy.timeout_s,
+                                             wait_initial=0.05, wait_max=5.0, wait_jitter=0.5):
+            with attempt:
+                attempts = attempt.num
+                if previous is not None:
+                    _note_retry(operation, location, previous, attempt.num)
+                try:
+                    return call()
+                except Exception as error:
+                    previous = error
+                    raise
+    except Exception as error:
+        if _cause(error) is None:
+            raise
+        _count(("exhausted", operation, _cause(error)))
+        message = (f"{location}: {operation} failed {attempts} time(s) in {time.monotonic() - started:.1f} s "
+                   f"(the bound is {policy.max_retries} retries and {policy.timeout_s:g} s: the [storage] settings "
+                   f"max_retries and retry_timeout); last: {_first_line(error)}")
+        _log.error("%s", message)
+        raise exhausted(message) from error
+    raise AssertionError("unreachable: stamina either returned or raised")
+
+
+def note_own_write_recognised(operation: str, location: str) -> None:
+    """Count and log a conditional write refused because the file already held exactly what this
+    writer wrote: an earlier attempt of it succeeded and its reply was lost."""
+    _count(("own_write", operation, ""))
+    _log.warning("%s: %s found already made by this writer (an earlier attempt's reply was lost); taken as done",
+                 location, operation)
+
+
+@dataclass(frozen=True)
+class StorageRequestCounts:
+    """This process's storage requests that did not go straight through, since it started:
+    ``retries`` by (operation, cause), ``exhausted`` (ran out of retries) by (operation, cause),
+    ``own_writes_recognised`` by operation."""
+
+    retries: dict[tuple[str, str], int]
+    exhausted: dict[tuple[str, str], int]
+    own_writes_recognised: dict[str, int]
+
+
+def storage_request_counts() -> StorageRequestCounts:
+    """What :class:`StorageRequestCounts` says, now.
+
+    Example::
+
+        storage_request_counts().retries  # {("create", "throttled"): 3, ("read", "connection"): 1}
+    """
+    with _lock:
+        counts = dict(_counts)
+    return StorageRequestCounts(
+        retries={(op, cause): n for (kind, op, cause), n in counts.items() if kind == "retry"},
+        exhausted={(op, cause): n for (kind, op, cause), n in counts.items() if kind == "exhausted"},
+        own_writes_recognised={op: n for (kind, op, _), n in counts.items() if kind == "own_write"})
+
+
+_lock = threading.Lock()
+_counts: Counter = Counter()
+
+
+def _count(key: tuple[str, str, str]) -> None:
+    with _lock:
+        _counts[key] += 1
+
+
+def _note_retry(operation: str, location: str, error: BaseException, attempt: int) -> None:
+    cause = _cause(error) or OTHER
+    _count(("retry", operation, cause))
+    _log.warning("%s: %s retried (attempt %d) after %s: %s", location, operation, attempt, cause, _first_line(error))
+
+
+def _retried(error: Exception) -> bool:
+    return _cause(error) is not None
+
+
+def _cause(error: BaseException) -> Optional[str]:
+    """Why ``error`` is worth trying again, or ``None`` if it is not (refused, missing, a precondition, a
+    bad request: the same request would fail the same way)."""
+    if isinstance(error, JoinError):
+        return OTHER
+    if not isinstance(error, GenericError):
+        return None
+    text = str(error)
+    statuses = {int(code) for code in _STATUS.findall(text)}
+    if 503 in statuses or 429 in statuses or "SlowDown" in text:
+        return THROTTLED
+    if statuses & {500, 502, 504} or "InternalError" in text:
+        return SERVER_ERROR
+    if any(400 <= status < 500 and status != 408 for status in statuses):
+        return None
+    lowered = text.lower()
+    if "timed out" in lowered or "timeout" in lowered or 408 in statuses:
+        return TIMEOUT
+    if any(mark in lowered for mark in ("connection", "error sending request", "reset", "broken pipe", "closed",
+                                        "incomplete", "eof")):
+        return CONNECTION
+    return OTHER
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
