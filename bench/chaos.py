@@ -67,6 +67,7 @@ from chaos_producer import (
     AUDIT_TOPIC,
     COMMITTED,
     HALF_NOT_STORED,
+    HALF_OUTCOME_UNKNOWN,
     INTERRUPTED,
     KIND_UNKNOWN_FOREVER,
     KINDS,
@@ -773,6 +774,7 @@ class GroundTruth:
     returned: dict[str, str] = field(default_factory=dict)  # transaction_id -> state its send returned
     interrupted: list[str] = field(default_factory=list)  # plan ids whose send never returned
     not_stored: list[str] = field(default_factory=list)  # plan ids whose half could not be stored
+    outcome_unknown: list[str] = field(default_factory=list)  # plan ids whose half the storage never confirmed
 
     @classmethod
     def read(cls, producers: list[Producer]) -> "GroundTruth":
@@ -791,6 +793,8 @@ class GroundTruth:
                         truth.interrupted.append(plan_id)
                     elif state == HALF_NOT_STORED:
                         truth.not_stored.append(plan_id)
+                    elif state == HALF_OUTCOME_UNKNOWN:
+                        truth.outcome_unknown.append(plan_id)
                     else:
                         truth.returned[transaction_id] = state
         return truth
@@ -849,6 +853,14 @@ def verify(config: CoordinatorConfig, producers: list[Producer], bad_inputs: lis
                                 f"{bytes(row['body'])[:40]!r}")
 
     # Invariant 3: no half lost; each resolved as its producer's database says, or still legitimately pending.
+    # No record committed twice (a commit whose reply was lost, made again), and no send that said
+    # "not stored" of a half that was.
+    for record_id, count in Counter(row["record_id"] for row in log if row["record_id"] not in bad_ids).items():
+        if count > 1:
+            violation("committed_twice", f"record {record_id} is {count} times in the commit logs")
+    stored_plans = {plan_id_of(row["body"]) for row in halves if row["producer_group"] in groups}
+    for plan_id in set(truth.not_stored) & stored_plans:
+        violation("false_send_result", f"the send of plan {plan_id} said its half was not stored; it was")
     half_msg_ids = Counter(row["msg_id"] for row in halves)
     for msg_id, count in half_msg_ids.items():
         if count > 1:
@@ -932,7 +944,7 @@ def verify(config: CoordinatorConfig, producers: list[Producer], bad_inputs: lis
     return {
         "found": {name: found[name] for name in ("lost", "duplicated", "leaked", "wrong_outcome", "early_checks",
                                                    "over_checked", "unresolved", "bad_input_unrecorded",
-                                                   "forged_accepted")},
+                                                   "forged_accepted", "committed_twice", "false_send_result")},
         "forgeries_refused": sum(1 for bad in bad_inputs if bad.forgery and bad.reason is not None),
         "violations": sum(found.values()),
         "examples": {name: list(values) for name, values in examples.items()},
@@ -940,7 +952,10 @@ def verify(config: CoordinatorConfig, producers: list[Producer], bad_inputs: lis
                           + sum(1 for bad in bad_inputs if bad.reason is None),
         "outcomes_by_kind": {kind: dict(counts) for kind, counts in sorted(outcomes_by_kind.items())}
                             | {"send interrupted by a kill": len(truth.interrupted),
-                               "half not stored": len(truth.not_stored)},
+                               "half not stored": len(truth.not_stored),
+                               "half outcome unknown (its half stored: rolled back by check)":
+                                   len(set(truth.outcome_unknown) & stored_plans),
+                               "half outcome unknown (not stored)": len(set(truth.outcome_unknown) - stored_plans)},
         "rejected_reasons": {"valid producers' records": dict(valid_reasons)},
     }
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
-from coordinator.exceptions import HalfNotStoredError
+from coordinator.exceptions import HalfNotStoredError, HalfOutcomeUnknownError
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                             LocalTransactionState.UNKNOW)
@@ -61,6 +61,8 @@ MULTI_TOPICS = (ORDER_TOPIC, ORDER_TOPIC, AUDIT_TOPIC)
 COMMITTED = "committed"
 REVIEW = "review"
 HALF_NOT_STORED = "HALF_NOT_STORED"
+#: The storage never said whether the half was stored (HalfOutcomeUnknownError): local transaction not run.
+HALF_OUTCOME_UNKNOWN = "HALF_OUTCOME_UNKNOWN"
 INTERRUPTED = "INTERRUPTED"
 
 SENDER_THREADS = 4
@@ -246,6 +248,9 @@ def send_plan(producer: TransactionProducer, store: Store, plan: list[Planned], 
                     result = producer.send_message_in_transaction(messages[0], planned)
             except HalfNotStoredError:
                 store.record_return(planned.plan_id, None, HALF_NOT_STORED)
+                continue
+            except HalfOutcomeUnknownError as unknown:
+                store.record_return(planned.plan_id, unknown.transaction_id, HALF_OUTCOME_UNKNOWN)
                 continue
             store.record_return(planned.plan_id, result.transaction_id, result.local_transaction_state.value)
 

@@ -48,7 +48,8 @@ DEFAULT_RETRY_TIMEOUT_S = 60.0
 THROTTLED, SERVER_ERROR, TIMEOUT, CONNECTION, OTHER = "throttled", "server_error", "timeout", "connection", "other"
 
 _T = TypeVar("_T")
-_STATUS = re.compile(r"\b([1-5][0-9]{2})\b")
+_S3_CODE = re.compile(r"<Code>(\w+)</Code>")
+_STATUS = re.compile(r"status code: ([1-5][0-9]{2})\b|\bstatus: ([1-5][0-9]{2}),")
 
 
 @dataclass(frozen=True)
@@ -175,28 +176,36 @@ def _retried(error: Exception) -> bool:
 
 def _cause(error: BaseException) -> Optional[str]:
     """Why ``error`` is worth trying again, or ``None`` if it is not (refused, missing, a precondition, a
-    bad request: the same request would fail the same way)."""
+    bad request: the same request would fail the same way).
+
+    obstore raises every transport and server failure as a ``GenericError`` whose text carries the
+    HTTP status (``status code: 503``), or the transport's own error, then a debug dump (which
+    holds numbers such as ``elapsed: 503.1µs`` and the word ``retry_timeout``: hence the exact forms).
+    """
     if isinstance(error, JoinError):
         return OTHER
     if not isinstance(error, GenericError):
         return None
     text = str(error)
-    statuses = {int(code) for code in _STATUS.findall(text)}
-    if 503 in statuses or 429 in statuses or "SlowDown" in text:
-        return THROTTLED
-    if statuses & {500, 502, 504} or "InternalError" in text:
-        return SERVER_ERROR
-    if any(400 <= status < 500 and status != 408 for status in statuses):
-        return None
+    status = _STATUS.search(text)
+    if status is not None:
+        code = int(status.group(1) or status.group(2))
+        if code in (429, 503) or "<Code>SlowDown</Code>" in text:
+            return THROTTLED
+        if code >= 500:
+            return SERVER_ERROR
+        return TIMEOUT if code == 408 else None
     lowered = text.lower()
-    if "timed out" in lowered or "timeout" in lowered or 408 in statuses:
+    if "timed out" in lowered or "timedout" in lowered:
         return TIMEOUT
-    if any(mark in lowered for mark in ("connection", "error sending request", "reset", "broken pipe", "closed",
-                                        "incomplete", "eof")):
+    if any(mark in lowered for mark in ("error sending request", "connection", "incompletemessage", "broken pipe")):
         return CONNECTION
     return OTHER
 
 
 def _first_line(error: BaseException) -> str:
+    """The error's class and first line, with the S3 error code the body names (obstore puts it on the next)."""
     text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+    line = text.splitlines()[0].split(" <?xml", 1)[0].rstrip(": ") if text else ""
+    code = _S3_CODE.search(text)
+    return f"{type(error).__name__}: {line}" + (f" ({code.group(1)})" if code else "")

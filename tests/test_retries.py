@@ -15,14 +15,30 @@ from coordinator.retries import (DEFAULT_MAX_RETRIES, DEFAULT_RETRY_TIMEOUT_S, R
                                  storage_request_counts)
 
 LOCATION = "s3://lakehouse/lh/system/_checker_lease.json"
-SLOW_DOWN = GenericError("Generic S3 error: Error performing PUT http://127.0.0.1:9000/lakehouse/lh/x in 2ms - Server "
-                         "returned non-2xx status code: 503 Service Unavailable: <Error><Code>SlowDown</Code></Error>")
-INTERNAL = GenericError("Generic S3 error: Error performing GET http://127.0.0.1:9000/lakehouse/lh/x in 1ms - Server "
-                        "returned non-2xx status code: 500 Internal Server Error: <Code>InternalError</Code>")
-RESET = GenericError("Generic S3 error: Error performing PUT http://127.0.0.1:9000/lakehouse/lh/x in 3ms - HTTP error: "
-                     "error sending request: connection closed before message completed")
-FORBIDDEN = GenericError("Generic S3 error: Error performing PUT http://127.0.0.1:9000/lakehouse/lh/x in 1ms - Server "
-                         "returned non-2xx status code: 400 Bad Request: <Code>InvalidArgument</Code>")
+
+
+def obstore_error(method: str, elapsed: str, says: str, inner: str) -> GenericError:
+    """A ``GenericError`` worded as obstore 0.12 words one (captured through bench/storage_faults.py): its
+    first line, then the debug dump, whose ``elapsed`` and ``retry_timeout`` must not be read as a cause."""
+    return GenericError(f"Generic S3 error: Error performing {method} http://127.0.0.1:38867/lakehouse/lh/k in {elapsed} - "
+                        f"{says}\n\nDebug source:\nGeneric {{\n    store: \"S3\",\n    source: RetryError(\n        "
+                        f"RetryErrorImpl {{\n            method: {method},\n            retries: 0,\n            "
+                        f"max_retries: 0,\n            elapsed: {elapsed},\n            retry_timeout: 180s,\n            "
+                        f"inner: {inner},\n        }},\n    ),\n}}")
+
+
+SLOW_DOWN = obstore_error("PUT", "1.115113ms", "Server returned non-2xx status code: 503 Service Unavailable: <?xml "
+                          "version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your "
+                          "request rate.</Message></Error>", "Status {\n                status: 503,\n            }")
+INTERNAL = obstore_error("GET", "294.257µs", "Server returned non-2xx status code: 500 Internal Server Error: "
+                         "<Error><Code>InternalError</Code></Error>", "Status {\n                status: 500,\n            }")
+# The elapsed times look like a 4xx and a 504: the causes must come from the error, not from them.
+RESET = obstore_error("PUT", "474.673µs", "HTTP error: error sending request",
+                      "Http { kind: Interrupted, source: hyper::Error(Io, Os { code: 104, kind: ConnectionReset }) }")
+REPLY_LOST = obstore_error("PUT", "504.748µs", "HTTP error: error sending request",
+                           "Http { kind: Request, source: hyper::Error(IncompleteMessage) }")
+BAD_REQUEST = obstore_error("PUT", "503.2µs", "Server returned non-2xx status code: 400 Bad Request: "
+                            "<Code>InvalidArgument</Code>", "Status {\n                status: 400,\n            }")
 
 
 @pytest.fixture
@@ -57,21 +73,22 @@ def test_the_policy_comes_from_the_storage_settings_delta_rs_reads_too():
 
 def test_throttling_server_errors_and_lost_connections_are_retried_counted_and_logged(no_backoff, caplog):
     before = storage_request_counts()
-    request = Failing(SLOW_DOWN, INTERNAL, RESET)
+    request = Failing(SLOW_DOWN, INTERNAL, RESET, REPLY_LOST)
     with caplog.at_level(logging.WARNING, logger="coordinator.storage"):
         assert retrying(RetryPolicy(5, 60), "create", LOCATION, request) == "etag-1"
 
-    assert request.calls == 4
+    assert request.calls == 5
     after = storage_request_counts().retries
-    for cause in ("throttled", "server_error", "connection"):
-        assert after[("create", cause)] == before.retries.get(("create", cause), 0) + 1
+    for cause, times in (("throttled", 1), ("server_error", 1), ("connection", 2)):
+        assert after[("create", cause)] == before.retries.get(("create", cause), 0) + times
+    assert after.get(("create", "timeout"), 0) == before.retries.get(("create", "timeout"), 0)
     retried = [r.getMessage() for r in caplog.records if "retried" in r.getMessage()]
-    assert len(retried) == 3 and all(LOCATION in line for line in retried)
+    assert len(retried) == 4 and all(LOCATION in line for line in retried)
     assert "throttled" in retried[0] and "SlowDown" in retried[0] and "(attempt 2)" in retried[0]
 
 
 def test_what_would_fail_again_is_raised_at_once(no_backoff):
-    for error in (FORBIDDEN, PreconditionError("precondition"), FileNotFoundError("gone"), ValueError("bug")):
+    for error in (BAD_REQUEST, PreconditionError("precondition"), FileNotFoundError("gone"), ValueError("bug")):
         request = Failing(error)
         with pytest.raises(type(error)):
             retrying(RetryPolicy(5, 60), "read", LOCATION, request)

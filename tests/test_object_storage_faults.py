@@ -1,0 +1,142 @@
+"""When S3 errs, stalls or loses a reply: the product against the real loopback S3 server, through the
+fault proxy (bench/storage_faults.py) that answers 503/500, resets a connection, or makes the write
+and drops its reply, exactly where each test asks. Nothing is committed twice, a send never reports a
+false result, retries are counted, and everything keeps working once the faults stop."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+
+import pytest
+
+from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
+from coordinator.config import CoordinatorConfig
+from coordinator.control.lease import CheckerLease
+from coordinator.control.progress import BatchRecord, CheckerProgress, Epoch, Progress
+from coordinator.exceptions import HalfNotStoredError, HalfOutcomeUnknownError, WriteOutcomeUnknownError
+from coordinator.lakehouse import Lakehouse, init_lakehouse, open_table, read_table
+from coordinator.producer.commit_log import CommitLogWriter
+from coordinator.retries import storage_request_counts
+from tests import REPO_ROOT
+from tests.conftest import half_record
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+from storage_faults import FaultProxyProcess  # noqa: E402
+
+#: Short bounds, so that a request failing every time gives up in a second or two.
+QUICK_RETRIES = {"max_retries": "3", "retry_timeout": "5s"}
+COMMIT_PUT = {"method": "PUT", "path_contains": "commit_log/_delta_log/0"}
+
+
+class Commits(TransactionListener):
+    def execute_local_transaction(self, msg, arg):
+        return LocalTransactionState.COMMIT_MESSAGE
+
+    def check_local_transaction(self, msg):
+        return LocalTransactionState.ROLLBACK_MESSAGE  # a half whose send failed: its local transaction never ran
+
+
+@pytest.fixture
+def proxy(s3_server):
+    with FaultProxyProcess(s3_server.endpoint) as running:
+        yield running
+
+
+@pytest.fixture
+def lakehouses(s3_server, proxy) -> tuple[Lakehouse, Lakehouse]:
+    """A fresh lakehouse, ``(through the proxy, straight to the server)``."""
+    root = f"s3://lakehouse/{uuid.uuid4().hex}"
+    faulty = Lakehouse(root, proxy.storage_options(s3_server.storage_options) | QUICK_RETRIES)
+    init_lakehouse(faulty)
+    return faulty, Lakehouse(root, s3_server.storage_options)
+
+
+def log_rows(lakehouse: Lakehouse, group: str = "g") -> list[dict]:
+    return read_table(lakehouse.commit_log(group), ["transaction_id", "kind"], storage=lakehouse.storage).to_pylist()
+
+
+def test_a_commit_whose_reply_was_lost_is_made_once_and_reported_made(lakehouses, proxy):
+    faulty, direct = lakehouses
+    recognised = storage_request_counts().own_writes_recognised.get("create", 0)
+    with CommitLogWriter(faulty, "g") as writer:
+        first = writer.submit([half_record("t1")]).result()
+        proxy.inject_next("drop_reply", **COMMIT_PUT)
+        second = writer.submit([half_record("t2")]).result()
+        third = writer.submit([half_record("t3")]).result()
+
+    assert proxy.counts()["injected"]["drop_reply"] == 1
+    assert (second, third) == (first + 1, first + 2)  # the lost reply's version is the writer's, not skipped
+    assert sorted(row["transaction_id"] for row in log_rows(direct)) == ["t1", "t2", "t3"]  # t2 once
+    assert open_table(direct.commit_log("g"), storage=direct.storage).version() == third
+    assert storage_request_counts().own_writes_recognised["create"] == recognised + 1
+
+
+def test_throttling_and_resets_are_retried_and_counted(lakehouses, proxy):
+    faulty, direct = lakehouses
+    before = storage_request_counts().retries
+    with CommitLogWriter(faulty, "g") as writer:
+        for kind in ("slowdown", "error", "reset"):
+            proxy.inject_next(kind, **COMMIT_PUT)
+        proxy.inject_next("slowdown", method="PUT", path_contains="/part-")  # the data file
+        writer.submit([half_record("t1")]).result()
+
+    assert [row["transaction_id"] for row in log_rows(direct)] == ["t1"]
+    after = storage_request_counts().retries
+    for (operation, cause), times in {("create", "throttled"): 1, ("create", "server_error"): 1,
+                                      ("create", "connection"): 1, ("put", "throttled"): 1}.items():
+        assert after[(operation, cause)] == before.get((operation, cause), 0) + times
+
+
+def test_a_send_the_storage_never_confirms_says_so_and_the_producer_goes_on(s3_server, lakehouses, proxy):
+    """The commit's PUT is made, and its reply lost on every attempt: the send cannot know, and says so.
+    Once the faults stop, the same producer sends again, without a restart."""
+    faulty, direct = lakehouses
+    config = CoordinatorConfig(lakehouse=faulty.root, storage=faulty.storage)
+    with TransactionProducer("g", Commits(), config) as producer:
+        for _ in range(4):  # the first attempt and max_retries = 3
+            proxy.inject_next("drop_reply", **COMMIT_PUT)
+        with pytest.raises(HalfOutcomeUnknownError, match="never confirmed whether") as unknown:
+            producer.send_message_in_transaction(Message("ORDERS", b"first"))
+        assert isinstance(unknown.value.__cause__, WriteOutcomeUnknownError)
+        assert proxy.counts()["queued"] == 0
+        sent = producer.send_message_in_transaction(Message("ORDERS", b"second"))
+
+    rows = log_rows(direct)
+    # The unknown one was in fact stored, once, with no END (the check-back rolls it back); the next one whole.
+    assert [(r["transaction_id"], r["kind"]) for r in rows if r["transaction_id"] == unknown.value.transaction_id] == [
+        (unknown.value.transaction_id, "HALF")]
+    assert sorted(r["kind"] for r in rows if r["transaction_id"] == sent.transaction_id) == ["END", "HALF"]
+
+
+def test_a_send_the_storage_refuses_past_the_bound_says_nothing_was_stored(s3_server, lakehouses, proxy):
+    faulty, direct = lakehouses
+    config = CoordinatorConfig(lakehouse=faulty.root, storage=faulty.storage)
+    with TransactionProducer("g", Commits(), config) as producer:
+        for _ in range(4):
+            proxy.inject_next("slowdown", method="PUT", path_contains="/part-")  # the data file, never written
+        with pytest.raises(HalfNotStoredError, match="could not be stored"):
+            producer.send_message_in_transaction(Message("ORDERS", b"refused"))
+        sent = producer.send_message_in_transaction(Message("ORDERS", b"after"))
+
+    assert {r["transaction_id"] for r in log_rows(direct)} == {sent.transaction_id}
+
+
+def test_the_lease_and_the_progress_record_stay_their_writers_when_replies_are_lost(lakehouses, proxy):
+    faulty, direct = lakehouses
+    lease = CheckerLease(faulty, ttl_s=30)
+    lease.acquire(wait=False)
+    proxy.inject_next("drop_reply", method="PUT", path_contains="_checker_lease")
+    lease.renew()  # no LeaseLostError: the renewal was made, its reply lost
+    assert direct.files.read("system/_checker_lease.json").data == faulty.files.read("system/_checker_lease.json").data
+
+    progress = CheckerProgress(faulty)
+    epoch = Epoch(number=0, first_batch_id=0, starting_versions={})
+    progress.save(Progress(epoch))
+    proxy.inject_next("drop_reply", method="PUT", path_contains="_checker_progress")
+    progress.save(Progress(epoch, BatchRecord(batch_id=0, stream_batch_id=0, starts={}, ends={"g": 1}, now_us=1,
+                                              pending_from=0)))
+    progress.save(Progress(epoch, BatchRecord(batch_id=1, stream_batch_id=1, starts={"g": 1}, ends={"g": 2}, now_us=2,
+                                              pending_from=0)))
+    assert CheckerProgress(direct).load().last_batch.batch_id == 1
+    lease.release()
