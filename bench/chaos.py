@@ -31,11 +31,19 @@ and exits 1 on any violation.
     python bench/chaos.py --transactions 2000 --checker-kills 5 --producer-kills 8
     python bench/chaos.py --standby                         # kills the active of two checkers
     python bench/chaos.py --object-store                    # the lakehouse on a loopback S3 server
+    python bench/chaos.py --object-store --storage-faults   # ... reached through a proxy that injects faults
     python bench/chaos.py --tiny                            # 10 transactions, one kill of each: about a minute
 
 With ``--object-store`` the lakehouse is a prefix of a bucket on a real S3-compatible server
 (``scripts/s3_server.py``, started for the run); the run's directory keeps only the logs, the
 producers' SQLite stores and the configuration (whose ``[storage]`` table reaches the server).
+With ``--storage-faults`` too, every request (the producers', the checker's, its Spark checkpoint's,
+maintenance's, the verification's) goes through ``bench/storage_faults.py``, which answers 503
+SlowDown and 500, delays, resets connections and drops replies after making the write, at the
+rates of ``STORAGE_FAULT_RATES`` until the kills are done; then the faults stop and everything must
+settle without a restart. The report adds the faults injected by kind, and how many retries and
+recognised own writes the processes logged; the verdict adds two counts: records committed twice
+(a commit made again after its reply was lost) and sends that said "not stored" of a half that was.
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ from typing import Optional
 from deltalake.exceptions import DeltaError
 
 import benchlib
+from storage_faults import FaultProxyProcess
 from chaos_producer import (
     AUDIT_TOPIC,
     COMMITTED,
@@ -92,6 +101,10 @@ from s3_server import S3Server  # noqa: E402  (scripts/s3_server.py)
 
 #: The bucket of ``--object-store`` runs.
 OBJECT_STORE_BUCKET = "chaos"
+#: ``--storage-faults``: each request's chance of each fault (bench/storage_faults.py), about one in
+#: twenty faulty in all, and a delayed request's wait.
+STORAGE_FAULT_RATES = {"slowdown": 0.02, "error": 0.01, "delay": 0.005, "reset": 0.01, "drop_reply": 0.01}
+STORAGE_FAULT_DELAY_S = 1.0
 PRODUCER_SCRIPT = BENCH / "chaos_producer.py"
 CONFIG_NAME = "chaos.toml"
 #: Short timings, so unknown transactions are checked and discarded within the run.
@@ -155,6 +168,7 @@ class Options:
     retention_hours: int = 1
     standby: bool = False
     object_store: bool = False
+    storage_faults: bool = False
 
 
 def parse_options(argv: Optional[list[str]] = None) -> Options:
@@ -178,7 +192,13 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
                         help="run a second checker standing by; each checker kill hits the active one")
     parser.add_argument("--object-store", action="store_true",
                         help="the lakehouse on a loopback S3 server (scripts/s3_server.py); --lakehouse keeps the logs")
+    parser.add_argument("--storage-faults", action="store_true",
+                        help="with --object-store: every request through bench/storage_faults.py, which answers "
+                             "503 and 500, delays, resets connections and drops replies after the write, at random "
+                             f"(seeded by --seed; rates {STORAGE_FAULT_RATES}) until the kills are done")
     args = benchlib.parse_args(parser, argv, "chaos", TINY)
+    if args.storage_faults and not args.object_store:
+        parser.error("--storage-faults needs --object-store: the faults are those of an S3 server's")
     if args.transactions < len(KINDS):
         parser.error(f"--transactions must be at least {len(KINDS)}, one of each kind")
     if args.producers < 1 or args.checker_kills < 0 or args.producer_kills < 0:
@@ -549,6 +569,8 @@ class Activity:
     operator_commits_sent: int = 0
     settled: bool = False
     duration_s: float = 0.0
+    #: --storage-faults: the proxy's counts when the faults stopped (requests, forwarded, injected by kind).
+    storage_faults: Optional[dict] = None
 
 
 class Run:
@@ -559,6 +581,7 @@ class Run:
         self.rng = random.Random(options.seed)
         self.root = Path(options.lakehouse).resolve()
         self.activity = Activity()
+        self.faults: Optional[FaultProxyProcess] = None
 
     def execute(self) -> dict:
         with contextlib.ExitStack() as stack:
@@ -568,6 +591,13 @@ class Run:
                 server.create_bucket(OBJECT_STORE_BUCKET)
                 lakehouse, storage = f"s3://{OBJECT_STORE_BUCKET}/{uuid.uuid4().hex}", server.storage_options
                 print(f"lakehouse on a loopback S3 server ({server.endpoint}): {lakehouse}", flush=True)
+                if self.options.storage_faults:
+                    log = self.root.with_name(f"{self.root.name}.storage-faults.log")  # beside: the run wipes its directory
+                    self.faults = stack.enter_context(FaultProxyProcess(
+                        server.endpoint, seed=self.options.seed, rates=STORAGE_FAULT_RATES, delay_s=STORAGE_FAULT_DELAY_S,
+                        log_path=str(log)))
+                    storage = self.faults.storage_options(storage)
+                    print(f"  every request through the storage-fault proxy at {self.faults.url}", flush=True)
             return self._execute(prepare(self.root, self.options.producers, lakehouse, storage))
 
     def _execute(self, config_path: Path) -> dict:
@@ -599,6 +629,9 @@ class Run:
                 producer.child.start()
             self.maintenance.start()
             self._chaos(producer_kill_at, checker_kill_after, blind_injection_at, deadline)
+            if self.faults is not None:  # the storage heals: everything must go on, with no restart
+                self.faults.disable()
+                self.activity.storage_faults = self.faults.counts() | {"seen_in_logs": self._storage_log_lines()}
             self.activity.settled = self._settle(deadline)
         finally:
             stop_codes = self._stop_all()
@@ -694,6 +727,14 @@ class Run:
                 producer.failures.append(f"exited with code {producer.child.exit_code()}:\n{producer.child.tail()}")
                 producer.restarts += 1
                 producer.child.start()
+
+    def _storage_log_lines(self) -> dict[str, int]:
+        """How often the processes' logs say they retried a storage request, or found a write whose
+        reply was lost already made (coordinator.retries), so far."""
+        lines = [line for log in self.root.glob("*.log") for line in log.read_text(errors="replace").splitlines()]
+        return {"retries": sum(" retried (attempt " in line for line in lines),
+                "own_writes_recognised": sum("found already made by this writer" in line for line in lines),
+                "requests_failed": sum(" time(s) in " in line and "the bound is" in line for line in lines)}
 
     def _settle(self, deadline: float) -> bool:
         """Wait until the tables agree with the ground truth and nothing is left to resolve."""
@@ -982,6 +1023,11 @@ def print_report(report: dict) -> None:
               f"{did['operator_recoveries']} ({did['operator_commits_sent']})"),
              ("settled", did["settled"]),
              ("duration (s)", did["duration_s"])]
+    if did["storage_faults"] is not None:
+        faults = did["storage_faults"]
+        rows += [("storage requests (through the fault proxy, until the faults stopped)", faults["requests"])]
+        rows += [(f"storage faults: {kind}", count) for kind, count in faults["injected"].items()]
+        rows += [(f"storage, in the processes' logs: {what}", count) for what, count in faults["seen_in_logs"].items()]
     _print_rows(rows)
     print("outcomes by kind")
     _print_rows([(kind, json.dumps(counts) if isinstance(counts, dict) else counts)

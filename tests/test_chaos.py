@@ -13,11 +13,12 @@ from tests import REPO_ROOT
 from tests.conftest import require_s3_server
 
 
-#: ``chaos.py --tiny``, and a larger run with the lakehouse on a loopback S3 server.
+#: ``chaos.py --tiny``, and a larger run with the lakehouse on a loopback S3 server reached through the
+#: storage-fault proxy (503, 500, delays, resets, replies dropped after the write).
 RUNS = {
     "local disk": ["--tiny"],  # chaos.py's tiny run: every kind of transaction, one kill of each, a recovery
-    "object store": ["--object-store", "--transactions", "80", "--send-seconds", "15", "--checker-kills", "1",
-                     "--producer-kills", "2"],
+    "object store": ["--object-store", "--storage-faults", "--transactions", "80", "--send-seconds", "15",
+                     "--checker-kills", "1", "--producer-kills", "2"],
 }
 
 
@@ -43,3 +44,9 @@ def test_the_chaos_run_kills_checker_and_producers_and_breaks_no_invariant(tmp_p
     assert report["did"]["maintenance_runs"] >= 1 and not report["did"]["maintenance_errors"]
     assert len(report["did"]["failovers"]) == len(report["did"]["checker_kills"])
     assert report["run"]["options"]["object_store"] == (mode == "object store")
+    faults = report["did"]["storage_faults"]
+    if mode == "object store":  # through the storage-fault proxy: every kind of fault met, and survived
+        assert report["run"]["options"]["storage_faults"] and min(faults["injected"].values()) >= 1, faults
+        assert faults["requests"] > sum(faults["injected"].values()) and faults["seen_in_logs"]["retries"] >= 1
+    else:
+        assert faults is None

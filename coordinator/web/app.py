@@ -138,7 +138,7 @@ def create_app(config: CoordinatorConfig, users: ConsoleUsers, refresh_s: int = 
 
     @app.context_processor
     def common() -> dict:
-        return {"user": current_user.user if current_user.is_authenticated else None, "logout_form": LogoutForm(),
+        return {"user": user() if current_user.is_authenticated else None, "logout_form": LogoutForm(),
                 "lakehouse": config.lakehouse, "refresh_s": refresh_s}
 
     app.jinja_env.filters["duration"] = duration
