@@ -120,15 +120,17 @@ def latest_version(table_path: str, storage: Optional[Mapping[str, str]] = None)
     return max(log_versions(table_path, storage), default=-1)
 
 
-def commits(table_path: str, storage: Optional[Mapping[str, str]] = None) -> list[dict]:
-    """Every commit whose JSON is still in the log: ``version``, ``timestamp_ms`` (commitInfo),
-    ``log_mtime`` (when the JSON file was written, in seconds: on object storage its Last-Modified,
-    whole seconds rounded up) and the data files it ``added`` (paths relative to the table)."""
+def commits(table_path: str, storage: Optional[Mapping[str, str]] = None, from_version: int = 0) -> list[dict]:
+    """Every commit from ``from_version`` on whose JSON is still in the log: ``version``, ``timestamp_ms``
+    (commitInfo), ``log_mtime`` (when the JSON file was written, in seconds: on object storage its
+    Last-Modified, whole seconds rounded up) and the data files it ``added`` (paths relative to the table)."""
     from coordinator.storage import FileStore
 
     files = FileStore.at(table_path, storage)
     result = []
     for version in log_versions(table_path, storage):
+        if version < from_version:
+            continue
         log_file = files.read(f"_delta_log/{version:020d}.json")
         if log_file is None:  # removed by log cleanup since it was listed
             continue
@@ -155,45 +157,92 @@ class Delivery(NamedTuple):
 def deliveries(lakehouse: Union[str, Lakehouse], topic: str) -> dict[str, Delivery]:
     """Transaction id → :class:`Delivery`, for every transaction in the topic table's log (none before
     the table exists)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from coordinator.lakehouse import Lakehouse
-    from coordinator.storage import FileStore
-
-    lakehouse = Lakehouse.at(lakehouse)
-    table_path = lakehouse.topic(topic)
-    files = FileStore.at(table_path, lakehouse.storage)
     found: dict[str, Delivery] = {}
-    for commit in commits(table_path, lakehouse.storage):
-        if commit["timestamp_ms"] is None:
-            continue
-        for path in commit["added"]:
-            data = pa.BufferReader(files.read(path).data)
-            for tid in pq.read_table(data, columns=["transaction_id"]).column("transaction_id").to_pylist():
-                first = found.get(tid)
-                found[tid] = (Delivery(commit["timestamp_ms"] / 1000, commit["log_mtime"], 1) if first is None
-                              else first._replace(rows=first.rows + 1))
+    for tid, timestamp_s, log_mtime in TopicFollower(lakehouse, topic).read_new():
+        first = found.get(tid)
+        found[tid] = Delivery(timestamp_s, log_mtime, 1) if first is None else first._replace(rows=first.rows + 1)
     return found
 
 
-def table_shape(table_path: str) -> dict:
-    """How big a table's log and file set are: JSON commits in ``_delta_log``, checkpoints,
-    data files in the current snapshot and Parquet files on disk (those not yet vacuumed)."""
-    from deltalake import DeltaTable
+class TopicFollower:
+    """Reads a topic table's log as it grows: each :meth:`read_new` reads only the versions written since the
+    last call. Log cleanup (maintenance's ``log_retention_hours``) removes old JSON commits, so a run with
+    maintenance on must follow the log while it runs, not read it all at the end; ``versions_missed`` counts
+    the versions cleaned up before they were read.
 
+    Example::
+
+        follower = TopicFollower(lakehouse, "ORDERS")
+        for transaction_id, timestamp_s, log_mtime in follower.read_new():  # every few seconds
+            ...
+    """
+
+    def __init__(self, lakehouse: Union[str, Lakehouse], topic: str):
+        from coordinator.lakehouse import Lakehouse
+        from coordinator.storage import FileStore
+
+        self.lakehouse = Lakehouse.at(lakehouse)
+        self.table_path = self.lakehouse.topic(topic)
+        self.files = FileStore.at(self.table_path, self.lakehouse.storage)
+        self.next_version = 0
+        self.versions_missed = 0
+
+    def read_new(self) -> Iterator[tuple[str, float, float]]:
+        """``(transaction id, commit timestamp of its version in seconds, that version's log file mtime)`` for
+        each row the versions written since the last call added (none before the table exists)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for commit in commits(self.table_path, self.lakehouse.storage, from_version=self.next_version):
+            tids = []
+            if commit["timestamp_ms"] is not None:
+                for path in commit["added"]:
+                    data = pa.BufferReader(self.files.read(path).data)
+                    tids += pq.read_table(data, columns=["transaction_id"]).column("transaction_id").to_pylist()
+            # Only once the whole version is read: a read that fails is tried again, whole, by the next call.
+            self.versions_missed += commit["version"] - self.next_version
+            self.next_version = commit["version"] + 1
+            for tid in tids:
+                yield tid, commit["timestamp_ms"] / 1000, commit["log_mtime"]
+
+
+def delta_log_size(table_path: str) -> Optional[dict]:
+    """A local table's ``_delta_log``: JSON commits, checkpoints, both together (``log_files``) and the bytes
+    of everything in it (``log_bytes``); ``None`` before the table exists. A stat per file: at a few hundred
+    thousand files, a fraction of a second."""
     log_dir = os.path.join(table_path, "_delta_log")
     if not os.path.isdir(log_dir):
+        return None
+    json_files = checkpoints = log_bytes = 0
+    with os.scandir(log_dir) as entries:
+        for entry in entries:
+            name = entry.name
+            if name.endswith(".json") and name[:-5].isdigit():
+                json_files += 1
+            elif ".checkpoint." in name and name.endswith(".parquet"):
+                checkpoints += 1
+            with contextlib.suppress(FileNotFoundError):  # removed by log cleanup since it was listed
+                log_bytes += entry.stat().st_size if entry.is_file() else 0
+    return {"log_json_files": json_files, "checkpoints": checkpoints, "log_files": json_files + checkpoints,
+            "log_bytes": log_bytes}
+
+
+def table_shape(table_path: str) -> dict:
+    """How big a table's log and file set are: its version, JSON commits in ``_delta_log``, checkpoints,
+    both together and the bytes of the whole ``_delta_log`` (:func:`delta_log_size`), data files in the
+    current snapshot and Parquet files on disk (those not yet vacuumed)."""
+    from deltalake import DeltaTable
+
+    log = delta_log_size(table_path)
+    if log is None:
         return {"exists": False}
-    names = os.listdir(log_dir)
     on_disk = sum(1 for _, _, files in os.walk(table_path) for name in files
                   if name.endswith(".parquet") and "_delta_log" not in name)
     table = DeltaTable(table_path)
     return {
         "exists": True,
         "version": table.version(),
-        "log_json_files": sum(1 for name in names if name.endswith(".json") and name[:-5].isdigit()),
-        "checkpoints": sum(1 for name in names if ".checkpoint." in name and name.endswith(".parquet")),
+        **log,
         "active_files": len(table.file_uris()),
         "parquet_files_on_disk": on_disk,
     }
@@ -219,8 +268,19 @@ class _Job:
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+                return self.kill()
+        self.exit_code = self.process.returncode
+        self.log_file.close()
+        return self.exit_code
+
+    def kill(self) -> int:
+        """SIGKILL its whole process group at once, as a crash (``kill -9``: no batch finished, nothing
+        released), and wait for it; its exit status (-9)."""
+        if self.exit_code is not None:
+            return self.exit_code
+        with contextlib.suppress(ProcessLookupError):  # the whole group is gone already
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
         self.exit_code = self.process.returncode
         self.log_file.close()
         return self.exit_code
@@ -656,25 +716,27 @@ class ConsoleBrowser(_Observer):
 
 
 def send_on_schedule(send_one: Callable[[int], None], total: int, rate: float, threads: int,
-                     deadline_s: Optional[float] = None) -> float:
+                     deadline_s: Optional[float] = None, halt: Optional[threading.Event] = None) -> float:
     """Call ``send_one(k)`` for k in ``range(total)`` from ``threads`` threads, k at ``t0 + k / rate``
     (at once when ``rate`` is 0); return the seconds it took.
 
     The schedule is fixed in advance: a thread that falls behind sends at once, so a slow
     producer shows as a lower achieved rate, not a lower offered one. With ``deadline_s``, no send
     starts ``deadline_s`` or more after t0, so a run that falls behind still lasts its stated time;
-    the sends in flight then finish, and the caller counts those never started.
+    the sends in flight then finish, and the caller counts those never started. Once ``halt`` is set,
+    no send starts either (the run ends early).
 
     Example::
 
         seconds = send_on_schedule(lambda k: producer.send_message_in_transaction(msg), 1000, rate=100, threads=8)
     """
     taken, lock = iter(range(total)), threading.Lock()
+    halt = halt or threading.Event()
     t0 = time.monotonic()
     stop_at = None if deadline_s is None else t0 + deadline_s
 
     def worker() -> None:
-        while True:
+        while not halt.is_set():
             with lock:
                 k = next(taken, None)
             if k is None:
@@ -683,8 +745,8 @@ def send_on_schedule(send_one: Callable[[int], None], total: int, rate: float, t
             due = t0 + k / rate if rate > 0 else now
             if stop_at is not None and max(now, due) >= stop_at:
                 return
-            if due > now:
-                time.sleep(due - now)
+            if due > now and halt.wait(due - now):
+                return
             send_one(k)
 
     workers = [threading.Thread(target=worker, name=f"sender-{i}") for i in range(threads)]
@@ -698,15 +760,21 @@ def send_on_schedule(send_one: Callable[[int], None], total: int, rate: float, t
 class SteadySender:
     """Offers ``rate`` transactions per second to ``topic`` for ``seconds`` from ``threads`` threads of
     one producer (:func:`send_on_schedule`, with ``seconds`` as its deadline). Each send's return time
-    (``time.time()``) and transaction id are kept; ``unsent`` counts the scheduled sends a producer
-    that fell behind never started.
+    (``time.time()``) and transaction id are kept in ``sent``, or, with ``on_sent``, handed to it
+    instead (a long run need not hold them all: ``on_sent(transaction_id, returned_at, send_seconds)``,
+    called from the sending threads); ``sent_count`` counts them either way, and ``unsent`` counts the
+    scheduled sends a producer that fell behind (or :meth:`halt` stopped) never started.
     """
 
-    def __init__(self, producer, topic: str, rate: float, seconds: float, threads: int):
+    def __init__(self, producer, topic: str, rate: float, seconds: float, threads: int,
+                 on_sent: Optional[Callable[[str, float, float], None]] = None):
         self.producer, self.topic, self.rate, self.seconds, self.threads = producer, topic, rate, seconds, threads
         self.sent: list[tuple[str, float, float]] = []  # (transaction id, returned at (epoch s), send seconds)
+        self.on_sent = on_sent
+        self.sent_count = 0
         self.errors = 0
         self._lock = threading.Lock()
+        self._halt = threading.Event()
         self.total = int(rate * seconds)
 
     def _send_one(self, k: int) -> None:
@@ -720,18 +788,27 @@ class SteadySender:
                 self.errors += 1
             return
         sent = (result.transaction_id, time.time(), time.perf_counter() - started)
+        if self.on_sent is not None:
+            self.on_sent(*sent)
         with self._lock:
-            self.sent.append(sent)
+            self.sent_count += 1
+            if self.on_sent is None:
+                self.sent.append(sent)
 
     @property
     def unsent(self) -> int:
         """Scheduled sends not started by the deadline (once :meth:`run` has returned)."""
-        return self.total - len(self.sent) - self.errors
+        return self.total - self.sent_count - self.errors
 
     def run(self) -> float:
         """Send on schedule until the deadline; return the seconds it took (the sends in flight at
         the deadline finish first)."""
-        return send_on_schedule(self._send_one, self.total, self.rate, self.threads, deadline_s=self.seconds)
+        return send_on_schedule(self._send_one, self.total, self.rate, self.threads, deadline_s=self.seconds,
+                                halt=self._halt)
+
+    def halt(self) -> None:
+        """End the run early, from another thread: no send starts after this (those in flight finish)."""
+        self._halt.set()
 
 
 class Commits:
@@ -947,6 +1024,43 @@ def proc_status(pid: int) -> dict:
     except OSError:
         pass
     return found
+
+
+def process_tree_rss(pid: int) -> Optional[dict]:
+    """The RSS (MiB) of process ``pid`` and everything it started, summed (``total_mib``: pages shared by
+    forked processes count once in each), the same as PSS (``total_pss_mib``: each shared page split among
+    its sharers, so the tree's real footprint), the RSS of its JVMs (``jvm_mib``) and of its other processes
+    (``other_mib``: for a checker job its Python driver, its streaming source runner and Python workers),
+    with the ``processes`` counted; ``None`` once ``pid`` is gone.
+
+    Example::
+
+        process_tree_rss(checker.process.pid)
+        # {'total_mib': 1418.7, 'total_pss_mib': 1101.0, 'jvm_mib': 453.5, 'other_mib': 965.2, 'processes': 9}
+    """
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return None
+    jvm = other = pss = 0
+    counted = 0
+    for process in tree:
+        try:
+            memory = process.memory_full_info()  # smaps_rollup: a few milliseconds for a JVM
+            is_jvm = process.name() == "java"
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):  # ended since the tree was listed
+            continue
+        counted += 1
+        pss += memory.pss
+        if is_jvm:
+            jvm += memory.rss
+        else:
+            other += memory.rss
+    return {"total_mib": round((jvm + other) / 2**20, 1), "total_pss_mib": round(pss / 2**20, 1),
+            "jvm_mib": round(jvm / 2**20, 1), "other_mib": round(other / 2**20, 1), "processes": counted}
 
 
 def reset_peak_rss(pid: int) -> bool:

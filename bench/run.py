@@ -3,7 +3,7 @@
     python bench/run.py --quick   # one cold start, then small versions of producer, end to end, history
                                   # and batch_cost: `make bench`
     python bench/run.py           # the full versions: cold_start, producer, history, e2e, unresolved,
-                                  # soak, batch_cost, groups (50 minutes at least: soak 30, e2e 10)
+                                  # soak, batch_cost, groups (80 minutes at least: soak 60, e2e 10)
     python bench/run.py --tiny    # each of those with --tiny: the smallest run that goes through all of it,
                                   # in seconds (e2e's with --observed); its figures mean nothing
                                   # (tests/test_bench.py runs them)

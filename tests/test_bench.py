@@ -233,7 +233,8 @@ def test_groups_tiny_run_times_triggers_of_one_group_and_of_many(spark, tmp_path
 
 @pytest.mark.slow
 def test_run_tiny_drives_cold_start_end_to_end_and_soak_and_every_count_adds_up(tmp_path):
-    """``bench/run.py --tiny`` over the three benchmarks that start the checker job, e2e observed (about 100 s)."""
+    """``bench/run.py --tiny`` over the three benchmarks that start the checker job, e2e observed, soak with a
+    checker kill and restart (about 150 s)."""
     argv = [sys.executable, str(BENCH / "run.py"), "--tiny", "--only", "cold_start", "e2e", "soak",
             "--results", str(tmp_path / "run.json")]
     run = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, env=without_txcoord_settings(),
@@ -296,10 +297,39 @@ def assert_soak(report: dict) -> None:
     args = report["args"]
     assert report["sent"] + report["unsent"] + report["send_errors"] == int(args["rate"] * args["minutes"] * 60)
     assert report["send_errors"] == 0 and report["sent"] > 0
-    assert report["batches_in_start_window"] >= 1 and report["batches_in_end_window"] >= 1
-    assert report["batch_ms_end_over_start"] == round(report["batch_ms_end_median"] / report["batch_ms_start_median"], 3)
+    # The checker killed (its whole process group, kill -9) and restarted at least once, each restart timed.
+    restarts = report["restarts"]
+    assert report["kills"] == len(restarts) >= 1
+    assert all(r["killed_exit_code"] == -9 and r["error"] is None and 0 < r["query_started_s"] <= r["restart_s"]
+               for r in restarts)
+    assert report["restart_s"] == [r["restart_s"] for r in restarts]
+    assert all(r["caught_up_s"] is None or r["caught_up_s"] >= r["restart_s"] for r in restarts)
+    # Two windows at least, which share out every send, every latency and every kill between them.
+    windows = report["windows"]
+    assert len(windows) >= 2 and [w["window"] for w in windows] == list(range(1, len(windows) + 1))
+    assert sum(w["sent"] for w in windows) == sum(w["delivered"] for w in windows) == report["sent"]
+    assert sum(w["kills"] for w in windows) == report["kills"]
+    for w in windows:
+        if w["delivered"]:
+            assert 0 < w["e2e_p50_ms"] <= w["e2e_p99_ms"] <= w["e2e_max_ms"]
+        rss = w["rss_max_mib"]
+        assert w["memory_samples"] >= 1 and rss["checker_tree"] >= rss["checker_jvm"] > 0 and rss["producer"] > 0
+        commit_log = w["tables"]["groups/bench-soak/commit_log"]
+        assert commit_log["log_files"] == commit_log["log_json_files"] + commit_log["checkpoints"]
+        assert 0 < commit_log["log_bytes"] <= w["commit_log_delta_log_bytes_max"]  # the window's end is one sample
+        assert w["commit_log_size_samples"] >= 1
+    # Every count 0: each sent transaction in the topic once, nothing else there.
+    assert report["counts"] == {"lost": 0, "duplicated": 0, "not_committed": 0, "topic_rows": report["sent"]}
+    assert report["undelivered_after_drain"] == 0 and report["topic_versions_missed"] == 0
+    ratios = report["flat_ratios"]
+    assert set(ratios) == {"e2e_p50_ms", "e2e_p99_ms", "checker_tree_rss_mib", "producer_rss_mib",
+                           "commit_log_delta_log_bytes"}
+    assert ratios["e2e_p99_ms"]["second"] == windows[1]["e2e_p99_ms"] and ratios["e2e_p99_ms"]["last"] == windows[-1]["e2e_p99_ms"]
+    assert all(r["ratio"] == round(r["last"] / r["second"], 3) for r in ratios.values())
+    assert report["flat"] == all(r["ratio"] <= report["flat_tolerance"] for r in ratios.values())
     runs = report["maintenance_runs"]
-    assert runs and all(run["error"] is None for run in runs)
+    assert runs and all(run["error"] is None and run["peak_rss_mib"] > 0 for run in runs)
+    assert report["maintenance_after_stop"]["error"] is None
     for shape in ("shape_end", "shape_end_after_maintenance"):
         commit_log = report[shape]["groups/bench-soak/commit_log"]
         assert commit_log["exists"] and commit_log["version"] >= report["sent"]  # a HALF commit per send at least
