@@ -33,7 +33,7 @@ import stamina
 from obstore.exceptions import GenericError, JoinError
 
 from coordinator.durations import parse_duration
-from coordinator.exceptions import ConfigError, InvalidArgumentError, StorageUnavailableError
+from coordinator.exceptions import ConfigError, InvalidArgumentError, StorageUnavailableError, WriteOutcomeUnknownError
 
 __all__ = ["RETRY_SETTINGS", "RetryPolicy", "StorageRequestCounts", "note_own_write_recognised", "retrying",
            "storage_request_counts"]
@@ -84,11 +84,13 @@ class RetryPolicy:
 
 
 def retrying(policy: RetryPolicy, operation: str, location: str, call: Callable[[], _T],
-             exhausted: type[StorageUnavailableError] = StorageUnavailableError) -> _T:
+             conditional_write: bool = False) -> _T:
     """``call()``, tried again on what object storage may fail for a while, as ``policy`` bounds it.
 
-    Raises ``exhausted`` (naming ``operation``, ``location``, the attempts and the last error) once
-    the bound is reached; any other error at once.
+    Once the bound is reached, raises :class:`~coordinator.exceptions.StorageUnavailableError`
+    naming ``operation``, ``location``, the attempts and the last error, or, for a
+    ``conditional_write`` (whose outcome nobody can know then), its subclass
+    :class:`~coordinator.exceptions.WriteOutcomeUnknownError`. Any other error at once.
 
     Example::
 
@@ -117,8 +119,9 @@ def retrying(policy: RetryPolicy, operation: str, location: str, call: Callable[
                    f"(the bound is {policy.max_retries} retries and {policy.timeout_s:g} s: the [storage] settings "
                    f"max_retries and retry_timeout); last: {_first_line(error)}")
         _log.error("%s", message)
-        raise exhausted(message) from error
-    raise AssertionError("unreachable: stamina either returned or raised")
+        if conditional_write:
+            raise WriteOutcomeUnknownError(message) from error
+        raise StorageUnavailableError(message) from error
 
 
 def note_own_write_recognised(operation: str, location: str) -> None:

@@ -43,8 +43,7 @@ import obstore
 from obstore.exceptions import AlreadyExistsError, PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import S3Store
 
-from coordinator.exceptions import (AccessDeniedError, InvalidArgumentError, StorageUnavailableError,
-                                    WriteOutcomeUnknownError)
+from coordinator.exceptions import AccessDeniedError, InvalidArgumentError
 from coordinator.retries import RETRY_SETTINGS, RetryPolicy, note_own_write_recognised, retrying
 
 __all__ = ["FileStore", "Versioned", "denied_as_error", "is_object_store"]
@@ -336,7 +335,7 @@ class ObjectFileStore(FileStore):
             except (AlreadyExistsError, PreconditionError):
                 return None
 
-        version = self._retrying("create", key, attempt, WriteOutcomeUnknownError)
+        version = self._retrying("create", key, attempt, conditional_write=True)
         return self._own_write("create", key, data) if version is None and attempts > 1 else version
 
     @_naming_denied_paths
@@ -351,7 +350,7 @@ class ObjectFileStore(FileStore):
             except (PreconditionError, FileNotFoundError):
                 return None
 
-        written = self._retrying("replace", key, attempt, WriteOutcomeUnknownError)
+        written = self._retrying("replace", key, attempt, conditional_write=True)
         return self._own_write("replace", key, data) if written is None and attempts > 1 else written
 
     @_naming_denied_paths
@@ -386,9 +385,8 @@ class ObjectFileStore(FileStore):
         listed = self._retrying("list", prefix, lambda: obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/"))
         return sorted(common.rstrip("/").rsplit("/", 1)[-1] for common in listed["common_prefixes"])
 
-    def _retrying(self, operation: str, key: str, attempt: Callable[[], _T],
-                  exhausted: type[StorageUnavailableError] = StorageUnavailableError) -> _T:
-        return retrying(self._policy, operation, self.location(key), attempt, exhausted)
+    def _retrying(self, operation: str, key: str, attempt: Callable[[], _T], conditional_write: bool = False) -> _T:
+        return retrying(self._policy, operation, self.location(key), attempt, conditional_write)
 
     def _own_write(self, operation: str, key: str, data: bytes) -> Optional[str]:
         """After a conditional write was refused on a second attempt: the file's version if it holds

@@ -132,7 +132,7 @@ def test_the_base_install_brings_no_spark_and_the_spark_extra_brings_the_checker
     def names(requirements: list[str]) -> set[str]:
         return {re.split(r"[=<>!~\[ ;]", requirement, maxsplit=1)[0].lower() for requirement in requirements}
 
-    assert names(project["dependencies"]) == {"deltalake", "pyarrow", "obstore", "rich", "platformdirs"}
+    assert names(project["dependencies"]) == {"deltalake", "pyarrow", "obstore", "rich", "platformdirs", "stamina"}
     assert names(project["optional-dependencies"]["spark"]) == {"pyspark", "delta-spark", "prometheus-client"}
     # Ranges, as a library declares them (requirements.lock pins the tested versions): never one exact version.
     assert not [r for r in project["dependencies"] + project["optional-dependencies"]["spark"] if "==" in r]

@@ -5,6 +5,7 @@ false result, retries are counted, and everything keeps working once the faults 
 
 from __future__ import annotations
 
+import logging
 import sys
 import uuid
 
@@ -19,7 +20,9 @@ from coordinator.lakehouse import Lakehouse, init_lakehouse, open_table, read_ta
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.retries import storage_request_counts
 from tests import REPO_ROOT
-from tests.conftest import half_record
+from coordinator.tables import OP
+from tests.conftest import end_record, half_record
+from tests.producer_side import wait_until
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 from storage_faults import FaultProxyProcess  # noqa: E402
@@ -140,3 +143,34 @@ def test_the_lease_and_the_progress_record_stay_their_writers_when_replies_are_l
                                               pending_from=0)))
     assert CheckerProgress(direct).load().last_batch.batch_id == 1
     lease.release()
+
+
+def test_the_checker_outlives_an_outage_past_its_retry_bound_and_delivers_once(spark, s3_server, proxy, caplog):
+    """Every PUT of the op table refused, past max_retries, for three runs of one batch: the batch runs
+    again every few seconds, whole, until the storage answers; the query is never restarted, and the
+    transaction is delivered once."""
+    from coordinator.checker.query import CheckerQuery
+    from coordinator.spark import object_store_conf
+
+    direct = Lakehouse(f"s3://lakehouse/{uuid.uuid4().hex}", s3_server.storage_options)
+    init_lakehouse(direct)
+    storage = proxy.storage_options(s3_server.storage_options) | {"max_retries": "1", "retry_timeout": "5s"}
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in object_store_conf(s3_server.storage_options).items():  # the checkpoint straight to the server
+        hadoop.set(key.removeprefix("spark.hadoop."), value)
+    checker = CheckerQuery(spark, CoordinatorConfig(lakehouse=direct.root, storage=storage, trigger_interval_ms=200))
+    checker.start()
+    try:
+        for _ in range(6):  # three runs of the batch, two attempts each
+            proxy.inject_next("slowdown", method="PUT", path_contains="system/op/")
+        with caplog.at_level(logging.ERROR, logger="coordinator.checker"), CommitLogWriter(direct, "g") as writer:
+            writer.submit([half_record("paid", body=b"order 1")]).result()
+            writer.submit([end_record("paid")]).result()
+            wait_until(lambda: direct.exists("topics/T") and direct.read("topics/T").num_rows >= 1, 120)
+        assert proxy.counts()["queued"] == 0 and checker.query.isActive
+    finally:
+        checker.stop()
+    assert direct.read("topics/T", ["transaction_id"]).column(0).to_pylist() == ["paid"]
+    assert direct.read(OP, ["transaction_id"]).column(0).to_pylist() == ["paid"]
+    outages = [r.getMessage() for r in caplog.records if "the storage is unavailable" in r.getMessage()]
+    assert len(outages) == 3 and "running it again" in outages[0]

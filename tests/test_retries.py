@@ -99,7 +99,7 @@ def test_past_max_retries_a_clear_error_names_the_request_the_bound_and_the_last
     before = storage_request_counts().exhausted.get(("replace", "throttled"), 0)
     request = Failing(*[SLOW_DOWN] * 10)
     with pytest.raises(WriteOutcomeUnknownError) as raised:
-        retrying(RetryPolicy(2, 60), "replace", LOCATION, request, WriteOutcomeUnknownError)
+        retrying(RetryPolicy(2, 60), "replace", LOCATION, request, conditional_write=True)
 
     assert request.calls == 3  # the first attempt and two retries
     message = str(raised.value)
