@@ -75,6 +75,8 @@ HIGHEST_LEGACY_WRITER_VERSION = 4
 #: Statistics keep strings up to this length, as delta-spark's data skipping does.
 STRING_STATS_LENGTH = 32
 DEFAULT_CHECKPOINT_INTERVAL = 100
+#: :meth:`DeltaAppender.compact` rewrites files under this size into files of about this size.
+COMPACTION_TARGET_BYTES = 128 * 1024 * 1024
 _ENGINE = f"txcoord/{package_metadata.version('txcoord')}"
 _STOP = object()
 
@@ -139,6 +141,18 @@ def file_stats(data: pa.Table) -> str:
                        "nullCount": nulls}, separators=(",", ":"))
 
 
+def _compaction_groups(files: list[dict], target_bytes: int) -> list[list[dict]]:
+    """The files under ``target_bytes`` (add actions, flattened), oldest first, in groups of about
+    ``target_bytes`` of at least two files each."""
+    small = sorted((f for f in files if f["size_bytes"] < target_bytes), key=lambda f: (f["modification_time"], f["path"]))
+    groups: list[list[dict]] = [[]]
+    for f in small:
+        if groups[-1] and sum(g["size_bytes"] for g in groups[-1]) + f["size_bytes"] > target_bytes:
+            groups.append([])
+        groups[-1].append(f)
+    return [group for group in groups if len(group) > 1]
+
+
 def _timestamp_stat(value: dt.datetime, round_up: bool) -> str:
     # Delta keeps timestamp statistics in milliseconds; a maximum cut down to them would skip its own row.
     if round_up and value.microsecond % 1000:
@@ -165,6 +179,7 @@ class DeltaAppender:
         self.storage = dict(storage or {})
         self._files = FileStore.at(self.path, self.storage)
         self._lock = threading.Lock()
+        self._loads = 0  # how often the table was read from a snapshot: a compaction must see one only
         self._load()
         self._checkpoints: Optional[queue.SimpleQueue] = None
         self._checkpointer: Optional[threading.Thread] = None
@@ -225,6 +240,32 @@ class DeltaAppender:
             self._checkpoints.put(version)
         return version
 
+    def compact(self, target_bytes: int = COMPACTION_TARGET_BYTES) -> int:
+        """Rewrite the table's small data files (under ``target_bytes``) into files of about
+        ``target_bytes``, changing no data: one ``OPTIMIZE`` commit per new file, its ``remove`` and
+        ``add`` actions marked ``dataChange=false`` (readers of changes, the checker's too, skip it).
+        Return how many files it removed: none if there was nothing to compact; it stops at the
+        first group of files another writer removed first (another compaction: its result stands).
+
+        delta-rs's compaction reads every commit made since its snapshot on each attempt, and gives
+        up after 15: on a commit log taking a hundred commits a second it never commits
+        (measured: 300 commits/s, failed after 6 s, whatever ``max_commit_retries`` says). This one
+        commits as an append does, reading only each winner's log entry, and conflicts with nothing
+        but a commit that removed one of its files.
+
+        Example::
+
+            DeltaAppender(Lakehouse("lakehouse").commit_log("order_group"), checkpoints=False).compact()  # 1200
+        """
+        removed = 0
+        loads = self._loads
+        files = pa.table(self._snapshot.get_add_actions(flatten=True)).select(["path", "size_bytes", "modification_time"])
+        for group in _compaction_groups(files.to_pylist(), target_bytes):
+            if self._rewrite(group, loads) is None:
+                break
+            removed += len(group)
+        return removed
+
     def close(self) -> None:
         """Finish the checkpoint in progress, if any, and stop. Idempotent."""
         if self._checkpointer is not None:
@@ -238,16 +279,48 @@ class DeltaAppender:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _commit(self, commit: bytes, schema: pa.Schema, app_transaction: Optional[tuple[str, int]]) -> Optional[int]:
+    def _rewrite(self, files: list[dict], snapshot_loads: int) -> Optional[int]:
+        """Commit ``files`` (add actions of the snapshot) rewritten as one file; ``None`` on a conflict."""
+        data = pa.concat_tables([pq.read_table(pa.BufferReader(self._files.read(f["path"]).data)) for f in files])
+        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        encoded = pa.BufferOutputStream()
+        pq.write_table(data.cast(self._schema), encoded, compression="snappy")
+        content = encoded.getvalue().to_pybytes()
+        written_ms = self._files.put(name, content)
+        now_ms = int(time.time() * 1000)
+        actions = [{"commitInfo": {"timestamp": now_ms, "operation": "OPTIMIZE",
+                                   "operationParameters": {"targetSize": str(len(content))}, "isBlindAppend": False,
+                                   "engineInfo": _ENGINE, "clientVersion": _ENGINE}}]
+        actions += [{"remove": {"path": f["path"], "deletionTimestamp": now_ms, "dataChange": False,
+                                "extendedFileMetadata": True, "partitionValues": {}, "size": f["size_bytes"]}}
+                    for f in files]
+        actions.append({"add": {"path": name, "partitionValues": {}, "size": len(content),
+                                "modificationTime": written_ms, "dataChange": False, "stats": file_stats(data)}})
+        commit = "".join(json.dumps(action, separators=(",", ":")) + "\n" for action in actions).encode()
+        version = self._commit(commit, data.schema, None, frozenset(f["path"] for f in files), snapshot_loads)
+        if version is None:
+            self._files.delete(name)
+        return version
+
+    def _commit(self, commit: bytes, schema: pa.Schema, app_transaction: Optional[tuple[str, int]],
+                removes: frozenset[str] = frozenset(), snapshot_loads: int = 0) -> Optional[int]:
+        """Commit ``commit`` at the next version; ``None`` if ``app_transaction`` is recorded already, or if
+        another commit removed one of the files in ``removes`` since the snapshot of load number
+        ``snapshot_loads`` (or the table was loaded again since, which leaves that unknown)."""
         with self._lock:
             while True:
                 if not schema.equals(self._schema):
                     raise UnsupportedTableError(f"the schema of {self.path} changed while appending")
                 if app_transaction is not None and self._recorded(app_transaction[0]) >= app_transaction[1]:
                     return None
+                if removes and (self._loads != snapshot_loads or self._removed & removes):
+                    return None
                 version = self._known + 1
-                if self._last_checkpoint() >= version:
-                    self._load()  # versions this far back may have been cleaned from the log: start again
+                checkpoint = self._last_checkpoint()
+                if checkpoint >= version:
+                    # Versions this far back may have been cleaned from the log, so never created again: read
+                    # up to the checkpoint while the log holds them (from its snapshot once it does not).
+                    self._read_through(checkpoint)
                     continue
                 if self._files.create(self._version_file(version), commit) is None:
                     self._read_through(version)
@@ -273,6 +346,8 @@ class DeltaAppender:
                 if "txn" in action:
                     app_id, app_version = action["txn"]["appId"], action["txn"]["version"]
                     self._app_versions[app_id] = max(app_version, self._recorded(app_id))
+                elif "remove" in action:
+                    self._removed.add(action["remove"]["path"])
             self._known = other
 
     def _recorded(self, app_id: str) -> int:
@@ -294,6 +369,8 @@ class DeltaAppender:
                                                                    DEFAULT_CHECKPOINT_INTERVAL))
         self._app_versions: dict[str, int] = {}
         self._known = snapshot.version()  # every version up to here exists and has been taken in
+        self._removed: set[str] = set()  # files removed by the commits taken in since the snapshot
+        self._loads += 1
 
     def _last_checkpoint(self) -> int:
         pointer = self._files.read("_delta_log/_last_checkpoint")

@@ -9,6 +9,10 @@ delta-rs (no JVM) and is safe while producers and the checker are running:
 * the commit log's vacuum keeps every file the checker may still read: a file that
   a compaction removed after the oldest version the checker may still read (its
   progress record says which) stays on disk until the checker has moved past it;
+* a commit log, which producers commit to many times a second, is compacted by
+  :meth:`DeltaAppender.compact <coordinator.appender.DeltaAppender.compact>` (delta-rs's
+  compaction never commits there: it gives up after 15 attempts), every other table
+  by delta-rs;
 * ``system/check_requests`` is not compacted: the check interval is measured from
   when each request's file was written, which compaction would reset (delaying
   the next check, never hastening it).
@@ -45,6 +49,7 @@ from typing import Callable, Optional, Union
 from deltalake import DeltaTable, PostCommitHookProperties
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from coordinator.appender import DeltaAppender
 from coordinator.commit_logs import CommitLogs
 from coordinator.control.progress import CheckerProgress
 from coordinator.exceptions import InvalidArgumentError
@@ -188,6 +193,8 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
         keep_versions=keep_versions or None)), 0)
     if name in NOT_COMPACTED:
         result.skipped.append("compaction: the check interval is timed from each request's file")
+    elif _is_commit_log(name):  # producers commit to it many times a second: see DeltaAppender.compact
+        result.files_compacted = _attempt(result, "compaction", lambda: _compact_commit_log(lakehouse, name), 0)
     else:
         metrics = _attempt(result, "compaction", lambda: lakehouse.table(name).optimize.compact(), {})
         result.files_compacted = metrics.get("numFilesRemoved", 0)
@@ -200,6 +207,12 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
     final = lakehouse.table(name)
     result.files_after, result.version = len(final.file_uris()), final.version()
     return result
+
+
+def _compact_commit_log(lakehouse: Lakehouse, name: str) -> int:
+    """Compact a commit log through :meth:`DeltaAppender.compact`; the files it removed."""
+    with DeltaAppender(lakehouse.key_path(name), checkpoints=False, storage=lakehouse.storage) as appender:
+        return appender.compact()
 
 
 def _attempt(result: TableMaintenance, step: str, action: Callable, fallback):
