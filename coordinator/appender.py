@@ -141,6 +141,11 @@ def file_stats(data: pa.Table) -> str:
                        "nullCount": nulls}, separators=(",", ":"))
 
 
+def _encoded(actions: list[dict]) -> bytes:
+    """A commit's log entry: one JSON action per line."""
+    return "".join(json.dumps(action, separators=(",", ":")) + "\n" for action in actions).encode()
+
+
 def _compaction_groups(files: list[dict], target_bytes: int) -> list[list[dict]]:
     """The files under ``target_bytes`` (add actions, flattened), oldest first, in groups of about
     ``target_bytes`` of at least two files each."""
@@ -217,14 +222,7 @@ class DeltaAppender:
                 raise InvalidArgumentError(f"data does not have the table's columns: {data.schema.names}, "
                                  f"expected {self._schema.names}")
             data = data.cast(self._schema)  # e.g. a map's entry names as another engine spells them
-        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        # Encoded in memory, written in one call: half the time of writing the file through pyarrow.
-        encoded = pa.BufferOutputStream()
-        pq.write_table(data, encoded, compression="snappy")
-        content = encoded.getvalue().to_pybytes()
-        written_ms = self._files.put(name, content)
-        add = {"path": name, "partitionValues": {}, "size": len(content),
-               "modificationTime": written_ms, "dataChange": True, "stats": file_stats(data)}
+        add = self._write_file(data, data_change=True)
         now_ms = int(time.time() * 1000)
         actions = [{"commitInfo": {"timestamp": now_ms, "operation": "WRITE", "operationParameters": {"mode": "Append"},
                                    "isBlindAppend": True, "engineInfo": _ENGINE, "clientVersion": _ENGINE}}]
@@ -232,10 +230,9 @@ class DeltaAppender:
             app_id, app_version = app_transaction
             actions.append({"txn": {"appId": app_id, "version": app_version, "lastUpdated": now_ms}})
         actions.append({"add": add})
-        commit = "".join(json.dumps(action, separators=(",", ":")) + "\n" for action in actions).encode()
-        version = self._commit(commit, data.schema, app_transaction)
+        version = self._commit(_encoded(actions), data.schema, app_transaction)
         if version is None:
-            self._files.delete(name)
+            self._files.delete(add["path"])
         elif self._checkpoints is not None and version % self._checkpoint_interval == 0:
             self._checkpoints.put(version)
         return version
@@ -282,25 +279,31 @@ class DeltaAppender:
     def _rewrite(self, files: list[dict], snapshot_loads: int) -> Optional[int]:
         """Commit ``files`` (add actions of the snapshot) rewritten as one file; ``None`` on a conflict."""
         data = pa.concat_tables([pq.read_table(pa.BufferReader(self._files.read(f["path"]).data)) for f in files])
-        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        encoded = pa.BufferOutputStream()
-        pq.write_table(data.cast(self._schema), encoded, compression="snappy")
-        content = encoded.getvalue().to_pybytes()
-        written_ms = self._files.put(name, content)
+        data = data.cast(self._schema)
+        add = self._write_file(data, data_change=False)
         now_ms = int(time.time() * 1000)
         actions = [{"commitInfo": {"timestamp": now_ms, "operation": "OPTIMIZE",
-                                   "operationParameters": {"targetSize": str(len(content))}, "isBlindAppend": False,
+                                   "operationParameters": {"targetSize": str(add["size"])}, "isBlindAppend": False,
                                    "engineInfo": _ENGINE, "clientVersion": _ENGINE}}]
         actions += [{"remove": {"path": f["path"], "deletionTimestamp": now_ms, "dataChange": False,
                                 "extendedFileMetadata": True, "partitionValues": {}, "size": f["size_bytes"]}}
                     for f in files]
-        actions.append({"add": {"path": name, "partitionValues": {}, "size": len(content),
-                                "modificationTime": written_ms, "dataChange": False, "stats": file_stats(data)}})
-        commit = "".join(json.dumps(action, separators=(",", ":")) + "\n" for action in actions).encode()
-        version = self._commit(commit, data.schema, None, frozenset(f["path"] for f in files), snapshot_loads)
+        actions.append({"add": add})
+        version = self._commit(_encoded(actions), data.schema, None, frozenset(f["path"] for f in files), snapshot_loads)
         if version is None:
-            self._files.delete(name)
+            self._files.delete(add["path"])
         return version
+
+    def _write_file(self, data: pa.Table, data_change: bool) -> dict:
+        """Write ``data`` as a new Parquet file of the table; its ``add`` action."""
+        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        # Encoded in memory, written in one call: half the time of writing the file through pyarrow.
+        encoded = pa.BufferOutputStream()
+        pq.write_table(data, encoded, compression="snappy")
+        content = encoded.getvalue().to_pybytes()
+        written_ms = self._files.put(name, content)
+        return {"path": name, "partitionValues": {}, "size": len(content), "modificationTime": written_ms,
+                "dataChange": data_change, "stats": file_stats(data)}
 
     def _commit(self, commit: bytes, schema: pa.Schema, app_transaction: Optional[tuple[str, int]],
                 removes: frozenset[str] = frozenset(), snapshot_loads: int = 0) -> Optional[int]:

@@ -325,33 +325,11 @@ class ObjectFileStore(FileStore):
 
     @_naming_denied_paths
     def create(self, key: str, data: bytes) -> Optional[str]:
-        attempts = 0
-
-        def attempt() -> Optional[str]:
-            nonlocal attempts
-            attempts += 1
-            try:
-                return obstore.put(self._store, key, data, mode="create")["e_tag"]
-            except (AlreadyExistsError, PreconditionError):
-                return None
-
-        version = self._retrying("create", key, attempt, conditional_write=True)
-        return self._own_write("create", key, data) if version is None and attempts > 1 else version
+        return self._conditional_put("create", key, data, "create", (AlreadyExistsError, PreconditionError))
 
     @_naming_denied_paths
     def replace(self, key: str, data: bytes, version: str) -> Optional[str]:
-        attempts = 0
-
-        def attempt() -> Optional[str]:
-            nonlocal attempts
-            attempts += 1
-            try:
-                return obstore.put(self._store, key, data, mode={"e_tag": version})["e_tag"]
-            except (PreconditionError, FileNotFoundError):
-                return None
-
-        written = self._retrying("replace", key, attempt, conditional_write=True)
-        return self._own_write("replace", key, data) if written is None and attempts > 1 else written
+        return self._conditional_put("replace", key, data, {"e_tag": version}, (PreconditionError, FileNotFoundError))
 
     @_naming_denied_paths
     def put(self, key: str, data: bytes) -> int:
@@ -387,6 +365,22 @@ class ObjectFileStore(FileStore):
 
     def _retrying(self, operation: str, key: str, attempt: Callable[[], _T], conditional_write: bool = False) -> _T:
         return retrying(self._policy, operation, self.location(key), attempt, conditional_write)
+
+    def _conditional_put(self, operation: str, key: str, data: bytes, mode, refused: tuple[type, ...]) -> Optional[str]:
+        """``data`` put at ``key`` under ``mode`` (obstore's), retried; its ETag, or ``None`` if the storage
+        refused it with one of ``refused`` and, after a second attempt, the file is not this writer's."""
+        attempts = 0
+
+        def attempt() -> Optional[str]:
+            nonlocal attempts
+            attempts += 1
+            try:
+                return obstore.put(self._store, key, data, mode=mode)["e_tag"]
+            except refused:
+                return None
+
+        written = self._retrying(operation, key, attempt, conditional_write=True)
+        return self._own_write(operation, key, data) if written is None and attempts > 1 else written
 
     def _own_write(self, operation: str, key: str, data: bytes) -> Optional[str]:
         """After a conditional write was refused on a second attempt: the file's version if it holds

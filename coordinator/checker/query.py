@@ -220,8 +220,9 @@ class CheckerQuery:
         pending_from = self._pending_from if self._pending_from is not None else progress.pending_from
         announced = BatchRecord(batch_id=batch_id, stream_batch_id=stream_batch_id, starts=dict(segment.starts),
                                 ends=dict(segment.ends), now_us=now_us, pending_from=pending_from)
-        self.progress_store.save(Progress(progress.epoch, announced))
-        self._progress = Progress(progress.epoch, announced)  # once durable: a batch run again announces it again
+        following = Progress(progress.epoch, announced)
+        self.progress_store.save(following)
+        self._progress = following  # once durable: a batch run again announces it again
         return announced
 
     def stop(self) -> None:
