@@ -97,6 +97,12 @@ MESSAGE_FIELDS = tuple(name for name, _ in _MESSAGE
 #: own log; operators' decisions go to ``operators/commit_log``, of the same schema
 #: (``coordinator.commit_logs``). Append-only. The checker reads each version's added files
 #: straight from the log (``coordinator.checker.segment``); the change data feed stays on for other readers.
+#: Producers commit to it many times a second and maintenance compacts its files as often, so its
+#: checkpoints come every 1,000 commits (not Delta's 100) and keep a removed file's tombstone for 10
+#: minutes (not a week): otherwise every checkpoint carries a week of compactions' tombstones (measured at
+#: 1,000 txn/s: 42,502 removes per checkpoint, one every 1.7 s, after 13 minutes). The checker never reads
+#: a commit log through a snapshot, and maintenance vacuums it by listing (``coordinator.ops.maintenance``).
+#: No writer cleans its log after a commit: only maintenance does, once the checker no longer needs a commit.
 COMMIT_LOG = TableDef(
     "groups/<GROUP>/commit_log",
     (
@@ -106,7 +112,8 @@ COMMIT_LOG = TableDef(
         ("state", "string"),
         ("check_id", "string"),
     ),
-    {"delta.enableChangeDataFeed": "true", "delta.appendOnly": "true"},
+    {"delta.enableChangeDataFeed": "true", "delta.appendOnly": "true", "delta.checkpointInterval": "1000",
+     "delta.deletedFileRetentionDuration": "interval 10 minutes", "delta.enableExpiredLogCleanup": "false"},
 )
 
 #: The half queue: each accepted half message with its queue offset.

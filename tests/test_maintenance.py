@@ -8,6 +8,7 @@ import os
 import time
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -116,6 +117,38 @@ def test_the_commit_log_is_vacuumed_only_once_the_checker_has_read_past_its_comp
     freed = by_table(maintain(lakehouse, tables=[LOG], retention_hours=0, quiesced=True))[LOG]
     assert freed.files_vacuumed == 2 and not freed.skipped
     assert sorted(read_table(log, ["transaction_id"]).column("transaction_id").to_pylist()) == ["a", "b"]
+
+
+def test_a_commit_logs_checkpoint_leaves_out_expired_tombstones_and_vacuum_still_frees_their_files(config, monkeypatch):
+    # Tombstones that expire at once stand in for ones older than the commit log's ten minutes.
+    monkeypatch.setitem(COMMIT_LOG.properties, "delta.deletedFileRetentionDuration", "interval 1 milliseconds")
+    lakehouse = config.lakehouse
+    log = group_log(lakehouse)
+    write_commits(log, 3)
+
+    compacted = by_table(maintain(lakehouse, tables=[LOG], retention_hours=0, quiesced=True))[LOG]
+    assert compacted.files_compacted == 3 and not compacted.skipped
+    (checkpoint,) = glob.glob(os.path.join(log, "_delta_log", f"{compacted.version:020d}.checkpoint.parquet"))
+    actions = pq.read_table(checkpoint, columns=["add", "remove"])
+    assert actions.column("remove").null_count == len(actions) and len(actions.column("add").drop_null()) == 1
+
+    checker_reads_from(lakehouse, compacted.version)
+    freed = by_table(maintain(lakehouse, tables=[LOG], retention_hours=0, quiesced=True))[LOG]
+    assert freed.files_vacuumed == 3
+    on_disk = {os.path.basename(name) for name in glob.glob(os.path.join(log, "*.parquet"))}
+    assert on_disk == {os.path.basename(uri) for uri in DeltaTable(log).file_uris()}
+
+
+def test_a_commit_log_made_before_its_properties_gains_them_in_one_commit(config):
+    log = Lakehouse(config.lakehouse).commit_log("g")
+    os.makedirs(log)
+    DeltaTable.create(log, schema=COMMIT_LOG.arrow_schema(), configuration={"delta.appendOnly": "true"})
+
+    maintain(config.lakehouse, tables=[LOG])
+    maintain(config.lakehouse, tables=[LOG])
+
+    assert DeltaTable(log).metadata().configuration == COMMIT_LOG.properties
+    assert [entry["operation"] for entry in DeltaTable(log).history()].count("SET TBLPROPERTIES") == 1
 
 
 def test_a_retention_shorter_than_an_hour_is_refused_while_writers_may_run(config):
@@ -245,7 +278,7 @@ def test_the_streaming_checker_keeps_delivering_after_maintenance_changed_the_co
     try:
         commit_and_await_delivery(lakehouse, "before")
         (result,) = maintain(lakehouse, tables=[LOG], log_retention_hours=0.25)
-        assert not any(reason.startswith("log retention") for reason in result.skipped)
+        assert not any(reason.startswith("properties") for reason in result.skipped)
         commit_and_await_delivery(lakehouse, "after")
         assert checker.query.isActive and checker.query.exception() is None
     finally:

@@ -9,6 +9,11 @@ delta-rs (no JVM) and is safe while producers and the checker are running:
 * the commit log's vacuum keeps every file the checker may still read: a file that
   a compaction removed after the oldest version the checker may still read (its
   progress record says which) stays on disk until the checker has moved past it;
+* a commit log is vacuumed by listing its files (delta-rs's full vacuum): its
+  checkpoints keep a removed file's tombstone for ten minutes only (see
+  :data:`~coordinator.tables.COMMIT_LOG`), after which the lite vacuum would never
+  find the file. A commit log made by an earlier version gains its definition's
+  properties here;
 * a commit log, which producers commit to many times a second, is compacted by
   :meth:`DeltaAppender.compact <coordinator.appender.DeltaAppender.compact>` (delta-rs's
   compaction never commits there: it gives up after 15 attempts), every other table
@@ -55,7 +60,7 @@ from coordinator.control.progress import CheckerProgress
 from coordinator.exceptions import InvalidArgumentError
 from coordinator.lakehouse import Lakehouse
 from coordinator.storage import FileStore
-from coordinator.tables import CHECK_REQUESTS, SYSTEM_TABLES
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
 
 __all__ = ["DEFAULT_RETENTION_HOURS", "LOG_RETENTION_PROPERTY", "MIN_RETENTION_HOURS", "TableMaintenance",
            "log_retention_interval", "maintain", "maintained_tables"]
@@ -68,10 +73,6 @@ NOT_COMPACTED = {CHECK_REQUESTS.name}
 #: The table property that says how long the log keeps a commit, and Delta's default for it.
 LOG_RETENTION_PROPERTY = "delta.logRetentionDuration"
 DEFAULT_LOG_RETENTION = timedelta(days=30)
-#: Set to "false" on the commit log with its retention: otherwise every writer cleans expired commits from
-#: the log after each commit (delta-rs) or checkpoint (Spark), unaware of what the checker still needs.
-#: A per-commit opt-out is not enough: delta-rs 1.6.6's compaction ignores its post-commit hook settings.
-AUTO_LOG_CLEANUP_PROPERTY = "delta.enableExpiredLogCleanup"
 # The units Delta's interval syntax accepts (delta-kernel parses whole numbers only: "interval 1.5 hours" is ignored).
 _INTERVAL_UNITS = {"week": 604_800, "day": 86_400, "hour": 3_600, "minute": 60, "second": 1,
                    "millisecond": 1e-3, "microsecond": 1e-6, "nanosecond": 1e-9}
@@ -185,12 +186,13 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
         return result
     table = lakehouse.table(name)
     result.files_before = len(table.file_uris())
-    if log_retention is not None:
-        _attempt(result, "log retention", lambda: _set_log_retention(table, name, log_retention), None)
+    _attempt(result, "properties", lambda: _set_properties(table, name, log_retention), None)
     keep_versions = _versions_still_read(lakehouse, name, table)
+    # A commit log's checkpoints keep a removed file's tombstone for minutes only (see COMMIT_LOG), and
+    # delta-rs's lite vacuum deletes only the files of tombstones it still has: the full one lists the files.
     result.files_vacuumed = _attempt(result, "vacuum", lambda: len(table.vacuum(
         retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False,
-        keep_versions=keep_versions or None)), 0)
+        keep_versions=keep_versions or None, full=_is_commit_log(name))), 0)
     if name in NOT_COMPACTED:
         result.skipped.append("compaction: the check interval is timed from each request's file")
     elif _is_commit_log(name):  # producers commit to it many times a second: see DeltaAppender.compact
@@ -238,17 +240,18 @@ def _versions_still_read(lakehouse: Lakehouse, name: str, table: DeltaTable) -> 
             if entry.get("operation") == "OPTIMIZE" and entry["version"] > still_read]
 
 
-def _set_log_retention(table: DeltaTable, name: str, log_retention: str) -> None:
-    """Give ``table`` the log retention (and the commit log no automatic cleanup), in one commit, if it lacks either.
+def _set_properties(table: DeltaTable, name: str, log_retention: Optional[str]) -> None:
+    """Give ``table`` the log retention, if one is given, and a commit log the properties of its definition
+    (a commit log made by an earlier version lacks some), in one commit, if it lacks any.
 
     Every commit changes what a writer must have read (a property change conflicts with appends in
     flight), so an unchanged table gets none.
     """
     configuration = table.metadata().configuration
-    wanted = {LOG_RETENTION_PROPERTY: log_retention}
-    if _is_commit_log(name):
-        wanted[AUTO_LOG_CLEANUP_PROPERTY] = "false"
-    if _log_retention(table) == _parse_interval(log_retention) and \
+    wanted = dict(COMMIT_LOG.properties) if _is_commit_log(name) else {}
+    if log_retention is not None:
+        wanted[LOG_RETENTION_PROPERTY] = log_retention
+    if (log_retention is None or _log_retention(table) == _parse_interval(log_retention)) and \
             all(configuration.get(key) == value for key, value in wanted.items() if key != LOG_RETENTION_PROPERTY):
         return
     # Its own post-commit hook must not clean the log with the new retention before the guard has looked.
