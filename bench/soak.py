@@ -15,8 +15,9 @@ that falls behind still stops then, and the sends it never started are reported 
   and to the checker catching up (``caught_up_s``: its lag back to the highest of the 30 s before the kill);
 - every ``--maintenance-every`` seconds, ``txcoord maintain --retention-hours --log-retention-hours`` runs
   as a process of its own, as a scheduler runs it (at fixed times from the start of sending; its memory is
-  not the producer's); the default log retention, a quarter of an hour, lets the logs level off well
-  within the hour. Each run's peak RSS (``wait4``) is kept;
+  not the producer's); the default log retention, six minutes (with a commit log's ten minutes of
+  tombstones), lets the logs level off within the first window, so that the second one, which the verdict
+  compares with the last, is at its level. Each run's peak RSS (``wait4``) is kept;
 - a thread follows the topic table's log every 2 s (``benchlib.TopicFollower``: log cleanup removes old
   versions, so they cannot all be read at the end) and takes each delivered transaction's commit→visible
   latency as ``bench/e2e.py`` does: the commit timestamp of the topic version that delivered it minus the
@@ -587,7 +588,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="checker trigger_interval_ms (default: the product default)")
     parser.add_argument("--maintenance-every", type=float, default=300, help="seconds between maintenance runs")
     parser.add_argument("--retention-hours", type=int, default=1)
-    parser.add_argument("--log-retention-hours", type=float, default=0.25,
+    parser.add_argument("--log-retention-hours", type=float, default=0.1,
                         help="maintain's log_retention_hours: how long the Delta logs keep a commit")
     parser.add_argument("--drain", type=float, default=300, help="seconds to wait for the last deliveries")
     parser.add_argument("--startup-timeout", type=float, default=300,

@@ -263,6 +263,34 @@ class DeltaAppender:
             removed += len(group)
         return removed
 
+    def set_properties(self, properties: Mapping[str, str]) -> Optional[int]:
+        """Set ``properties`` in the table's configuration, in one ``SET TBLPROPERTIES`` commit (a
+        ``metaData`` action) made as an append is; its version, or ``None`` if another metadata change
+        came first (call again to apply them on top of it).
+
+        delta-rs's ``alter.set_table_properties`` gives up beside a writer committing many times a
+        second, as its compaction does (the soak's maintenance never set a commit log's log retention at
+        1,000 txn/s, so nothing was ever cleaned from its log). Appenders take the change in when they
+        read through it.
+
+        Example::
+
+            DeltaAppender(log_path, checkpoints=False).set_properties({"delta.logRetentionDuration": "interval 1 hours"})
+        """
+        loads, snapshot = self._loads, self._snapshot
+        metadata = snapshot.metadata()
+        now_ms = int(time.time() * 1000)
+        actions = [{"commitInfo": {"timestamp": now_ms, "operation": "SET TBLPROPERTIES",
+                                   "operationParameters": {"properties": json.dumps(dict(properties))},
+                                   "isBlindAppend": False, "engineInfo": _ENGINE, "clientVersion": _ENGINE}},
+                   {"metaData": {"id": metadata.id, "name": metadata.name, "description": metadata.description,
+                                 "format": {"provider": "parquet", "options": {}},
+                                 "schemaString": snapshot.schema().to_json(),
+                                 "partitionColumns": list(metadata.partition_columns),
+                                 "configuration": {**metadata.configuration, **properties},
+                                 "createdTime": metadata.created_time}}]
+        return self._commit(_encoded(actions), self._schema, None, snapshot_loads=loads, metadata_change=True)
+
     def close(self) -> None:
         """Finish the checkpoint in progress, if any, and stop. Idempotent."""
         if self._checkpointer is not None:
@@ -306,17 +334,20 @@ class DeltaAppender:
                 "dataChange": data_change, "stats": file_stats(data)}
 
     def _commit(self, commit: bytes, schema: pa.Schema, app_transaction: Optional[tuple[str, int]],
-                removes: frozenset[str] = frozenset(), snapshot_loads: int = 0) -> Optional[int]:
+                removes: frozenset[str] = frozenset(), snapshot_loads: int = 0, metadata_change: bool = False) -> Optional[int]:
         """Commit ``commit`` at the next version; ``None`` if ``app_transaction`` is recorded already, or if
         another commit removed one of the files in ``removes`` since the snapshot of load number
-        ``snapshot_loads`` (or the table was loaded again since, which leaves that unknown)."""
+        ``snapshot_loads`` (or the table was loaded again since, which leaves that unknown), or, for a
+        ``metadata_change``, if the table was loaded again since (which another metadata change does)."""
         with self._lock:
             while True:
                 if not schema.equals(self._schema):
                     raise UnsupportedTableError(f"the schema of {self.path} changed while appending")
                 if app_transaction is not None and self._recorded(app_transaction[0]) >= app_transaction[1]:
                     return None
-                if removes and (self._loads != snapshot_loads or self._removed & removes):
+                if (removes or metadata_change) and self._loads != snapshot_loads:
+                    return None
+                if self._removed & removes:
                     return None
                 version = self._known + 1
                 checkpoint = self._last_checkpoint()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Iterable, Mapping, Optional, Union
+from typing import Callable, Iterable, Mapping, Optional, TypeVar, Union
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
@@ -26,7 +26,7 @@ from coordinator.storage import FileStore, denied_as_error, is_object_store
 from coordinator.tables import COMMIT_LOG, GROUP_CHECK_REQUESTS, HALF, SYSTEM_TABLES, TableDef
 
 __all__ = ["GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY", "SHARED_LOG_KEY", "STANDBYS_KEY",
-           "create_group_tables", "create_table", "group_key", "group_of_key", "init_lakehouse", "open_table", "read_table",
+           "create_group_tables", "create_table", "group_key", "group_of_key", "init_lakehouse", "listing_retried", "open_table", "read_table",
            "require_lakehouse", "table_dataset", "topic_names", "transaction_ids_in"]
 
 
@@ -200,6 +200,7 @@ class Lakehouse:
 
 #: How often a table is opened again when its log listing caught a commit being written.
 _LISTING_ATTEMPTS = 6
+_T = TypeVar("_T")
 
 
 def open_table(path: str, version: Optional[int] = None, storage: Optional[Mapping[str, str]] = None) -> DeltaTable:
@@ -213,11 +214,22 @@ def open_table(path: str, version: Optional[int] = None, storage: Optional[Mappi
 
         open_table(Lakehouse("lakehouse").commit_log("order_group")).version()
     """
+    with denied_as_error(path):
+        return listing_retried(lambda: DeltaTable(path, version=version, storage_options=dict(storage) if storage else None))
+
+
+def listing_retried(action: Callable[[], _T]) -> _T:
+    """``action``, a delta-rs call that lists a table's log, made again a few times, a moment apart, while
+    the listing catches a commit being written (see :func:`open_table`).
+
+    Example::
+
+        listing_retried(lambda: open_table(path).cleanup_metadata())
+    """
     attempts = 0
     while True:
         try:
-            with denied_as_error(path):
-                return DeltaTable(path, version=version, storage_options=dict(storage) if storage else None)
+            return action()
         except DeltaError as error:
             attempts += 1
             if "Expected contiguous commit files" not in str(error) or attempts == _LISTING_ATTEMPTS:

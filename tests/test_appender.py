@@ -1,5 +1,6 @@
 """Blind appends committed straight to a Delta log, read back by delta-rs (and Spark, in its own test)."""
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -28,6 +29,26 @@ def table(tmp_path):
 def rows(*ids, n=1, at=dt.datetime(2026, 11, 23, 12, 0, 0, 123456, UTC)):
     return pa.Table.from_pylist([{"id": i, "n": n, "at": at, "tags": {"k": i}, "body": i.encode()} for i in ids],
                                 schema=SCHEMA)
+
+
+@contextlib.contextmanager
+def busy_writer(appender: DeltaAppender):
+    """A thread appending one row after another through ``appender`` until the block ends; the ids it wrote."""
+    stop = threading.Event()
+    written: list[str] = []
+
+    def keep_writing():
+        while not stop.is_set():
+            written.append(f"during-{len(written)}")
+            appender.append(rows(written[-1]))
+
+    writer = threading.Thread(target=keep_writing)
+    writer.start()
+    try:
+        yield written
+    finally:
+        stop.set()
+        writer.join()
 
 
 def test_each_append_is_the_next_version_and_delta_rs_reads_it_back(table):
@@ -183,25 +204,34 @@ def test_compaction_beside_a_busy_writer_commits_and_loses_nothing(table):
     with DeltaAppender(table) as appender:
         for i in range(50):
             appender.append(rows(f"before-{i}"))
-        stop = threading.Event()
-        written = []
-
-        def keep_writing():
-            while not stop.is_set():
-                written.append(f"during-{len(written)}")
-                appender.append(rows(written[-1]))
-
-        writer = threading.Thread(target=keep_writing)
-        writer.start()
-        try:
-            with DeltaAppender(table, checkpoints=False) as compactor:
-                removed = compactor.compact()  # the 50, and what the writer committed before its snapshot
-        finally:
-            stop.set()
-            writer.join()
+        with busy_writer(appender) as written, DeltaAppender(table, checkpoints=False) as compactor:
+            removed = compactor.compact()  # the 50, and what the writer committed before its snapshot
     ids = DeltaTable(table).to_pyarrow_table().column("id").to_pylist()
     assert sorted(ids) == sorted([f"before-{i}" for i in range(50)] + written) and len(written) > 0
     assert removed >= 50 and len(DeltaTable(table).file_uris()) == 50 + len(written) - removed + 1
+
+
+def test_properties_set_beside_a_busy_writer_commit_and_the_writer_takes_them_in(table):
+    """delta-rs's alter gives up beside a writer committing continuously; set_properties commits past every
+    winner, and the writer reads the new configuration (its checkpoint interval) from the commit."""
+    with DeltaAppender(table) as appender:
+        with busy_writer(appender) as written, DeltaAppender(table, checkpoints=False) as maintainer:
+            version = maintainer.set_properties({"delta.checkpointInterval": "7", "delta.logRetentionDuration": "interval 2 hours"})
+        assert appender._checkpoint_interval == 7
+    delta = DeltaTable(table)
+    assert delta.metadata().configuration["delta.checkpointInterval"] == "7"
+    assert delta.metadata().configuration["delta.logRetentionDuration"] == "interval 2 hours"
+    assert [entry["version"] for entry in delta.history() if entry["operation"] == "SET TBLPROPERTIES"] == [version]
+    assert sorted(delta.to_pyarrow_table().column("id").to_pylist()) == sorted(written) and len(written) > 0
+
+
+def test_a_property_change_made_on_an_outdated_configuration_backs_off(table):
+    with DeltaAppender(table, checkpoints=False) as first, DeltaAppender(table, checkpoints=False) as second:
+        assert first.set_properties({"delta.checkpointInterval": "7"}) == 1
+        assert second.set_properties({"delta.logRetentionDuration": "interval 2 hours"}) is None  # it would undo the first
+        assert second.set_properties({"delta.logRetentionDuration": "interval 2 hours"}) == 2  # now on top of it
+    assert {key: value for key, value in DeltaTable(table).metadata().configuration.items() if key.startswith("delta.")} \
+        == {"delta.checkpointInterval": "7", "delta.logRetentionDuration": "interval 2 hours"}
 
 
 def test_of_two_compactions_of_the_same_files_one_commits_and_the_other_backs_off(table):

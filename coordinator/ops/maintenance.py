@@ -58,7 +58,7 @@ from coordinator.appender import DeltaAppender
 from coordinator.commit_logs import CommitLogs
 from coordinator.control.progress import CheckerProgress
 from coordinator.exceptions import InvalidArgumentError
-from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse import Lakehouse, listing_retried
 from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
 
@@ -186,7 +186,9 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
         return result
     table = lakehouse.table(name)
     result.files_before = len(table.file_uris())
-    _attempt(result, "properties", lambda: _set_properties(table, name, log_retention), None)
+    unset = _attempt(result, "properties", lambda: _set_properties(lakehouse, table, name, log_retention), None)
+    if unset is not None:
+        result.skipped.append(f"properties: {unset}")
     keep_versions = _versions_still_read(lakehouse, name, table)
     # A commit log's checkpoints keep a removed file's tombstone for minutes only (see COMMIT_LOG), and
     # delta-rs's lite vacuum deletes only the files of tombstones it still has: the full one lists the files.
@@ -219,7 +221,7 @@ def _compact_commit_log(lakehouse: Lakehouse, name: str) -> int:
 
 def _attempt(result: TableMaintenance, step: str, action: Callable, fallback):
     try:
-        return action()
+        return listing_retried(action)
     except (CommitFailedError, DeltaError) as error:
         result.skipped.append(f"{step}: {error.__class__.__name__}: {str(error).splitlines()[0]}")
         return fallback
@@ -240,9 +242,9 @@ def _versions_still_read(lakehouse: Lakehouse, name: str, table: DeltaTable) -> 
             if entry.get("operation") == "OPTIMIZE" and entry["version"] > still_read]
 
 
-def _set_properties(table: DeltaTable, name: str, log_retention: Optional[str]) -> None:
+def _set_properties(lakehouse: Lakehouse, table: DeltaTable, name: str, log_retention: Optional[str]) -> Optional[str]:
     """Give ``table`` the log retention, if one is given, and a commit log the properties of its definition
-    (a commit log made by an earlier version lacks some), in one commit, if it lacks any.
+    (a commit log made by an earlier version lacks some), in one commit, if it lacks any; why not, if it could not.
 
     Every commit changes what a writer must have read (a property change conflicts with appends in
     flight), so an unchanged table gets none.
@@ -253,9 +255,15 @@ def _set_properties(table: DeltaTable, name: str, log_retention: Optional[str]) 
         wanted[LOG_RETENTION_PROPERTY] = log_retention
     if (log_retention is None or _log_retention(table) == _parse_interval(log_retention)) and \
             all(configuration.get(key) == value for key, value in wanted.items() if key != LOG_RETENTION_PROPERTY):
-        return
+        return None
+    if _is_commit_log(name):  # producers commit to it many times a second: see DeltaAppender.set_properties
+        with DeltaAppender(lakehouse.key_path(name), checkpoints=False, storage=lakehouse.storage) as appender:
+            if appender.set_properties(wanted) is None:
+                return "another metadata change came first; the next run sets them"
+        return None
     # Its own post-commit hook must not clean the log with the new retention before the guard has looked.
     table.alter.set_table_properties(wanted, post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False))
+    return None
 
 
 def _commit_still_needed(lakehouse: Lakehouse, name: str) -> Optional[str]:
