@@ -128,7 +128,7 @@ class Lakehouse:
     def topic(self, topic: str) -> str:
         """The table of ``topic``.
 
-        The topic must already be valid (:func:`coordinator.protocol.validate_topic`): a valid
+        The topic must already be valid (:func:`coordinator.validation.validate_topic`): a valid
         name holds no path separator and no dot, so it cannot leave ``topics/``.
         """
         return self._join("topics", topic)

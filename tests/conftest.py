@@ -25,6 +25,7 @@ from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
 from coordinator.tables import COMMIT_LOG, METRICS, TableDef
 
 UTC = dt.timezone.utc
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture(scope="session")
@@ -160,7 +161,7 @@ class ManualChecker:
     def records(self, starts: dict, ends: dict, now: dt.datetime):
         from coordinator.checker.segment import Segment
 
-        return Segment(starts, ends, int(now.timestamp() * 1_000_000)).records(self.lakehouse)
+        return Segment(starts, ends, (now - EPOCH) // dt.timedelta(microseconds=1)).records(self.lakehouse)
 
     def run(self, now: Optional[dt.datetime] = None):
         """Run the next batch over every commit-log version not yet processed, at clock ``now``."""

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from coordinator.checker.resolve import WAIT_FOR_CHECK
 from coordinator.lakehouse import Lakehouse, read_table, table_dataset
-from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS, MAX_BODY_BYTES
+from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
+from coordinator.validation import MAX_BODY_BYTES
 from coordinator.tables import CHECK_REQUESTS, HALF, OP, REJECTED
 from tests.conftest import end_record, half_record, stored_time
 

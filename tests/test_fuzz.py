@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from coordinator.exceptions import MessageValidationError
 from coordinator.lakehouse import Lakehouse
 from coordinator.producer.message import Message
-from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS, MAX_BODY_BYTES, validate_topic
+from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
+from coordinator.validation import MAX_BODY_BYTES, validate_topic
 
 from tests.conftest import ManualChecker, end_record, half_record
 

@@ -4,7 +4,8 @@ import pytest
 
 from coordinator.exceptions import MessageValidationError
 from coordinator.producer.message import Message
-from coordinator.protocol import MAX_BODY_BYTES, MAX_IMMUNITY_SECONDS, LocalTransactionState, validate_topic
+from coordinator.protocol import LocalTransactionState
+from coordinator.validation import MAX_BODY_BYTES, MAX_IMMUNITY_SECONDS, validate_topic
 
 
 @pytest.mark.parametrize("topic", ["ORDER_TOPIC", "a", "%RETRY%order|group-1", "x" * 127])

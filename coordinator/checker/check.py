@@ -1,11 +1,9 @@
 """Step 3 — check: find unresolved halves that are due, ask their producer group, or give up.
 
 The pending set is the half queue less the op queue, kept in memory (see
-:mod:`.state`). Per transaction: a first check once the immunity time has passed
-since the half entered the commit log, then one every
-``transaction_check_interval_ms``; after ``transaction_check_max`` checks, or once
-older than ``file_reserved_time_hours``, the transaction is discarded (and that
-counts as resolved: an op row with outcome ``DISCARD``). Each check is addressed to one
+:mod:`.state`). When to check a transaction and when to give up is
+:mod:`coordinator.schedule`'s rule; a discard counts as resolved (an op row with
+outcome ``DISCARD``). Each check is addressed to one
 live instance of the group (:mod:`coordinator.control.instances`), or to any of them
 when none is known. Deciding only reads the instances' records; the stale ones it comes upon
 are returned (``Due.stale_instances``) for the batch to remove once its tables are written.
@@ -21,10 +19,8 @@ from coordinator.checker.context import BatchContext
 from coordinator.checker.state import CheckerState, TrackedTransaction
 from coordinator.control.instances import ProducerInstance, ProducerInstances
 from coordinator.protocol import Outcome
+from coordinator.schedule import DISCARD, decide
 from coordinator.tables import MESSAGE_FIELDS
-
-EXPIRED = "expired: older than file_reserved_time_hours"
-
 
 @dataclass(frozen=True)
 class Due:
@@ -55,11 +51,9 @@ def find_due(ctx: BatchContext, state: CheckerState, resolved_now: set[str]) -> 
     for pending in sorted(state.due(now, config), key=lambda p: p.offsets[0]):
         if pending.transaction_id in resolved_now:
             continue
-        expired = now > pending.stored_us + config.file_reserved_time_hours * 3_600_000_000
-        if expired:
-            given_up[pending.transaction_id] = EXPIRED
-        elif pending.checks >= config.transaction_check_max:
-            given_up[pending.transaction_id] = f"checked {pending.checks} times without an answer"
+        step = decide(config, now, pending.stored_us, pending.checks)
+        if step.action == DISCARD:
+            given_up[pending.transaction_id] = step.reason
         else:
             checked.append(pending)
     firsts = state.rows.take(p.offsets[0] for p in checked)

@@ -48,13 +48,14 @@ class BatchContext:
 class BatchRecords:
     """A batch's commit-log records (its clock tick set aside), as the steps read them.
 
-    ``table`` holds every column; ``rows`` the same records as dicts without the two
-    heavy columns (``body``, ``born_timestamp``), plus ``row`` (the index in ``table``),
-    ``stored_us`` (``stored_timestamp`` in microseconds), ``body_size`` and ``sequence``
-    (the record's commit's place in the checker's order: see the module's docstring).
+    ``table`` holds every column; ``light`` the same records without the two heavy columns
+    (``body``, ``born_timestamp``), plus ``row`` (the index in ``table``), ``stored_us``
+    (``stored_timestamp`` in microseconds), ``body_size`` and ``sequence`` (the record's commit's
+    place in the checker's order: see the module's docstring); ``rows`` is ``light`` as dicts.
     """
 
     table: pa.Table
+    light: pa.Table
     rows: list[dict]
 
     @classmethod
@@ -75,14 +76,13 @@ class BatchRecords:
         sequence = (table.column("commit_version") if shared_log else
                     pc.add(table.column("commit_rank"), batch_id * COMMITS_PER_BATCH))
         light = light.append_column("sequence", sequence)
-        rows = light.to_pylist()
-        for index, row in enumerate(rows):
-            row["row"] = index
-        return cls(table, rows)
+        light = light.append_column("row", pa.array(range(table.num_rows), pa.int64()))
+        return cls(table, light, light.to_pylist())
 
     def without(self, refused: set[int]) -> "BatchRecords":
         """The same records less the rows whose ``row`` is in ``refused``."""
-        return BatchRecords(self.table, [row for row in self.rows if row["row"] not in refused])
+        kept = pc.invert(pc.is_in(self.light.column("row"), value_set=pa.array(sorted(refused), pa.int64())))
+        return BatchRecords(self.table, self.light.filter(kept), [row for row in self.rows if row["row"] not in refused])
 
 
 def shaped(table: TableDef, columns: Mapping[str, object], num_rows: int, batch_id: Optional[int]) -> pa.Table:

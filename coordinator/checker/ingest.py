@@ -1,35 +1,29 @@
-"""Step 1 — ingest: validate new HALF records and give each accepted half its queue offset."""
+"""Step 1 — ingest: validate new HALF records and give each accepted half its queue offset.
+
+Computed over the batch's columns: each rule is a mask (:mod:`coordinator.validation` for the
+message rules, the transaction rules here), numbering is a sort, a transaction's messages are a
+group; only the refused records become Python rows (their ``system/rejected`` rows).
+"""
 
 from __future__ import annotations
 
-import re
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Mapping
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from coordinator.checker.context import OFFSETS_PER_COMMIT, BatchContext, BatchRecords, shaped
-from coordinator.checker.refusals import first_failure, rejection
+from coordinator.checker.refusals import rejection
 from coordinator.checker.state import Known, TrackedTransaction, pending_from_rows
 from coordinator.grants import TopicGrants
-from coordinator.protocol import (
-    CHECK_IMMUNITY_TIME_IN_SECONDS,
-    DELAY_PROPERTIES,
-    IMMUNITY_DIGITS,
-    MAX_BODY_BYTES,
-    MAX_IMMUNITY_SECONDS,
-    TOPIC_CHARACTERS,
-    TOPIC_MAX_LENGTH,
-    TOPIC_PATTERN,
-    RecordKind,
-)
+from coordinator.protocol import DELAY_PROPERTIES, RecordKind
 from coordinator.tables import HALF
+from coordinator.validation import immunity_values, message_refusals
 
-_KINDS = frozenset(kind.value for kind in RecordKind)
-
-_TOPIC = re.compile(f"[{TOPIC_CHARACTERS}]+")
-_IMMUNITY = re.compile(IMMUNITY_DIGITS)
+_KINDS = pa.array([kind.value for kind in RecordKind])
+_TOO_MANY = f"more than {OFFSETS_PER_COMMIT} records in one commit"
+_NO_REASON = pa.scalar(None, pa.string())
 
 
 @dataclass(frozen=True)
@@ -44,8 +38,10 @@ class Ingested:
 
 def refuse_unknown_kinds(records: BatchRecords) -> list[dict]:
     """Records that are neither HALF nor END, as rejections."""
+    kinds = records.light.column("kind")
+    unknown = records.light.filter(pc.invert(pc.fill_null(pc.is_in(kinds, value_set=_KINDS), False)))
     return [rejection(r, f"unknown record kind '{r['kind'] if r['kind'] is not None else 'null'}'")
-            for r in records.rows if r["kind"] not in _KINDS]
+            for r in unknown.to_pylist()]
 
 
 def ingest_halves(ctx: BatchContext, records: BatchRecords, known: Mapping[str, Known]) -> Ingested:
@@ -61,108 +57,95 @@ def ingest_halves(ctx: BatchContext, records: BatchRecords, known: Mapping[str, 
         ingested = ingest_halves(ctx, records, known)
         ingested.halves.num_rows, len(ingested.rejections)
     """
-    halves = [r for r in records.rows if r["kind"] == RecordKind.HALF]
-    _number(halves)
-    grants = TopicGrants(ctx.config.topic_grants)
-    for record in halves:
-        record["reason"] = (first_failure(record, _RECORD_RULES)
-                            or grants.refusal(record["producer_group"], record["topic"]))
-    _refuse_whole_transactions(halves, known)
-    accepted = [r for r in halves if r["reason"] is None]
-    table = _half_rows(ctx, records, accepted)
-    return Ingested(table, pending_from_rows(table), [rejection(r, r["reason"]) for r in halves if r["reason"]])
+    halves = _numbered(records.light.filter(pc.equal(records.light.column("kind"), RecordKind.HALF.value)))
+    too_many = pc.if_else(pc.greater_equal(halves.column("position"), OFFSETS_PER_COMMIT), _TOO_MANY, _NO_REASON)
+    reasons = pc.coalesce(message_refusals(halves), too_many)
+    reasons = _grant_refusals(TopicGrants(ctx.config.topic_grants), halves, reasons)
+    reasons = _transaction_refusals(halves, reasons, known)
+    accepted = pc.is_null(reasons)
+    table = _half_rows(ctx, records, halves.filter(accepted))
+    refused = halves.append_column("reason", reasons).filter(pc.invert(accepted)).sort_by("row")
+    return Ingested(table, pending_from_rows(table), [rejection(r, r["reason"]) for r in refused.to_pylist()])
 
 
-def _number(halves: list[dict]) -> None:
-    """Give each half its position in its commit and its queue offset (nulls sort first, as in SQL);
-    see :mod:`.context` for the queue offset."""
-    by_commit = defaultdict(list)
-    for record in halves:
-        by_commit[record["sequence"]].append(record)
-    for sequence, commit in by_commit.items():
-        commit.sort(key=lambda r: tuple((r[c] is not None, r[c] if r[c] is not None else 0)
-                                        for c in ("record_id", "transaction_id", "message_index")))
-        for position, record in enumerate(commit):
-            record["position"] = position
-            record["queue_offset"] = sequence * OFFSETS_PER_COMMIT + position
+def _numbered(halves: pa.Table) -> pa.Table:
+    """``halves`` in queue-offset order, with each one's ``position`` in its commit and ``queue_offset``
+    (see :mod:`.context`): within a commit, by record id, transaction id and message index, nulls first
+    as in SQL, ties in the order written."""
+    halves = halves.take(pc.sort_indices(halves, [(name, "ascending", "at_start") for name in
+                                                 ("sequence", "record_id", "transaction_id", "message_index")]))
+    if not halves.num_rows:
+        return halves.append_column("position", pa.array([], pa.int64())).append_column(
+            "queue_offset", pa.array([], pa.int64()))
+    sequence = halves.column("sequence").combine_chunks()
+    commits = pc.run_end_encode(sequence, run_end_type=pa.int64())
+    firsts = pa.concat_arrays([pa.array([0], pa.int64()), commits.run_ends[:-1]])
+    first_of_commit = pc.run_end_decode(pa.RunEndEncodedArray.from_arrays(commits.run_ends, firsts))
+    position = pc.subtract(pa.array(range(halves.num_rows), pa.int64()), first_of_commit)
+    return (halves.append_column("position", position)
+            .append_column("queue_offset", pc.add(pc.multiply(sequence, OFFSETS_PER_COMMIT), position)))
 
 
-def _blank(name: str):
-    # SQL's trim, which the rule had first: spaces only.
-    return lambda r: r[name] is None or r[name].strip(" ") == ""
+def _grant_refusals(grants: TopicGrants, halves: pa.Table, reasons: pa.Array) -> pa.Array:
+    """``reasons``, with the grants' refusal for each record not refused yet whose group may not publish to its topic."""
+    unrefused = halves.filter(pc.is_null(reasons)).select(["producer_group", "topic"])
+    for pair in unrefused.group_by(["producer_group", "topic"]).aggregate([]).to_pylist():
+        refusal = grants.refusal(pair["producer_group"], pair["topic"])
+        if refusal is not None:
+            hit = pc.and_(pc.equal(halves.column("producer_group"), pair["producer_group"]),
+                          pc.equal(halves.column("topic"), pair["topic"]))
+            reasons = pc.coalesce(reasons, pc.if_else(hit, refusal, _NO_REASON))
+    return reasons
 
 
-def _immunity(record: dict):
-    for key, value in record["properties"] or ():
-        if key == CHECK_IMMUNITY_TIME_IN_SECONDS:
-            return value
-    return None
+def _transaction_refusals(halves: pa.Table, reasons: pa.Array, known: Mapping[str, Known]) -> pa.Array:
+    """``reasons``, with the transaction-level rules applied: one commit, one group, every message present,
+    a new id; then every message of a transaction (in one commit) with a refused one is refused too."""
+    keyed = pa.table({"i": pa.array(range(halves.num_rows), pa.int64()),
+                      **{name: halves.column(name) for name in ("transaction_id", "sequence", "message_index",
+                                                                "message_count", "producer_group")}})
+    named = keyed.filter(pc.is_valid(keyed.column("transaction_id")))
+    firsts = named.group_by("transaction_id").aggregate([("sequence", "min")])
+    commits = named.group_by(["transaction_id", "sequence"]).aggregate([
+        ("i", "count"), ("message_index", "count_distinct"), ("message_count", "max"), ("message_count", "min"),
+        ("producer_group", "min"), ("producer_group", "max")])
+    joined = (keyed.join(commits, ["transaction_id", "sequence"], join_type="left outer")
+              .join(firsts, "transaction_id", join_type="left outer").sort_by("i"))
+    expected = joined.column("message_count_max")
+    duplicate = pc.or_(pc.greater(joined.column("sequence"), joined.column("sequence_min")),
+                       pc.is_in(joined.column("transaction_id"), value_set=pa.array(list(known), pa.string())))
+    incomplete = pc.and_(pc.is_valid(expected), pc.or_(pc.or_(
+        pc.not_equal(joined.column("i_count"), expected), pc.not_equal(joined.column("message_index_count_distinct"), expected)),
+        pc.not_equal(joined.column("message_count_min"), expected)))
+    mixed_groups = pc.not_equal(joined.column("producer_group_min"), joined.column("producer_group_max"))
+    for broken, reason in ((duplicate, "duplicate transaction_id"),
+                           (incomplete, "transaction's messages incomplete or inconsistent"),
+                           (mixed_groups, "transaction's messages name different producer groups")):
+        reasons = pc.coalesce(reasons, pc.if_else(pc.fill_null(broken, False), reason, _NO_REASON))
+    refused = keyed.select(["i", "transaction_id", "sequence"]).append_column("refused", pc.is_valid(reasons))
+    spoilt = (refused.filter(pc.is_valid(refused.column("transaction_id")))
+              .group_by(["transaction_id", "sequence"]).aggregate([("refused", "any")]))
+    spoilt = refused.join(spoilt, ["transaction_id", "sequence"], join_type="left outer").sort_by("i")
+    return pc.coalesce(reasons, pc.if_else(pc.fill_null(spoilt.column("refused_any"), False),
+                                           "another message of the transaction was refused", _NO_REASON))
 
 
-def _bad_immunity(record: dict) -> bool:
-    value = _immunity(record)
-    return value is not None and not (_IMMUNITY.fullmatch(value) and 1 <= int(value) <= MAX_IMMUNITY_SECONDS)
-
-
-def _bad_message_numbering(r: dict) -> bool:
-    index, count = r["message_index"], r["message_count"]
-    return count is None or count < 1 or index is None or index < 0 or index >= count
-
-
-_RECORD_RULES = [
-    (lambda r: r["record_id"] is None, "missing record_id"),
-    (_blank("transaction_id"), "missing transaction_id"),
-    (_blank("producer_group"), "missing producer_group"),
-    (_blank("msg_id"), "missing msg_id"),
-    (_blank("topic"), "missing topic"),
-    (lambda r: len(r["topic"]) > TOPIC_MAX_LENGTH, f"topic longer than {TOPIC_MAX_LENGTH} characters"),
-    (lambda r: not _TOPIC.fullmatch(r["topic"]), f"topic does not match {TOPIC_PATTERN}"),
-    (lambda r: not r["body_size"], "empty body"),
-    (lambda r: r["body_size"] > MAX_BODY_BYTES, f"body larger than {MAX_BODY_BYTES} bytes"),
-    (_bad_message_numbering, "bad message_index/message_count"),
-    (_bad_immunity, f"bad {CHECK_IMMUNITY_TIME_IN_SECONDS}"),
-    (lambda r: r["position"] >= OFFSETS_PER_COMMIT, f"more than {OFFSETS_PER_COMMIT} records in one commit"),
-]
-
-
-def _refuse_whole_transactions(halves: list[dict], known: Mapping[str, Known]) -> None:
-    """Apply the transaction-level rules: one commit, one group, every message present, a new id."""
-    commits = defaultdict(list)  # (transaction id, commit sequence) -> its records
-    first_commit: dict = {}
-    for record in halves:
-        key = (record["transaction_id"], record["sequence"])
-        commits[key].append(record)
-        first_commit[key[0]] = min(first_commit.get(key[0], key[1]), key[1])
-    for (transaction_id, sequence), messages in commits.items():
-        counts = [r["message_count"] for r in messages if r["message_count"] is not None]
-        expected = max(counts, default=None)
-        indexes = {r["message_index"] for r in messages if r["message_index"] is not None}
-        incomplete = expected is not None and (len(messages) != expected or len(indexes) != expected or min(counts) != expected)
-        groups = [r["producer_group"] for r in messages if r["producer_group"] is not None]
-        for record in messages:
-            if record["reason"] is not None:
-                continue
-            if sequence > first_commit[transaction_id] or transaction_id in known:
-                record["reason"] = "duplicate transaction_id"
-            elif incomplete:
-                record["reason"] = "transaction's messages incomplete or inconsistent"
-            elif groups and min(groups) != max(groups):
-                record["reason"] = "transaction's messages name different producer groups"
-        if any(r["reason"] is not None for r in messages):
-            for record in messages:
-                record["reason"] = record["reason"] or "another message of the transaction was refused"
-
-
-def _half_rows(ctx: BatchContext, records: BatchRecords, accepted: list[dict]) -> pa.Table:
-    """The accepted halves as ``system/half`` rows, in queue-offset order."""
-    accepted = sorted(accepted, key=lambda r: r["queue_offset"])
-    taken = records.table.take(pa.array([r["row"] for r in accepted], pa.int64()))
-    default_ms = ctx.config.transaction_timeout_ms
+def _half_rows(ctx: BatchContext, records: BatchRecords, accepted: pa.Table) -> pa.Table:
+    """The accepted halves (in queue-offset order) as ``system/half`` rows."""
+    taken = records.table.take(accepted.column("row"))
     columns = {name: taken.column(name) for name in HALF.column_names if name in taken.column_names}
+    immunity_s = immunity_values(accepted.column("properties").combine_chunks()).cast(pa.int64())
     columns.update(
-        queue_offset=[r["queue_offset"] for r in accepted],
-        properties=[None if r["properties"] is None else [(k, v) for k, v in r["properties"] if k not in DELAY_PROPERTIES]
-                    for r in accepted],
-        immunity_ms=[int(_immunity(r)) * 1000 if _immunity(r) is not None else default_ms for r in accepted],
+        queue_offset=accepted.column("queue_offset"),
+        properties=_without_delays(taken.column("properties").combine_chunks()),
+        immunity_ms=pc.fill_null(pc.multiply(immunity_s, 1000), ctx.config.transaction_timeout_ms),
     )
-    return shaped(HALF, columns, len(accepted), ctx.batch_id)
+    return shaped(HALF, columns, accepted.num_rows, ctx.batch_id)
+
+
+def _without_delays(properties: pa.MapArray) -> pa.Array:
+    """``properties`` less the delay properties, which transactional messages do not support (cleared as RocketMQ does)."""
+    if not pc.any(pc.is_in(properties.keys, value_set=pa.array(DELAY_PROPERTIES))).as_py():
+        return properties
+    return pa.array([None if entries is None else [(k, v) for k, v in entries if k not in DELAY_PROPERTIES]
+                     for entries in properties.to_pylist()], properties.type)

@@ -39,6 +39,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from coordinator import schedule
 from coordinator.checker.context import OFFSETS_PER_COMMIT, shaped
 from coordinator.checker.writer import TableWriter
 from coordinator.commit_logs import CommitLogs, Layout
@@ -69,14 +70,9 @@ class TrackedTransaction:
     checks: int = 0
     last_check_us: Optional[int] = None  # when its last check request became visible
 
-    def next_event_us(self, config: CoordinatorConfig) -> int:
-        """The earliest batch clock at which this transaction may need a check or a discard."""
-        if self.last_check_us is None:
-            due = self.stored_us + self.immunity_ms * 1000
-        else:
-            due = self.last_check_us + config.transaction_check_interval_ms * 1000
-        expiry = self.stored_us + config.file_reserved_time_hours * 3_600_000_000 + 1
-        return min(due, expiry)
+    def next_step_at(self, config: CoordinatorConfig) -> int:
+        """The earliest batch clock at which this transaction needs a check or a discard (:mod:`coordinator.schedule`)."""
+        return schedule.next_step_at(config, self.stored_us, self.immunity_ms, self.last_check_us)
 
 
 @dataclass(frozen=True)
@@ -153,7 +149,7 @@ class CheckerState:
     resolved: "OrderedDict[str, str]" = field(default_factory=OrderedDict)  # id -> producer group
     id_floor: Optional[str] = None
     writer: Optional[TableWriter] = None  # the batch's writes; what it knows of them is state too
-    _due: list = field(default_factory=list)  # heap of (next event us, transaction id)
+    _due: list = field(default_factory=list)  # heap of (next step's batch clock, transaction id)
     pending_by_topic: Counter = field(default_factory=Counter)  # pending halves per topic
     #: The lakehouse's layout, read when the state is built: only ``txcoord upgrade`` changes it, and only
     #: while no checker runs.
@@ -200,7 +196,7 @@ class CheckerState:
             pending = self.pending.get(transaction_id)
             if pending is None or transaction_id in found:
                 continue
-            event = pending.next_event_us(config)
+            event = pending.next_step_at(config)
             if event <= now_us:
                 found[transaction_id] = pending
             else:
@@ -233,14 +229,14 @@ class CheckerState:
         for pending in transactions:
             self.pending[pending.transaction_id] = pending
             self.pending_by_topic.update(pending.topics)
-            heapq.heappush(self._due, (pending.next_event_us(config), pending.transaction_id))
+            heapq.heappush(self._due, (pending.next_step_at(config), pending.transaction_id))
 
     def checked(self, transaction_ids: Iterable[str], visible_at_us: int, config: CoordinatorConfig) -> None:
         for transaction_id in transaction_ids:
             pending = self.pending[transaction_id]
             pending.checks += 1
             pending.last_check_us = visible_at_us
-            heapq.heappush(self._due, (pending.next_event_us(config), transaction_id))
+            heapq.heappush(self._due, (pending.next_step_at(config), transaction_id))
 
     def resolve(self, transaction_ids: Iterable[str]) -> None:
         for transaction_id in transaction_ids:
@@ -264,7 +260,7 @@ class CheckerState:
                                                         value_set=resolved.column("half_offset"))))
         pending_rows = shaped(HALF, {name: pending_rows.column(name) for name in pending_rows.column_names},
                               pending_rows.num_rows, batch_id=None).sort_by("queue_offset")
-        history = _check_history(lakehouse, (pc.field("half_offset") >= pending_from) & earlier)
+        history = check_history(lakehouse, (pc.field("half_offset") >= pending_from) & earlier)
 
         self.next_batch_id = batch_id
         self.pending, self.rows, self.resolved, self._due = {}, HalfRows(), OrderedDict(), []
@@ -284,9 +280,15 @@ def _read(lakehouse: Lakehouse, table, columns: Optional[list[str]] = None,
     return table_dataset(lakehouse.path(table), lakehouse.storage)[1].to_table(columns=columns, filter=filter)
 
 
-def _check_history(lakehouse: Lakehouse, filter: pc.Expression) -> dict[str, tuple[int, int]]:
+def check_history(lakehouse: Lakehouse, filter: pc.Expression) -> dict[str, tuple[int, int]]:
     """Per transaction: the check requests made so far, and when the last one became visible
-    (its file's ``modificationTime``, as the batch that wrote it recorded)."""
+    (its file's ``modificationTime``, as the batch that wrote it recorded), in microseconds: what
+    :mod:`coordinator.schedule` times the next check from. ``filter`` selects ``system/check_requests`` rows.
+
+    Example::
+
+        check_history(lakehouse, pc.field("half_offset") >= 0)["txn-1"]  # (2, 1764000000000000)
+    """
     delta, dataset = table_dataset(lakehouse.path(CHECK_REQUESTS), lakehouse.storage)
     actions = pa.table(delta.get_add_actions(flatten=True))
     written_ms = dict(zip((unquote(p) for p in actions.column("path").to_pylist()),

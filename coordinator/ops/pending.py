@@ -2,9 +2,8 @@
 (no JVM: delta-rs reads of the half queue, the op queue and the check requests).
 
 What ``txcoord pending`` prints. A transaction is pending from the moment its half is in
-``system/half`` until it has an op row. Its next step is a check, first once its immunity has
-passed, then every ``transaction_check_interval_ms``; after ``transaction_check_max`` checks,
-or once older than ``file_reserved_time_hours``, a discard.
+``system/half`` until it has an op row. Its next step, and when, is :mod:`coordinator.schedule`'s,
+as the checker decides it.
 
 Example::
 
@@ -24,16 +23,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.config import CoordinatorConfig
+from coordinator.checker.state import check_history
 from coordinator.control.progress import CheckerProgress
 from coordinator.lakehouse import Lakehouse, require_lakehouse
+from coordinator.schedule import next_step
 from coordinator.tables import CHECK_REQUESTS, HALF, OP
 
-__all__ = ["CHECK", "DISCARD", "PendingTransaction", "next_step_of", "pending_transactions",
-           "read_pending"]
+__all__ = ["PendingTransaction", "pending_transactions", "read_pending"]
 
 UTC = dt.timezone.utc
-CHECK = "check"
-DISCARD = "discard"
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = dt.timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,9 @@ class PendingTransaction:
     stored_at: dt.datetime
     age_s: float
     checks: int  # check requests issued so far
-    last_check_at: Optional[dt.datetime]
+    last_check_at: Optional[dt.datetime]  # when the last check request became visible (its file was written)
     addressed_to: Optional[str]  # the producer instance the last check went to; None: any, or no check yet
-    next_step: str  # CHECK or DISCARD
+    next_step: str  # coordinator.schedule.CHECK or DISCARD
     next_step_at: dt.datetime  # when the checker takes it (at its first batch from then on)
 
     def to_dict(self) -> dict:
@@ -83,44 +83,22 @@ def pending_transactions(config: CoordinatorConfig, older_than_s: float = 0.0, g
         topics[half["transaction_id"]].add(half["topic"])
         if half["message_index"] == 0:
             firsts[half["transaction_id"]] = half
-    checks = _checks_by_transaction(lakehouse, set(firsts))
+    history = check_history(lakehouse, pc.field("transaction_id").isin(pa.array(list(firsts), pa.string())))
+    addressed = _last_addressed(lakehouse, set(firsts))
     found = []
     for transaction_id, first in firsts.items():
         age_s = (now - first["stored_timestamp"]).total_seconds()
         if age_s < older_than_s:
             continue
-        issued = checks.get(transaction_id, [])
-        last = max(issued, key=lambda r: r["check_times"], default=None)
-        next_step, next_step_at = next_step_of(config, first["stored_timestamp"], first["immunity_ms"],
-                                               len(issued), last and last["requested_at"])
+        checks, last_check_us = history.get(transaction_id, (0, None))
+        step = next_step(config, _us(first["stored_timestamp"]), first["immunity_ms"], checks, last_check_us, _us(now))
         found.append(PendingTransaction(
             transaction_id=transaction_id, producer_group=first["producer_group"],
             topics=tuple(sorted(topics[transaction_id])), messages=first["message_count"],
-            stored_at=first["stored_timestamp"], age_s=age_s, checks=len(issued),
-            last_check_at=last and last["requested_at"], addressed_to=last and last["producer_instance"],
-            next_step=next_step, next_step_at=next_step_at))
+            stored_at=first["stored_timestamp"], age_s=age_s, checks=checks,
+            last_check_at=None if last_check_us is None else _time(last_check_us),
+            addressed_to=addressed.get(transaction_id), next_step=step.action, next_step_at=_time(step.at_us)))
     return sorted(found, key=lambda t: (t.stored_at, t.transaction_id))
-
-
-def next_step_of(config: CoordinatorConfig, stored_at: dt.datetime, immunity_ms: int, checks: int,
-                 last_check_at: Optional[dt.datetime]) -> tuple[str, dt.datetime]:
-    """What the checker does next with a pending transaction, and from when: the checker's rule
-    (``coordinator/checker/check.py``), timed by the requests' batch clocks rather than their files'.
-
-    Example::
-
-        next_step_of(config, stored, 6000, 0, None)  # ('check', stored + 6 s)
-    """
-    expires_at = stored_at + dt.timedelta(hours=config.file_reserved_time_hours)
-    if checks == 0:
-        due = stored_at + dt.timedelta(milliseconds=immunity_ms)
-    else:
-        due = last_check_at + dt.timedelta(milliseconds=config.transaction_check_interval_ms)
-    if checks >= config.transaction_check_max:
-        return DISCARD, due
-    if expires_at <= due:
-        return DISCARD, expires_at
-    return CHECK, due
 
 
 def read_pending(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] = None) -> pa.Table:
@@ -145,10 +123,20 @@ def read_pending(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] 
     return halves.filter(pc.invert(pc.is_in(halves.column("queue_offset"), value_set=resolved))).select(columns)
 
 
-def _checks_by_transaction(lakehouse: Lakehouse, transaction_ids: set[str]) -> dict[str, list[dict]]:
-    requests = lakehouse.read(CHECK_REQUESTS, ["transaction_id", "check_times", "requested_at", "producer_instance"])
-    by_transaction: dict[str, list[dict]] = defaultdict(list)
+def _last_addressed(lakehouse: Lakehouse, transaction_ids: set[str]) -> dict[str, Optional[str]]:
+    """Per transaction, the producer instance its latest check request went to (``None``: any)."""
+    requests = lakehouse.read(CHECK_REQUESTS, ["transaction_id", "check_times", "producer_instance"],
+                              pc.field("transaction_id").isin(pa.array(list(transaction_ids), pa.string())))
+    latest: dict[str, tuple[int, Optional[str]]] = {}
     for request in requests.to_pylist():
-        if request["transaction_id"] in transaction_ids:
-            by_transaction[request["transaction_id"]].append(request)
-    return by_transaction
+        if request["check_times"] >= latest.get(request["transaction_id"], (-1, None))[0]:
+            latest[request["transaction_id"]] = (request["check_times"], request["producer_instance"])
+    return {transaction_id: instance for transaction_id, (_, instance) in latest.items()}
+
+
+def _us(moment: dt.datetime) -> int:
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def _time(us: int) -> dt.datetime:
+    return _EPOCH + us * _MICROSECOND

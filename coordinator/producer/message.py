@@ -1,5 +1,5 @@
-"""Messages and send results; :meth:`Message.validate` applies the edge rules of
-:mod:`coordinator.protocol` before anything is written.
+"""Messages and send results; :meth:`Message.validate` applies the rules of
+:mod:`coordinator.validation` before anything is written.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from coordinator.exceptions import MessageValidationError
-from coordinator.protocol import (CHECK_IMMUNITY_TIME_IN_SECONDS, DELAY_PROPERTIES, MAX_BODY_BYTES, LocalTransactionState,
-                                  parse_immunity_seconds, validate_topic)
+from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS, DELAY_PROPERTIES, LocalTransactionState
+from coordinator.validation import parse_immunity_seconds, validate_body, validate_topic
 
 __all__ = ["Message", "SendStatus", "TransactionSendResult"]
 
@@ -51,13 +51,7 @@ class Message:
             Message("T", b"").validate()  # raises: body is empty
         """
         validate_topic(self.topic)
-        if not isinstance(self.body, (bytes, bytearray, memoryview)):
-            raise MessageValidationError(f"body must be bytes, got {type(self.body).__name__}")
-        size = len(self.body)
-        if size == 0:
-            raise MessageValidationError("body is empty")
-        if size > MAX_BODY_BYTES:
-            raise MessageValidationError(f"body is {size} bytes; the maximum is {MAX_BODY_BYTES}")
+        body = validate_body(self.body)
         for name in ("keys", "tags"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
@@ -69,7 +63,7 @@ class Message:
         parse_immunity_seconds(properties.get(CHECK_IMMUNITY_TIME_IN_SECONDS))
         for name in DELAY_PROPERTIES:
             properties.pop(name, None)
-        self.body = bytes(self.body)
+        self.body = body
         self.properties = properties
 
 
