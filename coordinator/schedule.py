@@ -15,17 +15,20 @@ Example::
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, replace
 from typing import Optional
 
 from coordinator.config import CoordinatorConfig
 
-__all__ = ["CHECK", "DISCARD", "EXPIRED", "Step", "decide", "next_step", "next_step_at"]
+__all__ = ["CHECK", "DISCARD", "EXPIRED", "Step", "clock_time", "clock_us", "decide", "next_step", "next_step_at"]
 
 CHECK = "check"
 DISCARD = "discard"
 #: Why a transaction older than ``file_reserved_time_hours`` is discarded.
 EXPIRED = "expired: older than file_reserved_time_hours"
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_MICROSECOND = dt.timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,26 @@ def next_step(config: CoordinatorConfig, stored_us: int, immunity_ms: int, check
     """
     at_us = next_step_at(config, stored_us, immunity_ms, last_check_us)
     return replace(decide(config, max(at_us, now_us), stored_us, checks), at_us=at_us)
+
+
+def clock_us(moment: dt.datetime) -> int:
+    """``moment`` (timezone-aware) as a batch clock: exact microseconds since the epoch.
+
+    Example::
+
+        clock_us(dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=dt.timezone.utc))  # 1000000
+    """
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def clock_time(us: int) -> dt.datetime:
+    """Batch clock ``us`` as a UTC time (the inverse of :func:`clock_us`).
+
+    Example::
+
+        clock_time(1_000_000)  # datetime(1970, 1, 1, 0, 0, 1, tzinfo=timezone.utc)
+    """
+    return _EPOCH + us * _MICROSECOND
 
 
 def _expiry_us(config: CoordinatorConfig, stored_us: int) -> int:

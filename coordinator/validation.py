@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from coordinator.exceptions import MessageValidationError
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
 
-__all__ = ["MAX_BODY_BYTES", "MAX_IMMUNITY_SECONDS", "TOPIC_MAX_LENGTH", "TOPIC_PATTERN", "immunity_values",
+__all__ = ["MAX_BODY_BYTES", "MAX_IMMUNITY_SECONDS", "TOPIC_MAX_LENGTH", "TOPIC_PATTERN", "first_reasons", "immunity_values",
            "message_refusals", "parse_immunity_seconds", "validate_body", "validate_topic"]
 
 #: RocketMQ's topic rule. Matched against the whole name: a trailing newline, which ``$``

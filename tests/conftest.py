@@ -25,7 +25,6 @@ from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
 from coordinator.tables import COMMIT_LOG, METRICS, TableDef
 
 UTC = dt.timezone.utc
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture(scope="session")
@@ -161,7 +160,9 @@ class ManualChecker:
     def records(self, starts: dict, ends: dict, now: dt.datetime):
         from coordinator.checker.segment import Segment
 
-        return Segment(starts, ends, (now - EPOCH) // dt.timedelta(microseconds=1)).records(self.lakehouse)
+        from coordinator.schedule import clock_us
+
+        return Segment(starts, ends, clock_us(now)).records(self.lakehouse)
 
     def run(self, now: Optional[dt.datetime] = None):
         """Run the next batch over every commit-log version not yet processed, at clock ``now``."""

@@ -10,8 +10,8 @@ import pytest
 
 from coordinator.cli import main
 from coordinator.ops.pending import pending_transactions
-from coordinator.schedule import CHECK, DISCARD, EXPIRED, next_step
-from tests.conftest import EPOCH, end_record, half_record, stored_time
+from coordinator.schedule import CHECK, DISCARD, EXPIRED, clock_time, clock_us, next_step
+from tests.conftest import end_record, half_record, stored_time
 
 SECOND = dt.timedelta(seconds=1)
 
@@ -105,15 +105,15 @@ def test_pending_says_what_the_checker_does_next_and_when(checker):
     for _ in range(12):  # eight steps, and a few batches of overdue ones
         if not checker.state.pending:
             break
-        now_us = _us(clock)
+        now_us = clock_us(clock)
         remembered = {p.transaction_id: (p.checks, next_step(config, p.stored_us, p.immunity_ms, p.checks,
                                                              p.last_check_us, now_us))
                       for p in checker.state.pending.values()}
-        listed = {t.transaction_id: (t.checks, t.next_step, _us(t.next_step_at))
+        listed = {t.transaction_id: (t.checks, t.next_step, clock_us(t.next_step_at))
                   for t in pending_transactions(config, now=clock)}
         assert listed == {i: (checks, step.action, step.at_us) for i, (checks, step) in remembered.items()}
 
-        clock = max(clock, _time(min(step.at_us for _, step in remembered.values())))  # the first step due
+        clock = max(clock, clock_time(min(step.at_us for _, step in remembered.values())))  # the first step due
         discarded_before = {row.transaction_id for row in checker.rows("discarded")}
         checker.run(now=clock)
         discarded = {row.transaction_id for row in checker.rows("discarded")} - discarded_before
@@ -121,7 +121,7 @@ def test_pending_says_what_the_checker_does_next_and_when(checker):
             after = checker.state.pending.get(transaction_id)
             taken = (CHECK if after is not None and after.checks == checks + 1 else
                      DISCARD if after is None and transaction_id in discarded else None)
-            assert taken == (step.action if step.at_us <= _us(clock) else None), transaction_id
+            assert taken == (step.action if step.at_us <= clock_us(clock) else None), transaction_id
             if taken:
                 steps_taken[transaction_id].append(taken)
 
@@ -129,11 +129,3 @@ def test_pending_says_what_the_checker_does_next_and_when(checker):
     reasons = {row.transaction_id: row.reason for row in checker.rows("discarded")}
     assert reasons == {"aging": EXPIRED, "late": "checked 2 times without an answer",
                        "patient": "checked 2 times without an answer"}
-
-
-def _us(moment: dt.datetime) -> int:
-    return (moment - EPOCH) // dt.timedelta(microseconds=1)
-
-
-def _time(us: int) -> dt.datetime:
-    return EPOCH + dt.timedelta(microseconds=us)

@@ -19,11 +19,10 @@ from coordinator.checker.state import Known, TrackedTransaction, pending_from_ro
 from coordinator.grants import TopicGrants
 from coordinator.protocol import DELAY_PROPERTIES, RecordKind
 from coordinator.tables import HALF
-from coordinator.validation import immunity_values, message_refusals
+from coordinator.validation import first_reasons, immunity_values, message_refusals
 
 _KINDS = pa.array([kind.value for kind in RecordKind])
 _TOO_MANY = f"more than {OFFSETS_PER_COMMIT} records in one commit"
-_NO_REASON = pa.scalar(None, pa.string())
 
 
 @dataclass(frozen=True)
@@ -58,8 +57,8 @@ def ingest_halves(ctx: BatchContext, records: BatchRecords, known: Mapping[str, 
         ingested.halves.num_rows, len(ingested.rejections)
     """
     halves = _numbered(records.light.filter(pc.equal(records.light.column("kind"), RecordKind.HALF.value)))
-    too_many = pc.if_else(pc.greater_equal(halves.column("position"), OFFSETS_PER_COMMIT), _TOO_MANY, _NO_REASON)
-    reasons = pc.coalesce(message_refusals(halves), too_many)
+    too_many = pc.greater_equal(halves.column("position"), OFFSETS_PER_COMMIT)
+    reasons = pc.coalesce(message_refusals(halves), first_reasons([(too_many, _TOO_MANY)], halves.num_rows))
     reasons = _grant_refusals(TopicGrants(ctx.config.topic_grants), halves, reasons)
     reasons = _transaction_refusals(halves, reasons, known)
     accepted = pc.is_null(reasons)
@@ -94,7 +93,7 @@ def _grant_refusals(grants: TopicGrants, halves: pa.Table, reasons: pa.Array) ->
         if refusal is not None:
             hit = pc.and_(pc.equal(halves.column("producer_group"), pair["producer_group"]),
                           pc.equal(halves.column("topic"), pair["topic"]))
-            reasons = pc.coalesce(reasons, pc.if_else(hit, refusal, _NO_REASON))
+            reasons = pc.coalesce(reasons, first_reasons([(hit, refusal)], halves.num_rows))
     return reasons
 
 
@@ -118,16 +117,16 @@ def _transaction_refusals(halves: pa.Table, reasons: pa.Array, known: Mapping[st
         pc.not_equal(joined.column("i_count"), expected), pc.not_equal(joined.column("message_index_count_distinct"), expected)),
         pc.not_equal(joined.column("message_count_min"), expected)))
     mixed_groups = pc.not_equal(joined.column("producer_group_min"), joined.column("producer_group_max"))
-    for broken, reason in ((duplicate, "duplicate transaction_id"),
-                           (incomplete, "transaction's messages incomplete or inconsistent"),
-                           (mixed_groups, "transaction's messages name different producer groups")):
-        reasons = pc.coalesce(reasons, pc.if_else(pc.fill_null(broken, False), reason, _NO_REASON))
+    reasons = pc.coalesce(reasons, first_reasons([(duplicate, "duplicate transaction_id"),
+                                                  (incomplete, "transaction's messages incomplete or inconsistent"),
+                                                  (mixed_groups, "transaction's messages name different producer groups")],
+                                                 halves.num_rows))
     refused = keyed.select(["i", "transaction_id", "sequence"]).append_column("refused", pc.is_valid(reasons))
     spoilt = (refused.filter(pc.is_valid(refused.column("transaction_id")))
               .group_by(["transaction_id", "sequence"]).aggregate([("refused", "any")]))
     spoilt = refused.join(spoilt, ["transaction_id", "sequence"], join_type="left outer").sort_by("i")
-    return pc.coalesce(reasons, pc.if_else(pc.fill_null(spoilt.column("refused_any"), False),
-                                           "another message of the transaction was refused", _NO_REASON))
+    return pc.coalesce(reasons, first_reasons([(spoilt.column("refused_any"), "another message of the transaction was refused")],
+                                              halves.num_rows))
 
 
 def _half_rows(ctx: BatchContext, records: BatchRecords, accepted: pa.Table) -> pa.Table:
