@@ -33,7 +33,7 @@ import heapq
 import logging
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple, Optional
+from typing import Iterable, Optional
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -269,8 +269,7 @@ class CheckerState:
         self.id_floor = _highest_transaction_id(lakehouse)
         transactions = pending_from_rows(pending_rows)
         for pending in transactions:
-            if pending.transaction_id in history:
-                pending.checks, pending.last_check_us, _ = history[pending.transaction_id]
+            pending.checks, pending.last_check_us = history.get(pending.transaction_id, (0, None))
         self.add_pending(transactions, pending_rows, config)
         log.info("checker state rebuilt for batch %d: %d pending transactions (%d halves) from queue offset %d",
                  batch_id, len(self.pending), len(self.rows), pending_from)
@@ -281,37 +280,25 @@ def _read(lakehouse: Lakehouse, table, columns: Optional[list[str]] = None,
     return table_dataset(lakehouse.path(table), lakehouse.storage)[1].to_table(columns=columns, filter=filter)
 
 
-class CheckHistory(NamedTuple):
-    """The check requests made so far for one transaction."""
-
-    checks: int
-    last_check_us: int  # when the last one became visible: what :mod:`coordinator.schedule` times the next from
-    addressed_to: Optional[str]  # the producer instance the last one went to; None: any
-
-
-def check_history(lakehouse: Lakehouse, filter: pc.Expression) -> dict[str, CheckHistory]:
-    """Per transaction, its check requests so far (``filter`` selects ``system/check_requests`` rows); a
-    request became visible when its file was written (its ``modificationTime``, as the batch that wrote
-    it recorded).
+def check_history(lakehouse: Lakehouse, filter: pc.Expression) -> dict[str, tuple[int, int]]:
+    """Per transaction: the check requests made so far, and when the last one became visible
+    (its file's ``modificationTime``, as the batch that wrote it recorded), in microseconds: what
+    :mod:`coordinator.schedule` times the next check from. ``filter`` selects ``system/check_requests`` rows.
 
     Example::
 
-        check_history(lakehouse, pc.field("half_offset") >= 0)["txn-1"]  # CheckHistory(2, 1764000000000000, None)
+        check_history(lakehouse, pc.field("half_offset") >= 0)["txn-1"]  # (2, 1764000000000000)
     """
     delta, dataset = table_dataset(lakehouse.path(CHECK_REQUESTS), lakehouse.storage)
     actions = pa.table(delta.get_add_actions(flatten=True))
     written_ms = dict(zip((unquote(p) for p in actions.column("path").to_pylist()),
                           actions.column("modification_time").cast(pa.int64()).to_pylist()))
-    history: dict[str, CheckHistory] = {}
+    history: dict[str, tuple[int, int]] = {}
     for fragment in dataset.get_fragments(filter=filter):
         visible_us = written_ms[unquote(fragment.path)] * 1000
-        requests = fragment.to_table(columns=["transaction_id", "producer_instance"], filter=filter)
-        for transaction_id, instance in zip(*(column.to_pylist() for column in requests.columns)):
-            earlier = history.get(transaction_id)
-            if earlier is None or visible_us >= earlier.last_check_us:
-                history[transaction_id] = CheckHistory(earlier.checks + 1 if earlier else 1, visible_us, instance)
-            else:
-                history[transaction_id] = earlier._replace(checks=earlier.checks + 1)
+        for transaction_id in fragment.to_table(columns=["transaction_id"], filter=filter).column(0).to_pylist():
+            checks, last = history.get(transaction_id, (0, visible_us))
+            history[transaction_id] = (checks + 1, max(last, visible_us))
     return history
 
 
