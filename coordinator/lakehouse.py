@@ -22,6 +22,7 @@ from deltalake.exceptions import DeltaError
 from deltalake.schema import Field
 
 from coordinator.exceptions import InvalidArgumentError, LakehouseNotFoundError, OutdatedLakehouseError
+from coordinator.retries import RetryPolicy, retrying
 from coordinator.storage import FileStore, denied_as_error, is_object_store
 from coordinator.tables import COMMIT_LOG, GROUP_CHECK_REQUESTS, HALF, SYSTEM_TABLES, TableDef
 
@@ -249,7 +250,8 @@ def create_table(table: TableDef, path: str, storage: Optional[Mapping[str, str]
         create_table(HALF, Lakehouse("lakehouse").path(HALF))  # True the first time, then False
     """
     options = dict(storage) if storage else None
-    with denied_as_error(path):
+
+    def attempt() -> bool:
         if DeltaTable.is_deltatable(path, storage_options=options):
             _add_missing_columns(table, path, storage)
             return False
@@ -262,7 +264,11 @@ def create_table(table: TableDef, path: str, storage: Optional[Mapping[str, str]
             if DeltaTable.is_deltatable(path, storage_options=options):
                 return False
             raise
-    return True
+        return True
+
+    # A creation whose reply was lost is found made by the next attempt, and taken as a lost race.
+    with denied_as_error(path):
+        return retrying(RetryPolicy.of(storage or {}), "create table", path, attempt, conditional_write=True)
 
 
 def _add_missing_columns(table: TableDef, path: str, storage: Optional[Mapping[str, str]]) -> None:

@@ -184,10 +184,13 @@ def _cause(error: BaseException) -> Optional[str]:
     obstore raises every transport and server failure as a ``GenericError`` whose text carries the
     HTTP status (``status code: 503``), or the transport's own error, then a debug dump (which
     holds numbers such as ``elapsed: 503.1µs`` and the word ``retry_timeout``: hence the exact forms).
+    delta-rs raises the same failures as an ``OSError`` in the same words ("Generic S3 error: ..."), and
+    also a local disk's, which are only retried when those words name a transport failure.
     """
     if isinstance(error, JoinError):
         return OTHER
-    if not isinstance(error, GenericError):
+    from_delta_rs = type(error) is OSError and str(error).startswith("Generic ")
+    if not (isinstance(error, GenericError) or from_delta_rs):
         return None
     text = str(error)
     status = _STATUS.search(text)
@@ -203,7 +206,7 @@ def _cause(error: BaseException) -> Optional[str]:
         return TIMEOUT
     if any(mark in lowered for mark in ("error sending request", "connection", "incompletemessage", "broken pipe")):
         return CONNECTION
-    return OTHER
+    return None if from_delta_rs else OTHER
 
 
 def _first_line(error: BaseException) -> str:

@@ -174,3 +174,18 @@ def test_the_checker_outlives_an_outage_past_its_retry_bound_and_delivers_once(s
     assert direct.read(OP, ["transaction_id"]).column(0).to_pylist() == ["paid"]
     outages = [r.getMessage() for r in caplog.records if "the storage is unavailable" in r.getMessage()]
     assert len(outages) == 3 and "running it again" in outages[0]
+
+
+def test_a_commit_log_created_through_a_reset_connection_is_created(lakehouses, proxy):
+    """A new group's first send creates its commit log; a reset connection there is tried again (the
+    chaos run's forged group once failed on one)."""
+    faulty, direct = lakehouses
+    before = storage_request_counts().retries.get(("create table", "connection"), 0)
+    proxy.inject_next("reset", method="PUT", path_contains="groups/g/commit_log/_delta_log/00000000000000000000.json")
+    with CommitLogWriter(faulty, "g") as writer:
+        version = writer.submit([half_record("t1")]).result()
+
+    assert proxy.counts()["injected"]["reset"] == 1
+    assert version == 1  # version 0 is the creation
+    assert [row["transaction_id"] for row in log_rows(direct)] == ["t1"]
+    assert storage_request_counts().retries[("create table", "connection")] == before + 1
