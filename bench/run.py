@@ -3,7 +3,7 @@
     python bench/run.py --quick   # one cold start, then small versions of producer, end to end, history
                                   # and batch_cost: `make bench`
     python bench/run.py           # the full versions: cold_start, producer, history, e2e, unresolved,
-                                  # soak, batch_cost, groups (80 minutes at least: soak 60, e2e 10)
+                                  # soak, batch_cost, groups, drain (95 minutes at least: soak 60, drain 15, e2e 10)
     python bench/run.py --tiny    # each of those with --tiny: the smallest run that goes through all of it,
                                   # in seconds (e2e's with --observed); its figures mean nothing
                                   # (tests/test_bench.py runs them)
@@ -25,7 +25,9 @@ object, on its last line:
 * ``cold_start_s``: median seconds from launching the checker job to its first finished batch
   (bench/cold_start.py);
 * ``groups_trigger_ratio``: median trigger time with records, 50 groups of which one is busy / one
-  group alone (bench/groups.py; the target is at most 1.5).
+  group alone (bench/groups.py; the target is at most 1.5);
+* ``drain_ratio``, ``drain_steady_ratio``: backlog drain rate, this checkout / the reference commit's
+  checker, over the whole drain and after its first batch (bench/drain.py).
 
 The machine is shared: the load average at start and end is recorded, and a warning printed
 when the 1-minute load is above 1.5 at start.
@@ -61,6 +63,7 @@ FULL = {
     "soak": [],
     "batch_cost": [],
     "groups": [],
+    "drain": [],
 }
 TINY = {name: ["--tiny"] for name in FULL} | {"e2e": ["--tiny", "--observed"]}  # the observers go through it too
 
@@ -96,6 +99,9 @@ def headline(reports: dict[str, dict]) -> dict:
         summary.update(cold_start_s=reports["cold_start"]["first_batch_s"]["median"])
     if "groups" in reports:
         summary.update(groups_trigger_ratio=reports["groups"]["ratio"]["with_records"])
+    if "drain" in reports:
+        summary.update(drain_ratio=reports["drain"]["ratios"]["txn_per_s"],
+                       drain_steady_ratio=reports["drain"]["ratios"]["steady_txn_per_s"])
     return summary
 
 

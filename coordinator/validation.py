@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -137,8 +137,9 @@ def message_refusals(records: pa.Table) -> pa.Array:
     return first_reasons(rules, records.num_rows)
 
 
-def first_reasons(rules: list[tuple[pa.Array, str]], num_rows: int) -> pa.Array:
-    """Per row, the reason of the first rule (a mask, True: broken; null counts as kept) that it breaks.
+def first_reasons(rules: list[tuple[pa.Array, Union[str, pa.Array]]], num_rows: int) -> pa.Array:
+    """Per row, the reason of the first rule (a mask, True: broken; null counts as kept) that it breaks:
+    a rule's reason is one string, or one per row.
 
     Example::
 

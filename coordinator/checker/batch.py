@@ -26,7 +26,7 @@ from coordinator.checker.ingest import ingest_halves, refuse_unknown_kinds
 from coordinator.checker.provenance import refuse_misattributed
 from coordinator.checker.recover import recover_discarded
 from coordinator.checker.resolve import promote, resolve_ends
-from coordinator.checker.state import CheckerState, lookup_in_tables
+from coordinator.checker.state import CheckerState, lookup_in_tables, pending_from_rows
 from coordinator.checker.writer import files_written_at_us
 from coordinator.config import CoordinatorConfig
 from coordinator.control.instances import ProducerInstances
@@ -116,21 +116,25 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
                       pending_from: int, shared_log: bool) -> BatchSummary:
     state.invalidate()  # until every write below has landed: a batch that fails leaves the next one to rebuild
     records, misattributed = refuse_misattributed(all_records, state.layout)
-    ids = {r["transaction_id"] for r in records.rows if r["transaction_id"] is not None}
-    known, unsure = state.lookup(ids)
+    known, unsure = state.lookup(pc.unique(records.light.column("transaction_id")).drop_null().to_pylist())
     known.update(lookup_in_tables(ctx.config, ctx.batch_id, unsure))
 
     ingested = ingest_halves(ctx, records, known)
-    state.add_pending(ingested.transactions, ingested.halves, ctx.config)
-    resolved = resolve_ends(records, state, known)
+    resolved = resolve_ends(records, ingested.halves, state, known)
+    unresolved = ingested.halves.filter(pc.invert(pc.is_in(
+        ingested.halves.column("transaction_id"), value_set=pa.array(resolved.ids(in_batch=True), pa.string()))))
+    state.add_pending(pending_from_rows(unresolved), unresolved, ctx.config)
+    state.count_topics(pc.unique(ingested.halves.column("topic")).to_pylist())
+    earlier_resolved = resolved.ids(in_batch=False)
     recovered = recover_discarded(ctx, resolved.to_recover)
-    deliveries = pa.concat_tables([promote(resolved, state), recovered.deliveries])
-    due = find_due(ctx, state, set(resolved.outcomes))
+    deliveries = pa.concat_tables([promote(resolved, ingested.halves, state), recovered.deliveries])
+    due = find_due(ctx, state, set(earlier_resolved))
     rejected = (misattributed + refuse_unknown_kinds(records) + ingested.rejections + resolved.rejections
                 + recovered.rejections)
 
-    ops = resolved.ops + recovered.ops + due.discard_ops
     lakehouse, writer, batch_id = ctx.lakehouse, state.writer, ctx.batch_id
+    ops = pa.concat_tables([_table(OP, resolved.ops, batch_id),
+                            _rows_table(OP, recovered.ops + due.discard_ops, batch_id)])
     written = []
 
     def append(table, data: pa.Table, path: Optional[str] = None) -> Optional[int]:
@@ -143,8 +147,8 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
     # op, and an op before its topic rows. Correctness under replay does not rely on it.
     if ingested.halves.num_rows:
         append(HALF, ingested.halves)
-    if ops:
-        append(OP, _rows_table(OP, ops, batch_id))
+    if ops.num_rows:
+        append(OP, ops)
     commit_to_visible_s = {}
     for topic in sorted(set(deliveries.column("topic").to_pylist())):
         rows = deliveries.filter(pc.equal(deliveries.column("topic"), topic))
@@ -173,8 +177,9 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
         for group, stale in due.stale_instances.items():
             instances.forget(group, stale)
 
-    ended_by_topic = _ended_by_topic(state, resolved.outcomes, due.discarded, recovered.deliveries)
-    state.resolve([*resolved.outcomes, *due.given_up])
+    ended_by_topic = _ended_by_topic(resolved.ops, due.discarded, recovered.deliveries)
+    state.resolve([*earlier_resolved, *due.given_up])
+    state.remember_resolved(zip(resolved.ids(in_batch=True), resolved.groups(in_batch=True)))
     if visible_at_us is not None:
         state.checked([p.transaction_id for p in due.checked], visible_at_us, ctx.config)
     if all(written):
@@ -182,14 +187,13 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
     # else: a replay found some of its writes made already; the next batch rebuilds from the tables.
 
     lowest = state.lowest_pending_offset()
-    outcomes = list(resolved.outcomes.values())
     return BatchSummary(
         batch_id=batch_id,
-        records=len(all_records.rows),
+        records=all_records.light.num_rows,
         halves=ingested.halves.num_rows,
-        commits=outcomes.count(Outcome.COMMIT) + len(recovered.transaction_ids),
-        rollbacks=outcomes.count(Outcome.ROLLBACK),
-        resolved=len(ops),
+        commits=resolved.count(Outcome.COMMIT) + len(recovered.transaction_ids),
+        rollbacks=resolved.count(Outcome.ROLLBACK),
+        resolved=ops.num_rows,
         delivered=deliveries.num_rows,
         checks=len(due.checked),
         discarded=due.discarded.num_rows,
@@ -205,16 +209,15 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
     )
 
 
-def _ended_by_topic(state: CheckerState, outcomes: Mapping[str, str], discarded: pa.Table,
-                    recovered: pa.Table) -> dict[tuple[str, str], int]:
-    """Half messages this batch ended, by outcome and topic: committed or rolled back (their transactions
-    are still in ``state.pending``), discarded, and committed by an operator after their discard."""
+def _ended_by_topic(ops: pa.Table, discarded: pa.Table, recovered: pa.Table) -> dict[tuple[str, str], int]:
+    """Half messages this batch ended, by outcome and topic: committed or rolled back (their ``ops``, with
+    each half's topic), discarded, and committed by an operator after their discard."""
     ended: Counter = Counter()
-    for transaction_id, outcome in outcomes.items():
-        ended.update((outcome, topic) for topic in state.pending[transaction_id].topics)
-    for outcome, rows in ((Outcome.DISCARD, discarded), (Outcome.COMMIT, recovered)):
-        for count in pc.value_counts(rows.column("topic")).to_pylist():
-            ended[(outcome, count["values"])] += count["counts"]
+    for rows in (ops.select(["outcome", "topic"]),
+                 discarded.select(["topic"]).append_column("outcome", pa.repeat(Outcome.DISCARD.value, discarded.num_rows)),
+                 recovered.select(["topic"]).append_column("outcome", pa.repeat(Outcome.COMMIT.value, recovered.num_rows))):
+        for count in rows.group_by(["outcome", "topic"]).aggregate([([], "count_all")]).to_pylist():
+            ended[(count["outcome"], count["topic"])] += count["count_all"]
     return dict(ended)
 
 
@@ -229,7 +232,8 @@ def _next_offset(records: BatchRecords, batch_id: int, shared_log: bool) -> int:
     if not shared_log:
         return (batch_id + 1) * COMMITS_PER_BATCH * OFFSETS_PER_COMMIT
     # A batch of the shared log: its sequences are versions, the next batch's are higher.
-    return (max((r["sequence"] for r in records.rows), default=-1) + 1) * OFFSETS_PER_COMMIT
+    highest = pc.max(records.light.column("sequence")).as_py()
+    return ((-1 if highest is None else highest) + 1) * OFFSETS_PER_COMMIT
 
 
 def _table(table, data: pa.Table, batch_id: int) -> pa.Table:

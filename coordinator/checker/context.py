@@ -51,12 +51,11 @@ class BatchRecords:
     ``table`` holds every column; ``light`` the same records without the two heavy columns
     (``body``, ``born_timestamp``), plus ``row`` (the index in ``table``), ``stored_us``
     (``stored_timestamp`` in microseconds), ``body_size`` and ``sequence`` (the record's commit's
-    place in the checker's order: see the module's docstring); ``rows`` is ``light`` as dicts.
+    place in the checker's order: see the module's docstring).
     """
 
     table: pa.Table
     light: pa.Table
-    rows: list[dict]
 
     @classmethod
     def of(cls, collected: pa.Table, batch_id: int, shared_log: bool = False) -> "BatchRecords":
@@ -65,9 +64,14 @@ class BatchRecords:
 
         Example::
 
-            BatchRecords.of(segment.records(lakehouse), batch_id=7).rows[0]["kind"]  # 'HALF'
+            BatchRecords.of(segment.records(lakehouse), batch_id=7).light.column("kind")  # ['HALF', ...]
         """
-        table = collected.filter(pc.invert(collected.column("is_heartbeat")))
+        ticks = pc.sum(collected.column("is_heartbeat")).as_py() or 0
+        records = collected.num_rows - ticks
+        # A segment's tick comes last (Segment.records): slicing it off copies nothing, where a filter copies
+        # every column of thousands of chunks.
+        table = (collected.slice(0, records) if pc.all(collected.column("is_heartbeat").slice(records)).as_py()
+                 else collected.filter(pc.invert(collected.column("is_heartbeat"))))
         light = table.drop_columns(["body", "born_timestamp", "stored_timestamp", "is_heartbeat"])
         light = light.append_column("stored_us", table.column("stored_timestamp").cast(pa.int64()))
         light = light.append_column("body_size", pc.binary_length(table.column("body")))
@@ -77,12 +81,11 @@ class BatchRecords:
                     pc.add(table.column("commit_rank"), batch_id * COMMITS_PER_BATCH))
         light = light.append_column("sequence", sequence)
         light = light.append_column("row", pa.array(range(table.num_rows), pa.int64()))
-        return cls(table, light, light.to_pylist())
+        return cls(table, light.combine_chunks())
 
-    def without(self, refused: set[int]) -> "BatchRecords":
-        """The same records less the rows whose ``row`` is in ``refused``."""
-        kept = pc.invert(pc.is_in(self.light.column("row"), value_set=pa.array(sorted(refused), pa.int64())))
-        return BatchRecords(self.table, self.light.filter(kept), [row for row in self.rows if row["row"] not in refused])
+    def without(self, refused: pa.Array) -> "BatchRecords":
+        """The same records less those ``refused`` marks (a mask over ``light``)."""
+        return BatchRecords(self.table, self.light.filter(pc.invert(refused)))
 
 
 def shaped(table: TableDef, columns: Mapping[str, object], num_rows: int, batch_id: Optional[int]) -> pa.Table:

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from coordinator.checker.context import OFFSETS_PER_COMMIT, BatchContext, BatchRecords, shaped
 from coordinator.checker.refusals import rejection
-from coordinator.checker.state import Known, TrackedTransaction, pending_from_rows
+from coordinator.checker.state import Known
 from coordinator.grants import TopicGrants
 from coordinator.protocol import DELAY_PROPERTIES, RecordKind
 from coordinator.tables import HALF
@@ -27,11 +27,10 @@ _TOO_MANY = f"more than {OFFSETS_PER_COMMIT} records in one commit"
 
 @dataclass(frozen=True)
 class Ingested:
-    """The halves a batch accepted (``system/half`` rows, and one pending
-    transaction each) and the HALF records it refused (``system/rejected`` rows)."""
+    """The halves a batch accepted (``system/half`` rows, in queue-offset order) and the HALF records it
+    refused (``system/rejected`` rows)."""
 
     halves: pa.Table
-    transactions: list[TrackedTransaction]
     rejections: list[dict]
 
 
@@ -64,7 +63,7 @@ def ingest_halves(ctx: BatchContext, records: BatchRecords, known: Mapping[str, 
     accepted = pc.is_null(reasons)
     table = _half_rows(ctx, records, halves.filter(accepted))
     refused = halves.append_column("reason", reasons).filter(pc.invert(accepted)).sort_by("row")
-    return Ingested(table, pending_from_rows(table), [rejection(r, r["reason"]) for r in refused.to_pylist()])
+    return Ingested(table, [rejection(r, r["reason"]) for r in refused.to_pylist()])
 
 
 def _numbered(halves: pa.Table) -> pa.Table:
@@ -108,10 +107,11 @@ def _transaction_refusals(halves: pa.Table, reasons: pa.Array, known: Mapping[st
     commits = named.group_by(["transaction_id", "sequence"]).aggregate([
         ("i", "count"), ("message_index", "count_distinct"), ("message_count", "max"), ("message_count", "min"),
         ("producer_group", "min"), ("producer_group", "max")])
-    joined = (keyed.join(commits, ["transaction_id", "sequence"], join_type="left outer")
-              .join(firsts, "transaction_id", join_type="left outer").sort_by("i"))
+    joined = keyed.join(commits, ["transaction_id", "sequence"], join_type="left outer").sort_by("i")
+    first_sequence = firsts.column("sequence_min").take(pc.index_in(joined.column("transaction_id"),
+                                                                    value_set=firsts.column("transaction_id")))
     expected = joined.column("message_count_max")
-    duplicate = pc.or_(pc.greater(joined.column("sequence"), joined.column("sequence_min")),
+    duplicate = pc.or_(pc.greater(joined.column("sequence"), first_sequence),
                        pc.is_in(joined.column("transaction_id"), value_set=pa.array(list(known), pa.string())))
     incomplete = pc.and_(pc.is_valid(expected), pc.or_(pc.or_(
         pc.not_equal(joined.column("i_count"), expected), pc.not_equal(joined.column("message_index_count_distinct"), expected)),

@@ -18,13 +18,15 @@ Example::
 
 from __future__ import annotations
 
-from typing import Optional
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from coordinator.checker.context import BatchRecords
 from coordinator.checker.refusals import rejection
 from coordinator.commit_logs import CommitLogRef, Layout
 from coordinator.lakehouse import OPERATORS_LOG_KEY
 from coordinator.protocol import OPERATOR_CHECK_PREFIX, RecordKind
+from coordinator.validation import first_reasons
 
 __all__ = ["refuse_misattributed"]
 
@@ -36,33 +38,36 @@ def refuse_misattributed(records: BatchRecords, layout: Layout) -> tuple[BatchRe
 
         kept, rejections = refuse_misattributed(records, CommitLogs(lakehouse).layout())
     """
-    rejections, refused = [], set()
-    for record in records.rows:
-        reason = _misattribution(record, layout)
-        if reason is not None:
-            rejections.append(rejection(record, reason))
-            refused.add(record["row"])
-    return (records.without(refused) if refused else records), rejections
+    light = records.light
+    reasons = light.column("refusal")
+    for key in pc.unique(light.column("commit_log")).drop_null().to_pylist():
+        in_log = pc.equal(light.column("commit_log"), key)
+        reasons = pc.coalesce(reasons, first_reasons([(pc.and_(in_log, broken), reason)
+                                                      for broken, reason in _rules(CommitLogRef(key), light, layout)],
+                                                     light.num_rows))
+    refused = pc.is_valid(reasons)
+    if not pc.any(refused).as_py():
+        return records, []
+    rows = light.append_column("reason", reasons).filter(refused).to_pylist()
+    return records.without(refused), [rejection(row, row["reason"]) for row in rows]
 
 
-def _misattribution(record: dict, layout: Layout) -> Optional[str]:
-    if record["refusal"] is not None:
-        return record["refusal"]
-    log = CommitLogRef(record["commit_log"])
-    operators_decision = (record["check_id"] or "").startswith(OPERATOR_CHECK_PREFIX)
+def _rules(log: CommitLogRef, light: pa.Table, layout: Layout) -> list[tuple[pa.Array, str]]:
+    """What a record in ``log`` may not be, each as a mask over ``light`` with its reason."""
+    operators_decision = pc.fill_null(pc.starts_with(light.column("check_id"), OPERATOR_CHECK_PREFIX), False)
     if log.is_shared:
-        if layout.shared_log_end is None or record["commit_version"] >= layout.shared_log_end:
-            return (f"written to the shared commit log {log} after `txcoord upgrade` retired it; this producer must be "
-                    "upgraded to write its group's own commit log, then send again")
-        return None
+        retired = (pa.repeat(True, light.num_rows) if layout.shared_log_end is None
+                   else pc.greater_equal(light.column("commit_version"), layout.shared_log_end))
+        return [(retired, f"written to the shared commit log {log} after `txcoord upgrade` retired it; this producer "
+                          "must be upgraded to write its group's own commit log, then send again")]
     if log.is_operators:
-        if record["kind"] != RecordKind.END or not operators_decision:
-            return (f"{OPERATORS_LOG_KEY} takes operators' decisions only (END records whose check id starts with "
-                    f"'{OPERATOR_CHECK_PREFIX}')")
-        return None
-    if record["producer_group"] is not None and record["producer_group"] != log.group:
-        return (f"stored in producer group {log.group!r}'s commit log but names producer group "
-                f"{record['producer_group']!r}")
-    if operators_decision:
-        return f"an operator's decision (check id '{OPERATOR_CHECK_PREFIX}…') outside {OPERATORS_LOG_KEY}"
-    return None
+        not_decision = pc.or_(pc.invert(operators_decision),
+                              pc.fill_null(pc.not_equal(light.column("kind"), RecordKind.END.value), True))
+        return [(not_decision, f"{OPERATORS_LOG_KEY} takes operators' decisions only (END records whose check id "
+                               f"starts with '{OPERATOR_CHECK_PREFIX}')")]
+    groups = light.column("producer_group")
+    foreign = pc.fill_null(pc.not_equal(groups, log.group), False)
+    named = pc.unique(groups.filter(pc.and_(foreign, pc.equal(light.column("commit_log"), log.key)))).to_pylist()
+    return [*((pc.equal(groups, group), f"stored in producer group {log.group!r}'s commit log but names producer "
+                                        f"group {group!r}") for group in named),
+            (operators_decision, f"an operator's decision (check id '{OPERATOR_CHECK_PREFIX}…') outside {OPERATORS_LOG_KEY}")]

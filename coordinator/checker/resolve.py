@@ -1,4 +1,12 @@
-"""Step 2 — resolve and promote: validate END records, decide op rows, deliver commits to topics."""
+"""Step 2 — resolve and promote: validate END records, decide op rows, deliver commits to topics.
+
+Computed over the batch's columns. Each END is joined to what it ends (its *target*): a transaction
+whose halves came in this same batch (the common case when a backlog is worked off), one pending from
+an earlier batch (looked up in the checker's memory, one by one: only those ENDs), or one resolved
+earlier. The END rules are masks over that join; the first valid deciding END per transaction wins;
+op rows and topic rows are taken from the halves' rows. A transaction resolved within its own batch
+never enters the checker's pending set.
+"""
 
 from __future__ import annotations
 
@@ -7,36 +15,66 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from coordinator.checker.context import BatchRecords
-from coordinator.checker.recover import ALREADY_RESOLVED, is_operator_commit
-from coordinator.checker.refusals import first_failure, rejection
+from coordinator.checker.context import OFFSETS_PER_COMMIT, BatchRecords
+from coordinator.checker.recover import ALREADY_RESOLVED
+from coordinator.checker.refusals import rejection
 from coordinator.checker.state import CheckerState, Known
-from coordinator.protocol import OPERATOR_CHECK_PREFIX, LocalTransactionState, Outcome, RecordKind, outcome_of
+from coordinator.protocol import OPERATOR_CHECK_PREFIX, LocalTransactionState, Outcome, RecordKind
 from coordinator.tables import MESSAGE_FIELDS
+from coordinator.validation import first_reasons
 
-_STATES = {state.value for state in LocalTransactionState}
+__all__ = ["Resolved", "WAIT_FOR_CHECK", "promote", "resolve_ends"]
+
+_STATES = pa.array([state.value for state in LocalTransactionState])
+_DECIDING = pa.array([LocalTransactionState.COMMIT_MESSAGE.value, LocalTransactionState.ROLLBACK_MESSAGE.value])
 WAIT_FOR_CHECK = "arrived after the immunity time: wait for check"
+#: What judging an END, refusing it (:func:`~.refusals.rejection`) and recovering with it read.
+_END_COLUMNS = ["row", "record_id", "kind", "transaction_id", "producer_group", "msg_id", "topic", "state", "check_id",
+                "commit_version", "commit_log", "stored_us", "sequence"]
+_TARGET_SCHEMA = pa.schema([("transaction_id", pa.string()), ("owner", pa.string()), ("pending", pa.bool_()),
+                            ("in_batch", pa.bool_()), ("half_sequence", pa.int64()), ("half_stored_us", pa.int64()),
+                            ("own_end_until_us", pa.int64())])
+_OPS_SCHEMA = pa.schema([("half_offset", pa.int64()), ("transaction_id", pa.string()), ("producer_group", pa.string()),
+                         ("outcome", pa.string()), ("resolved_at", pa.int64()), ("end_record_id", pa.string()),
+                         ("check_id", pa.string()), ("topic", pa.string()), ("order", pa.int64())])
 
 
 @dataclass(frozen=True)
 class Resolved:
-    """What the END records of a batch decided: op rows, and each resolved transaction's outcome."""
+    """What the END records of a batch decided."""
 
-    ops: list[dict]  # system/op rows (less batch_id), one per half message
-    outcomes: dict[str, str]  # transaction id -> COMMIT or ROLLBACK
+    ops: pa.Table  # system/op rows (less batch_id) plus each half's topic, one per half message
+    decided: pa.Table  # per transaction resolved, in deciding order: transaction_id, producer_group, outcome, in_batch
     rejections: list[dict]
     to_recover: list[dict]  # operators' COMMITs of transactions no longer pending: see :mod:`.recover`
     check_answers: Counter  # valid answers to check-backs, by state (UNKNOW included)
     half_to_end_s: list[float]  # per transaction resolved: from its half's storing to its deciding END's
 
+    def ids(self, in_batch: bool) -> list[str]:
+        """The transactions resolved whose halves came in this batch (``in_batch``), or in an earlier one."""
+        return self._decided("transaction_id", in_batch)
 
-def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str, Known]) -> Resolved:
+    def groups(self, in_batch: bool) -> list[str]:
+        """The producer groups of :meth:`ids`, in the same order."""
+        return self._decided("producer_group", in_batch)
+
+    def _decided(self, column: str, in_batch: bool) -> list:
+        return self.decided.column(column).filter(pc.equal(self.decided.column("in_batch"), in_batch)).to_pylist()
+
+    def count(self, outcome: str) -> int:
+        return pc.sum(pc.equal(self.decided.column("outcome"), outcome)).as_py() or 0
+
+
+def resolve_ends(records: BatchRecords, new_halves: pa.Table, state: CheckerState,
+                 known: Mapping[str, Known]) -> Resolved:
     """Validate this batch's END records (docs/design.md#validating-an-end) and turn the first valid one per
     transaction into op rows, one per half message.
 
-    ``state.pending`` holds every unresolved transaction, this batch's new ones included;
-    ``known`` what earlier batches ingested of the batch's other transaction ids.
+    ``new_halves`` are the half rows this batch accepted (``system/half``'s columns); ``state.pending``
+    holds the transactions unresolved by earlier batches; ``known`` what earlier batches ingested of the
+    batch's other transaction ids.
 
     ``UNKNOW`` ends are valid and change nothing. An operator's COMMIT of a transaction no
     longer pending is set aside for :func:`~coordinator.checker.recover.recover_discarded`. A producer's own COMMIT or ROLLBACK
@@ -45,64 +83,137 @@ def resolve_ends(records: BatchRecords, state: CheckerState, known: Mapping[str,
 
     Example::
 
-        resolved = resolve_ends(records, state, known)
-        resolved.outcomes  # {'019a...': 'COMMIT'}
+        resolved = resolve_ends(records, ingested.halves, state, known)
+        resolved.decided.column("outcome")  # ['COMMIT', ...]
     """
-    ends = [r for r in records.rows if r["kind"] == RecordKind.END]
-    rejections, decisions, to_recover, check_answers = [], [], [], Counter()
-    for end in ends:
-        pending = state.pending.get(end["transaction_id"])
-        earlier = known.get(end["transaction_id"])
-        end["owner"] = pending.producer_group if pending else earlier.producer_group if earlier else None
-        end["pending"] = pending
-        reason = first_failure(end, _END_RULES)
-        if reason == ALREADY_RESOLVED and is_operator_commit(end):
-            to_recover.append(end)
-        elif reason is not None:
-            rejections.append(rejection(end, reason))
-        else:
-            if end["check_id"] is not None and not end["check_id"].startswith(OPERATOR_CHECK_PREFIX):
-                check_answers[end["state"]] += 1
-            if outcome_of(end["state"]) is not None:
-                decisions.append(end)
-    outcomes, ops, half_to_end_s = {}, [], []
-    for end in sorted(decisions, key=lambda r: (r["sequence"], r["record_id"])):
-        pending = end["pending"]
-        if pending.transaction_id in outcomes:
-            rejections.append(rejection(end, ALREADY_RESOLVED))
-            continue
-        outcome = outcomes[pending.transaction_id] = outcome_of(end["state"])
-        half_to_end_s.append(max(0, end["stored_us"] - pending.stored_us) / 1_000_000)
-        ops.extend(dict(half_offset=offset, transaction_id=pending.transaction_id, producer_group=pending.producer_group,
-                        outcome=outcome, resolved_at=end["stored_us"], end_record_id=end["record_id"],
-                        check_id=end["check_id"])
-                   for offset in pending.offsets)
-    return Resolved(ops, outcomes, rejections, to_recover, check_answers, half_to_end_s)
+    light = records.light
+    ends = light.filter(pc.equal(light.column("kind"), RecordKind.END.value)).select(_END_COLUMNS)
+    targets = _targets(ends, new_halves, state, known)
+    target = targets.drop_columns(["transaction_id"]).take(
+        pc.index_in(ends.column("transaction_id"), value_set=targets.column("transaction_id")))
+    ends = pa.Table.from_arrays([*ends.columns, *target.columns], names=[*ends.column_names, *target.column_names])
+    reasons = first_reasons(_end_rules(ends), ends.num_rows)
+    operator_commit = pc.and_(pc.fill_null(pc.equal(ends.column("state"), LocalTransactionState.COMMIT_MESSAGE.value), False),
+                              _operators(ends.column("check_id")))
+    recover = pc.and_(pc.fill_null(pc.equal(reasons, ALREADY_RESOLVED), False), operator_commit)
+    refused = pc.and_(pc.is_valid(reasons), pc.invert(recover))
+    valid = ends.filter(pc.is_null(reasons))
+    answers = valid.filter(pc.and_(pc.is_valid(valid.column("check_id")), pc.invert(_operators(valid.column("check_id")))))
+    check_answers = Counter({count["values"]: count["counts"]
+                             for count in pc.value_counts(answers.column("state")).to_pylist()})
+    rejections = [rejection(row, row["reason"])
+                  for row in ends.append_column("reason", reasons).filter(refused).to_pylist()]
+
+    decisions = valid.filter(pc.is_in(valid.column("state"), value_set=_DECIDING))
+    decisions = decisions.sort_by([("sequence", "ascending"), ("record_id", "ascending")])
+    decisions = decisions.append_column("order", pa.array(range(decisions.num_rows), pa.int64()))
+    firsts = decisions.group_by("transaction_id").aggregate([("order", "min")])
+    first = pc.is_in(decisions.column("order"), value_set=firsts.column("order_min"))
+    rejections += [rejection(row, ALREADY_RESOLVED) for row in decisions.filter(pc.invert(first)).to_pylist()]
+    winners = decisions.filter(first)
+    outcome = pc.if_else(pc.equal(winners.column("state"), LocalTransactionState.COMMIT_MESSAGE.value),
+                         Outcome.COMMIT.value, Outcome.ROLLBACK.value)
+    winners = winners.append_column("outcome", outcome)
+    waited = pc.max_element_wise(pc.subtract(winners.column("stored_us"), winners.column("half_stored_us")), 0)
+    decided = pa.table({"transaction_id": winners.column("transaction_id"), "producer_group": winners.column("owner"),
+                        "outcome": outcome, "in_batch": winners.column("in_batch")})
+    return Resolved(_ops(winners, new_halves, state), decided, rejections, ends.filter(recover).to_pylist(),
+                    check_answers, pc.divide(pc.cast(waited, pa.float64()), 1e6).to_pylist())
 
 
-_END_RULES = [
-    (lambda r: r["record_id"] is None, "missing record_id"),
-    (lambda r: r["transaction_id"] is None, "missing transaction_id"),
-    (lambda r: r["state"] not in _STATES, lambda r: f"unknown state '{r['state'] if r['state'] is not None else 'null'}'"),
-    (lambda r: r["owner"] is None, "unknown transaction"),
-    (lambda r: r["producer_group"] != r["owner"], "producer group does not own the transaction"),
-    (lambda r: r["pending"] is not None and r["sequence"] <= r["pending"].half_sequence, "end precedes its half"),
-    (lambda r: r["pending"] is None, ALREADY_RESOLVED),
-    (lambda r: outcome_of(r["state"]) is not None and r["check_id"] is None and r["stored_us"] > r["pending"].own_end_until_us,
-     WAIT_FOR_CHECK),
-]
+def _operators(check_ids: pa.ChunkedArray) -> pa.ChunkedArray:
+    return pc.fill_null(pc.starts_with(check_ids, OPERATOR_CHECK_PREFIX), False)
 
 
-def promote(resolved: Resolved, state: CheckerState) -> pa.Table:
-    """The topic rows (less ``batch_id``) of this batch's committed transactions, each message once.
+def _targets(ends: pa.Table, new_halves: pa.Table, state: CheckerState, known: Mapping[str, Known]) -> pa.Table:
+    """Per transaction an END names: who owns it, whether it is pending, whether its halves came in this
+    batch, and what judging the END needs (its halves' sequence, when they were stored, until when its
+    producer's own END is accepted)."""
+    new = pa.table({"transaction_id": new_halves.column("transaction_id"),
+                    "producer_group": new_halves.column("producer_group"),
+                    "queue_offset": new_halves.column("queue_offset"),
+                    "stored_us": new_halves.column("stored_timestamp").cast(pa.int64()),
+                    "immunity_ms": new_halves.column("immunity_ms").cast(pa.int64())})
+    new = new.group_by("transaction_id").aggregate([("producer_group", "min"), ("queue_offset", "max"),
+                                                    ("stored_us", "min"), ("immunity_ms", "max")])
+    in_batch = pa.table({
+        "transaction_id": new.column("transaction_id"), "owner": new.column("producer_group_min"),
+        "pending": pa.repeat(True, new.num_rows), "in_batch": pa.repeat(True, new.num_rows),
+        "half_sequence": pc.divide(new.column("queue_offset_max"), OFFSETS_PER_COMMIT),
+        "half_stored_us": new.column("stored_us_min"),
+        "own_end_until_us": pc.add(new.column("stored_us_min"), pc.multiply(new.column("immunity_ms_max"), 1000)),
+    }, schema=_TARGET_SCHEMA)
+    named = pc.unique(ends.column("transaction_id")).drop_null()
+    earlier = []
+    for transaction_id in named.filter(pc.invert(pc.is_in(named, value_set=in_batch.column("transaction_id")))).to_pylist():
+        pending = state.pending.get(transaction_id)
+        if pending is not None:
+            earlier.append((transaction_id, pending.producer_group, True, False, pending.half_sequence,
+                            pending.stored_us, pending.own_end_until_us))
+        elif transaction_id in known:
+            earlier.append((transaction_id, known[transaction_id].producer_group, False, False, None, None, None))
+    columns = [list(values) for values in zip(*earlier)] or [[] for _ in _TARGET_SCHEMA]
+    return pa.concat_tables([in_batch, pa.table(dict(zip(_TARGET_SCHEMA.names, columns)), schema=_TARGET_SCHEMA)])
+
+
+def _end_rules(ends: pa.Table) -> list[tuple[pa.Array, object]]:
+    """The END rules, in order, each a mask over ``ends`` (joined to their targets) with its reason."""
+    state, pending = ends.column("state"), ends.column("pending")
+    unknown_state = pc.binary_join_element_wise("unknown state '", pc.fill_null(state, "null"), "'", "")
+    deciding = pc.fill_null(pc.is_in(state, value_set=_DECIDING), False)
+    return [
+        (pc.is_null(ends.column("record_id")), "missing record_id"),
+        (pc.is_null(ends.column("transaction_id")), "missing transaction_id"),
+        (pc.invert(pc.fill_null(pc.is_in(state, value_set=_STATES), False)), unknown_state),
+        (pc.is_null(ends.column("owner")), "unknown transaction"),
+        (pc.fill_null(pc.not_equal(ends.column("producer_group"), ends.column("owner")), True),
+         "producer group does not own the transaction"),
+        (pc.and_(pending, pc.less_equal(ends.column("sequence"), ends.column("half_sequence"))), "end precedes its half"),
+        (pc.invert(pending), ALREADY_RESOLVED),
+        (pc.and_(pc.and_(deciding, pc.is_null(ends.column("check_id"))),
+                 pc.greater(ends.column("stored_us"), ends.column("own_end_until_us"))), WAIT_FOR_CHECK),
+    ]
+
+
+def _ops(winners: pa.Table, new_halves: pa.Table, state: CheckerState) -> pa.Table:
+    """One op row per half of each winning END's transaction (with the half's topic), in deciding order."""
+    here = winners.filter(winners.column("in_batch")).select(
+        ["transaction_id", "owner", "outcome", "stored_us", "record_id", "check_id", "order"])
+    decision = pc.index_in(new_halves.column("transaction_id"), value_set=here.column("transaction_id"))
+    halves = new_halves.select(["queue_offset", "transaction_id", "topic"]).filter(pc.is_valid(decision))
+    decided = here.take(decision.filter(pc.is_valid(decision)))
+    in_batch = pa.table({"half_offset": halves.column("queue_offset"), "transaction_id": halves.column("transaction_id"),
+                         "producer_group": decided.column("owner"), "outcome": decided.column("outcome"),
+                         "resolved_at": decided.column("stored_us"), "end_record_id": decided.column("record_id"),
+                         "check_id": decided.column("check_id"), "topic": halves.column("topic"),
+                         "order": decided.column("order")}, schema=_OPS_SCHEMA)
+    earlier = []
+    for row in winners.filter(pc.invert(winners.column("in_batch"))).to_pylist():
+        pending = state.pending[row["transaction_id"]]
+        earlier.extend((offset, pending.transaction_id, pending.producer_group, row["outcome"], row["stored_us"],
+                        row["record_id"], row["check_id"], topic, row["order"])
+                       for offset, topic in zip(pending.offsets, pending.topics))
+    columns = [list(values) for values in zip(*earlier)] or [[] for _ in _OPS_SCHEMA]
+    earlier_ops = pa.table(dict(zip(_OPS_SCHEMA.names, columns)), schema=_OPS_SCHEMA)
+    return pa.concat_tables([in_batch, earlier_ops]).sort_by([("order", "ascending"), ("half_offset", "ascending")])
+
+
+def promote(resolved: Resolved, new_halves: pa.Table, state: CheckerState) -> pa.Table:
+    """The topic rows (less ``batch_id``) of this batch's committed transactions, each message once, in
+    queue-offset order: halves of this batch from ``new_halves``, earlier ones from the checker's memory.
 
     Example::
 
-        deliveries = promote(resolved, state)
+        deliveries = promote(resolved, ingested.halves, state)
         deliveries.column("topic")
     """
-    committed = {op["half_offset"]: op["resolved_at"] for op in resolved.ops if op["outcome"] == Outcome.COMMIT}
-    halves = state.rows.take(committed)
-    commit_times = pa.array([committed[offset] for offset in halves.column("queue_offset").to_pylist()], pa.int64())
+    committed = resolved.ops.filter(pc.equal(resolved.ops.column("outcome"), Outcome.COMMIT.value))
+    offsets = committed.column("half_offset")
+    earlier = pc.is_in(committed.column("transaction_id"), value_set=pa.array(resolved.ids(in_batch=False), pa.string()))
+    halves = pa.concat_tables([
+        new_halves.filter(pc.is_in(new_halves.column("queue_offset"), value_set=offsets)),
+        state.rows.take(offsets.filter(earlier).to_pylist()),
+    ]).sort_by("queue_offset")
+    commit_times = committed.column("resolved_at").take(pc.index_in(halves.column("queue_offset"), value_set=offsets))
     return halves.select(["transaction_id", *MESSAGE_FIELDS, "queue_offset"]).append_column(
         "commit_timestamp", commit_times.cast(halves.schema.field("born_timestamp").type))

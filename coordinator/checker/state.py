@@ -231,6 +231,11 @@ class CheckerState:
             self.pending_by_topic.update(pending.topics)
             heapq.heappush(self._due, (pending.next_step_at(config), pending.transaction_id))
 
+    def count_topics(self, topics: Iterable[str]) -> None:
+        """Report these topics' pending halves from now on, as 0 once none is (a topic whose transactions
+        were all resolved in the batch that brought them still has its count)."""
+        self.pending_by_topic.update(dict.fromkeys(topics, 0))
+
     def checked(self, transaction_ids: Iterable[str], visible_at_us: int, config: CoordinatorConfig) -> None:
         for transaction_id in transaction_ids:
             pending = self.pending[transaction_id]
@@ -239,11 +244,19 @@ class CheckerState:
             heapq.heappush(self._due, (pending.next_step_at(config), transaction_id))
 
     def resolve(self, transaction_ids: Iterable[str]) -> None:
+        """Forget these pending transactions, resolved now, but for their groups (:meth:`remember_resolved`)."""
+        resolved = []
         for transaction_id in transaction_ids:
             pending = self.pending.pop(transaction_id)
             self.rows.remove(pending.offsets)
             self.pending_by_topic.subtract(pending.topics)
-            self.resolved[transaction_id] = pending.producer_group
+            resolved.append((transaction_id, pending.producer_group))
+        self.remember_resolved(resolved)
+
+    def remember_resolved(self, transactions: Iterable[tuple[str, str]]) -> None:
+        """Remember the groups of these resolved transactions (id, group), to judge their late ENDs; only the
+        latest :data:`RESOLVED_REMEMBERED` are kept, the id floor rising past those forgotten."""
+        self.resolved.update(transactions)
         while len(self.resolved) > RESOLVED_REMEMBERED:
             forgotten, _ = self.resolved.popitem(last=False)
             if self.id_floor is None or forgotten > self.id_floor:

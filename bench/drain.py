@@ -1,0 +1,317 @@
+"""Backlog drain: how fast the checker works off a backlog, side by side with a reference commit.
+
+Two trees take part: this checkout, and a git worktree of ``--reference-commit`` (default
+28c6e6f, the checker that decided record by record in Python; ``--reference-tree`` names an
+existing checkout instead), made for the run and removed after it. Each tree runs in processes of
+its own, with its own code (``PYTHONPATH``), its own producer, its own checker job and its own
+benchmark scripts, so each side is measured as a user of that commit would run it.
+
+Three parts, each run for both trees, one tree after the other (the order alternates from round to
+round, so a machine that slows down mid-run hits both alike):
+
+* **drain** (``--rounds`` times): an empty local lakehouse; the tree's ``TransactionProducer``
+  commits ``--transactions`` transactions from 64 threads with no checker running; then the tree's
+  checker job (``spark-submit jobs/checker.py``, 100 ms trigger) starts and works the backlog off.
+  From ``system/metrics``: the batches that delivered, the time from the first one's start to the
+  last one's end, and the drain rate, transactions / that time. The topic table is then read back:
+  every transaction delivered once.
+* **batch**: the tree's ``bench/batch_cost.py`` (batches of 200 transactions: the batch logic
+  alone, and a trigger of the real streaming query), median seconds.
+* **e2e**: the tree's ``bench/e2e.py`` at ``--e2e-rate`` for ``--e2e-seconds``: commit→visible
+  p50 and p99.
+
+Ratios are this tree / the reference; issue 27's targets: drain ≥ 4, the 200-transaction batch and
+commit→visible at most 1 (within the noise of a shared machine).
+
+    python bench/drain.py
+    python bench/drain.py --rounds 2 --parts drain
+    python bench/drain.py --tiny        # the smallest run: a drain of 200 transactions (tests/test_bench.py)
+
+Prints a table and writes ``bench/results/drain.json`` (``--results`` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+#: The last commit whose checker decided record by record (issue 27's measurement: 10,170 txn/s).
+REFERENCE_COMMIT = "28c6e6f"
+GROUP = "bench-drain"
+TOPIC = "BENCH_DRAIN"
+BODY = b"x" * 100
+SENDER_THREADS = 64
+PARTS = ("drain", "batch", "e2e")
+#: ``--tiny``: a drain of 200 transactions, once per tree.
+TINY = {"transactions": 200, "rounds": 1, "parts": ["drain"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# One side: runs inside a tree, with that tree's code (``--side``)
+
+
+def drain_side(transactions: int, workdir: str, startup_timeout_s: float) -> dict:
+    """Commit ``transactions`` with no checker running, then start the checker and wait until it has
+    delivered them all; the drain's figures. Uses only what every tree's benchlib and public API have."""
+    import benchlib
+    from deltalake import DeltaTable
+
+    from coordinator import Message, TransactionProducer
+    from coordinator.config import CoordinatorConfig
+    from coordinator.lakehouse import Lakehouse, init_lakehouse
+    from coordinator.tables import METRICS
+
+    lakehouse = Lakehouse(os.path.join(workdir, "lakehouse"))
+    init_lakehouse(lakehouse)
+    failures = []
+
+    def send(_: int) -> None:
+        try:
+            producer.send_message_in_transaction(Message(TOPIC, BODY))
+        except Exception as error:  # counted; a drain of fewer transactions would say nothing
+            failures.append(repr(error))
+
+    with TransactionProducer(GROUP, benchlib.Commits(), CoordinatorConfig(lakehouse=lakehouse.root)) as producer:
+        send_seconds = benchlib.send_on_schedule(send, transactions, 0, SENDER_THREADS)
+    if failures:
+        raise RuntimeError(f"{len(failures)} sends failed building the backlog, the first: {failures[0]}")
+    print(f"  backlog of {transactions} transactions committed in {send_seconds:.1f} s; starting the checker",
+          flush=True)
+
+    config_path = benchlib.write_config(lakehouse, workdir, trigger_interval_ms=100)
+    metrics_path = lakehouse.path(METRICS)
+    with benchlib.CheckerJob(config_path, lakehouse, os.path.join(workdir, "checker.log")) as checker:
+        versions = checker.latest_commit_log_version() + 1
+        start_s = checker.wait_ready(startup_timeout_s)
+        deadline = time.monotonic() + max(600.0, transactions / 500)
+        while _delivered(metrics_path) < transactions:
+            if time.monotonic() > deadline or checker.process.poll() is not None:
+                raise RuntimeError(f"the checker has not delivered the backlog; see {checker.log_file.name}")
+            time.sleep(0.5)
+    batches = DeltaTable(metrics_path).to_pyarrow_table().to_pylist()
+    working = sorted((b for b in batches if b["delivered"]), key=lambda b: b["started_at"])
+    seconds = (working[-1]["finished_at"] - working[0]["started_at"]).total_seconds()
+    after_first = working[1:]
+    steady_s = (working[-1]["finished_at"] - working[0]["finished_at"]).total_seconds()
+    delivered = benchlib.deliveries(lakehouse, TOPIC)
+    return {
+        "transactions": transactions,
+        "backlog_seconds": round(send_seconds, 1),
+        "commit_log_versions": versions,
+        "checker_start_s": start_s,
+        "batches": len(working),
+        "records": sum(b["records"] for b in working),
+        "drain_seconds": round(seconds, 2),
+        "batch_seconds": [round(b["duration_ms"] / 1000, 2) for b in working],
+        "txn_per_s": round(transactions / seconds, 1),
+        "steady_txn_per_s": round(sum(b["delivered"] for b in after_first) / steady_s, 1) if after_first else None,
+        "delivered": len(delivered),
+        "duplicated": sum(1 for d in delivered.values() if d.rows > 1),
+    }
+
+
+def _delivered(metrics_path: str) -> int:
+    from deltalake import DeltaTable
+
+    with contextlib.suppress(Exception):  # no batch yet, or a listing caught mid-commit: asked again shortly
+        return sum(DeltaTable(metrics_path).to_pyarrow_table(columns=["delivered"]).column("delivered").to_pylist())
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The run: both trees, part by part
+
+
+class Tree:
+    """A checkout that takes part: ``name`` ("this" or "reference"), its ``root``, its commit, and the
+    directories its processes find first on ``PYTHONPATH`` (its own code first of all)."""
+
+    def __init__(self, name: str, root: Path, python_path: tuple[str, ...] = ()):
+        self.name, self.root, self.python_path = name, root, (str(root), *python_path)
+        self.commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                                     text=True, check=True).stdout.strip()
+
+    def run(self, argv: list[str], timeout_s: float, quiet: bool = False) -> None:
+        """``python argv`` inside this tree: its directory, its code first on ``PYTHONPATH``."""
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([*self.python_path, os.environ.get("PYTHONPATH", "")]))
+        subprocess.run([sys.executable, *argv], cwd=self.root, env=env, check=True, timeout=timeout_s,
+                       stdout=subprocess.DEVNULL if quiet else None)
+
+
+#: Imported by every Python process of the reference tree (a ``sitecustomize`` on its ``PYTHONPATH``):
+#: ``coordinator.tables`` lives in the checkout's ``tables/``, which only an editable install maps, and the
+#: virtualenv's maps this checkout's.
+_TABLES_FINDER = """\
+import importlib.util, sys
+
+class _ReferenceTables:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "coordinator.tables":
+            return importlib.util.spec_from_file_location(name, {init!r}, submodule_search_locations=[{tables!r}])
+        return None
+
+sys.meta_path.insert(0, _ReferenceTables)
+"""
+
+
+def reference_tree(root: Path) -> Tree:
+    """The reference checkout made runnable as its ``make setup`` would, from this machine's caches: its
+    table definitions importable as ``coordinator.tables``, and its Spark jars (copied from this
+    checkout's cache, then checked and registered by its own setup, which downloads what is missing)."""
+    site = root / ".bench-site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(_TABLES_FINDER.format(init=str(root / "tables" / "__init__.py"),
+                                                                 tables=str(root / "tables")))
+    tree = Tree("reference", root, (str(site),))
+    from coordinator.spark.jars import cached_jars
+
+    jars = root / ".cache" / "jars"
+    jars.mkdir(parents=True, exist_ok=True)
+    for jar in cached_jars():
+        with contextlib.suppress(FileExistsError):
+            os.link(jar, jars / Path(jar).name)
+    tree.run(["-c", "from coordinator.checker.session import JARS_DIR, spark_packages; "
+                    "(JARS_DIR / '.package').write_text(','.join(spark_packages()) + '\\n')"], timeout_s=120)
+    tree.run(["-m", "coordinator.checker.session"], timeout_s=600, quiet=True)
+    return tree
+
+
+@contextlib.contextmanager
+def reference_worktree(commit: str):
+    """A detached git worktree of ``commit`` in a temporary directory, removed afterwards."""
+    directory = tempfile.mkdtemp(prefix="bench-drain-reference-")
+    subprocess.run(["git", "worktree", "add", "--detach", "--quiet", directory, commit], cwd=ROOT, check=True)
+    try:
+        yield Path(directory)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", directory], cwd=ROOT, check=False)
+
+
+def measure_drain(tree: Tree, args, workdir: str) -> dict:
+    out = os.path.join(workdir, "side.json")
+    tree.run([str(HERE / "drain.py"), "--side", str(tree.root), "--transactions", str(args.transactions),
+              "--workdir", workdir, "--side-results", out], timeout_s=3600)
+    return json.loads(Path(out).read_text())
+
+
+def measure_batch(tree: Tree, args, workdir: str) -> dict:
+    out = os.path.join(workdir, "batch_cost.json")
+    tree.run(["bench/batch_cost.py", "--batches", str(args.batch_rounds), "--floor-repeats", "1",
+              "--results", out], timeout_s=1800)
+    report = json.loads(Path(out).read_text())
+    return {"batch_s_median": report["batches"]["records"]["seconds_median"],
+            "trigger_ms_median": report["triggers"]["trigger_ms_median_with_records"]}
+
+
+def measure_e2e(tree: Tree, args, workdir: str) -> dict:
+    out = os.path.join(workdir, "e2e.json")
+    tree.run(["bench/e2e.py", "--rate", str(args.e2e_rate), "--seconds", str(args.e2e_seconds),
+              "--threads", "128", "--reference-producer-seconds", "0", "--lakehouse", os.path.join(workdir, "e2e"),
+              "--results", out], timeout_s=1800)
+    report = json.loads(Path(out).read_text())
+    return {key: report[key] for key in ("e2e_p50_ms", "e2e_p99_ms", "missing_after_drain")}
+
+
+MEASURES = {"drain": measure_drain, "batch": measure_batch, "e2e": measure_e2e}
+#: The figures compared, (part, key), each as this tree's median over rounds / the reference's.
+FIGURES = (("drain", "txn_per_s"), ("drain", "steady_txn_per_s"), ("batch", "batch_s_median"),
+           ("batch", "trigger_ms_median"), ("e2e", "e2e_p50_ms"), ("e2e", "e2e_p99_ms"))
+
+
+def run_parts(trees: list[Tree], args) -> dict:
+    """Each part for each tree, the order alternating by round; {part: {tree name: [figures per round]}}."""
+    results = {part: {tree.name: [] for tree in trees} for part in args.parts}
+    for part in args.parts:
+        for round_ in range(args.rounds if part == "drain" else 1):
+            for tree in trees if round_ % 2 == 0 else trees[::-1]:
+                print(f"\n--- {part}, round {round_ + 1}: {tree.name} ({tree.commit})", flush=True)
+                workdir = tempfile.mkdtemp(prefix=f"bench-drain-{part}-")
+                try:
+                    figures = MEASURES[part](tree, args, workdir)
+                finally:
+                    subprocess.run(["rm", "-rf", workdir], check=False)
+                print(f"    {figures}", flush=True)
+                results[part][tree.name].append(figures)
+    return results
+
+
+def ratios(results: dict) -> dict:
+    """This tree / the reference, from the medians over rounds."""
+    found = {}
+    for part, key in FIGURES:
+        if part in results:
+            this, reference = (_median(results, part, tree, key) for tree in ("this", "reference"))
+            found[key] = None if this is None or not reference else round(this / reference, 3)
+    return found
+
+
+def _median(results: dict, part: str, tree: str, key: str) -> Optional[float]:
+    """The median of one figure over a tree's rounds (``None`` if no round has it: a drain of one batch
+    has no steady rate)."""
+    values = [figures[key] for figures in results[part][tree] if figures[key] is not None]
+    return statistics.median(values) if values else None
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--transactions", type=int, default=300_000, help="the backlog's committed transactions")
+    parser.add_argument("--rounds", type=int, default=1, help="drains per tree")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--batch-rounds", type=int, default=5, help="bench/batch_cost.py's --batches")
+    parser.add_argument("--e2e-rate", type=float, default=1000)
+    parser.add_argument("--e2e-seconds", type=float, default=60)
+    parser.add_argument("--reference-commit", default=REFERENCE_COMMIT)
+    parser.add_argument("--reference-tree", default=None,
+                        help="an existing checkout to compare with (default: a worktree of --reference-commit)")
+    parser.add_argument("--startup-timeout", type=float, default=300, help="seconds to wait for a checker's first batch")
+    parser.add_argument("--results", default=None, help="default: bench/results/drain.json")
+    parser.add_argument("--side", help=argparse.SUPPRESS)  # the tree one side runs in
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    parser.add_argument("--side-results", help=argparse.SUPPRESS)
+    raw = parser.parse_known_args(argv)[0]
+    # A side imports the tree it measures (its benchlib, coordinator, tables), so nothing is imported before this.
+    sys.path[:0] = [str(Path(raw.side or ROOT) / "bench"), str(raw.side or ROOT)]
+    if raw.side:
+        figures = drain_side(raw.transactions, raw.workdir, raw.startup_timeout)
+        Path(raw.side_results).write_text(json.dumps(figures))
+        return figures
+
+    import benchlib
+
+    args = benchlib.parse_args(parser, argv, "drain", TINY)
+    args.results = args.results or str(benchlib.RESULTS / "drain.json")
+    report = benchlib.start_report("drain", vars(args))
+    with (contextlib.nullcontext(Path(args.reference_tree)) if args.reference_tree
+          else reference_worktree(args.reference_commit)) as reference_root:
+        trees = [Tree("this", ROOT), reference_tree(reference_root)]
+        report["commits"] = {tree.name: tree.commit for tree in trees}
+        report["results"] = run_parts(trees, args)
+    report["ratios"] = ratios(report["results"])
+    for tree in ("this", "reference"):
+        for figures in report["results"].get("drain", {}).get(tree, []):
+            if figures["delivered"] != figures["transactions"] or figures["duplicated"]:
+                raise RuntimeError(f"{tree}: {figures['delivered']} of {figures['transactions']} delivered, "
+                                   f"{figures['duplicated']} more than once")
+
+    print(f"\n{'':>22} {'this':>12} {'reference':>12} {'ratio':>7}")
+    for part, key in FIGURES:
+        if part in report["results"]:
+            this, reference = (_median(report["results"], part, tree, key) for tree in ("this", "reference"))
+            print(f"{key:>22} {this!s:>12} {reference!s:>12} {report['ratios'][key]!s:>7}")
+    return benchlib.finish_report(report, Path(args.results))
+
+
+if __name__ == "__main__":
+    main()

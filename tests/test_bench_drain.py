@@ -1,0 +1,49 @@
+"""``bench/drain.py``: a backlog drained by this checkout's checker and by the reference commit's, side by side.
+
+Slow (two checker jobs), and not marked ``benchmark``: ``make test`` runs it in the lane of the other
+slow tests, which ends before the benchmarks' lane.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests import REPO_ROOT
+
+_spec = importlib.util.spec_from_file_location("bench_drain", REPO_ROOT / "bench" / "drain.py")
+drain = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(drain)
+
+
+def test_ratios_are_this_tree_over_the_reference_and_none_where_a_figure_is_missing():
+    results = {"drain": {"this": [{"txn_per_s": 30.0, "steady_txn_per_s": None},
+                                  {"txn_per_s": 50.0, "steady_txn_per_s": 80.0}],
+                         "reference": [{"txn_per_s": 10.0, "steady_txn_per_s": None},
+                                       {"txn_per_s": 10.0, "steady_txn_per_s": None}]}}
+
+    assert drain.ratios(results) == {"txn_per_s": 4.0, "steady_txn_per_s": None}
+
+
+@pytest.mark.slow
+def test_drain_tiny_run_drains_the_same_backlog_in_both_trees_once(tmp_path):
+    """About 90 s: a worktree of the reference commit, then 200 transactions drained by each tree's checker."""
+    results = tmp_path / "drain.json"
+    run = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "drain.py"), "--tiny", "--results", str(results)],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+
+    report = json.loads(results.read_text())
+    assert report["commits"]["reference"] == drain.REFERENCE_COMMIT
+    for tree in ("this", "reference"):
+        [figures] = report["results"]["drain"][tree]
+        assert (figures["transactions"], figures["delivered"], figures["duplicated"]) == (200, 200, 0)
+        assert figures["records"] == 400  # each transaction's HALF and its COMMIT
+        assert figures["batches"] >= 1 and figures["txn_per_s"] > 0
+    assert report["ratios"]["txn_per_s"] > 0
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=REPO_ROOT, capture_output=True, text=True).stdout
+    assert "bench-drain-reference" not in worktrees  # removed after the run
