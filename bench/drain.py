@@ -6,10 +6,10 @@ existing checkout instead), made for the run and removed after it. Each tree run
 its own, with its own code (``PYTHONPATH``), its own producer, its own checker job and its own
 benchmark scripts, so each side is measured as a user of that commit would run it.
 
-Three parts, each run for both trees, one tree after the other (the order alternates from round to
-round, so a machine that slows down mid-run hits both alike):
+Three parts, each run ``--rounds`` times for both trees, one tree after the other (the order alternates
+from round to round, so a machine that slows down mid-run hits both alike):
 
-* **drain** (``--rounds`` times): an empty local lakehouse; the tree's ``TransactionProducer``
+* **drain**: an empty local lakehouse; the tree's ``TransactionProducer``
   commits ``--transactions`` transactions from 64 threads with no checker running; then the tree's
   checker job (``spark-submit jobs/checker.py``, 100 ms trigger) starts and works the backlog off.
   From ``system/metrics``: the batches that delivered, the time from the first one's start to the
@@ -234,7 +234,7 @@ def run_parts(trees: list[Tree], args) -> dict:
     """Each part for each tree, the order alternating by round; {part: {tree name: [figures per round]}}."""
     results = {part: {tree.name: [] for tree in trees} for part in args.parts}
     for part in args.parts:
-        for round_ in range(args.rounds if part == "drain" else 1):
+        for round_ in range(args.rounds):
             for tree in trees if round_ % 2 == 0 else trees[::-1]:
                 print(f"\n--- {part}, round {round_ + 1}: {tree.name} ({tree.commit})", flush=True)
                 workdir = tempfile.mkdtemp(prefix=f"bench-drain-{part}-")
@@ -267,7 +267,7 @@ def _median(results: dict, part: str, tree: str, key: str) -> Optional[float]:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transactions", type=int, default=300_000, help="the backlog's committed transactions")
-    parser.add_argument("--rounds", type=int, default=1, help="drains per tree")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each part per tree")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--batch-rounds", type=int, default=5, help="bench/batch_cost.py's --batches")
     parser.add_argument("--e2e-rate", type=float, default=1000)

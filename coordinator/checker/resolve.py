@@ -210,10 +210,9 @@ def promote(resolved: Resolved, new_halves: pa.Table, state: CheckerState) -> pa
     committed = resolved.ops.filter(pc.equal(resolved.ops.column("outcome"), Outcome.COMMIT.value))
     offsets = committed.column("half_offset")
     earlier = pc.is_in(committed.column("transaction_id"), value_set=pa.array(resolved.ids(in_batch=False), pa.string()))
-    halves = pa.concat_tables([
-        new_halves.filter(pc.is_in(new_halves.column("queue_offset"), value_set=offsets)),
-        state.rows.take(offsets.filter(earlier).to_pylist()),
-    ]).sort_by("queue_offset")
+    halves = new_halves.filter(pc.is_in(new_halves.column("queue_offset"), value_set=offsets))  # in queue-offset order
+    if pc.any(earlier).as_py():
+        halves = pa.concat_tables([halves, state.rows.take(offsets.filter(earlier).to_pylist())]).sort_by("queue_offset")
     commit_times = committed.column("resolved_at").take(pc.index_in(halves.column("queue_offset"), value_set=offsets))
     return halves.select(["transaction_id", *MESSAGE_FIELDS, "queue_offset"]).append_column(
         "commit_timestamp", commit_times.cast(halves.schema.field("born_timestamp").type))
