@@ -168,13 +168,16 @@ sys.meta_path.insert(0, _ReferenceTables)
 
 def reference_tree(root: Path) -> Tree:
     """The reference checkout made runnable as its ``make setup`` would, from this machine's caches: its
-    table definitions importable as ``coordinator.tables``, and its Spark jars (copied from this
-    checkout's cache, then checked and registered by its own setup, which downloads what is missing)."""
+    table definitions importable as ``coordinator.tables``, and, for a checkout that kept its Spark jars
+    in its own ``.cache`` (28c6e6f), those jars (copied from this checkout's cache, then checked and
+    registered by its own setup, which downloads what is missing)."""
     site = root / ".bench-site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(_TABLES_FINDER.format(init=str(root / "tables" / "__init__.py"),
                                                                  tables=str(root / "tables")))
     tree = Tree("reference", root, (str(site),))
+    if (root / "coordinator" / "spark" / "jars.py").exists():
+        return tree  # it keeps its jars in the user's cache, as this checkout does
     from coordinator.spark.jars import cached_jars
 
     jars = root / ".cache" / "jars"
@@ -261,7 +264,7 @@ def _median(results: dict, part: str, tree: str, key: str) -> Optional[float]:
     """The median of one figure over a tree's rounds (``None`` if no round has it: a drain of one batch
     has no steady rate)."""
     values = [figures[key] for figures in results[part][tree] if figures[key] is not None]
-    return statistics.median(values) if values else None
+    return round(statistics.median(values), 1) if values else None
 
 
 def main(argv: list[str] | None = None) -> dict:
