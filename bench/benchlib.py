@@ -894,8 +894,9 @@ class BatchDriver:
 
     def records(self, starts: dict, ends: dict, now):
         from coordinator.checker.segment import Segment
+        from coordinator.schedule import clock_us
 
-        return Segment(starts, ends, int(now.timestamp() * 1_000_000)).records(self.lakehouse)
+        return Segment(starts, ends, clock_us(now)).records(self.lakehouse)
 
     def run(self, now=None):
         """One batch over every new version at clock ``now`` (default: the wall clock);
