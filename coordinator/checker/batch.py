@@ -121,8 +121,9 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
 
     ingested = ingest_halves(ctx, records, known)
     resolved = resolve_ends(records, ingested.halves, state, known)
+    resolved_in_batch = resolved.ids(in_batch=True)
     unresolved = ingested.halves.filter(pc.invert(pc.is_in(
-        ingested.halves.column("transaction_id"), value_set=pa.array(resolved.ids(in_batch=True), pa.string()))))
+        ingested.halves.column("transaction_id"), value_set=pa.array(resolved_in_batch, pa.string()))))
     state.add_pending(pending_from_rows(unresolved), unresolved, ctx.config)
     state.count_topics(pc.unique(ingested.halves.column("topic")).to_pylist())
     earlier_resolved = resolved.ids(in_batch=False)
@@ -179,7 +180,7 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
 
     ended_by_topic = _ended_by_topic(resolved.ops, due.discarded, recovered.deliveries)
     state.resolve([*earlier_resolved, *due.given_up])
-    state.remember_resolved(zip(resolved.ids(in_batch=True), resolved.groups(in_batch=True)))
+    state.remember_resolved(zip(resolved_in_batch, resolved.groups(in_batch=True)))
     if visible_at_us is not None:
         state.checked([p.transaction_id for p in due.checked], visible_at_us, ctx.config)
     if all(written):

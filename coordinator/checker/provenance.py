@@ -40,10 +40,11 @@ def refuse_misattributed(records: BatchRecords, layout: Layout) -> tuple[BatchRe
     """
     light = records.light
     reasons = light.column("refusal")
+    operators_decision = pc.fill_null(pc.starts_with(light.column("check_id"), OPERATOR_CHECK_PREFIX), False)
     for key in pc.unique(light.column("commit_log")).drop_null().to_pylist():
         in_log = pc.equal(light.column("commit_log"), key)
-        reasons = pc.coalesce(reasons, first_reasons([(pc.and_(in_log, broken), reason)
-                                                      for broken, reason in _rules(CommitLogRef(key), light, layout)],
+        rules = _rules(CommitLogRef(key), light, layout, operators_decision)
+        reasons = pc.coalesce(reasons, first_reasons([(pc.and_(in_log, broken), reason) for broken, reason in rules],
                                                      light.num_rows))
     refused = pc.is_valid(reasons)
     if not pc.any(refused).as_py():
@@ -52,9 +53,10 @@ def refuse_misattributed(records: BatchRecords, layout: Layout) -> tuple[BatchRe
     return records.without(refused), [rejection(row, row["reason"]) for row in rows]
 
 
-def _rules(log: CommitLogRef, light: pa.Table, layout: Layout) -> list[tuple[pa.Array, str]]:
-    """What a record in ``log`` may not be, each as a mask over ``light`` with its reason."""
-    operators_decision = pc.fill_null(pc.starts_with(light.column("check_id"), OPERATOR_CHECK_PREFIX), False)
+def _rules(log: CommitLogRef, light: pa.Table, layout: Layout,
+           operators_decision: pa.Array) -> list[tuple[pa.Array, str]]:
+    """What a record in ``log`` may not be, each as a mask over ``light`` with its reason
+    (``operators_decision`` marks the records whose check id is an operator's)."""
     if log.is_shared:
         retired = (pa.repeat(True, light.num_rows) if layout.shared_log_end is None
                    else pc.greater_equal(light.column("commit_version"), layout.shared_log_end))

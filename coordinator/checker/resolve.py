@@ -17,10 +17,10 @@ from typing import Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator.checker.context import OFFSETS_PER_COMMIT, BatchRecords
+from coordinator.checker.context import BatchRecords
 from coordinator.checker.recover import ALREADY_RESOLVED
 from coordinator.checker.refusals import rejection
-from coordinator.checker.state import CheckerState, Known
+from coordinator.checker.state import CheckerState, Known, transaction_bounds
 from coordinator.protocol import OPERATOR_CHECK_PREFIX, LocalTransactionState, Outcome, RecordKind
 from coordinator.tables import MESSAGE_FIELDS
 from coordinator.validation import first_reasons
@@ -129,19 +129,12 @@ def _targets(ends: pa.Table, new_halves: pa.Table, state: CheckerState, known: M
     """Per transaction an END names: who owns it, whether it is pending, whether its halves came in this
     batch, and what judging the END needs (its halves' sequence, when they were stored, until when its
     producer's own END is accepted)."""
-    new = pa.table({"transaction_id": new_halves.column("transaction_id"),
-                    "producer_group": new_halves.column("producer_group"),
-                    "queue_offset": new_halves.column("queue_offset"),
-                    "stored_us": new_halves.column("stored_timestamp").cast(pa.int64()),
-                    "immunity_ms": new_halves.column("immunity_ms").cast(pa.int64())})
-    new = new.group_by("transaction_id").aggregate([("producer_group", "min"), ("queue_offset", "max"),
-                                                    ("stored_us", "min"), ("immunity_ms", "max")])
+    new = transaction_bounds(new_halves)
     in_batch = pa.table({
-        "transaction_id": new.column("transaction_id"), "owner": new.column("producer_group_min"),
+        "transaction_id": new.column("transaction_id"), "owner": new.column("producer_group"),
         "pending": pa.repeat(True, new.num_rows), "in_batch": pa.repeat(True, new.num_rows),
-        "half_sequence": pc.divide(new.column("queue_offset_max"), OFFSETS_PER_COMMIT),
-        "half_stored_us": new.column("stored_us_min"),
-        "own_end_until_us": pc.add(new.column("stored_us_min"), pc.multiply(new.column("immunity_ms_max"), 1000)),
+        "half_sequence": new.column("half_sequence"), "half_stored_us": new.column("stored_us"),
+        "own_end_until_us": new.column("own_end_until_us"),
     }, schema=_TARGET_SCHEMA)
     named = pc.unique(ends.column("transaction_id")).drop_null()
     earlier = []

@@ -331,17 +331,42 @@ def _highest_transaction_id(lakehouse: Lakehouse) -> Optional[str]:
     return max((bound for bound in bounds if bound is not None), default=None)
 
 
+def transaction_bounds(halves: pa.Table) -> pa.Table:
+    """Per transaction in ``halves`` (accepted half rows, all of each transaction's messages): its
+    ``producer_group``, the ``half_sequence`` of the commit its halves entered with (:mod:`.context`),
+    when they were stored (``stored_us``), and until when its producer's own COMMIT/ROLLBACK is accepted
+    (``own_end_until_us``: stored time + its messages' latest immunity). What judging its END needs, in
+    one place for the pending set and for the transactions a batch resolves as it ingests them.
+
+    Example::
+
+        transaction_bounds(new_halves).column("own_end_until_us")
+    """
+    grouped = pa.table({"transaction_id": halves.column("transaction_id"),
+                        "producer_group": halves.column("producer_group"),
+                        "queue_offset": halves.column("queue_offset"),
+                        "stored_us": halves.column("stored_timestamp").cast(pa.int64()),
+                        "immunity_ms": halves.column("immunity_ms").cast(pa.int64())}).group_by("transaction_id").aggregate(
+        [("producer_group", "min"), ("queue_offset", "max"), ("stored_us", "min"), ("immunity_ms", "max")])
+    return pa.table({
+        "transaction_id": grouped.column("transaction_id"),
+        "producer_group": grouped.column("producer_group_min"),
+        "half_sequence": pc.divide(grouped.column("queue_offset_max"), OFFSETS_PER_COMMIT),
+        "stored_us": grouped.column("stored_us_min"),
+        "own_end_until_us": pc.add(grouped.column("stored_us_min"), pc.multiply(grouped.column("immunity_ms_max"), 1000)),
+    })
+
+
 def pending_from_rows(halves: pa.Table) -> list[TrackedTransaction]:
     """One :class:`TrackedTransaction` per transaction in ``halves`` (accepted half rows, all of
-    each transaction's messages).
+    each transaction's messages), in the order of their first rows.
 
     Example::
 
         pending_from_rows(new_halves)[0].offsets  # [queue offsets, first message first]
     """
-    columns = halves.select(["transaction_id", "producer_group", "queue_offset", "message_index",
-                             "immunity_ms", "topic"]).to_pydict()
-    stored = halves.column("stored_timestamp").cast(pa.int64()).to_pylist()
+    columns = halves.select(["transaction_id", "queue_offset", "message_index", "immunity_ms", "topic"]).to_pydict()
+    bounds = {row["transaction_id"]: row for row in transaction_bounds(halves).to_pylist()}
     messages: dict[str, list[tuple]] = {}
     for i, transaction_id in enumerate(columns["transaction_id"]):
         messages.setdefault(transaction_id, []).append(
@@ -349,15 +374,15 @@ def pending_from_rows(halves: pa.Table) -> list[TrackedTransaction]:
     result = []
     for transaction_id, parts in messages.items():
         parts.sort()
-        first = parts[0][2]
+        first, bound = parts[0][2], bounds[transaction_id]
         result.append(TrackedTransaction(
             transaction_id=transaction_id,
-            producer_group=columns["producer_group"][first],
+            producer_group=bound["producer_group"],
             offsets=[offset for _, offset, _ in parts],
-            half_sequence=max(offset for _, offset, _ in parts) // OFFSETS_PER_COMMIT,
-            stored_us=min(stored[i] for _, _, i in parts),
+            half_sequence=bound["half_sequence"],
+            stored_us=bound["stored_us"],
             immunity_ms=columns["immunity_ms"][first],
-            own_end_until_us=min(stored[i] for _, _, i in parts) + max(columns["immunity_ms"][i] for _, _, i in parts) * 1000,
+            own_end_until_us=bound["own_end_until_us"],
             topics=tuple(columns["topic"][i] for _, _, i in parts),
         ))
     return result
