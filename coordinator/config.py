@@ -20,6 +20,8 @@ DEFAULT_CONFIG_PATH = Path("conf") / "coordinator.toml"
 ENV_PREFIX = "TXCOORD_"
 #: The exit status of every command and job started with bad arguments or a bad configuration.
 EXIT_USAGE = 2
+#: The values of ``rebuild_in_spark``.
+REBUILD_CHOICES = ("auto", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,9 @@ class CoordinatorConfig:
     metrics_port: Optional[int] = None
     #: Where the metrics are served: this host only unless told otherwise (``0.0.0.0``: every interface).
     metrics_host: str = "127.0.0.1"
+    #: Where a checker rebuilding its pending set runs the ``half ⋈̸ op`` anti-join: ``auto`` (Spark on a
+    #: cluster for a large unresolved range, else the driver), ``always`` (Spark) or ``never`` (the driver).
+    rebuild_in_spark: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.lakehouse, str) or not self.lakehouse.strip():
@@ -77,6 +82,8 @@ class CoordinatorConfig:
             raise ConfigError(f"metrics_port must be a TCP port (0 to 65535; 0: any free one), got {self.metrics_port!r}")
         if not isinstance(self.metrics_host, str) or not self.metrics_host.strip():
             raise ConfigError(f"metrics_host must be a host name or address, got {self.metrics_host!r}")
+        if self.rebuild_in_spark not in REBUILD_CHOICES:
+            raise ConfigError(f"rebuild_in_spark must be one of {', '.join(REBUILD_CHOICES)}, got {self.rebuild_in_spark!r}")
         for f in dataclasses.fields(self):
             if f.type != "int":
                 continue

@@ -6,7 +6,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+from types import SimpleNamespace
+
+from coordinator.checker import unresolved
 from coordinator.checker.state import CheckerState
+from coordinator.checker.unresolved import rebuild_in_spark, unresolved_range_rows
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
 from tests.conftest import end_record, half_record, stored_time
 
@@ -17,9 +21,10 @@ def pending_view(state: CheckerState) -> dict:
     return {tid: dataclasses.asdict(p) for tid, p in state.pending.items()}
 
 
-def rebuilt(checker) -> CheckerState:
-    fresh = CheckerState()
-    fresh.prepare(checker.config, checker.batch_id, checker.pending_from, "txcoord-checker")
+def rebuilt(checker, where: str = "never") -> CheckerState:
+    """A state rebuilt from the tables, its anti-join run ``where`` (``never``: the driver; ``always``: Spark)."""
+    fresh = CheckerState(spark=checker.spark)
+    fresh.prepare(checker.config.replace(rebuild_in_spark=where), checker.batch_id, checker.pending_from, "txcoord-checker")
     return fresh
 
 
@@ -37,9 +42,28 @@ def test_state_kept_in_memory_equals_the_state_rebuilt_from_the_tables(checker):
     assert sorted(kept) == ["patient", "silent", "two"]
     assert (kept["silent"]["checks"], kept["two"]["checks"], kept["patient"]["checks"]) == (1, 1, 0)
     assert kept["silent"]["last_check_us"] is not None
-    assert pending_view(rebuilt(checker)) == kept
-    assert rebuilt(checker).lowest_pending_offset() == checker.state.lowest_pending_offset() == checker.pending_from
-    assert len(rebuilt(checker).rows) == len(checker.state.rows) == 4
+    for where in ("never", "always"):
+        fresh = rebuilt(checker, where)
+        assert pending_view(fresh) == kept, where
+        assert fresh.lowest_pending_offset() == checker.state.lowest_pending_offset() == checker.pending_from
+        assert fresh.pending_halves().equals(checker.state.pending_halves())
+        assert fresh.pending_halves().num_rows == 4
+
+
+def test_a_rebuild_runs_in_spark_when_told_or_on_a_cluster_for_a_large_range(checker, monkeypatch):
+    checker.write(*(half_record(f"t{i}") for i in range(3)))
+    checker.run()
+    checker.write(*(half_record(f"t{i}") for i in range(3, 5)))
+    checker.run()  # a second file of the half queue
+    lakehouse, config = checker.lakehouse, checker.config
+    offsets = {r.transaction_id: r.queue_offset for r in checker.rows("half")}
+    assert [unresolved_range_rows(lakehouse, offset) for offset in (0, offsets["t3"], max(offsets.values()) + 1)] == [5, 2, 0]
+    assert not rebuild_in_spark(config, checker.spark, lakehouse, 0)  # local Spark: the driver is faster
+    assert rebuild_in_spark(config.replace(rebuild_in_spark="always"), checker.spark, lakehouse, 0)
+    assert not rebuild_in_spark(config.replace(rebuild_in_spark="never"), checker.spark, lakehouse, 0)
+    monkeypatch.setattr(unresolved, "SPARK_REBUILD_MIN_ROWS", 5)
+    on_cluster = SimpleNamespace(sparkContext=SimpleNamespace(master="spark://cluster:7077"))
+    assert rebuild_in_spark(config, on_cluster, lakehouse, 0) and not rebuild_in_spark(config, on_cluster, lakehouse, offsets["t3"])
 
 
 def test_a_late_end_of_a_transaction_resolved_before_a_restart_is_judged_from_the_tables(checker):

@@ -57,6 +57,8 @@ def test_environment_overrides_the_file(tmp_path):
         '[topic_grants]\norder_group = "ORDER_*"\n',
         '[topic_grants]\norder_group = ["ORDER_*", ""]\n',
         '[topic_grants]\norder_group = [1]\n',
+        'rebuild_in_spark = "sometimes"\n',
+        'rebuild_in_spark = true\n',
     ],
 )
 def test_bad_files_are_refused(tmp_path, text):
@@ -73,6 +75,14 @@ def test_bad_environment_values_are_refused(tmp_path, value):
 def test_a_missing_explicit_file_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         CoordinatorConfig.load(tmp_path / "absent.toml", environ={})
+
+
+def test_where_the_checker_rebuilds_is_auto_unless_set(tmp_path):
+    assert CoordinatorConfig().rebuild_in_spark == "auto"
+    assert CoordinatorConfig.load(write_toml(tmp_path, ""), environ={
+        "TXCOORD_REBUILD_IN_SPARK": "always"}).rebuild_in_spark == "always"
+    with pytest.raises(ConfigError, match="auto, always, never"):
+        CoordinatorConfig().replace(rebuild_in_spark="Spark")
 
 
 def test_replace_validates_too():

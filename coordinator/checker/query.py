@@ -67,7 +67,7 @@ class CheckerQuery:
         self.progress_store = CheckerProgress(self.lakehouse)
         self._progress: Optional[Progress] = None
         self._pending_from: Optional[int] = None  # from the last batch this process ran
-        self.state = CheckerState()
+        self.state = CheckerState(spark=spark)
         self._renewer: Optional[threading.Thread] = None
         self._stop_renewing = threading.Event()
         self._lease_lock = threading.Lock()

@@ -16,9 +16,10 @@ needs is here:
 The state is a pure function of the checker's tables as earlier batches left them: it
 is rebuilt from them at start, after a failed batch, and whenever a batch arrives that
 is not the next one (a replay), so a replayed batch decides exactly as its first run.
-The rebuild reads, with delta-rs on the driver, only the unresolved part of the half
-queue (``queue_offset >= pending_from``; the files' statistics leave out the rest), so
-it costs what the pending set holds, whatever the history's size.
+The rebuild computes ``half ⋈̸ op`` (:mod:`.unresolved`) over only the unresolved part of
+the half queue (``queue_offset >= pending_from``; the files' statistics leave out the rest),
+so it costs what the pending set holds, whatever the history's size: with delta-rs on the
+driver, or by Spark where that pays (a large range, a cluster).
 
 Example::
 
@@ -41,6 +42,7 @@ import pyarrow.compute as pc
 
 from coordinator import schedule
 from coordinator.checker.context import OFFSETS_PER_COMMIT, shaped
+from coordinator.checker.unresolved import rebuild_in_spark, spark_unresolved_halves, unresolved_halves
 from coordinator.checker.writer import TableWriter
 from coordinator.commit_logs import CommitLogs, Layout
 from coordinator.config import CoordinatorConfig
@@ -154,6 +156,9 @@ class CheckerState:
     #: The lakehouse's layout, read when the state is built: only ``txcoord upgrade`` changes it, and only
     #: while no checker runs.
     layout: Layout = field(default_factory=Layout)
+    #: The checker's Spark session: a rebuild runs its anti-join there where that pays
+    #: (:func:`.unresolved.rebuild_in_spark`); without one, always on the driver.
+    spark: Optional[object] = field(default=None, repr=False)
 
     def prepare(self, config: CoordinatorConfig, batch_id: int, pending_from: int, app_id: str) -> bool:
         """Make the state ready for batch ``batch_id``, rebuilding it from the tables unless it
@@ -208,6 +213,11 @@ class CheckerState:
     @property
     def pending_half_count(self) -> int:
         return len(self.rows)
+
+    def pending_halves(self) -> pa.Table:
+        """The full ``system/half`` rows (less ``batch_id``) of every pending half, by queue offset: what
+        the view ``txn.pending`` shows, as this memory holds it."""
+        return self.rows.take(offset for pending in self.pending.values() for offset in pending.offsets)
 
     def oldest_pending_stored_us(self) -> Optional[int]:
         """When the oldest pending transaction's half was stored."""
@@ -266,14 +276,12 @@ class CheckerState:
 
     def _rebuild(self, config: CoordinatorConfig, batch_id: int, pending_from: int) -> None:
         lakehouse = Lakehouse.of(config)
-        earlier = pc.field("batch_id") < batch_id
-        halves = _read(lakehouse, HALF, filter=(pc.field("queue_offset") >= pending_from) & earlier)
-        resolved = _read(lakehouse, OP, ["half_offset"], (pc.field("half_offset") >= pending_from) & earlier)
-        pending_rows = halves.filter(pc.invert(pc.is_in(halves.column("queue_offset"),
-                                                        value_set=resolved.column("half_offset"))))
+        in_spark = self.spark is not None and rebuild_in_spark(config, self.spark, lakehouse, pending_from)
+        pending_rows = spark_unresolved_halves(self.spark, lakehouse, pending_from, batch_id) if in_spark \
+            else unresolved_halves(lakehouse, pending_from, batch_id)
         pending_rows = shaped(HALF, {name: pending_rows.column(name) for name in pending_rows.column_names},
                               pending_rows.num_rows, batch_id=None).sort_by("queue_offset")
-        history = check_history(lakehouse, (pc.field("half_offset") >= pending_from) & earlier)
+        history = check_history(lakehouse, (pc.field("half_offset") >= pending_from) & (pc.field("batch_id") < batch_id))
 
         self.next_batch_id = batch_id
         self.pending, self.rows, self.resolved, self._due = {}, HalfRows(), OrderedDict(), []
@@ -284,8 +292,9 @@ class CheckerState:
         for pending in transactions:
             pending.checks, pending.last_check_us = history.get(pending.transaction_id, (0, None))
         self.add_pending(transactions, pending_rows, config)
-        log.info("checker state rebuilt for batch %d: %d pending transactions (%d halves) from queue offset %d",
-                 batch_id, len(self.pending), len(self.rows), pending_from)
+        log.info("checker state rebuilt for batch %d: %d pending transactions (%d halves) from queue offset %d, "
+                 "the anti-join run by %s", batch_id, len(self.pending), len(self.rows), pending_from,
+                 "Spark" if in_spark else "the driver")
 
 
 def _read(lakehouse: Lakehouse, table, columns: Optional[list[str]] = None,

@@ -13,6 +13,12 @@ streaming reads::
     spark.readStream.table("txn.topic_order_topic")
     spark.sql("SELECT reason, count(*) FROM txn.rejected GROUP BY reason").show()
 
+Beside the tables, the view ``txn.pending``: the halves with no outcome yet, ``half ⋈̸ op`` on the
+queue offset (:mod:`coordinator.checker.unresolved`, the rule the checker rebuilds its pending set
+by)::
+
+    spark.sql("SELECT producer_group, count(DISTINCT transaction_id) FROM txn.pending GROUP BY 1").show()
+
 Call it again to pick up topics that appeared since; it replaces nothing.
 """
 
@@ -23,13 +29,16 @@ import re
 import tempfile
 from typing import Union
 
+from coordinator.checker.unresolved import unresolved_halves_sql
 from coordinator.exceptions import InvalidArgumentError
 from coordinator.lakehouse import Lakehouse, topic_names
 from coordinator.tables import SYSTEM_TABLES
 
-__all__ = ["DEFAULT_DATABASE", "lakehouse_tables", "register_tables", "topic_table_name"]
+__all__ = ["DEFAULT_DATABASE", "PENDING_VIEW", "lakehouse_tables", "register_tables", "topic_table_name"]
 
 DEFAULT_DATABASE = "txn"
+#: The view of the unresolved halves, beside the tables.
+PENDING_VIEW = "pending"
 
 
 def topic_table_name(topic: str) -> str:
@@ -63,7 +72,8 @@ def lakehouse_tables(lakehouse: Union[str, Lakehouse]) -> dict[str, str]:
 
 
 def register_tables(spark, lakehouse: Union[str, Lakehouse], database: str = DEFAULT_DATABASE) -> dict[str, str]:
-    """Register every table of ``lakehouse`` in ``database`` (created if needed); return ``{name: path}``.
+    """Register every table of ``lakehouse`` in ``database`` (created if needed), and the view
+    ``pending`` (:data:`PENDING_VIEW`) over its half and op queues; return the tables' ``{name: path}``.
 
     The database lives in Spark's session catalog; its own directory is a fresh
     temporary one, so dropping it never touches the lakehouse.
@@ -75,12 +85,16 @@ def register_tables(spark, lakehouse: Union[str, Lakehouse], database: str = DEF
 
         register_tables(spark, "demo-lakehouse")
         spark.sql("SHOW TABLES IN txn").show()
+        spark.table("txn.pending").count()
     """
     if not spark.catalog.databaseExists(database):
         spark.sql(f"CREATE DATABASE {database} LOCATION '{tempfile.mkdtemp(prefix=f'txcoord-{database}-')}'")
     tables = lakehouse_tables(lakehouse)
     for name, path in tables.items():
         spark.sql(f"CREATE TABLE IF NOT EXISTS {database}.{name} USING delta LOCATION '{_sql_string(path)}'")
+    if {"half", "op"} <= set(tables):
+        spark.sql(f"CREATE VIEW IF NOT EXISTS {database}.{PENDING_VIEW} AS "
+                  + unresolved_halves_sql(f"{database}.half", f"{database}.op"))
     return tables
 
 

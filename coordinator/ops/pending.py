@@ -24,10 +24,11 @@ import pyarrow.compute as pc
 
 from coordinator.config import CoordinatorConfig
 from coordinator.checker.state import check_history
+from coordinator.checker.unresolved import unresolved_halves
 from coordinator.control.progress import CheckerProgress
 from coordinator.lakehouse import Lakehouse, require_lakehouse
 from coordinator.schedule import clock_time, clock_us, next_step
-from coordinator.tables import CHECK_REQUESTS, HALF, OP
+from coordinator.tables import CHECK_REQUESTS
 
 __all__ = ["PendingTransaction", "pending_transactions", "read_pending"]
 
@@ -111,14 +112,8 @@ def read_pending(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] 
         read_pending("lakehouse", ["transaction_id", "stored_timestamp"]).num_rows
     """
     lakehouse = Lakehouse.at(lakehouse)
-    columns = columns or HALF.column_names
     progress = CheckerProgress(lakehouse).load()
-    start = 0 if progress is None else progress.pending_from
-    halves = lakehouse.read(HALF, list(dict.fromkeys(columns + ["queue_offset"])), pc.field("queue_offset") >= start,
-                            files=f"queue_offset >= {start}")
-    resolved = lakehouse.read(OP, ["half_offset"], pc.field("half_offset") >= start,
-                              files=f"half_offset >= {start}").column("half_offset")
-    return halves.filter(pc.invert(pc.is_in(halves.column("queue_offset"), value_set=resolved))).select(columns)
+    return unresolved_halves(lakehouse, 0 if progress is None else progress.pending_from, columns=columns)
 
 
 def _last_addressed(lakehouse: Lakehouse, transaction_ids: set[str]) -> dict[str, Optional[str]]:

@@ -1,0 +1,105 @@
+"""Opening and creating a Delta table at a path, through delta-rs (no JVM).
+
+Each table is created with an explicit, minimal protocol that Spark and delta-rs both read and write.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Mapping, Optional, TypeVar
+
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+from deltalake.schema import Field
+
+from coordinator.retries import RetryPolicy, retrying
+from coordinator.storage import denied_as_error, is_object_store
+from coordinator.tables import TableDef
+
+__all__ = ["create_table", "listing_retried", "open_table"]
+
+
+#: How often a table is opened again when its log listing caught a commit being written.
+_LISTING_ATTEMPTS = 6
+_T = TypeVar("_T")
+
+
+def open_table(path: str, version: Optional[int] = None, storage: Optional[Mapping[str, str]] = None) -> DeltaTable:
+    """The Delta table at ``path`` (at ``version``, or its latest).
+
+    A directory listed while writers add commits to it may show a newer commit and miss the one
+    before (a listing is not a snapshot); delta-rs then refuses the log as having a gap. The table
+    is opened again, a few times, a moment later.
+
+    Example::
+
+        open_table(Lakehouse("lakehouse").commit_log("order_group")).version()
+    """
+    with denied_as_error(path):
+        return listing_retried(lambda: DeltaTable(path, version=version, storage_options=dict(storage) if storage else None))
+
+
+def listing_retried(action: Callable[[], _T]) -> _T:
+    """``action``, a delta-rs call that lists a table's log, made again a few times, a moment apart, while
+    the listing catches a commit being written (see :func:`open_table`).
+
+    Example::
+
+        listing_retried(lambda: open_table(path).cleanup_metadata())
+    """
+    attempts = 0
+    while True:
+        try:
+            return action()
+        except DeltaError as error:
+            attempts += 1
+            if "Expected contiguous commit files" not in str(error) or attempts == _LISTING_ATTEMPTS:
+                raise
+            time.sleep(0.01 * 2 ** attempts)
+
+
+def create_table(table: TableDef, path: str, storage: Optional[Mapping[str, str]] = None) -> bool:
+    """Create ``table`` at ``path`` unless it exists; return whether it was created.
+
+    A table created by an earlier version of the coordinator gains the columns its definition
+    has added since (every column is nullable: its older rows read null). Safe to call from
+    several processes at once: a lost creation race is not an error.
+
+    Example::
+
+        create_table(HALF, Lakehouse("lakehouse").path(HALF))  # True the first time, then False
+    """
+    options = dict(storage) if storage else None
+
+    def attempt() -> bool:
+        if DeltaTable.is_deltatable(path, storage_options=options):
+            _add_missing_columns(table, path, storage)
+            return False
+        if not is_object_store(path):
+            os.makedirs(path, exist_ok=True)
+        try:
+            DeltaTable.create(path, schema=table.arrow_schema(), mode="error", configuration=table.properties or None,
+                              storage_options=options)
+        except DeltaError:
+            if DeltaTable.is_deltatable(path, storage_options=options):
+                return False
+            raise
+        return True
+
+    # A creation whose reply was lost is found made by the next attempt, and taken as a lost race.
+    with denied_as_error(path):
+        return retrying(RetryPolicy.of(storage or {}), "create table", path, attempt, conditional_write=True)
+
+
+def _add_missing_columns(table: TableDef, path: str, storage: Optional[Mapping[str, str]]) -> None:
+    existing = open_table(path, storage=storage)
+    present = set(existing.schema().to_arrow().names)
+    missing = [Field.from_arrow(field) for field in table.arrow_schema() if field.name not in present]
+    if not missing:
+        return
+    try:
+        existing.alter.add_columns(missing)
+    except DeltaError:
+        if not {f.name for f in missing} <= set(open_table(path, storage=storage).schema().to_arrow().names):
+            raise  # not a race with another process adding the same columns
