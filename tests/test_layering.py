@@ -94,6 +94,13 @@ def test_operator_tools_start_no_jvm(tmp_path):
     assert spark_loaded(set(modules.split())) == []
 
 
+def test_the_wheel_lists_every_package():
+    """A package missing from pyproject's list is missing from the wheel: found by users, not by a checkout."""
+    listed = set(tomllib.loads((PACKAGE_DIR.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(path.parent.relative_to(PACKAGE_DIR.parent).parts) for path in PACKAGE_DIR.rglob("__init__.py")}
+    assert found | {"coordinator.tables"} == listed
+
+
 def test_product_never_imports_the_demo():
     for path in PACKAGE_DIR.rglob("*.py"):
         module = ".".join(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
