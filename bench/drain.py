@@ -6,7 +6,7 @@ existing checkout instead), made for the run and removed after it. Each tree run
 its own, with its own code (``PYTHONPATH``), its own producer, its own checker job and its own
 benchmark scripts, so each side is measured as a user of that commit would run it.
 
-Three parts, each run ``--rounds`` times for both trees, one tree after the other (the order alternates
+Five parts, each run ``--rounds`` times for both trees, one tree after the other (the order alternates
 from round to round, so a machine that slows down mid-run hits both alike):
 
 * **drain**: an empty local lakehouse; the tree's ``TransactionProducer``
@@ -19,9 +19,13 @@ from round to round, so a machine that slows down mid-run hits both alike):
   alone, and a trigger of the real streaming query), median seconds.
 * **e2e**: the tree's ``bench/e2e.py`` at ``--e2e-rate`` for ``--e2e-seconds``: commit→visible
   p50 and p99.
+* **cold_start**: the tree's ``bench/cold_start.py`` (``--cold-runs`` runs): seconds from launching the
+  checker job on a fresh lakehouse to its first batch, median.
+* **failover**: the tree's ``bench/failover.py`` (``--failover-kills`` kills per mode): seconds from
+  killing the active checker to the next one's first batch, a hot standby's and a restarted one's, median.
 
-Ratios are this tree / the reference; issue 27's targets: drain ≥ 4, the 200-transaction batch and
-commit→visible at most 1 (within the noise of a shared machine).
+Ratios are this tree / the reference; issue 27's targets: drain ≥ 4; the 200-transaction batch,
+commit→visible, cold start and failover at most 1 (within the noise of a shared machine).
 
     python bench/drain.py
     python bench/drain.py --rounds 2 --parts drain
@@ -52,7 +56,7 @@ GROUP = "bench-drain"
 TOPIC = "BENCH_DRAIN"
 BODY = b"x" * 100
 SENDER_THREADS = 64
-PARTS = ("drain", "batch", "e2e")
+PARTS = ("drain", "batch", "e2e", "cold_start", "failover")
 #: ``--tiny``: a drain of 200 transactions, once per tree.
 TINY = {"transactions": 200, "rounds": 1, "parts": ["drain"]}
 
@@ -227,10 +231,27 @@ def measure_e2e(tree: Tree, args, workdir: str) -> dict:
     return {key: report[key] for key in ("e2e_p50_ms", "e2e_p99_ms", "missing_after_drain")}
 
 
-MEASURES = {"drain": measure_drain, "batch": measure_batch, "e2e": measure_e2e}
+def measure_cold_start(tree: Tree, args, workdir: str) -> dict:
+    out = os.path.join(workdir, "cold_start.json")
+    tree.run(["bench/cold_start.py", "--runs", str(args.cold_runs), "--results", out], timeout_s=1800)
+    return {"first_batch_s": json.loads(Path(out).read_text())["first_batch_s"]["median"]}
+
+
+def measure_failover(tree: Tree, args, workdir: str) -> dict:
+    out = os.path.join(workdir, "failover.json")
+    tree.run(["bench/failover.py", "--kills", str(args.failover_kills), "--send-seconds", str(args.failover_seconds),
+              "--results", out], timeout_s=3600)
+    modes = json.loads(Path(out).read_text())["modes"]
+    return {"standby_s": modes["standby"]["median_s"], "restart_s": modes["restart"]["median_s"],
+            "violations": sum(mode["violations"] for mode in modes.values())}
+
+
+MEASURES = {"drain": measure_drain, "batch": measure_batch, "e2e": measure_e2e, "cold_start": measure_cold_start,
+            "failover": measure_failover}
 #: The figures compared, (part, key), each as this tree's median over rounds / the reference's.
 FIGURES = (("drain", "txn_per_s"), ("drain", "steady_txn_per_s"), ("batch", "batch_s_median"),
-           ("batch", "trigger_ms_median"), ("e2e", "e2e_p50_ms"), ("e2e", "e2e_p99_ms"))
+           ("batch", "trigger_ms_median"), ("e2e", "e2e_p50_ms"), ("e2e", "e2e_p99_ms"),
+           ("cold_start", "first_batch_s"), ("failover", "standby_s"), ("failover", "restart_s"))
 
 
 def run_parts(trees: list[Tree], args) -> dict:
@@ -275,6 +296,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-rounds", type=int, default=5, help="bench/batch_cost.py's --batches")
     parser.add_argument("--e2e-rate", type=float, default=1000)
     parser.add_argument("--e2e-seconds", type=float, default=60)
+    parser.add_argument("--cold-runs", type=int, default=3, help="bench/cold_start.py's --runs")
+    parser.add_argument("--failover-kills", type=int, default=3, help="bench/failover.py's --kills per mode")
+    parser.add_argument("--failover-seconds", type=float, default=60, help="bench/failover.py's --send-seconds")
     parser.add_argument("--reference-commit", default=REFERENCE_COMMIT)
     parser.add_argument("--reference-tree", default=None,
                         help="an existing checkout to compare with (default: a worktree of --reference-commit)")

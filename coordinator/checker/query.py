@@ -22,6 +22,7 @@ from coordinator.checker.batch import batch_clock, run_batch
 from coordinator.checker.epochs import begin_next_epoch
 from coordinator.checker.exporter import CheckerExporter
 from coordinator.checker.metrics import CheckerMetrics
+from coordinator.checker.readahead import ReadAhead
 from coordinator.checker.segment import Segment
 from coordinator.checker.source import CommitLogSource, segments
 from coordinator.checker.state import CheckerState
@@ -68,6 +69,7 @@ class CheckerQuery:
         self._progress: Optional[Progress] = None
         self._pending_from: Optional[int] = None  # from the last batch this process ran
         self.state = CheckerState(spark=spark)
+        self.read_ahead = ReadAhead(self.lakehouse)
         self._renewer: Optional[threading.Thread] = None
         self._stop_renewing = threading.Event()
         self._lease_lock = threading.Lock()
@@ -90,6 +92,7 @@ class CheckerQuery:
         # Resolved before the lease, so that a standby has its source's Python worker up when it takes over.
         self.spark.dataSource.register(CommitLogSource)
         self._commit_log_reader().load()
+        self.read_ahead.warm()
         if self.config.metrics_port is not None and self.metrics_port is None:
             self.exporter.watch_lag(self.lakehouse, lambda: None if self._progress is None else self._progress.next_versions)
             self.metrics_port = self.exporter.serve(self.config.metrics_host, self.config.metrics_port)
@@ -172,7 +175,8 @@ class CheckerQuery:
             if not covered:
                 return
             segment = Segment(covered[0].starts, covered[-1].ends, covered[-1].clock_us)
-            records = segment.records(self.lakehouse)
+            records = segment.records(self.lakehouse, self.read_ahead.take())
+            self.read_ahead.start(segment)  # the next segment, while this one is decided (a backlog only)
             announced = self._announce(segment, records, stream_batch_id)
             if announced is not None:
                 summary = run_batch(self.config, records, announced.batch_id, self.app_id, announced.pending_from,
@@ -236,6 +240,7 @@ class CheckerQuery:
             self._stop_renewing.set()
             self._renewer.join()
             self.lease.release()
+        self.read_ahead.close()
         self.exporter.holding_lease(False)
         self.exporter.close()
         log.info("checker stopped")

@@ -34,7 +34,7 @@ import json
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, NamedTuple, Optional
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -45,7 +45,7 @@ from coordinator.lakehouse import Lakehouse
 from coordinator.storage import FileStore
 from coordinator.tables import COMMIT_LOG
 
-__all__ = ["MAX_VERSIONS_PER_BATCH", "RECORD_SCHEMA", "Segment", "grown_to", "tick"]
+__all__ = ["MAX_VERSIONS_PER_BATCH", "RECORD_SCHEMA", "CommitRead", "Segment", "grown_to", "read_commits", "tick"]
 
 #: A backlog is read in bounded steps: at most this many commit-log versions per batch, over all logs.
 #: Below 2**11, so that a commit's rank in its batch fits below :data:`~.context.COMMITS_PER_BATCH`.
@@ -124,30 +124,27 @@ class Segment:
         """How many commit-log versions the segment covers, over all logs."""
         return sum(end - self.starts.get(key, 0) for key, end in self.ends.items())
 
-    def records(self, lakehouse: Lakehouse) -> pa.Table:
+    def records(self, lakehouse: Lakehouse, read: Optional[Mapping[tuple[str, int], CommitRead]] = None) -> pa.Table:
         """The segment's records, in merged commit order, then its clock tick: what the checker's batch
-        decides over.
+        decides over. The commits in ``read`` (by log and version: :func:`read_commits`'s, made earlier)
+        are not read again.
 
         Example::
 
             segment.records(Lakehouse("lakehouse")).column("commit_log")
         """
-        commits = []  # per log: (modified ms, key, version, log text), in version order
-        grown = sorted(key for key, end in self.ends.items() if end > self.starts.get(key, 0))
-        stores = {key: FileStore.at(lakehouse.key_path(key), lakehouse.storage) for key in grown}
-        for key in grown:
-            log = []
-            for version in range(self.starts.get(key, 0), self.ends[key]):
-                commit = stores[key].read(log_file(version))
-                log.append((commit.modified_ms, key, version, commit.data))
-            commits.append(log)
-        merged = heapq.merge(*commits, key=lambda commit: commit[:3])
+        read = read or {}
+        wanted = {key: (self.starts.get(key, 0), end) for key, end in self.ends.items() if end > self.starts.get(key, 0)}
+        missing = {key: [version for version in range(*span) if (key, version) not in read] for key, span in wanted.items()}
+        commits = {**read, **_read_versions(lakehouse, missing)}
+        in_order = heapq.merge(*([(commits[key, version].modified_ms, key, version) for version in range(*wanted[key])]
+                                 for key in sorted(wanted)))
         parts, refusals, meta = [], [], []  # meta: per commit, (key, version, rank, modified ms, rows)
-        for rank, (modified_ms, key, version, data) in enumerate(merged):
-            part, refused = _commit_rows(stores[key], data)
-            parts.append(part)
-            refusals.extend(refused)
-            meta.append((key, version, rank, modified_ms * 1000, part.num_rows))
+        for rank, (modified_ms, key, version) in enumerate(in_order):
+            commit = commits[key, version]
+            parts.append(commit.rows)
+            refusals.extend(commit.refusals)
+            meta.append((key, version, rank, modified_ms * 1000, commit.rows.num_rows))
         return pa.concat_tables([_with_origin(parts, refusals, meta), tick(self.clock_us)])
 
     def to_json(self) -> str:
@@ -159,6 +156,38 @@ class Segment:
     def from_json(cls, text: str) -> "Segment":
         raw = json.loads(text)
         return cls(raw["starts"], raw["ends"], raw["clock_us"])
+
+
+class CommitRead(NamedTuple):
+    """One commit-log version as read: when it was committed, the records it added, and for each the
+    reason it cannot be read, if any."""
+
+    modified_ms: int
+    rows: pa.Table
+    refusals: list[Optional[str]]
+
+
+def read_commits(lakehouse: Lakehouse, starts: Mapping[str, int], ends: Mapping[str, int]) -> dict[tuple[str, int], CommitRead]:
+    """Every commit of each log from ``starts[log]`` (0 for a log not in it) up to ``ends[log]``, by
+    ``(log, version)``: what :meth:`Segment.records` reads, for a reader ahead of it (:mod:`.readahead`).
+
+    Example::
+
+        read_commits(lakehouse, {"groups/g/commit_log": 3}, {"groups/g/commit_log": 5})[("groups/g/commit_log", 3)].rows
+    """
+    return _read_versions(lakehouse, {key: list(range(starts.get(key, 0), end)) for key, end in ends.items()})
+
+
+def _read_versions(lakehouse: Lakehouse, versions: Mapping[str, list[int]]) -> dict[tuple[str, int], CommitRead]:
+    read = {}
+    for key, wanted in versions.items():
+        if not wanted:
+            continue
+        store = FileStore.at(lakehouse.key_path(key), lakehouse.storage)
+        for version in wanted:
+            commit = store.read(log_file(version))
+            read[key, version] = CommitRead(commit.modified_ms, *_commit_rows(store, commit.data))
+    return read
 
 
 def _commit_rows(store: FileStore, log_text: bytes) -> tuple[pa.Table, list[Optional[str]]]:

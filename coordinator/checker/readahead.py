@@ -1,0 +1,114 @@
+"""Reading the next segment's commits in another process while the checker decides the current one.
+
+Draining a backlog, a batch spends about as long reading its segment (2,000 commit-log versions:
+their JSON commits and ~2,000 small Parquet files, ~1.1 s) as deciding and writing it (~1 s), and
+both hold the GIL: threads do not overlap them (measured: 2 to 8 reader threads read the same files
+1.0–1.8× slower than one). So once a batch took a full segment (a backlog: more commits are
+waiting), the commits after it are read by a worker process while the batch is decided; the next
+batch takes what the worker read and reads only the rest itself.
+
+A commit-log version is immutable once it exists (written whole or not at all) and so are the data
+files it adds: what the worker read is exactly what the batch would read, whichever batch, replayed
+or not, asks for it. A worker that fails costs only its time: the batch reads everything itself.
+
+Example::
+
+    ahead = ReadAhead(lakehouse)
+    ahead.warm()           # at start: the worker's imports, before any batch
+    records = segment.records(lakehouse, ahead.take())
+    ahead.start(segment)   # only after a full segment: a backlog
+    ...
+    ahead.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Mapping, Optional
+
+import pyarrow as pa
+
+from coordinator.checker.segment import MAX_VERSIONS_PER_BATCH, CommitRead, Segment, grown_to, read_commits
+from coordinator.lakehouse import Lakehouse
+
+__all__ = ["ReadAhead"]
+
+log = logging.getLogger("coordinator.checker")
+
+#: The worker's niceness, added to the driver's.
+_NICENESS = 10
+
+
+class ReadAhead:
+    """The commits after the last full segment, read by a worker process (see the module's docstring)."""
+
+    def __init__(self, lakehouse: Lakehouse, full: int = MAX_VERSIONS_PER_BATCH) -> None:
+        self.lakehouse = lakehouse
+        self.full = full  # versions in a full segment: one the source cut short of a backlog
+        self._pool: Optional[ProcessPoolExecutor] = None
+        self._reading: Optional[Future] = None
+
+    def warm(self) -> None:
+        """Start the worker now, before any batch: a fresh interpreter takes about a second of CPU to import
+        what it reads with, which a checker starting on a backlog would otherwise spend beside its first batch
+        (measured: the second batch of a 300,000-transaction drain took 2.3 s instead of 1.0)."""
+        self._worker().submit(_imported)
+
+    def start(self, segment: Segment) -> None:
+        """Read, in the worker, the commits after ``segment`` if it was a full one (a backlog)."""
+        if segment.versions < self.full:
+            return
+        self._reading = self._worker().submit(_read_after, self.lakehouse.root, self.lakehouse.storage, dict(segment.ends),
+                                          self.full)
+
+    def take(self) -> Mapping[tuple[str, int], CommitRead]:
+        """What the worker read since :meth:`start` (waiting for it), by ``(log, version)``; empty if nothing."""
+        reading, self._reading = self._reading, None
+        if reading is None:
+            return {}
+        try:
+            return _unpacked(*reading.result())
+        except Exception as error:  # noqa: BLE001 - any failure of the worker: the batch reads for itself
+            log.warning("reading ahead failed, the batch reads its segment itself: %s", error)
+            self.close()
+            return {}
+
+    def _worker(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            # A fresh interpreter, not a fork of the driver (its JVM gateway and threads stay behind), and a
+            # lower priority: reading ahead must not slow what runs now (the JVM starting, the batch deciding).
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=os.nice, initargs=(_NICENESS,))
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the worker (a read in flight is dropped)."""
+        self._reading = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _imported() -> None:
+    """Nothing: sent to the worker, it makes it import this module and what reading needs."""
+
+
+def _read_after(root: str, storage: Mapping[str, str], starts: dict[str, int], budget: int) -> tuple[pa.Table, list]:
+    """The worker's read, packed as one table and an index: 2,000 small tables pickle and unpickle in
+    0.37 and 0.32 s (measured), one table of their rows in a few milliseconds."""
+    lakehouse = Lakehouse(root, storage)
+    read = read_commits(lakehouse, starts, grown_to(lakehouse, starts, budget))
+    index = [(key, version, commit.modified_ms, commit.rows.num_rows, commit.refusals) for (key, version), commit in read.items()]
+    rows = pa.concat_tables([commit.rows for commit in read.values()]) if read else None
+    return (rows.combine_chunks() if rows is not None else None), index
+
+
+def _unpacked(rows: Optional[pa.Table], index: list) -> dict[tuple[str, int], CommitRead]:
+    read, offset = {}, 0
+    for key, version, modified_ms, count, refusals in index:
+        read[key, version] = CommitRead(modified_ms, rows.slice(offset, count), refusals)
+        offset += count
+    return read
