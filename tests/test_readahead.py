@@ -4,12 +4,17 @@ commits after it; the next batch's records are exactly what it would have read i
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from coordinator.checker.readahead import ReadAhead
 from coordinator.checker.segment import Segment, grown_to
 from coordinator.lakehouse import Lakehouse
+from tests import REPO_ROOT
 from tests.conftest import ManualChecker, end_record, half_record
+from tests.producer_side import wait_until
 
 LOG = "groups/g/commit_log"
 
@@ -57,3 +62,38 @@ def test_a_failed_read_ahead_costs_nothing_but_its_time(config, caplog):
         assert ahead.take() == {}
     finally:
         ahead.close()
+
+
+DRIVER = """
+import sys, time
+from coordinator.checker.readahead import ReadAhead
+from coordinator.lakehouse import Lakehouse
+
+if __name__ == "__main__":
+    ahead = ReadAhead(Lakehouse(sys.argv[1]))
+    ahead.warm()
+    ahead._worker().submit(int).result()  # the worker is up
+    print(*ahead._pool._processes, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_the_worker_leaves_with_a_driver_killed_with_sigkill(tmp_path):
+    (tmp_path / "driver.py").write_text(DRIVER)
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "lakehouse")],
+                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+    try:
+        worker = int(driver.stdout.readline())
+        assert worker_alive(worker)
+    finally:
+        driver.kill()
+        driver.wait()
+    wait_until(lambda: not worker_alive(worker))
+
+
+def worker_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

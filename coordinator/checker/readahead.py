@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Mapping, Optional
 
@@ -81,7 +82,7 @@ class ReadAhead:
             # A fresh interpreter, not a fork of the driver (its JVM gateway and threads stay behind), and a
             # lower priority: reading ahead must not slow what runs now (the JVM starting, the batch deciding).
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=os.nice, initargs=(_NICENESS,))
+                                             initializer=_worker_started)
         return self._pool
 
     def close(self) -> None:
@@ -90,6 +91,18 @@ class ReadAhead:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def _worker_started() -> None:
+    os.nice(_NICENESS)
+    # A worker outlives a driver killed with SIGKILL (measured: still there, adopted by init, seconds
+    # later); it leaves with it instead, when its parent's sentinel closes.
+    threading.Thread(target=_exit_with_parent, name="read-ahead-parent", daemon=True).start()
+
+
+def _exit_with_parent() -> None:
+    multiprocessing.parent_process().join()
+    os._exit(0)
 
 
 def _imported() -> None:
