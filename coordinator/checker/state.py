@@ -215,9 +215,10 @@ class CheckerState:
         return len(self.rows)
 
     def pending_halves(self) -> pa.Table:
-        """The full ``system/half`` rows (less ``batch_id``) of every pending half, by queue offset: what
-        the view ``txn.pending`` shows, as this memory holds it."""
-        return self.rows.take(offset for pending in self.pending.values() for offset in pending.offsets)
+        """The full ``system/half`` rows of every pending half, by queue offset: what the view
+        ``txn.pending`` shows, as this memory holds it."""
+        offsets = (offset for pending in self.pending.values() for offset in pending.offsets)
+        return self.rows.take(offsets).sort_by("queue_offset")  # take groups them by the table holding them
 
     def oldest_pending_stored_us(self) -> Optional[int]:
         """When the oldest pending transaction's half was stored."""

@@ -113,8 +113,8 @@ def unresolved_range_rows(lakehouse: Lakehouse, from_offset: int) -> int:
     counts = actions.column("num_records")
     if highest is None:
         return pc.sum(counts).as_py() or 0
-    in_range = pc.or_kleene(pc.is_null(highest), pc.greater_equal(highest, from_offset))
-    return pc.sum(pc.filter(counts, pc.fill_null(in_range, True))).as_py() or 0
+    in_range = pc.fill_null(pc.greater_equal(highest, from_offset), True)  # a file without statistics counts
+    return pc.sum(pc.filter(counts, in_range)).as_py() or 0
 
 
 def rebuild_in_spark(config: CoordinatorConfig, spark, lakehouse: Lakehouse, from_offset: int) -> bool:
