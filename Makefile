@@ -73,9 +73,9 @@ apt-install = missing=; for command in $(2); do command -v $$command >/dev/null 
 s3-server: setup
 	$(PY) scripts/s3_server.py build
 
-# Kill -9 the checker and producers at random and verify every invariant: `bench/chaos.py --help`.
+# Kill -9 the checker and producers at random and verify every invariant: `python -m bench.chaos --help`.
 chaos: setup
-	$(PY) bench/chaos.py
+	$(PY) -m bench.chaos
 
 # The checker on a Spark standalone cluster on this machine (a master and two workers): five JVMs,
 # so not part of `make test`.
@@ -83,13 +83,13 @@ cluster: setup
 	CLUSTER_TESTS=1 $(PY) -m pytest -q tests/test_cluster.py
 
 # One checker cold start and small versions of the producer, end-to-end, history and batch-cost benchmarks
-# (bench/run.py --help for the full suite).
+# (`python -m bench.run --help` for the full suite).
 bench: setup
-	$(PY) bench/run.py --quick
+	$(PY) -m bench.run --quick
 
-# RocketMQ and Kafka transactions side by side with ours (needs a JDK and Maven; `bench/peers/run.py --help`).
+# RocketMQ and Kafka transactions side by side with ours (needs a JDK and Maven; `python -m bench.peers.run --help`).
 peers: setup
-	$(PY) bench/peers/run.py
+	$(PY) -m bench.peers.run
 
 clean:
 	rm -rf $(VENV) .cache demo-lakehouse lakehouse chaos-lakehouse

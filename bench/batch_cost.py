@@ -15,9 +15,9 @@ so machine load hits all alike: a plain Spark append; an idempotent append (``tx
 ``txnVersion``, as every checker write is); the same idempotent append replayed (Delta skips it);
 a Delta read with a filter and a count.
 
-    python bench/batch_cost.py
-    python bench/batch_cost.py --batches 3 --floor-repeats 5
-    python bench/batch_cost.py --tiny             # the smallest run, for the tests (tests/test_bench.py)
+    python -m bench.batch_cost
+    python -m bench.batch_cost --batches 3 --floor-repeats 5
+    python -m bench.batch_cost --tiny             # the smallest run, for the tests (tests/test_bench.py)
 
 Prints a table and writes ``bench/results/batch_cost.json`` (``--results`` to change).
 """
@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
+from bench import harness
 
 GROUP = "bench-batch-cost"
 TOPIC = "BENCH_BATCH_COST"
@@ -58,13 +56,13 @@ def batch_figures(spark, lakehouse: str, args) -> dict:
     from coordinator.config import CoordinatorConfig
     from coordinator.producer.transaction_producer import time_ordered_id
 
-    driver = benchlib.BatchDriver(spark, CoordinatorConfig(lakehouse=lakehouse), GROUP)
+    driver = harness.BatchDriver(spark, CoordinatorConfig(lakehouse=lakehouse), GROUP)
     rows = {"records": [], "heartbeat": []}
     for round_ in range(args.batches + 1):
         for _ in range(args.commits):
             ids = [time_ordered_id() for _ in range(args.transactions)]
-            driver.write(benchlib.half_rows(ids, GROUP, TOPIC))
-            driver.write(benchlib.commit_rows(ids, GROUP))
+            driver.write(harness.half_rows(ids, GROUP, TOPIC))
+            driver.write(harness.commit_rows(ids, GROUP))
         for kind in rows:
             seconds, jobs, (summary, _) = timed_jobs(spark, driver.run)
             if kind == "records":
@@ -72,20 +70,20 @@ def batch_figures(spark, lakehouse: str, args) -> dict:
             if round_:
                 rows[kind].append((seconds, jobs))
                 print(f"  round {round_} {kind:>9} batch: {seconds:6.2f} s, {jobs} Spark jobs", flush=True)
-    return {kind: {"seconds_median": round(benchlib.median([s for s, _ in values]), 3),
-                   "spark_jobs_median": benchlib.median([j for _, j in values]),
+    return {kind: {"seconds_median": round(harness.median([s for s, _ in values]), 3),
+                   "spark_jobs_median": harness.median([j for _, j in values]),
                    "runs": [[round(s, 3), j] for s, j in values]}
             for kind, values in rows.items()}
 
 
 def trigger_figures(spark, workdir: str, args) -> dict:
-    """The same rounds through the real streaming query (:func:`benchlib.streaming_triggers`)."""
+    """The same rounds through the real streaming query (:func:`harness.streaming_triggers`)."""
     from coordinator.config import CoordinatorConfig
     from coordinator.lakehouse import init_lakehouse
 
     lakehouse = f"{workdir}/streaming"
     init_lakehouse(lakehouse)
-    return benchlib.streaming_triggers(spark, CoordinatorConfig(lakehouse=lakehouse), GROUP, TOPIC, args.batches,
+    return harness.streaming_triggers(spark, CoordinatorConfig(lakehouse=lakehouse), GROUP, TOPIC, args.batches,
                                        args.commits * args.transactions)
 
 
@@ -111,7 +109,7 @@ def floor_figures(spark, workdir: str, repeats: int) -> dict:
         for name, operation in operations.items():
             seconds, _, _ = timed_jobs(spark, lambda: operation(i))
             times[name].append(seconds * 1000)
-    return {name: {"ms_median": round(benchlib.median(values), 1), "ms_min": round(min(values), 1)}
+    return {name: {"ms_median": round(harness.median(values), 1), "ms_min": round(min(values), 1)}
             for name, values in times.items()}
 
 
@@ -121,14 +119,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--commits", type=int, default=10, help="HALF commits (each with its END commit) per batch")
     parser.add_argument("--transactions", type=int, default=20, help="transactions per commit")
     parser.add_argument("--floor-repeats", type=int, default=15)
-    parser.add_argument("--results", default=str(benchlib.RESULTS / "batch_cost.json"))
-    args = benchlib.parse_args(parser, argv, "batch_cost", TINY)
-    report = benchlib.start_report("batch_cost", vars(args))
+    parser.add_argument("--results", default=str(harness.RESULTS / "batch_cost.json"))
+    args = harness.parse_args(parser, argv, "batch_cost", TINY)
+    report = harness.start_report("batch_cost", vars(args))
 
     from coordinator.lakehouse import init_lakehouse
 
     workdir = tempfile.mkdtemp(prefix="bench-batch-cost-")
-    with benchlib.spark_session("bench-batch-cost") as spark:
+    with harness.spark_session("bench-batch-cost") as spark:
         try:
             lakehouse = f"{workdir}/lakehouse"
             init_lakehouse(lakehouse)
@@ -151,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\n{'one operation, 200 rows':>28} {'median ms':>10} {'min ms':>8}")
     for name, figures in report["floor"].items():
         print(f"{name:>28} {figures['ms_median']:>10} {figures['ms_min']:>8}")
-    return benchlib.finish_report(report, Path(args.results))
+    return harness.finish_report(report, Path(args.results))
 
 
 if __name__ == "__main__":

@@ -27,9 +27,9 @@ from round to round, so a machine that slows down mid-run hits both alike):
 Ratios are this tree / the reference; issue 27's targets: drain ≥ 4; the 200-transaction batch,
 commit→visible, cold start and failover at most 1 (within the noise of a shared machine).
 
-    python bench/drain.py
-    python bench/drain.py --rounds 2 --parts drain
-    python bench/drain.py --tiny        # the smallest run: a drain of 200 transactions (tests/test_bench.py)
+    python -m bench.drain
+    python -m bench.drain --rounds 2 --parts drain
+    python -m bench.drain --tiny        # the smallest run: a drain of 200 transactions (tests/test_bench.py)
 
 Prints a table and writes ``bench/results/drain.json`` (``--results`` to change).
 """
@@ -65,10 +65,20 @@ TINY = {"transactions": 200, "rounds": 1, "parts": ["drain"]}
 # One side: runs inside a tree, with that tree's code (``--side``)
 
 
-def drain_side(transactions: int, workdir: str, startup_timeout_s: float) -> dict:
+def side_harness(side: Path):
+    """The benchmark helpers of the tree a side runs in (first on ``sys.path``): its ``bench.harness``, or the
+    ``benchlib`` module of a tree from before ``bench/`` was a package (28c6e6f)."""
+    if (side / "bench" / "harness").is_dir():
+        from bench import harness
+    else:
+        import benchlib as harness
+    return harness
+
+
+def drain_side(harness, transactions: int, workdir: str, startup_timeout_s: float) -> dict:
     """Commit ``transactions`` with no checker running, then start the checker and wait until it has
-    delivered them all; the drain's figures. Uses only what every tree's benchlib and public API have."""
-    import benchlib
+    delivered them all; the drain's figures. Uses only what every tree's helpers (``harness``) and public
+    API have."""
     from deltalake import DeltaTable
 
     from coordinator import Message, TransactionProducer
@@ -86,29 +96,29 @@ def drain_side(transactions: int, workdir: str, startup_timeout_s: float) -> dic
         except Exception as error:  # counted; a drain of fewer transactions would say nothing
             failures.append(repr(error))
 
-    with TransactionProducer(GROUP, benchlib.Commits(), CoordinatorConfig(lakehouse=lakehouse.root)) as producer:
-        send_seconds = benchlib.send_on_schedule(send, transactions, 0, SENDER_THREADS)
+    with TransactionProducer(GROUP, harness.Commits(), CoordinatorConfig(lakehouse=lakehouse.root)) as producer:
+        send_seconds = harness.send_on_schedule(send, transactions, 0, SENDER_THREADS)
     if failures:
         raise RuntimeError(f"{len(failures)} sends failed building the backlog, the first: {failures[0]}")
     print(f"  backlog of {transactions} transactions committed in {send_seconds:.1f} s; starting the checker",
           flush=True)
 
-    config_path = benchlib.write_config(lakehouse, workdir, trigger_interval_ms=100)
+    config_path = harness.write_config(lakehouse, workdir, trigger_interval_ms=100)
     metrics_path = lakehouse.path(METRICS)
-    with benchlib.CheckerJob(config_path, lakehouse, os.path.join(workdir, "checker.log")) as checker:
+    with harness.CheckerJob(config_path, lakehouse, os.path.join(workdir, "checker.log")) as checker:
         versions = checker.latest_commit_log_version() + 1
         start_s = checker.wait_ready(startup_timeout_s)
         deadline = time.monotonic() + max(600.0, transactions / 500)
         while _delivered(metrics_path) < transactions:
             if time.monotonic() > deadline or checker.process.poll() is not None:
-                raise RuntimeError(f"the checker has not delivered the backlog; see {checker.log_file.name}")
+                raise RuntimeError(f"the checker has not delivered the backlog; see {workdir}/checker.log")
             time.sleep(0.5)
     batches = DeltaTable(metrics_path).to_pyarrow_table().to_pylist()
     working = sorted((b for b in batches if b["delivered"]), key=lambda b: b["started_at"])
     seconds = (working[-1]["finished_at"] - working[0]["started_at"]).total_seconds()
     after_first = working[1:]
     steady_s = (working[-1]["finished_at"] - working[0]["finished_at"]).total_seconds()
-    delivered = benchlib.deliveries(lakehouse, TOPIC)
+    delivered = harness.deliveries(lakehouse, TOPIC)
     return {
         "transactions": transactions,
         "backlog_seconds": round(send_seconds, 1),
@@ -145,6 +155,11 @@ class Tree:
         self.name, self.root, self.python_path = name, root, (str(root), *python_path)
         self.commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
                                      text=True, check=True).stdout.strip()
+
+    def benchmark(self, name: str) -> list[str]:
+        """The arguments that run this tree's benchmark ``name``: ``-m bench.<name>``, or, in a tree from before
+        ``bench/`` was a package, ``bench/<name>.py``."""
+        return ["-m", f"bench.{name}"] if (self.root / "bench" / "__init__.py").exists() else [f"bench/{name}.py"]
 
     def run(self, argv: list[str], timeout_s: float, quiet: bool = False) -> None:
         """``python argv`` inside this tree: its directory, its code first on ``PYTHONPATH``."""
@@ -215,7 +230,7 @@ def measure_drain(tree: Tree, args, workdir: str) -> dict:
 
 def measure_batch(tree: Tree, args, workdir: str) -> dict:
     out = os.path.join(workdir, "batch_cost.json")
-    tree.run(["bench/batch_cost.py", "--batches", str(args.batch_rounds), "--floor-repeats", "1",
+    tree.run([*tree.benchmark("batch_cost"), "--batches", str(args.batch_rounds), "--floor-repeats", "1",
               "--results", out], timeout_s=1800)
     report = json.loads(Path(out).read_text())
     return {"batch_s_median": report["batches"]["records"]["seconds_median"],
@@ -224,7 +239,7 @@ def measure_batch(tree: Tree, args, workdir: str) -> dict:
 
 def measure_e2e(tree: Tree, args, workdir: str) -> dict:
     out = os.path.join(workdir, "e2e.json")
-    tree.run(["bench/e2e.py", "--rate", str(args.e2e_rate), "--seconds", str(args.e2e_seconds),
+    tree.run([*tree.benchmark("e2e"), "--rate", str(args.e2e_rate), "--seconds", str(args.e2e_seconds),
               "--threads", "128", "--reference-producer-seconds", "0", "--lakehouse", os.path.join(workdir, "e2e"),
               "--results", out], timeout_s=1800)
     report = json.loads(Path(out).read_text())
@@ -233,13 +248,13 @@ def measure_e2e(tree: Tree, args, workdir: str) -> dict:
 
 def measure_cold_start(tree: Tree, args, workdir: str) -> dict:
     out = os.path.join(workdir, "cold_start.json")
-    tree.run(["bench/cold_start.py", "--runs", str(args.cold_runs), "--results", out], timeout_s=1800)
+    tree.run([*tree.benchmark("cold_start"), "--runs", str(args.cold_runs), "--results", out], timeout_s=1800)
     return {"first_batch_s": json.loads(Path(out).read_text())["first_batch_s"]["median"]}
 
 
 def measure_failover(tree: Tree, args, workdir: str) -> dict:
     out = os.path.join(workdir, "failover.json")
-    tree.run(["bench/failover.py", "--kills", str(args.failover_kills), "--send-seconds", str(args.failover_seconds),
+    tree.run([*tree.benchmark("failover"), "--kills", str(args.failover_kills), "--send-seconds", str(args.failover_seconds),
               "--results", out], timeout_s=3600)
     modes = json.loads(Path(out).read_text())["modes"]
     return {"standby_s": modes["standby"]["median_s"], "restart_s": modes["restart"]["median_s"],
@@ -308,21 +323,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--side-results", help=argparse.SUPPRESS)
     raw = parser.parse_known_args(argv)[0]
-    # A side imports the tree it measures (its benchlib, coordinator, tables), so nothing is imported before this.
-    sys.path[:0] = [str(Path(raw.side or ROOT) / "bench"), str(raw.side or ROOT)]
     if raw.side:
-        figures = drain_side(raw.transactions, raw.workdir, raw.startup_timeout)
+        # A side imports the tree it measures (its helpers, coordinator, tables), so nothing is imported before this.
+        sys.path[:0] = [str(Path(raw.side) / "bench"), raw.side]
+        figures = drain_side(side_harness(Path(raw.side)), raw.transactions, raw.workdir, raw.startup_timeout)
         Path(raw.side_results).write_text(json.dumps(figures))
         # Once the figures are written, skip the interpreter's shutdown: a clean-clone CI saw this process
         # abort there once ("terminate called without an active exception", a native thread still running).
         sys.stdout.flush()
         os._exit(0)
 
-    import benchlib
+    from bench import harness
 
-    args = benchlib.parse_args(parser, argv, "drain", TINY)
-    args.results = args.results or str(benchlib.RESULTS / "drain.json")
-    report = benchlib.start_report("drain", vars(args))
+    args = harness.parse_args(parser, argv, "drain", TINY)
+    args.results = args.results or str(harness.RESULTS / "drain.json")
+    report = harness.start_report("drain", vars(args))
     with (contextlib.nullcontext(Path(args.reference_tree)) if args.reference_tree
           else reference_worktree(args.reference_commit)) as reference_root:
         trees = [Tree("this", ROOT), reference_tree(reference_root)]
@@ -340,7 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
         if part in report["results"]:
             this, reference = (_median(report["results"], part, tree, key) for tree in ("this", "reference"))
             print(f"{key:>22} {this!s:>12} {reference!s:>12} {report['ratios'][key]!s:>7}")
-    return benchlib.finish_report(report, Path(args.results))
+    return harness.finish_report(report, Path(args.results))
 
 
 if __name__ == "__main__":

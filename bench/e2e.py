@@ -61,15 +61,13 @@ import argparse
 import contextlib
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
-import producer as producer_benchmark  # noqa: E402  (bench/producer.py: its reference run, and where lakehouses live)
-from coordinator.config import CoordinatorConfig  # noqa: E402
-from coordinator.lakehouse import Lakehouse  # noqa: E402
+from bench import harness
+from bench import producer as producer_benchmark  # its reference run, and where lakehouses live
+from coordinator.config import CoordinatorConfig
+from coordinator.lakehouse import Lakehouse
 
 TOPIC = "BENCH_E2E"
 #: Issue 12's reference: one producer process alone at 64 sender threads; the run offers at most this share of it.
@@ -131,9 +129,9 @@ def main(argv: list[str] | None = None) -> dict:
                              "overview and charts every 5 s; reports their counts, failures and durations, and "
                              "whether the delivered counter scraped last matches the topic table")
     parser.add_argument("--results", default=None, help="default: bench/results/e2e.json (e2e-s3.json)")
-    args = benchlib.parse_args(parser, argv, "e2e", TINY)
-    args.results = args.results or str(benchlib.RESULTS / ("e2e-s3.json" if args.object_store else "e2e.json"))
-    report = benchlib.start_report("e2e", vars(args))
+    args = harness.parse_args(parser, argv, "e2e", TINY)
+    args.results = args.results or str(harness.RESULTS / ("e2e-s3.json" if args.object_store else "e2e.json"))
+    report = harness.start_report("e2e", vars(args))
     places = producer_benchmark.Places(args.object_store)  # with --object-store, one S3 server for the whole run
     try:
         rate, reference = offered_rate(places, args.rate, args.reference_producer_seconds)
@@ -146,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
             report.update(measure(args, rate, reference, object_store))
     finally:
         places.close()
-    return benchlib.finish_report(report, Path(args.results))
+    return harness.finish_report(report, Path(args.results))
 
 
 def measure(args: argparse.Namespace, rate: float, reference: dict | None, object_store: Lakehouse | None) -> dict:
@@ -156,7 +154,7 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
 
     report = {}
     settings = {"metrics_port": 0} if args.observed else {}
-    directory, checker = benchlib.checker_on_fresh_lakehouse(args.lakehouse, "e2e", args.trigger_ms, object_store,
+    directory, checker = harness.checker_on_fresh_lakehouse(args.lakehouse, "e2e", args.trigger_ms, object_store,
                                                              **settings)
     lakehouse = checker.lakehouse
     sampler = console = scraper = browser = None
@@ -164,7 +162,7 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
     try:
         print(f"starting the checker (trigger {args.trigger_ms} ms)...", flush=True)
         if args.observed:  # started while the checker starts
-            console = benchlib.ConsoleJob(checker.config_path, os.path.join(directory, "console.log"),
+            console = harness.ConsoleJob(checker.config_path, os.path.join(directory, "console.log"),
                                           refresh_s=CONSOLE_REFRESH_S)
         report["checker_start_s"] = checker.wait_ready(args.startup_timeout)
         if args.observed:
@@ -172,11 +170,11 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         print(f"  first batch after {report['checker_start_s']} s; offering {rate:g} txn/s for {args.seconds:g} s "
               f"from {args.threads} threads", flush=True)
         t0 = time.monotonic()
-        sampler = benchlib.LagSampler(checker, t0)
+        sampler = harness.LagSampler(checker, t0)
         sampler.start()
         config = CoordinatorConfig(lakehouse=lakehouse.root, storage=lakehouse.storage)
-        with TransactionProducer("bench-e2e", benchlib.Commits(), config) as producer:
-            sender = benchlib.SteadySender(producer, TOPIC, rate, args.seconds, args.threads)
+        with TransactionProducer("bench-e2e", harness.Commits(), config) as producer:
+            sender = harness.SteadySender(producer, TOPIC, rate, args.seconds, args.threads)
             send_seconds = sender.run()
         wanted = {tid for tid, _, _ in sender.sent}
         print(f"  sent {len(wanted)} of {sender.total} in {send_seconds:.1f} s ({len(wanted) / send_seconds:.1f} txn/s "
@@ -220,12 +218,12 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         "delivered": len(wanted) - missing,
         "missing_after_drain": missing,
         "drained_after_s": drained_after,
-        "send_p50_ms": ms(benchlib.percentile(sends, 0.5)),
-        "send_p99_ms": ms(benchlib.percentile(sends, 0.99)),
-        "e2e_p50_ms": ms(benchlib.percentile(latencies, 0.5)),
-        "e2e_p99_ms": ms(benchlib.percentile(latencies, 0.99)),
+        "send_p50_ms": ms(harness.percentile(sends, 0.5)),
+        "send_p99_ms": ms(harness.percentile(sends, 0.99)),
+        "e2e_p50_ms": ms(harness.percentile(latencies, 0.5)),
+        "e2e_p99_ms": ms(harness.percentile(latencies, 0.99)),
         "e2e_max_ms": ms(latencies[-1] if latencies else None),
-        "e2e_p99_ms_by_log_file_mtime": ms(benchlib.percentile(by_mtime, 0.99)),
+        "e2e_p99_ms_by_log_file_mtime": ms(harness.percentile(by_mtime, 0.99)),
         "lag_max_versions": max(lags, default=None),
         "lag_second_quarter_max": max(lag_q2, default=None),
         "lag_last_quarter_max": max(lag_q4, default=None),
@@ -284,26 +282,25 @@ def kept_up(missing: int, lag_second_quarter_max: int | None, lag_last_quarter_m
     return lag_last_quarter_max <= LAG_GROWTH_TOLERANCE * (lag_second_quarter_max or 0) + LAG_SLACK_VERSIONS
 
 
-def start_observers(checker: benchlib.CheckerJob,
-                    console: benchlib.ConsoleJob) -> tuple[benchlib.MetricsScraper, benchlib.ConsoleBrowser]:
+def start_observers(checker: harness.CheckerJob,
+                    console: harness.ConsoleJob) -> tuple[harness.MetricsScraper, harness.ConsoleBrowser]:
     """``--observed``: the metrics scraper on the URL the checker logged and a browser signed in to
     ``console`` with its overview open, both started."""
-    log = benchlib.CheckerLog(checker.log_file.name)
-    log.follow()  # the checker serves its metrics before it takes the lease, so before its first batch
-    if log.metrics_url is None:
-        raise RuntimeError(f"the checker did not log where it serves its metrics; see {checker.log_file.name}")
+    metrics_url = harness.served_metrics_url(checker.log_path)  # served before the lease, so before the first batch
+    if metrics_url is None:
+        raise RuntimeError(f"the checker did not log where it serves its metrics; see {checker.log_path}")
     url = console.wait_ready(60)
-    scraper = benchlib.MetricsScraper(log.metrics_url, interval_s=SCRAPE_INTERVAL_S)
-    browser = benchlib.ConsoleBrowser(url, console.username, console.password, refresh_s=CONSOLE_REFRESH_S)
+    scraper = harness.MetricsScraper(metrics_url, interval_s=SCRAPE_INTERVAL_S)
+    browser = harness.ConsoleBrowser(url, console.username, console.password, refresh_s=CONSOLE_REFRESH_S)
     browser.sign_in()
-    print(f"  observed: scraping {log.metrics_url} every {SCRAPE_INTERVAL_S:g} s; {console.username} signed in to "
+    print(f"  observed: scraping {metrics_url} every {SCRAPE_INTERVAL_S:g} s; {console.username} signed in to "
           f"the console at {url}", flush=True)
     scraper.start()
     browser.start()
     return scraper, browser
 
 
-def stop_observers(scraper: benchlib.MetricsScraper, browser: benchlib.ConsoleBrowser, console: benchlib.ConsoleJob,
+def stop_observers(scraper: harness.MetricsScraper, browser: harness.ConsoleBrowser, console: harness.ConsoleJob,
                    topic_rows: int, settle_s: float) -> dict:
     """Stop both observers, scrape once more (again each second for up to ``settle_s`` while the delivered
     counter is below ``topic_rows``: a batch counts its deliveries once its writes are done) and return
@@ -319,7 +316,7 @@ def stop_observers(scraper: benchlib.MetricsScraper, browser: benchlib.ConsoleBr
         time.sleep(1)
 
     def ms(seconds: list[float], q: float):
-        value = benchlib.percentile(seconds, q)
+        value = harness.percentile(seconds, q)
         return None if value is None else round(value * 1000, 1)
 
     return {
@@ -346,13 +343,13 @@ def stop_observers(scraper: benchlib.MetricsScraper, browser: benchlib.ConsoleBr
     }
 
 
-def wait_for_deliveries(lakehouse: Lakehouse, wanted: set[str], drain_s: float) -> dict[str, benchlib.Delivery]:
-    """The topic table's deliveries (:func:`benchlib.deliveries`) once they hold every ``wanted``
+def wait_for_deliveries(lakehouse: Lakehouse, wanted: set[str], drain_s: float) -> dict[str, harness.Delivery]:
+    """The topic table's deliveries (:func:`harness.deliveries`) once they hold every ``wanted``
     transaction id, or as they are after ``drain_s`` seconds."""
     deadline = time.monotonic() + drain_s
     delivered = {}
     while time.monotonic() < deadline:
-        delivered = benchlib.deliveries(lakehouse, TOPIC)
+        delivered = harness.deliveries(lakehouse, TOPIC)
         if wanted <= delivered.keys():
             break
         time.sleep(1)

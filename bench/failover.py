@@ -1,7 +1,7 @@
 """Failover: seconds from ``kill -9`` of the active checker to the first batch finished by the
 checker that takes over, with nothing lost or duplicated.
 
-Runs the chaos harness (``bench/chaos.py``) with producers sending and the checker killed
+Runs the chaos harness (:mod:`bench.chaos`) with producers sending and the checker killed
 ``--kills`` times, no producer kills, in two modes:
 
 - ``standby``: a second checker stands by with its Spark session up (``--standby``); each kill
@@ -14,9 +14,9 @@ For each mode: every kill's failover, min / median / max, the chaos verdict (eve
 each committed message delivered exactly once, nothing else delivered). Target: every standby
 failover at most the lease TTL (``checker_lease_ttl_ms``, 30 s by default) + 5 s.
 
-    python bench/failover.py                    # 5 kills per mode
-    python bench/failover.py --kills 3 --modes standby
-    python bench/failover.py --tiny             # one kill per mode, 7 transactions: about two minutes
+    python -m bench.failover                    # 5 kills per mode
+    python -m bench.failover --kills 3 --modes standby
+    python -m bench.failover --tiny             # one kill per mode, 7 transactions: about two minutes
 
 Prints a table and writes ``bench/results/failover.json`` (``--results`` to change).
 """
@@ -30,29 +30,29 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
-import chaos  # noqa: E402
-
-from coordinator.config import CoordinatorConfig  # noqa: E402
+from bench import harness
+from bench.chaos.options import Options
+from bench.chaos.producer import KINDS
+from bench.chaos.run import Run
+from coordinator.config import CoordinatorConfig
 
 TARGET_MARGIN_S = 5.0
 #: ``--tiny``: both modes, one kill each, one producer sending one transaction of each kind over 3 s.
-TINY = {"kills": 1, "transactions": len(chaos.KINDS), "producers": 1, "send_seconds": 3.0}
+TINY = {"kills": 1, "transactions": len(KINDS), "producers": 1, "send_seconds": 3.0}
 
 
 def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict:
     """One chaos run in ``mode``; its failovers and its verdict."""
-    options = replace(chaos.Options(), transactions=args.transactions, producers=args.producers,
+    options = replace(Options(), transactions=args.transactions, producers=args.producers,
                       checker_kills=args.kills, producer_kills=0, seed=args.seed, send_seconds=args.send_seconds,
                       lakehouse=str(workdir / mode), results=str(workdir / f"{mode}.json"), standby=mode == "standby")
     print(f"{mode}: {args.kills} kills of the active checker, {args.transactions} transactions", flush=True)
-    report = chaos.Run(options).execute()
+    report = Run(options).execute()
     failovers = [f["failover_s"] for f in report["did"]["failovers"]]
     return {
         "failover_s": failovers,
         "min_s": min(failovers, default=None),
-        "median_s": benchlib.median(failovers),
+        "median_s": harness.median(failovers),
         "max_s": max(failovers, default=None),
         "taken_over_by": [f["taken_over_by"] for f in report["did"]["failovers"]],
         "kills": len(report["did"]["checker_kills"]),
@@ -72,11 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--send-seconds", type=float, default=90.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--results", default=str(Path(__file__).resolve().parent / "results" / "failover.json"))
-    args = benchlib.parse_args(parser, argv, "failover", TINY)
+    args = harness.parse_args(parser, argv, "failover", TINY)
 
     ttl_s = CoordinatorConfig().checker_lease_ttl_ms / 1000
     target_s = ttl_s + TARGET_MARGIN_S
-    report = benchlib.start_report("failover", vars(args))
+    report = harness.start_report("failover", vars(args))
     workdir = Path(tempfile.mkdtemp(prefix="failover-"))
     modes = {mode: run_mode(mode, args, workdir) for mode in args.modes}
     if any(figures["violations"] for figures in modes.values()):
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
               f"  {figures['violations']:>10}  {', '.join(map(str, figures['failover_s']))}")
     print(f"target: standby failover ≤ lease TTL {ttl_s:g} s + {TARGET_MARGIN_S:g} s = {target_s:g} s: "
           f"{'met' if report['standby_met'] else 'NOT met'}")
-    benchlib.finish_report(report, Path(args.results))
+    harness.finish_report(report, Path(args.results))
     return 0 if all(figures["violations"] == 0 for figures in modes.values()) else 1
 
 

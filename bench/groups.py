@@ -5,15 +5,15 @@ listing of ``groups/``, then one probe of each log's next version). This benchma
 that costs: two lakehouses, one Spark session; lakehouse *one* has a single group, lakehouse *many*
 ``--groups`` groups (default 50) of which one is busy and the others each hold ``--idle-versions``
 commits made before the run (rolled-back transactions) and stay idle. The same rounds
-(:func:`benchlib.streaming_triggers`: commits of ``--transactions`` transactions, waited for until
+(:func:`harness.streaming_triggers`: commits of ``--transactions`` transactions, waited for until
 delivered, then heartbeat-only triggers) run through the real streaming checker on *one*, then on
 *many*, ``--runs`` times alternately, so machine load hits both alike. Reported: the median trigger
 time with records and heartbeat-only on each, and their ratios *many* / *one* (the target: at most
 1.5 with records).
 
-    python bench/groups.py
-    python bench/groups.py --object-store      # both lakehouses on a loopback S3 server (scripts/s3_server.py)
-    python bench/groups.py --tiny              # the smallest run, for the tests (tests/test_bench.py)
+    python -m bench.groups
+    python -m bench.groups --object-store      # both lakehouses on a loopback S3 server (scripts/s3_server.py)
+    python -m bench.groups --tiny              # the smallest run, for the tests (tests/test_bench.py)
 
 Prints a table and writes ``bench/results/groups.json`` (``groups-object-store.json`` with
 ``--object-store``; ``--results`` to change).
@@ -24,16 +24,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shutil
-import sys
 import tempfile
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
+from bench import harness
 
-sys.path.insert(0, str(benchlib.ROOT / "scripts"))
-from s3_server import S3Server  # noqa: E402  (scripts/s3_server.py)
+from scripts.s3_server import S3Server
 
 BUSY_GROUP = "bench-busy"
 TOPIC = "BENCH_GROUPS"
@@ -55,7 +52,7 @@ def idle_group(config, group: str, versions: int) -> None:
     with CommitLogWriter(lakehouse, group) as writer:
         for _ in range(versions):
             transaction = time_ordered_id()
-            writer.submit(benchlib.half_rows([transaction], group, TOPIC)
+            writer.submit(harness.half_rows([transaction], group, TOPIC)
                           + [end_record(group, transaction, LocalTransactionState.ROLLBACK_MESSAGE)]).result()
 
 
@@ -77,17 +74,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--transactions", type=int, default=200, help="transactions per round (two commits)")
     parser.add_argument("--object-store", action="store_true", help="both lakehouses on a loopback S3 server")
     parser.add_argument("--results", default=None)
-    args = benchlib.parse_args(parser, argv, "groups", TINY)
-    results = Path(args.results or benchlib.RESULTS / f"groups{'-object-store' if args.object_store else ''}.json")
-    report = benchlib.start_report("groups", vars(args))
+    args = harness.parse_args(parser, argv, "groups", TINY)
+    results = Path(args.results or harness.RESULTS / f"groups{'-object-store' if args.object_store else ''}.json")
+    report = harness.start_report("groups", vars(args))
 
     workdir = tempfile.mkdtemp(prefix="bench-groups-")
-    with contextlib.ExitStack() as stack, benchlib.spark_session("bench-groups") as spark:
+    with contextlib.ExitStack() as stack, harness.spark_session("bench-groups") as spark:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         if args.object_store:
             server = stack.enter_context(S3Server(f"{workdir}/s3"))
             server.create_bucket(BUCKET)
-            benchlib.reach_object_store(spark, server.storage_options)
+            harness.reach_object_store(spark, server.storage_options)
             roots, storage = {name: f"s3://{BUCKET}/{name}-{uuid.uuid4().hex[:8]}" for name in ("one", "many")}, \
                 server.storage_options
         else:
@@ -100,13 +97,13 @@ def main(argv: list[str] | None = None) -> dict:
         runs = {"one": [], "many": []}
         for run in range(args.runs):
             for name, config in configs.items():
-                figures = benchlib.streaming_triggers(spark, config, BUSY_GROUP, TOPIC, args.rounds, args.transactions)
+                figures = harness.streaming_triggers(spark, config, BUSY_GROUP, TOPIC, args.rounds, args.transactions)
                 runs[name].append(figures)
                 print(f"  run {run + 1} {name:>4}: trigger with records {figures['trigger_ms_median_with_records']} ms, "
                       f"heartbeat-only {figures['trigger_ms_median_heartbeat']} ms ({figures['triggers']} triggers)",
                       flush=True)
 
-    summary = {name: {kind: benchlib.median([run[f"trigger_ms_median_{kind}"] for run in figures])
+    summary = {name: {kind: harness.median([run[f"trigger_ms_median_{kind}"] for run in figures])
                       for kind in ("with_records", "heartbeat")} for name, figures in runs.items()}
     ratios = {kind: round(summary["many"][kind] / summary["one"][kind], 2) for kind in ("with_records", "heartbeat")}
     report.update(runs=runs, trigger_ms_median=summary, ratio=ratios, target_ratio=TARGET_RATIO,
@@ -115,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
     for kind in ("with_records", "heartbeat"):
         print(f"{kind.replace('_', ' '):>20} {summary['one'][kind]:>8} {summary['many'][kind]:>10} {ratios[kind]:>6}")
     print(f"target: with records at most {TARGET_RATIO}x: {'met' if report['within_target'] else 'MISSED'}")
-    return benchlib.finish_report(report, results)
+    return harness.finish_report(report, results)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ load hits both alike. ``pending_from`` is carried from batch to batch as the str
 carries it; B starts at N (what a checker that had resolved all of its history would hold).
 The first round warms up and is not counted.
 
-    python bench/history.py                                   # 1,000,000 resolved, 500 per batch
-    python bench/history.py --history 100000 --workload small # the quick version
-    python bench/history.py --tiny                            # 2,000 resolved, 5 per batch: for the tests
+    python -m bench.history                                   # 1,000,000 resolved, 500 per batch
+    python -m bench.history --history 100000 --workload small # the quick version
+    python -m bench.history --tiny                            # 2,000 resolved, 5 per batch: for the tests
 
 Prints a table and writes ``bench/results/history.json`` (``--results`` to change).
 """
@@ -28,14 +28,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
+from bench import harness
 
 WORKLOADS = {"small": 100, "default": 500}
 TOPIC = "BENCH_HISTORY"
@@ -76,7 +74,7 @@ def build_history(spark, lakehouse: str, n: int, appends: int) -> dict:
         F.col("id").cast("string").alias("keys"),
         F.lit(None).cast("string").alias("tags"),
         F.create_map().cast("map<string,string>").alias("properties"),
-        F.lit(benchlib.BODY).alias("body"),
+        F.lit(harness.BODY).alias("body"),
         F.timestamp_millis(ms).alias("born_timestamp"),
         F.timestamp_millis(ms).alias("stored_timestamp"),
         F.timestamp_millis(ms + 50).alias("resolved_at"),
@@ -100,7 +98,7 @@ def build_history(spark, lakehouse: str, n: int, appends: int) -> dict:
                            (f"topics/{TOPIC}", topic, Lakehouse(lakehouse).topic(TOPIC)),
                            ("system/check_requests", checks, Lakehouse(lakehouse).path(CHECK_REQUESTS))]:
         df.write.format("delta").mode("append").save(path)
-        files[name] = benchlib.table_shape(path)["active_files"]
+        files[name] = harness.table_shape(path)["active_files"]
     return {"seconds": round(time.perf_counter() - started, 1), "files": files,
             "history_batch_ids": f"0..{appends - 1}"}
 
@@ -114,8 +112,8 @@ def run_workload(drivers: dict, workload: int, repeats: int) -> dict:
             from coordinator.producer.transaction_producer import time_ordered_id
 
             ids = [time_ordered_id() for _ in range(workload)]
-            driver.write(benchlib.half_rows(ids, GROUP, TOPIC))
-            driver.write(benchlib.commit_rows(ids, GROUP))
+            driver.write(harness.half_rows(ids, GROUP, TOPIC))
+            driver.write(harness.commit_rows(ids, GROUP))
             summary, seconds = driver.run()
             assert summary.delivered == workload and summary.pending == 0, summary
             heartbeat, heartbeat_seconds = driver.run()
@@ -137,16 +135,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=5, help="counted rounds (one more warms up)")
     parser.add_argument("--appends", type=int, default=20, help="files per table of B's history")
     parser.add_argument("--workdir", default=None, help="where the two lakehouses go (default: a temporary directory)")
-    parser.add_argument("--results", default=str(benchlib.RESULTS / "history.json"))
-    args = benchlib.parse_args(parser, argv, "history", TINY)
+    parser.add_argument("--results", default=str(harness.RESULTS / "history.json"))
+    args = harness.parse_args(parser, argv, "history", TINY)
     workload = WORKLOADS[args.workload] if args.workload in WORKLOADS else int(args.workload)
-    report = benchlib.start_report("history", vars(args) | {"transactions_per_batch": workload})
+    report = harness.start_report("history", vars(args) | {"transactions_per_batch": workload})
 
     from coordinator.config import CoordinatorConfig
     from coordinator.lakehouse import init_lakehouse
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-history-")
-    with benchlib.spark_session("bench-history") as spark:
+    with harness.spark_session("bench-history") as spark:
         try:
             lakehouses = {"empty": os.path.join(workdir, "A-empty"), "history": os.path.join(workdir, "B-history")}
             for path in lakehouses.values():
@@ -156,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
                   "(as after maintenance)", flush=True)
             report["build"] = build_history(spark, lakehouses["history"], args.history, args.appends)
             print(f"  built in {report['build']['seconds']} s; files: {report['build']['files']}", flush=True)
-            drivers = {name: benchlib.BatchDriver(spark, CoordinatorConfig(lakehouse=path), GROUP, first_batch_id=args.appends,
+            drivers = {name: harness.BatchDriver(spark, CoordinatorConfig(lakehouse=path), GROUP, first_batch_id=args.appends,
                                                   pending_from=args.history if name == "history" else 0)
                        for name, path in lakehouses.items()}
             timings = run_workload(drivers, workload, args.repeats)
@@ -164,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
             if args.workdir is None:
                 shutil.rmtree(workdir, ignore_errors=True)
 
-    medians = {name: {kind: benchlib.median(t[kind]) for kind in ("records", "heartbeat")} for name, t in timings.items()}
+    medians = {name: {kind: harness.median(t[kind]) for kind in ("records", "heartbeat")} for name, t in timings.items()}
     ratio = round(medians["history"]["records"] / medians["empty"]["records"], 3)
     heartbeat_ratio = round(medians["history"]["heartbeat"] / medians["empty"]["heartbeat"], 3)
     print(f"\n{workload} transactions per batch, {args.repeats} rounds; median run_batch time in ms")
@@ -174,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{'ratio B/A':>28} {ratio:>13.3f} {heartbeat_ratio:>15.3f}")
     report.update({"transactions_per_batch": workload, "timings_ms": timings, "median_ms": medians,
                    "ratio": ratio, "heartbeat_ratio": heartbeat_ratio})
-    return benchlib.finish_report(report, Path(args.results))
+    return harness.finish_report(report, Path(args.results))
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@ The local transaction is a no-op that commits, so what is measured is the
 coordinator's own cost: validating, group-committing halves to the commit log,
 and queueing the one-way END. No JVM is involved.
 
-    python bench/producer.py                      # 1, 16, 64, 128, 256 threads, batched sends, 1/2/4 processes
-    python bench/producer.py --seconds 5 --threads 16 --processes 1 2
-    python bench/producer.py --tiny               # every configuration for half a second, for the tests
+    python -m bench.producer                      # 1, 16, 64, 128, 256 threads, batched sends, 1/2/4 processes
+    python -m bench.producer --seconds 5 --threads 16 --processes 1 2
+    python -m bench.producer --tiny               # every configuration for half a second, for the tests
 
 Every figure is quoted against the **append floor**, measured first in the same run: a bare
 delta-rs ``write_deltalake`` of one commit-log row to a warm table, many times over, the table
@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import multiprocessing
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -37,8 +36,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
+from bench import harness
 
 from deltalake import write_deltalake
 
@@ -47,8 +45,8 @@ from coordinator.lakehouse import Lakehouse, create_table, init_lakehouse
 from coordinator.producer.commit_log import half_records, records_to_arrow
 from coordinator.tables import COMMIT_LOG
 
-RESULTS = benchlib.RESULTS
-BODY = benchlib.BODY
+RESULTS = harness.RESULTS
+BODY = harness.BODY
 FLOOR_WARMUP = 20
 #: A DeltaTable kept open gets slower with every commit it has seen (delta-rs 1.6.6: an append's p50 went
 #: from 22 ms after 100 commits to 175 ms after 1,000 here), so the floor reopens it, untimed: its best case.
@@ -83,8 +81,7 @@ class Places:
         self._stack = contextlib.ExitStack()
         self.storage: dict[str, str] = {}
         if object_store:
-            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-            from s3_server import S3Server
+            from scripts.s3_server import S3Server
 
             server = self._stack.enter_context(S3Server(self._stack.enter_context(tempfile.TemporaryDirectory())))
             server.create_bucket(self.BUCKET)
@@ -220,9 +217,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--object-store", action="store_true",
                         help="every lakehouse on a loopback S3 server (scripts/s3_server.py) instead of a local disk")
     parser.add_argument("--results", default=None, help="default: bench/results/producer.json (producer-s3.json)")
-    args = benchlib.parse_args(parser, argv, "producer", TINY)
+    args = harness.parse_args(parser, argv, "producer", TINY)
     args.results = args.results or str(RESULTS / ("producer-s3.json" if args.object_store else "producer.json"))
-    report = benchlib.start_report("producer", vars(args))
+    report = harness.start_report("producer", vars(args))
     places = Places(args.object_store)
     try:
         floor = append_floor(places, args.floor_appends)
@@ -241,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"{r['send_p50_vs_floor']:>9} {r['send_p99_vs_floor']:>9} {r['commits_per_s']:>9} "
               f"{r['txn_per_commit']:>10}")
     report.update(append_floor_p50_ms=floor["p50_ms"], append_floor=floor, runs=runs, processes=curve)
-    return benchlib.finish_report(report, Path(args.results))
+    return harness.finish_report(report, Path(args.results))
 
 
 if __name__ == "__main__":

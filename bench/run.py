@@ -1,10 +1,10 @@
 """Run the benchmark suite: each script in its own process, one after the other.
 
-    python bench/run.py --quick   # one cold start, then small versions of producer, end to end, history
+    python -m bench.run --quick   # one cold start, then small versions of producer, end to end, history
                                   # and batch_cost: `make bench`
-    python bench/run.py           # the full versions: cold_start, producer, history, e2e, unresolved,
+    python -m bench.run           # the full versions: cold_start, producer, history, e2e, unresolved,
                                   # soak, batch_cost, groups, drain (95 minutes at least: soak 60, drain 15, e2e 10)
-    python bench/run.py --tiny    # each of those with --tiny: the smallest run that goes through all of it,
+    python -m bench.run --tiny    # each of those with --tiny: the smallest run that goes through all of it,
                                   # in seconds (e2e's with --observed); its figures mean nothing
                                   # (tests/test_bench.py runs them)
 
@@ -42,10 +42,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
+from bench import harness
 
-HERE = Path(__file__).resolve().parent
 
 QUICK = {
     "cold_start": ["--runs", "1"],
@@ -69,10 +67,10 @@ TINY = {name: ["--tiny"] for name in FULL} | {"e2e": ["--tiny", "--observed"]}  
 
 
 def run_one(name: str, extra: list[str], results: Path) -> dict:
-    argv = [sys.executable, str(HERE / f"{name}.py"), *extra, "--results", str(results)]
+    argv = [sys.executable, "-m", f"bench.{name}", *extra, "--results", str(results)]
     print(f"\n=== {name}: {' '.join(argv[1:])}", flush=True)
     started = time.monotonic()
-    subprocess.run(argv, check=True)
+    subprocess.run(argv, check=True, cwd=harness.ROOT)
     seconds = time.monotonic() - started
     print(f"=== {name} took {seconds:.0f} s", flush=True)
     return json.loads(results.read_text()) | {"run_seconds": round(seconds, 1)}
@@ -110,15 +108,15 @@ def main(argv: list[str] | None = None) -> dict:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true",
                       help="one cold start and small versions of producer, e2e, history and batch_cost")
-    size.add_argument("--tiny", action="store_true", help=f"every benchmark with --tiny: {benchlib.TINY_HELP}")
+    size.add_argument("--tiny", action="store_true", help=f"every benchmark with --tiny: {harness.TINY_HELP}")
     parser.add_argument("--only", nargs="*", help="run only these benchmarks")
     parser.add_argument("--results", default=None,
                         help="this run's JSON (default: bench/results/run.json, run-quick.json, run-tiny.json); "
                              "each benchmark's goes beside it")
     args = parser.parse_args(argv)
     plan, suffix = (QUICK, "-quick") if args.quick else (TINY, "-tiny") if args.tiny else (FULL, "")
-    results = Path(args.results) if args.results else benchlib.RESULTS / f"run{suffix}.json"
-    report = benchlib.start_report("run" + suffix, vars(args))
+    results = Path(args.results) if args.results else harness.RESULTS / f"run{suffix}.json"
+    report = harness.start_report("run" + suffix, vars(args))
     started = time.monotonic()
     reports = {name: run_one(name, extra, results.parent / f"{name}{suffix}.json")
                for name, extra in plan.items() if not args.only or name in args.only}
@@ -127,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     report.update(seconds=round(time.monotonic() - started, 1), summary=summary,
                   seconds_by_benchmark={name: r["run_seconds"] for name, r in reports.items()},
                   loadavg_by_benchmark={name: [r["loadavg_start"], r["loadavg_end"]] for name, r in reports.items()})
-    benchlib.finish_report(report, results)
+    harness.finish_report(report, results)
     print(f"suite took {report['seconds']} s")
     print(json.dumps(summary), flush=True)
     return summary

@@ -8,27 +8,27 @@ The real checker job (``spark-submit jobs/checker.py``, the product's default tr
 that falls behind still stops then, and the sends it never started are reported as ``unsent``). Meanwhile:
 
 - every ``--kill-every`` seconds of sending, the checker job's whole process group gets SIGKILL, as a
-  crash (``benchlib.CheckerJob.kill``), and a new run starts at once, as a supervisor restarts a crashed
+  crash (``harness.CheckerJob.kill``), and a new run starts at once, as a supervisor restarts a crashed
   service (it takes the lease over as soon as it finds the killed run's process gone). A run is killed
   only once it has finished a batch (a restart that outlasts the period skips the kills that fell due).
-  Each restart is timed from the kill to the new run's query start and first finished batch (its log),
-  and to the checker catching up (``caught_up_s``: its lag back to the highest of the 30 s before the kill);
+  Each restart is timed from the kill to the new run taking the lease, to the end of its first batch
+  (``system/metrics``) and to the checker catching up (``caught_up_s``: its lag back to the highest of the 30 s before the kill);
 - every ``--maintenance-every`` seconds, ``txcoord maintain --retention-hours --log-retention-hours`` runs
   as a process of its own, as a scheduler runs it (at fixed times from the start of sending; its memory is
   not the producer's); the default log retention, six minutes (with a commit log's ten minutes of
   tombstones), lets the logs level off within the first window, so that the second one, which the verdict
   compares with the last, is at its level. Each run's peak RSS (``wait4``) is kept;
-- a thread follows the topic table's log every 2 s (``benchlib.TopicFollower``: log cleanup removes old
+- a thread follows the topic table's log every 2 s (``harness.TopicFollower``: log cleanup removes old
   versions, so they cannot all be read at the end) and takes each delivered transaction's commit→visible
   latency as ``bench/e2e.py`` does: the commit timestamp of the topic version that delivered it minus the
   time its send returned;
-- every ``--memory-every`` seconds, the RSS of the checker job's whole process tree (``benchlib.process_tree_rss``:
+- every ``--memory-every`` seconds, the RSS of the checker job's whole process tree (``harness.process_tree_rss``:
   its JVM, its Python driver, streaming source runner and Python workers, summed, and their PSS; after a
   kill, the new run's tree) and of this process (the producer; it also follows the topic and keeps each
   transaction's latency, 4 bytes); every ``--log-every`` seconds, the size of the commit log's
   ``_delta_log`` (bytes and files), which the appender's checkpoints make grow between maintenance runs;
 - at each window's end, the shape of the commit log, every system table, the group's check requests and
-  the topic (``benchlib.table_shape``): the version, the ``_delta_log``'s bytes and files (JSON commits and
+  the topic (``harness.table_shape``): the version, the ``_delta_log``'s bytes and files (JSON commits and
   checkpoints), active data files and Parquet files on disk.
 
 Each window of ``--window-minutes`` of sending time is reported (a transaction belongs to the window its
@@ -52,9 +52,9 @@ reported when sending starts and after the last maintenance run. The machine is 
 lakehouse's disk has less than ``--min-free-gib`` free, sending stops early, and the run says so
 (``aborted``) and is not flat.
 
-    python bench/soak.py                       # 60 min at 1,000 txn/s: a kill every 10 min, maintenance every 5
-    python bench/soak.py --minutes 3 --rate 200 --kill-every 60 --window-minutes 1
-    python bench/soak.py --tiny                # 18 s at 10 txn/s, a kill at 8 s, 6-s windows (tests/test_bench.py)
+    python -m bench.soak                       # 60 min at 1,000 txn/s: a kill every 10 min, maintenance every 5
+    python -m bench.soak --minutes 3 --rate 200 --kill-every 60 --window-minutes 1
+    python -m bench.soak --tiny                # 18 s at 10 txn/s, a kill at 8 s, 6-s windows (tests/test_bench.py)
 
 Prints a table per window and the verdict, and writes ``bench/results/soak.json`` (``--results`` to change).
 """
@@ -70,13 +70,11 @@ import sys
 import threading
 import time
 from array import array
-from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
+from bench import harness
 
 TOPIC = "BENCH_SOAK"
 GROUP = "bench-soak"
@@ -127,7 +125,7 @@ class Maintainer(threading.Thread):
 
         started = time.monotonic()
         with open(self.log_path, "ab") as log:
-            process = subprocess.Popen(self.argv, cwd=benchlib.ROOT, stdout=subprocess.PIPE, stderr=log,
+            process = subprocess.Popen(self.argv, cwd=harness.ROOT, stdout=subprocess.PIPE, stderr=log,
                                        stdin=subprocess.DEVNULL)
         output = process.stdout.read()
         process.stdout.close()
@@ -161,7 +159,7 @@ class Supervisor(threading.Thread):
     ``until_s``, and starts a new one at once, as a supervisor restarts a crashed service; a run is killed
     only once it has finished a batch. ``current`` is the running checker."""
 
-    def __init__(self, checker: benchlib.CheckerJob, directory: str, every_s: float, until_s: float, t0: float,
+    def __init__(self, checker: harness.CheckerJob, directory: str, every_s: float, until_s: float, t0: float,
                  startup_timeout_s: float):
         super().__init__(name="checker-supervisor", daemon=True)
         self.current = checker
@@ -184,36 +182,38 @@ class Supervisor(threading.Thread):
             slot = max(slot + 1, math.floor((time.monotonic() - self.t0) / self.every_s) + 1)
 
     def restart(self, n: int) -> bool:
-        """Kill the current run, start the next, wait for its first finished batch; whether it ran one."""
+        """Kill the current run, start the next, wait for its first finished batch; whether it ran one.
+        Read from the lakehouse: the lease names the new run's process, ``system/metrics`` records its batches."""
         killed = self.current
-        killed_log = benchlib.CheckerLog(killed.log_file.name)
-        killed_log.follow()
-        killed_at = time.monotonic()
+        killed_batches = len(harness.recorded_batches(killed.lakehouse, killed.started_wall))
+        killed_at, killed_wall = time.monotonic(), time.time()
         exit_code = killed.kill()
-        self.current = benchlib.CheckerJob(killed.config_path, killed.lakehouse,
-                                           os.path.join(self.directory, f"checker-{n + 1}.log"))
-        record = {"at_s": round(killed_at - self.t0, 1), "killed_run_s": round(killed_at - killed.started, 1),
-                  "killed_run_batches": killed_log.batches, "killed_exit_code": exit_code,
-                  "query_started_s": None, "restart_s": None, "error": None, "log": self.current.log_file.name}
+        self.current = harness.CheckerJob(killed.config_path, killed.lakehouse,
+                                          os.path.join(self.directory, f"checker-{n + 1}.log"))
+        record = {"at_s": round(killed_at - self.t0, 1), "killed_run_s": round(killed_at - killed.started_at, 1),
+                  "killed_run_batches": killed_batches, "killed_exit_code": exit_code,
+                  "lease_taken_s": None, "restart_s": None, "error": None, "log": self.current.log_path}
         self.restarts.append(record)
         print(f"  [{record['at_s']:7.1f} s] checker killed (kill -9 of its process group, after "
-              f"{killed_log.batches} batches); starting run {n + 1}", flush=True)
-        log = benchlib.CheckerLog(self.current.log_file.name)
+              f"{killed_batches} batches); starting run {n + 1}", flush=True)
         deadline = killed_at + self.startup_timeout_s
-        while log.batches == 0:
-            log.follow()
-            if log.query_started and record["query_started_s"] is None:
-                record["query_started_s"] = round(time.monotonic() - killed_at, 1)
-            if self.current.process.poll() is not None or time.monotonic() > deadline:
-                record["error"] = (f"run {n + 1} exited with {self.current.process.returncode} before its first batch"
-                                   if self.current.process.poll() is not None else
-                                   f"run {n + 1} ran no batch within {self.startup_timeout_s:g} s")
-                print(f"  checker restart FAILED: {record['error']}; see {self.current.log_file.name}", flush=True)
+        first = None
+        while first is None:
+            if record["lease_taken_s"] is None and self.current.holds_lease():
+                record["lease_taken_s"] = round(time.monotonic() - killed_at, 1)
+            if record["lease_taken_s"] is not None:
+                first = harness.first_batch_after(self.current.lakehouse, killed_wall)
+            if first is None and (not self.current.running or time.monotonic() > deadline):
+                record["error"] = (f"run {n + 1} exited with {self.current.exit_code()} before its first batch"
+                                   if not self.current.running else
+                                   f"run {n + 1} recorded no batch within {self.startup_timeout_s:g} s")
+                print(f"  checker restart FAILED: {record['error']}; see {self.current.log_path}", flush=True)
                 return False
-            time.sleep(0.2)
-        record["restart_s"] = round(time.monotonic() - killed_at, 1)
+            if first is None:
+                time.sleep(0.5)
+        record["restart_s"] = round(first["finished_at"] - killed_wall, 1)
         print(f"  [{time.monotonic() - self.t0:7.1f} s] run {n + 1}: first batch {record['restart_s']} s after "
-              f"the kill (query started after {record['query_started_s']} s)", flush=True)
+              f"the kill (lease taken after {record['lease_taken_s']} s)", flush=True)
         return True
 
     def stop(self) -> None:
@@ -226,13 +226,13 @@ class Latencies(threading.Thread):
 
     :meth:`sent` (the sender's ``on_sent``) keeps each transaction until delivered, and its id in
     ``sent_path`` (for the counts at the end); every ``FOLLOW_EVERY_S`` the thread reads the topic versions
-    written since (:class:`benchlib.TopicFollower`) and records, for each transaction delivered, its
+    written since (:class:`harness.TopicFollower`) and records, for each transaction delivered, its
     version's commit timestamp minus the time its send returned, in the window of that send.
     """
 
     def __init__(self, lakehouse: str, t0_wall: float, window_s: float, windows: int, sent_path: str):
         super().__init__(name="latencies", daemon=True)
-        self.follower = benchlib.TopicFollower(lakehouse, TOPIC)
+        self.follower = harness.TopicFollower(lakehouse, TOPIC)
         self.t0_wall, self.window_s, self.windows = t0_wall, window_s, windows
         self.sent_path = sent_path
         self._sent_file = open(sent_path, "w")
@@ -311,7 +311,7 @@ class Monitor(threading.Thread):
         return round(time.monotonic() - self.t0, 1)
 
     def sample_memory(self) -> None:
-        tree = benchlib.process_tree_rss(self.supervisor.current.process.pid) or {
+        tree = harness.process_tree_rss(self.supervisor.current.process.pid) or {
             "total_mib": 0.0, "total_pss_mib": 0.0, "jvm_mib": 0.0, "other_mib": 0.0, "processes": 0}
         self.samples.append({"at_s": self.now_s(), "checker_run": len(self.supervisor.restarts) + 1,
                              "checker_tree_mib": tree["total_mib"], "checker_tree_pss_mib": tree["total_pss_mib"],
@@ -320,7 +320,7 @@ class Monitor(threading.Thread):
                              "producer_mib": round(self.this_process.memory_info().rss / 2**20, 1)})
 
     def sample_log(self) -> None:
-        size = benchlib.delta_log_size(self.commit_log)
+        size = harness.delta_log_size(self.commit_log)
         if size is not None:
             self.log_samples.append({"at_s": self.now_s(), "log_bytes": size["log_bytes"], "log_files": size["log_files"]})
         free = shutil.disk_usage(self.lakehouse).free
@@ -395,16 +395,16 @@ def shapes(tables: dict[str, str]) -> dict:
 
 
 def shape(path: str, attempts: int = 3) -> dict:
-    """:func:`benchlib.table_shape`, tried again on an error: listing a log while a writer adds to it may
+    """:func:`harness.table_shape`, tried again on an error: listing a log while a writer adds to it may
     see a gap between versions, which delta-rs refuses. If every attempt fails, the ``_delta_log``'s size
     alone, with the last ``error``."""
     for attempt in range(attempts):
         try:
-            return benchlib.table_shape(path)
+            return harness.table_shape(path)
         except Exception as exc:  # DeltaError: "Expected contiguous commit files, but found gap"
             error = f"{type(exc).__name__}: {str(exc)[:300]}"
             time.sleep(0.5)
-    log = benchlib.delta_log_size(path)
+    log = harness.delta_log_size(path)
     return {"exists": log is not None, "version": None, **(log or {}), "active_files": None,
             "parquet_files_on_disk": None, "error": error}
 
@@ -417,10 +417,9 @@ def topic_counts(lakehouse: str, sent_path: str) -> dict:
     sent = set(Path(sent_path).read_text().split())
     rows = (read_table(place.topic(TOPIC), ["transaction_id"]).column("transaction_id").to_pylist()
             if place.exists(f"topics/{TOPIC}") else [])
-    delivered = Counter(rows)
-    return {"lost": len(sent - delivered.keys()),
-            "duplicated": sum(count - 1 for count in delivered.values()),
-            "not_committed": len(delivered.keys() - sent),
+    counts = harness.tally_deliveries(sent, rows).counts()
+    # This producer only commits: a delivered transaction it never sent was never committed.
+    return {"lost": counts["lost"], "duplicated": counts["duplicated"], "not_committed": counts["unexpected"],
             "topic_rows": len(rows)}
 
 
@@ -446,7 +445,7 @@ def ms(seconds: Optional[float]) -> Optional[float]:
 
 
 def window_figures(window_s: float, send_seconds: float, latencies: Latencies, monitor: Monitor,
-                   supervisor: Supervisor, maintainer: Maintainer, sampler: benchlib.LagSampler,
+                   supervisor: Supervisor, maintainer: Maintainer, sampler: harness.LagSampler,
                    metrics: list[dict], start_wall: datetime) -> list[dict]:
     windows = []
     for w in range(latencies.windows):
@@ -468,11 +467,11 @@ def window_figures(window_s: float, send_seconds: float, latencies: Latencies, m
             "from_s": round(start, 1), "to_s": round(end, 1),
             "sent": latencies.sent_by_window[w],
             "delivered": len(seconds),
-            "e2e_p50_ms": ms(benchlib.percentile(seconds, 0.5)),
-            "e2e_p99_ms": ms(benchlib.percentile(seconds, 0.99)),
+            "e2e_p50_ms": ms(harness.percentile(seconds, 0.5)),
+            "e2e_p99_ms": ms(harness.percentile(seconds, 0.99)),
             "e2e_max_ms": ms(seconds[-1] if seconds else None),
             "batches": len(batches),
-            "batch_ms_median": benchlib.median(batches),
+            "batch_ms_median": harness.median(batches),
             "lag_max_versions": max(sampler.between(start, end), default=None),
             "kills": len(restarts),
             "restart_s": [r["restart_s"] for r in restarts],
@@ -594,9 +593,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--startup-timeout", type=float, default=300,
                         help="seconds to wait for a checker run's first batch")
     parser.add_argument("--lakehouse", default=None, help="default: a temporary directory, removed afterwards")
-    parser.add_argument("--results", default=str(benchlib.RESULTS / "soak.json"))
-    args = benchlib.parse_args(parser, argv, "soak", TINY)
-    report = benchlib.start_report("soak", vars(args))
+    parser.add_argument("--results", default=str(harness.RESULTS / "soak.json"))
+    args = harness.parse_args(parser, argv, "soak", TINY)
+    report = harness.start_report("soak", vars(args))
 
     from coordinator import TransactionProducer
     from coordinator.lakehouse import Lakehouse, read_table
@@ -605,7 +604,7 @@ def main(argv: list[str] | None = None) -> dict:
     seconds = args.minutes * 60
     window_s = args.window_minutes * 60
     windows = max(1, math.ceil(round(seconds / window_s, 6)))
-    lakehouse, checker = benchlib.checker_on_fresh_lakehouse(args.lakehouse, "soak", args.trigger_ms)
+    lakehouse, checker = harness.checker_on_fresh_lakehouse(args.lakehouse, "soak", args.trigger_ms)
     tables = table_paths(lakehouse)
     sent_path = os.path.join(lakehouse, "sent-transaction-ids.txt")
     sampler = maintainer = supervisor = latencies = monitor = None
@@ -618,7 +617,7 @@ def main(argv: list[str] | None = None) -> dict:
         report["shape_start"] = shapes(tables)
         t0, t0_wall = time.monotonic(), time.time()
         start_wall = datetime.now(timezone.utc)
-        sampler = benchlib.LagSampler(checker, t0)  # the lag is read from the lakehouse: any run's
+        sampler = harness.LagSampler(checker, t0)  # the lag is read from the lakehouse: any run's
         maintainer = Maintainer(checker.config_path, os.path.join(lakehouse, "maintenance.log"), args.maintenance_every,
                                 args.retention_hours, args.log_retention_hours, t0)
         supervisor = Supervisor(checker, lakehouse, args.kill_every, seconds, t0, args.startup_timeout)
@@ -628,8 +627,8 @@ def main(argv: list[str] | None = None) -> dict:
         for thread in (sampler, maintainer, supervisor, latencies, monitor):
             thread.start()
         config = CoordinatorConfig(lakehouse=lakehouse)
-        with TransactionProducer(GROUP, benchlib.Commits(), config) as producer:
-            sender = benchlib.SteadySender(producer, TOPIC, args.rate, seconds, args.threads, on_sent=latencies.sent)
+        with TransactionProducer(GROUP, harness.Commits(), config) as producer:
+            sender = harness.SteadySender(producer, TOPIC, args.rate, seconds, args.threads, on_sent=latencies.sent)
             monitor.halt_sending = sender.halt
             if monitor.aborted:
                 sender.halt()
@@ -672,7 +671,7 @@ def main(argv: list[str] | None = None) -> dict:
         "lag_end_versions": lags[-1] if lags else None,
         "kills": len(supervisor.restarts),
         "restart_s": restarts,
-        "restart_s_median": benchlib.median([s for s in restarts if s is not None]),
+        "restart_s_median": harness.median([s for s in restarts if s is not None]),
         "restart_s_max": max((s for s in restarts if s is not None), default=None),
         "caught_up_s": [r["caught_up_s"] for r in supervisor.restarts],
         "restarts": supervisor.restarts,
@@ -697,7 +696,7 @@ def main(argv: list[str] | None = None) -> dict:
     report["lag_samples"] = sampler.samples
     if args.lakehouse is None:
         shutil.rmtree(lakehouse, ignore_errors=True)
-    return benchlib.finish_report(report, Path(args.results))
+    return harness.finish_report(report, Path(args.results))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ Example::
         ...
         proxy.counts()  # {"requests": 120, "forwarded": 118, "injected": {"slowdown": 2, ...}, ...}
 
-    python bench/storage_faults.py --upstream http://127.0.0.1:9000 --seed 1 \\
+    python -m bench.storage_faults --upstream http://127.0.0.1:9000 --seed 1 \\
         --rates slowdown=0.02,error=0.01,delay=0.01,reset=0.01,drop_reply=0.01 --methods PUT
     # storage-faults: listening on http://127.0.0.1:41235      (the counts as JSON on SIGTERM)
 """

@@ -11,9 +11,9 @@ pending set costs when nothing is due. The batch clock is explicit, so nothing s
 Memory: the Spark driver JVM's heap in use, sampled every 100 ms during the due round, and its
 peak RSS (``VmHWM``, reset just before the round); this Python process's peak RSS (``maxrss``).
 
-    python bench/unresolved.py                  # 100,000 halves
-    python bench/unresolved.py --halves 10000
-    python bench/unresolved.py --tiny           # 20 halves, for the tests (tests/test_bench.py)
+    python -m bench.unresolved                  # 100,000 halves
+    python -m bench.unresolved --halves 10000
+    python -m bench.unresolved --tiny           # 20 halves, for the tests (tests/test_bench.py)
 
 Prints a table and writes ``bench/results/unresolved.json`` (``--results`` to change).
 """
@@ -23,15 +23,13 @@ from __future__ import annotations
 import argparse
 import resource
 import shutil
-import sys
 import tempfile
 import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
+from bench import harness
 
 TOPIC = "BENCH_UNRESOLVED"
 GROUP = "bench-unresolved"
@@ -65,9 +63,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--commits", type=int, default=10, help="commit-log commits that carry the halves")
     parser.add_argument("--immunity-s", type=int, default=60)
     parser.add_argument("--lakehouse", default=None, help="default: a temporary directory, removed afterwards")
-    parser.add_argument("--results", default=str(benchlib.RESULTS / "unresolved.json"))
-    args = benchlib.parse_args(parser, argv, "unresolved", TINY)
-    report = benchlib.start_report("unresolved", vars(args))
+    parser.add_argument("--results", default=str(harness.RESULTS / "unresolved.json"))
+    args = harness.parse_args(parser, argv, "unresolved", TINY)
+    report = harness.start_report("unresolved", vars(args))
 
     from coordinator.config import CoordinatorConfig
     from coordinator.lakehouse import init_lakehouse
@@ -81,14 +79,14 @@ def main(argv: list[str] | None = None) -> dict:
     # find nothing due.
     config = CoordinatorConfig(lakehouse=lakehouse, transaction_timeout_ms=args.immunity_s * 1000,
                                transaction_check_interval_ms=(args.immunity_s + 60) * 1000)
-    with benchlib.spark_session("bench-unresolved") as spark:
+    with harness.spark_session("bench-unresolved") as spark:
         try:
-            driver = benchlib.BatchDriver(spark, config, GROUP)
+            driver = harness.BatchDriver(spark, config, GROUP)
             started = time.perf_counter()
             per_commit = -(-args.halves // args.commits)
             for low in range(0, args.halves, per_commit):
                 ids = [time_ordered_id() for _ in range(min(per_commit, args.halves - low))]
-                driver.write(benchlib.half_rows(ids, GROUP, TOPIC))
+                driver.write(harness.half_rows(ids, GROUP, TOPIC))
             report["write_s"] = round(time.perf_counter() - started, 1)
             print(f"{args.halves:,} halves written in {args.commits} commits ({report['write_s']} s)", flush=True)
 
@@ -97,13 +95,13 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  ingest round: {ingest_s * 1000:.0f} ms, {ingest.halves} halves, {ingest.checks} checks", flush=True)
 
             due_at = datetime.now(timezone.utc) + timedelta(seconds=args.immunity_s + 1)
-            before = benchlib.jvm_memory(spark)
-            reset = benchlib.reset_peak_rss(before["pid"])
+            before = harness.jvm_memory(spark)
+            reset = harness.reset_peak_rss(before["pid"])
             heap = HeapSampler(spark)
             heap.start()
             due, due_s = driver.run(now=due_at)
             heap_peak = heap.stop()
-            after = benchlib.jvm_memory(spark)
+            after = harness.jvm_memory(spark)
             print(f"  due round: {due_s * 1000:.0f} ms, {due.checks} check requests", flush=True)
 
             quiet, quiet_s = driver.run(now=due_at + timedelta(seconds=1))
@@ -134,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{f['next_round_ms']:>9} {f['jvm_heap_used_peak_mib']:>14} {f['jvm_peak_rss_mib']!s:>17} "
           f"{f['python_maxrss_mib']:>15}")
     report.update(figures)
-    return benchlib.finish_report(report, Path(args.results))
+    return harness.finish_report(report, Path(args.results))
 
 
 if __name__ == "__main__":

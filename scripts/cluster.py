@@ -6,9 +6,9 @@ each) from the Spark that pyspark installed, submits the very same checker job
 rollbacks, lost second phases repaired by check-back, one transaction nobody can decide),
 checks the outcome, stops the checker with SIGTERM and the cluster, and prints a summary.
 
-    .venv/bin/python scripts/cluster.py                  # exit 0: every check held
-    .venv/bin/python scripts/cluster.py --json           # the summary as JSON
-    .venv/bin/python scripts/cluster.py --keep DIR       # keep the lakehouse and logs in DIR
+    .venv/bin/python -m scripts.cluster                  # exit 0: every check held
+    .venv/bin/python -m scripts.cluster --json           # the summary as JSON
+    .venv/bin/python -m scripts.cluster --keep DIR       # keep the lakehouse and logs in DIR
 
 Exit status: 0 every check held, 1 one failed (the summary says which), 2 bad arguments.
 """
@@ -18,9 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +25,7 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
+from bench.harness import Job, free_port, wait_until
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
 from coordinator.spark import spark_submit
 from coordinator.lakehouse import Lakehouse, read_table
@@ -55,61 +53,32 @@ class PlannedListener(TransactionListener):
         return PLAN[msg.keys.split("/")[0]][1]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def spark_class() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).parent / "bin" / "spark-class"
 
 
-class Daemon:
-    """A Spark master or worker in the foreground of a child process, its output in a log file."""
-
-    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str]):
-        self.name, self.log = name, log
-        with open(log, "wb") as out:
-            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
-
-    def wait_for(self, text: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while text not in self.log.read_text(errors="replace"):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not report {text!r}; end of {self.log}:\n{self.tail()}")
-            time.sleep(0.5)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+def daemon(stack: ExitStack, argv: list[str], log: Path, env: dict[str, str]) -> Job:
+    """``argv`` started, its output in ``log``; stopped (SIGTERM, SIGKILL after 30 s) when ``stack`` closes."""
+    job = Job(argv, log, env=env).start()
+    stack.callback(job.stop, 30)
+    return job
 
 
 def start_cluster(stack: ExitStack, work: Path, workers: int, worker_memory: str, env: dict[str, str]) -> tuple[str, int]:
     """Start a master and ``workers`` workers; return ``(master URL, master web UI port)``."""
     port, ui_port = free_port(), free_port()
-    master = Daemon("master", [str(spark_class()), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(port), "--webui-port", str(ui_port)], work / "master.log", env)
-    stack.callback(master.stop)
-    master.wait_for("I have been elected leader", 120)
+    master = daemon(stack, [str(spark_class()), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                            "--port", str(port), "--webui-port", str(ui_port)], work / "master.log", env)
+    master.wait_for(lambda: master.logged("I have been elected leader"), "the master's election", 120)
     url = f"spark://127.0.0.1:{port}"
     for index in range(workers):
-        worker = Daemon(f"worker {index}", [str(spark_class()), "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                                            "--cores", "1", "--memory", worker_memory, "--webui-port", str(free_port()),
-                                            "--work-dir", str(work / f"worker-{index}"), url],
+        worker = daemon(stack, [str(spark_class()), "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                                "--cores", "1", "--memory", worker_memory, "--webui-port", str(free_port()),
+                                "--work-dir", str(work / f"worker-{index}"), url],
                         work / f"worker-{index}.log", env)
-        stack.callback(worker.stop)
-        worker.wait_for("Successfully registered with master", 120)
+        worker.wait_for(lambda: worker.logged("Successfully registered with master"), f"worker {index}'s registration", 120)
     return url, ui_port
 
 
@@ -128,20 +97,12 @@ def send_workload(config: CoordinatorConfig, per_fate: int) -> dict[str, str]:
                 result = producer.send_message_in_transaction(Message(TOPIC, f"{fate} {index}".encode(), keys=f"{fate}/{index}"))
                 fates[result.transaction_id] = fate
         # Stay up to answer the checks: until every transaction is resolved.
-        wait_until(lambda: len(outcomes(config.lakehouse)) == len(fates), 600, "every transaction resolved")
+        wait_until(lambda: len(outcomes(config.lakehouse)) == len(fates), 600, "every transaction resolved", poll_s=1)
     return fates
 
 
 def outcomes(lakehouse: str) -> dict[str, str]:
     return dict(zip(*read_table(Lakehouse(lakehouse).path(OP), ["transaction_id", "outcome"]).to_pydict().values()))
-
-
-def wait_until(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(1)
 
 
 def run(work: Path, workers: int, worker_memory: str, per_fate: int) -> dict:
@@ -160,15 +121,13 @@ def run(work: Path, workers: int, worker_memory: str, per_fate: int) -> dict:
         summary["cluster_started_s"] = round(time.monotonic() - started, 1)
         submit = [argv[0], "--master", master_url, "--executor-memory", worker_memory,
                   "--total-executor-cores", str(workers), *argv[1:]]
-        checker = Daemon("checker", submit, work / "checker.log", env)
-        stack.callback(checker.stop)
+        checker = daemon(stack, submit, work / "checker.log", env)
         fates = send_workload(config, per_fate)
         apps = cluster_state(ui_port)["activeapps"]
         summary["application"] = [{"name": a["name"], "cores": a["cores"], "state": a["state"]} for a in apps]
-        wait_until(lambda: read_table(Lakehouse(lakehouse).topic(TOPIC)).num_rows >= 2 * per_fate, 120, "every delivery")
+        wait_until(lambda: read_table(Lakehouse(lakehouse).topic(TOPIC)).num_rows >= 2 * per_fate, 120, "every delivery", poll_s=1)
         summary["settled_s"] = round(time.monotonic() - started, 1)
-        checker.process.send_signal(signal.SIGTERM)
-        summary["checker_exit"] = checker.process.wait(120)
+        summary["checker_exit"] = checker.stop(120)
     summary["seconds"] = round(time.monotonic() - started, 1)
 
     expected = {txn: {"commit": "COMMIT", "lost-commit": "COMMIT", "rollback": "ROLLBACK", "lost-rollback": "ROLLBACK",

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from bench.harness import half_record
 from tests import REPO_ROOT
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
@@ -51,42 +52,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def half_record(transaction_id: str, group: str = "g", topic: str = "T", body: bytes = b"hello", **overrides: Any) -> dict:
-    """A HALF record as a well-behaved producer writes it; ``overrides`` replace any column."""
-    record = dict(
-        record_id=uuid.uuid4().hex,
-        kind="HALF",
-        transaction_id=transaction_id,
-        producer_group=group,
-        msg_id=uuid.uuid4().hex,
-        message_index=0,
-        message_count=1,
-        topic=topic,
-        keys=f"key-{transaction_id}",
-        tags=None,
-        properties={},
-        body=body,
-        born_timestamp=dt.datetime.now(UTC),
-    )
-    record.update(overrides)
-    return record
-
-
-def end_record(transaction_id: str, state: str = "COMMIT_MESSAGE", group: str = "g", check_id: Optional[str] = None, **overrides: Any) -> dict:
-    """An END record; ``check_id`` marks it as the answer to a check."""
-    record = dict(
-        record_id=uuid.uuid4().hex,
-        kind="END",
-        transaction_id=transaction_id,
-        producer_group=group,
-        state=state,
-        check_id=check_id,
-        born_timestamp=dt.datetime.now(UTC),
-    )
-    record.update(overrides)
-    return record
 
 
 def metrics_row(**values: Any) -> dict:
@@ -214,9 +179,7 @@ def stored_time(checker: ManualChecker, transaction_id: str) -> dt.datetime:
 def require_s3_server() -> None:
     """Wait for the S3 server's binary (``make test`` builds it while the first tests run), build it
     if nobody is, or skip when it is not built and there is no Go to build it."""
-    if str(REPO_ROOT / "scripts") not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    from s3_server import BINARY, build
+    from scripts.s3_server import BINARY, build
 
     if not BINARY.exists() and shutil.which("go") is None:
         pytest.skip(f"no S3 server built at {BINARY}, and no Go to build it: see scripts/s3_server.py")
@@ -228,7 +191,7 @@ def s3_server(tmp_path_factory):
     """A real S3-compatible server (``scripts/s3_server.py``: versitygw) on loopback for the session,
     with a bucket ``lakehouse``. Skips when it is neither built nor buildable (:func:`require_s3_server`)."""
     require_s3_server()
-    from s3_server import S3Server
+    from scripts.s3_server import S3Server
 
     server = S3Server(tmp_path_factory.mktemp("s3"), log_file=str(tmp_path_factory.mktemp("s3-log") / "server.log"))
     with server:

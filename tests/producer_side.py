@@ -6,10 +6,8 @@ Also holds the entry point of the multi-process test: ``spawn`` children import 
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from datetime import datetime, timezone
-from typing import Callable
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -55,18 +53,6 @@ def append_check_request(lakehouse: str, **overrides) -> dict:
     create_table(GROUP_CHECK_REQUESTS, path)
     write_deltalake(path, pa.Table.from_pylist([row], schema=GROUP_CHECK_REQUESTS.arrow_schema()), mode="append")
     return row
-
-
-def wait_until(condition: Callable[[], object], timeout_s: float = 10.0) -> object:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s")
-        time.sleep(0.05)
 
 
 class RecordingListener(TransactionListener):

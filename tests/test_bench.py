@@ -1,17 +1,17 @@
 """The benchmark suite's own machinery, and every benchmark's tiny run.
 
-``--tiny`` (``benchlib.parse_args``) runs a benchmark at the smallest scale that still goes through
+``--tiny`` (``harness.parse_args``) runs a benchmark at the smallest scale that still goes through
 all of it; the tests here run each one and check that what it wrote adds up, so that a benchmark
 cannot rot unnoticed. Where each runs is a matter of CI time (two cores):
 
 - ``producer`` starts no JVM: a subprocess, among the fast tests;
 - ``history``, ``unresolved``, ``batch_cost`` and ``groups`` drive the checker's logic in a Spark session of their
   own: in their own process, each would spend 10-35 s starting and warming up a JVM, so they run in
-  process, in this worker's shared session (``benchlib.spark_session`` leaves it running);
+  process, in this worker's shared session (``harness.spark_session`` leaves it running);
 - ``cold_start``, ``e2e`` and ``soak`` start the checker job (``spark-submit``, about 20 s to its
   first batch): one slow test runs the three through ``bench/run.py --tiny``;
 - ``failover`` (a chaos run per mode) and ``bench/peers`` on our side are slow tests of their own;
-  ``tests/test_chaos.py`` runs ``chaos.py --tiny`` (and a larger run on the S3 server); RocketMQ and
+  ``tests/test_chaos.py`` runs ``python -m bench.chaos --tiny`` (and a larger run on the S3 server); RocketMQ and
   Kafka need ``PEERS_TESTS=1`` (``tests/test_bench_peers.py``).
 
 The slow ones are marked ``benchmark`` too: ``make test`` runs them in the lane of the S3 tests,
@@ -21,7 +21,7 @@ while the S3 server is still being built.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -36,20 +36,14 @@ from tests.conftest import without_txcoord_settings
 
 pytestmark = pytest.mark.benchmark
 
-BENCH = REPO_ROOT / "bench"
-sys.path.insert(0, str(BENCH))
-import benchlib  # noqa: E402
-import chaos  # noqa: E402
-import e2e  # noqa: E402
+from bench import e2e, harness
+from bench import run as bench_run
+from bench.chaos import options as chaos_options
+from bench.chaos.producer import KINDS
 
-#: bench/run.py, under a name of its own: bench/peers/run.py is ``run`` to tests/test_bench_peers.py.
-_spec = importlib.util.spec_from_file_location("bench_run", BENCH / "run.py")
-bench_run = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_run)
-
-def run_tiny(script: str, results: Path, *options: str, timeout: float = 600) -> dict:
-    """``bench/<script> --tiny --results <results> <options>`` as its own process; the JSON it wrote."""
-    argv = [sys.executable, str(BENCH / script), "--tiny", "--results", str(results), *options]
+def run_tiny(module: str, results: Path, *options: str, timeout: float = 600) -> dict:
+    """``python -m bench.<module> --tiny --results <results> <options>`` as its own process; the JSON it wrote."""
+    argv = [sys.executable, "-m", f"bench.{module}", "--tiny", "--results", str(results), *options]
     run = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, env=without_txcoord_settings(),
                          timeout=timeout)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
@@ -57,7 +51,7 @@ def run_tiny(script: str, results: Path, *options: str, timeout: float = 600) ->
 
 
 def assert_envelope(report: dict, benchmark: str) -> None:
-    """The report's envelope, as ``benchlib.start_report`` and ``finish_report`` make it, of a tiny run."""
+    """The report's envelope, as ``harness.start_report`` and ``finish_report`` make it, of a tiny run."""
     assert report["benchmark"] == benchmark and report["args"]["tiny"] is True
     assert len(report["loadavg_start"]) == 3 and len(report["loadavg_end"]) == 3
 
@@ -71,19 +65,19 @@ def test_commits_map_each_version_to_its_timestamp_and_added_files(tmp_path):
     write_deltalake(path, pa.table({"transaction_id": ["a", "b"]}))
     write_deltalake(path, pa.table({"transaction_id": ["c"]}), mode="append")
 
-    commits = benchlib.commits(path)
+    commits = harness.commits(path)
 
     assert [c["version"] for c in commits] == [0, 1]
     assert all(c["timestamp_ms"] > 0 and len(c["added"]) == 1 for c in commits)
-    assert benchlib.latest_version(path) == 1
-    shape = benchlib.table_shape(path)
+    assert harness.latest_version(path) == 1
+    shape = harness.table_shape(path)
     assert (shape["log_json_files"], shape["active_files"], shape["parquet_files_on_disk"]) == (2, 2, 2)
 
 
 def test_percentile_and_median_by_nearest_rank():
     values = list(range(1, 101))
-    assert benchlib.percentile(values, 0.99) == 100 and benchlib.percentile(values, 0.5) == 51
-    assert benchlib.median([3, 1, 2, 4]) == 2.5 and benchlib.percentile([], 0.5) is None
+    assert harness.percentile(values, 0.99) == 100 and harness.percentile(values, 0.5) == 51
+    assert harness.median([3, 1, 2, 4]) == 2.5 and harness.percentile([], 0.5) is None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -97,22 +91,22 @@ def _parser() -> argparse.ArgumentParser:
 def test_tiny_makes_its_values_the_defaults_and_options_given_explicitly_still_win():
     tiny = {"runs": 1, "rate": 10.0}
 
-    full = benchlib.parse_args(_parser(), [], "bench", tiny)
-    small = benchlib.parse_args(_parser(), ["--tiny"], "bench", tiny)
-    mixed = benchlib.parse_args(_parser(), ["--rate", "50", "--tiny", "--results", "mine.json"], "bench", tiny)
+    full = harness.parse_args(_parser(), [], "bench", tiny)
+    small = harness.parse_args(_parser(), ["--tiny"], "bench", tiny)
+    mixed = harness.parse_args(_parser(), ["--rate", "50", "--tiny", "--results", "mine.json"], "bench", tiny)
 
     assert (full.tiny, full.runs, full.rate, full.results) == (False, 3, 1000, "full.json")
     assert (small.tiny, small.runs, small.rate) == (True, 1, 10.0)
-    assert small.results == str(benchlib.RESULTS / "bench-tiny.json")  # never over a real run's results
+    assert small.results == str(harness.RESULTS / "bench-tiny.json")  # never over a real run's results
     assert (mixed.runs, mixed.rate, mixed.results) == (1, 50.0, "mine.json")
 
 
 def test_chaos_tiny_options_are_a_valid_run_of_every_kind():
-    options = chaos.parse_options(["--tiny", "--lakehouse", "somewhere"])
+    options = chaos_options.parse_options(["--tiny", "--lakehouse", "somewhere"])
 
-    assert options == chaos.Options(**{**chaos.TINY, "lakehouse": "somewhere",
-                                       "results": str(benchlib.RESULTS / "chaos-tiny.json")})
-    assert options.transactions >= len(chaos.KINDS) and options.checker_kills == options.producer_kills == 1
+    assert options == chaos_options.Options(**{**chaos_options.TINY, "lakehouse": "somewhere",
+                                       "results": str(harness.RESULTS / "chaos-tiny.json")})
+    assert options.transactions >= len(KINDS) and options.checker_kills == options.producer_kills == 1
 
 
 def test_the_checker_kept_up_when_its_lag_held_steady():
@@ -129,7 +123,7 @@ def test_the_checker_fell_behind_when_its_lag_grew_or_messages_are_missing():
 
 
 def test_producer_tiny_run_reports_every_configuration_with_consistent_counts(tmp_path):
-    report = run_tiny("producer.py", tmp_path / "producer.json", timeout=300)
+    report = run_tiny("producer", tmp_path / "producer.json", timeout=300)
 
     assert_envelope(report, "producer")
     args = report["args"]
@@ -154,8 +148,8 @@ def test_producer_tiny_run_reports_every_configuration_with_consistent_counts(tm
 
 
 def run_in_process(module_name: str, results: Path, *options: str) -> dict:
-    """``bench/<module_name>.py``'s ``main`` with ``--tiny``, in this process; the JSON it wrote."""
-    module = __import__(module_name)
+    """``bench.<module_name>``'s ``main`` with ``--tiny``, in this process; the JSON it wrote."""
+    module = importlib.import_module(f"bench.{module_name}")
     module.main(["--tiny", "--results", str(results), *options])
     return json.loads(results.read_text())
 
@@ -199,7 +193,7 @@ def test_batch_cost_tiny_run_times_batches_triggers_and_the_floor(spark, tmp_pat
     for kind in ("records", "heartbeat"):
         batches = report["batches"][kind]
         assert len(batches["runs"]) == args["batches"]
-        assert batches["seconds_median"] == round(benchlib.median([s for s, _ in batches["runs"]]), 3)
+        assert batches["seconds_median"] == round(harness.median([s for s, _ in batches["runs"]]), 3)
     triggers = report["triggers"]
     assert triggers["triggers"] >= 2 + args["batches"] + 1  # two before the rounds, one per round at least
     assert 0 < triggers["records_per_trigger_median"] <= 2 * args["commits"] * args["transactions"]
@@ -235,7 +229,7 @@ def test_groups_tiny_run_times_triggers_of_one_group_and_of_many(spark, tmp_path
 def test_run_tiny_drives_cold_start_end_to_end_and_soak_and_every_count_adds_up(tmp_path):
     """``bench/run.py --tiny`` over the three benchmarks that start the checker job, e2e observed, soak with a
     checker kill and restart (about 150 s)."""
-    argv = [sys.executable, str(BENCH / "run.py"), "--tiny", "--only", "cold_start", "e2e", "soak",
+    argv = [sys.executable, "-m", "bench.run", "--tiny", "--only", "cold_start", "e2e", "soak",
             "--results", str(tmp_path / "run.json")]
     run = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, env=without_txcoord_settings(),
                          timeout=900)
@@ -275,7 +269,7 @@ def assert_observed(report: dict) -> None:
 def assert_cold_start(report: dict) -> None:
     assert len(report["runs"]) == report["args"]["runs"] == 1
     run = report["runs"][0]
-    assert 0 < run["query_started_s"] <= run["first_batch_s"] and run["checker_exit_code"] == 0
+    assert 0 < run["lease_taken_s"] <= run["first_batch_s"] and run["checker_exit_code"] == 0
     assert report["first_batch_s"] == {"min": run["first_batch_s"], "median": run["first_batch_s"],
                                        "max": run["first_batch_s"]}
 
@@ -300,7 +294,7 @@ def assert_soak(report: dict) -> None:
     # The checker killed (its whole process group, kill -9) and restarted at least once, each restart timed.
     restarts = report["restarts"]
     assert report["kills"] == len(restarts) >= 1
-    assert all(r["killed_exit_code"] == -9 and r["error"] is None and 0 < r["query_started_s"] <= r["restart_s"]
+    assert all(r["killed_exit_code"] == -9 and r["error"] is None and 0 < r["lease_taken_s"] <= r["restart_s"]
                for r in restarts)
     assert report["restart_s"] == [r["restart_s"] for r in restarts]
     assert all(r["caught_up_s"] is None or r["caught_up_s"] >= r["restart_s"] for r in restarts)
@@ -343,7 +337,7 @@ def assert_soak(report: dict) -> None:
 @pytest.mark.slow
 def test_failover_tiny_run_measures_one_takeover_per_mode(tmp_path):
     """About 130 s: a tiny chaos run per mode, a standby taking over in one, a restart in the other."""
-    report = run_tiny("failover.py", tmp_path / "failover.json")
+    report = run_tiny("failover", tmp_path / "failover.json")
 
     assert_envelope(report, "failover")
     assert set(report["modes"]) == {"standby", "restart"}
@@ -361,7 +355,7 @@ def test_failover_tiny_run_measures_one_takeover_per_mode(tmp_path):
 @pytest.mark.slow
 def test_peers_tiny_run_on_our_side_delivers_every_commit_once_and_checks_every_unknown(tmp_path):
     """About 50 s: bench/peers/run.py with our checker only (RocketMQ and Kafka: PEERS_TESTS=1)."""
-    report = run_tiny("peers/run.py", tmp_path / "peers.json", "--systems", "ours")
+    report = run_tiny("peers.run", tmp_path / "peers.json", "--systems", "ours")
 
     assert_envelope(report, "peers")
     plans = report["plans"]

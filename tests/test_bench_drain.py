@@ -6,18 +6,15 @@ slow tests, which ends before the benchmarks' lane.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
 
+from bench import drain
 from tests import REPO_ROOT
 
-_spec = importlib.util.spec_from_file_location("bench_drain", REPO_ROOT / "bench" / "drain.py")
-drain = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(drain)
 
 
 def test_ratios_are_this_tree_over_the_reference_and_none_where_a_figure_is_missing():
@@ -33,8 +30,8 @@ def test_ratios_are_this_tree_over_the_reference_and_none_where_a_figure_is_miss
 def test_drain_tiny_run_drains_the_same_backlog_in_both_trees_once(tmp_path):
     """About 90 s: a worktree of the reference commit, then 200 transactions drained by each tree's checker."""
     results = tmp_path / "drain.json"
-    run = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "drain.py"), "--tiny", "--results", str(results)],
-                         capture_output=True, text=True, timeout=900)
+    run = subprocess.run([sys.executable, "-m", "bench.drain", "--tiny", "--results", str(results)],
+                         capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
 
     report = json.loads(results.read_text())

@@ -18,12 +18,10 @@ from tests import REPO_ROOT
 from coordinator.lakehouse import Lakehouse
 
 
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-sys.path.insert(0, str(REPO_ROOT / "bench" / "peers"))
-import benchlib  # noqa: E402
-import run as peers  # noqa: E402
-import workload  # noqa: E402
-from workload import COMMIT, ROLLBACK, UNKNOWN, Plan  # noqa: E402
+from bench import harness
+from bench.peers import run as peers
+from bench.peers import workload
+from bench.peers.workload import COMMIT, ROLLBACK, UNKNOWN, Plan
 
 
 def test_plan_splits_outcomes_by_percentages_and_bodies_carry_their_index():
@@ -74,9 +72,9 @@ def test_deliveries_report_first_version_time_and_row_count_per_transaction(tmp_
     path = Lakehouse(lakehouse).topic("T")
     write_deltalake(path, pa.table({"transaction_id": ["a", "b"]}))
     write_deltalake(path, pa.table({"transaction_id": ["a"]}), mode="append")
-    found = benchlib.deliveries(lakehouse, "T")
+    found = harness.deliveries(lakehouse, "T")
     assert {tid: delivery.rows for tid, delivery in found.items()} == {"a": 2, "b": 1}
-    first_commit = benchlib.commits(path)[0]
+    first_commit = harness.commits(path)[0]
     assert found["a"].timestamp_s == first_commit["timestamp_ms"] / 1000
 
 

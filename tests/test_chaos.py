@@ -1,4 +1,4 @@
-"""The chaos harness (``bench/chaos.py``): real producer processes, the real checker, kill -9 of both, and
+"""The chaos harness (``bench/chaos/``): real producer processes, the real checker, kill -9 of both, and
 every invariant checked afterwards (docs/design.md#invariants)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from tests import REPO_ROOT
 from tests.conftest import require_s3_server
 
 
-#: ``chaos.py --tiny``, and a larger run with the lakehouse on a loopback S3 server reached through the
+#: ``python -m bench.chaos --tiny``, and a larger run with the lakehouse on a loopback S3 server reached through the
 #: storage-fault proxy (503, 500, delays, resets, replies dropped after the write).
 RUNS = {
-    "local disk": ["--tiny"],  # chaos.py's tiny run: every kind of transaction, one kill of each, a recovery
+    "local disk": ["--tiny"],  # bench.chaos's tiny run: every kind of transaction, one kill of each, a recovery
     "object store": ["--object-store", "--storage-faults", "--transactions", "80", "--send-seconds", "15",
                      "--checker-kills", "1", "--producer-kills", "2"],
 }
@@ -29,9 +29,9 @@ def test_the_chaos_run_kills_checker_and_producers_and_breaks_no_invariant(tmp_p
     if mode == "object store":
         require_s3_server()
     results = tmp_path / "chaos.json"
-    argv = [sys.executable, str(REPO_ROOT / "bench" / "chaos.py"),
+    argv = [sys.executable, "-m", "bench.chaos",
             "--lakehouse", str(tmp_path / "lakehouse"), "--results", str(results), *RUNS[mode]]
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
 
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     report = json.loads(results.read_text())

@@ -12,7 +12,8 @@ from coordinator.checker import unresolved
 from coordinator.checker.state import CheckerState
 from coordinator.checker.unresolved import rebuild_in_spark, unresolved_range_rows
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
-from tests.conftest import end_record, half_record, stored_time
+from bench.harness import end_record, half_record
+from tests.conftest import stored_time
 
 SECOND = dt.timedelta(seconds=1)
 

@@ -16,8 +16,9 @@ from coordinator.control.progress import BatchRecord, CheckerProgress, Checkpoin
 from coordinator.exceptions import CheckpointMismatchError, OutdatedLakehouseError
 from coordinator.lakehouse import SHARED_LOG_KEY, Lakehouse, create_group_tables, create_table, read_table
 from coordinator.tables import COMMIT_LOG, OP, REJECTED
-from tests.conftest import append_rows, end_record, half_record
-from tests.producer_side import wait_until
+from bench.harness import end_record, half_record
+from tests.conftest import append_rows
+from bench.harness import wait_until
 
 RECORD = "/lh/system/_checker_progress.json"
 LOG = "groups/g/commit_log"

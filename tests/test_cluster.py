@@ -21,7 +21,7 @@ from tests.conftest import without_txcoord_settings
 @pytest.mark.skipif(os.environ.get("CLUSTER_TESTS") != "1",
                     reason="five JVMs (about a minute): run `make cluster`, or set CLUSTER_TESTS=1")
 def test_the_checker_job_runs_unchanged_on_a_standalone_cluster():
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "cluster.py"), "--per-fate", "2", "--json"],
+    result = subprocess.run([sys.executable, "-m", "scripts.cluster", "--per-fate", "2", "--json"],
                             capture_output=True, text=True, cwd=REPO_ROOT, env=without_txcoord_settings(), timeout=900)
 
     assert result.stdout.lstrip().startswith("{"), result.stderr[-4000:]

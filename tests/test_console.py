@@ -12,7 +12,8 @@ from coordinator.checker.metrics import CheckerMetrics
 from coordinator.exceptions import ConfigError
 from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.web import OPERATOR, VIEWER, ConsoleUsers, console_server
-from tests.conftest import end_record, half_record, metrics_row
+from bench.harness import end_record, half_record
+from tests.conftest import metrics_row
 from tests.console_client import ConsoleSession, running_console, signed_in
 from tests.producer_side import commit_log_version
 from tests.test_cli import txcoord

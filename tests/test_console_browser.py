@@ -35,7 +35,7 @@ from coordinator.ops.status import read_metrics
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
 from tests import REPO_ROOT
-from tests.conftest import end_record, half_record
+from bench.harness import end_record, half_record
 from tests.producer_side import commit_log_version
 from tests.test_cli import txcoord
 

@@ -24,8 +24,9 @@ from coordinator.exceptions import CheckerAlreadyRunningError
 from coordinator.commit_logs import CommitLogs
 from coordinator.lakehouse import Lakehouse, create_group_tables, read_table
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF
-from tests.conftest import half_record, stored_time
-from tests.producer_side import wait_until
+from bench.harness import half_record
+from tests.conftest import stored_time
+from bench.harness import wait_until
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                             LocalTransactionState.UNKNOW)

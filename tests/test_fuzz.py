@@ -21,7 +21,8 @@ from coordinator.producer.message import Message
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
 from coordinator.validation import MAX_BODY_BYTES, validate_topic
 
-from tests.conftest import ManualChecker, end_record, half_record
+from bench.harness import end_record, half_record
+from tests.conftest import ManualChecker
 
 HOSTILE_TOPICS = ["T", "../T", "a/b", "/etc", ".", "..", "", " ", "T\n", "%|_-", "x" * 128, "ÄRGER", "T\x00", None]
 HOSTILE_IMMUNITY = ["5", "0", "-1", " 5", "５", "abc", "99999999999", "", None]

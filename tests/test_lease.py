@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from bench.harness import wait_until
 from coordinator.control.lease import CheckerLease, standby_checkers
 from coordinator.control.processes import process_gone
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
@@ -43,13 +44,6 @@ def in_thread(function) -> tuple[threading.Event, list]:
 
     threading.Thread(target=run, daemon=True).start()
     return done, outcome
-
-
-def wait_until(predicate, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def on_disk(lease: CheckerLease) -> dict:

@@ -11,8 +11,9 @@ from coordinator.checker.metrics import CheckerMetrics
 from coordinator.checker.query import CheckerQuery
 from coordinator.lakehouse import Lakehouse, create_group_tables, read_table
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF, METRICS, OP, REJECTED
-from tests.conftest import append_rows, end_record, half_record, metrics_row
-from tests.producer_side import wait_until
+from bench.harness import end_record, half_record
+from tests.conftest import append_rows, metrics_row
+from bench.harness import wait_until
 
 
 def test_the_streaming_checker_records_each_batch_with_its_decisions(spark, config):

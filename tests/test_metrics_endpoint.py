@@ -13,8 +13,8 @@ from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import ConfigError
 from coordinator.lakehouse import Lakehouse
 from coordinator.producer.commit_log import CommitLogWriter
-from tests.conftest import end_record, half_record
-from tests.producer_side import wait_until
+from bench.harness import end_record, half_record
+from bench.harness import wait_until
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:

@@ -26,7 +26,8 @@ from coordinator.lakehouse import Lakehouse, open_table, read_table
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, HALF, OP
-from tests.conftest import DEMO_ORDERS, Clock, append_rows, end_record, half_record, without_txcoord_settings
+from bench.harness import end_record, half_record
+from tests.conftest import DEMO_ORDERS, Clock, append_rows, without_txcoord_settings
 from tests.test_notebooks import PLOTS, run_notebook
 
 

@@ -6,7 +6,6 @@ false result, retries are counted, and everything keeps working once the faults 
 from __future__ import annotations
 
 import logging
-import sys
 import uuid
 
 import pytest
@@ -19,13 +18,11 @@ from coordinator.exceptions import HalfNotStoredError, HalfOutcomeUnknownError, 
 from coordinator.lakehouse import Lakehouse, init_lakehouse, open_table, read_table
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.retries import storage_request_counts
-from tests import REPO_ROOT
 from coordinator.tables import OP
-from tests.conftest import end_record, half_record
-from tests.producer_side import wait_until
+from bench.harness import end_record, half_record
+from bench.harness import wait_until
 
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-from storage_faults import FaultProxyProcess  # noqa: E402
+from bench.storage_faults import FaultProxyProcess
 
 #: Short bounds, so that a request failing every time gives up in a second or two.
 QUICK_RETRIES = {"max_retries": "3", "retry_timeout": "5s"}

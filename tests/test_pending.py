@@ -11,7 +11,8 @@ import pytest
 from coordinator.cli import main
 from coordinator.ops.pending import pending_transactions
 from coordinator.schedule import CHECK, DISCARD, EXPIRED, clock_time, clock_us, next_step
-from tests.conftest import end_record, half_record, stored_time
+from bench.harness import end_record, half_record
+from tests.conftest import stored_time
 
 SECOND = dt.timedelta(seconds=1)
 

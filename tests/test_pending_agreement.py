@@ -24,7 +24,7 @@ from coordinator.ops.catalog import register_tables
 from coordinator.ops.pending import pending_transactions
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS, OPERATOR_CHECK_PREFIX
 from coordinator.schedule import clock_us, next_step
-from tests.conftest import end_record, half_record
+from bench.harness import end_record, half_record
 
 SECOND = dt.timedelta(seconds=1)
 STATES = ["COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW"]

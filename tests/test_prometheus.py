@@ -16,8 +16,8 @@ from coordinator.checker.query import CheckerQuery
 from coordinator.lakehouse import Lakehouse
 from coordinator.producer.commit_log import CommitLogWriter
 from tests import REPO_ROOT
-from tests.conftest import end_record, half_record
-from tests.producer_side import wait_until
+from bench.harness import end_record, half_record
+from bench.harness import wait_until
 from tests.test_cli import txcoord
 
 RULES = REPO_ROOT / "coordinator" / "resources" / "txcoord-alerts.yml"

@@ -13,8 +13,9 @@ from coordinator.checker.readahead import ReadAhead
 from coordinator.checker.segment import Segment, grown_to
 from coordinator.lakehouse import Lakehouse
 from tests import REPO_ROOT
-from tests.conftest import ManualChecker, end_record, half_record
-from tests.producer_side import wait_until
+from bench.harness import end_record, half_record
+from tests.conftest import ManualChecker
+from bench.harness import wait_until
 
 LOG = "groups/g/commit_log"
 

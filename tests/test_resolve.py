@@ -12,7 +12,7 @@ from coordinator.lakehouse import topic_names
 from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.ops.resolve import resolve_transaction
 from coordinator.protocol import LocalTransactionState
-from tests.conftest import end_record, half_record
+from bench.harness import end_record, half_record
 from tests.producer_side import commit_log_version
 
 OPERATORS_LOG = "operators/commit_log"  # where `txcoord resolve` writes its decisions

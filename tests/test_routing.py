@@ -14,8 +14,10 @@ from deltalake import DeltaTable
 from coordinator.control.instances import FORGET_AFTER_S, ProducerInstances
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.tables import CHECK_REQUESTS
-from tests.conftest import Clock, half_record
-from tests.producer_side import commit_log_rows, wait_until
+from bench.harness import half_record
+from tests.conftest import Clock
+from bench.harness import wait_until
+from tests.producer_side import commit_log_rows
 
 UTC = dt.timezone.utc
 

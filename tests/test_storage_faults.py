@@ -25,10 +25,8 @@ import pytest
 from obstore.exceptions import AlreadyExistsError, GenericError, PreconditionError
 from obstore.store import S3Store
 
-from tests import REPO_ROOT
 
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-from storage_faults import KINDS, FaultProxy, FaultSchedule  # noqa: E402
+from bench.storage_faults import KINDS, FaultProxy, FaultSchedule
 
 DELAY_S = 0.5
 #: Each fault reaches the test as the client got it: obstore tries once, gives up at the first error.
@@ -309,7 +307,7 @@ def test_faults_turned_off_and_on_and_injected_on_demand(s3_server):
 
 def test_the_command_line_proxies_and_prints_its_counts_on_sigterm(recorder):
     process = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "bench" / "storage_faults.py"), "--upstream", recorder, "--seed", "5",
+        [sys.executable, "-m", "bench.storage_faults", "--upstream", recorder, "--seed", "5",
          "--rates", "slowdown=0.25,drop_reply=0.5", "--methods", "PUT"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

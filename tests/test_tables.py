@@ -86,7 +86,7 @@ def test_both_engines_read_and_write(spark, tmp_path, table):
 
 
 def test_topic_schema_matches_what_the_checker_writes(spark, checker):
-    from tests.conftest import end_record, half_record
+    from bench.harness import end_record, half_record
 
     checker.write(half_record("t"))
     checker.write(end_record("t"))

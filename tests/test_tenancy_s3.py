@@ -23,8 +23,9 @@ from coordinator.exceptions import AccessDeniedError
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.tables import REJECTED
-from tests.conftest import end_record, half_record, require_s3_server
-from tests.producer_side import wait_until
+from bench.harness import end_record, half_record
+from tests.conftest import require_s3_server
+from bench.harness import wait_until
 from tests.test_cli import txcoord
 
 pytestmark = pytest.mark.object_store
@@ -55,7 +56,7 @@ class Tenancy:
 @pytest.fixture(scope="module")
 def tenancy(tmp_path_factory):
     require_s3_server()
-    from s3_server import S3Server
+    from scripts.s3_server import S3Server
 
     work = tmp_path_factory.mktemp("s3-accounts")
     with S3Server(work / "data", log_file=str(work / "server.log"), with_accounts=True) as server:

@@ -24,8 +24,9 @@ from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import OutdatedLakehouseError
 from coordinator.lakehouse import SHARED_LOG_KEY, Lakehouse, read_table
 from coordinator.tables import COMMIT_LOG, REJECTED
-from tests.conftest import append_rows, end_record, half_record
-from tests.producer_side import wait_until
+from bench.harness import end_record, half_record
+from tests.conftest import append_rows
+from bench.harness import wait_until
 from tests.test_cli import txcoord
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lakehouse_before_tenancy.tar.gz"

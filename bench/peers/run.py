@@ -1,9 +1,9 @@
 """Side by side: this product, Apache RocketMQ's transactional messages and Apache Kafka's
 transactions, on the same workload, on this machine, in one run.
 
-    python bench/peers/run.py                       # the README's table (6 min 51 s here)
-    python bench/peers/run.py --transactions 2000 --paced-seconds 10 --systems rocketmq ours
-    python bench/peers/run.py --tiny --systems ours # 100 transactions per phase, for the tests
+    python -m bench.peers.run                       # the README's table (6 min 51 s here)
+    python -m bench.peers.run --transactions 2000 --paced-seconds 10 --systems rocketmq ours
+    python -m bench.peers.run --tiny --systems ours # 100 transactions per phase, for the tests
 
 Needs a JDK 17 and Maven (``install.py`` resolves RocketMQ 5.5.0 and Kafka 4.3.1 from Maven
 Central into ``.cache/peers`` on first use) and ``make setup`` for our side. Each system is
@@ -26,19 +26,13 @@ import argparse
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-import benchlib  # noqa: E402
-import install  # noqa: E402
-import ours  # noqa: E402
-import servers  # noqa: E402
-import workload  # noqa: E402
+
+from bench import harness
+from bench.peers import install, ours, servers, workload
 
 SYSTEMS = ("rocketmq", "kafka", "ours")
 PARTITIONS = 8  # RocketMQ queues / Kafka partitions of the topic
@@ -182,8 +176,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--grace", type=float, default=3,
                         help="seconds to keep consuming after the last expected delivery, to catch duplicates")
     parser.add_argument("--workdir", default=None, help="default: a temporary directory, removed afterwards")
-    parser.add_argument("--results", default=str(benchlib.RESULTS / "peers.json"))
-    args = benchlib.parse_args(parser, argv, "peers", TINY)
+    parser.add_argument("--results", default=str(harness.RESULTS / "peers.json"))
+    args = harness.parse_args(parser, argv, "peers", TINY)
 
     shared = dict(threads=args.threads, commit_percent=args.commit_percent, rollback_percent=args.rollback_percent,
                   body_bytes=args.body_bytes)
@@ -193,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
         if name != "ours":
             install.install(install.SYSTEMS[name])  # resolve before any timing starts
 
-    report = benchlib.start_report("peers", vars(args))
+    report = harness.start_report("peers", vars(args))
     report.update(
         versions={"rocketmq": install.ROCKETMQ.version, "kafka": install.KAFKA.version, "java": _java_version()},
         durability={name: servers.DURABILITY[name] for name in args.systems},
@@ -213,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
     report["seconds"] = round(time.monotonic() - started, 1)
     if args.workdir is None:
         shutil.rmtree(root, ignore_errors=True)
-    benchlib.finish_report(report, Path(args.results))
+    harness.finish_report(report, Path(args.results))
     print("\n" + markdown_table(report), flush=True)
     return report
 

@@ -14,9 +14,7 @@ Example::
 from __future__ import annotations
 
 import base64
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -24,7 +22,8 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from install import KAFKA, ROCKETMQ, System
+from bench import harness
+from bench.peers.install import KAFKA, ROCKETMQ, System
 
 #: The check-back settings shared with our checker (bench/peers/ours.py): immunity 6 s (both
 #: systems' default) and a check round every 10 s (RocketMQ's default is 30 s, ours 60 s).
@@ -40,12 +39,6 @@ DURABILITY = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def java(system: System, main_class: str, *args: str, heap: str = "512m", cwd: Path) -> list[str]:
     """``java`` running ``main_class`` on the system's class path. Both home properties point at ``cwd``:
     RocketMQ's servers and clients write their logs under them, and those stay in the run's directory."""
@@ -53,36 +46,21 @@ def java(system: System, main_class: str, *args: str, heap: str = "512m", cwd: P
             "-cp", system.classpath, main_class, *args]
 
 
-class Server:
-    """A Java server process in ``workdir``; its output goes to ``<name>.log`` there."""
+def start_server(name: str, argv: list[str], workdir: Path, port: int, started: list[harness.Job]) -> harness.Job:
+    """A Java server process in ``workdir`` (its output in ``<name>.log`` there), added to ``started`` at once
+    (to be stopped whatever happens), returned once it listens on ``port``."""
+    server = harness.Job(argv, workdir / f"{name}.log", cwd=workdir).start()
+    started.append(server)
+    server.wait_for(lambda: _listening(port), f"{name} listening on {port}", 120, poll_s=0.3)
+    return server
 
-    def __init__(self, name: str, argv: list[str], workdir: Path):
-        self.name, self.workdir = name, workdir
-        self.log_path = workdir / f"{name}.log"
-        with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(argv, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
 
-    def wait_for_port(self, port: int, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode}; see {self.log_path}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.3)
-        raise RuntimeError(f"{self.name} did not listen on {port} within {timeout_s} s; see {self.log_path}")
-
-    def stop(self, timeout_s: float = 30) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 class RocketMQServer:
@@ -90,7 +68,7 @@ class RocketMQServer:
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
-        self.namesrv_port, self.broker_port = free_port(), free_port()
+        self.namesrv_port, self.broker_port = harness.free_port(), harness.free_port()
         self.namesrv_address = f"127.0.0.1:{self.namesrv_port}"
         self.broker_address = f"127.0.0.1:{self.broker_port}"
         self.settings = {
@@ -100,20 +78,16 @@ class RocketMQServer:
             "brokerRole": "ASYNC_MASTER", "flushDiskType": "ASYNC_FLUSH", "autoCreateTopicEnable": "false",
             "transactionTimeOut": TRANSACTION_TIMEOUT_MS, "transactionCheckInterval": TRANSACTION_CHECK_INTERVAL_MS,
         }
-        self.servers: list[Server] = []
+        self.servers: list[harness.Job] = []
 
     def __enter__(self) -> "RocketMQServer":
         (self.workdir / "namesrv.conf").write_text(f"listenPort={self.namesrv_port}\n")
         (self.workdir / "broker.conf").write_text("".join(f"{key}={value}\n" for key, value in self.settings.items()))
         try:
-            namesrv = Server("namesrv", java(ROCKETMQ, "org.apache.rocketmq.namesrv.NamesrvStartup", "-c", "namesrv.conf",
-                                             heap="256m", cwd=self.workdir), self.workdir)
-            self.servers.append(namesrv)
-            namesrv.wait_for_port(self.namesrv_port)
-            broker = Server("broker", java(ROCKETMQ, "org.apache.rocketmq.broker.BrokerStartup", "-c", "broker.conf",
-                                           heap="1g", cwd=self.workdir), self.workdir)
-            self.servers.append(broker)
-            broker.wait_for_port(self.broker_port)
+            start_server("namesrv", java(ROCKETMQ, "org.apache.rocketmq.namesrv.NamesrvStartup", "-c", "namesrv.conf",
+                                         heap="256m", cwd=self.workdir), self.workdir, self.namesrv_port, self.servers)
+            start_server("broker", java(ROCKETMQ, "org.apache.rocketmq.broker.BrokerStartup", "-c", "broker.conf",
+                                        heap="1g", cwd=self.workdir), self.workdir, self.broker_port, self.servers)
         except BaseException:
             self.stop()
             raise
@@ -136,7 +110,7 @@ class RocketMQServer:
 
     def stop(self) -> None:
         for server in reversed(self.servers):
-            server.stop()
+            server.stop(30)
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
@@ -147,7 +121,7 @@ class KafkaServer:
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
-        self.port, self.controller_port = free_port(), free_port()
+        self.port, self.controller_port = harness.free_port(), harness.free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.settings = {
             "process.roles": "broker,controller", "node.id": 1,
@@ -160,7 +134,7 @@ class KafkaServer:
             "offsets.topic.replication.factor": 1, "transaction.state.log.replication.factor": 1,
             "transaction.state.log.min.isr": 1, "group.initial.rebalance.delay.ms": 0,
         }
-        self.server: Optional[Server] = None
+        self.server: Optional[harness.Job] = None
 
     def __enter__(self) -> "KafkaServer":
         config = self.workdir / "server.properties"
@@ -172,11 +146,13 @@ class KafkaServer:
         formatted = subprocess.run(format_storage, cwd=self.workdir, capture_output=True, text=True)
         if formatted.returncode != 0:
             raise RuntimeError(f"kafka-storage format failed:\n{formatted.stdout[-2000:]}{formatted.stderr[-2000:]}")
-        self.server = Server("kafka", java(KAFKA, "kafka.Kafka", str(config), heap="1g", cwd=self.workdir), self.workdir)
+        started: list[harness.Job] = []
         try:
-            self.server.wait_for_port(self.port)
+            self.server = start_server("kafka", java(KAFKA, "kafka.Kafka", str(config), heap="1g", cwd=self.workdir),
+                                       self.workdir, self.port, started)
         except BaseException:
-            self.server.stop()
+            for server in started:
+                server.stop(30)
             raise
         return self
 
@@ -186,7 +162,7 @@ class KafkaServer:
 
     def __exit__(self, *exc_info) -> None:
         if self.server is not None:
-            self.server.stop()
+            self.server.stop(30)
 
 
 def fresh_workdir(parent: Path, name: str) -> Path:

@@ -18,7 +18,7 @@ import csv
 from dataclasses import dataclass
 from typing import Optional
 
-import benchlib
+from bench import harness
 
 CSV_COLUMNS = ["index", "outcome", "started_ms", "returned_ms", "resolved_by_check_ms", "first_seen_ms",
                "deliveries", "checks"]
@@ -120,12 +120,12 @@ def figures(rows: list[dict], send_seconds: float) -> dict:
         "send_seconds": round(send_seconds, 3),
         "txn_per_s": round(len(returned) / send_seconds, 1),
         "committed_txn_per_s": round(len(by_outcome[COMMIT]) / send_seconds, 1),
-        "send_p50_ms": ms(benchlib.percentile(sends, 0.5)),
-        "send_p99_ms": ms(benchlib.percentile(sends, 0.99)),
-        "commit_to_consumable_p50_ms": ms(benchlib.percentile(commit_latency, 0.5)),
-        "commit_to_consumable_p99_ms": ms(benchlib.percentile(commit_latency, 0.99)),
-        "unknown_to_consumable_p50_ms": ms(benchlib.percentile(unknown_latency, 0.5)),
-        "unknown_to_consumable_p99_ms": ms(benchlib.percentile(unknown_latency, 0.99)),
+        "send_p50_ms": ms(harness.percentile(sends, 0.5)),
+        "send_p99_ms": ms(harness.percentile(sends, 0.99)),
+        "commit_to_consumable_p50_ms": ms(harness.percentile(commit_latency, 0.5)),
+        "commit_to_consumable_p99_ms": ms(harness.percentile(commit_latency, 0.99)),
+        "unknown_to_consumable_p50_ms": ms(harness.percentile(unknown_latency, 0.5)),
+        "unknown_to_consumable_p99_ms": ms(harness.percentile(unknown_latency, 0.99)),
         "committed_delivered": len(commit_latency),
         "committed_missing": len(by_outcome[COMMIT]) - len(commit_latency),
         "unknown_delivered": len(unknown_latency),

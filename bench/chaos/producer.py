@@ -1,4 +1,4 @@
-"""One producer process of the chaos harness (``bench/chaos.py`` starts, kills and restarts it).
+"""One producer process of the chaos harness (``bench/chaos/run.py`` starts, kills and restarts it).
 
 It owns a SQLite database, its local store and the harness's ground truth:
 
@@ -15,7 +15,7 @@ Each transaction of the plan has a *kind* that decides how its local transaction
 Sends are paced over the run's sending window, from several threads so that halves are
 group-committed; a restarted process skips what was already attempted and catches up.
 
-    python bench/chaos_producer.py --config chaos.toml --index 0 --plan plan-0.json \
+    python -m bench.chaos.producer --config chaos.toml --index 0 --plan plan-0.json \
         --db producer-0.db --start-at 1790000000.0 --send-seconds 30
 
 Runs until SIGTERM (then shuts the producer down and exits 0), answering check-backs

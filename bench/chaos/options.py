@@ -1,0 +1,97 @@
+"""The chaos run's options (its command line) and settings: the timings of the coordinator it runs, the
+mix of transactions, the storage faults."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Optional
+
+from bench import harness
+from bench.chaos.producer import KINDS
+
+__all__ = ["CONFIG_NAME", "FORGED_GROUP", "KIND_WEIGHTS", "OBJECT_STORE_BUCKET", "Options", "SETTINGS",
+           "STORAGE_FAULT_DELAY_S", "STORAGE_FAULT_RATES", "TINY", "parse_options"]
+
+#: The bucket of ``--object-store`` runs.
+OBJECT_STORE_BUCKET = "chaos"
+#: ``--storage-faults``: each request's chance of each fault (bench/storage_faults.py), about one in
+#: twenty faulty in all, and a delayed request's wait.
+STORAGE_FAULT_RATES = {"slowdown": 0.02, "error": 0.01, "delay": 0.005, "reset": 0.01, "drop_reply": 0.01}
+STORAGE_FAULT_DELAY_S = 1.0
+CONFIG_NAME = "chaos.toml"
+#: Short timings, so unknown transactions are checked and discarded within the run.
+SETTINGS = {
+    "transaction_timeout_ms": 3000,
+    "transaction_check_interval_ms": 3000,
+    "transaction_check_max": 3,
+    "trigger_interval_ms": 1000,
+}
+#: Relative frequency of each kind of planned transaction (every kind also appears at least once).
+KIND_WEIGHTS = {"commit": 40, "rollback": 10, "unknown_then_commit": 10, "unknown_then_rollback": 10,
+                "unknown_forever": 5, "listener_raises": 10, "multi_topic_commit": 15}
+#: The group hostile records pretend to be: no process answers its checks.
+FORGED_GROUP = "chaos_forged"
+#: ``--tiny``: a few transactions (every kind, and more than one of some) from two producers over 5 s, one
+#: checker and one producer kill. Its seed plans two transactions held for review, and its operator commits
+#: the first discard it sees (seed 1's passes it over): the run goes through a recovery even when the producer
+#: kill cuts one of the two short.
+TINY = {"transactions": 10, "producers": 2, "checker_kills": 1, "producer_kills": 1, "seed": 15, "send_seconds": 5.0,
+        "maintenance_every": 5.0, "timeout": 300.0}
+
+
+@dataclass(frozen=True)
+class Options:
+    """A run's options, as ``python -m bench.chaos --help`` describes them."""
+
+    transactions: int = 150
+    producers: int = 3
+    checker_kills: int = 2
+    producer_kills: int = 3
+    seed: int = 1
+    lakehouse: str = "chaos-lakehouse"
+    results: str = str(harness.RESULTS / "chaos.json")
+    timeout: float = 600.0
+    send_seconds: float = 45.0
+    maintenance_every: float = 10.0
+    retention_hours: int = 1
+    standby: bool = False
+    object_store: bool = False
+    storage_faults: bool = False
+
+
+def parse_options(argv: Optional[list[str]] = None) -> Options:
+    defaults = Options()
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos",
+                                     description="Kill the checker and producers at random; verify docs/design.md#invariants.")
+    parser.add_argument("--transactions", type=int, default=defaults.transactions, help="planned transactions in all")
+    parser.add_argument("--producers", type=int, default=defaults.producers, help="producer processes")
+    parser.add_argument("--checker-kills", type=int, default=defaults.checker_kills)
+    parser.add_argument("--producer-kills", type=int, default=defaults.producer_kills)
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seeds the plan and every random moment")
+    parser.add_argument("--lakehouse", default=defaults.lakehouse, help="wiped and recreated (must be empty or a chaos run's)")
+    parser.add_argument("--results", default=defaults.results, help="where to write the JSON report")
+    parser.add_argument("--timeout", type=float, default=defaults.timeout, help="give up this many seconds after the start")
+    parser.add_argument("--send-seconds", type=float, default=defaults.send_seconds,
+                        help="the producers spread their sends over this many seconds")
+    parser.add_argument("--maintenance-every", type=float, default=defaults.maintenance_every,
+                        help="seconds between two maintenance runs")
+    parser.add_argument("--retention-hours", type=int, default=defaults.retention_hours,
+                        help="vacuum retention passed to maintain(), at least 1 (hours) while producers write")
+    parser.add_argument("--standby", action="store_true",
+                        help="run a second checker standing by; each checker kill hits the active one")
+    parser.add_argument("--object-store", action="store_true",
+                        help="the lakehouse on a loopback S3 server (scripts/s3_server.py); --lakehouse keeps the logs")
+    parser.add_argument("--storage-faults", action="store_true",
+                        help="with --object-store: every request through bench/storage_faults.py, which answers "
+                             "503 and 500, delays, resets connections and drops replies after the write, at random "
+                             f"(seeded by --seed; rates {STORAGE_FAULT_RATES}) until the kills are done")
+    args = harness.parse_args(parser, argv, "chaos", TINY)
+    if args.storage_faults and not args.object_store:
+        parser.error("--storage-faults needs --object-store: the faults are those of an S3 server's")
+    if args.transactions < len(KINDS):
+        parser.error(f"--transactions must be at least {len(KINDS)}, one of each kind")
+    if args.producers < 1 or args.checker_kills < 0 or args.producer_kills < 0:
+        parser.error("--producers must be at least 1, kill counts at least 0")
+    return Options(**{name: value for name, value in vars(args).items() if name != "tiny"})
+

@@ -1,0 +1,52 @@
+"""A chaos run's report, printed: what the harness did, the outcomes by kind, the hostile records' fates
+and the violations found."""
+
+from __future__ import annotations
+
+import json
+
+__all__ = ["print_report"]
+
+
+def print_report(report: dict) -> None:
+    did, found = report["did"], report["found"]
+    print()
+    print("did")
+    rows = [(f"transactions: {kind}", count) for kind, count in sorted(did["transactions_by_kind"].items())]
+    rows += [("checker kills (SIGKILL, process group)", len(did["checker_kills"])),
+             ("checker starts", did["checker_starts"]),
+             ("failover after each checker kill (s)", ", ".join(str(f["failover_s"]) for f in did["failovers"]) or "-"),
+             ("producer kills (SIGKILL)", len(did["producer_kills"])),
+             ("producer restarts", did["producer_restarts"]),
+             ("maintenance runs", did["maintenance_runs"]),
+             ("maintenance errors", len(did["maintenance_errors"])),
+             ("maintenance: files compacted away / vacuumed",
+              f"{did['maintenance_files_compacted']} / {did['maintenance_files_vacuumed']}"),
+             ("bad inputs", len(did["bad_inputs"])),
+             ("discarded, then committed by an operator (COMMITs sent)",
+              f"{did['operator_recoveries']} ({did['operator_commits_sent']})"),
+             ("settled", did["settled"]),
+             ("duration (s)", did["duration_s"])]
+    if did["storage_faults"] is not None:
+        faults = did["storage_faults"]
+        rows += [("storage requests (through the fault proxy, until the faults stopped)", faults["requests"])]
+        rows += [(f"storage faults: {kind}", count) for kind, count in faults["injected"].items()]
+        rows += [(f"storage, in the processes' logs: {what}", count) for what, count in faults["seen_in_logs"].items()]
+    _print_rows(rows)
+    print("outcomes by kind")
+    _print_rows([(kind, json.dumps(counts) if isinstance(counts, dict) else counts)
+                 for kind, counts in report["outcomes_by_kind"].items()])
+    print("bad inputs → system/rejected")
+    _print_rows([(bad["what"], bad["reason"] or "NOT RECORDED") for bad in did["bad_inputs"]])
+    print("found (all must be 0)")
+    _print_rows(list(found.items()))
+    for name, examples in report["examples"].items():
+        for example in examples:
+            print(f"  {name}: {example}")
+    print(f"violations: {report['violations']}")
+
+
+def _print_rows(rows: list[tuple[str, object]]) -> None:
+    width = max((len(name) for name, _ in rows), default=0)
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}")

@@ -1,0 +1,342 @@
+"""One chaos run, from an empty lakehouse to the verdict: start everything, kill and inject at random
+(seeded), let the lakehouse settle, stop everything and verify."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+from deltalake.exceptions import DeltaError
+
+from bench import harness
+from bench.chaos.actors import LOOK_EVERY_S, Checker, Maintenance, Operator, Producer, make_plan, prepare
+from bench.chaos.hostile import HostileWriter
+from bench.chaos.options import (OBJECT_STORE_BUCKET, SETTINGS, STORAGE_FAULT_DELAY_S, STORAGE_FAULT_RATES, Options,
+                                 parse_options)
+from bench.chaos.producer import Store, group_of
+from bench.chaos.report import print_report
+from bench.chaos.verify import EXAMPLES, verify
+from bench.storage_faults import FaultProxyProcess
+from coordinator.config import CoordinatorConfig
+from coordinator.lakehouse import Lakehouse
+from scripts.s3_server import S3Server
+
+__all__ = ["Activity", "Run", "main"]
+
+#: A checker run is killed once it has finished 0 to this many batches, then up to _MAX_KILL_DELAY_S later:
+#: during its first batch, a later one, or between two (a batch takes seconds here, and the next starts at once).
+_MAX_BATCHES_BEFORE_KILL = 2
+_MAX_KILL_DELAY_S = 10.0
+_POLL_S = 0.2
+#: ``system/metrics`` is read at most this often (a Delta table's snapshot, not a file).
+_BATCHES_READ_S = 1.0
+#: A producer kill waits up to this long for a send to be in flight.
+_AIM_AT_SEND_S = 5.0
+_STOP_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Activity:
+    """What the harness did."""
+
+    transactions_by_kind: dict[str, int] = field(default_factory=dict)
+    checker_kills: list[dict] = field(default_factory=list)
+    #: Per checker kill: seconds from the kill to the first batch finished by the checker that took over.
+    failovers: list[dict] = field(default_factory=list)
+    checker_starts: int = 0
+    producer_kills: list[dict] = field(default_factory=list)
+    producer_restarts: int = 0
+    maintenance_runs: int = 0
+    maintenance_errors: list[str] = field(default_factory=list)
+    maintenance_files_compacted: int = 0
+    maintenance_files_vacuumed: int = 0
+    maintenance_steps_skipped: dict[str, int] = field(default_factory=dict)
+    bad_inputs: list[dict] = field(default_factory=list)
+    operator_recoveries: int = 0
+    operator_commits_sent: int = 0
+    settled: bool = False
+    duration_s: float = 0.0
+    #: --storage-faults: the proxy's counts when the faults stopped (requests, forwarded, injected by kind).
+    storage_faults: Optional[dict] = None
+
+
+class Run:
+    """One chaos run, from an empty lakehouse to the verdict."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.rng = random.Random(options.seed)
+        self.root = Path(options.lakehouse).resolve()
+        self.activity = Activity()
+        self.faults: Optional[FaultProxyProcess] = None
+
+    def execute(self) -> dict:
+        with contextlib.ExitStack() as stack:
+            lakehouse, storage = None, None
+            if self.options.object_store:
+                server = stack.enter_context(S3Server(stack.enter_context(tempfile.TemporaryDirectory(prefix="chaos-s3-"))))
+                server.create_bucket(OBJECT_STORE_BUCKET)
+                lakehouse, storage = f"s3://{OBJECT_STORE_BUCKET}/{uuid.uuid4().hex}", server.storage_options
+                print(f"lakehouse on a loopback S3 server ({server.endpoint}): {lakehouse}", flush=True)
+                if self.options.storage_faults:
+                    log = self.root.with_name(f"{self.root.name}.storage-faults.log")  # beside: the run wipes its directory
+                    self.faults = stack.enter_context(FaultProxyProcess(
+                        server.endpoint, seed=self.options.seed, rates=STORAGE_FAULT_RATES, delay_s=STORAGE_FAULT_DELAY_S,
+                        log_path=str(log)))
+                    storage = self.faults.storage_options(storage)
+                    print(f"  every request through the storage-fault proxy at {self.faults.url}", flush=True)
+            return self._execute(prepare(self.root, self.options.producers, lakehouse, storage))
+
+    def _execute(self, config_path: Path) -> dict:
+        options, rng = self.options, self.rng
+        self.started = started = time.monotonic()
+        self.config = CoordinatorConfig.load(config_path, environ={})
+        self.plans = make_plan(options.transactions, options.producers, rng)
+        self.activity.transactions_by_kind = dict(Counter(kind for plan in self.plans for _, kind in plan))
+        start_at = time.time() + 2.0  # the producers' sending window opens once all have started
+        self.producers = [Producer(self.root, index, config_path, start_at, options.send_seconds)
+                          for index in range(options.producers)]
+        for producer, plan in zip(self.producers, self.plans):
+            producer.plan_file.write_text(json.dumps(plan))
+        self.lakehouse = Lakehouse.of(self.config)
+        self.checkers = [Checker(self.root, config_path, self.lakehouse)]
+        if options.standby:
+            self.checkers.append(Checker(self.root, config_path, self.lakehouse, name="standby"))
+        self.maintenance = Maintenance(config_path, options.maintenance_every, options.retention_hours)
+        self.operator = Operator(self.config, {group_of(p.index) for p in self.producers}, random.Random(options.seed))
+        self.hostile = HostileWriter(self.lakehouse, random.Random(options.seed))
+        window_end = started + 2.0 + options.send_seconds
+        producer_kill_at = sorted(rng.uniform(started + 2.0, window_end) for _ in range(options.producer_kills))
+        checker_kill_after = sorted(rng.uniform(started, window_end) for _ in range(options.checker_kills))
+        blind_injection_at = started + 2.0 + options.send_seconds * 0.3
+        deadline = started + options.timeout
+        try:
+            for checker in self.checkers:
+                checker.start()
+            for producer in self.producers:
+                producer.child.start()
+            self.maintenance.start()
+            self._chaos(producer_kill_at, checker_kill_after, blind_injection_at, deadline)
+            if self.faults is not None:  # the storage heals: everything must go on, with no restart
+                self.faults.disable()
+                self.activity.storage_faults = self.faults.counts() | {"seen_in_logs": self._storage_log_lines()}
+            self.activity.settled = self._settle(deadline)
+        finally:
+            stop_codes = self._stop_all()
+        self.activity.duration_s = round(time.monotonic() - started, 1)
+        return self._report(stop_codes)
+
+    def _chaos(self, producer_kill_at: list[float], checker_kill_after: list[float], blind_injection_at: float,
+               deadline: float) -> None:
+        """Kill, restart and inject until every planned kill is done and every producer has sent its plan.
+
+        What the checkers did is read where operators read it: who holds the lease (and who stands by) from
+        the lease, the batches finished from ``system/metrics``. One checker holds the lease at a time, so the
+        batches recorded since the last kill are the current holder's."""
+        kill_after_batches: Optional[int] = None
+        kill_checker_at: Optional[float] = None
+        blind_injected = targeted_injected = False
+        killed_at: Optional[float] = None  # time.time() of the last checker kill whose failover is not measured yet
+        holder_since = time.time()  # the current holder's batches are those recorded since then
+        batches: list[dict] = []
+        next_batches_read = 0.0
+        next_target_search = 0.0
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            self._restart_failed_producers()
+            self.operator.act()
+            if producer_kill_at and now >= producer_kill_at[0]:
+                producer_kill_at.pop(0)
+                self._kill_a_producer()
+            if not blind_injected and now >= blind_injection_at:
+                self.hostile.inject_blind()
+                blind_injected = True
+            elif blind_injected and not targeted_injected and now >= next_target_search:
+                targeted_injected = self.hostile.inject_targeted(self.plans, require_every_target=True)
+                next_target_search = now + LOOK_EVERY_S
+            self._supervise_checkers()
+            checker = self._active_checker()
+            if checker is not None and now >= next_batches_read:
+                batches = self._batches_since(holder_since, batches)
+                next_batches_read = now + _BATCHES_READ_S
+            if killed_at is not None and checker is not None and batches:
+                self.activity.failovers.append({"taken_over_by": checker.name,
+                                                "failover_s": round(batches[0]["finished_at"] - killed_at, 1)})
+                killed_at = None
+            if checker is not None and killed_at is None:
+                if checker_kill_after and kill_after_batches is None and now >= checker_kill_after[0]:
+                    kill_after_batches = self.rng.randint(0, _MAX_BATCHES_BEFORE_KILL)
+                if kill_after_batches is not None and kill_checker_at is None and len(batches) >= kill_after_batches:
+                    kill_checker_at = now + self.rng.uniform(0, _MAX_KILL_DELAY_S)
+                if kill_checker_at is not None and now >= kill_checker_at:
+                    checker_kill_after.pop(0)
+                    kill_after_batches = kill_checker_at = None
+                    batches = self._batches_since(holder_since, batches)
+                    self.activity.checker_kills.append({"at_s": round(now - self.started, 1), "checker": checker.name,
+                                                        **checker.kill(batches)})
+                    killed_at = holder_since = time.time()
+                    batches = []
+                    # Restarted at once, as a supervisor would: it takes the lease over as soon as it finds the
+                    # killed run's process gone, or, with a standby already waiting, stands by in its turn.
+                    checker.start()
+            # Done once a checker is up again (it has finished a batch since it took the lease) and a standby, if
+            # any, stands by: a checker still starting when stopped would die of the SIGTERM (exit 143).
+            if (not producer_kill_at and not checker_kill_after and blind_injected and checker is not None
+                    and batches and killed_at is None and all(p.done for p in self.producers)
+                    and all(self._is_up(c) for c in self.checkers)):
+                if not targeted_injected:
+                    self.hostile.inject_targeted(self.plans, require_every_target=False)
+                return
+            time.sleep(_POLL_S)
+
+    def _batches_since(self, since: float, last_read: list[dict]) -> list[dict]:
+        """The batches ``system/metrics`` recorded since ``since``; ``last_read`` if the table cannot be read now."""
+        try:
+            return harness.recorded_batches(self.lakehouse, since)
+        except Exception as error:  # under storage faults a read may fail after its retries: read again next time
+            print(f"  (reading system/metrics failed, retrying: {error})", flush=True)
+            return last_read
+
+    def _supervise_checkers(self) -> None:
+        """Start a checker again at once if it exited on its own (a failure)."""
+        for checker in self.checkers:
+            if not checker.job.running:
+                checker.failures.append(f"run {checker.starts} exited with code {checker.job.exit_code()}:\n"
+                                        f"{checker.job.tail()}")
+                checker.start()
+
+    @staticmethod
+    def _is_up(checker: Checker) -> bool:
+        """Whether ``checker`` holds the lease or stands by (``False`` if the lease cannot be read now)."""
+        try:
+            return checker.active or checker.standing_by
+        except Exception:  # under storage faults a read may fail after its retries: asked again next time
+            return False
+
+    def _active_checker(self) -> Optional[Checker]:
+        """The checker that holds the lease; ``None`` between two holders (or if the lease cannot be read now)."""
+        try:
+            return next((checker for checker in self.checkers if checker.active), None)
+        except Exception:  # under storage faults a read may fail after its retries: asked again next time
+            return None
+
+    def _kill_a_producer(self) -> None:
+        sending = [p for p in self.producers if p.child.running and not p.done]
+        if not sending:
+            return
+        producer = self.rng.choice(sending)
+        store = Store(str(producer.db))
+        # Aim at a send in flight (its half, local transaction or END not yet through), at a random point of it.
+        aim_until = time.monotonic() + _AIM_AT_SEND_S
+        while time.monotonic() < aim_until and store.sends_in_flight() == 0:
+            time.sleep(0.005)
+        time.sleep(self.rng.uniform(0, 0.01))  # a send lasts tens of milliseconds
+        in_flight = store.sends_in_flight()
+        producer.child.kill()
+        self.activity.producer_kills.append({"producer": producer.index, "sends_in_flight": in_flight,
+                                            "after_start_s": round(time.monotonic() - producer.child.started_at, 1)})
+        producer.restarts += 1
+        producer.child.start()
+
+    def _restart_failed_producers(self) -> None:
+        for producer in self.producers:
+            if not producer.child.running:
+                producer.failures.append(f"exited with code {producer.child.exit_code()}:\n{producer.child.tail()}")
+                producer.restarts += 1
+                producer.child.start()
+
+    def _storage_log_lines(self) -> dict[str, int]:
+        """How often the processes' logs say they retried a storage request, or found a write whose
+        reply was lost already made (coordinator.retries), so far."""
+        lines = [line for log in self.root.glob("*.log") for line in log.read_text(errors="replace").splitlines()]
+        return {"retries": sum(" retried (attempt " in line for line in lines),
+                "own_writes_recognised": sum("found already made by this writer" in line for line in lines),
+                "requests_failed": sum(" time(s) in " in line and "the bound is" in line for line in lines)}
+
+    def _settle(self, deadline: float) -> bool:
+        """Wait until the tables agree with the ground truth and nothing is left to resolve."""
+        while time.monotonic() < deadline:
+            self._restart_failed_producers()
+            self._supervise_checkers()
+            self.operator.act()
+            try:
+                findings = verify(self.config, self.producers, self.hostile.injected, self.plans,
+                                  self.operator.recovered)
+            except (OSError, ValueError, DeltaError) as error:  # a file vacuumed between snapshot and read: read again
+                print(f"  (reading the tables failed, retrying: {error})", flush=True)
+                time.sleep(LOOK_EVERY_S)
+                continue
+            if findings["pending_halves"] == 0 and findings["found"]["lost"] == 0:
+                if self.operator.act(now=True):  # discards it had not seen yet: their recoveries must land too
+                    continue
+                return True
+            time.sleep(LOOK_EVERY_S)
+        return False
+
+    def _stop_all(self) -> dict:
+        """SIGTERM whatever runs; return the exit codes (a process that was down already was reported then)."""
+        self.maintenance.stop()
+        children = {f"producer-{p.index}": p.child for p in self.producers}
+        children.update({checker.name: checker.job for checker in self.checkers})
+        running = {name: child for name, child in children.items() if child is not None and child.running}
+        for child in running.values():
+            child.terminate()
+        return {name: child.wait(_STOP_TIMEOUT_S) for name, child in running.items()}
+
+    def _report(self, stop_codes: dict) -> dict:
+        activity = self.activity
+        activity.checker_starts = sum(checker.starts for checker in self.checkers)
+        activity.producer_restarts = sum(p.restarts for p in self.producers)
+        activity.maintenance_runs = self.maintenance.runs
+        activity.maintenance_errors = self.maintenance.errors
+        activity.maintenance_files_compacted = self.maintenance.files_compacted
+        activity.maintenance_files_vacuumed = self.maintenance.files_vacuumed
+        activity.maintenance_steps_skipped = dict(self.maintenance.skipped)
+        findings = verify(self.config, self.producers, self.hostile.injected, self.plans,
+                          self.operator.recovered)
+        activity.operator_recoveries = len(self.operator.recovered)
+        activity.operator_commits_sent = self.operator.sent
+        activity.bad_inputs = [asdict(bad) for bad in self.hostile.injected]
+        failures = [f"{checker.name}: {f}" for checker in self.checkers for f in checker.failures]
+        failures += [f"producer-{p.index}: {f}" for p in self.producers for f in p.failures]
+        failures += [f"{name} exited with code {code} on SIGTERM" for name, code in stop_codes.items() if code != 0]
+        failures += [f"maintenance: {error}" for error in self.maintenance.errors]
+        found = findings["found"]
+        found["process_failures"] = len(failures)
+        found["not_settled"] = 0 if activity.settled else 1
+        return {
+            "run": {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": harness.machine(),
+                    "options": asdict(self.options), "settings": SETTINGS},
+            "did": asdict(activity),
+            "outcomes_by_kind": findings["outcomes_by_kind"],
+            "found": found,
+            "violations": sum(found.values()),
+            "examples": {**findings["examples"], "process_failures": failures[:EXAMPLES]},
+            "rejected_reasons": findings["rejected_reasons"],
+        }
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m bench.chaos``: one run; exit status 1 on any violation."""
+    options = parse_options(argv)
+    print(f"chaos run: {options.transactions} transactions from {options.producers} producer processes, "
+          f"{options.checker_kills} checker kills, {options.producer_kills} producer kills, seed {options.seed}, "
+          f"in {Path(options.lakehouse).resolve()}" + (" (logs; the lakehouse on S3)" if options.object_store else ""),
+          flush=True)
+    report = Run(options).execute()
+    print_report(report)
+    results = Path(options.results)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"report: {results}")
+    return 1 if report["violations"] else 0
+

@@ -1,0 +1,53 @@
+"""What the benchmarks, the chaos harness and the tests share: processes and waiting for them, the real
+checker job and what it has done (from ``system/metrics``, the progress record and the lease), records as
+producers write them, the exactly-once verdict, Delta logs read as files, offered load, Spark in-process,
+operators' views (metrics endpoint, console) and the report every benchmark writes.
+
+Example::
+
+    from bench import harness
+
+    with harness.CheckerJob(config_path, lakehouse, "checker.log") as checker:
+        checker.wait_ready(180)
+        harness.wait_until(lambda: checker.lag() == 0, 60, "the checker to catch up")
+"""
+
+from bench.harness.checker import (
+    CheckerJob,
+    LagSampler,
+    checker_on_fresh_lakehouse,
+    first_batch_after,
+    holds_lease,
+    recorded_batches,
+    served_metrics_url,
+    stands_by,
+    write_config,
+)
+from bench.harness.console import ConsoleBrowser, ConsoleJob, MetricsScraper
+from bench.harness.deltalog import (
+    Delivery,
+    TopicFollower,
+    commits,
+    deliveries,
+    delta_log_size,
+    latest_version,
+    log_versions,
+    table_shape,
+)
+from bench.harness.exactly_once import Deliveries, tally_deliveries
+from bench.harness.load import Commits, SteadySender, send_on_schedule
+from bench.harness.processes import Job, child_environment, free_port, proc_status, process_tree_rss, reset_peak_rss
+from bench.harness.records import BODY, commit_rows, end_record, half_record, half_rows
+from bench.harness.report import RESULTS, ROOT, TINY_HELP, finish_report, machine, median, parse_args, percentile, start_report
+from bench.harness.spark import BatchDriver, jvm_memory, reach_object_store, spark_session, streaming_triggers
+from bench.harness.waiting import wait_until
+
+__all__ = [
+    "BODY", "BatchDriver", "CheckerJob", "Commits", "ConsoleBrowser", "ConsoleJob", "Deliveries", "Delivery", "Job",
+    "LagSampler", "MetricsScraper", "RESULTS", "ROOT", "SteadySender", "TINY_HELP", "TopicFollower", "checker_on_fresh_lakehouse",
+    "child_environment", "commit_rows", "commits", "deliveries", "delta_log_size", "end_record", "finish_report",
+    "first_batch_after", "free_port", "half_record", "half_rows", "holds_lease", "jvm_memory", "latest_version", "log_versions", "machine", "median",
+    "parse_args", "percentile", "proc_status", "process_tree_rss", "reach_object_store", "recorded_batches",
+    "reset_peak_rss", "send_on_schedule", "served_metrics_url", "spark_session", "stands_by", "start_report", "streaming_triggers",
+    "table_shape", "tally_deliveries", "wait_until", "write_config",
+]
