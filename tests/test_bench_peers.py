@@ -106,10 +106,10 @@ def test_ratios_are_ours_over_each_peer_and_the_table_says_kafka_aborts_unknowns
                     reason="starts RocketMQ and Kafka from Maven Central jars (about 2 min, and a download the "
                            "first time): set PEERS_TESTS=1 to run it")
 def test_peers_tiny_run_rocketmq_and_kafka_deliver_every_commit_once_and_treat_unknowns_as_they_promise(tmp_path):
-    """``bench/peers/run.py --tiny``: every system, both phases, 100 transactions each."""
+    """``python -m bench.peers.run --tiny``: every system, both phases, 100 transactions each."""
     results = tmp_path / "peers.json"
-    subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "peers" / "run.py"), "--tiny", "--results", str(results)],
-                   check=True, timeout=900)
+    subprocess.run([sys.executable, "-m", "bench.peers.run", "--tiny", "--results", str(results)],
+                   check=True, timeout=900, cwd=REPO_ROOT)
     report = json.loads(results.read_text())
     phases = report["phases"]
     for phase, plan in report["plans"].items():

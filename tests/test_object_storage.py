@@ -244,9 +244,9 @@ def test_the_streaming_checker_runs_on_object_storage(spark, s3_server, s3_lakeh
 
 
 def test_the_producer_benchmark_runs_on_object_storage(s3_server, tmp_path):
-    """`bench/producer.py --object-store`, at a tiny scale: every figure comes from a bucket on its own server."""
+    """`python -m bench.producer --object-store`, at a tiny scale: every figure comes from a bucket on its own server."""
     results = tmp_path / "producer-s3.json"
-    run = subprocess.run([sys.executable, "bench/producer.py", "--object-store", "--seconds", "1", "--threads", "2",
+    run = subprocess.run([sys.executable, "-m", "bench.producer", "--object-store", "--seconds", "1", "--threads", "2",
                           "--processes", "--batch", "2", "--floor-appends", "5", "--results", str(results)],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
