@@ -21,17 +21,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import time
 from pathlib import Path
 
 from bench import harness
 
 TARGET_S = 20.0
-#: The lease is read this often: the resolution of "lease taken".
-_POLL_S = 0.1
-#: ``system/metrics`` (a Delta table) is read this often, to disturb the start less: the first batch's end
-#: is the time it records, whenever it is read.
-_METRICS_POLL_S = 0.5
 #: ``--tiny``: one cold start, which is already the whole benchmark.
 TINY = {"runs": 1}
 
@@ -40,27 +34,11 @@ def one_start(trigger_ms: int, timeout_s: float) -> dict:
     """Launch the checker on a fresh lakehouse; return the seconds to "lease taken" and to the end of its
     first recorded batch, and its exit code once stopped."""
     lakehouse, checker = harness.checker_on_fresh_lakehouse(None, "cold-start", trigger_ms)
-    lease_taken_s = first_batch_s = None
-    metrics_read_at = 0.0
+    first_batch_s = None
     try:
-        while first_batch_s is None:
-            now = time.monotonic()
-            elapsed = round(now - checker.started_at, 1)
-            if lease_taken_s is None and checker.holds_lease():
-                lease_taken_s = elapsed
-            first = None
-            if lease_taken_s is not None and now - metrics_read_at >= _METRICS_POLL_S:
-                metrics_read_at = now
-                first = harness.first_batch_after(checker.lakehouse, checker.started_wall)
-            if first is not None:
-                first_batch_s = round(first["finished_at"] - checker.started_wall, 1)
-            elif not checker.running:
-                raise RuntimeError(f"the checker exited with {checker.exit_code()} before its first batch; "
-                                   f"see {checker.log_path}")
-            elif elapsed > timeout_s:
-                raise RuntimeError(f"the checker recorded no batch within {timeout_s:g} s; see {checker.log_path}")
-            else:
-                time.sleep(_POLL_S)
+        lease_seen, first = checker.wait_first_batch(checker.started_wall, timeout_s)
+        lease_taken_s = round(lease_seen - checker.started_at, 1)
+        first_batch_s = round(first["finished_at"] - checker.started_wall, 1)
     finally:
         exit_code = checker.stop()
         if first_batch_s is not None:  # a failed run's lakehouse keeps its log for the error message

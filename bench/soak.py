@@ -196,21 +196,14 @@ class Supervisor(threading.Thread):
         self.restarts.append(record)
         print(f"  [{record['at_s']:7.1f} s] checker killed (kill -9 of its process group, after "
               f"{killed_batches} batches); starting run {n + 1}", flush=True)
-        deadline = killed_at + self.startup_timeout_s
-        first = None
-        while first is None:
-            if record["lease_taken_s"] is None and self.current.holds_lease():
-                record["lease_taken_s"] = round(time.monotonic() - killed_at, 1)
-            if record["lease_taken_s"] is not None:
-                first = harness.first_batch_after(self.current.lakehouse, killed_wall)
-            if first is None and (not self.current.running or time.monotonic() > deadline):
-                record["error"] = (f"run {n + 1} exited with {self.current.exit_code()} before its first batch"
-                                   if not self.current.running else
-                                   f"run {n + 1} recorded no batch within {self.startup_timeout_s:g} s")
-                print(f"  checker restart FAILED: {record['error']}; see {self.current.log_path}", flush=True)
-                return False
-            if first is None:
-                time.sleep(0.5)
+        try:
+            lease_seen, first = self.current.wait_first_batch(
+                killed_wall, self.startup_timeout_s - (time.monotonic() - killed_at))
+        except RuntimeError as error:
+            record["error"] = f"run {n + 1}: {error}"
+            print(f"  checker restart FAILED: {record['error']}", flush=True)
+            return False
+        record["lease_taken_s"] = round(lease_seen - killed_at, 1)
         record["restart_s"] = round(first["finished_at"] - killed_wall, 1)
         print(f"  [{time.monotonic() - self.t0:7.1f} s] run {n + 1}: first batch {record['restart_s']} s after "
               f"the kill (lease taken after {record['lease_taken_s']} s)", flush=True)

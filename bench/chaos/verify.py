@@ -125,10 +125,11 @@ def verify(config: CoordinatorConfig, producers: list[Producer], bad_inputs: lis
     stored_plans = _halves_on_the_way_in(findings, truth, tables, groups, bad_ids)
     outcomes = _op_rows(findings, tables.ops, recovered)
     checks_of = _check_requests(findings, tables.checks)
+    first_halves = tables.first_halves
     kind_of = {plan_id: kind for plan in plans for plan_id, kind in plan}
-    pending, outcomes_by_kind = _outcomes(findings, truth, tables.first_halves, outcomes, checks_of, recovered, groups,
+    pending, outcomes_by_kind = _outcomes(findings, truth, first_halves, outcomes, checks_of, recovered, groups,
                                           kind_of, config.transaction_check_max)
-    _check_times(findings, tables.first_halves, checks_of, config.transaction_check_max)
+    _check_times(findings, first_halves, checks_of, config.transaction_check_max)
     reasons = _refusals(findings, tables.rejected, bad_inputs)
     valid_reasons = Counter(row["reason"] for row in tables.rejected if row["producer_group"] in groups
                             and row["record_id"] not in bad_ids)

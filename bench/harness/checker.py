@@ -144,19 +144,32 @@ class CheckerJob(Job):
         read = progress.next_versions
         return sum(max(0, written - read.get(key, 0)) for key, written in self.written_versions().items())
 
-    def wait_ready(self, timeout_s: float, poll_s: float = 0.5) -> float:
-        """Wait for this run's first batch to be recorded in ``system/metrics``; return the seconds from its
-        start to that batch's end. For a run that takes the lease as it starts (no other checker running)."""
+    def wait_first_batch(self, since: float, timeout_s: float) -> tuple[float, dict]:
+        """Wait until this run holds the lease, then until ``system/metrics`` records a batch started at
+        ``since`` (a ``time.time()``) or later; return the ``time.monotonic()`` at which the lease was seen
+        held, and that batch. ``RuntimeError`` with the end of its log if the run exits first or
+        ``timeout_s`` pass.
+
+        The lease (a small file) is read every 0.1 s, the resolution of that moment; ``system/metrics`` (a
+        Delta table) every 0.5 s, to disturb a starting checker less: the batch's end is the time it records,
+        whenever it is read.
+
+        Example::
+
+            lease_seen, first = checker.wait_first_batch(killed_wall, 300)
+            first["finished_at"] - killed_wall   # the takeover, in seconds
+        """
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            first = first_batch_after(self.lakehouse, self.started_wall)
-            if first is not None:
-                return round(first["finished_at"] - self.started_wall, 1)
-            if not self.running:
-                raise RuntimeError(f"the checker exited with {self.exit_code()} before its first batch; "
-                                   f"see {self.log_path}")
-            time.sleep(poll_s)
-        raise RuntimeError(f"the checker recorded no batch within {timeout_s} s; see {self.log_path}")
+        lease_seen = self.wait_for(lambda: self.holds_lease() and time.monotonic(), "the lease", timeout_s, poll_s=0.1)
+        first = self.wait_for(lambda: first_batch_after(self.lakehouse, since), "its first batch",
+                              max(0.0, deadline - time.monotonic()), poll_s=0.5)
+        return lease_seen, first
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Wait for this run's first batch (:meth:`wait_first_batch`); the seconds from its start to that batch's
+        end. For a run that takes the lease as it starts (no other checker running)."""
+        _, first = self.wait_first_batch(self.started_wall, timeout_s)
+        return round(first["finished_at"] - self.started_wall, 1)
 
 
 def write_config(lakehouse: Union[str, Lakehouse], directory: Optional[str] = None, **settings) -> str:

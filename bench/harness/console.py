@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Optional
 
 from bench.harness.processes import Job
@@ -58,17 +59,10 @@ class ConsoleJob(Job):
 
     def wait_ready(self, timeout_s: float) -> str:
         """Wait for the console to say where it listens; return that URL."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with open(self.log_path, "rb") as log:
-                found = CONSOLE_LINE.search(log.read())
-            if found:
-                self.url = found.group(1).decode()
-                return self.url
-            if not self.running:
-                raise RuntimeError(f"txcoord console exited with {self.exit_code()}; see {self.log_path}")
-            time.sleep(0.2)
-        raise RuntimeError(f"txcoord console did not listen within {timeout_s} s; see {self.log_path}")
+        found = self.wait_for(lambda: CONSOLE_LINE.search(Path(self.log_path).read_bytes()), "listening", timeout_s,
+                              poll_s=0.2)
+        self.url = found.group(1).decode()
+        return self.url
 
     def cpu_seconds(self) -> Optional[float]:
         """User and system CPU seconds the console process has used so far (``/proc``), None once it is gone."""
