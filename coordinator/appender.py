@@ -31,8 +31,9 @@ It stays a correct Delta writer:
 * the statistics it records for data skipping are exact or wider (a string
   longer than 32 characters has no maximum, a timestamp's maximum is rounded
   up to the millisecond);
-* it writes a checkpoint every ``delta.checkpointInterval`` commits (through
-  delta-rs, on a thread of its own, off the caller's path).
+* it writes a checkpoint every ``delta.checkpointInterval`` commits, on a thread of
+  its own, off the caller's path: carried forward from the previous checkpoint
+  (:mod:`coordinator.lakehouse.checkpoints`), through delta-rs where it cannot be.
 
 Example::
 
@@ -60,6 +61,7 @@ import pyarrow.parquet as pq
 
 from coordinator.exceptions import InvalidArgumentError, UnsupportedTableError
 from coordinator.lakehouse import open_table
+from coordinator.lakehouse.checkpoints import write_checkpoint
 from coordinator.storage import FileStore, is_object_store
 
 __all__ = ["DeltaAppender", "check_writable", "file_stats"]
@@ -420,6 +422,6 @@ class DeltaAppender:
     def _checkpoint_loop(self) -> None:
         while (version := self._checkpoints.get()) is not _STOP:
             try:
-                open_table(self.path, version=version, storage=self.storage).create_checkpoint()
+                write_checkpoint(self.path, version, self.storage)
             except Exception as error:  # the next interval's checkpoint covers this one
                 _log.warning("checkpoint of %s at version %d failed: %s", self.path, version, error)

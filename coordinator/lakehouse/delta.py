@@ -6,7 +6,9 @@ Each table is created with an explicit, minimal protocol that Spark and delta-rs
 from __future__ import annotations
 
 import os
+import re
 import time
+from datetime import timedelta
 from typing import Callable, Mapping, Optional, TypeVar
 
 from deltalake import DeltaTable
@@ -17,12 +19,18 @@ from coordinator.retries import RetryPolicy, retrying
 from coordinator.storage import denied_as_error, is_object_store
 from coordinator.tables import TableDef
 
-__all__ = ["create_table", "listing_retried", "open_table"]
+__all__ = ["DEFAULT_DELETED_FILE_RETENTION", "create_table", "listing_retried", "open_table", "parse_interval"]
 
 
 #: How often a table is opened again when its log listing caught a commit being written.
 _LISTING_ATTEMPTS = 6
 _T = TypeVar("_T")
+#: Delta's default for ``delta.deletedFileRetentionDuration``: how long a removed file stays in checkpoints
+#: (and out of vacuum's reach).
+DEFAULT_DELETED_FILE_RETENTION = timedelta(days=7)
+# The units Delta's interval syntax accepts (delta-kernel parses whole numbers only: "interval 1.5 hours" is ignored).
+_INTERVAL_UNITS = {"week": 604_800, "day": 86_400, "hour": 3_600, "minute": 60, "second": 1,
+                   "millisecond": 1e-3, "microsecond": 1e-6, "nanosecond": 1e-9}
 
 
 def open_table(path: str, version: Optional[int] = None, storage: Optional[Mapping[str, str]] = None) -> DeltaTable:
@@ -103,3 +111,17 @@ def _add_missing_columns(table: TableDef, path: str, storage: Optional[Mapping[s
     except DeltaError:
         if not {f.name for f in missing} <= set(open_table(path, storage=storage).schema().to_arrow().names):
             raise  # not a race with another process adding the same columns
+
+
+def parse_interval(text: str) -> Optional[timedelta]:
+    """Delta's ``interval <whole number> <unit>`` (a table property's duration), as delta-kernel reads it;
+    ``None`` for anything else.
+
+    Example::
+
+        parse_interval("interval 10 minutes")  # timedelta(seconds=600)
+    """
+    match = re.fullmatch(r"interval\s+(\d+)\s+([a-z]+?)s?", text.strip())
+    if match is None or match.group(2) not in _INTERVAL_UNITS:
+        return None
+    return timedelta(seconds=int(match.group(1)) * _INTERVAL_UNITS[match.group(2)])

@@ -45,7 +45,6 @@ otherwise the cleanup is skipped and said so (producers never clean it: see
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -59,23 +58,21 @@ from coordinator.commit_logs import CommitLogs
 from coordinator.control.progress import CheckerProgress
 from coordinator.exceptions import InvalidArgumentError
 from coordinator.lakehouse import Lakehouse, listing_retried
+from coordinator.lakehouse.delta import DEFAULT_DELETED_FILE_RETENTION, parse_interval
 from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
 
 __all__ = ["DEFAULT_RETENTION_HOURS", "LOG_RETENTION_PROPERTY", "MIN_RETENTION_HOURS", "TableMaintenance",
            "log_retention_interval", "maintain", "maintained_tables"]
 
-#: Delta's own default for ``delta.deletedFileRetentionDuration``.
-DEFAULT_RETENTION_HOURS = 168
+#: Delta's own default for ``delta.deletedFileRetentionDuration``, in hours.
+DEFAULT_RETENTION_HOURS = int(DEFAULT_DELETED_FILE_RETENTION / timedelta(hours=1))
 #: The shortest retention while writers may be running (delta-rs counts retention in whole hours).
 MIN_RETENTION_HOURS = 1
 NOT_COMPACTED = {CHECK_REQUESTS.name}
 #: The table property that says how long the log keeps a commit, and Delta's default for it.
 LOG_RETENTION_PROPERTY = "delta.logRetentionDuration"
 DEFAULT_LOG_RETENTION = timedelta(days=30)
-# The units Delta's interval syntax accepts (delta-kernel parses whole numbers only: "interval 1.5 hours" is ignored).
-_INTERVAL_UNITS = {"week": 604_800, "day": 86_400, "hour": 3_600, "minute": 60, "second": 1,
-                   "millisecond": 1e-3, "microsecond": 1e-6, "nanosecond": 1e-9}
 # cleanup_metadata reads the clock after the commit log's guard does: a commit this close to expiring (or
 # half the retention, if that is shorter) counts as expired.
 _CLOCK_MARGIN = timedelta(minutes=1)
@@ -253,7 +250,7 @@ def _set_properties(lakehouse: Lakehouse, table: DeltaTable, name: str, log_rete
     wanted = dict(COMMIT_LOG.properties) if _is_commit_log(name) else {}
     if log_retention is not None:
         wanted[LOG_RETENTION_PROPERTY] = log_retention
-    if (log_retention is None or _log_retention(table) == _parse_interval(log_retention)) and \
+    if (log_retention is None or _log_retention(table) == parse_interval(log_retention)) and \
             all(configuration.get(key) == value for key, value in wanted.items() if key != LOG_RETENTION_PROPERTY):
         return None
     if _is_commit_log(name):  # producers commit to it many times a second: see DeltaAppender.set_properties
@@ -293,13 +290,5 @@ def _log_retention(table: DeltaTable) -> timedelta:
     value = table.metadata().configuration.get(LOG_RETENTION_PROPERTY)
     if value is None:
         return DEFAULT_LOG_RETENTION
-    parsed = _parse_interval(value)
+    parsed = parse_interval(value)
     return timedelta(0) if parsed is None else parsed
-
-
-def _parse_interval(text: str) -> Optional[timedelta]:
-    """Delta's ``interval <whole number> <unit>``, as delta-kernel reads it; ``None`` for anything else."""
-    match = re.fullmatch(r"interval\s+(\d+)\s+([a-z]+?)s?", text.strip())
-    if match is None or match.group(2) not in _INTERVAL_UNITS:
-        return None
-    return timedelta(seconds=int(match.group(1)) * _INTERVAL_UNITS[match.group(2)])

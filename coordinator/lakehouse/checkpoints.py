@@ -1,0 +1,183 @@
+"""Delta checkpoints carried forward from the previous checkpoint and the commits since.
+
+A checkpoint is a table's state at a version in one Parquet file: its protocol and metadata, the
+files it holds (``add``), the files removed within their retention (``remove``) and each
+application's last transaction (``txn``). delta-rs's ``create_checkpoint`` rebuilds the state
+from scratch: it loads the previous checkpoint and replays every commit since on a runtime of
+several hundred threads, then writes the whole state. Measured on a commit log of 2,000 files,
+1,000 commits after its last checkpoint: 0.9 s of CPU (0.4 s to load, 0.5 s to write) on 460–520
+threads. A producer at 1,000 txn/s checkpoints its commit log every ~17 s, and on two cores that
+CPU was the checker's slowest batches (commit→visible p99 750 ms against 470 ms with no
+checkpoints: docs/performance.md). The state changes little between two checkpoints: this module
+takes the previous checkpoint's rows, drops the files removed since and the tombstones and
+transactions superseded or expired, adds the commits' own actions, and writes the result in the
+previous checkpoint's schema, all in Arrow: 25 ms of CPU for the same checkpoint, on the calling thread.
+
+What it cannot carry forward it leaves to delta-rs: a table with no checkpoint yet, a checkpoint
+in several parts, one whose schema asks for parsed statistics or partition values, or commits
+since that change anything but files and application transactions (a protocol, metadata or
+domain change, say).
+
+Example::
+
+    write_checkpoint("lakehouse/groups/order_group/commit_log", 2000)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import timedelta
+from typing import Mapping, Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from coordinator.lakehouse.delta import DEFAULT_DELETED_FILE_RETENTION, open_table, parse_interval
+from coordinator.storage import FileStore
+
+__all__ = ["write_checkpoint"]
+
+_log = logging.getLogger("coordinator.lakehouse.checkpoints")
+
+_LAST_CHECKPOINT = "_delta_log/_last_checkpoint"
+#: The actions a carried-forward checkpoint takes in from the commits since the previous one.
+_FILE_ACTIONS = {"add", "remove", "txn"}
+#: Actions no checkpoint holds: they are skipped.
+_NOT_CHECKPOINTED = {"commitInfo", "cdc"}
+#: Checkpoint columns this module fills; a checkpoint with any other kind of row is rebuilt by delta-rs.
+_CARRIED_COLUMNS = {"add", "remove", "txn", "metaData", "protocol", "domainMetadata", "sidecar"}
+#: Struct fields derived from others (``delta.checkpoint.writeStatsAsStruct``), which this module does not derive.
+_DERIVED_FIELDS = {"stats_parsed", "partitionValues_parsed"}
+
+
+def write_checkpoint(path: str, version: int, storage: Optional[Mapping[str, str]] = None,
+                     now_ms: Optional[int] = None) -> bool:
+    """Write the checkpoint of the Delta table at ``path`` (a directory, or an object-store URI reached
+    with ``storage``) at ``version``: carried forward from the previous one when it can be (see the
+    module's docstring), through delta-rs otherwise. Tombstones older than the table's
+    ``delta.deletedFileRetentionDuration`` at ``now_ms`` (default: now) are left out. Return whether
+    it was carried forward. A table whose newest checkpoint is at ``version`` or later is left alone.
+
+    Example::
+
+        write_checkpoint("lakehouse/system/op", 300)   # True: from the checkpoint at 200
+    """
+    files = FileStore.at(path, storage)
+    previous = _latest_checkpoint(files)
+    if previous is not None and previous >= version:
+        return False
+    state = _carried_forward(files, previous, version, time.time() * 1000 if now_ms is None else now_ms)
+    if state is None:
+        open_table(path, version=version, storage=storage).create_checkpoint()
+        return False
+    encoded = pa.BufferOutputStream()
+    pq.write_table(state, encoded, compression="snappy")
+    content = encoded.getvalue().to_pybytes()
+    files.put(f"_delta_log/{version:020d}.checkpoint.parquet", content)
+    if (_latest_checkpoint(files) or -1) < version:  # never point readers back to an older checkpoint
+        files.put(_LAST_CHECKPOINT, json.dumps({
+            "version": version, "size": state.num_rows, "sizeInBytes": len(content),
+            "numOfAddFiles": state.num_rows - state.column("add").null_count}).encode())
+    return True
+
+
+def _latest_checkpoint(files: FileStore) -> Optional[int]:
+    pointer = files.read(_LAST_CHECKPOINT)
+    if pointer is None:
+        return None
+    try:
+        recorded = json.loads(pointer.data)
+        return None if recorded.get("parts") else int(recorded["version"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _carried_forward(files: FileStore, previous: Optional[int], version: int, now_ms: float) -> Optional[pa.Table]:
+    """The state at ``version`` from the checkpoint at ``previous`` and the commits since; ``None`` where
+    delta-rs must rebuild it."""
+    if previous is None:
+        return None
+    stored = files.read(f"_delta_log/{previous:020d}.checkpoint.parquet")
+    if stored is None:
+        return None
+    state = pq.read_table(pa.BufferReader(stored.data))
+    if not _can_carry(state):
+        return None
+    changes = _changes(files, previous, version)
+    if changes is None:
+        return None
+    added, removed, transactions = changes
+    retention = _tombstone_retention(state)
+    if retention is None:
+        return None
+    expired_before_ms = now_ms - retention.total_seconds() * 1000
+    superseded = pa.array(list(added) + list(removed), pa.string())
+    kept = pc.invert(pc.fill_null(pc.or_(
+        pc.is_in(pc.struct_field(state["add"], "path"), superseded),
+        pc.or_(pc.is_in(pc.struct_field(state["remove"], "path"), superseded),
+               pc.is_in(pc.struct_field(state["txn"], "appId"), pa.array(list(transactions), pa.string()))),
+    ), False))
+    tombstone_times = pc.struct_field(state["remove"], "deletionTimestamp")
+    kept = pc.and_(kept, pc.invert(pc.fill_null(pc.less(tombstone_times, int(expired_before_ms)), False)))
+    fresh_removes = [action for action in removed.values() if action.get("deletionTimestamp", now_ms) >= expired_before_ms]
+    new_rows = ([{"add": action} for action in added.values()] + [{"remove": action} for action in fresh_removes]
+                + [{"txn": action} for action in transactions.values()])
+    return pa.concat_tables([state.filter(kept), pa.Table.from_pylist(new_rows, schema=state.schema)])
+
+
+def _can_carry(state: pa.Table) -> bool:
+    """Whether every row of checkpoint ``state`` is of a kind this module carries forward, and no column asks
+    for values derived from others."""
+    for field in state.schema:
+        if field.name not in _CARRIED_COLUMNS and state.column(field.name).null_count < state.num_rows:
+            return False
+        if pa.types.is_struct(field.type) and _DERIVED_FIELDS & {child.name for child in field.type}:
+            return False
+    sidecars = state.column("sidecar") if "sidecar" in state.column_names else None
+    return sidecars is None or sidecars.null_count == state.num_rows
+
+
+def _changes(files: FileStore, previous: int, version: int) -> Optional[tuple[dict, dict, dict]]:
+    """The files added and removed (by path) and the application transactions (by id) of the commits after
+    ``previous`` up to ``version``, the later action winning; ``None`` if one holds anything else."""
+    added: dict[str, dict] = {}
+    removed: dict[str, dict] = {}
+    transactions: dict[str, dict] = {}
+    for commit_version in range(previous + 1, version + 1):
+        commit = files.read(f"_delta_log/{commit_version:020d}.json")
+        if commit is None:
+            return None
+        for line in commit.data.splitlines():
+            if not line.strip():
+                continue
+            action = json.loads(line)
+            kind = next(iter(action))
+            if kind in _NOT_CHECKPOINTED:
+                continue
+            if kind not in _FILE_ACTIONS or len(action) != 1:
+                _log.info("version %d holds a %s action: delta-rs writes this checkpoint", commit_version, kind)
+                return None
+            body = action[kind]
+            if kind == "add":
+                removed.pop(body["path"], None)
+                added[body["path"]] = body
+            elif kind == "remove":
+                added.pop(body["path"], None)
+                removed[body["path"]] = body
+            else:
+                transactions[body["appId"]] = body
+    return added, removed, transactions
+
+
+def _tombstone_retention(state: pa.Table) -> Optional[timedelta]:
+    """The table's ``delta.deletedFileRetentionDuration`` from the checkpoint's metadata row; ``None`` if it
+    cannot be read."""
+    metadata = state.filter(pc.is_valid(state["metaData"])).column("metaData").to_pylist()
+    if len(metadata) != 1:
+        return None
+    configuration = dict(metadata[0].get("configuration") or [])
+    value = configuration.get("delta.deletedFileRetentionDuration")
+    return DEFAULT_DELETED_FILE_RETENTION if value is None else parse_interval(value)
