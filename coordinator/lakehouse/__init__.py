@@ -1,6 +1,6 @@
 """A lakehouse: where each of its tables and files lives (:mod:`.paths`), opening and creating a Delta
-table at a path (:mod:`.delta`), creating its tables from their definitions in ``tables/``
-(:mod:`.provision`), and reading them (:mod:`.reads`).
+table at a path (:mod:`.delta`), writing a table's checkpoint (:mod:`.checkpoints`), creating its
+tables from their definitions in ``tables/`` (:mod:`.provision`), and reading them (:mod:`.reads`).
 
 Runs through delta-rs, so ``txcoord init`` and producers start no JVM.
 
