@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-from typing import Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from deltalake import DeltaTable
@@ -15,6 +14,9 @@ from deltalake import DeltaTable
 from coordinator.exceptions import OutdatedLakehouseError
 from coordinator.lakehouse.delta import open_table
 from coordinator.storage import denied_as_error, is_object_store
+
+if TYPE_CHECKING:  # importing pyarrow.dataset imports pandas: a second of every checker worker's start
+    import pyarrow.dataset as ds
 
 __all__ = ["read_table", "table_dataset", "transaction_ids_in"]
 
