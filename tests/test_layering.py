@@ -143,3 +143,11 @@ def test_the_base_install_brings_no_spark_and_the_spark_extra_brings_the_checker
     assert names(project["optional-dependencies"]["spark"]) == {"pyspark", "delta-spark", "prometheus-client"}
     # Ranges, as a library declares them (requirements.lock pins the tested versions): never one exact version.
     assert not [r for r in project["dependencies"] + project["optional-dependencies"]["spark"] if "==" in r]
+
+
+def test_the_checkers_python_workers_import_no_pandas():
+    # Spark starts a Python worker for the streaming source, for each read's planning, and the read-ahead
+    # worker; pandas (brought by pyarrow.dataset) was a second of each one's start.
+    modules = loaded_after("import coordinator.checker.source, coordinator.checker.readahead")
+    assert "coordinator.checker.segment" in modules
+    assert "pandas" not in modules and "pyarrow.dataset" not in modules
