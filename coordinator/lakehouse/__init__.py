@@ -13,11 +13,23 @@ Example::
     Lakehouse("lakehouse").read(OP, ["transaction_id", "outcome"]).num_rows
 """
 
-from coordinator.lakehouse.delta import create_table, listing_retried, open_table
+import importlib
+
 from coordinator.lakehouse.paths import (GROUPS_KEY, LAYOUT_KEY, LEASE_KEY, OPERATORS_LOG_KEY, PROGRESS_KEY, SHARED_LOG_KEY,
                                          STANDBYS_KEY, Lakehouse, group_key, group_of_key, require_lakehouse, topic_names)
-from coordinator.lakehouse.provision import create_group_tables, init_lakehouse
-from coordinator.lakehouse.reads import read_table, table_dataset, transaction_ids_in
+
+# The rest is imported when first used: Spark's Python workers for the checker's streaming source need
+# only the paths, and delta-rs with pyarrow's compute functions is 90 ms of each worker's start.
+_LAZY = {"create_table": "delta", "listing_retried": "delta", "open_table": "delta",
+         "create_group_tables": "provision", "init_lakehouse": "provision",
+         "read_table": "reads", "table_dataset": "reads", "transaction_ids_in": "reads"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"coordinator.lakehouse.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'coordinator.lakehouse' has no attribute {name!r}")
+
 
 __all__ = ["GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY", "SHARED_LOG_KEY",
            "STANDBYS_KEY", "create_group_tables", "create_table", "group_key", "group_of_key", "init_lakehouse",

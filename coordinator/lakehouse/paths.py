@@ -5,19 +5,17 @@ checker's small files under its root. Every path under a lakehouse is built here
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional, Union
+from typing import TYPE_CHECKING, Mapping, Optional, Union
 from urllib.parse import quote, unquote
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from deltalake import DeltaTable
-
 from coordinator.exceptions import InvalidArgumentError, LakehouseNotFoundError
-from coordinator.lakehouse.delta import open_table
-from coordinator.lakehouse.reads import read_table
 from coordinator.storage import FileStore, denied_as_error, is_object_store
 from coordinator.tables import HALF, TableDef
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
 
 __all__ = ["GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY", "SHARED_LOG_KEY",
            "STANDBYS_KEY", "group_key", "group_of_key", "require_lakehouse", "topic_names"]
@@ -168,10 +166,14 @@ class Lakehouse:
 
     def table(self, table: Union[TableDef, str], version: Optional[int] = None) -> DeltaTable:
         """The Delta table ``table`` (see :meth:`path`), opened with this lakehouse's storage settings."""
+        from coordinator.lakehouse.delta import open_table
+
         return open_table(self.path(table), version=version, storage=self.storage)
 
     def exists(self, table: Union[TableDef, str]) -> bool:
         """Whether ``table`` (see :meth:`path`) is a Delta table yet."""
+        from deltalake import DeltaTable
+
         path = self.path(table)
         with denied_as_error(path):
             return DeltaTable.is_deltatable(path, storage_options=self.storage or None)
@@ -185,6 +187,8 @@ class Lakehouse:
 
             Lakehouse("lakehouse").read(OP, ["transaction_id", "outcome"]).num_rows
         """
+        from coordinator.lakehouse.reads import read_table
+
         return read_table(self.path(table), columns, filter, storage=self.storage, files=files)
 
     def _join(self, *parts: str) -> str:
