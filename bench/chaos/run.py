@@ -115,7 +115,10 @@ class Run:
         self.operator = Operator(self.config, {group_of(p.index) for p in self.producers}, random.Random(options.seed))
         self.hostile = HostileWriter(self.lakehouse, random.Random(options.seed))
         window_end = started + 2.0 + options.send_seconds
-        producer_kill_at = sorted(rng.uniform(started + 2.0, window_end) for _ in range(options.producer_kills))
+        # In the first 60% of the sending window, when every producer still has sends planned: later, a fast
+        # producer may be done already and the kill would find nobody sending (a tiny run then killed none).
+        producer_kill_at = sorted(rng.uniform(started + 2.0, started + 2.0 + options.send_seconds * 0.6)
+                                  for _ in range(options.producer_kills))
         checker_kill_after = sorted(rng.uniform(started, window_end) for _ in range(options.checker_kills))
         blind_injection_at = started + 2.0 + options.send_seconds * 0.3
         deadline = started + options.timeout
