@@ -8,10 +8,12 @@ from __future__ import annotations
 import logging
 import uuid
 
+import pyarrow as pa
 import pytest
 
 from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
 from coordinator.config import CoordinatorConfig
+from coordinator.checker.writer import TableWriter
 from coordinator.control.lease import CheckerLease
 from coordinator.control.progress import BatchRecord, CheckerProgress, Epoch, Progress
 from coordinator.exceptions import HalfNotStoredError, HalfOutcomeUnknownError, WriteOutcomeUnknownError
@@ -186,3 +188,25 @@ def test_a_commit_log_created_through_a_reset_connection_is_created(lakehouses, 
     assert version == 1  # version 0 is the creation
     assert [row["transaction_id"] for row in log_rows(direct)] == ["t1"]
     assert storage_request_counts().retries[("create table", "connection")] == before + 1
+
+
+@pytest.mark.parametrize("fault", ["reset", "drop_reply"])
+def test_a_topic_created_by_its_first_delivery_through_a_fault_holds_it_once(lakehouses, proxy, fault):
+    """A topic's table is created by the checker's first write to it; a reset there is tried again, and a
+    creation whose reply was lost is not written twice (the chaos run's checker once exited on the reset)."""
+    faulty, direct = lakehouses
+    topic = faulty.key_path("topics/T")
+    rows = pa.table({"msg_id": ["m1", "m2"]})
+    proxy.inject_next(fault, method="PUT", path_contains="topics/T/_delta_log/00000000000000000000.json")
+    writer = TableWriter("txcoord-checker", faulty.storage)
+    try:
+        first = writer.append(topic, rows, batch_id=7)
+        replay = writer.append(topic, rows, batch_id=7)
+    finally:
+        writer.close()
+
+    assert proxy.counts()["injected"][fault] == 1
+    assert first in (0, None) and replay is None  # None: the lost reply's creation was this batch's write
+    table = open_table(direct.key_path("topics/T"), storage=direct.storage)
+    assert sorted(table.to_pyarrow_table()["msg_id"].to_pylist()) == ["m1", "m2"]
+    assert table.transaction_version("txcoord-checker") == 7  # (delta-rs may repeat the creation's metadata at v1)

@@ -27,7 +27,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from coordinator.appender import DeltaAppender
 from coordinator.lakehouse import create_table
-from coordinator.storage import FileStore
+from coordinator.retries import RetryPolicy, retrying
+from coordinator.storage import FileStore, denied_as_error
 from coordinator.tables import TableDef
 
 
@@ -48,17 +49,30 @@ class TableWriter:
         """
         appender = self._appenders.get(path)
         if appender is None:
-            options = self.storage or None
             if create_as is not None:
                 create_table(create_as, path, self.storage)
-            if not DeltaTable.is_deltatable(path, storage_options=options):
-                # Created by its first write, so that its version 0 holds rows (time travel to it shows them).
-                write_deltalake(path, data, mode="append", storage_options=options, commit_properties=CommitProperties(
-                    app_transactions=[Transaction(self.app_id, batch_id)]))
-                self._appenders[path] = DeltaAppender(path, storage=self.storage)
-                return 0
+            created = self._created_by(path, data, batch_id)
             appender = self._appenders[path] = DeltaAppender(path, storage=self.storage)
+            if created:
+                return 0
         return appender.append(data, app_transaction=(self.app_id, batch_id))
+
+    def _created_by(self, path: str, data: pa.Table, batch_id: int) -> bool:
+        """Create the table at ``path`` by writing ``data`` as its version 0, so that time travel to it
+        shows rows, unless it exists; whether this call created it. Tried again as a table's creation is
+        (a storage fault here failed the whole checker): an attempt whose reply was lost finds the table
+        made, and the append that follows finds this batch's transaction in it and writes nothing."""
+        options = self.storage or None
+
+        def attempt() -> bool:
+            if DeltaTable.is_deltatable(path, storage_options=options):
+                return False
+            write_deltalake(path, data, mode="append", storage_options=options, commit_properties=CommitProperties(
+                app_transactions=[Transaction(self.app_id, batch_id)]))
+            return True
+
+        with denied_as_error(path):
+            return retrying(RetryPolicy.of(self.storage), "create table", path, attempt, conditional_write=True)
 
     def close(self) -> None:
         """Finish the appenders' checkpoints in progress and stop them."""
