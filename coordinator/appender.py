@@ -61,7 +61,7 @@ import pyarrow.parquet as pq
 
 from coordinator.exceptions import InvalidArgumentError, UnsupportedTableError
 from coordinator.lakehouse import open_table
-from coordinator.lakehouse.checkpoints import write_checkpoint
+from coordinator.lakehouse.checkpoints import last_checkpoint, write_checkpoint
 from coordinator.storage import FileStore, is_object_store
 
 __all__ = ["DeltaAppender", "check_writable", "file_stats"]
@@ -352,8 +352,8 @@ class DeltaAppender:
                 if self._removed & removes:
                     return None
                 version = self._known + 1
-                checkpoint = self._last_checkpoint()
-                if checkpoint >= version:
+                checkpoint = last_checkpoint(self._files)
+                if checkpoint is not None and checkpoint >= version:
                     # Versions this far back may have been cleaned from the log, so never created again: read
                     # up to the checkpoint while the log holds them (from its snapshot once it does not).
                     self._read_through(checkpoint)
@@ -408,12 +408,6 @@ class DeltaAppender:
         self._removed: set[str] = set()  # files removed by the commits taken in since the snapshot
         self._loads += 1
 
-    def _last_checkpoint(self) -> int:
-        pointer = self._files.read("_delta_log/_last_checkpoint")
-        try:
-            return -1 if pointer is None else json.loads(pointer.data)["version"]
-        except (ValueError, KeyError, TypeError):
-            return -1
 
     @staticmethod
     def _version_file(version: int) -> str:

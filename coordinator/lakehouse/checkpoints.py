@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from coordinator.lakehouse.delta import DEFAULT_DELETED_FILE_RETENTION, open_table, parse_interval
 from coordinator.storage import FileStore
 
-__all__ = ["write_checkpoint"]
+__all__ = ["last_checkpoint", "write_checkpoint"]
 
 _log = logging.getLogger("coordinator.lakehouse.checkpoints")
 
@@ -67,7 +67,7 @@ def write_checkpoint(path: str, version: int, storage: Optional[Mapping[str, str
         write_checkpoint("lakehouse/system/op", 300)   # True: from the checkpoint at 200
     """
     files = FileStore.at(path, storage)
-    previous = _latest_checkpoint(files)
+    previous = last_checkpoint(files)
     if previous is not None and previous >= version:
         return False
     state = _carried_forward(files, previous, version, time.time() * 1000 if now_ms is None else now_ms)
@@ -78,20 +78,27 @@ def write_checkpoint(path: str, version: int, storage: Optional[Mapping[str, str
     pq.write_table(state, encoded, compression="snappy")
     content = encoded.getvalue().to_pybytes()
     files.put(f"_delta_log/{version:020d}.checkpoint.parquet", content)
-    if (_latest_checkpoint(files) or -1) < version:  # never point readers back to an older checkpoint
+    newest = last_checkpoint(files)
+    if newest is None or newest < version:  # never point readers back to an older checkpoint
         files.put(_LAST_CHECKPOINT, json.dumps({
             "version": version, "size": state.num_rows, "sizeInBytes": len(content),
             "numOfAddFiles": state.num_rows - state.column("add").null_count}).encode())
     return True
 
 
-def _latest_checkpoint(files: FileStore) -> Optional[int]:
+def last_checkpoint(files: FileStore) -> Optional[int]:
+    """The version of the table's newest checkpoint, as its ``_delta_log/_last_checkpoint`` records it
+    (``files`` at the table's root); ``None`` if it records none or cannot be read.
+
+    Example::
+
+        last_checkpoint(FileStore.at("lakehouse/system/op"))   # 200
+    """
     pointer = files.read(_LAST_CHECKPOINT)
     if pointer is None:
         return None
     try:
-        recorded = json.loads(pointer.data)
-        return None if recorded.get("parts") else int(recorded["version"])
+        return int(json.loads(pointer.data)["version"])
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -101,7 +108,7 @@ def _carried_forward(files: FileStore, previous: Optional[int], version: int, no
     delta-rs must rebuild it."""
     if previous is None:
         return None
-    stored = files.read(f"_delta_log/{previous:020d}.checkpoint.parquet")
+    stored = files.read(f"_delta_log/{previous:020d}.checkpoint.parquet")  # absent if in several parts
     if stored is None:
         return None
     state = pq.read_table(pa.BufferReader(stored.data))
