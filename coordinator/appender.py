@@ -60,7 +60,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from coordinator.exceptions import InvalidArgumentError, UnsupportedTableError
-from coordinator.lakehouse import open_table
+from coordinator.lakehouse import delta_log_file, open_table
 from coordinator.lakehouse.checkpoints import last_checkpoint, write_checkpoint
 from coordinator.storage import FileStore, is_object_store
 
@@ -358,7 +358,7 @@ class DeltaAppender:
                     # up to the checkpoint while the log holds them (from its snapshot once it does not).
                     self._read_through(checkpoint)
                     continue
-                if self._files.create(self._version_file(version), commit) is None:
+                if self._files.create(delta_log_file(version), commit) is None:
                     self._read_through(version)
                     continue
                 self._known = version
@@ -369,7 +369,7 @@ class DeltaAppender:
     def _read_through(self, version: int) -> None:
         """Take in the commits after ``self._known`` up to ``version``, which exists (some other writer's)."""
         for other in range(self._known + 1, version + 1):
-            commit = self._files.read(self._version_file(other))
+            commit = self._files.read(delta_log_file(other))
             if commit is None:
                 self._load()  # cleaned from the log meanwhile: this appender was far behind
                 return
@@ -407,11 +407,6 @@ class DeltaAppender:
         self._known = snapshot.version()  # every version up to here exists and has been taken in
         self._removed: set[str] = set()  # files removed by the commits taken in since the snapshot
         self._loads += 1
-
-
-    @staticmethod
-    def _version_file(version: int) -> str:
-        return f"_delta_log/{version:020d}.json"
 
     def _checkpoint_loop(self) -> None:
         while (version := self._checkpoints.get()) is not _STOP:

@@ -30,11 +30,11 @@ from typing import Mapping, NamedTuple, Optional
 
 
 from coordinator.exceptions import InvalidArgumentError, OutdatedLakehouseError
-from coordinator.lakehouse import (GROUPS_KEY, LAYOUT_KEY, OPERATORS_LOG_KEY, SHARED_LOG_KEY, Lakehouse, group_key,
-                                   group_of_key)
+from coordinator.lakehouse import (GROUPS_KEY, LAYOUT_KEY, OPERATORS_LOG_KEY, SHARED_LOG_KEY, Lakehouse, delta_log_file,
+                                   group_key, group_of_key)
 from coordinator.storage import FileStore
 
-__all__ = ["CURRENT_LAYOUT", "CommitLogRef", "CommitLogs", "Lag", "Layout", "committed", "log_file", "versions_written"]
+__all__ = ["CURRENT_LAYOUT", "CommitLogRef", "CommitLogs", "Lag", "Layout", "committed", "versions_written"]
 
 #: The layout this version writes: one commit log per group, and the operators' own.
 CURRENT_LAYOUT = 2
@@ -139,7 +139,7 @@ class CommitLogs:
         stored = self.lakehouse.files.read(LAYOUT_KEY)
         if stored is not None:
             return Layout(**json.loads(stored.data))
-        if self.lakehouse.files.exists(f"{SHARED_LOG_KEY}/_delta_log/{0:020d}.json"):
+        if self.lakehouse.files.exists(f"{SHARED_LOG_KEY}/{delta_log_file(0)}"):
             raise OutdatedLakehouseError(
                 f"{self.lakehouse.root} was made by an earlier txcoord, whose producer groups share one commit log "
                 f"({SHARED_LOG_KEY}); run `txcoord upgrade --config FILE` once (docs/operations.md#upgrading)")
@@ -168,7 +168,7 @@ class CommitLogs:
             written += versions
             if first_unread < versions:
                 unread += versions - first_unread
-                commit = files.read(f"{ref.key}/{log_file(first_unread)}")
+                commit = files.read(f"{ref.key}/{delta_log_file(first_unread)}")
                 if commit is not None:
                     oldest_ms = commit.modified_ms if oldest_ms is None else min(oldest_ms, commit.modified_ms)
         return Lag(written, unread, 0.0 if oldest_ms is None else max(0.0, now_s - oldest_ms / 1000))
@@ -179,14 +179,9 @@ class CommitLogs:
                                                          "shared_log_end": layout.shared_log_end}).encode())
 
 
-def log_file(version: int) -> str:
-    """Where a Delta table's commit ``version`` is, relative to the table."""
-    return f"_delta_log/{version:020d}.json"
-
-
 def committed(files: FileStore, key: str, version: int) -> bool:
     """Whether commit log ``key`` (relative to ``files``' root) has version ``version``: its log file exists."""
-    return files.exists(f"{key}/{log_file(version)}")
+    return files.exists(f"{key}/{delta_log_file(version)}")
 
 
 def versions_written(files: FileStore, key: str, known: int = 0) -> int:

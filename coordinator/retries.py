@@ -29,7 +29,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, TypeVar
 
-import stamina
 from obstore.exceptions import GenericError, JoinError
 
 from coordinator.durations import parse_duration
@@ -96,6 +95,10 @@ def retrying(policy: RetryPolicy, operation: str, location: str, call: Callable[
 
         data = retrying(policy, "read", location, lambda: obstore.get(store, key).bytes())
     """
+    # Imported at the first request, not with this module: 50-60 ms (stamina, tenacity) that each of Spark's
+    # Python workers for the checker's source paid at start-up (they import coordinator, touch no storage).
+    import stamina
+
     started = time.monotonic()
     previous: Optional[BaseException] = None
     attempts = 0

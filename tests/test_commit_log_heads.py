@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.commit_logs import log_file, versions_written
+from coordinator.commit_logs import versions_written
+from coordinator.lakehouse import delta_log_file
 from coordinator.storage import FileStore
 
 KEY = "groups/g/commit_log"
@@ -25,7 +26,7 @@ class CountingFiles:
 def test_the_latest_version_is_found_from_any_known_one(tmp_path, versions):
     files = FileStore.at(str(tmp_path))
     for version in range(versions):
-        files.put(f"{KEY}/{log_file(version)}", b"{}")
+        files.put(f"{KEY}/{delta_log_file(version)}", b"{}")
     for known in sorted({0, versions // 2, max(versions - 1, 0), versions}):
         counting = CountingFiles(files)
         assert versions_written(counting, KEY, known) == versions, known

@@ -141,8 +141,8 @@ def test_streaming_checker_heartbeat_fires_checks_with_no_new_records(spark, con
 @pytest.mark.slow
 def test_a_standby_takes_over_from_a_killed_checker_and_exits_zero_on_sigterm(tmp_path):
     """Two checker jobs on one lakehouse: the first (``python jobs/checker.py``) delivers, a third start with
-    ``--exit-if-running`` is refused, the second (``spark-submit``) stands by with its Spark session up and,
-    once the first is killed with SIGKILL, takes over and delivers; SIGTERM then stops it cleanly."""
+    ``--exit-if-running`` is refused, the second (``spark-submit``) stands by with its Spark session up and a
+    first batch rehearsed, once the first is killed with SIGKILL, takes over and delivers; SIGTERM then stops it cleanly."""
     lakehouse = tmp_path / "lakehouse"
     conf = tmp_path / "coordinator.toml"
     conf.write_text(f'lakehouse = "{lakehouse}"\ntrigger_interval_ms = 500\n')
@@ -176,7 +176,8 @@ def test_a_standby_takes_over_from_a_killed_checker_and_exits_zero_on_sigterm(tm
             refused = subprocess.run([sys.executable, str(REPO_ROOT / "jobs" / "checker.py"), "--config", str(conf),
                                       "--exit-if-running"], capture_output=True, text=True, timeout=60)
             standby = subprocess.Popen(argv, env=env, stdout=standby_log, stderr=subprocess.STDOUT)
-            wait_until(lambda: standby.poll() is not None or "standing by" in (tmp_path / "standby.log").read_text(), 240)
+            wait_until(lambda: standby.poll() is not None or "standing by with a first batch rehearsed"
+                       in (tmp_path / "standby.log").read_text(), 240)
             os.killpg(first.pid, signal.SIGKILL)  # the job and the JVM it started
             first.wait(30)
             sent += send(producer, 3)

@@ -216,6 +216,27 @@ def test_a_waiting_killed_holder_is_taken_over_at_once(tmp_path, standby_logs):
     assert (on_disk(standby)["owner"], on_disk(standby)["pid"]) == (standby.owner, os.getpid())
 
 
+def test_a_standby_prepares_once_announced(tmp_path, standby_logs):
+    clock = Clock()
+    holder = CheckerLease(str(tmp_path), ttl_s=1, clock=clock).acquire()
+    standby = CheckerLease(str(tmp_path), ttl_s=1, clock=clock)  # polls every 0.1 s
+    seen_while_preparing = []
+
+    def prepare():
+        seen_while_preparing.append(([c["owner"] for c in standby_checkers(str(tmp_path), clock)], len(standby_logs())))
+        holder.release()
+
+    assert standby.acquire(wait=True, prepare=prepare) is standby
+    assert seen_while_preparing == [([standby.owner], 1)]  # once, standing by and announced
+    assert on_disk(standby)["owner"] == standby.owner
+
+
+def test_a_free_lease_is_taken_without_preparing(tmp_path):
+    prepared = []
+    CheckerLease(str(tmp_path), ttl_s=30).acquire(wait=True, prepare=lambda: prepared.append(1))
+    assert prepared == []
+
+
 def test_stop_ends_the_wait_promptly(tmp_path):
     holder = CheckerLease(str(tmp_path), ttl_s=30).acquire()
     stop = threading.Event()

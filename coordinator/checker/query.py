@@ -23,6 +23,7 @@ from coordinator.checker.epochs import begin_next_epoch
 from coordinator.checker.exporter import CheckerExporter
 from coordinator.checker.metrics import CheckerMetrics
 from coordinator.checker.readahead import ReadAhead
+from coordinator.checker.rehearsal import Rehearsal
 from coordinator.checker.segment import Segment
 from coordinator.checker.source import CommitLogSource, segments
 from coordinator.checker.state import CheckerState
@@ -84,12 +85,14 @@ class CheckerQuery:
         record (raises :class:`CheckpointMismatchError`), then start.
 
         While another checker holds the lease, stand by until it lapses (see
-        :meth:`CheckerLease.acquire`); :class:`CheckerAlreadyRunningError` if ``stop`` is set
+        :meth:`CheckerLease.acquire`), a first batch rehearsed meanwhile so that a takeover's
+        comes sooner; :class:`CheckerAlreadyRunningError` if ``stop`` is set
         meanwhile, or at once with ``wait_for_lease=False``. A lakehouse made before each group had its own
         commit log is refused (:class:`OutdatedLakehouseError`) until ``txcoord upgrade``."""
         CommitLogs(self.lakehouse).layout()
         init_lakehouse(self.lakehouse)
-        # Resolved before the lease, so that a standby has its source's Python worker up when it takes over.
+        # Resolved before the lease: a standby then has its source's Python worker up, and its rehearsal
+        # (:mod:`.rehearsal`), if the holder goes early, is not resolving it beside the query taking over.
         self.spark.dataSource.register(CommitLogSource)
         self._commit_log_reader().load()
         self.read_ahead.warm()
@@ -97,12 +100,15 @@ class CheckerQuery:
             self.exporter.watch_lag(self.lakehouse, lambda: None if self._progress is None else self._progress.next_versions)
             self.metrics_port = self.exporter.serve(self.config.metrics_host, self.config.metrics_port)
         self.exporter.holding_lease(False, standing_by=wait_for_lease)
+        rehearsal = Rehearsal(self._commit_log_reader)
         try:
-            self.lease.acquire(wait=wait_for_lease, stop=stop)
+            self.lease.acquire(wait=wait_for_lease, stop=stop, prepare=rehearsal.start)
         except BaseException:
             self.exporter.holding_lease(False)
             self.exporter.close()
             raise
+        finally:
+            rehearsal.abandon()
         self.exporter.holding_lease(True)
         try:
             checkpoint = CheckpointState.read(checkpoint_location(self.config), self.lakehouse.storage)

@@ -40,8 +40,8 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from coordinator.commit_logs import CommitLogs, committed, log_file
-from coordinator.lakehouse import Lakehouse
+from coordinator.commit_logs import CommitLogs, committed
+from coordinator.lakehouse import Lakehouse, delta_log_file
 from coordinator.storage import FileStore
 from coordinator.tables import COMMIT_LOG
 
@@ -185,7 +185,7 @@ def _read_versions(lakehouse: Lakehouse, versions: Mapping[str, list[int]]) -> d
             continue
         store = FileStore.at(lakehouse.key_path(key), lakehouse.storage)
         for version in wanted:
-            commit = store.read(log_file(version))
+            commit = store.read(delta_log_file(version))
             read[key, version] = CommitRead(commit.modified_ms, *_commit_rows(store, commit.data))
     return read
 

@@ -23,12 +23,11 @@ import json
 from typing import Mapping, Optional
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, Transaction, write_deltalake
 
 from coordinator.appender import DeltaAppender
-from coordinator.lakehouse import create_table
-from coordinator.retries import RetryPolicy, retrying
-from coordinator.storage import FileStore, denied_as_error
+from coordinator.lakehouse import create_table, created_unless_exists, delta_log_file
+from coordinator.storage import FileStore
 from coordinator.tables import TableDef
 
 
@@ -62,17 +61,9 @@ class TableWriter:
         shows rows, unless it exists; whether this call created it. Tried again as a table's creation is
         (a storage fault here failed the whole checker): an attempt whose reply was lost finds the table
         made, and the append that follows finds this batch's transaction in it and writes nothing."""
-        options = self.storage or None
-
-        def attempt() -> bool:
-            if DeltaTable.is_deltatable(path, storage_options=options):
-                return False
-            write_deltalake(path, data, mode="append", storage_options=options, commit_properties=CommitProperties(
-                app_transactions=[Transaction(self.app_id, batch_id)]))
-            return True
-
-        with denied_as_error(path):
-            return retrying(RetryPolicy.of(self.storage), "create table", path, attempt, conditional_write=True)
+        return created_unless_exists(path, self.storage, lambda: write_deltalake(
+            path, data, mode="append", storage_options=self.storage or None,
+            commit_properties=CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])))
 
     def close(self) -> None:
         """Finish the appenders' checkpoints in progress and stop them."""
@@ -84,7 +75,7 @@ class TableWriter:
 def files_written_at_us(path: str, version: int, storage: Optional[Mapping[str, str]] = None) -> int:
     """When the data files that version ``version`` of the table at ``path`` added were written
     (their ``modificationTime``, which Spark reads as ``_metadata.file_modification_time``)."""
-    commit = FileStore.at(path, storage).read(f"_delta_log/{version:020d}.json")
+    commit = FileStore.at(path, storage).read(delta_log_file(version))
     actions = [json.loads(line) for line in commit.data.splitlines() if line.strip()]
     times = [action["add"]["modificationTime"] for action in actions if "add" in action]
     return max(times) * 1000

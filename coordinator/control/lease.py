@@ -56,12 +56,14 @@ class CheckerLease:
         self.clock = clock
         self.owner = uuid.uuid4().hex
 
-    def acquire(self, wait: bool = False, stop: Optional[threading.Event] = None) -> "CheckerLease":
+    def acquire(self, wait: bool = False, stop: Optional[threading.Event] = None,
+                prepare: Optional[Callable[[], None]] = None) -> "CheckerLease":
         """Take the lease. While it is held, raise :class:`CheckerAlreadyRunningError` naming its
         holder, or with ``wait`` stand by and take it the moment it lapses.
 
-        A standby logs its holder once, then polls every ``min(1 s, ttl_s / 10)``. Setting
-        ``stop`` ends the wait with :class:`CheckerAlreadyRunningError`.
+        A standby logs its holder once, announces itself, calls ``prepare()`` (if given) once, then
+        polls every ``min(1 s, ttl_s / 10)``; ``prepare`` must return promptly (start what it prepares
+        in the background). Setting ``stop`` ends the wait with :class:`CheckerAlreadyRunningError`.
         """
         stop = stop or threading.Event()
         standing_by = False
@@ -80,6 +82,9 @@ class CheckerLease:
                 if announced_at is None or self.clock() - announced_at >= self.ttl_s / 3:
                     announced_at = self.clock()
                     self.files.put(self._standby_key, _encode(self._record()))
+                if prepare is not None:
+                    prepare()
+                    prepare = None
                 if stop.wait(min(1.0, self.ttl_s / 10)):
                     raise CheckerAlreadyRunningError(f"stopped while standing by: {held}")
         finally:

@@ -16,11 +16,12 @@ Example::
 import importlib
 
 from coordinator.lakehouse.paths import (GROUPS_KEY, LAYOUT_KEY, LEASE_KEY, OPERATORS_LOG_KEY, PROGRESS_KEY, SHARED_LOG_KEY,
-                                         STANDBYS_KEY, Lakehouse, group_key, group_of_key, require_lakehouse, topic_names)
+                                         STANDBYS_KEY, Lakehouse, delta_checkpoint_file, delta_log_file, group_key,
+                                         group_of_key, require_lakehouse, topic_names)
 
 # The rest is imported when first used: Spark's Python workers for the checker's streaming source need
 # only the paths, and delta-rs with pyarrow's compute functions is 90 ms of each worker's start.
-_LAZY = {"create_table": "delta", "listing_retried": "delta", "open_table": "delta",
+_LAZY = {"create_table": "delta", "created_unless_exists": "delta", "listing_retried": "delta", "open_table": "delta",
          "create_group_tables": "provision", "init_lakehouse": "provision",
          "read_table": "reads", "table_dataset": "reads", "transaction_ids_in": "reads"}
 
@@ -32,6 +33,6 @@ def __getattr__(name: str):
 
 
 __all__ = ["GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY", "SHARED_LOG_KEY",
-           "STANDBYS_KEY", "create_group_tables", "create_table", "group_key", "group_of_key", "init_lakehouse",
+           "STANDBYS_KEY", "create_group_tables", "create_table", "created_unless_exists", "delta_checkpoint_file", "delta_log_file", "group_key", "group_of_key", "init_lakehouse",
            "listing_retried", "open_table", "read_table", "require_lakehouse", "table_dataset", "topic_names",
            "transaction_ids_in"]

@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from coordinator.lakehouse.delta import DEFAULT_DELETED_FILE_RETENTION, open_table, parse_interval
+from coordinator.lakehouse.paths import delta_checkpoint_file, delta_log_file
 from coordinator.storage import FileStore
 
 __all__ = ["last_checkpoint", "write_checkpoint"]
@@ -77,7 +78,7 @@ def write_checkpoint(path: str, version: int, storage: Optional[Mapping[str, str
     encoded = pa.BufferOutputStream()
     pq.write_table(state, encoded, compression="snappy")
     content = encoded.getvalue().to_pybytes()
-    files.put(f"_delta_log/{version:020d}.checkpoint.parquet", content)
+    files.put(delta_checkpoint_file(version), content)
     newest = last_checkpoint(files)
     if newest is None or newest < version:  # never point readers back to an older checkpoint
         files.put(_LAST_CHECKPOINT, json.dumps({
@@ -108,7 +109,7 @@ def _carried_forward(files: FileStore, previous: Optional[int], version: int, no
     delta-rs must rebuild it."""
     if previous is None:
         return None
-    stored = files.read(f"_delta_log/{previous:020d}.checkpoint.parquet")  # absent if in several parts
+    stored = files.read(delta_checkpoint_file(previous))  # absent if in several parts
     if stored is None:
         return None
     state = pq.read_table(pa.BufferReader(stored.data))
@@ -155,7 +156,7 @@ def _changes(files: FileStore, previous: int, version: int) -> Optional[tuple[di
     removed: dict[str, dict] = {}
     transactions: dict[str, dict] = {}
     for commit_version in range(previous + 1, version + 1):
-        commit = files.read(f"_delta_log/{commit_version:020d}.json")
+        commit = files.read(delta_log_file(commit_version))
         if commit is None:
             return None
         for line in commit.data.splitlines():

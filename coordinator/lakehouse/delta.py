@@ -19,7 +19,8 @@ from coordinator.retries import RetryPolicy, retrying
 from coordinator.storage import denied_as_error, is_object_store
 from coordinator.tables import TableDef
 
-__all__ = ["DEFAULT_DELETED_FILE_RETENTION", "create_table", "listing_retried", "open_table", "parse_interval"]
+__all__ = ["DEFAULT_DELETED_FILE_RETENTION", "create_table", "created_unless_exists", "listing_retried", "open_table",
+           "parse_interval"]
 
 
 #: How often a table is opened again when its log listing caught a commit being written.
@@ -78,24 +79,40 @@ def create_table(table: TableDef, path: str, storage: Optional[Mapping[str, str]
 
         create_table(HALF, Lakehouse("lakehouse").path(HALF))  # True the first time, then False
     """
+    def create() -> None:
+        if not is_object_store(path):
+            os.makedirs(path, exist_ok=True)
+        DeltaTable.create(path, schema=table.arrow_schema(), mode="error", configuration=table.properties or None,
+                          storage_options=dict(storage) if storage else None)
+
+    return created_unless_exists(path, storage, create, found=lambda: _add_missing_columns(table, path, storage))
+
+
+def created_unless_exists(path: str, storage: Optional[Mapping[str, str]], create: Callable[[], None],
+                          found: Callable[[], None] = lambda: None) -> bool:
+    """``create()`` the Delta table at ``path`` unless one is there (then ``found()``); whether this call made it.
+
+    Retried as a conditional write is: an attempt whose reply was lost finds the table made and takes it as a
+    creation race lost, which is not an error either (``create`` failing while a table appears).
+
+    Example::
+
+        created_unless_exists(path, None, lambda: write_deltalake(path, rows))  # True, then False
+    """
     options = dict(storage) if storage else None
 
     def attempt() -> bool:
         if DeltaTable.is_deltatable(path, storage_options=options):
-            _add_missing_columns(table, path, storage)
+            found()
             return False
-        if not is_object_store(path):
-            os.makedirs(path, exist_ok=True)
         try:
-            DeltaTable.create(path, schema=table.arrow_schema(), mode="error", configuration=table.properties or None,
-                              storage_options=options)
+            create()
         except DeltaError:
             if DeltaTable.is_deltatable(path, storage_options=options):
                 return False
             raise
         return True
 
-    # A creation whose reply was lost is found made by the next attempt, and taken as a lost race.
     with denied_as_error(path):
         return retrying(RetryPolicy.of(storage or {}), "create table", path, attempt, conditional_write=True)
 

@@ -37,6 +37,21 @@ OPERATORS_LOG_KEY = "operators/commit_log"
 SHARED_LOG_KEY = "system/commit_log"
 
 
+def delta_log_file(version: int) -> str:
+    """Where a Delta table's commit ``version`` is, relative to the table.
+
+    Example::
+
+        delta_log_file(42)  # '_delta_log/00000000000000000042.json'
+    """
+    return f"_delta_log/{version:020d}.json"
+
+
+def delta_checkpoint_file(version: int) -> str:
+    """Where a Delta table's single-file checkpoint of ``version`` is, relative to the table."""
+    return f"_delta_log/{version:020d}.checkpoint.parquet"
+
+
 def group_key(group: str) -> str:
     """The directory name of ``group`` under ``groups/``.
 
