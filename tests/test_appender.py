@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from bench.harness import wait_until
 from coordinator.appender import DeltaAppender, check_writable, file_stats
 from coordinator.exceptions import UnsupportedTableError
 
@@ -217,7 +218,8 @@ def test_properties_set_beside_a_busy_writer_commit_and_the_writer_takes_them_in
     with DeltaAppender(table) as appender:
         with busy_writer(appender) as written, DeltaAppender(table, checkpoints=False) as maintainer:
             version = maintainer.set_properties({"delta.checkpointInterval": "7", "delta.logRetentionDuration": "interval 2 hours"})
-        assert appender._checkpoint_interval == 7
+            # Taken in by the writer's next append after that commit (under load, possibly not the first one).
+            wait_until(lambda: appender._checkpoint_interval == 7, 30)
     delta = DeltaTable(table)
     assert delta.metadata().configuration["delta.checkpointInterval"] == "7"
     assert delta.metadata().configuration["delta.logRetentionDuration"] == "interval 2 hours"

@@ -21,7 +21,9 @@ from tests.producer_side import commit_log_rows
 
 UTC = dt.timezone.utc
 
-# A producer instance of group "routed" whose every answer is UNKNOW, until killed.
+# A producer instance of group "routed" whose every answer is UNKNOW, until killed. Live for three heartbeats
+# (6 s) after its last: a stopped one is still live for the round after the stop, and a running one stays live
+# on a loaded machine (1 s heartbeats once left one out of a round in CI).
 UNSURE_INSTANCE = """
 import sys, time
 from coordinator import CoordinatorConfig, LocalTransactionState, TransactionListener, TransactionProducer
@@ -33,7 +35,7 @@ class Unsure(TransactionListener):
     def check_local_transaction(self, msg):
         return LocalTransactionState.UNKNOW
 
-with TransactionProducer("routed", Unsure(), CoordinatorConfig(lakehouse=sys.argv[1], producer_heartbeat_ms=1000)) as p:
+with TransactionProducer("routed", Unsure(), CoordinatorConfig(lakehouse=sys.argv[1], producer_heartbeat_ms=2000)) as p:
     print(p.instance_id, flush=True)
     time.sleep(600)
 """
