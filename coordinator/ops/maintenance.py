@@ -58,6 +58,7 @@ from coordinator.commit_logs import CommitLogs
 from coordinator.control.progress import CheckerProgress
 from coordinator.exceptions import InvalidArgumentError
 from coordinator.lakehouse import Lakehouse, listing_retried
+from coordinator.lakehouse.checkpoints import write_checkpoint
 from coordinator.lakehouse.delta import DEFAULT_DELETED_FILE_RETENTION, parse_interval
 from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
@@ -199,7 +200,10 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
     else:
         metrics = _attempt(result, "compaction", lambda: lakehouse.table(name).optimize.compact(), {})
         result.files_compacted = metrics.get("numFilesRemoved", 0)
-    _attempt(result, "checkpoint", lambda: lakehouse.table(name).create_checkpoint(), None)
+    # Carried forward from the previous checkpoint where it can be: delta-rs rebuilds a commit log's state
+    # from every commit since, a second of CPU on a busy log (see lakehouse.checkpoints).
+    _attempt(result, "checkpoint", lambda: write_checkpoint(lakehouse.path(name), lakehouse.table(name).version(),
+                                                             lakehouse.storage), None)
     still_needed = _commit_still_needed(lakehouse, name) if _is_commit_log(name) else None
     if still_needed is not None:
         result.skipped.append(f"log cleanup: {still_needed}")
