@@ -33,6 +33,6 @@ def __getattr__(name: str):
 
 
 __all__ = ["GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY", "SHARED_LOG_KEY",
-           "STANDBYS_KEY", "create_group_tables", "create_table", "created_unless_exists", "delta_checkpoint_file", "delta_log_file", "group_key", "group_of_key", "init_lakehouse",
-           "listing_retried", "open_table", "read_table", "require_lakehouse", "table_dataset", "topic_names",
-           "transaction_ids_in"]
+           "STANDBYS_KEY", "create_group_tables", "create_table", "created_unless_exists", "delta_checkpoint_file",
+           "delta_log_file", "group_key", "group_of_key", "init_lakehouse", "listing_retried", "open_table", "read_table",
+           "require_lakehouse", "table_dataset", "topic_names", "transaction_ids_in"]

@@ -54,7 +54,7 @@ from deltalake import DeltaTable, PostCommitHookProperties
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from coordinator.appender import DeltaAppender
-from coordinator.commit_logs import CommitLogs
+from coordinator.commit_logs import CommitLogs, versions_written
 from coordinator.control.progress import CheckerProgress
 from coordinator.exceptions import InvalidArgumentError
 from coordinator.lakehouse import Lakehouse, listing_retried
@@ -201,9 +201,10 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
         metrics = _attempt(result, "compaction", lambda: lakehouse.table(name).optimize.compact(), {})
         result.files_compacted = metrics.get("numFilesRemoved", 0)
     # Carried forward from the previous checkpoint where it can be: delta-rs rebuilds a commit log's state
-    # from every commit since, a second of CPU on a busy log (see lakehouse.checkpoints).
-    _attempt(result, "checkpoint", lambda: write_checkpoint(lakehouse.path(name), lakehouse.table(name).version(),
-                                                             lakehouse.storage), None)
+    # from every commit since, a second of CPU on a busy log (see lakehouse.checkpoints). The version it is
+    # at is found by existence checks past the one read before the compaction, not by loading the table again.
+    _attempt(result, "checkpoint", lambda: write_checkpoint(
+        lakehouse.path(name), versions_written(lakehouse.files, name, table.version() + 1) - 1, lakehouse.storage), None)
     still_needed = _commit_still_needed(lakehouse, name) if _is_commit_log(name) else None
     if still_needed is not None:
         result.skipped.append(f"log cleanup: {still_needed}")
