@@ -165,9 +165,10 @@ def test_the_installed_package_runs_the_checker_and_delivers_from_outside_the_ch
     # The documented spark-submit line, with the job and the settings the installed package names.
     properties = run([txcoord, "spark-setup", "--properties-file"], cwd=workdir, env=env).stdout.strip()
     job = run([txcoord, "spark-setup", "--job-file", "checker"], cwd=workdir, env=env).stdout.strip()
-    assert job.startswith(str(installed)) and Path(properties).is_file()
-    submitted = Started(["spark-submit", "--properties-file", properties, job, "--config", "c.toml"], workdir, env,
-                        "spark-submit.log", started)
+    conf_dir = run([txcoord, "spark-setup", "--conf-dir"], cwd=workdir, env=env).stdout.strip()
+    assert job.startswith(str(installed)) and Path(properties).is_file() and list(Path(conf_dir).iterdir()) == []
+    submitted = Started(["spark-submit", "--properties-file", properties, job, "--config", "c.toml"], workdir,
+                        {**env, "SPARK_CONF_DIR": conf_dir}, "spark-submit.log", started)
     producer, more = send(workdir, env, installed, started, "commit")
     submitted.wait_for(lambda: more["commit"] in delivered(workdir), "a commit delivered under spark-submit")
     assert submitted.interrupt() == 0, submitted.tail()  # Ctrl-C: as graceful as SIGTERM

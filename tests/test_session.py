@@ -44,13 +44,16 @@ def test_spark_submit_gets_the_jars_and_the_launch_settings_in_a_file_beside_the
     assert written["spark.jars"].split(",") == session.launch_jars(defaults)
     assert written["spark.driver.memory"] == defaults["spark.driver.memory"]
     assert "spark.master" not in written  # spark-submit's --master decides
-    assert submit.spark_job_environment()["SPARK_CONF_DIR"] == str(properties.parent)
+    conf_dir = Path(submit.spark_job_environment()["SPARK_CONF_DIR"])
+    assert conf_dir.is_dir() and not any(conf_dir.iterdir())  # the settings come from the properties file
 
 
 def test_each_job_is_a_file_of_the_package_that_spark_submit_runs():
-    argv, env = submit.spark_submit("checker", "--config", "c.toml")
-    assert argv[1] == str(Path(submit.__file__).parent.parent / "jobs" / "checker.py")
-    assert argv[0] == str(Path(sys.executable).parent / "spark-submit") and argv[2:] == ["--config", "c.toml"]
+    argv, env = submit.spark_submit("checker", "--config", "c.toml", conf={"spark.driver.memory": "1g"})
+    assert argv[0] == str(Path(sys.executable).parent / "spark-submit")
+    assert argv[1:5] == ["--properties-file", str(submit.submit_properties()), "--conf", "spark.driver.memory=1g"]
+    assert argv[5] == str(Path(submit.__file__).parent.parent / "jobs" / "checker.py")
+    assert argv[6:] == ["--config", "c.toml"]
     assert env["PYSPARK_PYTHON"] == sys.executable
     assert submit.job_script("credits").read_text().startswith('"""The credits service')
 

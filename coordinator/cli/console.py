@@ -5,7 +5,7 @@ Subcommands (each reads ``--config``, default ``conf/coordinator.toml``)::
 
     txcoord init                      # create the lakehouse's system tables (and the config file, if missing)
     txcoord checker [--exit-if-running] [--recover-checkpoint]   # run the checker (needs txcoord[spark])
-    txcoord spark-setup [--properties-file | --job-file JOB]     # cache Spark's jars; what spark-submit needs
+    txcoord spark-setup [--properties-file | --conf-dir | --job-file JOB] [--no-class-archive]   # Spark's jars and class archive; what spark-submit needs
     txcoord status                    # pending, checks, discards, rejections, the checker and its lag
     txcoord pending [--older-than DURATION] [--group G]   # hanging transactions and what comes next
     txcoord resolve TRANSACTION_ID --commit|--rollback --reason TEXT   # end a hanging transaction by hand
@@ -77,8 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     shown = spark_setup.add_mutually_exclusive_group()
     shown.add_argument("--properties-file", action="store_true",
                        help="print only the file to pass as spark-submit --properties-file")
+    shown.add_argument("--conf-dir", action="store_true",
+                       help="print only the empty folder to set as SPARK_CONF_DIR beside --properties-file, "
+                            "which lets the driver map its class archive")
     shown.add_argument("--job-file", choices=sorted(_spark_jobs()), metavar="JOB",
                        help=f"print only the script spark-submit runs for JOB ({', '.join(sorted(_spark_jobs()))})")
+    spark_setup.add_argument("--no-class-archive", dest="class_archive", action="store_false",
+                             help="do not write the driver's class archive (a short run of the checker, once per JDK "
+                                  "and Spark, that makes every later start of a job about 3 s faster)")
     spark_setup.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     spark_setup.set_defaults(run=run_spark_setup)
 
@@ -349,14 +355,17 @@ def _settings(pairs: list[str]) -> dict[str, str]:
 
 
 def run_spark_setup(args: argparse.Namespace) -> int:
-    """Cache the jars Spark needs (with a progress display, the first time) and print what
-    ``spark-submit`` takes to run txcoord's jobs from this installation.
+    """Cache the jars Spark needs (with a progress display, the first time), write the driver's class
+    archive if missing (:mod:`coordinator.jobs.training`; a failure there is said and skipped) and
+    print what ``spark-submit`` takes to run txcoord's jobs from this installation.
 
     Example::
 
-        $ spark-submit --properties-file "$(txcoord spark-setup --properties-file)" \\
+        $ SPARK_CONF_DIR="$(txcoord spark-setup --conf-dir)" \\
+              spark-submit --properties-file "$(txcoord spark-setup --properties-file)" \\
               "$(txcoord spark-setup --job-file checker)" --config conf/coordinator.toml
     """
+    from coordinator.spark.class_archive import class_archive, empty_conf_dir
     from coordinator.spark.jars import provided_delta
     from coordinator.spark.session import launch_jars, read_spark_defaults
     from coordinator.spark.submit import job_script, submit_properties
@@ -365,21 +374,43 @@ def run_spark_setup(args: argparse.Namespace) -> int:
         print(job_script(args.job_file))
         return EXIT_OK
     settings = read_spark_defaults()
-    properties, jars, provider = submit_properties(), launch_jars(settings), provided_delta(settings)
-    if args.properties_file:
+    provider = provided_delta(settings)
+    if args.properties_file or args.conf_dir:
+        properties = submit_properties()
         if properties is None:
             print(f"txcoord spark-setup: Spark already has Delta ({provider}); its own configuration applies",
                   file=sys.stderr)
             return EXIT_FAILED
-        print(properties)
+        print(empty_conf_dir() if args.conf_dir else properties)
         return EXIT_OK
+    jars = launch_jars(settings)
+    if provider is None and args.class_archive and not class_archive().is_file():
+        _write_class_archive()
+    properties = submit_properties()
+    archive = class_archive() if provider is None and class_archive().is_file() else None
+    conf_dir = empty_conf_dir() if properties is not None else None
     jobs = {name: str(job_script(name)) for name in sorted(_spark_jobs())}
     if args.json:
         output.print_json({"properties_file": str(properties) if properties else None, "jars": jars,
-                           "delta_provided_by": provider, "jobs": jobs})
+                           "delta_provided_by": provider, "class_archive": str(archive) if archive else None,
+                           "spark_conf_dir": str(conf_dir) if conf_dir else None, "jobs": jobs})
     else:
-        output.print_spark_setup(properties, jars, provider, jobs)
+        output.print_spark_setup(properties, jars, provider, archive, conf_dir, jobs)
     return EXIT_OK
+
+
+def _write_class_archive() -> None:
+    from coordinator.jobs.training import write_class_archive
+
+    print("txcoord spark-setup: writing the driver's class archive (once per JDK and Spark: a short run of the "
+          "checker, about half a minute)", file=sys.stderr, flush=True)
+    try:
+        archive = write_class_archive()
+    except SparkSetupError as error:
+        print(f"txcoord spark-setup: {error}\nThe jobs start without one (about 3 s slower); "
+              "`txcoord spark-setup` tries again.", file=sys.stderr)
+        return
+    print(f"txcoord spark-setup: class archive written ({archive.stat().st_size / 1e6:.0f} MB)", file=sys.stderr)
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -13,7 +13,8 @@ README).
 Example::
 
     $ txcoord checker --config conf/coordinator.toml
-    $ spark-submit --properties-file "$(txcoord spark-setup --properties-file)" \\
+    $ SPARK_CONF_DIR="$(txcoord spark-setup --conf-dir)" spark-submit \\
+          --properties-file "$(txcoord spark-setup --properties-file)" \\
           "$(txcoord spark-setup --job-file checker)" --config conf/coordinator.toml
 """
 

@@ -2,6 +2,7 @@
 
 - :mod:`.session`: the one session factory, with the settings this package ships;
 - :mod:`.jars`: the Delta and S3A jars it launches with, locked, downloaded once into the user's cache;
+- :mod:`.class_archive`: the driver JVM's class archive, written once, mapped by every later start;
 - :mod:`.submit`: what ``spark-submit`` needs to run the jobs from an installed package.
 
 Example::

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional
 
 from coordinator.exceptions import SparkSetupError
+from coordinator.spark.class_archive import archive_java_options, can_share_classes, driver_java_options, empty_conf_dir
 from coordinator.spark.jars import cached_jars, delta_package, provided_delta, pyspark
 
 if TYPE_CHECKING:
@@ -107,6 +108,8 @@ def get_spark(app_name: str = "txcoord", conf: Optional[Mapping[str, str]] = Non
     Settings come from :func:`spark_defaults_file`, then ``conf`` (which wins). Under
     ``spark-submit`` the launcher's master and jars are kept. The first session on a machine
     downloads the jars it needs (:mod:`coordinator.spark.jars`), unless Spark already has Delta.
+    A JVM this call starts maps the driver's class archive once ``txcoord spark-setup`` has written
+    it (:mod:`coordinator.spark.class_archive`), unless ``SPARK_CONF_DIR`` names a folder of its own.
 
     Example::
 
@@ -124,6 +127,10 @@ def get_spark(app_name: str = "txcoord", conf: Optional[Mapping[str, str]] = Non
         settings = {k: v for k, v in settings.items() if k not in LAUNCH_SETTINGS}
     else:
         settings["spark.jars"] = ",".join(launch_jars(settings))
+        if archive_java_options() and can_share_classes():
+            # pyspark's launcher passes this process's environment to the JVM it starts.
+            os.environ["SPARK_CONF_DIR"] = str(empty_conf_dir())
+            settings["spark.driver.extraJavaOptions"] = driver_java_options(settings)
     builder = SparkSession.builder.appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
