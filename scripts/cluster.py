@@ -28,7 +28,7 @@ from pathlib import Path
 from bench.harness import Job, free_port, wait_until
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
 from coordinator.spark import spark_submit
-from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
 from coordinator.ops.status import read_metrics
 from coordinator.tables import DISCARDED, OP
 
@@ -112,6 +112,7 @@ def run(work: Path, workers: int, worker_memory: str, per_fate: int) -> dict:
     conf = work / "cluster.toml"
     conf.write_text(f"lakehouse = {json.dumps(str(lakehouse))}\n" + "".join(f"{k} = {v}\n" for k, v in SETTINGS.items()))
     config = CoordinatorConfig.load(conf, environ={})
+    init_lakehouse(Lakehouse.of(config))  # as `txcoord init` does before a deployment's first start
     argv, env = spark_submit("checker", "--config", str(conf))
     env = {k: v for k, v in env.items() if not k.startswith("TXCOORD_")} | {"SPARK_LOCAL_IP": "127.0.0.1"}
     summary: dict = {"workers": workers, "worker_memory": worker_memory, "failures": []}
