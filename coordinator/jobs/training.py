@@ -113,7 +113,9 @@ def _train(config_path: Path, archive: Path, log: Path, timeout_s: float) -> tup
         time.sleep(0.2)
         delivered = (topic / "_delta_log").is_dir()
     if checker.poll() is None:
-        os.killpg(checker.pid, signal.SIGTERM)  # the checker's graceful stop: the batch ends, the JVM exits normally
+        # The checker's graceful stop (the batch ends, the JVM exits normally), sent to the JVM alone: sent to its
+        # process group it also reached a helper the JVM was spawning (Hadoop's chmod), which failed the query.
+        checker.send_signal(signal.SIGTERM)
     try:
         return delivered, checker.wait(_EXIT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
