@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pytest
 import requests
 from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -163,7 +163,14 @@ def act(driver, action: Callable, message: str) -> None:
 
 
 def text_of(driver, css: str) -> str:
-    return driver.find_element(By.CSS_SELECTOR, css).text
+    element = driver.find_element(By.CSS_SELECTOR, css)
+    try:
+        return element.text
+    except WebDriverException as error:
+        # Chromium 156 reports an element that a reload of its page replaced as an inspector error, not as stale.
+        if "does not belong to the document" in str(error):
+            raise StaleElementReferenceException(str(error)) from error
+        raise
 
 
 def sign_in(driver, name: str, password: str) -> None:
