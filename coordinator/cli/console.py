@@ -384,10 +384,11 @@ def run_spark_setup(args: argparse.Namespace) -> int:
         print(empty_conf_dir() if args.conf_dir else properties)
         return EXIT_OK
     jars = launch_jars(settings)
-    if provider is None and args.class_archive and not class_archive().is_file():
+    archive = None if provider else class_archive()
+    if archive is not None and args.class_archive and not archive.is_file():
         _write_class_archive()
     properties = submit_properties()
-    archive = class_archive() if provider is None and class_archive().is_file() else None
+    archive = archive if archive is not None and archive.is_file() else None
     conf_dir = empty_conf_dir() if properties is not None else None
     jobs = {name: str(job_script(name)) for name in sorted(_spark_jobs())}
     if args.json:

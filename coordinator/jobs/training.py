@@ -13,7 +13,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
@@ -25,7 +24,9 @@ from pathlib import Path
 
 from coordinator.config import ENV_PREFIX, CoordinatorConfig
 from coordinator.exceptions import SparkSetupError
-from coordinator.spark.class_archive import QUIET, class_archive, record_identity, remove_stale_archives
+from coordinator.spark.class_archive import (QUIET, class_archive, driver_java_options, record_identity,
+                                             remove_stale_archives)
+from coordinator.spark.jars import exclusively
 from coordinator.spark.session import read_spark_defaults
 from coordinator.spark.submit import spark_submit
 
@@ -38,9 +39,9 @@ _EXIT_TIMEOUT_S = 120.0
 
 
 def write_class_archive(timeout_s: float = 300.0) -> Path:
-    """Run the training checker and put the archive its JVM writes at :func:`class_archive`, replacing
-    an older one (a JVM mapping that one keeps it until it exits), and remove the archives of JVMs and
-    Spark installations gone or changed since; return its path.
+    """Run the training checker and put the archive its JVM writes at :func:`class_archive` (unless a
+    training that held the lock meanwhile wrote it), and remove the archives of JVMs and Spark
+    installations gone or changed since; return its path.
 
     Raises :class:`SparkSetupError` with the end of the run's log when the checker does not deliver
     within ``timeout_s`` seconds or no archive is written; nothing is left behind then.
@@ -50,11 +51,12 @@ def write_class_archive(timeout_s: float = 300.0) -> Path:
     staged = archive.with_name(f".{archive.name}.{os.getpid()}")
     work = Path(tempfile.mkdtemp(prefix="txcoord-training-"))
     try:
-        with open(archive.parent / ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one training at a time: a second waits, then trains again
+        with exclusively(archive.parent / ".lock"):  # one training at a time: a second waits, then finds it
+            if archive.is_file():
+                return archive
             log = work / "checker.log"
-            config_path = _throwaway_lakehouse(work)
-            delivered, returncode = _train(config_path, staged, log, timeout_s)
+            config_path, topic = _throwaway_lakehouse(work)
+            delivered, returncode = _train(config_path, topic, staged, log, timeout_s)
             if not delivered or returncode != 0 or not staged.is_file():
                 outcome = "delivered its transaction" if delivered else f"did not deliver its transaction in {timeout_s:g} s"
                 raise SparkSetupError(f"no class archive written: the training checker {outcome} and exited {returncode}; "
@@ -68,8 +70,9 @@ def write_class_archive(timeout_s: float = 300.0) -> Path:
     return archive
 
 
-def _throwaway_lakehouse(work: Path) -> Path:
-    """A local lakehouse in ``work`` holding one committed transaction of :data:`TRAINING_TOPIC`; its TOML."""
+def _throwaway_lakehouse(work: Path) -> tuple[Path, Path]:
+    """A local lakehouse in ``work`` holding one committed transaction of :data:`TRAINING_TOPIC`; its TOML, and
+    where that topic's table will be."""
     from coordinator.lakehouse import Lakehouse, init_lakehouse
     from coordinator.producer import Message, TransactionListener, TransactionProducer
     from coordinator.protocol import LocalTransactionState
@@ -84,27 +87,25 @@ def _throwaway_lakehouse(work: Path) -> Path:
     config_path = work / "training.toml"
     config_path.write_text(f"lakehouse = {json.dumps(str(work / 'lakehouse'))}\n")  # JSON strings are TOML strings
     config = CoordinatorConfig.load(config_path, environ={})
-    init_lakehouse(Lakehouse.of(config))
+    lakehouse = Lakehouse.of(config)
+    init_lakehouse(lakehouse)
     producer = TransactionProducer(_GROUP, Commit(), config).start()
     try:
         producer.send_message_in_transaction(Message(TRAINING_TOPIC, b"training"), None)
     finally:
         producer.shutdown()
-    return config_path
+    return config_path, Path(lakehouse.topic(TRAINING_TOPIC))
 
 
-def _train(config_path: Path, archive: Path, log: Path, timeout_s: float) -> tuple[bool, int]:
-    """Launch the checker with ``-XX:ArchiveClassesAtExit``, stop it once the transaction is delivered
-    (or ``timeout_s`` pass, or it exits) and wait for its exit; whether it delivered, and its exit status."""
-    from coordinator.lakehouse import Lakehouse
-
-    java_options = " ".join([read_spark_defaults().get("spark.driver.extraJavaOptions", ""),
-                             f"-XX:ArchiveClassesAtExit={archive}", QUIET]).strip()
+def _train(config_path: Path, topic: Path, archive: Path, log: Path, timeout_s: float) -> tuple[bool, int]:
+    """Launch the checker with ``-XX:ArchiveClassesAtExit``, stop it once ``topic``'s table exists (the
+    transaction delivered; or ``timeout_s`` pass, or it exits) and wait for its exit; whether it delivered,
+    and its exit status."""
+    java_options = driver_java_options(read_spark_defaults(), [f"-XX:ArchiveClassesAtExit={archive}", QUIET])
     argv, env = spark_submit("checker", "--config", str(config_path),
                              conf={"spark.driver.extraJavaOptions": java_options})
     for field in dataclasses.fields(CoordinatorConfig):  # the throwaway lakehouse's settings, not the caller's
         env.pop(f"{ENV_PREFIX}{field.name.upper()}", None)
-    topic = Path(Lakehouse.of(CoordinatorConfig.load(config_path, environ={})).topic(TRAINING_TOPIC))
     with open(log, "wb") as output:
         checker = subprocess.Popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s

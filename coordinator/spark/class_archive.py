@@ -81,15 +81,17 @@ def archive_java_options() -> list[str]:
     return [f"-XX:SharedArchiveFile={archive}", QUIET] if archive.is_file() else []
 
 
-def driver_java_options(settings: Mapping[str, str]) -> str:
-    """``spark.driver.extraJavaOptions`` of ``settings``, with :func:`archive_java_options` after them.
+def driver_java_options(settings: Mapping[str, str], options: Optional[list[str]] = None) -> str:
+    """``spark.driver.extraJavaOptions`` of ``settings``, with ``options`` after them (default:
+    :func:`archive_java_options`).
 
     Example::
 
         driver_java_options({"spark.driver.extraJavaOptions": "-XX:+UseSerialGC"})
         # '-XX:+UseSerialGC -XX:SharedArchiveFile=/home/me/.cache/txcoord/.../classes-3f1c....jsa -Xlog:cds*=off,class+path=off'
     """
-    return " ".join([settings.get("spark.driver.extraJavaOptions", ""), *archive_java_options()]).strip()
+    options = archive_java_options() if options is None else options
+    return " ".join([settings.get("spark.driver.extraJavaOptions", ""), *options]).strip()
 
 
 def can_share_classes(environ: Optional[dict] = None) -> bool:

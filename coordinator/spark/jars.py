@@ -37,7 +37,7 @@ from typing import Iterator, Mapping, Optional
 
 from coordinator.exceptions import SparkSetupError
 
-__all__ = ["cache_dir", "cached_jars", "delta_package", "provided_delta", "spark_home", "spark_packages"]
+__all__ = ["cache_dir", "cached_jars", "delta_package", "exclusively", "provided_delta", "spark_home", "spark_packages"]
 
 CACHE_DIR_VARIABLE = "TXCOORD_CACHE_DIR"
 MAVEN_REPOSITORY_VARIABLE = "TXCOORD_MAVEN_REPOSITORY"
@@ -143,7 +143,7 @@ def cached_jars() -> list[str]:
     directory = jars_dir()
     complete = directory / ".complete"
     if not complete.exists():
-        with _exclusively(directory.parent / ".lock"):  # a second process waits, then finds the jars
+        with exclusively(directory.parent / ".lock"):  # a second process waits, then finds the jars
             if not complete.exists():
                 _download(pinned, directory)
                 complete.touch()
@@ -200,7 +200,8 @@ def _release_line(coordinates: str) -> str:
 
 
 @contextmanager
-def _exclusively(lock_file: Path) -> Iterator[None]:
+def exclusively(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_file`` (created if missing) for the ``with`` block: a second process waits."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_file, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)

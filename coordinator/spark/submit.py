@@ -77,12 +77,11 @@ def spark_submit(job: str, *args: str, conf: Optional[dict[str, str]] = None) ->
         subprocess.Popen(argv, env=env)
     """
     script = job_script(job) if job in JOBS else Path(job)
-    environment = spark_job_environment()
     properties = submit_properties()
     options = ["--properties-file", str(properties)] if properties is not None else []
     for key, value in (conf or {}).items():
         options += ["--conf", f"{key}={value}"]
-    return [str(Path(sys.executable).parent / "spark-submit"), *options, str(script), *args], environment
+    return [str(Path(sys.executable).parent / "spark-submit"), *options, str(script), *args], _environment(properties)
 
 
 def spark_job_environment() -> dict[str, str]:
@@ -93,9 +92,13 @@ def spark_job_environment() -> dict[str, str]:
     ``spark-submit`` otherwise runs whatever ``python3`` is first on ``PATH``, which need not have
     txcoord installed.
     """
+    return _environment(submit_properties())
+
+
+def _environment(properties: Optional[Path]) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     environment = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""),
                        PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    if not provided_delta(read_spark_defaults()):
+    if properties is not None:
         environment["SPARK_CONF_DIR"] = str(empty_conf_dir())
     return environment
