@@ -49,6 +49,22 @@ def test_the_commits_after_a_full_segment_are_read_ahead_and_read_as_a_batch_rea
         ahead.close()
 
 
+def test_at_start_the_first_batchs_commits_are_read_from_the_versions_it_starts_at(config):
+    lakehouse = written(config, commits=4)  # versions 0 to 4
+    ahead = ReadAhead(lakehouse, full=3)
+    try:
+        ahead.read_from({LOG: 1})  # as a checker starting after a batch that ended at version 1 of this log
+        read = ahead.take()
+        first = Segment({LOG: 1}, grown_to(lakehouse, {LOG: 1}, budget=3), clock_us=1)
+        assert len(read) == first.versions == 3 and (LOG, 1) in read and (LOG, 0) not in read
+        assert first.records(lakehouse, read).equals(first.records(lakehouse))
+
+        ahead.read_from(grown_to(lakehouse, {}, budget=100))  # every commit read already: nothing to read
+        assert ahead.take() == {}
+    finally:
+        ahead.close()
+
+
 def test_a_failed_read_ahead_costs_nothing_but_its_time(config, caplog):
     lakehouse = written(config, commits=3)
     for data_file in (Path(lakehouse.key_path(LOG))).glob("*.parquet"):

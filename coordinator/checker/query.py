@@ -113,6 +113,7 @@ class CheckerQuery:
         try:
             checkpoint = CheckpointState.read(checkpoint_location(self.config), self.lakehouse.storage)
             self._progress = self.progress_store.begin(checkpoint)
+            self.read_ahead.read_from(self._progress.next_versions)
             self.spark.streams.addListener(self.metrics)
             self.query = self._start_query(self._progress.epoch.starting_versions)
         except BaseException:

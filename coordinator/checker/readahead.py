@@ -5,7 +5,8 @@ their JSON commits and ~2,000 small Parquet files, ~1.1 s) as deciding and writi
 both hold the GIL: threads do not overlap them (measured: 2 to 8 reader threads read the same files
 1.0–1.8× slower than one). So once a batch took a full segment (a backlog: more commits are
 waiting), the commits after it are read by a worker process while the batch is decided; the next
-batch takes what the worker read and reads only the rest itself.
+batch takes what the worker read and reads only the rest itself. At start the worker reads what the
+first batch will cover, from the progress record's next versions, while Spark starts its query.
 
 A commit-log version is immutable once it exists (written whole or not at all) and so are the data
 files it adds: what the worker read is exactly what the batch would read, whichever batch, replayed
@@ -15,6 +16,7 @@ Example::
 
     ahead = ReadAhead(lakehouse)
     ahead.warm()           # at start: the worker's imports, before any batch
+    ahead.read_from(progress.next_versions)  # the first batch's commits, while Spark starts its query
     records = segment.records(lakehouse, ahead.take())
     ahead.start(segment)   # only after a full segment: a backlog
     ...
@@ -60,10 +62,15 @@ class ReadAhead:
 
     def start(self, segment: Segment) -> None:
         """Read, in the worker, the commits after ``segment`` if it was a full one (a backlog)."""
-        if segment.versions < self.full:
-            return
-        self._reading = self._worker().submit(_read_after, self.lakehouse.root, self.lakehouse.storage, dict(segment.ends),
-                                          self.full)
+        if segment.versions >= self.full:
+            self.read_from(segment.ends)
+
+    def read_from(self, versions: Mapping[str, int]) -> None:
+        """Read, in the worker, up to a full segment's commits from ``versions`` on (the first version of each
+        log not read yet): what the next batch covers. At start, while Spark starts its query (measured: the
+        first batch of a 300,000-transaction backlog read its segment for 1.2 s itself)."""
+        self._reading = self._worker().submit(_read_after, self.lakehouse.root, self.lakehouse.storage, dict(versions),
+                                              self.full)
 
     def take(self) -> Mapping[tuple[str, int], CommitRead]:
         """What the worker read since :meth:`start` (waiting for it), by ``(log, version)``; empty if nothing."""
