@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +51,14 @@ class SeedListener(TransactionListener):
 
 
 GROUP = "TransactionProducer"
+
+
+class AlwaysCommit(TransactionListener):
+    def execute_local_transaction(self, msg, arg):
+        return COMMIT
+
+    def check_local_transaction(self, msg):
+        return COMMIT
 
 
 def end_records(lakehouse: str) -> int:
@@ -147,13 +156,6 @@ def test_a_standby_takes_over_from_a_killed_checker_and_exits_zero_on_sigterm(tm
     conf = tmp_path / "coordinator.toml"
     conf.write_text(f'lakehouse = "{lakehouse}"\ntrigger_interval_ms = 500\n')
 
-    class Committing(TransactionListener):
-        def execute_local_transaction(self, msg, arg):
-            return COMMIT
-
-        def check_local_transaction(self, msg):
-            return COMMIT
-
     from coordinator import CoordinatorConfig
 
     topic = lakehouse / "topics" / "JOB_TOPIC"
@@ -170,7 +172,7 @@ def test_a_standby_takes_over_from_a_killed_checker_and_exits_zero_on_sigterm(tm
     argv, env = spark_submit(REPO_ROOT / "jobs" / "checker.py", "--config", str(conf))
     standby = None
     try:
-        with TransactionProducer("jobs", Committing(), CoordinatorConfig.load(conf)) as producer:
+        with TransactionProducer("jobs", AlwaysCommit(), CoordinatorConfig.load(conf)) as producer:
             sent = send(producer, 3)
             wait_until(lambda: first.poll() is not None or len(delivered()) == 3, 240)
             refused = subprocess.run([sys.executable, str(REPO_ROOT / "jobs" / "checker.py"), "--config", str(conf),
@@ -193,3 +195,64 @@ def test_a_standby_takes_over_from_a_killed_checker_and_exits_zero_on_sigterm(tm
     assert standby.returncode == 0, output[-3000:]
     assert "took over the checker lease" in output and "checker stopped" in output
     assert sorted(delivered()) == sorted(sent)  # each exactly once: nothing lost or repeated by the takeover
+
+
+SLOW_CHMOD = """#!/bin/sh
+# Hadoop's chmod for each checkpoint file, made slow so that a stop lands while one runs.
+touch "$(dirname "$0")/running.$$"
+sleep 0.5
+{chmod} "$@"
+"""
+
+
+@pytest.mark.slow
+def test_a_stop_sent_to_the_whole_group_as_hadoop_runs_chmod_exits_zero_and_loses_nothing(tmp_path):
+    """Spark writes each checkpoint file through Hadoop, which on a local disk spawns ``chmod`` for it; a
+    stop sent to the checker's whole process group (Ctrl-C, systemd) kills that ``chmod`` too and fails the
+    streaming query. Here every ``chmod`` takes half a second and the stop is sent while one runs: the
+    job still exits 0, saying so, and the next start delivers every transaction once."""
+    lakehouse = tmp_path / "lakehouse"
+    conf = tmp_path / "coordinator.toml"
+    conf.write_text(f'lakehouse = "{lakehouse}"\ntrigger_interval_ms = 100\n')
+    slow_bin = tmp_path / "bin"
+    slow_bin.mkdir()
+    (slow_bin / "chmod").write_text(SLOW_CHMOD.format(chmod=shutil.which("chmod")))
+    (slow_bin / "chmod").chmod(0o755)
+    topic = lakehouse / "topics" / "STOP_TOPIC"
+
+    def delivered() -> list[str]:
+        return read_table(str(topic)).column("transaction_id").to_pylist() if DeltaTable.is_deltatable(str(topic)) else []
+
+    def start(log_name: str, env: dict) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(REPO_ROOT / "jobs" / "checker.py"), "--config", str(conf)],
+                                stdout=open(tmp_path / log_name, "w"), stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
+    from coordinator import CoordinatorConfig
+
+    slowed = start("first.log", dict(os.environ, PATH=f"{slow_bin}:{os.environ['PATH']}"))
+    restarted = None
+    try:
+        with TransactionProducer("stops", AlwaysCommit(), CoordinatorConfig.load(conf)) as producer:
+            sent = [producer.send_message_in_transaction(Message("STOP_TOPIC", b"m")).transaction_id for _ in range(3)]
+            wait_until(lambda: slowed.poll() is not None or len(delivered()) == 3, 240)
+            for marker in slow_bin.glob("running.*"):
+                marker.unlink()
+            wait_until(lambda: slowed.poll() is not None or any(slow_bin.glob("running.*")), 60)
+            os.killpg(slowed.pid, signal.SIGTERM)  # while a chmod runs
+            slowed.wait(120)
+            output = (tmp_path / "first.log").read_text()
+            assert slowed.returncode == 0, output[-3000:]
+            sent += [producer.send_message_in_transaction(Message("STOP_TOPIC", b"m")).transaction_id for _ in range(2)]
+            restarted = start("restarted.log", dict(os.environ))
+            wait_until(lambda: restarted.poll() is not None or len(delivered()) == 5, 240)
+        os.killpg(restarted.pid, signal.SIGTERM)
+        restarted.wait(120)
+    finally:
+        for job in (slowed, restarted):
+            if job is not None and job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+    assert "the streaming query failed as the stop signal arrived" in output, output[-3000:]
+    assert "checker stopped" in output
+    assert restarted.returncode == 0, (tmp_path / "restarted.log").read_text()[-3000:]
+    assert sorted(delivered()) == sorted(sent)  # each exactly once

@@ -4,11 +4,11 @@
 Runs until SIGTERM or SIGINT, then lets the batch in flight finish and exits 0. While another
 checker holds the lakehouse's lease it stands by, and starts the moment the lease lapses (at once if
 its holder's process is gone from this host, as after ``kill -9``). Exit status: 0 stopped on
-request (standing by too), 1 the streaming query failed, 2 bad arguments or configuration, or a
-Spark that cannot start with Delta, 3 another checker is running on the same lakehouse (only with
-``--exit-if-running``, or with ``--recover-checkpoint``, which does not stand by), 4 the checkpoint
-is missing, foreign or older than the lakehouse (run once with ``--recover-checkpoint``, see the
-README).
+request (standing by too, or the query failing as the stop signal arrived), 1 the streaming query
+failed, 2 bad arguments or configuration, or a Spark that cannot start with Delta, 3 another checker
+is running on the same lakehouse (only with ``--exit-if-running``, or with ``--recover-checkpoint``,
+which does not stand by), 4 the checkpoint is missing, foreign or older than the lakehouse (run once
+with ``--recover-checkpoint``, see the README).
 
 Example::
 
@@ -31,6 +31,8 @@ __all__ = ["EXIT_ALREADY_RUNNING", "EXIT_CHECKPOINT_MISMATCH", "add_arguments", 
 
 EXIT_ALREADY_RUNNING = 3
 EXIT_CHECKPOINT_MISMATCH = 4
+#: Seconds a failed streaming query waits for a stop signal sent at the same moment (see :func:`run`).
+STOP_SIGNAL_RACE_S = 2.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +62,8 @@ def run(args: argparse.Namespace, prog: str) -> int:
     except CheckerAlreadyRunningError as error:
         print(f"{prog}: {error}", file=sys.stderr, flush=True)
         return EXIT_ALREADY_RUNNING
+    from pyspark.errors import StreamingQueryException
+
     from coordinator.checker.query import CheckerQuery
 
     try:
@@ -76,9 +80,19 @@ def run(args: argparse.Namespace, prog: str) -> int:
         return 0 if job.stop_requested.is_set() else EXIT_ALREADY_RUNNING
     try:
         while not job.stop_requested.is_set():
-            if checker.await_termination(1):
-                print(f"{prog}: the streaming query ended unexpectedly", file=sys.stderr)
-                return 1
+            try:
+                if checker.await_termination(1):
+                    print(f"{prog}: the streaming query ended unexpectedly", file=sys.stderr)
+                    return 1
+            except StreamingQueryException as error:
+                if not job.stop_requested.wait(STOP_SIGNAL_RACE_S):
+                    raise
+                # A stop sent to the whole process group (Ctrl-C, systemd) also reaches the helpers the JVM
+                # spawns: Hadoop runs `chmod` for each checkpoint file it writes on a local disk, and one killed
+                # mid-write fails the query. The stop was asked for and nothing is lost (every write is
+                # replay-safe): it ends as a stop.
+                print(f"{prog}: stopping; the streaming query failed as the stop signal arrived, its last batch "
+                      f"runs again at the next start: {' '.join(str(error).split())[:300]}", file=sys.stderr, flush=True)
         checker.stop()
     finally:
         job.spark.stop()
