@@ -25,7 +25,7 @@ from coordinator.exceptions import CheckerAlreadyRunningError
 from coordinator.commit_logs import CommitLogs
 from coordinator.lakehouse import Lakehouse, create_group_tables, read_table
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF
-from bench.harness import half_record
+from bench.harness import Commits, Job, half_record
 from tests.conftest import stored_time
 from bench.harness import wait_until
 
@@ -51,14 +51,6 @@ class SeedListener(TransactionListener):
 
 
 GROUP = "TransactionProducer"
-
-
-class AlwaysCommit(TransactionListener):
-    def execute_local_transaction(self, msg, arg):
-        return COMMIT
-
-    def check_local_transaction(self, msg):
-        return COMMIT
 
 
 def end_records(lakehouse: str) -> int:
@@ -172,7 +164,7 @@ def test_a_standby_takes_over_from_a_killed_checker_and_exits_zero_on_sigterm(tm
     argv, env = spark_submit(REPO_ROOT / "jobs" / "checker.py", "--config", str(conf))
     standby = None
     try:
-        with TransactionProducer("jobs", AlwaysCommit(), CoordinatorConfig.load(conf)) as producer:
+        with TransactionProducer("jobs", Commits(), CoordinatorConfig.load(conf)) as producer:
             sent = send(producer, 3)
             wait_until(lambda: first.poll() is not None or len(delivered()) == 3, 240)
             refused = subprocess.run([sys.executable, str(REPO_ROOT / "jobs" / "checker.py"), "--config", str(conf),
@@ -223,36 +215,32 @@ def test_a_stop_sent_to_the_whole_group_as_hadoop_runs_chmod_exits_zero_and_lose
     def delivered() -> list[str]:
         return read_table(str(topic)).column("transaction_id").to_pylist() if DeltaTable.is_deltatable(str(topic)) else []
 
-    def start(log_name: str, env: dict) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, str(REPO_ROOT / "jobs" / "checker.py"), "--config", str(conf)],
-                                stdout=open(tmp_path / log_name, "w"), stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-
     from coordinator import CoordinatorConfig
 
-    slowed = start("first.log", dict(os.environ, PATH=f"{slow_bin}:{os.environ['PATH']}"))
-    restarted = None
+    argv = [sys.executable, str(REPO_ROOT / "jobs" / "checker.py"), "--config", str(conf)]
+    slowed = Job(argv, tmp_path / "first.log", env=dict(os.environ, PATH=f"{slow_bin}:{os.environ['PATH']}")).start()
+    restarted = Job(argv, tmp_path / "restarted.log")
     try:
-        with TransactionProducer("stops", AlwaysCommit(), CoordinatorConfig.load(conf)) as producer:
+        with TransactionProducer("stops", Commits(), CoordinatorConfig.load(conf)) as producer:
             sent = [producer.send_message_in_transaction(Message("STOP_TOPIC", b"m")).transaction_id for _ in range(3)]
-            wait_until(lambda: slowed.poll() is not None or len(delivered()) == 3, 240)
+            wait_until(lambda: not slowed.running or len(delivered()) == 3, 240)
             for marker in slow_bin.glob("running.*"):
                 marker.unlink()
-            wait_until(lambda: slowed.poll() is not None or any(slow_bin.glob("running.*")), 60)
+            wait_until(lambda: not slowed.running or any(slow_bin.glob("running.*")), 60)
             os.killpg(slowed.pid, signal.SIGTERM)  # while a chmod runs
-            slowed.wait(120)
+            slowed_exit = slowed.wait(120)
             output = (tmp_path / "first.log").read_text()
-            assert slowed.returncode == 0, output[-3000:]
+            assert slowed_exit == 0, output[-3000:]
             sent += [producer.send_message_in_transaction(Message("STOP_TOPIC", b"m")).transaction_id for _ in range(2)]
-            restarted = start("restarted.log", dict(os.environ))
-            wait_until(lambda: restarted.poll() is not None or len(delivered()) == 5, 240)
+            restarted.start()
+            wait_until(lambda: not restarted.running or len(delivered()) == 5, 240)
         os.killpg(restarted.pid, signal.SIGTERM)
-        restarted.wait(120)
+        restarted_exit = restarted.wait(120)
     finally:
         for job in (slowed, restarted):
-            if job is not None and job.poll() is None:
-                os.killpg(job.pid, signal.SIGKILL)
+            if job.running:
+                job.kill()
     assert "the streaming query failed as the stop signal arrived" in output, output[-3000:]
     assert "checker stopped" in output
-    assert restarted.returncode == 0, (tmp_path / "restarted.log").read_text()[-3000:]
+    assert restarted_exit == 0, (tmp_path / "restarted.log").read_text()[-3000:]
     assert sorted(delivered()) == sorted(sent)  # each exactly once
