@@ -83,6 +83,22 @@ def test_second_checker_is_refused_while_the_first_renews(tmp_path):
     assert (on_disk(second)["owner"], on_disk(second)["renewed_at"]) == (second.owner, clock.now)
 
 
+def test_is_free_says_whether_a_live_checker_holds_the_lease_and_takes_nothing(tmp_path):
+    clock = Clock()
+    looker = CheckerLease(str(tmp_path), ttl_s=1.0, clock=clock)
+    assert looker.is_free()  # no checker ever ran here
+    holder = CheckerLease(str(tmp_path), ttl_s=1.0, clock=clock).acquire()
+    held = on_disk(holder)
+    assert not looker.is_free()
+    assert on_disk(holder) == held  # looking wrote nothing
+    clock.now += 1.1  # not renewed within its TTL: lapsed
+    assert looker.is_free()
+    clock.now -= 1.1
+    holder.release()
+    assert looker.is_free()
+    assert on_disk(holder)["owner"] == holder.owner  # still nobody else's: looking takes nothing
+
+
 def test_a_dead_holder_is_taken_over_and_then_must_stop(tmp_path):
     clock = Clock()
     dead = CheckerLease(str(tmp_path), ttl_s=0.3, clock=clock).acquire()

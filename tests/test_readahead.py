@@ -9,8 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from coordinator.checker.query import CheckerQuery
 from coordinator.checker.readahead import ReadAhead
 from coordinator.checker.segment import Segment, grown_to
+from coordinator.control.lease import CheckerLease
+from coordinator.control.progress import CheckerProgress, Epoch, Progress
 from coordinator.lakehouse import Lakehouse
 from tests import REPO_ROOT
 from bench.harness import end_record, half_record
@@ -65,6 +68,30 @@ def test_at_start_the_first_batchs_commits_are_read_from_the_versions_it_starts_
         ahead.close()
 
 
+def test_a_start_reads_its_first_batch_ahead_before_the_lease_but_a_standby_does_not(config):
+    lakehouse = written(config, commits=4)
+    CheckerProgress(lakehouse).save(Progress(Epoch(number=0, first_batch_id=0, starting_versions={LOG: 2},
+                                                   checkpoint_id=None)))
+    starting = CheckerQuery(None, config)  # this step runs before Spark is asked for anything
+    try:
+        starting._read_ahead_unless_held()
+        assert starting.read_ahead.reading_from == {LOG: 2}  # where the progress record says the next batch starts
+        read = starting.read_ahead.take()
+        assert (LOG, 2) in read and (LOG, 1) not in read
+        assert starting.read_ahead.reading_from is None  # taken
+    finally:
+        starting.read_ahead.close()
+
+    holder = CheckerLease(lakehouse).acquire()
+    standby = CheckerQuery(None, config)
+    try:
+        standby._read_ahead_unless_held()
+        assert standby.read_ahead.reading_from is None  # another checker is at work: nothing read for it
+    finally:
+        standby.read_ahead.close()
+        holder.release()
+
+
 def test_a_failed_read_ahead_costs_nothing_but_its_time(config, caplog):
     lakehouse = written(config, commits=3)
     for data_file in (Path(lakehouse.key_path(LOG))).glob("*.parquet"):
@@ -81,8 +108,23 @@ def test_a_failed_read_ahead_costs_nothing_but_its_time(config, caplog):
         ahead.close()
 
 
+def _arrow_allocator() -> str:
+    import pyarrow
+
+    return pyarrow.default_memory_pool().backend_name
+
+
+def test_the_worker_allocates_with_the_c_librarys_allocator(config):
+    ahead = ReadAhead(Lakehouse.of(config))
+    try:
+        assert ahead._worker().submit(_arrow_allocator).result() == "system"  # see coordinator/checker/allocator.py
+    finally:
+        ahead.close()
+
+
 DRIVER = """
 import sys, time
+from coordinator.checker.query import CheckerQuery
 from coordinator.checker.readahead import ReadAhead
 from coordinator.lakehouse import Lakehouse
 

@@ -5,8 +5,9 @@ their JSON commits and ~2,000 small Parquet files, ~1.1 s) as deciding and writi
 both hold the GIL: threads do not overlap them (measured: 2 to 8 reader threads read the same files
 1.0–1.8× slower than one). So once a batch took a full segment (a backlog: more commits are
 waiting), the commits after it are read by a worker process while the batch is decided; the next
-batch takes what the worker read and reads only the rest itself. At start the worker reads what the
-first batch will cover, from the progress record's next versions, while Spark starts its query.
+batch takes what the worker read and reads only the rest itself. At start, unless another checker
+holds the lease, the worker reads what the first batch will cover, from the progress record's next
+versions, while Spark resolves the source and starts its query.
 
 A commit-log version is immutable once it exists (written whole or not at all) and so are the data
 files it adds: what the worker read is exactly what the batch would read, whichever batch, replayed
@@ -34,6 +35,7 @@ from typing import Mapping, Optional
 
 import pyarrow as pa
 
+from coordinator.checker.allocator import use_system_allocator
 from coordinator.checker.segment import MAX_VERSIONS_PER_BATCH, CommitRead, Segment, grown_to, read_commits
 from coordinator.lakehouse import Lakehouse
 
@@ -53,6 +55,7 @@ class ReadAhead:
         self.full = full  # versions in a full segment: one the source cut short of a backlog
         self._pool: Optional[ProcessPoolExecutor] = None
         self._reading: Optional[Future] = None
+        self._reading_from: dict[str, int] = {}  # where self._reading starts
 
     def warm(self) -> None:
         """Start the worker now, before any batch: a fresh interpreter takes about a second of CPU to import
@@ -67,10 +70,16 @@ class ReadAhead:
 
     def read_from(self, versions: Mapping[str, int]) -> None:
         """Read, in the worker, up to a full segment's commits from ``versions`` on (the first version of each
-        log not read yet): what the next batch covers. At start, while Spark starts its query (measured: the
-        first batch of a 300,000-transaction backlog read its segment for 1.2 s itself)."""
-        self._reading = self._worker().submit(_read_after, self.lakehouse.root, self.lakehouse.storage, dict(versions),
-                                              self.full)
+        log not read yet): what the next batch covers. At start, while Spark resolves the source and starts its
+        query (measured: the first batch of a 300,000-transaction backlog read its segment for 1.2 s itself)."""
+        self._reading_from = dict(versions)
+        self._reading = self._worker().submit(_read_after, self.lakehouse.root, self.lakehouse.storage,
+                                              self._reading_from, self.full)
+
+    @property
+    def reading_from(self) -> Optional[dict[str, int]]:
+        """The versions the read under way (or done and not taken yet) starts at; ``None`` if there is none."""
+        return dict(self._reading_from) if self._reading is not None else None
 
     def take(self) -> Mapping[tuple[str, int], CommitRead]:
         """What the worker read since :meth:`start` (waiting for it), by ``(log, version)``; empty if nothing."""
@@ -102,6 +111,7 @@ class ReadAhead:
 
 def _worker_started() -> None:
     os.nice(_NICENESS)
+    use_system_allocator()
     # A worker outlives a driver killed with SIGKILL (measured: still there, adopted by init, seconds
     # later); it leaves with it instead, when its parent's sentinel closes.
     threading.Thread(target=_exit_with_parent, name="read-ahead-parent", daemon=True).start()

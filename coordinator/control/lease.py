@@ -107,6 +107,16 @@ class CheckerLease:
         if self._live(holder):
             raise self._refusal(holder)
 
+    def is_free(self) -> bool:
+        """Whether no live checker holds the lease now (it may be taken the next moment); takes nothing.
+
+        Example::
+
+            if CheckerLease("lakehouse").is_free():
+                ...  # prepare what only the holder needs
+        """
+        return not self._live(lease_record(self.files.read(LEASE_KEY)))
+
     def renew(self) -> None:
         """Extend the lease; raise :class:`LeaseLostError` if another checker has taken it."""
         if not self._rewrite(self._record()):

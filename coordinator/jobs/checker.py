@@ -64,7 +64,10 @@ def run(args: argparse.Namespace, prog: str) -> int:
         return EXIT_ALREADY_RUNNING
     from pyspark.errors import StreamingQueryException
 
+    from coordinator.checker.allocator import use_system_allocator
     from coordinator.checker.query import CheckerQuery
+
+    use_system_allocator()
 
     try:
         if job.args.recover_checkpoint:
