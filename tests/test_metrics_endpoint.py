@@ -80,3 +80,36 @@ def test_metrics_are_not_served_unless_asked_and_a_bad_port_is_refused(tmp_path)
         with pytest.raises(ConfigError, match="metrics_port must be a TCP port"):
             CoordinatorConfig(lakehouse=str(tmp_path), metrics_port=bad)
     assert CoordinatorConfig.load(None, environ={"TXCOORD_METRICS_PORT": "9464"}).metrics_port == 9464
+
+
+def test_latencies_counted_a_batch_at_a_time_are_served_as_prometheus_clients_histogram_serves_them():
+    from dataclasses import replace
+
+    import pyarrow as pa
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from coordinator.checker.batch import BatchSummary
+    from coordinator.checker.exporter import _LATENCY_BUCKETS, CheckerExporter
+
+    batches = [{"ORDERS": [0.05, 0.1, 0.3, 1.0, 2.5], "PAYMENTS": [7.0]}, {"ORDERS": [45.0, 1000.0, 0.1]}]
+    exporter = CheckerExporter()
+    reference = CollectorRegistry()
+    one_by_one = Histogram("txcoord_commit_to_visible_seconds", "", ["topic"], buckets=_LATENCY_BUCKETS,
+                           registry=reference)
+    for batch_id, latencies in enumerate(batches):
+        exporter.batch_done(replace(BatchSummary(batch_id), commit_to_visible_s={
+            topic: pa.chunked_array([seconds], pa.float64()) for topic, seconds in latencies.items()}))
+        for topic, seconds in latencies.items():
+            for value in seconds:
+                one_by_one.labels(topic).observe(value)
+
+    def samples(registry, name):
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(generate_latest(registry).decode())
+                for s in family.samples if s.name.startswith(name) and not s.name.endswith("_created")}
+
+    served = samples(exporter.registry, "txcoord_commit_to_visible_seconds")
+    assert served == samples(reference, "txcoord_commit_to_visible_seconds")
+    assert served[("txcoord_commit_to_visible_seconds_count", (("topic", "ORDERS"),))] == 8
+    assert served[("txcoord_commit_to_visible_seconds_bucket", (("le", "0.1"), ("topic", "ORDERS")))] == 3
+    assert samples(exporter.registry, "txcoord_half_to_end_seconds_count") == {("txcoord_half_to_end_seconds_count", ()): 0}

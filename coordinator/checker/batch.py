@@ -14,7 +14,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -56,8 +56,10 @@ class BatchSummary:
     duration_ms: int = 0
     oldest_pending_stored_us: Optional[int] = None  # when the oldest unresolved half was stored
     check_answers: Mapping[str, int] = field(default_factory=dict)  # valid check-back answers, by state
-    half_to_end_s: Sequence[float] = ()  # per transaction committed or rolled back: half stored to END stored
-    commit_to_visible_s: Mapping[str, Sequence[float]] = field(default_factory=dict)  # per topic, per message
+    # Latencies in seconds, as Arrow arrays of floats: per transaction committed or rolled back, half stored to
+    # END stored; per topic, per message, commit to visible.
+    half_to_end_s: pa.ChunkedArray = field(default_factory=lambda: pa.chunked_array([], pa.float64()))
+    commit_to_visible_s: Mapping[str, pa.Array] = field(default_factory=dict)
     pending_by_topic: Mapping[str, int] = field(default_factory=dict)  # halves still unresolved, per topic
     ended_by_topic: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (outcome, topic) -> halves
 
@@ -222,10 +224,10 @@ def _ended_by_topic(ops: pa.Table, discarded: pa.Table, recovered: pa.Table) -> 
     return dict(ended)
 
 
-def _seconds_since(times: pa.ChunkedArray) -> list[float]:
+def _seconds_since(times: pa.ChunkedArray) -> pa.ChunkedArray:
     """For each of ``times``, the seconds from it to now (the moment its rows became visible)."""
     now_us = time.time_ns() // 1000
-    return pc.divide(pc.subtract(now_us, times.cast(pa.int64())), 1e6).to_pylist()
+    return pc.divide(pc.subtract(now_us, times.cast(pa.int64())), 1e6)
 
 
 def _next_offset(records: BatchRecords, batch_id: int, shared_log: bool) -> int:

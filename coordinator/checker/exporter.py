@@ -16,11 +16,15 @@ Example::
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Union
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from coordinator.commit_logs import CommitLogs
 from coordinator.lakehouse import Lakehouse
@@ -66,12 +70,13 @@ class CheckerExporter:
                                     ["topic", "outcome"], registry=registry)
         self.delivered = Counter("txcoord_messages_delivered", "Messages written to their topic's table, by topic",
                                  ["topic"], registry=registry)
-        self.commit_to_visible = Histogram("txcoord_commit_to_visible_seconds", "From a transaction's COMMIT "
-                                           "entering the commit log to its message's topic row being written, by topic",
-                                           ["topic"], buckets=_LATENCY_BUCKETS, registry=registry)
-        self.half_to_end = Histogram("txcoord_half_to_end_seconds", "From a half entering the commit log to the END "
-                                     "that decided its transaction (commit or rollback)", buckets=_LATENCY_BUCKETS,
-                                     registry=registry)
+        self.commit_to_visible = _BatchHistogram("txcoord_commit_to_visible_seconds", "From a transaction's COMMIT "
+                                                 "entering the commit log to its message's topic row being written, "
+                                                 "by topic", ["topic"], _LATENCY_BUCKETS)
+        self.half_to_end = _BatchHistogram("txcoord_half_to_end_seconds", "From a half entering the commit log to the "
+                                           "END that decided its transaction (commit or rollback)", [], _LATENCY_BUCKETS)
+        registry.register(self.commit_to_visible)
+        registry.register(self.half_to_end)
         self.checks = Counter("txcoord_check_requests_sent", "Check-backs requested from producer groups",
                               registry=registry)
         self.check_answers = Counter("txcoord_check_answers", "Producers' answers to check-backs, by answer "
@@ -107,11 +112,8 @@ class CheckerExporter:
             self.ended_halves.labels(topic, str(outcome).lower()).inc(halves)
         for topic, latencies in summary.commit_to_visible_s.items():  # one latency per message delivered
             self.delivered.labels(topic).inc(len(latencies))
-            visible = self.commit_to_visible.labels(topic)
-            for seconds in latencies:
-                visible.observe(seconds)
-        for seconds in summary.half_to_end_s:
-            self.half_to_end.observe(seconds)
+            self.commit_to_visible.observe_all(latencies, topic)
+        self.half_to_end.observe_all(summary.half_to_end_s)
         self.checks.inc(summary.checks)
         for state, answers in summary.check_answers.items():
             self.check_answers.labels(_ANSWERS[state]).inc(answers)
@@ -142,6 +144,45 @@ class CheckerExporter:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _BatchHistogram:
+    """A histogram fed a batch's samples at once, served as prometheus_client's ``Histogram`` serves one.
+
+    A batch working off a backlog delivers ~100,000 messages, each with its latency: observed one by one
+    through ``Histogram.observe`` they took 0.13–0.21 s of a ~1.3 s batch (measured, 2026-11-26, 300,000
+    transactions); counted into the buckets over Arrow columns, about 2 ms.
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str], buckets: tuple[float, ...]):
+        self.name, self.documentation, self.labelnames, self.buckets = name, documentation, labelnames, buckets
+        self._lock = threading.Lock()
+        # Per label values: how many samples lie at or below each bucket's bound, then all of them; their sum.
+        self._counts: dict[tuple[str, ...], list[int]] = {}
+        self._sums: dict[tuple[str, ...], float] = {}
+        if not labelnames:
+            self.observe_all(pa.array([], pa.float64()))
+
+    def observe_all(self, seconds: Union[pa.Array, pa.ChunkedArray], *labels: str) -> None:
+        """Count each of ``seconds`` (an Arrow array of floats) under ``labels``."""
+        seconds = seconds.drop_null()
+        counts = [pc.sum(pc.less_equal(seconds, bound)).as_py() or 0 for bound in self.buckets] + [len(seconds)]
+        total = pc.sum(seconds).as_py() or 0.0
+        with self._lock:
+            known = self._counts.setdefault(labels, [0] * len(counts))
+            self._counts[labels] = [before + added for before, added in zip(known, counts)]
+            self._sums[labels] = self._sums.get(labels, 0.0) + total
+
+    def describe(self):
+        return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self):
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        bounds = [floatToGoString(bound) for bound in self.buckets] + ["+Inf"]
+        with self._lock:
+            for labels, counts in sorted(self._counts.items()):
+                family.add_metric(list(labels), list(zip(bounds, counts)), self._sums[labels])
+        yield family
 
 
 class _LagCollector:

@@ -27,7 +27,7 @@ import datetime as dt
 import json
 import logging
 import threading
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -152,10 +152,10 @@ def metrics_row(progress, summary) -> dict:
     }
 
 
-def _percentile_ms(seconds_by_topic: Mapping[str, Sequence[float]], quantile: float) -> dict[str, int]:
+def _percentile_ms(seconds_by_topic: Mapping[str, pa.ChunkedArray], quantile: float) -> dict[str, int]:
     """Per topic, the ``quantile`` of its samples (seconds) in whole milliseconds: the nearest sample at or above it."""
-    return {topic: round(pc.quantile(pa.array(samples, pa.float64()), q=quantile, interpolation="higher")[0].as_py() * 1000)
-            for topic, samples in seconds_by_topic.items() if samples}
+    return {topic: round(pc.quantile(samples, q=quantile, interpolation="higher")[0].as_py() * 1000)
+            for topic, samples in seconds_by_topic.items() if len(samples)}
 
 
 def commit_log_version(progress) -> Optional[int]:

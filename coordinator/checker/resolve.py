@@ -50,7 +50,7 @@ class Resolved:
     rejections: list[dict]
     to_recover: list[dict]  # operators' COMMITs of transactions no longer pending: see :mod:`.recover`
     check_answers: Counter  # valid answers to check-backs, by state (UNKNOW included)
-    half_to_end_s: list[float]  # per transaction resolved: from its half's storing to its deciding END's
+    half_to_end_s: pa.ChunkedArray  # per transaction resolved: seconds from its half's storing to its deciding END's
 
     def ids(self, in_batch: bool) -> list[str]:
         """The transactions resolved whose halves came in this batch (``in_batch``), or in an earlier one."""
@@ -118,7 +118,7 @@ def resolve_ends(records: BatchRecords, new_halves: pa.Table, state: CheckerStat
     decided = pa.table({"transaction_id": winners.column("transaction_id"), "producer_group": winners.column("owner"),
                         "outcome": outcome, "in_batch": winners.column("in_batch")})
     return Resolved(_ops(winners, new_halves, state), decided, rejections, ends.filter(recover).to_pylist(),
-                    check_answers, pc.divide(pc.cast(waited, pa.float64()), 1e6).to_pylist())
+                    check_answers, pc.divide(pc.cast(waited, pa.float64()), 1e6))
 
 
 def _operators(check_ids: pa.ChunkedArray) -> pa.ChunkedArray:
