@@ -59,7 +59,7 @@ class BatchSummary:
     # Latencies in seconds, as Arrow arrays of floats: per transaction committed or rolled back, half stored to
     # END stored; per topic, per message, commit to visible.
     half_to_end_s: pa.ChunkedArray = field(default_factory=lambda: pa.chunked_array([], pa.float64()))
-    commit_to_visible_s: Mapping[str, pa.Array] = field(default_factory=dict)
+    commit_to_visible_s: Mapping[str, pa.ChunkedArray] = field(default_factory=dict)
     pending_by_topic: Mapping[str, int] = field(default_factory=dict)  # halves still unresolved, per topic
     ended_by_topic: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (outcome, topic) -> halves
 
