@@ -103,8 +103,8 @@ class CheckerLease:
 
         For a start that would not stand by anyway: it can refuse before starting Spark.
         """
-        holder = lease_record(self.files.read(LEASE_KEY))
-        if self._live(holder):
+        holder = self._live_holder()
+        if holder is not None:
             raise self._refusal(holder)
 
     def is_free(self) -> bool:
@@ -115,7 +115,12 @@ class CheckerLease:
             if CheckerLease("lakehouse").is_free():
                 ...  # prepare what only the holder needs
         """
-        return not self._live(lease_record(self.files.read(LEASE_KEY)))
+        return self._live_holder() is None
+
+    def _live_holder(self) -> Optional[dict]:
+        """The lease's record if a live checker holds it now, else ``None``."""
+        holder = lease_record(self.files.read(LEASE_KEY))
+        return holder if self._live(holder) else None
 
     def renew(self) -> None:
         """Extend the lease; raise :class:`LeaseLostError` if another checker has taken it."""
