@@ -292,3 +292,7 @@ class CheckerQuery:
     def await_termination(self, timeout_s: Optional[float] = None) -> bool:
         """Wait for the query to end (``stop()`` or a failure, which is raised)."""
         return self.query.awaitTermination(timeout_s)
+
+    def failure(self) -> Optional[Exception]:
+        """The error that ended the query, if it failed (rather than stopped or still running)."""
+        return self.query.exception() if self.query is not None else None

@@ -87,16 +87,18 @@ def run(args: argparse.Namespace, prog: str) -> int:
                 if checker.await_termination(1):
                     print(f"{prog}: the streaming query ended unexpectedly", file=sys.stderr)
                     return 1
-            except StreamingQueryException as error:
+            except StreamingQueryException:
                 if not job.stop_requested.wait(STOP_SIGNAL_RACE_S):
                     raise
-                # A stop sent to the whole process group (Ctrl-C, systemd) also reaches the helpers the JVM
-                # spawns: Hadoop runs `chmod` for each checkpoint file it writes on a local disk, and one killed
-                # mid-write fails the query. The stop was asked for and nothing is lost (every write is
-                # replay-safe): it ends as a stop.
-                print(f"{prog}: stopping; the streaming query failed as the stop signal arrived, its last batch "
-                      f"runs again at the next start: {' '.join(str(error).split())[:300]}", file=sys.stderr, flush=True)
         checker.stop()
+        failure = checker.failure()
+        if failure is not None:
+            # A stop sent to the whole process group (Ctrl-C, systemd) also reaches the helpers the JVM
+            # spawns: Hadoop runs `chmod` for each checkpoint file it writes on a local disk, and one killed
+            # mid-write fails the query, before or after this loop sees the stop. The stop was asked for and
+            # nothing is lost (every write is replay-safe): it ends as a stop.
+            print(f"{prog}: stopped; the streaming query failed as the stop signal arrived, its last batch "
+                  f"runs again at the next start: {' '.join(str(failure).split())[:300]}", file=sys.stderr, flush=True)
     finally:
         job.spark.stop()
     return 0
