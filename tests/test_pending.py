@@ -9,6 +9,7 @@ from collections import defaultdict
 import pytest
 
 from coordinator.cli import main
+from coordinator.control.instances import ProducerInstances
 from coordinator.ops.pending import pending_transactions
 from coordinator.schedule import CHECK, DISCARD, EXPIRED, clock_time, clock_us, next_step
 from bench.harness import end_record, half_record
@@ -59,6 +60,23 @@ def test_each_pending_transaction_with_its_checks_and_next_step(hanging):
     assert [t.transaction_id for t in pending_transactions(hanging.config, group="other", now=now)] == ["patient"]
     assert pending_transactions(hanging.config, older_than_s=3600, now=now) == []
 
+
+
+def test_a_check_sent_to_a_live_instance_names_it_the_latest_check_first(checker):
+    """With instances of its group alive, each check goes to one of them; ``pending`` names the one the
+    latest check went to."""
+    ProducerInstances(checker.config.lakehouse).announce("g", "first", heartbeat_s=3600)
+    stored_at = dt.datetime.now(dt.timezone.utc) - 30 * SECOND
+    checker.write(half_record("routed"), stored_at=stored_at)
+    checker.run(now=stored_at + 7 * SECOND)
+    [routed] = pending_transactions(checker.config)
+    assert (routed.checks, routed.addressed_to) == (1, "first")
+
+    ProducerInstances(checker.config.lakehouse).announce("g", "second", heartbeat_s=3600)
+    ProducerInstances(checker.config.lakehouse).withdraw("g", "first")
+    checker.run(now=stored_at + 100 * SECOND)  # the 60 s interval after the first check, by the wall clock
+    [routed] = pending_transactions(checker.config)
+    assert (routed.checks, routed.addressed_to) == (2, "second")
 
 def test_the_last_check_is_followed_by_a_discard(hanging):
     from dataclasses import replace

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping, Optional
 
@@ -21,7 +20,8 @@ import pyarrow.compute as pc
 
 from coordinator.checker import CHECKER_NAME
 from coordinator.checker.check import find_due
-from coordinator.checker.context import COMMITS_PER_BATCH, OFFSETS_PER_COMMIT, BatchContext, BatchRecords, shaped
+from coordinator.checker.context import (COMMITS_PER_BATCH, OFFSETS_PER_COMMIT, BatchContext, BatchRecords, grouped,
+                                         shaped)
 from coordinator.checker.ingest import ingest_halves, refuse_unknown_kinds
 from coordinator.checker.provenance import refuse_misattributed
 from coordinator.checker.recover import recover_discarded
@@ -215,13 +215,14 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
 def _ended_by_topic(ops: pa.Table, discarded: pa.Table, recovered: pa.Table) -> dict[tuple[str, str], int]:
     """Half messages this batch ended, by outcome and topic: committed or rolled back (their ``ops``, with
     each half's topic), discarded, and committed by an operator after their discard."""
-    ended: Counter = Counter()
-    for rows in (ops.select(["outcome", "topic"]),
-                 discarded.select(["topic"]).append_column("outcome", pa.repeat(Outcome.DISCARD.value, discarded.num_rows)),
-                 recovered.select(["topic"]).append_column("outcome", pa.repeat(Outcome.COMMIT.value, recovered.num_rows))):
-        for count in rows.group_by(["outcome", "topic"]).aggregate([([], "count_all")]).to_pylist():
-            ended[(count["outcome"], count["topic"])] += count["count_all"]
-    return dict(ended)
+    ended = pa.concat_tables([
+        ops.select(["outcome", "topic"]),
+        pa.table({"outcome": pa.repeat(Outcome.DISCARD.value, discarded.num_rows), "topic": discarded.column("topic")}),
+        pa.table({"outcome": pa.repeat(Outcome.COMMIT.value, recovered.num_rows), "topic": recovered.column("topic")}),
+    ], promote_options="permissive")
+    counts = grouped(ended, ["outcome", "topic"]).aggregate([([], "count_all")])
+    return dict(zip(zip(counts.column("outcome").to_pylist(), counts.column("topic").to_pylist()),
+                    counts.column("count_all").to_pylist()))
 
 
 def _seconds_since(times: pa.ChunkedArray) -> pa.ChunkedArray:

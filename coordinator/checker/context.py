@@ -115,3 +115,18 @@ def shaped(table: TableDef, columns: Mapping[str, object], num_rows: int, batch_
             arrays.append(pa.array(value, column.type))
     arrays = [array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array for array in arrays]
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def grouped(table: pa.Table, keys) -> pa.TableGroupBy:
+    """``table.group_by(keys)``, on one thread, which keeps the rows' order for ``first`` and ``last``.
+
+    Acero's threads cost a fixed ~0.14 ms a grouping, most of it for a small batch (a dozen groupings), and
+    gain nothing on this machine at a backlog batch's size (measured 2026-11-26, 2 cores: 0.068 against
+    0.204 ms for 200 rows, 6.1 against 6.4 ms for 200,000).
+
+    Example::
+
+        grouped(halves, "transaction_id").aggregate([("sequence", "min")])
+    """
+    return table.group_by(keys, use_threads=False)
+

@@ -17,7 +17,7 @@ from typing import Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator.checker.context import BatchRecords
+from coordinator.checker.context import BatchRecords, grouped
 from coordinator.checker.recover import ALREADY_RESOLVED
 from coordinator.checker.refusals import rejection
 from coordinator.checker.state import CheckerState, Known, transaction_bounds
@@ -36,6 +36,8 @@ _END_COLUMNS = ["row", "record_id", "kind", "transaction_id", "producer_group", 
 _TARGET_SCHEMA = pa.schema([("transaction_id", pa.string()), ("owner", pa.string()), ("pending", pa.bool_()),
                             ("in_batch", pa.bool_()), ("half_sequence", pa.int64()), ("half_stored_us", pa.int64()),
                             ("own_end_until_us", pa.int64())])
+_DECIDED_SCHEMA = pa.schema([("transaction_id", pa.string()), ("producer_group", pa.string()), ("outcome", pa.string()),
+                             ("in_batch", pa.bool_())])
 _OPS_SCHEMA = pa.schema([("half_offset", pa.int64()), ("transaction_id", pa.string()), ("producer_group", pa.string()),
                          ("outcome", pa.string()), ("resolved_at", pa.int64()), ("end_record_id", pa.string()),
                          ("check_id", pa.string()), ("topic", pa.string()), ("order", pa.int64())])
@@ -88,6 +90,9 @@ def resolve_ends(records: BatchRecords, new_halves: pa.Table, state: CheckerStat
     """
     light = records.light
     ends = light.filter(pc.equal(light.column("kind"), RecordKind.END.value)).select(_END_COLUMNS)
+    if not ends.num_rows:  # the rules' groupings and joins cost ~2.5 ms even over no rows
+        return Resolved(_OPS_SCHEMA.empty_table(), _DECIDED_SCHEMA.empty_table(), [], [], Counter(),
+                        pa.chunked_array([], pa.float64()))
     targets = _targets(ends, new_halves, state, known)
     target = targets.drop_columns(["transaction_id"]).take(
         pc.index_in(ends.column("transaction_id"), value_set=targets.column("transaction_id")))
@@ -107,7 +112,7 @@ def resolve_ends(records: BatchRecords, new_halves: pa.Table, state: CheckerStat
     decisions = valid.filter(pc.is_in(valid.column("state"), value_set=_DECIDING))
     decisions = decisions.sort_by([("sequence", "ascending"), ("record_id", "ascending")])
     decisions = decisions.append_column("order", pa.array(range(decisions.num_rows), pa.int64()))
-    firsts = decisions.group_by("transaction_id").aggregate([("order", "min")])
+    firsts = grouped(decisions, "transaction_id").aggregate([("order", "min")])
     first = pc.is_in(decisions.column("order"), value_set=firsts.column("order_min"))
     rejections += [rejection(row, ALREADY_RESOLVED) for row in decisions.filter(pc.invert(first)).to_pylist()]
     winners = decisions.filter(first)
@@ -116,7 +121,7 @@ def resolve_ends(records: BatchRecords, new_halves: pa.Table, state: CheckerStat
     winners = winners.append_column("outcome", outcome)
     waited = pc.max_element_wise(pc.subtract(winners.column("stored_us"), winners.column("half_stored_us")), 0)
     decided = pa.table({"transaction_id": winners.column("transaction_id"), "producer_group": winners.column("owner"),
-                        "outcome": outcome, "in_batch": winners.column("in_batch")})
+                        "outcome": outcome, "in_batch": winners.column("in_batch")}, schema=_DECIDED_SCHEMA)
     return Resolved(_ops(winners, new_halves, state), decided, rejections, ends.filter(recover).to_pylist(),
                     check_answers, pc.divide(pc.cast(waited, pa.float64()), 1e6))
 

@@ -34,14 +34,14 @@ import heapq
 import logging
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Iterable, NamedTuple, Optional
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator import schedule
-from coordinator.checker.context import OFFSETS_PER_COMMIT, shaped
+from coordinator.checker.context import OFFSETS_PER_COMMIT, grouped, shaped
 from coordinator.checker.unresolved import rebuild_in_spark, spark_unresolved_halves, unresolved_halves
 from coordinator.checker.writer import TableWriter
 from coordinator.commit_logs import CommitLogs, Layout
@@ -291,7 +291,8 @@ class CheckerState:
         self.id_floor = _highest_transaction_id(lakehouse)
         transactions = pending_from_rows(pending_rows)
         for pending in transactions:
-            pending.checks, pending.last_check_us = history.get(pending.transaction_id, (0, None))
+            if pending.transaction_id in history:
+                pending.checks, pending.last_check_us, _ = history[pending.transaction_id]
         self.add_pending(transactions, pending_rows, config)
         log.info("checker state rebuilt for batch %d: %d pending transactions (%d halves) from queue offset %d, "
                  "the anti-join run by %s", batch_id, len(self.pending), len(self.rows), pending_from,
@@ -303,26 +304,44 @@ def _read(lakehouse: Lakehouse, table, columns: Optional[list[str]] = None,
     return table_dataset(lakehouse.path(table), lakehouse.storage)[1].to_table(columns=columns, filter=filter)
 
 
-def check_history(lakehouse: Lakehouse, filter: pc.Expression) -> dict[str, tuple[int, int]]:
-    """Per transaction: the check requests made so far, and when the last one became visible
-    (its file's ``modificationTime``, as the batch that wrote it recorded), in microseconds: what
-    :mod:`coordinator.schedule` times the next check from. ``filter`` selects ``system/check_requests`` rows.
+class CheckHistory(NamedTuple):
+    """A transaction's check requests so far."""
+
+    checks: int
+    #: When the last one became visible (its file's ``modificationTime``, as the batch that wrote it
+    #: recorded), in microseconds: what :mod:`coordinator.schedule` times the next check from.
+    last_check_us: int
+    #: The producer instance the last one went to (``None``: any instance of the group).
+    addressed_to: Optional[str]
+
+
+def check_history(lakehouse: Lakehouse, filter: pc.Expression) -> dict[str, CheckHistory]:
+    """Per transaction, its :class:`CheckHistory`. ``filter`` selects ``system/check_requests`` rows.
 
     Example::
 
-        check_history(lakehouse, pc.field("half_offset") >= 0)["txn-1"]  # (2, 1764000000000000)
+        check_history(lakehouse, pc.field("half_offset") >= 0)["txn-1"].checks  # 2
     """
-    delta, dataset = table_dataset(lakehouse.path(CHECK_REQUESTS), lakehouse.storage)
+    columns = ["transaction_id", "check_times", "producer_instance"]
+    delta, dataset = table_dataset(lakehouse.path(CHECK_REQUESTS), lakehouse.storage, columns=columns)
     actions = pa.table(delta.get_add_actions(flatten=True))
     written_ms = dict(zip((unquote(p) for p in actions.column("path").to_pylist()),
                           actions.column("modification_time").cast(pa.int64()).to_pylist()))
-    history: dict[str, tuple[int, int]] = {}
+    requests = []
     for fragment in dataset.get_fragments(filter=filter):
-        visible_us = written_ms[unquote(fragment.path)] * 1000
-        for transaction_id in fragment.to_table(columns=["transaction_id"], filter=filter).column(0).to_pylist():
-            checks, last = history.get(transaction_id, (0, visible_us))
-            history[transaction_id] = (checks + 1, max(last, visible_us))
-    return history
+        rows = fragment.to_table(columns=columns, filter=filter)
+        visible_us = pa.scalar(written_ms[unquote(fragment.path)] * 1000, pa.int64())
+        requests.append(rows.append_column("visible_us", pa.repeat(visible_us, rows.num_rows)))
+    if not requests:
+        return {}
+    # In order of check_times: each transaction's last request is the one its group's "last" picks.
+    history = grouped(pa.concat_tables(requests).sort_by("check_times"), "transaction_id").aggregate(
+        [("visible_us", "count"), ("visible_us", "max"),
+         ("producer_instance", "last", pc.ScalarAggregateOptions(skip_nulls=False))])
+    return dict(zip(history.column("transaction_id").to_pylist(),
+                    map(CheckHistory._make, zip(history.column("visible_us_count").to_pylist(),
+                                                history.column("visible_us_max").to_pylist(),
+                                                history.column("producer_instance_last").to_pylist()))))
 
 
 def _highest_transaction_id(lakehouse: Lakehouse) -> Optional[str]:
@@ -352,18 +371,18 @@ def transaction_bounds(halves: pa.Table) -> pa.Table:
 
         transaction_bounds(new_halves).column("own_end_until_us")
     """
-    grouped = pa.table({"transaction_id": halves.column("transaction_id"),
-                        "producer_group": halves.column("producer_group"),
-                        "queue_offset": halves.column("queue_offset"),
+    columns = pa.table({"transaction_id": halves.column("transaction_id"),
+                        "producer_group": halves.column("producer_group"), "queue_offset": halves.column("queue_offset"),
                         "stored_us": halves.column("stored_timestamp").cast(pa.int64()),
-                        "immunity_ms": halves.column("immunity_ms").cast(pa.int64())}).group_by("transaction_id").aggregate(
+                        "immunity_ms": halves.column("immunity_ms").cast(pa.int64())})
+    bounds = grouped(columns, "transaction_id").aggregate(
         [("producer_group", "min"), ("queue_offset", "max"), ("stored_us", "min"), ("immunity_ms", "max")])
     return pa.table({
-        "transaction_id": grouped.column("transaction_id"),
-        "producer_group": grouped.column("producer_group_min"),
-        "half_sequence": pc.divide(grouped.column("queue_offset_max"), OFFSETS_PER_COMMIT),
-        "stored_us": grouped.column("stored_us_min"),
-        "own_end_until_us": pc.add(grouped.column("stored_us_min"), pc.multiply(grouped.column("immunity_ms_max"), 1000)),
+        "transaction_id": bounds.column("transaction_id"),
+        "producer_group": bounds.column("producer_group_min"),
+        "half_sequence": pc.divide(bounds.column("queue_offset_max"), OFFSETS_PER_COMMIT),
+        "stored_us": bounds.column("stored_us_min"),
+        "own_end_until_us": pc.add(bounds.column("stored_us_min"), pc.multiply(bounds.column("immunity_ms_max"), 1000)),
     })
 
 

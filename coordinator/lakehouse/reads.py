@@ -39,20 +39,19 @@ def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[
     # Files are read through pyarrow's own filesystem, not delta-rs's default handler: with that one,
     # a process that has read Spark-written tables often aborts at exit with "terminate called
     # without an active exception" (exit 134; deltalake 1.6.6, cf. delta-rs#2184).
-    dataset = table_dataset(path, storage, files)[1]
-    missing = [name for name in columns or () if name not in dataset.schema.names]
-    if missing:
-        raise OutdatedLakehouseError(f"{path} has no column {', '.join(missing)}: an older txcoord made it; "
-                                     "`txcoord init` (or starting the checker) adds it")
+    dataset = table_dataset(path, storage, files, columns)[1]
     with denied_as_error(path):
         return dataset.to_table(columns=columns, filter=filter)
 
 
-def table_dataset(path: str, storage: Optional[Mapping[str, str]] = None,
-                  files: Optional[str] = None) -> tuple[DeltaTable, ds.Dataset]:
+def table_dataset(path: str, storage: Optional[Mapping[str, str]] = None, files: Optional[str] = None,
+                  columns: Optional[Iterable[str]] = None) -> tuple[DeltaTable, ds.Dataset]:
     """The Delta table at ``path`` and its current snapshot as a pyarrow dataset, whose fragments
     carry each file's statistics (a filter leaves out the files it cannot match); only the files
     whose statistics may satisfy the SQL predicate ``files``, if given (see :func:`read_table`).
+
+    Raises :class:`~coordinator.exceptions.OutdatedLakehouseError` if the table lacks any of
+    ``columns`` (the ones the caller will read).
 
     Example::
 
@@ -61,7 +60,12 @@ def table_dataset(path: str, storage: Optional[Mapping[str, str]] = None,
     table = open_table(path, storage=storage)
     filesystem = None if is_object_store(path) else pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem())
     with denied_as_error(path):
-        return table, table.to_pyarrow_dataset(filesystem=filesystem, file_pruning_predicate=files)
+        dataset = table.to_pyarrow_dataset(filesystem=filesystem, file_pruning_predicate=files)
+    missing = [name for name in columns or () if name not in dataset.schema.names]
+    if missing:
+        raise OutdatedLakehouseError(f"{path} has no column {', '.join(missing)}: an older txcoord made it; "
+                                     "`txcoord init` (or starting the checker) adds it")
+    return table, dataset
 
 
 def transaction_ids_in(transaction_ids: Iterable[str]) -> pc.Expression:

@@ -28,7 +28,6 @@ from coordinator.checker.unresolved import unresolved_halves
 from coordinator.control.progress import CheckerProgress
 from coordinator.lakehouse import Lakehouse, require_lakehouse
 from coordinator.schedule import clock_time, clock_us, next_step
-from coordinator.tables import CHECK_REQUESTS
 
 __all__ = ["PendingTransaction", "pending_transactions", "read_pending"]
 
@@ -83,20 +82,19 @@ def pending_transactions(config: CoordinatorConfig, older_than_s: float = 0.0, g
         if half["message_index"] == 0:
             firsts[half["transaction_id"]] = half
     history = check_history(lakehouse, pc.field("transaction_id").isin(pa.array(list(firsts), pa.string())))
-    addressed = _last_addressed(lakehouse, set(firsts))
     found = []
     for transaction_id, first in firsts.items():
         age_s = (now - first["stored_timestamp"]).total_seconds()
         if age_s < older_than_s:
             continue
-        checks, last_check_us = history.get(transaction_id, (0, None))
+        checks, last_check_us, addressed_to = history.get(transaction_id, (0, None, None))
         step = next_step(config, clock_us(first["stored_timestamp"]), first["immunity_ms"], checks, last_check_us, clock_us(now))
         found.append(PendingTransaction(
             transaction_id=transaction_id, producer_group=first["producer_group"],
             topics=tuple(sorted(topics[transaction_id])), messages=first["message_count"],
             stored_at=first["stored_timestamp"], age_s=age_s, checks=checks,
             last_check_at=None if last_check_us is None else clock_time(last_check_us),
-            addressed_to=addressed.get(transaction_id), next_step=step.action, next_step_at=clock_time(step.at_us)))
+            addressed_to=addressed_to, next_step=step.action, next_step_at=clock_time(step.at_us)))
     return sorted(found, key=lambda t: (t.stored_at, t.transaction_id))
 
 
@@ -115,13 +113,3 @@ def read_pending(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] 
     progress = CheckerProgress(lakehouse).load()
     return unresolved_halves(lakehouse, 0 if progress is None else progress.pending_from, columns=columns)
 
-
-def _last_addressed(lakehouse: Lakehouse, transaction_ids: set[str]) -> dict[str, Optional[str]]:
-    """Per transaction, the producer instance its latest check request went to (``None``: any)."""
-    requests = lakehouse.read(CHECK_REQUESTS, ["transaction_id", "check_times", "producer_instance"],
-                              pc.field("transaction_id").isin(pa.array(list(transaction_ids), pa.string())))
-    latest: dict[str, tuple[int, Optional[str]]] = {}
-    for request in requests.to_pylist():
-        if request["check_times"] >= latest.get(request["transaction_id"], (-1, None))[0]:
-            latest[request["transaction_id"]] = (request["check_times"], request["producer_instance"])
-    return {transaction_id: instance for transaction_id, (_, instance) in latest.items()}
