@@ -296,11 +296,15 @@ def ratios(results: dict) -> dict:
     return found
 
 
+def _shown(figure: Optional[float]) -> str:
+    return "-" if figure is None else f"{figure:.4g}"
+
+
 def _median(results: dict, part: str, tree: str, key: str) -> Optional[float]:
     """The median of one figure over a tree's rounds (``None`` if no round has it: a drain of one batch
     has no steady rate)."""
     values = [figures[key] for figures in results[part][tree] if figures[key] is not None]
-    return round(statistics.median(values), 1) if values else None
+    return statistics.median(values) if values else None
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -354,7 +358,7 @@ def main(argv: list[str] | None = None) -> dict:
     for part, key in FIGURES:
         if part in report["results"]:
             this, reference = (_median(report["results"], part, tree, key) for tree in ("this", "reference"))
-            print(f"{key:>22} {this!s:>12} {reference!s:>12} {report['ratios'][key]!s:>7}")
+            print(f"{key:>22} {_shown(this):>12} {_shown(reference):>12} {report['ratios'][key]!s:>7}")
     return harness.finish_report(report, Path(args.results))
 
 

@@ -26,6 +26,15 @@ def test_ratios_are_this_tree_over_the_reference_and_none_where_a_figure_is_miss
     assert drain.ratios(results) == {"txn_per_s": 4.0, "steady_txn_per_s": None}
 
 
+def test_ratios_of_figures_under_a_tenth_are_not_rounded_away():
+    results = {"batch": {"this": [{"batch_s_median": 0.039, "trigger_ms_median": 223.5},
+                                  {"batch_s_median": 0.045, "trigger_ms_median": 182.0}],
+                         "reference": [{"batch_s_median": 0.064, "trigger_ms_median": 236.0},
+                                       {"batch_s_median": 0.044, "trigger_ms_median": 176.5}]}}
+
+    assert drain.ratios(results) == {"batch_s_median": round(0.042 / 0.054, 3), "trigger_ms_median": round(202.75 / 206.25, 3)}
+
+
 @pytest.mark.slow
 def test_drain_tiny_run_drains_the_same_backlog_in_both_trees_once(tmp_path):
     """About 90 s: a worktree of the reference commit, then 200 transactions drained by each tree's checker."""
