@@ -70,9 +70,9 @@ def ingest_halves(ctx: BatchContext, records: BatchRecords, known: Mapping[str, 
 
 
 def _numbered(halves: pa.Table) -> pa.Table:
-    """``halves`` (one or more) in queue-offset order, with each one's ``position`` in its commit and ``queue_offset``
-    (see :mod:`.context`): within a commit, by record id, transaction id and message index, nulls first
-    as in SQL, ties in the order written."""
+    """``halves`` (one or more) in queue-offset order, with each one's ``position`` in its commit and
+    ``queue_offset`` (see :mod:`.context`): within a commit, by record id, transaction id and message
+    index, nulls first as in SQL, ties in the order written."""
     halves = halves.take(pc.sort_indices(halves, [(name, "ascending", "at_start") for name in
                                                  ("sequence", "record_id", "transaction_id", "message_index")]))
     sequence = halves.column("sequence").combine_chunks()
