@@ -289,6 +289,7 @@ def assert_end_to_end(report: dict) -> None:
 
 def assert_soak(report: dict) -> None:
     args = report["args"]
+    assert report["aborted"] is None, report["aborted"]  # e.g. the machine's disk nearly full: no kill would fall due
     assert report["sent"] + report["unsent"] + report["send_errors"] == int(args["rate"] * args["minutes"] * 60)
     assert report["send_errors"] == 0 and report["sent"] > 0
     # The checker killed (its whole process group, kill -9) and restarted at least once, each restart timed.
