@@ -61,8 +61,7 @@ def test_each_pending_transaction_with_its_checks_and_next_step(hanging):
     assert pending_transactions(hanging.config, older_than_s=3600, now=now) == []
 
 
-
-def test_a_check_sent_to_a_live_instance_names_it_the_latest_check_first(checker):
+def test_pending_names_the_instance_the_latest_check_went_to(checker):
     """With instances of its group alive, each check goes to one of them; ``pending`` names the one the
     latest check went to."""
     ProducerInstances(checker.config.lakehouse).announce("g", "first", heartbeat_s=3600)
@@ -77,6 +76,7 @@ def test_a_check_sent_to_a_live_instance_names_it_the_latest_check_first(checker
     checker.run(now=stored_at + 100 * SECOND)  # the 60 s interval after the first check, by the wall clock
     [routed] = pending_transactions(checker.config)
     assert (routed.checks, routed.addressed_to) == (2, "second")
+
 
 def test_the_last_check_is_followed_by_a_discard(hanging):
     from dataclasses import replace

@@ -129,4 +129,3 @@ def grouped(table: pa.Table, keys) -> pa.TableGroupBy:
         grouped(halves, "transaction_id").aggregate([("sequence", "min")])
     """
     return table.group_by(keys, use_threads=False)
-

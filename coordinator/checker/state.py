@@ -291,8 +291,9 @@ class CheckerState:
         self.id_floor = _highest_transaction_id(lakehouse)
         transactions = pending_from_rows(pending_rows)
         for pending in transactions:
-            if pending.transaction_id in history:
-                pending.checks, pending.last_check_us, _ = history[pending.transaction_id]
+            checked = history.get(pending.transaction_id)
+            if checked is not None:
+                pending.checks, pending.last_check_us = checked.checks, checked.last_check_us
         self.add_pending(transactions, pending_rows, config)
         log.info("checker state rebuilt for batch %d: %d pending transactions (%d halves) from queue offset %d, "
                  "the anti-join run by %s", batch_id, len(self.pending), len(self.rows), pending_from,
