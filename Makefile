@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JARS := .cache/spark-jars.stamp
 
-.PHONY: setup lock demo test system-packages s3-server chaos cluster bench peers clean
+.PHONY: setup lock demo test test-under-load system-packages s3-server chaos cluster bench peers clean
 
 setup: $(INSTALLED) $(JARS)
 
@@ -35,20 +35,21 @@ demo: setup
 	$(PY) -m coordinator demo
 
 # The S3 server of the object-storage tests is built from source once (cached in .cache/s3: about
-# 3 minutes of both cores), from the start (the build script needs only Python's stdlib). The
-# end-to-end tests that start Spark jobs of their own (`slow`) run in two lanes at once, as each
-# leaves a core mostly idle: the benchmarks' tiny runs then those on the S3 server (which wait for the
-# build; this lane's output is printed when it ends), and all others. Then the rest on two workers,
-# each with its one shared Spark session.
+# 3 minutes of both cores), from the start (the build script needs only Python's stdlib); then the
+# tests in three lanes at once (scripts/test_lanes.sh), each lane's time and its slowest tests printed.
 test: system-packages
-	@mkdir -p .cache; $(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
+	@mkdir -p .cache; start=$$(date +%s); \
+	$(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
 	$(MAKE) --no-print-directory setup || { kill $$build 2>/dev/null; exit 1; }; \
-	$(PY) -m pytest -q -m "slow and (benchmark or object_store)" > .cache/second-lane-tests.log 2>&1 & second=$$!; \
-	$(PY) -m pytest -q -m "slow and not (benchmark or object_store)"; local=$$?; \
-	wait $$second; object_store=$$?; echo "--- the benchmarks' tiny runs and the slow tests on the S3 server:"; \
-	cat .cache/second-lane-tests.log; \
-	wait $$build || { cat .cache/s3-build.log; exit 1; }; \
-	[ $$local -eq 0 ] && [ $$object_store -eq 0 ] && $(PY) -m pytest -q -m "not slow" -n 2 --dist worksteal
+	echo "--- setup took $$(( $$(date +%s) - start )) s"; \
+	bash scripts/test_lanes.sh; status=$$?; \
+	wait $$build || { echo "--- the S3 server's build failed:"; cat .cache/s3-build.log; status=1; }; \
+	echo "--- make test took $$(( $$(date +%s) - start )) s"; exit $$status
+
+# Three consecutive fresh-clone CI runs (`CI=true bash .ci/run`) beside two CPU-bound processes
+# (stress-ng, installed when missing): the suite must not depend on a quiet machine. About an hour.
+test-under-load:
+	bash scripts/ci_under_load.sh
 
 # Debian packages the tests use, installed when missing if this runs as root (CI does); otherwise the
 # tests that need them are skipped, saying how to install them:

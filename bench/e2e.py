@@ -18,9 +18,10 @@ over the sending time. Each send's return time and transaction id are kept. Afte
 table, its commit timestamp (``commitInfo`` in ``_delta_log``) and the transaction ids in the
 files it added give when each message became readable; latency = that timestamp − the send's
 return. The checker's lag (commit-log versions written but not yet taken by a batch, from
-``system/_checker_progress.json``) is sampled every second: it "kept up" when every message was
-delivered within ``--drain`` seconds after sending stopped and the lag in the last quarter of
-the sending time was at most 1.5 times that of the second quarter, plus 3 versions (:func:`kept_up`).
+``system/_checker_progress.json``) is sampled every second, and in each quarter of ``--seconds`` at least
+once (``harness.LagSampler``): it "kept up" when every message was delivered within ``--drain`` seconds
+after sending stopped and the lag in the last quarter of the sending time was at most 1.5 times that of
+the second quarter, plus 3 versions (:func:`kept_up`).
 
 With ``--object-store`` the lakehouse (the reference's too) is a prefix of a bucket on a real
 S3-compatible server on loopback (``scripts/s3_server.py``, started for the run), as
@@ -44,7 +45,9 @@ then loads ``/`` and the three charts it embeds, one after the other, again ever
 refresh says (5 s). Both start when sending starts and stop once the drain is over; a last scrape then
 checks the endpoint under load: its ``txcoord_messages_delivered_total`` must equal the rows of the topic
 table (scraped again for up to ``--trigger-ms`` × 20, at least 10 s, while it is lower: a batch's counters
-are updated once its writes are done). Reported: ``metrics_scrapes`` and ``metrics_scrape_failures``,
+are updated once its writes are done). A scrape that fails is tried again twice before it counts as failed.
+Reported: ``metrics_scrapes``, ``metrics_scrape_failures`` and ``metrics_scrape_retries``,
+``metrics_scrapes_by_quarter`` (the scrapes under way in each quarter of the sending time),
 ``metrics_scrape_p50_ms``/``p99``/``max`` (successful scrapes), ``console_page_loads`` and
 ``console_page_load_failures``, ``console_page_load_p50_ms``/``p99``/``max`` (page and charts) and
 each request's p50 and max by path (``console_request_p50_ms_by_path``, ``..._max_ms_by_path``),
@@ -84,8 +87,7 @@ OBJECT_STORE_MTIME_RESOLUTION_S = 1
 LAG_GROWTH_TOLERANCE = 1.5
 #: Versions of slack on top, for runs where the lag is a handful of versions and one extra commit is a large ratio.
 LAG_SLACK_VERSIONS = 3
-#: ``--tiny``: half a second of reference, then 5 s of sending at 10 txn/s (long enough for the once-a-second lag
-#: sampler to fall in both the second and the last quarter).
+#: ``--tiny``: half a second of reference, then 5 s of sending at 10 txn/s.
 TINY = {"rate": 10, "reference_producer_seconds": 0.5, "seconds": 5, "threads": 4, "drain": 60}
 #: ``--observed``: the metrics scraped every second, the console's overview reloaded as often as it says.
 SCRAPE_INTERVAL_S = 1.0
@@ -170,11 +172,12 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         print(f"  first batch after {report['checker_start_s']} s; offering {rate:g} txn/s for {args.seconds:g} s "
               f"from {args.threads} threads", flush=True)
         t0 = time.monotonic()
-        sampler = harness.LagSampler(checker, t0)
+        sampler = harness.LagSampler(checker, t0, window_s=args.seconds)  # a sample in every quarter, for kept_up
         sampler.start()
         config = CoordinatorConfig(lakehouse=lakehouse.root, storage=lakehouse.storage)
         with TransactionProducer("bench-e2e", harness.Commits(), config) as producer:
             sender = harness.SteadySender(producer, TOPIC, rate, args.seconds, args.threads)
+            sending_from = time.monotonic()
             send_seconds = sender.run()
         wanted = {tid for tid, _, _ in sender.sent}
         print(f"  sent {len(wanted)} of {sender.total} in {send_seconds:.1f} s ({len(wanted) / send_seconds:.1f} txn/s "
@@ -183,7 +186,8 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         drained_after = round(time.monotonic() - t0 - send_seconds, 1)
         if args.observed:
             observed = stop_observers(scraper, browser, console, sum(d.rows for d in delivered.values()),
-                                      settle_s=max(10.0, 20 * args.trigger_ms / 1000))
+                                      settle_s=max(10.0, 20 * args.trigger_ms / 1000),
+                                      sending=(sending_from, sending_from + send_seconds))
     finally:
         for thread in (sampler, scraper, browser):
             if thread is not None:
@@ -197,8 +201,7 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
     latencies = sorted(delivered[tid].timestamp_s - returned for tid, returned, _ in sender.sent if tid in delivered)
     by_mtime = sorted(delivered[tid].log_mtime - returned for tid, returned, _ in sender.sent if tid in delivered)
     sends = [seconds for _, _, seconds in sender.sent]
-    quarter = send_seconds / 4
-    lag_q2, lag_q4 = sampler.between(quarter, 2 * quarter), sampler.between(3 * quarter, send_seconds)
+    lag_q2, lag_q4 = sampler.quarter(2), sampler.quarter(4)
     lags = [lag for _, lag, _ in sampler.samples]
     keeping_up = kept_up(missing, max(lag_q2, default=None), max(lag_q4, default=None))
 
@@ -242,7 +245,8 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
     print(f"send p50 {f['send_p50_ms']} ms, p99 {f['send_p99_ms']} ms; {missing} not delivered after the drain; "
           f"checker exit code {exit_code}")
     if args.observed:
-        print(f"observed: /metrics scraped {f['metrics_scrapes']} times ({f['metrics_scrape_failures']} failed), "
+        print(f"observed: /metrics scraped {f['metrics_scrapes']} times ({f['metrics_scrape_failures']} failed, "
+              f"{f['metrics_scrape_retries']} tries again; by quarter of the sending {f['metrics_scrapes_by_quarter']}), "
               f"p50 {f['metrics_scrape_p50_ms']} ms, p99 {f['metrics_scrape_p99_ms']} ms, max {f['metrics_scrape_max_ms']} ms; "
               f"console overview loaded {f['console_page_loads']} times ({f['console_page_load_failures']} failed, "
               f"page and {f['console_charts_per_page']} charts), p50 {f['console_page_load_p50_ms']} ms, "
@@ -301,10 +305,10 @@ def start_observers(checker: harness.CheckerJob,
 
 
 def stop_observers(scraper: harness.MetricsScraper, browser: harness.ConsoleBrowser, console: harness.ConsoleJob,
-                   topic_rows: int, settle_s: float) -> dict:
+                   topic_rows: int, settle_s: float, sending: tuple[float, float]) -> dict:
     """Stop both observers, scrape once more (again each second for up to ``settle_s`` while the delivered
     counter is below ``topic_rows``: a batch counts its deliveries once its writes are done) and return
-    the ``--observed`` figures."""
+    the ``--observed`` figures; ``sending`` is when sending started and ended (``time.monotonic()``)."""
     browser.stop()
     scraper.stop()
     deadline = time.monotonic() + settle_s
@@ -319,9 +323,15 @@ def stop_observers(scraper: harness.MetricsScraper, browser: harness.ConsoleBrow
         value = harness.percentile(seconds, q)
         return None if value is None else round(value * 1000, 1)
 
+    start, end = sending
+    quarters = [(start + q * (end - start) / 4, start + (q + 1) * (end - start) / 4) for q in range(4)]
     return {
         "metrics_scrapes": scraper.attempts,
+        # Under way, not started: a scrape that outlasts a quarter still covers it.
+        "metrics_scrapes_by_quarter": [sum(1 for began, ended in scraper.spans if began < to and ended >= since)
+                                       for since, to in quarters],
         "metrics_scrape_failures": scraper.failures,
+        "metrics_scrape_retries": scraper.retried,
         "metrics_scrape_p50_ms": ms(scraper.seconds, 0.5),
         "metrics_scrape_p99_ms": ms(scraper.seconds, 0.99),
         "metrics_scrape_max_ms": ms(scraper.seconds, 1.0),

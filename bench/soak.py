@@ -27,9 +27,10 @@ that falls behind still stops then, and the sends it never started are reported 
   kill, the new run's tree) and of this process (the producer; it also follows the topic and keeps each
   transaction's latency, 4 bytes); every ``--log-every`` seconds, the size of the commit log's
   ``_delta_log`` (bytes and files), which the appender's checkpoints make grow between maintenance runs;
-- at each window's end, the shape of the commit log, every system table, the group's check requests and
-  the topic (``harness.table_shape``): the version, the ``_delta_log``'s bytes and files (JSON commits and
-  checkpoints), active data files and Parquet files on disk.
+- at each window's end, a memory sample counted in it (so every window has one) and the shape of the
+  commit log, every system table, the group's check requests and the topic (``harness.table_shape``): the
+  version, the ``_delta_log``'s bytes and files (JSON commits and checkpoints), active data files and
+  Parquet files on disk.
 
 Each window of ``--window-minutes`` of sending time is reported (a transaction belongs to the window its
 send returned in; the last window also takes the sends in flight at its end): transactions sent and
@@ -303,10 +304,12 @@ class Monitor(threading.Thread):
     def now_s(self) -> float:
         return round(time.monotonic() - self.t0, 1)
 
-    def sample_memory(self) -> None:
+    def sample_memory(self, at_s: Optional[float] = None) -> None:
+        """One memory sample, at ``at_s`` (default: now)."""
         tree = harness.process_tree_rss(self.supervisor.current.process.pid) or {
             "total_mib": 0.0, "total_pss_mib": 0.0, "jvm_mib": 0.0, "other_mib": 0.0, "processes": 0}
-        self.samples.append({"at_s": self.now_s(), "checker_run": len(self.supervisor.restarts) + 1,
+        self.samples.append({"at_s": self.now_s() if at_s is None else at_s,
+                             "checker_run": len(self.supervisor.restarts) + 1,
                              "checker_tree_mib": tree["total_mib"], "checker_tree_pss_mib": tree["total_pss_mib"],
                              "checker_jvm_mib": tree["jvm_mib"],
                              "checker_other_mib": tree["other_mib"], "checker_processes": tree["processes"],
@@ -324,13 +327,16 @@ class Monitor(threading.Thread):
             self.halt_sending()
 
     def end_window(self) -> None:
+        """Take the window's closing memory sample and its shapes, both counted in it: every window has a
+        sample however late the previous end (the shapes take a while) left the series."""
         window = len(self.shapes)
         at_s = self.now_s()
+        in_window_s = min(at_s, (window + 1) * self.window_s - 0.1)  # in the window it ends
+        self.attempt(self.sample_memory, in_window_s)
         self.shapes.append(shapes(self.tables))
         log = self.shapes[-1][COMMIT_LOG]
         if log.get("exists"):
-            self.log_samples.append({"at_s": min(at_s, (window + 1) * self.window_s - 0.1),  # in the window it ends
-                                     "log_bytes": log["log_bytes"], "log_files": log["log_files"]})
+            self.log_samples.append({"at_s": in_window_s, "log_bytes": log["log_bytes"], "log_files": log["log_files"]})
         in_window = [s for s in self.samples if window * self.window_s <= s["at_s"] < (window + 1) * self.window_s]
         print(f"  [{at_s:7.1f} s] window {window + 1}/{self.windows} ends: checker tree max "
               f"{max((s['checker_tree_mib'] for s in in_window), default=None)} MiB, producer max "
@@ -355,10 +361,10 @@ class Monitor(threading.Thread):
             else:
                 self._halt.wait(min(next_window, next_memory, next_log) - now)
 
-    def attempt(self, sample: Callable[[], None]) -> None:
+    def attempt(self, sample: Callable[..., None], *args) -> None:
         """One sample; an error is counted and shown, and the series goes on."""
         try:
-            sample()
+            sample(*args)
         except Exception as exc:
             self.errors.append(f"{self.now_s()} s, {sample.__name__}: {type(exc).__name__}: {exc}")
             print(f"  monitor: {self.errors[-1]}", flush=True)

@@ -1,10 +1,11 @@
 """Every error the coordinator raises. All derive from :class:`CoordinatorError`."""
 
-__all__ = ["CheckerAlreadyRunningError", "CheckerStateError", "CheckpointMismatchError", "ConfigError",
-           "CoordinatorError", "HalfNotStoredError", "HalfOutcomeUnknownError", "IncompleteListenerError",
-           "InvalidArgumentError", "AccessDeniedError", "LakehouseNotFoundError", "LeaseLostError",
-           "MessageValidationError", "OutdatedLakehouseError", "ProducerStateError", "SparkSetupError", "StopRequested",
-           "StorageUnavailableError", "UnsupportedTableError", "WriteOutcomeUnknownError"]
+__all__ = ["AccessDeniedError", "CheckerAlreadyRunningError", "CheckerStateError", "CheckpointMismatchError",
+           "ConfigError", "CoordinatorError", "CorruptCommitError", "FileTooLargeError", "HalfNotStoredError",
+           "HalfOutcomeUnknownError", "IncompleteListenerError", "InvalidArgumentError", "LakehouseNotFoundError",
+           "LeaseLostError", "MessageValidationError", "OutdatedLakehouseError", "ProducerStateError",
+           "SparkSetupError", "StopRequested", "StorageUnavailableError", "UnsupportedTableError",
+           "WriteOutcomeUnknownError"]
 
 
 class CoordinatorError(Exception):
@@ -69,6 +70,20 @@ class OutdatedLakehouseError(CoordinatorError):
 class AccessDeniedError(CoordinatorError, PermissionError):
     """The storage refused this principal's request for a path (its grants do not cover it; see
     ``txcoord grants``). Nothing was written."""
+
+
+class CorruptCommitError(CoordinatorError, ValueError):
+    """A Delta commit file does not hold what the protocol says it must (one JSON object a line, an
+    ``add`` with a path): its version is refused, with this reason."""
+
+
+class FileTooLargeError(CoordinatorError, ValueError):
+    """A file is larger than what may be read of it (``FileStore.read``'s ``max_bytes``): refused
+    before its content is read. ``modified_ms``: when it was last written (epoch milliseconds)."""
+
+    def __init__(self, message: str, modified_ms: int = 0):
+        super().__init__(message)
+        self.modified_ms = modified_ms
 
 
 class StorageUnavailableError(CoordinatorError):

@@ -22,6 +22,7 @@ from fnmatch import fnmatchcase
 from typing import Mapping, Optional, Sequence
 
 from coordinator.exceptions import ConfigError
+from coordinator.names import NAME_PATTERN, is_name
 
 __all__ = ["TopicGrants"]
 
@@ -55,7 +56,10 @@ class TopicGrants:
         return parsed
 
     def refusal(self, group: str, topic: str) -> Optional[str]:
-        """Why ``group`` may not publish to ``topic``, or None when it may."""
+        """Why ``group`` may not publish to ``topic``, or None when it may. A pattern grants only names
+        that follow the name rule (:data:`coordinator.names.NAME_PATTERN`)."""
+        if not is_name(topic):
+            return f"topic {topic!r} does not match {NAME_PATTERN}"
         if not self.configured or any(fnmatchcase(topic, pattern) for pattern in self._grants.get(group, ())):
             return None
         granted = ", ".join(self._grants.get(group, ())) or "no topic"

@@ -16,8 +16,13 @@ from __future__ import annotations
 import enum
 from typing import Any, Optional
 
-__all__ = ["CHECK_IMMUNITY_TIME_IN_SECONDS", "DELAY_PROPERTIES", "LocalTransactionState", "MAX_REASON_LENGTH",
-           "OPERATOR_CHECK_PREFIX", "OPERATOR_PROPERTY", "OPERATOR_REASON_PROPERTY", "Outcome", "RecordKind", "outcome_of"]
+__all__ = ["CHECK_IMMUNITY_TIME_IN_SECONDS", "DELAY_PROPERTIES", "LocalTransactionState", "MAX_COMMIT_BODY_BYTES",
+           "MAX_REASON_LENGTH", "OPERATOR_CHECK_PREFIX", "OPERATOR_PROPERTY", "OPERATOR_REASON_PROPERTY", "Outcome",
+           "RecordKind", "outcome_of"]
+
+#: The bodies of one transaction's messages together, and of one commit-log commit: the checker reads no
+#: data file that could not come from a commit within it (:mod:`coordinator.checker.segment`).
+MAX_COMMIT_BODY_BYTES = 64 * 1024 * 1024
 
 
 class RecordKind(enum.StrEnum):

@@ -43,7 +43,7 @@ import obstore
 from obstore.exceptions import AlreadyExistsError, PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import S3Store
 
-from coordinator.exceptions import AccessDeniedError, InvalidArgumentError
+from coordinator.exceptions import AccessDeniedError, FileTooLargeError, InvalidArgumentError
 from coordinator.retries import RETRY_SETTINGS, RetryPolicy, note_own_write_recognised, retrying
 
 __all__ = ["FileStore", "Versioned", "denied_as_error", "is_object_store"]
@@ -128,8 +128,9 @@ class FileStore(abc.ABC):
         """Where the file ``key`` is: a path, or an ``s3://`` URL."""
 
     @abc.abstractmethod
-    def read(self, key: str) -> Optional[Versioned]:
-        """The file's content and version, or ``None`` if there is no such file."""
+    def read(self, key: str, max_bytes: Optional[int] = None) -> Optional[Versioned]:
+        """The file's content and version, or ``None`` if there is no such file; a file larger than
+        ``max_bytes`` raises :class:`FileTooLargeError` before its content is read."""
 
     @abc.abstractmethod
     def exists(self, key: str) -> bool:
@@ -185,11 +186,13 @@ class LocalFileStore(FileStore):
         return self._path(key)
 
     @_naming_denied_paths
-    def read(self, key: str) -> Optional[Versioned]:
+    def read(self, key: str, max_bytes: Optional[int] = None) -> Optional[Versioned]:
         try:
             with open(self._path(key), "rb") as file:
+                stat = os.fstat(file.fileno())
+                _check_size(key, stat.st_size, max_bytes, stat.st_mtime_ns // 1_000_000)
                 data = file.read()
-                modified_ns = os.fstat(file.fileno()).st_mtime_ns
+                modified_ns = stat.st_mtime_ns
         except FileNotFoundError:
             return None
         return Versioned(data, _local_version(data), modified_ns // 1_000_000)
@@ -301,10 +304,12 @@ class ObjectFileStore(FileStore):
         return f"{self.root.rstrip('/')}/{key}"
 
     @_naming_denied_paths
-    def read(self, key: str) -> Optional[Versioned]:
+    def read(self, key: str, max_bytes: Optional[int] = None) -> Optional[Versioned]:
         def attempt() -> Optional[Versioned]:
             try:
                 result = obstore.get(self._store, key)
+                # Before the body: the reply's headers give its size.
+                _check_size(key, result.meta["size"], max_bytes, _milliseconds(result.meta["last_modified"]))
                 data = bytes(result.bytes())  # the body is read here: its failures are retried too
             except FileNotFoundError:
                 return None
@@ -394,6 +399,11 @@ class ObjectFileStore(FileStore):
             return None
         note_own_write_recognised(operation, self.location(key))
         return current.version
+
+
+def _check_size(key: str, size: int, max_bytes: Optional[int], modified_ms: int) -> None:
+    if max_bytes is not None and size > max_bytes:
+        raise FileTooLargeError(f"{key} is {size} bytes; at most {max_bytes} are read", modified_ms)
 
 
 def _milliseconds(when: dt.datetime) -> int:

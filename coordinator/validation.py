@@ -1,5 +1,6 @@
 """The rules every message is held to, in one place and in the two forms they are applied in.
 
+Names (topics, groups, ids) follow :mod:`coordinator.names`' rule.
 The producer checks one message before anything is written (:func:`validate_topic`,
 :func:`validate_body`, :func:`parse_immunity_seconds`, raising :class:`MessageValidationError`);
 the checker judges a whole batch of commit-log records at once, over their columns
@@ -21,22 +22,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.exceptions import MessageValidationError
+from coordinator.names import NAME_MAX_LENGTH, NAME_PATTERN, validate_name
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
 
-__all__ = ["MAX_BODY_BYTES", "MAX_IMMUNITY_SECONDS", "TOPIC_MAX_LENGTH", "TOPIC_PATTERN", "first_reasons", "immunity_values",
-           "message_refusals", "parse_immunity_seconds", "validate_body", "validate_topic"]
+__all__ = ["MAX_BODY_BYTES", "MAX_IMMUNITY_SECONDS", "first_reasons", "immunity_values", "message_refusals",
+           "parse_immunity_seconds", "validate_body", "validate_topic"]
 
-#: RocketMQ's topic rule. Matched against the whole name: a trailing newline, which ``$``
-#: lets through in Python's and Java's regex engines, is refused too (``fullmatch``; RE2's ``$``).
-TOPIC_PATTERN = r"^[%|a-zA-Z0-9_-]+$"
-TOPIC_MAX_LENGTH = 127
 MAX_BODY_BYTES = 4 * 1024 * 1024
 #: Upper bound of a per-message immunity: one week, far beyond any sane local transaction.
 MAX_IMMUNITY_SECONDS = 7 * 24 * 3600
 #: A per-message immunity: ASCII digits only, nothing around them.
 _IMMUNITY_PATTERN = r"^[0-9]{1,9}$"
 
-_TOPIC_RE = re.compile(TOPIC_PATTERN.removeprefix("^").removesuffix("$"))
 _IMMUNITY_RE = re.compile(_IMMUNITY_PATTERN.removeprefix("^").removesuffix("$"))
 
 
@@ -48,13 +45,7 @@ def validate_topic(topic: object) -> str:
         validate_topic("ORDER_TOPIC")  # 'ORDER_TOPIC'
         validate_topic("../x")         # raises MessageValidationError
     """
-    if not isinstance(topic, str) or not topic:
-        raise MessageValidationError(f"topic must be a non-empty string, got {topic!r}")
-    if len(topic) > TOPIC_MAX_LENGTH:
-        raise MessageValidationError(f"topic is {len(topic)} characters long; the maximum is {TOPIC_MAX_LENGTH}")
-    if not _TOPIC_RE.fullmatch(topic):
-        raise MessageValidationError(f"topic {topic!r} does not match {TOPIC_PATTERN}")
-    return topic
+    return validate_name("topic", topic)
 
 
 def validate_body(body: object) -> bytes:
@@ -121,12 +112,10 @@ def message_refusals(records: pa.Table) -> pa.Array:
     immunity_s = pc.if_else(valid_immunity, immunity, "0").cast(pa.int64())
     rules = [
         (pc.is_null(records.column("record_id")), "missing record_id"),
-        (_blank(records.column("transaction_id")), "missing transaction_id"),
-        (_blank(records.column("producer_group")), "missing producer_group"),
-        (_blank(records.column("msg_id")), "missing msg_id"),
-        (_blank(topic), "missing topic"),
-        (pc.greater(pc.utf8_length(topic), TOPIC_MAX_LENGTH), f"topic longer than {TOPIC_MAX_LENGTH} characters"),
-        (pc.invert(pc.match_substring_regex(topic, TOPIC_PATTERN)), f"topic does not match {TOPIC_PATTERN}"),
+        *_name_rules("transaction_id", records.column("transaction_id")),
+        *_name_rules("producer_group", records.column("producer_group")),
+        *_name_rules("msg_id", records.column("msg_id")),
+        *_name_rules("topic", topic),
         (pc.fill_null(pc.equal(body_size, 0), True), "empty body"),
         (pc.greater(body_size, MAX_BODY_BYTES), f"body larger than {MAX_BODY_BYTES} bytes"),
         (_bad_numbering(index, count), "bad message_index/message_count"),
@@ -149,6 +138,13 @@ def first_reasons(rules: list[tuple[pa.Array, Union[str, pa.Array]]], num_rows: 
     for broken, reason in reversed(rules):
         reasons = pc.if_else(pc.fill_null(broken, False), reason, reasons)
     return reasons
+
+
+def _name_rules(column: str, values: pa.Array) -> list[tuple[pa.Array, str]]:
+    """The name rule over a column: missing (blank), too long, or other characters."""
+    return [(_blank(values), f"missing {column}"),
+            (pc.greater(pc.utf8_length(values), NAME_MAX_LENGTH), f"{column} longer than {NAME_MAX_LENGTH} characters"),
+            (pc.invert(pc.match_substring_regex(values, NAME_PATTERN)), f"{column} does not match {NAME_PATTERN}")]
 
 
 def _blank(values: pa.Array) -> pa.Array:

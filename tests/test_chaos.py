@@ -40,7 +40,10 @@ def test_the_chaos_run_kills_checker_and_producers_and_breaks_no_invariant(tmp_p
     assert len(report["did"]["producer_kills"]) >= 1
     assert report["did"]["bad_inputs"] and all(bad["reason"] for bad in report["did"]["bad_inputs"])
     assert report["did"]["operator_recoveries"] >= 1  # discarded, then committed by hand: delivered once
-    assert report["did"]["operator_commits_sent"] == report["did"]["operator_recoveries"] + 1  # the first twice, racing
+    # The first twice, racing: both accepted, or the second refused as the checker had applied the first.
+    did = report["did"]
+    assert did["operator_commits_sent"] + did["operator_commits_refused"] == did["operator_recoveries"] + 1
+    assert did["operator_commits_sent"] >= did["operator_recoveries"]
     assert report["did"]["maintenance_runs"] >= 1 and not report["did"]["maintenance_errors"]
     assert len(report["did"]["failovers"]) == len(report["did"]["checker_kills"])
     assert report["run"]["options"]["object_store"] == (mode == "object store")

@@ -115,6 +115,24 @@ def test_the_worker_waits_for_a_missing_table_and_stops_cleanly(tmp_path, monkey
     assert len([r for r in commit_log_rows(answered_into) if r["kind"] == "END"]) == 1
 
 
+def test_a_table_that_appears_while_the_worker_waits_is_answered_whole(lakehouse, monkeypatch):
+    """The checker creates a new group's table with its first round of requests, stamped with its batch clock, which
+    may be older than a check interval by then: none of them is passed over (the round would be lost)."""
+    from deltalake import DeltaTable
+
+    looked_for = []
+    is_deltatable = DeltaTable.is_deltatable
+    monkeypatch.setattr(DeltaTable, "is_deltatable",
+                        staticmethod(lambda path, *args, **kwargs: looked_for.append(path) or is_deltatable(path, *args, **kwargs)))
+    listener = RecordingListener()
+    config = CoordinatorConfig(lakehouse=lakehouse, transaction_check_interval_ms=2000)
+    with TransactionProducer("order_group", listener, config) as producer:
+        wait_until(lambda: looked_for.count(producer._checkback.path) >= 1)  # it found no table
+        first_round = append_check_request(lakehouse, requested_at=datetime.now(timezone.utc) - timedelta(minutes=5))
+        wait_until(lambda: answers(lakehouse, first_round["check_id"]))
+    assert [m.transaction_id for m in listener.checked] == [first_round["transaction_id"]]
+
+
 def test_a_worker_whose_unread_log_was_cleaned_up_starts_again_from_recent_requests(lakehouse):
     import glob
     import os

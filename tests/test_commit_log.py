@@ -1,7 +1,6 @@
 """The group-committing commit-log writer, against real delta-rs tables."""
 
 import threading
-import time
 from collections import defaultdict
 
 import pyarrow as pa
@@ -9,6 +8,7 @@ import pytest
 
 from coordinator.appender import DeltaAppender
 from coordinator.exceptions import ProducerStateError
+from coordinator.producer import commit_log
 from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.protocol import LocalTransactionState
 from tests.producer_side import commit_log_rows, commit_log_version
@@ -38,7 +38,7 @@ class ScriptedWrites:
         call = len(self.rows)
         if call == 1:
             self.entered.set()
-            self.release.wait(10)
+            self.release.wait(60)
         if call in self.failures:
             raise self.failures[call]
         return self.real_write(appender, data, **options)
@@ -60,7 +60,7 @@ def versions_by_transaction(lakehouse):
 
 def test_submit_resolves_once_durable_with_the_commit_version(lakehouse):
     with CommitLogWriter(lakehouse, "order_group") as writer:
-        version = writer.submit(ends("t1", 3)).result(timeout=10)
+        version = writer.submit(ends("t1", 3)).result(timeout=60)
         assert version == commit_log_version(lakehouse) == 1
         assert [r["transaction_id"] for r in commit_log_rows(lakehouse)] == ["t1"] * 3
 
@@ -68,10 +68,10 @@ def test_submit_resolves_once_durable_with_the_commit_version(lakehouse):
 def test_waiting_submits_share_a_commit_up_to_max_batch_rows_and_are_never_split(lakehouse, writes):
     with CommitLogWriter(lakehouse, "order_group", max_batch_rows=4) as writer:
         first = writer.submit(ends("first", 1))
-        assert writes.entered.wait(10)
+        assert writes.entered.wait(60)
         futures = [writer.submit(ends(f"t{i}", 2)) for i in range(4)] + [writer.submit(ends("big", 6))]
         writes.release.set()
-        versions = [f.result(timeout=10) for f in [first, *futures]]
+        versions = [f.result(timeout=60) for f in [first, *futures]]
 
     assert writes.rows == [1, 4, 4, 6]
     assert versions == [1, 2, 2, 3, 3, 4]
@@ -84,13 +84,13 @@ def test_a_failed_commit_fails_every_submit_in_it_and_the_writer_carries_on(lake
     writes.failures[2] = OSError("disk full")
     with CommitLogWriter(lakehouse, "order_group") as writer:
         first = writer.submit(ends("first", 1))
-        assert writes.entered.wait(10)
+        assert writes.entered.wait(60)
         doomed = [writer.submit(ends("a", 1)), writer.submit(ends("b", 2))]
         writes.release.set()
-        assert first.result(timeout=10) == 1
-        errors = [f.exception(timeout=10) for f in doomed]
+        assert first.result(timeout=60) == 1
+        errors = [f.exception(timeout=60) for f in doomed]
         assert errors == [writes.failures[2]] * 2
-        assert writer.submit(ends("after", 1)).result(timeout=10) == 2
+        assert writer.submit(ends("after", 1)).result(timeout=60) == 2
     assert writes.rows == [1, 3, 1]
     assert set(versions_by_transaction(lakehouse)) == {"first", "after"}
 
@@ -98,7 +98,7 @@ def test_a_failed_commit_fails_every_submit_in_it_and_the_writer_carries_on(lake
 def test_writers_of_several_processes_share_the_log_without_losing_a_version(lakehouse):
     # Two writers stand for two processes: each commits behind the other's back.
     with CommitLogWriter(lakehouse, "order_group") as first, CommitLogWriter(lakehouse, "order_group") as second:
-        versions = [writer.submit(ends(f"t{i}", 1)).result(timeout=10)
+        versions = [writer.submit(ends(f"t{i}", 1)).result(timeout=60)
                     for i, writer in enumerate([first, second, second, first, first, second])]
     assert versions == [1, 2, 3, 4, 5, 6]
     assert sorted(versions_by_transaction(lakehouse)) == [f"t{i}" for i in range(6)]
@@ -107,12 +107,12 @@ def test_writers_of_several_processes_share_the_log_without_losing_a_version(lak
 def test_a_cancelled_submit_is_not_written(lakehouse, writes):
     with CommitLogWriter(lakehouse, "order_group") as writer:
         writer.submit(ends("first", 1))
-        assert writes.entered.wait(10)
+        assert writes.entered.wait(60)
         cancelled = writer.submit(ends("cancelled", 1))
         kept = writer.submit(ends("kept", 1))
         assert cancelled.cancel()
         writes.release.set()
-        kept.result(timeout=10)
+        kept.result(timeout=60)
     assert writes.rows == [1, 1]
     assert set(versions_by_transaction(lakehouse)) == {"first", "kept"}
 
@@ -136,24 +136,46 @@ def test_records_that_do_not_fit_the_schema_are_refused_and_lose_nothing_else(la
             writer.submit([])
         assert commit_log_version(lakehouse) == 0
         first = writer.submit(ends("first", 1))
-        assert writes.entered.wait(10)  # the next three queue up behind it, for one commit
+        assert writes.entered.wait(60)  # the next three queue up behind it, for one commit
         before = writer.submit(ends("before", 1))
         wrong_type = writer.submit([{"record_id": "r", "message_index": "not a number"}])
         after = writer.submit(ends("after", 2))
         writes.release.set()
         with pytest.raises((TypeError, ValueError, pa.ArrowException)):
-            wrong_type.result(timeout=10)
-        assert (first.result(timeout=10), before.result(timeout=10), after.result(timeout=10)) == (1, 2, 2)
+            wrong_type.result(timeout=60)
+        assert (first.result(timeout=60), before.result(timeout=60), after.result(timeout=60)) == (1, 2, 2)
     assert writes.rows == [1, 3]
     assert sorted(row["transaction_id"] for row in commit_log_rows(lakehouse)) == ["after", "after", "before", "first"]
 
 
-def test_sends_arriving_within_the_commit_interval_share_the_next_commit(lakehouse):
+class HeldClock:
+    """Stands in for the writer's ``time``: its clock moves only when the writer sleeps, and a
+    sleep (the rest of a commit interval) lasts until the test releases it."""
+
+    def __init__(self):
+        self.now = 1000.0
+        self.sleeps = []
+        self.sleeping, self.wake = threading.Event(), threading.Event()
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        if seconds > 0:
+            self.sleeps.append(seconds)
+            self.sleeping.set()
+            self.wake.wait(60)
+        self.now += seconds
+
+
+def test_sends_arriving_within_the_commit_interval_share_the_next_commit(lakehouse, monkeypatch):
+    clock = HeldClock()
+    monkeypatch.setattr(commit_log, "time", clock)
     with CommitLogWriter(lakehouse, "order_group", commit_interval_ms=300) as writer:
-        assert writer.submit(ends("first", 1)).result(timeout=10) == 1
-        started = time.monotonic()
+        assert writer.submit(ends("first", 1)).result(timeout=60) == 1
         early = writer.submit(ends("early", 1))
-        time.sleep(0.1)
-        late = [writer.submit(ends(f"late{i}", 1)) for i in range(3)]
-        assert [early.result(timeout=10)] + [f.result(timeout=10) for f in late] == [2, 2, 2, 2]
-        assert time.monotonic() - started >= 0.2  # the second commit waited out the interval
+        assert clock.sleeping.wait(60), "the writer did not wait out the commit interval before the next commit"
+        late = [writer.submit(ends(f"late{i}", 1)) for i in range(3)]  # within the interval: the clock is held
+        clock.wake.set()
+        assert [early.result(timeout=60)] + [f.result(timeout=60) for f in late] == [2, 2, 2, 2]
+    assert clock.sleeps == [pytest.approx(0.3)]  # the second commit waited out the whole interval

@@ -244,8 +244,12 @@ def test_operators_follow_and_end_transactions_in_a_browser_while_traffic_flows(
 
             # Its producer commits it: the page, reloading itself, shows it committed and delivered.
             billing.submit([end_record("waiting", group="billing")]).result()
-            until(driver, lambda d: text_of(d, "span#outcome") == "COMMIT", "the producer's commit never showed")
-            steps = timeline(driver)
+
+            def committed_and_delivered(d) -> list | None:  # one wait: the outcome shows before the delivery
+                steps = timeline(d) if text_of(d, "span#outcome") == "COMMIT" else []
+                return steps if "delivered" in [step for step, _ in steps] else None
+
+            steps = until(driver, committed_and_delivered, "the producer's commit never showed delivered")
             assert ("end request", "COMMIT_MESSAGE from the producer") in steps
             assert [step for step, _ in steps].count("delivered") == 1
             assert not driver.find_elements(By.CSS_SELECTOR, "p#actions a")

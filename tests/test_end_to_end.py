@@ -190,9 +190,17 @@ def test_a_standby_takes_over_from_a_killed_checker_and_exits_zero_on_sigterm(tm
 
 
 SLOW_CHMOD = """#!/bin/sh
-# Hadoop's chmod for each checkpoint file, made slow so that a stop lands while one runs.
-touch "$(dirname "$0")/running.$$"
-sleep 0.5
+# Hadoop's chmod for each checkpoint file. Once the test has created `hold`, each one says it runs and then
+# waits for `release` (which the test creates after its stop), at most 60 s: the stop lands while one runs.
+bin="$(dirname "$0")"
+if [ -e "$bin/hold" ]; then
+    touch "$bin/running.$$"
+    waited=0
+    while [ ! -e "$bin/release" ] && [ "$waited" -lt 600 ]; do
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+fi
 {chmod} "$@"
 """
 
@@ -201,8 +209,9 @@ sleep 0.5
 def test_a_stop_sent_to_the_whole_group_as_hadoop_runs_chmod_exits_zero_and_loses_nothing(tmp_path):
     """Spark writes each checkpoint file through Hadoop, which on a local disk spawns ``chmod`` for it; a
     stop sent to the checker's whole process group (Ctrl-C, systemd) kills that ``chmod`` too and fails the
-    streaming query. Here every ``chmod`` takes half a second and the stop is sent while one runs: the
-    job still exits 0, saying so, and the next start delivers every transaction once."""
+    streaming query. Here, once the first transactions are delivered, each ``chmod`` waits until the stop
+    has been sent while one runs: the job still exits 0, saying so, and the next start delivers every
+    transaction once."""
     lakehouse = tmp_path / "lakehouse"
     conf = tmp_path / "coordinator.toml"
     conf.write_text(f'lakehouse = "{lakehouse}"\ntrigger_interval_ms = 100\n')
@@ -224,10 +233,10 @@ def test_a_stop_sent_to_the_whole_group_as_hadoop_runs_chmod_exits_zero_and_lose
         with TransactionProducer("stops", Commits(), CoordinatorConfig.load(conf)) as producer:
             sent = [producer.send_message_in_transaction(Message("STOP_TOPIC", b"m")).transaction_id for _ in range(3)]
             wait_until(lambda: not slowed.running or len(delivered()) == 3, 240)
-            for marker in slow_bin.glob("running.*"):
-                marker.unlink()
-            wait_until(lambda: not slowed.running or any(slow_bin.glob("running.*")), 60)
+            (slow_bin / "hold").touch()  # from now on each chmod waits for the release
+            wait_until(lambda: not slowed.running or any(slow_bin.glob("running.*")), 60, "a held chmod")
             os.killpg(slowed.pid, signal.SIGTERM)  # while a chmod runs
+            (slow_bin / "release").touch()  # any chmod the stop itself brings runs at once
             slowed_exit = slowed.wait(120)
             output = (tmp_path / "first.log").read_text()
             assert slowed_exit == 0, output[-3000:]

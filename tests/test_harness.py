@@ -44,18 +44,19 @@ def test_tally_deliveries_counts_lost_duplicated_and_unexpected_ids():
 
 
 def test_a_job_is_killed_with_its_whole_process_group_and_starts_again(tmp_path):
-    # The job's child writes its pid, then both sleep: a kill must reach the child too.
-    child = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
-    parent = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}, sys.argv[1]]); time.sleep(60)"
+    # The job's child writes its pid, then both sleep (longer than any wait here): a kill must reach the child too.
+    child = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
+    parent = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}, sys.argv[1]]); time.sleep(600)"
     pid_file = tmp_path / "child.pid"
     job = harness.Job([sys.executable, "-c", parent, str(pid_file)], tmp_path / "job.log").start()
     child_pid = int(harness.wait_until(lambda: pid_file.exists() and pid_file.read_text(), 30, "the child's pid"))
 
     assert job.running and job.kill() == -9 and not job.running
-    harness.wait_until(lambda: not _alive(child_pid), 10, "the child gone with its group")
+    harness.wait_until(lambda: not _alive(child_pid), 60, "the child gone with its group")
 
     job.start()  # a supervisor's restart
     assert job.running and job.stop(10) == -15
+    job.kill()  # the restarted parent's child, if it started one: the SIGTERM reached only the parent
 
 
 def test_a_job_that_exits_before_what_is_awaited_fails_with_its_log(tmp_path):

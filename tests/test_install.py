@@ -148,7 +148,9 @@ def test_the_installed_package_runs_the_checker_and_delivers_from_outside_the_ch
                         .to_pydict().values()))
     assert outcomes == {sent["commit"]: "COMMIT", sent["rollback"]: "ROLLBACK", sent["lost-end"]: "COMMIT"}
     checks = read_table(str(workdir / "lakehouse" / "system" / "check_requests"), ["transaction_id"])
-    assert set(checks.column("transaction_id").to_pylist()) == {sent["lost-end"]}
+    # The lost END's transaction is checked back. (So may the others be, on a loaded machine, if their END
+    # was stored over the 1 s timeout after their half: their own END, stored first, still decides, as above.)
+    assert sent["lost-end"] in set(checks.column("transaction_id").to_pylist())
 
     # The alert rules ship with the package.
     assert "alert: TxcoordNoChecker" in run([txcoord, "alert-rules"], cwd=workdir, env=env).stdout

@@ -19,7 +19,7 @@ from bench.harness import wait_until
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
     """Every sample at ``http://127.0.0.1:port/metrics``: (name, sorted labels) -> value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as response:
         text = response.read().decode()
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
             for family in text_string_to_metric_families(text) for sample in family.samples}

@@ -60,7 +60,7 @@ class Prometheus:
 
     def _get(self, path: str, **query) -> dict:
         url = f"http://127.0.0.1:{self.port}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=60) as response:
             return json.loads(response.read())
 
     def _ready(self) -> bool:
@@ -93,7 +93,7 @@ def test_prometheus_scrapes_the_checker_sees_transactions_flow_and_pages_when_no
         prometheus = Prometheus(tmp_path, f"127.0.0.1:{checker.metrics_port}")
         wait_until(lambda: prometheus.value("txcoord_checker_lease_held") == 1, timeout_s=30)
         # (pending at the first evaluation, before the first scrape; inactive from the next)
-        wait_until(lambda: prometheus.alert_state("TxcoordNoChecker") is None, timeout_s=10)
+        wait_until(lambda: prometheus.alert_state("TxcoordNoChecker") is None, timeout_s=60)
         with CommitLogWriter(Lakehouse.of(config), "g") as writer:
             for i in range(3):
                 writer.submit([half_record(f"t{i}", topic="ORDERS")]).result()

@@ -22,8 +22,9 @@ from tests.producer_side import commit_log_rows
 UTC = dt.timezone.utc
 
 # A producer instance of group "routed" whose every answer is UNKNOW, until killed. Live for three heartbeats
-# (6 s) after its last: a stopped one is still live for the round after the stop, and a running one stays live
-# on a loaded machine (1 s heartbeats once left one out of a round in CI).
+# (3 min) after its last: a stopped one is still live for the round after the stop however long that round's
+# batch takes on a loaded machine, and a running one never drops out of a round (1 s heartbeats once left one
+# out in CI). A killed one is passed over at once all the same: its process is gone from this host.
 UNSURE_INSTANCE = """
 import sys, time
 from coordinator import CoordinatorConfig, LocalTransactionState, TransactionListener, TransactionProducer
@@ -35,7 +36,7 @@ class Unsure(TransactionListener):
     def check_local_transaction(self, msg):
         return LocalTransactionState.UNKNOW
 
-with TransactionProducer("routed", Unsure(), CoordinatorConfig(lakehouse=sys.argv[1], producer_heartbeat_ms=2000)) as p:
+with TransactionProducer("routed", Unsure(), CoordinatorConfig(lakehouse=sys.argv[1], producer_heartbeat_ms=60000)) as p:
     print(p.instance_id, flush=True)
     time.sleep(600)
 """

@@ -126,12 +126,12 @@ def test_an_older_lakehouse_is_named_as_such_until_init_adds_the_missing_column(
     assert "producer_instance" in read_table(requests).column_names
 
 
-def test_a_log_listed_while_a_commit_lands_is_opened_again(tmp_path):
-    import threading
+def test_a_log_listed_while_a_commit_lands_is_opened_again(tmp_path, monkeypatch):
+    import types
 
     from deltalake.exceptions import DeltaError
 
-    from coordinator.lakehouse import open_table
+    from coordinator.lakehouse import delta, open_table
 
     path = str(tmp_path / "t")
     for value in range(4):
@@ -141,8 +141,16 @@ def test_a_log_listed_while_a_commit_lands_is_opened_again(tmp_path):
     second.rename(aside)  # as a listing sees it while version 2 is being committed: 0, 1, 3
     with pytest.raises(DeltaError, match="Expected contiguous commit files"):
         DeltaTable(path)
-    threading.Timer(0.05, aside.rename, [second]).start()  # version 2 lands
+    pauses = []
+
+    def pause(seconds):  # version 2 lands while open_table waits to list the log again
+        pauses.append(seconds)
+        if aside.exists():
+            aside.rename(second)
+
+    monkeypatch.setattr(delta, "time", types.SimpleNamespace(sleep=pause))
     assert open_table(path).version() == 3
+    assert len(pauses) == 1  # opened again once, after the gap it listed
 
 
 def test_a_table_each_group_has_is_asked_for_by_group():

@@ -12,8 +12,9 @@ import sys
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from deltalake.exceptions import DeltaError
 
@@ -28,7 +29,7 @@ from coordinator.ops.resolve import resolve_transaction
 from coordinator.protocol import LocalTransactionState
 from coordinator.tables import DISCARDED
 
-__all__ = ["Checker", "LOOK_EVERY_S", "Maintenance", "Operator", "Producer", "make_plan", "prepare", "table_rows"]
+__all__ = ["Checker", "LOOK_EVERY_S", "Maintenance", "Operator", "Producer", "make_plan", "plan_producer_kills", "prepare", "table_rows"]
 
 #: How often the operator looks for new discards (and the run, in the end, for a settled lakehouse).
 LOOK_EVERY_S = 3.0
@@ -82,24 +83,49 @@ class Checker:
 
 
 class Producer:
-    """One producer process: its plan, its SQLite store, and its successive runs."""
+    """One producer process: its plan, its SQLite store, and its successive runs.
 
-    def __init__(self, root: Path, index: int, config_path: Path, start_at: float, send_seconds: float) -> None:
+    ``kill_after`` are the attempted-send counts after which the harness kills it (ascending): each run
+    holds its sends at the next one (``--hold-after``) until the kill comes, so every planned kill finds
+    the process with sends left, whatever the machine's load."""
+
+    def __init__(self, root: Path, index: int, config_path: Path, start_at: float, send_seconds: float,
+                 kill_after: Sequence[int] = ()) -> None:
         self.index = index
         self.db = root / f"producer-{index}.db"
-        Store(str(self.db)).create()  # before the first run: a kill may look for sends in flight at once
+        self.store = Store(str(self.db))
+        self.store.create()  # before the first run: a kill may look for sends in flight at once
         self.done_file = root / f"producer-{index}.done"
         self.plan_file = root / f"plan-{index}.json"
-        argv = [sys.executable, "-m", "bench.chaos.producer", "--config", str(config_path), "--index", str(index),
-                "--plan", str(self.plan_file), "--db", str(self.db), "--start-at", repr(start_at),
-                "--send-seconds", repr(send_seconds), "--done-file", str(self.done_file)]
-        self.child = harness.Job(argv, root / f"producer-{index}.log", env=harness.child_environment(os.environ))
+        self.kill_after = sorted(kill_after)
+        self._argv = [sys.executable, "-m", "bench.chaos.producer", "--config", str(config_path), "--index", str(index),
+                      "--plan", str(self.plan_file), "--db", str(self.db), "--start-at", repr(start_at),
+                      "--send-seconds", repr(send_seconds), "--done-file", str(self.done_file)]
+        self.child = harness.Job(self._argv, root / f"producer-{index}.log", env=harness.child_environment(os.environ))
         self.restarts = 0
         self.failures: list[str] = []
+
+    def start(self) -> None:
+        """Start a run, held at the next planned kill if one is left."""
+        self.child.argv = self._argv + (["--hold-after", str(self.kill_after[0])] if self.kill_after else [])
+        self.child.start()
+
+    @property
+    def kill_near(self) -> bool:
+        """Whether the run's next send is the last before its planned kill (or it has made that one)."""
+        return bool(self.kill_after) and self.store.attempts() >= self.kill_after[0] - 1
 
     @property
     def done(self) -> bool:
         return self.done_file.exists()
+
+
+def plan_producer_kills(plans: list[list[tuple[str, str]]], kills: int, rng: random.Random) -> list[list[int]]:
+    """For each producer, the attempted-send counts after which it is killed: ``kills`` in all, each after
+    one of its sends but the last (its next run still has sends to make), none twice at the same count."""
+    points = [(index, after) for index, plan in enumerate(plans) for after in range(1, len(plan))]
+    chosen = rng.sample(points, min(kills, len(points)))
+    return [sorted(after for index, after in chosen if index == producer) for producer in range(len(plans))]
 
 
 
@@ -153,37 +179,46 @@ class Maintenance:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the loop; run once now if it never ran (a run shorter than ``every_s``)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        if self.runs == 0:
+            self._maintain()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
-            tables = [*(ref.key for ref in CommitLogs(Lakehouse.of(CoordinatorConfig.load(self.config_path, environ={})))
-                        .discover()), f"topics/{ORDER_TOPIC}", f"topics/{AUDIT_TOPIC}"]
-            result = subprocess.run([sys.executable, "-c", _MAINTAIN, str(self.config_path), json.dumps(tables),
-                                     str(self.retention_hours)],
-                                    capture_output=True, text=True, env=harness.child_environment(os.environ))
-            self.runs += 1
-            if result.returncode != 0:
-                self.errors.append(f"exit {result.returncode}: {result.stderr.strip()[-1500:]}")
-                continue
-            for table in json.loads(result.stdout.strip().splitlines()[-1]):
-                self.files_compacted += table["files_compacted"]
-                self.files_vacuumed += table["files_vacuumed"]
-                # The first line names the step; what follows (versions, error details) varies run to run.
-                self.skipped.update(f"{table['table']}: {reason.split(':')[0]}" for reason in table["skipped"])
+            self._maintain()
 
+    def _maintain(self) -> None:
+        tables = [*(ref.key for ref in CommitLogs(Lakehouse.of(CoordinatorConfig.load(self.config_path, environ={})))
+                    .discover()), f"topics/{ORDER_TOPIC}", f"topics/{AUDIT_TOPIC}"]
+        result = subprocess.run([sys.executable, "-c", _MAINTAIN, str(self.config_path), json.dumps(tables),
+                                 str(self.retention_hours)],
+                                capture_output=True, text=True, env=harness.child_environment(os.environ))
+        self.runs += 1
+        if result.returncode != 0:
+            self.errors.append(f"exit {result.returncode}: {result.stderr.strip()[-1500:]}")
+            return
+        for table in json.loads(result.stdout.strip().splitlines()[-1]):
+            self.files_compacted += table["files_compacted"]
+            self.files_vacuumed += table["files_vacuumed"]
+            # The first line names the step; what follows (versions, error details) varies run to run.
+            self.skipped.update(f"{table['table']}: {reason.split(':')[0]}" for reason in table["skipped"])
 
 
 class Operator:
-    """Commits by hand, as ``txcoord resolve --commit`` does, about half of the transactions the checker
-    discards; the first one twice at once, as two operators racing would."""
+    """Commits by hand, as ``txcoord resolve --commit`` does, the first transaction the checker discards
+    (twice at once, as two operators racing would) and about half of the others.
+
+    Of the racing two, the second may be refused ("resolved for good") if the checker has applied the
+    first already: ``sent`` counts the commits accepted, ``refused`` those refused so."""
 
     def __init__(self, config: CoordinatorConfig, groups: set[str], rng: random.Random) -> None:
         self.config, self.groups, self.rng = config, groups, rng
         self.recovered: set[str] = set()
         self.sent = 0
+        self.refused = 0
         self._looked_at: set[str] = set()
         self._next_at = 0.0
 
@@ -200,20 +235,26 @@ class Operator:
         recovered_before = len(self.recovered)
         for transaction_id in sorted(set(discarded) - self._looked_at):
             self._looked_at.add(transaction_id)
-            if discarded[transaction_id] not in self.groups or self.rng.random() < 0.5:
+            if discarded[transaction_id] not in self.groups or (self.recovered and self.rng.random() < 0.5):
                 continue
-            for attempt in range(1 if self.recovered else 2):
-                try:
-                    resolve_transaction(self.config, transaction_id, LocalTransactionState.COMMIT_MESSAGE,
-                                        "chaos: recovered by hand", operator="chaos-operator")
-                except InvalidArgumentError:
-                    if attempt == 0:
-                        raise
-                    break  # the checker applied the first commit in between: the second operator is refused
-                self.sent += 1
+            operators = 1 if self.recovered else 2
+            with ThreadPoolExecutor(operators) as racing:
+                accepted = list(racing.map(self._commit, [transaction_id] * operators))
+            if not any(accepted):
+                raise AssertionError(f"every operator's commit of {transaction_id} was refused")
+            self.sent += sum(accepted)
+            self.refused += operators - sum(accepted)
             self.recovered.add(transaction_id)
         return len(self.recovered) - recovered_before
 
+    def _commit(self, transaction_id: str) -> bool:
+        """Commit ``transaction_id`` by hand; ``False`` if refused as resolved for good already."""
+        try:
+            resolve_transaction(self.config, transaction_id, LocalTransactionState.COMMIT_MESSAGE,
+                                "chaos: recovered by hand", operator="chaos-operator")
+        except InvalidArgumentError:
+            return False
+        return True
 
 
 def table_rows(lakehouse: Lakehouse, table, columns: list[str]) -> list[dict]:

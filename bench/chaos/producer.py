@@ -14,6 +14,9 @@ It owns a SQLite database, its local store and the harness's ground truth:
 Each transaction of the plan has a *kind* that decides how its local transaction goes.
 Sends are paced over the run's sending window, from several threads so that halves are
 group-committed; a restarted process skips what was already attempted and catches up.
+With ``--hold-after N`` it starts no send once N are attempted (its earlier runs' included) and
+waits there, answering check-backs, for the harness's kill: so the kill the harness planned after
+the N-th send always finds this process with sends left, however late it started.
 
     python -m bench.chaos.producer --config chaos.toml --index 0 --plan plan-0.json \
         --db producer-0.db --start-at 1790000000.0 --send-seconds 30
@@ -163,6 +166,11 @@ class Store:
         with contextlib.closing(self.connect()) as db:
             return db.execute("SELECT count(*) FROM attempts WHERE returned_state IS NULL").fetchone()[0]
 
+    def attempts(self) -> int:
+        """How many sends were attempted, by every run of the process."""
+        with contextlib.closing(self.connect()) as db:
+            return db.execute("SELECT count(*) FROM attempts").fetchone()[0]
+
     def attempted(self) -> set[str]:
         with contextlib.closing(self.connect()) as db:
             return {row[0] for row in db.execute("SELECT plan_id FROM attempts")}
@@ -223,20 +231,27 @@ class ChaosListener(TransactionListener):
 
 
 def send_plan(producer: TransactionProducer, store: Store, plan: list[Planned], start_at: float,
-              send_seconds: float, stop: threading.Event) -> None:
+              send_seconds: float, stop: threading.Event, hold_after: Optional[int] = None) -> None:
     """Send every planned transaction not yet attempted, each no earlier than its slot in the window,
-    until ``stop`` is set."""
+    until ``stop`` is set; with ``hold_after``, start no send once that many are attempted (waiting
+    for ``stop``)."""
     attempted = store.attempted()
     slots = [(start_at + position * send_seconds / len(plan), planned)
              for position, planned in enumerate(plan) if planned.plan_id not in attempted]
+    started = len(attempted)
     lock = threading.Lock()
 
     def sender() -> None:
+        nonlocal started
         while True:
             with lock:
                 if not slots:
                     return
+                if hold_after is not None and started >= hold_after:
+                    stop.wait()
+                    return
                 due, planned = slots.pop(0)
+                started += 1
             if stop.wait(max(0.0, due - time.time())):
                 return
             store.record_attempt(planned)
@@ -270,6 +285,7 @@ def main() -> int:
     parser.add_argument("--start-at", type=float, required=True, help="epoch seconds the sending window opens")
     parser.add_argument("--send-seconds", type=float, required=True)
     parser.add_argument("--done-file", required=True, help="created once every planned send was attempted")
+    parser.add_argument("--hold-after", type=int, help="start no send once this many are attempted (then wait for a kill)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s")
 
@@ -282,7 +298,7 @@ def main() -> int:
     plan = [Planned(plan_id, kind) for plan_id, kind in json.loads(Path(args.plan).read_text())]
     config = CoordinatorConfig.load(args.config, environ={})
     with TransactionProducer(group_of(args.index), ChaosListener(store), config) as producer:
-        send_plan(producer, store, plan, args.start_at, args.send_seconds, stop)
+        send_plan(producer, store, plan, args.start_at, args.send_seconds, stop, args.hold_after)
         if not stop.is_set():
             Path(args.done_file).touch()
         stop.wait()  # keep answering check-backs

@@ -23,8 +23,8 @@ def print_report(report: dict) -> None:
              ("maintenance: files compacted away / vacuumed",
               f"{did['maintenance_files_compacted']} / {did['maintenance_files_vacuumed']}"),
              ("bad inputs", len(did["bad_inputs"])),
-             ("discarded, then committed by an operator (COMMITs sent)",
-              f"{did['operator_recoveries']} ({did['operator_commits_sent']})"),
+             ("discarded, then committed by an operator (COMMITs accepted / refused as too late)",
+              f"{did['operator_recoveries']} ({did['operator_commits_sent']} / {did['operator_commits_refused']})"),
              ("settled", did["settled"]),
              ("duration (s)", did["duration_s"])]
     if did["storage_faults"] is not None:

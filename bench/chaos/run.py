@@ -18,11 +18,12 @@ from typing import Optional
 from deltalake.exceptions import DeltaError
 
 from bench import harness
-from bench.chaos.actors import LOOK_EVERY_S, Checker, Maintenance, Operator, Producer, make_plan, prepare
+from bench.chaos.actors import (LOOK_EVERY_S, Checker, Maintenance, Operator, Producer, make_plan, plan_producer_kills,
+                                prepare)
 from bench.chaos.hostile import HostileWriter
 from bench.chaos.options import (OBJECT_STORE_BUCKET, SETTINGS, STORAGE_FAULT_DELAY_S, STORAGE_FAULT_RATES, Options,
                                  parse_options)
-from bench.chaos.producer import Store, group_of
+from bench.chaos.producer import group_of
 from bench.chaos.report import print_report
 from bench.chaos.verify import EXAMPLES, verify
 from bench.storage_faults import FaultProxyProcess
@@ -39,8 +40,8 @@ _MAX_KILL_DELAY_S = 10.0
 _POLL_S = 0.2
 #: ``system/metrics`` is read at most this often (a Delta table's snapshot, not a file).
 _BATCHES_READ_S = 1.0
-#: A producer kill waits up to this long for a send to be in flight.
-_AIM_AT_SEND_S = 5.0
+#: A producer kill waits up to this long for its last send before the kill to be in flight (then kills anyway).
+_AIM_AT_SEND_S = 30.0
 _STOP_TIMEOUT_S = 120.0
 
 
@@ -63,6 +64,7 @@ class Activity:
     bad_inputs: list[dict] = field(default_factory=list)
     operator_recoveries: int = 0
     operator_commits_sent: int = 0
+    operator_commits_refused: int = 0
     settled: bool = False
     duration_s: float = 0.0
     #: --storage-faults: the proxy's counts when the faults stopped (requests, forwarded, injected by kind).
@@ -103,7 +105,8 @@ class Run:
         self.plans = make_plan(options.transactions, options.producers, rng)
         self.activity.transactions_by_kind = dict(Counter(kind for plan in self.plans for _, kind in plan))
         start_at = time.time() + 2.0  # the producers' sending window opens once all have started
-        self.producers = [Producer(self.root, index, config_path, start_at, options.send_seconds)
+        kill_after = plan_producer_kills(self.plans, options.producer_kills, rng)
+        self.producers = [Producer(self.root, index, config_path, start_at, options.send_seconds, kill_after[index])
                           for index in range(options.producers)]
         for producer, plan in zip(self.producers, self.plans):
             producer.plan_file.write_text(json.dumps(plan))
@@ -115,10 +118,6 @@ class Run:
         self.operator = Operator(self.config, {group_of(p.index) for p in self.producers}, random.Random(options.seed))
         self.hostile = HostileWriter(self.lakehouse, random.Random(options.seed))
         window_end = started + 2.0 + options.send_seconds
-        # In the first 60% of the sending window, when every producer still has sends planned: later, a fast
-        # producer may be done already and the kill would find nobody sending (a tiny run then killed none).
-        producer_kill_at = sorted(rng.uniform(started + 2.0, started + 2.0 + options.send_seconds * 0.6)
-                                  for _ in range(options.producer_kills))
         checker_kill_after = sorted(rng.uniform(started, window_end) for _ in range(options.checker_kills))
         blind_injection_at = started + 2.0 + options.send_seconds * 0.3
         deadline = started + options.timeout
@@ -126,9 +125,9 @@ class Run:
             for checker in self.checkers:
                 checker.start()
             for producer in self.producers:
-                producer.child.start()
+                producer.start()
             self.maintenance.start()
-            self._chaos(producer_kill_at, checker_kill_after, blind_injection_at, deadline)
+            self._chaos(checker_kill_after, blind_injection_at, deadline)
             if self.faults is not None:  # the storage heals: everything must go on, with no restart
                 self.faults.disable()
                 self.activity.storage_faults = self.faults.counts() | {"seen_in_logs": self._storage_log_lines()}
@@ -138,8 +137,7 @@ class Run:
         self.activity.duration_s = round(time.monotonic() - started, 1)
         return self._report(stop_codes)
 
-    def _chaos(self, producer_kill_at: list[float], checker_kill_after: list[float], blind_injection_at: float,
-               deadline: float) -> None:
+    def _chaos(self, checker_kill_after: list[float], blind_injection_at: float, deadline: float) -> None:
         """Kill, restart and inject until every planned kill is done and every producer has sent its plan.
 
         What the checkers did is read where operators read it: who holds the lease (and who stands by) from
@@ -157,9 +155,9 @@ class Run:
             now = time.monotonic()
             self._restart_failed_producers()
             self.operator.act()
-            if producer_kill_at and now >= producer_kill_at[0]:
-                producer_kill_at.pop(0)
-                self._kill_a_producer()
+            for producer in self.producers:
+                if producer.child.running and producer.kill_near:
+                    self._kill_producer(producer)
             if not blind_injected and now >= blind_injection_at:
                 self.hostile.inject_blind()
                 blind_injected = True
@@ -193,7 +191,7 @@ class Run:
                     checker.start()
             # Done once a checker is up again (it has finished a batch since it took the lease) and a standby, if
             # any, stands by: a checker still starting when stopped would die of the SIGTERM (exit 143).
-            if (not producer_kill_at and not checker_kill_after and blind_injected and checker is not None
+            if (not any(p.kill_after for p in self.producers) and not checker_kill_after and blind_injected and checker is not None
                     and batches and killed_at is None and all(p.done for p in self.producers)
                     and all(self._is_up(c) for c in self.checkers)):
                 if not targeted_injected:
@@ -232,30 +230,32 @@ class Run:
         except Exception:  # under storage faults a read may fail after its retries: asked again next time
             return None
 
-    def _kill_a_producer(self) -> None:
-        sending = [p for p in self.producers if p.child.running and not p.done]
-        if not sending:
-            return
-        producer = self.rng.choice(sending)
-        store = Store(str(producer.db))
-        # Aim at a send in flight (its half, local transaction or END not yet through), at a random point of it.
+    def _kill_producer(self, producer: Producer) -> None:
+        """Kill ``producer`` at its planned point: during its last send before the kill (its half, local
+        transaction or END not yet through), at a random moment of it; or, once it holds with no send in
+        flight (that send was too quick to catch), at once."""
+        store, last = producer.store, producer.kill_after[0]
         aim_until = time.monotonic() + _AIM_AT_SEND_S
-        while time.monotonic() < aim_until and store.sends_in_flight() == 0:
+        while (time.monotonic() < aim_until and producer.child.running and store.sends_in_flight() == 0
+               and store.attempts() < last):
             time.sleep(0.005)
-        time.sleep(self.rng.uniform(0, 0.01))  # a send lasts tens of milliseconds
+        if store.sends_in_flight():
+            time.sleep(self.rng.uniform(0, 0.01))  # a send lasts tens of milliseconds
         in_flight = store.sends_in_flight()
         producer.child.kill()
-        self.activity.producer_kills.append({"producer": producer.index, "sends_in_flight": in_flight,
+        self.activity.producer_kills.append({"producer": producer.index, "after_attempts": store.attempts(),
+                                            "sends_in_flight": in_flight,
                                             "after_start_s": round(time.monotonic() - producer.child.started_at, 1)})
+        producer.kill_after.pop(0)
         producer.restarts += 1
-        producer.child.start()
+        producer.start()
 
     def _restart_failed_producers(self) -> None:
         for producer in self.producers:
             if not producer.child.running:
                 producer.failures.append(f"exited with code {producer.child.exit_code()}:\n{producer.child.tail()}")
                 producer.restarts += 1
-                producer.child.start()
+                producer.start()
 
     def _storage_log_lines(self) -> dict[str, int]:
         """How often the processes' logs say they retried a storage request, or found a write whose
@@ -308,6 +308,7 @@ class Run:
                           self.operator.recovered)
         activity.operator_recoveries = len(self.operator.recovered)
         activity.operator_commits_sent = self.operator.sent
+        activity.operator_commits_refused = self.operator.refused
         activity.bad_inputs = [asdict(bad) for bad in self.hostile.injected]
         failures = [f"{checker.name}: {f}" for checker in self.checkers for f in checker.failures]
         failures += [f"producer-{p.index}: {f}" for p in self.producers for f in p.failures]

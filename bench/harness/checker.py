@@ -215,20 +215,46 @@ def checker_on_fresh_lakehouse(requested: Optional[str], benchmark: str, trigger
 
 
 class LagSampler(threading.Thread):
-    """Samples the checker's lag (commit-log versions not yet read) once a second."""
+    """Samples the checker's lag (commit-log versions not yet read) once a second from ``t0``, on a fixed
+    schedule (a slow read delays the next sample, not every later one), each sample timed when its read
+    starts. With ``window_s``, every quarter of that window has a sample (:meth:`quarter`): one whose
+    reads all fell outside it gets one as soon as it ends, counted in it, so quarters compare whatever
+    the load."""
 
-    def __init__(self, checker: CheckerJob, t0: float):
+    def __init__(self, checker: CheckerJob, t0: float, window_s: Optional[float] = None, interval_s: float = 1.0):
         super().__init__(name="lag-sampler", daemon=True)
-        self.checker, self.t0 = checker, t0
+        self.checker, self.t0, self.window_s, self.interval_s = checker, t0, window_s, interval_s
         self.samples: list[tuple[float, int, int]] = []  # (seconds since t0, lag, latest commit-log version)
+        self._quarters: dict[int, list[int]] = {}  # quarter of window_s (1 to 4) → its lags
         self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._halt.wait(1.0):
-            lag = self.checker.lag()
-            if lag is not None:
-                latest = self.checker.latest_commit_log_version()
-                self.samples.append((round(time.monotonic() - self.t0, 1), lag, latest))
+        next_sample = self.interval_s
+        unchecked = [n * self.window_s / 4 for n in range(1, 5)] if self.window_s else []  # quarters' ends
+        while not self._halt.is_set():
+            now = time.monotonic() - self.t0
+            if unchecked and now >= unchecked[0]:
+                unchecked.pop(0)
+                quarter = 4 - len(unchecked)
+                if not self._quarters.get(quarter):
+                    self._sample(quarter)
+            elif now >= next_sample:
+                next_sample = max(next_sample + self.interval_s, now)
+                self._sample()
+            else:
+                self._halt.wait(min([next_sample, *unchecked[:1]]) - now)
+
+    def _sample(self, quarter: Optional[int] = None) -> None:
+        """One sample, counted in the quarter its read starts in, or in ``quarter``."""
+        started = time.monotonic() - self.t0
+        lag = self.checker.lag()
+        if lag is None:
+            return
+        self.samples.append((round(started, 1), lag, self.checker.latest_commit_log_version()))
+        if quarter is None and self.window_s and started < self.window_s:
+            quarter = int(4 * started // self.window_s) + 1
+        if quarter is not None:
+            self._quarters.setdefault(quarter, []).append(lag)
 
     def stop(self) -> None:
         self._halt.set()
@@ -236,3 +262,7 @@ class LagSampler(threading.Thread):
 
     def between(self, start_s: float, end_s: float) -> list[int]:
         return [lag for t, lag, _ in self.samples if start_s <= t < end_s]
+
+    def quarter(self, n: int) -> list[int]:
+        """The lags sampled in quarter ``n`` (1 to 4) of ``window_s``."""
+        return self._quarters.get(n, [])

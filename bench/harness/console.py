@@ -80,20 +80,24 @@ class ConsoleJob(Job):
 
 class _Observer(threading.Thread):
     """A thread that repeats :meth:`observe` until :meth:`stop`, counting the attempts and the failed
-    ones (the first few errors kept) and keeping each successful one's duration in seconds."""
+    ones (the first few errors kept) and keeping each successful one's duration in seconds and each
+    attempt's span. An attempt is tried again at once up to ``retries`` times before it counts as failed
+    (``retried`` counts those tries)."""
 
     #: Errors kept for the report (the count has them all).
     KEPT_ERRORS = 5
 
-    def __init__(self, name: str, timeout_s: float):
+    def __init__(self, name: str, timeout_s: float, retries: int = 0):
         super().__init__(name=name, daemon=True)
         import requests
 
         self.session = requests.Session()
-        self.timeout_s = timeout_s
+        self.timeout_s, self.retries = timeout_s, retries
         self.attempts = 0
         self.failures = 0
-        self.seconds: list[float] = []
+        self.retried = 0
+        self.seconds: list[float] = []  # of the try that succeeded
+        self.spans: list[tuple[float, float]] = []  # time.monotonic() at each attempt's start and end, tries included
         self.errors: list[str] = []
         self._halt = threading.Event()
 
@@ -101,19 +105,27 @@ class _Observer(threading.Thread):
         raise NotImplementedError
 
     def attempt(self) -> bool:
-        """One :meth:`observe`, timed and counted; whether it succeeded."""
-        started = time.perf_counter()
-        try:
-            self.observe()
-        except Exception as error:  # a failure to count, not to stop on
-            self.attempts += 1
-            self.failures += 1
-            if len(self.errors) < self.KEPT_ERRORS:
-                self.errors.append(f"{type(error).__name__}: {error}")
-            return False
-        self.seconds.append(time.perf_counter() - started)
+        """One :meth:`observe` (tried up to ``retries`` more times while it fails), timed and counted;
+        whether it succeeded."""
+        began, succeeded = time.monotonic(), False
+        for tries_left in range(self.retries, -1, -1):
+            started = time.perf_counter()
+            try:
+                self.observe()
+            except Exception as error:  # a failure to count once no try is left, not to stop on
+                if tries_left:
+                    self.retried += 1
+                    continue
+                self.failures += 1
+                if len(self.errors) < self.KEPT_ERRORS:
+                    self.errors.append(f"{type(error).__name__}: {error}")
+            else:
+                self.seconds.append(time.perf_counter() - started)
+                succeeded = True
+            break
         self.attempts += 1
-        return True
+        self.spans.append((began, time.monotonic()))
+        return succeeded
 
     def stop(self) -> None:
         """Stop repeating (:meth:`attempt` may still be called)."""
@@ -124,7 +136,9 @@ class _Observer(threading.Thread):
 
 class MetricsScraper(_Observer):
     """Scrapes a Prometheus endpoint every ``interval_s`` on a fixed schedule, as Prometheus does (a scrape
-    that overruns is followed at once by the next), keeping the last successful scrape's text.
+    that overruns is followed at once by the next), keeping the last successful scrape's text. A scrape
+    that fails is tried again up to ``retries`` times first: one lost to a busy moment is not the
+    endpoint failing.
 
     Example::
 
@@ -133,8 +147,8 @@ class MetricsScraper(_Observer):
         scraper.attempts, scraper.failures, scraper.value("txcoord_messages_delivered_total")
     """
 
-    def __init__(self, url: str, interval_s: float = 1.0, timeout_s: float = 5.0):
-        super().__init__("metrics-scraper", timeout_s)
+    def __init__(self, url: str, interval_s: float = 1.0, timeout_s: float = 5.0, retries: int = 2):
+        super().__init__("metrics-scraper", timeout_s, retries)
         self.url, self.interval_s = url, interval_s
         self.last_text: Optional[str] = None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Optional
 
 from bench.harness.processes import proc_status
 from bench.harness.records import commit_rows, half_rows
@@ -117,7 +117,7 @@ def reach_object_store(spark, storage: Mapping[str, str]) -> None:
 def streaming_triggers(spark, config, group: str, topic: str, rounds: int, transactions: int) -> dict:
     """The real streaming query (``CheckerQuery``, in this process) over ``rounds`` rounds after a
     warm-up one, each a commit of ``transactions`` HALF records of ``group`` then one of their COMMIT
-    ENDs, waited for until delivered, then a heartbeat-only trigger or two. Each trigger's whole time
+    ENDs, waited for until delivered, then for a heartbeat-only trigger after it. Each trigger's whole time
     (planning, the offset and commit logs, the batch) as ``system/metrics`` records it, and the Spark
     jobs the query ran per trigger.
 
@@ -136,6 +136,11 @@ def streaming_triggers(spark, config, group: str, topic: str, rounds: int, trans
     def recorded() -> list[dict]:
         return lakehouse.read(METRICS).sort_by("batch_id").to_pylist()
 
+    def latest_once_delivered(total: int) -> Optional[dict]:
+        """The latest recorded batch once ``total`` messages are delivered, ``None`` before."""
+        rows = recorded()
+        return rows[-1] if sum(r["delivered"] for r in rows) == total else None
+
     earlier = recorded() if lakehouse.exists(METRICS) else []  # of an earlier run
     checker = CheckerQuery(spark, config).start()
     try:
@@ -148,9 +153,11 @@ def streaming_triggers(spark, config, group: str, topic: str, rounds: int, trans
             ids = [time_ordered_id() for _ in range(transactions)]
             writer.write(half_rows(ids, group, topic))
             writer.write(commit_rows(ids, group))
-            wait_until(lambda: sum(r["delivered"] for r in recorded()) == delivered_before + (round_ + 1) * transactions,
-                       120, f"round {round_}'s deliveries")
-            time.sleep(1.5)  # a heartbeat-only batch or two
+            latest = wait_until(lambda: latest_once_delivered(delivered_before + (round_ + 1) * transactions),
+                                120, f"round {round_}'s deliveries")
+            # Every round measures one (the source ends one per HEARTBEAT_MS while no commit comes).
+            wait_until(lambda: any(not r["records"] and r["batch_id"] > latest["batch_id"] for r in recorded()),
+                       120, f"a heartbeat-only batch after round {round_}'s deliveries (batch {latest['batch_id']})")
         jobs = len(spark.sparkContext.statusTracker().getJobIdsForGroup(str(checker.query.runId)))
     finally:
         checker.stop()

@@ -25,11 +25,12 @@ from coordinator.checker.context import (COMMITS_PER_BATCH, OFFSETS_PER_COMMIT, 
 from coordinator.checker.ingest import ingest_halves, refuse_unknown_kinds
 from coordinator.checker.provenance import refuse_misattributed
 from coordinator.checker.recover import recover_discarded
+from coordinator.checker.refusals import rejection
 from coordinator.checker.resolve import promote, resolve_ends
 from coordinator.checker.state import CheckerState, lookup_in_tables, pending_from_rows
 from coordinator.checker.writer import files_written_at_us
 from coordinator.config import CoordinatorConfig
-from coordinator.control.instances import ProducerInstances
+from coordinator.control.instances import ProducerInstances, RefusedRecord
 from coordinator.lakehouse import Lakehouse
 from coordinator.protocol import Outcome
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, GROUP_CHECK_REQUESTS, HALF, MESSAGE_CONTENT, OP, REJECTED, TOPIC
@@ -133,7 +134,7 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
     deliveries = pa.concat_tables([promote(resolved, ingested.halves, state), recovered.deliveries])
     due = find_due(ctx, state, set(earlier_resolved))
     rejected = (misattributed + refuse_unknown_kinds(records) + ingested.rejections + resolved.rejections
-                + recovered.rejections)
+                + recovered.rejections + _instance_rejections(due.refused_instances, ctx.now_us))
 
     lakehouse, writer, batch_id = ctx.lakehouse, state.writer, ctx.batch_id
     ops = pa.concat_tables([_table(OP, resolved.ops, batch_id),
@@ -175,10 +176,10 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
                                                                          lakehouse.storage)
     if rejected:
         append(REJECTED, _rows_table(REJECTED, rejected, batch_id))
-    if due.stale_instances:  # only now, and explicitly: deciding the checks deleted nothing
+    if due.stale_instances or due.refused_instances:  # only now, and explicitly: deciding deleted nothing
         instances = ProducerInstances(lakehouse)
-        for group, stale in due.stale_instances.items():
-            instances.forget(group, stale)
+        for group in sorted(set(due.stale_instances) | set(due.refused_instances)):
+            instances.forget(group, due.stale_instances.get(group, []), due.refused_instances.get(group, []))
 
     ended_by_topic = _ended_by_topic(resolved.ops, due.discarded, recovered.deliveries)
     state.resolve([*earlier_resolved, *due.given_up])
@@ -223,6 +224,12 @@ def _ended_by_topic(ops: pa.Table, discarded: pa.Table, recovered: pa.Table) -> 
     counts = grouped(ended, ["outcome", "topic"]).aggregate([([], "count_all")])
     return dict(zip(zip(counts.column("outcome").to_pylist(), counts.column("topic").to_pylist()),
                     counts.column("count_all").to_pylist()))
+
+
+def _instance_rejections(refused: Mapping[str, list[RefusedRecord]], now_us: int) -> list[dict]:
+    """The ``system/rejected`` rows of the files refused as producer instances' records: where each was."""
+    return [rejection({"producer_group": group, "commit_log": refusal.key, "stored_us": now_us}, refusal.reason)
+            for group, refusals in sorted(refused.items()) for refusal in refusals]
 
 
 def _seconds_since(times: pa.ChunkedArray) -> pa.ChunkedArray:

@@ -5,8 +5,9 @@ The pending set is the half queue less the op queue, kept in memory (see
 :mod:`coordinator.schedule`'s rule; a discard counts as resolved (an op row with
 outcome ``DISCARD``). Each check is addressed to one
 live instance of the group (:mod:`coordinator.control.instances`), or to any of them
-when none is known. Deciding only reads the instances' records; the stale ones it comes upon
-are returned (``Due.stale_instances``) for the batch to remove once its tables are written.
+when none is known. Deciding only reads the instances' records; the stale ones it comes upon,
+and the files refused as records, are returned (``Due.stale_instances``, ``Due.refused_instances``)
+for the batch to record and remove once its tables are written.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pyarrow as pa
 
 from coordinator.checker.context import BatchContext
 from coordinator.checker.state import CheckerState, TrackedTransaction
-from coordinator.control.instances import ProducerInstance, ProducerInstances
+from coordinator.control.instances import ProducerInstance, ProducerInstances, RefusedRecord
 from coordinator.protocol import Outcome
 from coordinator.schedule import DISCARD, decide
 from coordinator.tables import MESSAGE_FIELDS
@@ -32,6 +33,7 @@ class Due:
     discarded: pa.Table  # discarded rows (less batch_id), one per message
     discard_ops: list[dict]  # the op rows of the discarded halves
     stale_instances: dict[str, list[ProducerInstance]]  # producer group -> records to forget (none live)
+    refused_instances: dict[str, list[RefusedRecord]]  # producer group -> files that are no records: to reject, forget
 
 
 def find_due(ctx: BatchContext, state: CheckerState, resolved_now: set[str]) -> Due:
@@ -88,4 +90,5 @@ def find_due(ctx: BatchContext, state: CheckerState, resolved_now: set[str]) -> 
                         outcome=Outcome.DISCARD, resolved_at=now, end_record_id=None, check_id=None)
                    for p in gone for offset in p.offsets]
     stale = {group: survey.stale for group, survey in surveys.items() if survey.stale}
-    return Due(checked, given_up, requests, discarded, discard_ops, stale)
+    refused = {group: survey.refused for group, survey in surveys.items() if survey.refused}
+    return Due(checked, given_up, requests, discarded, discard_ops, stale, refused)

@@ -35,21 +35,33 @@ import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Mapping, NamedTuple, Optional
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from coordinator.commit_logs import CommitLogs, committed
+from coordinator.exceptions import CorruptCommitError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse, delta_log_file
+from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, added_files, commit_actions
 from coordinator.storage import FileStore
 from coordinator.tables import COMMIT_LOG
+from coordinator.protocol import MAX_COMMIT_BODY_BYTES
 
 __all__ = ["MAX_VERSIONS_PER_BATCH", "RECORD_SCHEMA", "CommitRead", "Segment", "grown_to", "read_commits", "tick"]
 
 #: A backlog is read in bounded steps: at most this many commit-log versions per batch, over all logs.
 #: Below 2**11, so that a commit's rank in its batch fits below :data:`~.context.COMMITS_PER_BATCH`.
 MAX_VERSIONS_PER_BATCH = 2000
+
+#: Bounds on a data file a commit adds, checked before its records are read: a producer's commit holds
+#: bodies of at most ``MAX_COMMIT_BODY_BYTES`` together, and each record's other columns take a few
+#: hundred bytes. A file beyond them is refused unread (a decompression bomb by its footer).
+MAX_DATA_FILE_BYTES = 2 * MAX_COMMIT_BODY_BYTES
+MAX_DATA_FILE_ROWS = 1_000_000
+MAX_DATA_FILE_UNCOMPRESSED_BYTES = 4 * MAX_COMMIT_BODY_BYTES
+#: Commits read at once on object storage, where each read is a request of tens of milliseconds.
+_CONCURRENT_READS = 16
+_REASON_CHARS = 512
 
 _COMMIT_LOG_SCHEMA = COMMIT_LOG.arrow_schema()
 #: A checker record: a commit-log record, the log and version it entered with, when that version was
@@ -179,36 +191,90 @@ def read_commits(lakehouse: Lakehouse, starts: Mapping[str, int], ends: Mapping[
 
 
 def _read_versions(lakehouse: Lakehouse, versions: Mapping[str, list[int]]) -> dict[tuple[str, int], CommitRead]:
-    read = {}
-    for key, wanted in versions.items():
-        if not wanted:
-            continue
-        store = FileStore.at(lakehouse.key_path(key), lakehouse.storage)
-        for version in wanted:
-            commit = store.read(delta_log_file(version))
-            read[key, version] = CommitRead(commit.modified_ms, *_commit_rows(store, commit.data))
-    return read
+    """Each of ``versions`` read: on object storage many at once (each commit's file, then its data
+    files), on a local disk one after another (a thread per read costs more than the read)."""
+    stores = {key: FileStore.at(lakehouse.key_path(key), lakehouse.storage) for key, wanted in versions.items() if wanted}
+    wanted = [(key, version) for key in stores for version in versions[key]]
+    if lakehouse.is_local or len(wanted) <= 1:
+        return {(key, version): _read_commit(stores[key], version) for key, version in wanted}
+    with ThreadPoolExecutor(max_workers=min(_CONCURRENT_READS, len(wanted))) as reads:
+        return dict(zip(wanted, reads.map(lambda read: _read_commit(stores[read[0]], read[1]), wanted)))
 
 
-def _commit_rows(store: FileStore, log_text: bytes) -> tuple[pa.Table, list[Optional[str]]]:
-    """The records one commit added (commit-log columns), and for each the reason it cannot be read, if any."""
+def _read_commit(store: FileStore, version: int) -> CommitRead:
+    """One version of a commit log: its records, or, if its commit cannot be read, one record refusing
+    it whole; a data file that cannot be read is one record refusing that file. What is refused costs
+    only the log it is in, and comes out the same every time the version is read."""
+    try:
+        commit = store.read(delta_log_file(version), max_bytes=MAX_COMMIT_FILE_BYTES)
+    except FileTooLargeError as error:
+        return _refused(error.modified_ms, f"commit cannot be read: {error}")
+    if commit is None:  # gone since it was found (removed by hand): the time it was committed is gone too
+        return _refused(0, f"commit {delta_log_file(version)} is gone")
+    try:
+        files = added_files(commit_actions(commit.data))
+    except CorruptCommitError as error:
+        return _refused(commit.modified_ms, f"commit cannot be read: {error}")
     parts, refusals = [], []
-    for action in (json.loads(line) for line in log_text.splitlines() if line.strip()):
-        add = action.get("add")
-        if add is None or not add.get("dataChange", True):
-            continue
-        path = _inside(unquote(add["path"]))
-        if path is None:
+    for file in files:
+        refusal = file.refusal
+        if refusal is None:
+            try:
+                part = _data_file_rows(store, file.path)
+            except _RefusedFile as refused:
+                refusal = str(refused)
+            else:
+                parts.append(part)
+                refusals.extend([None] * part.num_rows)
+        if refusal is not None:
             parts.append(_null_record())
-            refusals.append(f"data file outside the commit log's directory: {add['path']}"[:512])
-        else:
-            # A producer commits small files, often one per version: ParquetFile reads one at a
-            # fraction of read_table's cost, which sets up a dataset for every file.
-            part = _commit_log_rows(pq.ParquetFile(pa.BufferReader(store.read(path).data))
-                                    .read(columns=COMMIT_LOG.column_names, use_threads=False))
-            parts.append(part)
-            refusals.extend([None] * part.num_rows)
-    return (pa.concat_tables(parts) if parts else _COMMIT_LOG_SCHEMA.empty_table()), refusals
+            refusals.append(refusal[:_REASON_CHARS])
+    return CommitRead(commit.modified_ms, pa.concat_tables(parts) if parts else _COMMIT_LOG_SCHEMA.empty_table(),
+                      refusals)
+
+
+def _refused(modified_ms: int, reason: str) -> CommitRead:
+    return CommitRead(modified_ms, _null_record(), [reason[:_REASON_CHARS]])
+
+
+class _RefusedFile(Exception):
+    """A data file that cannot be read as commit-log records; the message is the reason."""
+
+
+def _data_file_rows(store: FileStore, path: str) -> pa.Table:
+    """The records of one data file (the commit log's columns), read within the bounds above;
+    :class:`_RefusedFile` if it is missing, too large, not Parquet or not of the commit log's columns."""
+    try:
+        found = store.read(path, max_bytes=MAX_DATA_FILE_BYTES)
+    except FileTooLargeError as error:
+        raise _RefusedFile(f"data file too large: {error}") from None
+    if found is None:
+        raise _RefusedFile(f"data file {path} is missing")
+    try:
+        # A producer commits small files, often one per version: ParquetFile reads one at a
+        # fraction of read_table's cost, which sets up a dataset for every file.
+        file = pq.ParquetFile(pa.BufferReader(found.data))
+        _within_bounds(file.metadata, path)
+        missing = [name for name in COMMIT_LOG.column_names if name not in file.schema_arrow.names]
+        if missing:
+            raise _RefusedFile(f"data file {path} lacks the commit log's column(s) {', '.join(missing)}")
+        return _commit_log_rows(file.read(columns=COMMIT_LOG.column_names, use_threads=False))
+    except _RefusedFile:
+        raise
+    # What reading untrusted bytes as Parquet may raise: none of it is the storage's failure.
+    except (pa.ArrowException, OSError, ValueError, TypeError, KeyError, IndexError, RecursionError) as error:
+        raise _RefusedFile(f"data file {path} cannot be read as commit-log records: {error}") from None
+
+
+def _within_bounds(metadata: pq.FileMetaData, path: str) -> None:
+    """Refuse a file whose footer claims more rows or more bytes once decompressed than any commit
+    of a producer holds (a decompression bomb), before any of its pages is read."""
+    if metadata.num_rows > MAX_DATA_FILE_ROWS:
+        raise _RefusedFile(f"data file {path} holds {metadata.num_rows} rows; at most {MAX_DATA_FILE_ROWS} are read")
+    uncompressed = sum(metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups))
+    if uncompressed > MAX_DATA_FILE_UNCOMPRESSED_BYTES:
+        raise _RefusedFile(f"data file {path} decompresses to {uncompressed} bytes; at most "
+                           f"{MAX_DATA_FILE_UNCOMPRESSED_BYTES} are read")
 
 
 def _with_origin(parts: list[pa.Table], refusals: list[Optional[str]], meta: list[tuple]) -> pa.Table:
@@ -232,15 +298,6 @@ def _repeat(values: list, counts: list[int]) -> list:
 
 def _null_record() -> pa.Table:
     return pa.table({f.name: pa.nulls(1, f.type) for f in _COMMIT_LOG_SCHEMA}, schema=_COMMIT_LOG_SCHEMA)
-
-
-def _inside(path: str) -> Optional[str]:
-    """``path`` if it names a file inside the table's own directory; else ``None`` (an absolute URI,
-    or one that climbs out with ``..``)."""
-    if "://" in path or path.startswith("/"):
-        return None
-    normal = posixpath.normpath(path)
-    return None if normal.startswith("..") or normal == "." else normal
 
 
 def _commit_log_rows(data: pa.Table) -> pa.Table:

@@ -38,8 +38,8 @@ from typing import Optional
 
 from coordinator.cli import output
 from coordinator.config import EXIT_USAGE, CoordinatorConfig
-from coordinator.exceptions import (ConfigError, InvalidArgumentError, LakehouseNotFoundError, OutdatedLakehouseError,
-                                    SparkSetupError)
+from coordinator.exceptions import (AccessDeniedError, ConfigError, InvalidArgumentError, LakehouseNotFoundError,
+                                    OutdatedLakehouseError, SparkSetupError, StorageUnavailableError)
 from coordinator.lakehouse import Lakehouse
 
 EXIT_OK = 0
@@ -538,7 +538,10 @@ def run_maintain(args: argparse.Namespace) -> int:
                      "tables": [dataclasses.asdict(result) for result in results]})
     else:
         output.print_maintenance(results, retention, args.log_retention_hours)
-    return EXIT_OK
+    failed = [result for result in results if result.failed]
+    for result in failed:
+        print(f"txcoord maintain: {result.table} could not be maintained: {result.failed}", file=sys.stderr)
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def run_add_group(args: argparse.Namespace) -> int:
@@ -650,6 +653,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (LakehouseNotFoundError, OutdatedLakehouseError, SparkSetupError) as error:
         print(f"txcoord {args.command}: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except (AccessDeniedError, StorageUnavailableError) as error:  # the storage's answer says it all: no traceback
+        print(f"txcoord {args.command}: {error}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print(f"txcoord {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -108,11 +108,14 @@ def print_maintenance(results, retention_hours: int, log_retention_hours: Option
         table.add_column(column, no_wrap=True, justify="left" if column == "table" else "right")
     table.add_column("skipped", overflow="fold")
     for result in results:
+        if result.failed:
+            table.add_row(result.table, "", "", "", "", f"FAILED: {result.failed}")
+            continue
         table.add_row(result.table, f"{result.files_before} → {result.files_after}", str(result.files_compacted),
                       str(result.files_vacuumed), str(result.version), "; ".join(result.skipped))
     out = console()
     out.print(table)
-    out.print(f"{len(results)} table(s) maintained; files removed more than {retention_hours} h ago were vacuumed"
+    out.print(f"{sum(not result.failed for result in results)} table(s) maintained; files removed more than {retention_hours} h ago were vacuumed"
                   + ("" if log_retention_hours is None else f"; logs keep commits for {log_retention_hours:g} h"))
 
 

@@ -13,6 +13,13 @@ is seen gone from its host): reading the records (:meth:`ProducerInstances.surve
 (:meth:`ProducerInstances.forget`) after each batch's writes, so the directory holds one small file
 per instance alive lately and nothing grows without bound.
 
+A group writes its own records, so they are untrusted bytes: a record that is not one (not JSON,
+a field missing or of another type, another group's or instance's name in it, larger than
+:data:`MAX_RECORD_BYTES`) is *refused* with the reason (``GroupSurvey.refused``), which the checker
+records in ``system/rejected`` before it removes the file. At most :data:`MAX_RECORDS_READ` records
+of a group are read, the latest written first: thousands of them cost their group a few checks
+that go unanswered, never the checker's time.
+
 Needs no JVM: producers write these files, the checker reads them (and removes the stale ones).
 
 Example::
@@ -27,21 +34,29 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 import time
 import zlib
-from dataclasses import asdict, dataclass
-from typing import Callable, Optional, Union
-from urllib.parse import quote
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional, Sequence, Union
+from urllib.parse import quote, unquote
 
 from coordinator.control.processes import process_gone, this_process
+from coordinator.exceptions import FileTooLargeError
 from coordinator.lakehouse import Lakehouse
 
-__all__ = ["FORGET_AFTER_S", "GroupSurvey", "LIVE_FOR_HEARTBEATS", "ProducerInstance", "ProducerInstances"]
+__all__ = ["FORGET_AFTER_S", "GroupSurvey", "LIVE_FOR_HEARTBEATS", "MAX_RECORDS_READ", "MAX_RECORD_BYTES",
+           "ProducerInstance", "ProducerInstances", "RefusedRecord"]
 
 #: An instance is live while its record is at most this many of its heartbeats old.
 LIVE_FOR_HEARTBEATS = 3
 #: A record this old (and not live) is stale: :meth:`ProducerInstances.forget` may remove it.
 FORGET_AFTER_S = 3600.0
+#: The most records of one group a survey reads (the latest written); an instance's record is under 300 bytes.
+MAX_RECORDS_READ = 256
+MAX_RECORD_BYTES = 4096
+_CONCURRENT_READS = 16
 
 
 @dataclass(frozen=True)
@@ -63,11 +78,21 @@ class ProducerInstance:
 
 
 @dataclass(frozen=True)
+class RefusedRecord:
+    """A file in a group's ``_producers/`` that is not an instance's record: its key and why."""
+
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class GroupSurvey:
-    """The records of one group, sorted: which instances are live, which records are stale."""
+    """The records of one group, sorted: which instances are live, which records are stale, and the
+    files refused as records."""
 
     live: list[ProducerInstance]  # by instance id
     stale: list[ProducerInstance]  # gone from their host, or older than FORGET_AFTER_S: to be forgotten
+    refused: list[RefusedRecord] = field(default_factory=list)  # by key: to be recorded, then removed
 
 
 class ProducerInstances:
@@ -89,26 +114,30 @@ class ProducerInstances:
         self.files.delete(self._key(group, instance_id))
 
     def survey(self, group: str) -> GroupSurvey:
-        """Read the records of ``group``: its live instances, and the stale records (see :meth:`forget`).
-        Deletes nothing."""
+        """Read the records of ``group``: its live instances, the stale records (see :meth:`forget`) and
+        the files refused as records. Deletes nothing."""
         now = self.clock()
         live, stale = [], []
-        for record in sorted(self._records(group), key=lambda record: record.instance_id):
+        records, refused = self._records(group)
+        for record in sorted(records, key=lambda record: record.instance_id):
             gone = process_gone(asdict(record))
             if record.renewed_recently(now) and not gone:
                 live.append(record)
             elif gone or now - record.last_seen > FORGET_AFTER_S:
                 stale.append(record)
-        return GroupSurvey(live, stale)
+        return GroupSurvey(live, stale, sorted(refused, key=lambda refusal: refusal.key))
 
     def live(self, group: str) -> list[ProducerInstance]:
         """The live instances of ``group``, by instance id. Deletes nothing."""
         return self.survey(group).live
 
-    def forget(self, group: str, stale: list[ProducerInstance]) -> None:
-        """Remove the records of ``stale`` instances of ``group`` (its :meth:`survey`'s ``stale``)."""
+    def forget(self, group: str, stale: list[ProducerInstance], refused: Sequence[RefusedRecord] = ()) -> None:
+        """Remove the records of ``stale`` instances of ``group`` (its :meth:`survey`'s ``stale``), and the
+        files ``refused`` as records."""
         for record in stale:
             self.withdraw(group, record.instance_id)
+        for refusal in refused:
+            self.files.delete(refusal.key)
 
     @staticmethod
     def address(group: str, live: list[ProducerInstance], transaction_id: str, check_times: int) -> Optional[str]:
@@ -119,20 +148,63 @@ class ProducerInstances:
         key = f"{group}\0{transaction_id}\0{check_times}".encode()
         return live[zlib.crc32(key) % len(live)].instance_id
 
-    def _records(self, group: str) -> list[ProducerInstance]:
-        records = []
-        for key in self.files.list(self._group_dir(group)):
-            current = self.files.read(key) if key.endswith(".json") else None
-            if current is None:
-                continue  # withdrawn meanwhile
-            try:
-                records.append(ProducerInstance(**json.loads(current.data)))
-            except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
-                continue  # not one of ours
-        return records
+    def _records(self, group: str) -> tuple[list[ProducerInstance], list[RefusedRecord]]:
+        """The group's records, the latest :data:`MAX_RECORDS_READ` written (read at once on object
+        storage), and the files refused as records."""
+        listed = self.files.modified(self._group_dir(group))
+        keys = sorted(listed, key=lambda key: (-listed[key], key))[:MAX_RECORDS_READ]
+        reads = _concurrently(self._read_record, [(group, key) for key in keys], not self.lakehouse.is_local)
+        records = [read for read in reads if isinstance(read, ProducerInstance)]
+        return records, [read for read in reads if isinstance(read, RefusedRecord)]
+
+    def _read_record(self, group: str, key: str) -> Union[ProducerInstance, RefusedRecord, None]:
+        """The record at ``key``; ``None`` if it was withdrawn meanwhile (or is not a record's file)."""
+        if not key.endswith(".json"):
+            return None
+        try:
+            current = self.files.read(key, max_bytes=MAX_RECORD_BYTES)
+        except FileTooLargeError as error:
+            return RefusedRecord(key, f"not a producer instance's record: {error}")
+        if current is None:
+            return None
+        try:
+            return _parsed(current.data, group, unquote(key.rsplit("/", 1)[-1].removesuffix(".json")))
+        except ValueError as error:
+            return RefusedRecord(key, f"not a producer instance's record: {error}"[:512])
 
     def _group_dir(self, group: str) -> str:
         return f"{self.lakehouse.group_dir(group)}/_producers"
 
     def _key(self, group: str, instance_id: str) -> str:
         return f"{self._group_dir(group)}/{quote(instance_id, safe='')}.json"
+
+
+def _parsed(data: bytes, group: str, instance_id: str) -> ProducerInstance:
+    """The instance record in ``data``, held to its shape; ``ValueError`` saying what is wrong."""
+    try:
+        raw = json.loads(data)
+    except (ValueError, RecursionError):
+        raise ValueError("not JSON") from None
+    if not isinstance(raw, dict):
+        raise ValueError("not a JSON object")
+    kinds = {"group": (str,), "instance_id": (str,), "host": (str,), "pid": (int,), "last_seen": (int, float),
+             "heartbeat_s": (int, float), "pid_namespace": (str, type(None)), "started": (str, type(None))}
+    optional = {"pid_namespace", "started"}  # not written by the first versions
+    for name, allowed in kinds.items():
+        if name not in raw and name not in optional:
+            raise ValueError(f"no {name}")
+        if not isinstance(raw.get(name), allowed) or isinstance(raw.get(name), bool):
+            raise ValueError(f"{name} is {type(raw.get(name)).__name__}")
+    if raw["group"] != group or raw["instance_id"] != instance_id:
+        raise ValueError(f"it names group {raw['group'][:128]!r} and instance {raw['instance_id'][:128]!r}, "
+                         f"but is instance {instance_id[:128]!r}'s record of group {group!r}")
+    if not (math.isfinite(raw["last_seen"]) and math.isfinite(raw["heartbeat_s"]) and raw["heartbeat_s"] > 0):
+        raise ValueError("last_seen and heartbeat_s must be finite, heartbeat_s positive")
+    return ProducerInstance(**{name: raw.get(name) for name in kinds})
+
+
+def _concurrently(function: Callable, calls: list[tuple], concurrent: bool) -> list:
+    if not concurrent or len(calls) <= 1:
+        return [function(*call) for call in calls]
+    with ThreadPoolExecutor(max_workers=min(_CONCURRENT_READS, len(calls))) as pool:
+        return list(pool.map(lambda call: function(*call), calls))

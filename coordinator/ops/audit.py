@@ -16,6 +16,8 @@ delivered            ``topics/<TOPIC>``          end of the delivering batch (``
                                                  else when the commit entered the commit log
 discarded            ``system/discarded``        the checker's batch clock
 rejected             ``system/rejected``         when the refused record entered the commit log
+log unreadable       a group's ``commit_log``    now: the log could not be read (its other
+                                                 steps come from the checker's tables)
 ===================  ==========================  ===========================================
 
 Example::
@@ -45,7 +47,8 @@ __all__ = ["Event", "PENDING", "STEPS", "outcome", "transaction_timeline"]
 PENDING = "PENDING"
 
 #: The steps of a transaction's life, in the order they happen (ties in time keep this order).
-STEPS = ("half sent", "half stored", "end request", "check requested", "resolved", "delivered", "discarded", "rejected")
+STEPS = ("half sent", "half stored", "end request", "check requested", "resolved", "delivered", "discarded", "rejected",
+         "log unreadable")
 
 
 @dataclass(frozen=True)
@@ -63,16 +66,23 @@ class Event:
 
 
 def _commit_log_rows(lakehouse: Lakehouse, rows: Callable[[str, list[str]], list[dict]],
-                     transaction_id: str) -> list[tuple[str, dict]]:
+                     transaction_id: str) -> tuple[list[tuple[str, dict]], dict[str, str]]:
     """The transaction's records in the commit logs, each with its log: its group's log (every group's
-    while the checker has not taken it in), the operators' and the retired shared one."""
+    while the checker has not taken it in), the operators' and the retired shared one; and the logs
+    that could not be read, with why (a group writes its own log: it may hold anything)."""
     groups = {r["producer_group"] for r in rows(HALF.name, ["producer_group"])}
     logs = CommitLogs(lakehouse).discover()
     if groups:
         logs = [ref for ref in logs if ref.group is None or ref.group in groups]
     columns = ["kind", "msg_id", "message_index", "message_count", "topic", "state", "check_id", "born_timestamp",
                "producer_group", "properties"]
-    return [(ref.key, r) for ref in logs for r in rows(ref.key, columns)]
+    found, unreadable = [], {}
+    for ref in logs:
+        try:
+            found.extend((ref.key, r) for r in rows(ref.key, columns))
+        except Exception as error:  # this log's bytes, whatever they are, must not hide the others' records
+            unreadable[ref.key] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
+    return found, unreadable
 
 
 def transaction_timeline(lakehouse: Union[str, Lakehouse], transaction_id: str) -> list[Event]:
@@ -93,7 +103,10 @@ def transaction_timeline(lakehouse: Union[str, Lakehouse], transaction_id: str) 
         return lakehouse.read(table, columns, pc.field("transaction_id") == transaction_id).to_pylist()
 
     events: list[Event] = []
-    for log, r in _commit_log_rows(lakehouse, rows, transaction_id):
+    records, unreadable = _commit_log_rows(lakehouse, rows, transaction_id)
+    now = dt.datetime.now(dt.timezone.utc)
+    events.extend(Event(now, "log unreadable", log, reason) for log, reason in sorted(unreadable.items()))
+    for log, r in records:
         if r["kind"] == RecordKind.HALF:
             events.append(Event(r["born_timestamp"], "half sent", log,
                                 f"message {r['message_index'] + 1}/{r['message_count']} to {r['topic']} "

@@ -83,7 +83,8 @@ _CLOCK_MARGIN = timedelta(minutes=1)
 class TableMaintenance:
     """What maintenance did to one table.
 
-    ``skipped`` says why a step was left out (``None`` if nothing was).
+    ``skipped`` says why a step was left out (``None`` if nothing was); ``failed``, why the table could
+    not be maintained at all (its other fields then say nothing).
     """
 
     table: str
@@ -93,6 +94,7 @@ class TableMaintenance:
     files_vacuumed: int = 0
     version: int = -1
     skipped: list[str] = field(default_factory=list)
+    failed: Optional[str] = None
 
 
 def maintained_tables(lakehouse: Union[str, Lakehouse]) -> list[str]:
@@ -129,7 +131,8 @@ def maintain(
     Vacuum runs first, so files a compaction removes stay on disk until at least the
     next run. A step that loses a race with a concurrent writer is skipped and said so;
     running maintenance again retries it. ``on_table`` is called after each table
-    (for progress display).
+    (for progress display). A table that cannot be maintained (a log a group filled with bytes that are
+    no Delta commit, say) is reported with the reason (``failed``) and the others are still maintained.
 
     ``log_retention_hours`` (fractions allowed) sets each table's
     ``delta.logRetentionDuration`` where it differs, so that the log cleanup removes
@@ -150,11 +153,19 @@ def maintain(
     lakehouse = Lakehouse.at(lakehouse)
     results = []
     for name in tables if tables is not None else maintained_tables(lakehouse):
-        result = _maintain_table(lakehouse, name, retention_hours, log_retention)
+        try:
+            result = _maintain_table(lakehouse, name, retention_hours, log_retention)
+        except Exception as error:  # this table's failure, whatever it is, must not cost the others theirs
+            result = TableMaintenance(name, failed=_first_line(error))
         results.append(result)
         if on_table is not None:
             on_table(result)
     return results
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:500]}" if text else type(error).__name__
 
 
 def log_retention_interval(hours: float) -> str:

@@ -24,9 +24,10 @@ from coordinator.commit_logs import CommitLogs, Layout
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
 from coordinator.control.progress import CheckerProgress
-from coordinator.exceptions import InvalidArgumentError, OutdatedLakehouseError
+from coordinator.exceptions import InvalidArgumentError, MessageValidationError, OutdatedLakehouseError
 from coordinator.lakehouse import (GROUPS_KEY, OPERATORS_LOG_KEY, SHARED_LOG_KEY, Lakehouse, create_group_tables,
                                    group_key, init_lakehouse, open_table, read_table)
+from coordinator.names import validate_name
 from coordinator.tables import HALF
 
 __all__ = ["ANALYSTS", "CHECKER", "OPERATORS", "Grant", "Upgrade", "access_plan", "add_group", "group_principal",
@@ -135,8 +136,10 @@ def add_group(config: CoordinatorConfig, group: str) -> list[str]:
 
         add_group(config, "payment_group")  # ['/…/groups/payment_group/commit_log', '/…/check_requests']
     """
-    if not group or not group.strip():
-        raise InvalidArgumentError("a producer group is a non-empty name")
+    try:
+        validate_name("producer group", group)
+    except MessageValidationError as error:
+        raise InvalidArgumentError(str(error)) from None
     lakehouse = Lakehouse.of(config)
     CommitLogs(lakehouse).layout()
     init_lakehouse(lakehouse)

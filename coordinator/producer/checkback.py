@@ -59,8 +59,10 @@ class CheckBackWorker:
     instances. On start it also answers requests issued within the last
     ``transaction_check_interval_ms`` (those a restarted producer missed while
     it was down); older ones have been superseded by the checker's next round.
-    A missing table is waited for. Answers are sent one-way: a lost answer is
-    asked again by the checker.
+    A missing table is waited for, and once it appears every request in it is
+    answered, however old its batch clock says it is: the checker creates a new
+    group's table with its first round of requests. Answers are sent one-way: a
+    lost answer is asked again by the checker.
 
     Example::
 
@@ -96,6 +98,7 @@ class CheckBackWorker:
         self._answered: OrderedDict[str, None] = OrderedDict()
         self._table: Optional[DeltaTable] = None
         self._version = -1
+        self._waited_for_table = False  # everything in a table that appeared while this worker ran is for it
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._pool: Optional[ThreadPoolExecutor] = None
@@ -154,9 +157,10 @@ class CheckBackWorker:
     def _poll(self) -> None:
         if self._table is None:
             if not DeltaTable.is_deltatable(self.path, storage_options=self.storage or None):
+                self._waited_for_table = True
                 return
             table = open_table(self.path, storage=self.storage)
-            self._dispatch(self._recent_requests(table))
+            self._dispatch(self._requests(every=self._waited_for_table))
             self._table, self._version = table, table.version()
             return
         self._table.update_incremental()
@@ -171,10 +175,11 @@ class CheckBackWorker:
         self._dispatch(changes.filter((pc.field("_change_type") == "insert") & self._ours()))
         self._version = latest
 
-    def _recent_requests(self, table: DeltaTable) -> pa.Table:
+    def _requests(self, every: bool) -> pa.Table:
+        """Ours: ``every`` one, or those requested within the last check interval."""
         cutoff = datetime.now(timezone.utc) - timedelta(milliseconds=self.config.transaction_check_interval_ms)
-        recent = self._ours() & (pc.field("requested_at") >= pa.scalar(cutoff, type=pa.timestamp("us", tz="UTC")))
-        return read_table(self.path, filter=recent, storage=self.storage)
+        recent = pc.field("requested_at") >= pa.scalar(cutoff, type=pa.timestamp("us", tz="UTC"))
+        return read_table(self.path, filter=self._ours() if every else self._ours() & recent, storage=self.storage)
 
     def _dispatch(self, requests: pa.Table) -> None:
         for request in requests.select(GROUP_CHECK_REQUESTS.column_names).to_pylist():

@@ -32,6 +32,7 @@ from coordinator.lakehouse import Lakehouse, create_table
 from coordinator.producer.message import Message
 from coordinator.protocol import LocalTransactionState, RecordKind
 from coordinator.tables import COMMIT_LOG
+from coordinator.protocol import MAX_COMMIT_BODY_BYTES
 
 __all__ = ["CommitLogWriter", "end_record", "half_records", "records_to_arrow"]
 
@@ -130,8 +131,9 @@ class CommitLogWriter:
     """Appends records to one commit log, many submits per Delta commit: producer group ``log``'s own
     (a name), or the one a :class:`~coordinator.commit_logs.CommitLogRef` names (the operators').
 
-    One background thread takes everything waiting (up to ``max_batch_rows``,
-    never splitting a submit) and writes it as one commit, then resolves the
+    One background thread takes everything waiting (up to ``max_batch_rows`` and
+    bodies of :data:`~coordinator.validation.MAX_COMMIT_BODY_BYTES` in all, never
+    splitting a submit) and writes it as one commit, then resolves the
     submitters' futures. The records of one :meth:`submit` always land in the
     same commit. A commit starts at least ``commit_interval_ms`` after the one
     before (as Kafka's ``linger.ms``): under load commits take longer than
@@ -175,8 +177,9 @@ class CommitLogWriter:
     def submit(self, records: Sequence[dict]) -> Future:
         """Queue ``records`` for the next commit; the future resolves to the commit's table version.
 
-        The records are never split between commits, even beyond ``max_batch_rows``.
-        The future holds the write's exception if the commit failed, or if a value
+        The records are never split between commits, even beyond ``max_batch_rows``;
+        records whose bodies are larger than ``MAX_COMMIT_BODY_BYTES`` together are
+        refused (:class:`InvalidArgumentError`), as the checker would. The future holds the write's exception if the commit failed, or if a value
         does not fit its column's type (the other submits of that commit are still
         written). Raises at once (``ValueError``) for a key that is not a commit-log
         column, and :class:`ProducerStateError` after :meth:`close`.
@@ -188,11 +191,15 @@ class CommitLogWriter:
         if not records:
             raise InvalidArgumentError("nothing to submit")
         rows = _rows(records)  # in the sender's thread: the writer's own work stays small
+        size = sum(len(record.get("body") or b"") for record in records)
+        if size > MAX_COMMIT_BODY_BYTES:
+            raise InvalidArgumentError(f"the records' bodies are {size} bytes together; one commit holds at most "
+                                       f"{MAX_COMMIT_BODY_BYTES}")
         future: Future = Future()
         with self._lock:
             if self._closed:
                 raise ProducerStateError("the commit-log writer is closed")
-            self._queue.put((rows, future))
+            self._queue.put((rows, future, size))
         return future
 
     def close(self) -> None:
@@ -223,18 +230,18 @@ class CommitLogWriter:
             if item is _CLOSE:
                 return
             time.sleep(max(0.0, self._next_commit_at - time.monotonic()))
-            batch = [item]
-            rows = len(item[0])
+            batch = [item[:2]]
+            rows, size = len(item[0]), item[2]
             while rows < self.max_batch_rows:
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if item is _CLOSE or rows + len(item[0]) > self.max_batch_rows:
+                if item is _CLOSE or rows + len(item[0]) > self.max_batch_rows or size + item[2] > MAX_COMMIT_BODY_BYTES:
                     carried = item
                     break
-                batch.append(item)
-                rows += len(item[0])
+                batch.append(item[:2])
+                rows, size = rows + len(item[0]), size + item[2]
             self._next_commit_at = time.monotonic() + self.commit_interval_s
             self._commit(batch)
 

@@ -29,7 +29,9 @@ from coordinator.producer.checkback import CheckBackWorker
 from coordinator.producer.commit_log import CommitLogWriter, end_record, half_records
 from coordinator.producer.listener import TransactionListener
 from coordinator.producer.message import Message, SendStatus, TransactionSendResult
-from coordinator.protocol import LocalTransactionState
+from coordinator.protocol import LocalTransactionState, MAX_COMMIT_BODY_BYTES
+from coordinator.names import validate_name
+from coordinator.protocol import MAX_COMMIT_BODY_BYTES
 
 __all__ = ["TransactionProducer", "time_ordered_id"]
 
@@ -54,9 +56,7 @@ class TransactionProducer:
     """
 
     def __init__(self, group: str, listener: TransactionListener, config: CoordinatorConfig) -> None:
-        if not isinstance(group, str) or not group.strip():
-            raise MessageValidationError(f"producer group must be a non-empty string, got {group!r}")
-        self.group = group
+        self.group = validate_name("producer group", group)
         self.listener = listener
         self.config = config
         self._lock = threading.Lock()
@@ -234,6 +234,10 @@ def _validate(msgs: list[Message]) -> None:
         if not isinstance(msg, Message):
             raise MessageValidationError(f"expected a Message, got {type(msg).__name__}")
         msg.validate()
+    size = sum(len(msg.body) for msg in msgs)
+    if size > MAX_COMMIT_BODY_BYTES:
+        raise MessageValidationError(f"the transaction's bodies are {size} bytes together; the maximum is "
+                                     f"{MAX_COMMIT_BODY_BYTES}")
 
 
 def _log_lost_end(future: Future, transaction_id: str, extra: dict) -> None:
