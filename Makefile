@@ -35,8 +35,8 @@ demo: setup
 	$(PY) -m coordinator demo
 
 # The S3 server of the object-storage tests is built from source once (cached in .cache/s3: about
-# 3 minutes of both cores), from the start (the build script needs only Python's stdlib); then the
-# tests in three lanes at once (scripts/test_lanes.sh), each lane's time and its slowest tests printed.
+# a minute and a half of both cores), from the start (the build script needs only Python's stdlib); then the
+# tests in two lanes at once (scripts/test_lanes.sh), each lane's time and its slowest tests printed.
 test: system-packages
 	@mkdir -p .cache; start=$$(date +%s); \
 	$(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \

@@ -1,7 +1,7 @@
 """Every error the coordinator raises. All derive from :class:`CoordinatorError`."""
 
 __all__ = ["AccessDeniedError", "CheckerAlreadyRunningError", "CheckerStateError", "CheckpointMismatchError",
-           "ConfigError", "CoordinatorError", "CorruptCommitError", "FileTooLargeError", "HalfNotStoredError",
+           "ConfigError", "CoordinatorError", "CorruptInputError", "FileTooLargeError", "HalfNotStoredError",
            "HalfOutcomeUnknownError", "IncompleteListenerError", "InvalidArgumentError", "LakehouseNotFoundError",
            "LeaseLostError", "MessageValidationError", "OutdatedLakehouseError", "ProducerStateError",
            "SparkSetupError", "StopRequested", "StorageUnavailableError", "UnsupportedTableError",
@@ -72,9 +72,10 @@ class AccessDeniedError(CoordinatorError, PermissionError):
     ``txcoord grants``). Nothing was written."""
 
 
-class CorruptCommitError(CoordinatorError, ValueError):
-    """A Delta commit file does not hold what the protocol says it must (one JSON object a line, an
-    ``add`` with a path): its version is refused, with this reason."""
+class CorruptInputError(CoordinatorError, ValueError):
+    """What a writer put in its own prefix is not what it must be (a Delta commit of one JSON object a
+    line, a data file of commit-log records, a producer instance's record): it is refused, for its
+    writer alone, with this message as the reason."""
 
 
 class FileTooLargeError(CoordinatorError, ValueError):

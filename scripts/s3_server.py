@@ -6,7 +6,7 @@ lakehouse relies on (``If-None-Match: *`` and ``If-Match``), atomically: it re-c
 condition and publishes the object under a per-object file lock, so of several racing writers
 exactly one wins (checked here with 16 concurrent PUTs on one key, 20 rounds).
 
-It is built once from the Go module proxy into ``.cache/s3/bin`` (about 3 minutes on two
+It is built once from the Go module proxy into ``.cache/s3/bin`` (about a minute and a half on two
 cores; the Go caches are removed afterwards), then started in a fraction of a second.
 
     .venv/bin/python scripts/s3_server.py build                      # once; a no-op when cached
@@ -72,7 +72,7 @@ def _go_install(go: str, quiet: bool) -> None:
         env = dict(os.environ, GOBIN=str(BINARY.parent), GOMODCACHE=f"{work}/mod", GOCACHE=f"{work}/build",
                    GOFLAGS="-buildvcs=false -modcacherw", CGO_ENABLED="0")
         if not quiet:
-            print(f"building the S3 server ({VERSITYGW_MODULE}) into {BINARY.parent}: about 3 minutes, once",
+            print(f"building the S3 server ({VERSITYGW_MODULE}) into {BINARY.parent}: about a minute and a half, once",
                   file=sys.stderr, flush=True)
         BINARY.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([go, "install", "-ldflags=-s -w", VERSITYGW_MODULE], env=env, check=True)

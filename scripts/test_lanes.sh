@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# `make test`'s pytest runs, after setup: three lanes at once, as each leaves CPU idle much of the time
-# (its tests wait on Spark triggers, JVM starts and subprocesses):
-#   slow               the end-to-end tests that start Spark jobs of their own;
-#   s3-and-benchmarks  the benchmarks' tiny runs, then the slow tests on the S3 server (these wait for its
-#                      build, which `make test` starts first);
-#   fast               everything else, on two workers, each with its one shared Spark session.
-# Each lane's output is printed when all have ended, then each lane's time; the exit status is non-zero
+# `make test`'s pytest runs, after setup: two lanes at once, each on two workers that take the next test as
+# they finish one (the tests wait on Spark triggers, JVM starts and subprocesses much of the time):
+#   slow  the end-to-end tests that start Spark jobs of their own, the benchmarks' tiny runs, and the slow
+#         tests on the S3 server last (they wait for its build, which `make test` starts first); the tests
+#         sharing the installed wheel and its demo run on one worker (tests/conftest.py groups them);
+#   fast  everything else, each worker with its one shared Spark session.
+# Each lane's output is printed when both have ended, then each lane's time; the exit status is non-zero
 # if any lane failed.
 set -u
 cd "$(dirname "$0")/.."
@@ -22,11 +22,10 @@ lane() {
   echo "$? $(( $(date +%s) - begun ))" > "$logs/$name.result"
 }
 
-lanes=(slow s3-and-benchmarks fast)
-lane slow -m "slow and not (benchmark or object_store)" & slow=$!
-lane s3-and-benchmarks -m "slow and (benchmark or object_store)" & s3=$!
+lanes=(slow fast)
+lane slow -m slow -n 2 --dist loadgroup & slow=$!
 lane fast -m "not slow" -n 2 --dist worksteal & fast=$!
-wait $slow $s3 $fast
+wait $slow $fast
 
 status=0
 summary=()

@@ -257,13 +257,22 @@ def demo(tmp_path_factory, installed):
     return workdir / "lakehouse", result, time.monotonic() - started
 
 
+#: Session fixtures whose tests run on one worker under ``pytest -n`` (``--dist loadgroup``): built once, not once a worker.
+_SHARED_SESSION_FIXTURES = ("installed", "demo")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
-    """Mark ``object_store`` every test that uses the S3 server, and run the tests marked ``slow``
-    first. Each starts Spark jobs of its own (two JVMs); run first, they finish before this suite's
-    shared session (a third JVM) exists, which a two-core machine cannot carry at once."""
+    """Mark ``object_store`` every test that uses the S3 server, group on one worker the tests that share the
+    installed wheel and its demo, and run the tests marked ``slow`` first, the longest first so that two
+    workers end together: the group of the demo, then those on the S3 server (``make test`` builds it while
+    it sets up: scripts/test_lanes.sh), then the others."""
     for item in items:
-        if "s3_server" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "s3_server" in fixtures:
             item.add_marker(pytest.mark.object_store)
-    # Within the slow ones, those on the S3 server last: make test starts them while the server is being built.
+        if any(name in fixtures for name in _SHARED_SESSION_FIXTURES):
+            item.add_marker(pytest.mark.xdist_group("installed-wheel"))
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
-                                 item.get_closest_marker("object_store") is not None))
+                                 item.get_closest_marker("xdist_group") is None,
+                                 item.get_closest_marker("object_store") is None))

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from bench.harness.poisons import INSTANCE_POISONS, POISONS
 from tests import REPO_ROOT
 from tests.conftest import require_s3_server
 
@@ -16,7 +17,8 @@ from tests.conftest import require_s3_server
 #: ``python -m bench.chaos --tiny``, and a larger run with the lakehouse on a loopback S3 server reached through the
 #: storage-fault proxy (503, 500, delays, resets, replies dropped after the write).
 RUNS = {
-    "local disk": ["--tiny"],  # bench.chaos's tiny run: every kind of transaction, one kill of each, a recovery
+    # bench.chaos's tiny run: every kind of transaction, one kill of each, a recovery; and a poisoning tenant.
+    "local disk": ["--tiny", "--poison"],
     "object store": ["--object-store", "--storage-faults", "--transactions", "80", "--send-seconds", "15",
                      "--checker-kills", "1", "--producer-kills", "2"],
 }
@@ -39,6 +41,9 @@ def test_the_chaos_run_kills_checker_and_producers_and_breaks_no_invariant(tmp_p
     assert len(report["did"]["checker_kills"]) == report["run"]["options"]["checker_kills"] >= 1
     assert len(report["did"]["producer_kills"]) >= 1
     assert report["did"]["bad_inputs"] and all(bad["reason"] for bad in report["did"]["bad_inputs"])
+    if mode == "local disk":  # every poison refused with its reason, at least one round of each kind
+        assert report["did"]["poison_rounds"] >= 1 and all(p["reason"] for p in report["did"]["poisonings"])
+        assert {p["what"] for p in report["did"]["poisonings"]} == set(POISONS) | set(INSTANCE_POISONS)
     assert report["did"]["operator_recoveries"] >= 1  # discarded, then committed by hand: delivered once
     # The first twice, racing: both accepted, or the second refused as the checker had applied the first.
     did = report["did"]

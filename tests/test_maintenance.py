@@ -258,7 +258,9 @@ def test_the_log_retention_is_set_on_every_table_and_only_when_it_changes(config
     assert set(settings().values()) == {("interval 90 minutes", 1)}
 
     maintain(lakehouse, log_retention_hours=0.001)
-    assert set(settings().values()) == {("interval 3600 milliseconds", 2)}
+    # Changed on every table; the cleanup that follows keeps 3.6 s of log, so on a slow machine the first
+    # SET TBLPROPERTIES commit may be gone from the history already: only the value is certain.
+    assert {value for value, _ in settings().values()} == {"interval 3600 milliseconds"}
 
 
 @pytest.mark.parametrize("hours", [0, -1, math.nan, math.inf, 1e-12])

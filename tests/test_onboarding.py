@@ -68,3 +68,21 @@ def test_grants_lists_every_principal_and_refuses_a_bucket_policy_for_a_local_la
 
     refused = txcoord("grants", "--config", str(config_file), "--account", "checker=svc-checker")
     assert refused.returncode == 2 and "is a local directory" in refused.stderr
+
+
+def test_a_new_groups_statements_merge_into_the_buckets_policy_in_place():
+    from coordinator.ops.tenancy import merged_policy, s3_bucket_policy
+
+    root, role = "s3://bucket/lh", "arn:aws:iam::123456789012:role/{}".format
+    current = s3_bucket_policy(root, {"checker": [role("checker")], "group a": [role("a")], "group b": [role("b")]})
+    foreign = {"Sid": "SomeoneElses", "Effect": "Deny", "Principal": "*", "Action": "s3:*", "Resource": "arn:aws:s3:::x"}
+    current["Statement"].append(foreign)
+
+    merged = merged_policy(current, s3_bucket_policy(root, {"group b": [role("b2")], "group c": [role("c")]}))
+
+    principals = [statement["Principal"] for statement in merged["Statement"]]
+    assert foreign in merged["Statement"] and {"AWS": [role("b")]} not in principals
+    for kept in ("checker", "a", "b2", "c"):
+        assert principals.count({"AWS": [role(kept)]}) == (2 if kept == "checker" else 4)
+    assert len({statement["Sid"] for statement in merged["Statement"]}) == len(merged["Statement"])
+    assert all(statement["Sid"].isalnum() for statement in merged["Statement"])

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 from deltalake.exceptions import DeltaError
 
 from bench import harness
-from bench.chaos.options import CONFIG_NAME, FORGED_GROUP, KIND_WEIGHTS, SETTINGS
+from bench.chaos.options import CONFIG_NAME, FORGED_GROUP, KIND_WEIGHTS, POISON_GROUP, SETTINGS
 from bench.chaos.producer import AUDIT_TOPIC, KINDS, ORDER_TOPIC, Store, group_of
 from coordinator.commit_logs import CommitLogs
 from coordinator.config import CoordinatorConfig
@@ -156,22 +156,25 @@ def prepare(root: Path, producers: int, lakehouse: Optional[str] = None, storage
     if storage:
         lines += ["", "[storage]", *(f"{key} = {json.dumps(value)}" for key, value in storage.items())]
     lines += ["", "[topic_grants]", *(f'{group_of(index)} = ["CHAOS_*"]' for index in range(producers)),
-              f"{FORGED_GROUP} = [{json.dumps(ORDER_TOPIC)}]"]
+              f"{FORGED_GROUP} = [{json.dumps(ORDER_TOPIC)}]", f"{POISON_GROUP} = [\"CHAOS_*\"]"]
     config_path.write_text("\n".join(lines) + "\n")
     init_lakehouse(Lakehouse.of(CoordinatorConfig.load(config_path, environ={})))
     return config_path
 
 
 class Maintenance:
-    """Runs ``coordinator.ops.maintenance.maintain`` over the commit log and the topics, over and over, in a thread."""
+    """Runs ``coordinator.ops.maintenance.maintain`` over the commit log and the topics, over and over, in a thread.
+    A table it cannot maintain is an error, unless ``poisoned`` names it."""
 
-    def __init__(self, config_path: Path, every_s: float, retention_hours: int) -> None:
+    def __init__(self, config_path: Path, every_s: float, retention_hours: int, poisoned: frozenset[str] = frozenset()) -> None:
         self.config_path, self.every_s, self.retention_hours = config_path, every_s, retention_hours
+        self.poisoned = poisoned  # tables whose failure is expected: a poisoning tenant's log
         self.runs = 0
         self.files_compacted = 0
         self.files_vacuumed = 0
         self.skipped: Counter = Counter()
         self.errors: list[str] = []
+        self.poisoned_failures = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="maintenance", daemon=True)
 
@@ -201,6 +204,12 @@ class Maintenance:
             self.errors.append(f"exit {result.returncode}: {result.stderr.strip()[-1500:]}")
             return
         for table in json.loads(result.stdout.strip().splitlines()[-1]):
+            if table["failed"]:
+                if table["table"] in self.poisoned:
+                    self.poisoned_failures += 1
+                else:
+                    self.errors.append(f"{table['table']}: {table['failed']}")
+                continue
             self.files_compacted += table["files_compacted"]
             self.files_vacuumed += table["files_vacuumed"]
             # The first line names the step; what follows (versions, error details) varies run to run.

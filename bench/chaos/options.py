@@ -10,7 +10,8 @@ from typing import Optional
 from bench import harness
 from bench.chaos.producer import KINDS
 
-__all__ = ["CONFIG_NAME", "FORGED_GROUP", "KIND_WEIGHTS", "OBJECT_STORE_BUCKET", "Options", "SETTINGS",
+__all__ = ["CONFIG_NAME", "FORGED_GROUP", "KIND_WEIGHTS", "OBJECT_STORE_BUCKET", "Options", "POISON_EVERY_S",
+           "POISON_GROUP", "SETTINGS",
            "STORAGE_FAULT_DELAY_S", "STORAGE_FAULT_RATES", "TINY", "parse_options"]
 
 #: The bucket of ``--object-store`` runs.
@@ -32,6 +33,10 @@ KIND_WEIGHTS = {"commit": 40, "rollback": 10, "unknown_then_commit": 10, "unknow
                 "unknown_forever": 5, "listener_raises": 10, "multi_topic_commit": 15}
 #: The group hostile records pretend to be: no process answers its checks.
 FORGED_GROUP = "chaos_forged"
+#: ``--poison``: the poisoning tenant's group (no process answers its checks either), and how often it writes
+#: every poison again while the honest groups send.
+POISON_GROUP = "chaos_poison"
+POISON_EVERY_S = 3.0
 #: ``--tiny``: a few transactions (every kind, and more than one of some) from two producers over 5 s, one
 #: checker and one producer kill. Its seed plans two transactions held for review, so the run goes through a
 #: recovery (the operator commits the first discard) even when the producer kill cuts one of the two short.
@@ -58,6 +63,7 @@ class Options:
     standby: bool = False
     object_store: bool = False
     storage_faults: bool = False
+    poison: bool = False
 
 
 def parse_options(argv: Optional[list[str]] = None) -> Options:
@@ -86,6 +92,9 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
                         help="with --object-store: every request through bench/storage_faults.py, which answers "
                              "503 and 500, delays, resets connections and drops replies after the write, at random "
                              f"(seeded by --seed; rates {STORAGE_FAULT_RATES}) until the kills are done")
+    parser.add_argument("--poison", action="store_true",
+                        help="a poisoning tenant writes, into its own prefix, every kind of bytes the checker must "
+                             f"refuse (bench/harness/poisons.py), every {POISON_EVERY_S:g} s while the producers send")
     args = harness.parse_args(parser, argv, "chaos", TINY)
     if args.storage_faults and not args.object_store:
         parser.error("--storage-faults needs --object-store: the faults are those of an S3 server's")

@@ -23,6 +23,9 @@ def print_report(report: dict) -> None:
              ("maintenance: files compacted away / vacuumed",
               f"{did['maintenance_files_compacted']} / {did['maintenance_files_vacuumed']}"),
              ("bad inputs", len(did["bad_inputs"])),
+             ("poisons written (rounds) / refused with their reason",
+              f"{len(did['poisonings'])} ({did['poison_rounds']}) / {sum(1 for p in did['poisonings'] if p['reason'])}"),
+             ("maintenance runs that reported the poisoned log and went on", did["maintenance_poisoned_failures"]),
              ("discarded, then committed by an operator (COMMITs accepted / refused as too late)",
               f"{did['operator_recoveries']} ({did['operator_commits_sent']} / {did['operator_commits_refused']})"),
              ("settled", did["settled"]),
@@ -38,6 +41,10 @@ def print_report(report: dict) -> None:
                  for kind, counts in report["outcomes_by_kind"].items()])
     print("bad inputs → system/rejected")
     _print_rows([(bad["what"], bad["reason"] or "NOT RECORDED") for bad in did["bad_inputs"]])
+    if did["poisonings"]:
+        print("poisons → system/rejected (one of each kind)")
+        first = {poisoning["what"]: poisoning for poisoning in reversed(did["poisonings"])}
+        _print_rows([(what, poisoning["reason"] or "NOT REFUSED") for what, poisoning in first.items()])
     print("found (all must be 0)")
     _print_rows(list(found.items()))
     for name, examples in report["examples"].items():

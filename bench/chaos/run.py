@@ -21,8 +21,9 @@ from bench import harness
 from bench.chaos.actors import (LOOK_EVERY_S, Checker, Maintenance, Operator, Producer, make_plan, plan_producer_kills,
                                 prepare)
 from bench.chaos.hostile import HostileWriter
-from bench.chaos.options import (OBJECT_STORE_BUCKET, SETTINGS, STORAGE_FAULT_DELAY_S, STORAGE_FAULT_RATES, Options,
-                                 parse_options)
+from bench.chaos.poison import Poisoner
+from bench.chaos.options import (OBJECT_STORE_BUCKET, POISON_EVERY_S, SETTINGS, STORAGE_FAULT_DELAY_S,
+                                 STORAGE_FAULT_RATES, Options, parse_options)
 from bench.chaos.producer import group_of
 from bench.chaos.report import print_report
 from bench.chaos.verify import EXAMPLES, verify
@@ -62,6 +63,11 @@ class Activity:
     maintenance_files_vacuumed: int = 0
     maintenance_steps_skipped: dict[str, int] = field(default_factory=dict)
     bad_inputs: list[dict] = field(default_factory=list)
+    #: --poison: each poison written (where, the refusal expected, the reason found), its rounds, and the runs of
+    #: maintenance that reported the poisoned log as one it could not maintain (and went on).
+    poisonings: list[dict] = field(default_factory=list)
+    poison_rounds: int = 0
+    maintenance_poisoned_failures: int = 0
     operator_recoveries: int = 0
     operator_commits_sent: int = 0
     operator_commits_refused: int = 0
@@ -114,7 +120,9 @@ class Run:
         self.checkers = [Checker(self.root, config_path, self.lakehouse)]
         if options.standby:
             self.checkers.append(Checker(self.root, config_path, self.lakehouse, name="standby"))
-        self.maintenance = Maintenance(config_path, options.maintenance_every, options.retention_hours)
+        self.poisoner = Poisoner(self.lakehouse) if options.poison else None
+        self.maintenance = Maintenance(config_path, options.maintenance_every, options.retention_hours,
+                                       frozenset([self.poisoner.log_key] if self.poisoner else []))
         self.operator = Operator(self.config, {group_of(p.index) for p in self.producers}, random.Random(options.seed))
         self.hostile = HostileWriter(self.lakehouse, random.Random(options.seed))
         window_end = started + 2.0 + options.send_seconds
@@ -145,6 +153,7 @@ class Run:
         batches recorded since the last kill are the current holder's."""
         kill_after_batches: Optional[int] = None
         kill_checker_at: Optional[float] = None
+        next_poison_at = 0.0
         blind_injected = targeted_injected = False
         killed_at: Optional[float] = None  # time.time() of the last checker kill whose failover is not measured yet
         holder_since = time.time()  # the current holder's batches are those recorded since then
@@ -158,6 +167,9 @@ class Run:
             for producer in self.producers:
                 if producer.child.running and producer.kill_near:
                     self._kill_producer(producer)
+            if self.poisoner is not None and now >= next_poison_at and not all(p.done for p in self.producers):
+                self.poisoner.poison()
+                next_poison_at = now + POISON_EVERY_S
             if not blind_injected and now >= blind_injection_at:
                 self.hostile.inject_blind()
                 blind_injected = True
@@ -257,6 +269,9 @@ class Run:
                 producer.restarts += 1
                 producer.start()
 
+    def _poisonings(self) -> list:
+        return self.poisoner.written if self.poisoner is not None else []
+
     def _storage_log_lines(self) -> dict[str, int]:
         """How often the processes' logs say they retried a storage request, or found a write whose
         reply was lost already made (coordinator.retries), so far."""
@@ -273,7 +288,7 @@ class Run:
             self.operator.act()
             try:
                 findings = verify(self.config, self.producers, self.hostile.injected, self.plans,
-                                  self.operator.recovered)
+                                  self.operator.recovered, self._poisonings())
             except (OSError, ValueError, DeltaError) as error:  # a file vacuumed between snapshot and read: read again
                 print(f"  (reading the tables failed, retrying: {error})", flush=True)
                 time.sleep(LOOK_EVERY_S)
@@ -305,11 +320,14 @@ class Run:
         activity.maintenance_files_vacuumed = self.maintenance.files_vacuumed
         activity.maintenance_steps_skipped = dict(self.maintenance.skipped)
         findings = verify(self.config, self.producers, self.hostile.injected, self.plans,
-                          self.operator.recovered)
+                          self.operator.recovered, self._poisonings())
         activity.operator_recoveries = len(self.operator.recovered)
         activity.operator_commits_sent = self.operator.sent
         activity.operator_commits_refused = self.operator.refused
         activity.bad_inputs = [asdict(bad) for bad in self.hostile.injected]
+        activity.poisonings = [asdict(poisoning) for poisoning in self._poisonings()]
+        activity.poison_rounds = self.poisoner.rounds if self.poisoner else 0
+        activity.maintenance_poisoned_failures = self.maintenance.poisoned_failures
         failures = [f"{checker.name}: {f}" for checker in self.checkers for f in checker.failures]
         failures += [f"producer-{p.index}: {f}" for p in self.producers for f in p.failures]
         failures += [f"{name} exited with code {code} on SIGTERM" for name, code in stop_codes.items() if code != 0]

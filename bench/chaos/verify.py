@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Sequence
 
 from bench import harness
 from bench.chaos.actors import Producer, table_rows
 from bench.chaos.hostile import BadInput
+from bench.chaos.poison import Poisoning
 from bench.chaos.producer import COMMITTED, HALF_NOT_STORED, HALF_OUTCOME_UNKNOWN, INTERRUPTED, REVIEW, Store, group_of, plan_id_of
 from coordinator.commit_logs import CommitLogs
 from coordinator.config import CoordinatorConfig
@@ -73,15 +75,18 @@ class Tables:
     topic_rows: list[dict]  # every topic's
 
     @classmethod
-    def read(cls, lakehouse: Lakehouse) -> "Tables":
+    def read(cls, lakehouse: Lakehouse, unreadable: frozenset[str] = frozenset()) -> "Tables":
+        """The tables; the commit logs but those ``unreadable`` (a poisoning tenant's: no Delta table's)."""
         log_columns = ["record_id", "kind", "transaction_id", "producer_group", "msg_id", "state"]
         return cls(
-            log=[row for ref in CommitLogs(lakehouse).discover() for row in table_rows(lakehouse, ref.key, log_columns)],
+            log=[row for ref in CommitLogs(lakehouse).discover() if ref.key not in unreadable
+                 for row in table_rows(lakehouse, ref.key, log_columns)],
             halves=table_rows(lakehouse, HALF, ["transaction_id", "producer_group", "queue_offset", "msg_id",
                                                 "message_index", "body", "stored_timestamp", "immunity_ms"]),
             ops=table_rows(lakehouse, OP, ["half_offset", "transaction_id", "outcome", "end_record_id"]),
             checks=table_rows(lakehouse, CHECK_REQUESTS, ["check_id", "transaction_id", "check_times", "requested_at"]),
-            rejected=table_rows(lakehouse, REJECTED, ["record_id", "reason", "producer_group"]),
+            rejected=table_rows(lakehouse, REJECTED, ["record_id", "reason", "producer_group", "commit_log",
+                                                      "commit_version"]),
             topic_rows=[row for topic in topic_names(lakehouse)
                         for row in table_rows(lakehouse, f"topics/{topic}", ["transaction_id", "msg_id", "topic", "body"])],
         )
@@ -96,7 +101,7 @@ class Findings:
     """The violations found, counted by name, with the first few examples of each."""
 
     NAMES = ("lost", "duplicated", "leaked", "wrong_outcome", "early_checks", "over_checked", "unresolved",
-             "bad_input_unrecorded", "forged_accepted", "committed_twice", "false_send_result")
+             "bad_input_unrecorded", "forged_accepted", "committed_twice", "false_send_result", "poison_unrefused")
 
     def __init__(self) -> None:
         self.found: Counter = Counter()
@@ -109,14 +114,15 @@ class Findings:
 
 
 def verify(config: CoordinatorConfig, producers: list[Producer], bad_inputs: list[BadInput],
-           plans: list[list[tuple[str, str]]], recovered: set[str]) -> dict:
+           plans: list[list[tuple[str, str]]], recovered: set[str], poisonings: Sequence[Poisoning] = ()) -> dict:
     """Compare the lakehouse with the ground truth; every count under ``found`` must be 0.
 
     ``recovered`` are the discarded transactions an operator committed: they must be delivered too.
+    ``poisonings`` are the poisoning tenant's: each must be refused with its reason.
     """
     truth = GroundTruth.read(producers)
     truth.status.update({transaction_id: COMMITTED for transaction_id in recovered})
-    tables = Tables.read(Lakehouse.of(config))
+    tables = Tables.read(Lakehouse.of(config), frozenset(p.commit_log for p in poisonings if p.commit_version is not None))
     groups = {group_of(p.index) for p in producers}
     bad_ids = {bad.record_id for bad in bad_inputs}
     findings = Findings()
@@ -131,6 +137,7 @@ def verify(config: CoordinatorConfig, producers: list[Producer], bad_inputs: lis
                                           kind_of, config.transaction_check_max)
     _check_times(findings, first_halves, checks_of, config.transaction_check_max)
     reasons = _refusals(findings, tables.rejected, bad_inputs)
+    _poisons_refused(findings, tables.rejected, poisonings)
     valid_reasons = Counter(row["reason"] for row in tables.rejected if row["producer_group"] in groups
                             and row["record_id"] not in bad_ids)
     return {
@@ -138,7 +145,8 @@ def verify(config: CoordinatorConfig, producers: list[Producer], bad_inputs: lis
         "forgeries_refused": sum(1 for bad in bad_inputs if bad.forgery and bad.reason is not None),
         "violations": sum(findings.found.values()),
         "examples": {name: list(values) for name, values in findings.examples.items()},
-        "pending_halves": pending + _undecided_ends(tables, reasons) + sum(1 for bad in bad_inputs if bad.reason is None),
+        "pending_halves": pending + _undecided_ends(tables, reasons) + sum(1 for bad in bad_inputs if bad.reason is None)
+                          + sum(1 for poisoning in poisonings if poisoning.reason is None),
         "outcomes_by_kind": {kind: dict(counts) for kind, counts in sorted(outcomes_by_kind.items())}
                             | {"send interrupted by a kill": len(truth.interrupted),
                                "half not stored": len(truth.not_stored),
@@ -286,6 +294,18 @@ def _refusals(findings: Findings, rejected: list[dict], bad_inputs: list[BadInpu
             findings.violation("forged_accepted" if bad.forgery else "bad_input_unrecorded",
                                f"{bad.what} (record {bad.record_id}) is not in system/rejected")
     return reasons
+
+
+def _poisons_refused(findings: Findings, rejected: list[dict], poisonings: Sequence[Poisoning]) -> None:
+    """Every poison refused (in ``system/rejected``, at its log and version, or its instance record's key) with
+    the reason expected of it (set on each ``Poisoning``)."""
+    reasons = {(row["commit_log"], row["commit_version"]): row["reason"] for row in rejected if row["commit_log"]}
+    for poisoning in poisonings:
+        reason = reasons.get((poisoning.commit_log, poisoning.commit_version))
+        poisoning.reason = reason if reason is not None and poisoning.expected in reason else None
+        if poisoning.reason is None:
+            findings.violation("poison_unrefused", f"{poisoning.what} ({poisoning.commit_log} "
+                                                   f"version {poisoning.commit_version}): refused with {reason!r}")
 
 
 def _undecided_ends(tables: Tables, reasons: dict[str, str]) -> int:

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from coordinator.commit_logs import CommitLogs, committed
-from coordinator.exceptions import CorruptCommitError, FileTooLargeError
+from coordinator.exceptions import CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse, delta_log_file
 from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, added_files, commit_actions
 from coordinator.storage import FileStore
@@ -209,11 +209,13 @@ def _read_commit(store: FileStore, version: int) -> CommitRead:
         commit = store.read(delta_log_file(version), max_bytes=MAX_COMMIT_FILE_BYTES)
     except FileTooLargeError as error:
         return _refused(error.modified_ms, f"commit cannot be read: {error}")
+    except IsADirectoryError:  # on a local disk a writer may put a directory where a commit belongs
+        return _refused(0, f"commit {delta_log_file(version)} is a directory")
     if commit is None:  # gone since it was found (removed by hand): the time it was committed is gone too
         return _refused(0, f"commit {delta_log_file(version)} is gone")
     try:
         files = added_files(commit_actions(commit.data))
-    except CorruptCommitError as error:
+    except CorruptInputError as error:
         return _refused(commit.modified_ms, f"commit cannot be read: {error}")
     parts, refusals = [], []
     for file in files:
@@ -221,8 +223,8 @@ def _read_commit(store: FileStore, version: int) -> CommitRead:
         if refusal is None:
             try:
                 part = _data_file_rows(store, file.path)
-            except _RefusedFile as refused:
-                refusal = str(refused)
+            except CorruptInputError as error:
+                refusal = str(error)
             else:
                 parts.append(part)
                 refusals.extend([None] * part.num_rows)
@@ -237,19 +239,17 @@ def _refused(modified_ms: int, reason: str) -> CommitRead:
     return CommitRead(modified_ms, _null_record(), [reason[:_REASON_CHARS]])
 
 
-class _RefusedFile(Exception):
-    """A data file that cannot be read as commit-log records; the message is the reason."""
-
-
 def _data_file_rows(store: FileStore, path: str) -> pa.Table:
     """The records of one data file (the commit log's columns), read within the bounds above;
-    :class:`_RefusedFile` if it is missing, too large, not Parquet or not of the commit log's columns."""
+    :class:`CorruptInputError` if it is missing, too large, not Parquet or not of the commit log's columns."""
     try:
         found = store.read(path, max_bytes=MAX_DATA_FILE_BYTES)
     except FileTooLargeError as error:
-        raise _RefusedFile(f"data file too large: {error}") from None
+        raise CorruptInputError(f"data file too large: {error}") from None
+    except IsADirectoryError:
+        raise CorruptInputError(f"data file {path} is a directory") from None
     if found is None:
-        raise _RefusedFile(f"data file {path} is missing")
+        raise CorruptInputError(f"data file {path} is missing")
     try:
         # A producer commits small files, often one per version: ParquetFile reads one at a
         # fraction of read_table's cost, which sets up a dataset for every file.
@@ -257,23 +257,23 @@ def _data_file_rows(store: FileStore, path: str) -> pa.Table:
         _within_bounds(file.metadata, path)
         missing = [name for name in COMMIT_LOG.column_names if name not in file.schema_arrow.names]
         if missing:
-            raise _RefusedFile(f"data file {path} lacks the commit log's column(s) {', '.join(missing)}")
+            raise CorruptInputError(f"data file {path} lacks the commit log's column(s) {', '.join(missing)}")
         return _commit_log_rows(file.read(columns=COMMIT_LOG.column_names, use_threads=False))
-    except _RefusedFile:
+    except CorruptInputError:
         raise
     # What reading untrusted bytes as Parquet may raise: none of it is the storage's failure.
     except (pa.ArrowException, OSError, ValueError, TypeError, KeyError, IndexError, RecursionError) as error:
-        raise _RefusedFile(f"data file {path} cannot be read as commit-log records: {error}") from None
+        raise CorruptInputError(f"data file {path} cannot be read as commit-log records: {error}") from None
 
 
 def _within_bounds(metadata: pq.FileMetaData, path: str) -> None:
     """Refuse a file whose footer claims more rows or more bytes once decompressed than any commit
     of a producer holds (a decompression bomb), before any of its pages is read."""
     if metadata.num_rows > MAX_DATA_FILE_ROWS:
-        raise _RefusedFile(f"data file {path} holds {metadata.num_rows} rows; at most {MAX_DATA_FILE_ROWS} are read")
+        raise CorruptInputError(f"data file {path} holds {metadata.num_rows} rows; at most {MAX_DATA_FILE_ROWS} are read")
     uncompressed = sum(metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups))
     if uncompressed > MAX_DATA_FILE_UNCOMPRESSED_BYTES:
-        raise _RefusedFile(f"data file {path} decompresses to {uncompressed} bytes; at most "
+        raise CorruptInputError(f"data file {path} decompresses to {uncompressed} bytes; at most "
                            f"{MAX_DATA_FILE_UNCOMPRESSED_BYTES} are read")
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import signal
 import sys
 from datetime import datetime, timezone
@@ -576,12 +577,23 @@ def run_grants(args: argparse.Namespace) -> int:
 def _print_grants(args: argparse.Namespace, config: CoordinatorConfig, only: Optional[set[str]],
                   created: list[str]) -> int:
     from coordinator.commit_logs import CommitLogs
-    from coordinator.ops.tenancy import access_plan, s3_bucket_policy
+    from coordinator.ops.tenancy import access_plan, merged_policy, s3_bucket_policy
 
     lakehouse = Lakehouse.of(config)
     plan = [grant for grant in access_plan(CommitLogs(lakehouse).groups()) if only is None or grant.principal in only]
     accounts = _accounts(args.account)
     policy = s3_bucket_policy(lakehouse.root, accounts) if accounts and not lakehouse.is_local else None
+    if args.merge_into and policy is None:
+        print(f"txcoord {args.command}: --merge-into merges the policy --account makes for a lakehouse on S3",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if args.merge_into:
+        try:
+            policy = merged_policy(json.loads(Path(args.merge_into).read_text()), policy)
+        except (OSError, ValueError, AttributeError) as error:
+            print(f"txcoord {args.command}: --merge-into {args.merge_into}: not a bucket policy's JSON: {error}",
+                  file=sys.stderr)
+            return EXIT_USAGE
     if accounts and lakehouse.is_local:
         print(f"txcoord {args.command}: --account makes an S3 bucket policy; {lakehouse.root} is a local directory "
               "(see docs/operations.md#tenancy for its permissions)", file=sys.stderr)
@@ -677,6 +689,10 @@ def _grant_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--account", action="append", metavar="PRINCIPAL=ACCOUNT",
                          help="for a lakehouse on S3, also print a bucket policy giving ACCOUNT the grants of PRINCIPAL "
                               "(checker, operators, analysts or a group's name; repeatable)")
+    command.add_argument("--merge-into", metavar="POLICY_JSON",
+                         help="with --account: print the whole bucket policy, this one (the bucket's current policy, "
+                              "as `aws s3api get-bucket-policy --query Policy --output text` prints it) with the "
+                              "statements of the principals given put in place, every other statement kept")
 
 
 def _common_options(command: argparse.ArgumentParser) -> None:

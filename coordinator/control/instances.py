@@ -43,7 +43,7 @@ from typing import Callable, Optional, Sequence, Union
 from urllib.parse import quote, unquote
 
 from coordinator.control.processes import process_gone, this_process
-from coordinator.exceptions import FileTooLargeError
+from coordinator.exceptions import CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse
 
 __all__ = ["FORGET_AFTER_S", "GroupSurvey", "LIVE_FOR_HEARTBEATS", "MAX_RECORDS_READ", "MAX_RECORD_BYTES",
@@ -169,7 +169,7 @@ class ProducerInstances:
             return None
         try:
             return _parsed(current.data, group, unquote(key.rsplit("/", 1)[-1].removesuffix(".json")))
-        except ValueError as error:
+        except CorruptInputError as error:
             return RefusedRecord(key, f"not a producer instance's record: {error}"[:512])
 
     def _group_dir(self, group: str) -> str:
@@ -180,26 +180,26 @@ class ProducerInstances:
 
 
 def _parsed(data: bytes, group: str, instance_id: str) -> ProducerInstance:
-    """The instance record in ``data``, held to its shape; ``ValueError`` saying what is wrong."""
+    """The instance record in ``data``, held to its shape; :class:`CorruptInputError` saying what is wrong."""
     try:
         raw = json.loads(data)
     except (ValueError, RecursionError):
-        raise ValueError("not JSON") from None
+        raise CorruptInputError("not JSON") from None
     if not isinstance(raw, dict):
-        raise ValueError("not a JSON object")
+        raise CorruptInputError("not a JSON object")
     kinds = {"group": (str,), "instance_id": (str,), "host": (str,), "pid": (int,), "last_seen": (int, float),
              "heartbeat_s": (int, float), "pid_namespace": (str, type(None)), "started": (str, type(None))}
     optional = {"pid_namespace", "started"}  # not written by the first versions
     for name, allowed in kinds.items():
         if name not in raw and name not in optional:
-            raise ValueError(f"no {name}")
+            raise CorruptInputError(f"no {name}")
         if not isinstance(raw.get(name), allowed) or isinstance(raw.get(name), bool):
-            raise ValueError(f"{name} is {type(raw.get(name)).__name__}")
+            raise CorruptInputError(f"{name} is {type(raw.get(name)).__name__}")
     if raw["group"] != group or raw["instance_id"] != instance_id:
-        raise ValueError(f"it names group {raw['group'][:128]!r} and instance {raw['instance_id'][:128]!r}, "
+        raise CorruptInputError(f"it names group {raw['group'][:128]!r} and instance {raw['instance_id'][:128]!r}, "
                          f"but is instance {instance_id[:128]!r}'s record of group {group!r}")
     if not (math.isfinite(raw["last_seen"]) and math.isfinite(raw["heartbeat_s"]) and raw["heartbeat_s"] > 0):
-        raise ValueError("last_seen and heartbeat_s must be finite, heartbeat_s positive")
+        raise CorruptInputError("last_seen and heartbeat_s must be finite, heartbeat_s positive")
     return ProducerInstance(**{name: raw.get(name) for name in kinds})
 
 

@@ -2,7 +2,7 @@
 
 A commit is newline-delimited JSON, one action per line (the Delta protocol). What a writer put in
 a log it may write is held to the protocol's shape here, each rule with a reason: a commit that is
-too large, not UTF-8 JSON objects, or whose ``add`` lacks a path is :class:`CorruptCommitError`
+too large, not UTF-8 JSON objects, or whose ``add`` lacks a path is :class:`CorruptInputError`
 (the whole version is refused, for that log alone); an ``add`` whose path is not a plain file of the
 table's own directory (``..``, an absolute URI, an encoding that still holds ``%`` once decoded, a
 character outside :data:`DATA_PATH_PATTERN`) is refused by itself.
@@ -20,7 +20,7 @@ import re
 from typing import NamedTuple, Optional
 from urllib.parse import unquote
 
-from coordinator.exceptions import CorruptCommitError
+from coordinator.exceptions import CorruptInputError
 
 __all__ = ["DATA_PATH_PATTERN", "MAX_COMMIT_FILE_BYTES", "AddedFile", "added_files", "commit_actions"]
 
@@ -44,7 +44,7 @@ class AddedFile(NamedTuple):
 
 
 def commit_actions(data: bytes) -> list[dict]:
-    """The actions of one commit file, in order; :class:`CorruptCommitError` if it is not one JSON
+    """The actions of one commit file, in order; :class:`CorruptInputError` if it is not one JSON
     object a line (blank lines are skipped).
 
     Example::
@@ -58,9 +58,9 @@ def commit_actions(data: bytes) -> list[dict]:
         try:
             action = json.loads(line)
         except (ValueError, RecursionError) as error:  # RecursionError: nested too deep to parse
-            raise CorruptCommitError(f"line {number} is not JSON: {_short(error)}") from None
+            raise CorruptInputError(f"line {number} is not JSON: {_short(error)}") from None
         if not isinstance(action, dict):
-            raise CorruptCommitError(f"line {number} is not a JSON object")
+            raise CorruptInputError(f"line {number} is not a JSON object")
         actions.append(action)
     return actions
 
@@ -68,7 +68,7 @@ def commit_actions(data: bytes) -> list[dict]:
 def added_files(actions: list[dict]) -> list[AddedFile]:
     """The data files ``actions`` added with new data (``dataChange`` not false: a compaction's files
     are skipped, as Delta's change feed skips them), each with its path or the reason it is refused;
-    :class:`CorruptCommitError` for an ``add`` that is not an object with a string ``path``.
+    :class:`CorruptInputError` for an ``add`` that is not an object with a string ``path``.
 
     Example::
 
@@ -80,7 +80,7 @@ def added_files(actions: list[dict]) -> list[AddedFile]:
         if add is None:
             continue
         if not isinstance(add, dict) or not isinstance(add.get("path"), str):
-            raise CorruptCommitError("an add action without a string path")
+            raise CorruptInputError("an add action without a string path")
         if add.get("dataChange", True) is False:
             continue
         path = unquote(add["path"])

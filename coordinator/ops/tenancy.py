@@ -31,7 +31,7 @@ from coordinator.names import validate_name
 from coordinator.tables import HALF
 
 __all__ = ["ANALYSTS", "CHECKER", "OPERATORS", "Grant", "Upgrade", "access_plan", "add_group", "group_principal",
-           "s3_bucket_policy", "upgrade"]
+           "merged_policy", "s3_bucket_policy", "statement_id", "upgrade"]
 
 log = logging.getLogger("coordinator.ops")
 
@@ -91,9 +91,10 @@ def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]]) -> dict:
     plan (``checker``, ``operators``, ``analysts``, ``group <name>``) to its account names or ARNs.
     A principal left out is granted nothing.
 
-    Each principal gets one statement per set of actions and one listing statement (about 200
-    bytes a statement): S3 caps a bucket policy at 20 KB, enough for some twenty groups; beyond,
-    attach each principal's statements to its own IAM identity instead.
+    Each principal gets one statement per set of actions and one listing statement, each with an id
+    naming the principal (:func:`statement_id`), so that :func:`merged_policy` can put a new group's into
+    a bucket's policy in place. S3 caps a bucket policy at 20 KB: how many groups fit is measured in
+    docs/operations.md#tenancy; beyond, attach each principal's statements to its own IAM identity.
 
     Example::
 
@@ -115,14 +116,48 @@ def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]]) -> dict:
         for grant in grants:
             actions = tuple(action for access, action in _S3_ACTIONS if access in grant.access)
             by_actions.setdefault(actions, []).append(f"arn:aws:s3:::{bucket}/{base}{grant.prefix}*")
-        statements += [{"Effect": "Allow", "Principal": {"AWS": names}, "Action": list(actions), "Resource": resources}
-                       for actions, resources in by_actions.items()]
+        own = [{"Effect": "Allow", "Principal": {"AWS": names}, "Action": list(actions), "Resource": resources}
+               for actions, resources in by_actions.items()]
         listed = [f"{base}{grant.prefix}*" for grant in grants]
         if any(grant.prefix.startswith(f"{GROUPS_KEY}/*/") for grant in grants):  # finding the groups lists their parent
             listed.append(f"{base}{GROUPS_KEY}/")
-        statements.append({"Effect": "Allow", "Principal": {"AWS": names}, "Action": ["s3:ListBucket"],
-                           "Resource": [f"arn:aws:s3:::{bucket}"], "Condition": {"StringLike": {"s3:prefix": listed}}})
+        own.append({"Effect": "Allow", "Principal": {"AWS": names}, "Action": ["s3:ListBucket"],
+                    "Resource": [f"arn:aws:s3:::{bucket}"], "Condition": {"StringLike": {"s3:prefix": listed}}})
+        statements += [{"Sid": statement_id(principal, number), **statement} for number, statement in enumerate(own, 1)]
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+def statement_id(principal: str, number: int) -> str:
+    """The id of a principal's ``number``-th statement in :func:`s3_bucket_policy`: letters and digits only, as
+    policies require, and one principal's never a prefix of another's (a group's name is spelled in hex).
+
+    Example::
+
+        statement_id("group order_group", 1)   # 'TxcoordGroup6f726465725f67726f7570S1'
+    """
+    if principal.startswith("group "):
+        return f"TxcoordGroup{principal.removeprefix('group ').encode().hex()}S{number}"
+    return f"Txcoord{principal.capitalize()}S{number}"
+
+
+def merged_policy(current: Mapping, new: Mapping) -> dict:
+    """``current`` (a bucket's policy, as ``aws s3api get-bucket-policy`` gives it) with ``new``'s statements in
+    place: those of the same principals replaced, every other statement kept as it was.
+
+    Example::
+
+        merged_policy(json.load(open("current.json")), s3_bucket_policy(root, {"group g": ["svc-g"]}))
+    """
+    replaced = {_principal_of(statement.get("Sid", "")) for statement in new.get("Statement", [])} - {None}
+    kept = [statement for statement in current.get("Statement", [])
+            if _principal_of(statement.get("Sid", "")) not in replaced]
+    return {"Version": current.get("Version", "2012-10-17"), "Statement": [*kept, *new.get("Statement", [])]}
+
+
+def _principal_of(sid: str) -> Optional[str]:
+    """The part of a :func:`statement_id` before its number; ``None`` for a statement not txcoord's."""
+    head, separator, number = sid.rpartition("S")
+    return head if sid.startswith("Txcoord") and separator and number.isdigit() else None
 
 
 _S3_ACTIONS = (("read", "s3:GetObject"), ("write", "s3:PutObject"), ("delete", "s3:DeleteObject"))

@@ -1,0 +1,128 @@
+"""Bytes a hostile group may write in its own prefix (docs/design.md#hostile-input), each with the reason the
+checker must refuse it for: what the tests and the chaos harness's poisoning tenant write.
+
+A :class:`PoisonedLog` writes raw versions into a group's commit log through :class:`FileStore` (a local disk
+or S3, created only if absent, as any writer of the log must), and raw files into its ``_producers/``.
+
+Example::
+
+    log = PoisonedLog(lakehouse, "mallory")
+    version = POISONS["a commit that is not JSON"].write(log)      # the version it took
+    POISONS["a commit that is not JSON"].reason                    # 'line 1 is not JSON'
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from coordinator.checker.segment import MAX_DATA_FILE_ROWS
+from coordinator.commit_logs import versions_written
+from coordinator.lakehouse import Lakehouse, create_table, delta_log_file
+from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES
+from coordinator.names import NAME_PATTERN
+from coordinator.tables import COMMIT_LOG
+
+__all__ = ["INSTANCE_POISONS", "POISONS", "Poison", "PoisonedLog"]
+
+
+class PoisonedLog:
+    """Group ``group``'s commit log, written raw: any bytes at all, each as the log's next version."""
+
+    def __init__(self, lakehouse: Lakehouse, group: str) -> None:
+        self.lakehouse, self.group = lakehouse, group
+        self.key = f"{lakehouse.group_dir(group)}/commit_log"
+        create_table(COMMIT_LOG, lakehouse.key_path(self.key), lakehouse.storage)
+        self.files = lakehouse.files
+
+    def commit(self, data: bytes) -> int:
+        """``data`` as the log's next version (the next free one: created only if absent); that version."""
+        version = versions_written(self.files, self.key)
+        while self.files.create(f"{self.key}/{delta_log_file(version)}", data) is None:
+            version += 1
+        return version
+
+    def add(self, path: str) -> int:
+        """A commit adding ``path`` (as written, unencoded) with new data; its version."""
+        return self.commit(json.dumps({"add": {"path": path, "size": 1, "partitionValues": {}, "modificationTime": 0,
+                                               "dataChange": True}}).encode())
+
+    def data_file(self, data: bytes) -> str:
+        """``data`` as a new file of the log's directory; its path there."""
+        name = f"part-{uuid.uuid4().hex}.parquet"
+        self.files.put(f"{self.key}/{name}", data)
+        return name
+
+    def parquet(self, table: pa.Table) -> str:
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        return self.data_file(buffer.getvalue())
+
+    def records(self, *rows: dict) -> int:
+        """A well-formed commit of ``rows`` (commit-log records, missing columns null); its version."""
+        columns = {name: [row.get(name) for row in rows] for name in COMMIT_LOG.column_names}
+        columns["properties"] = [list((value or {}).items()) for value in columns["properties"]]
+        return self.add(self.parquet(pa.table(columns, schema=COMMIT_LOG.arrow_schema())))
+
+    def instance_record(self, name: str, data: bytes) -> str:
+        """``data`` as ``_producers/<name>`` of the group; its key."""
+        key = f"{self.lakehouse.group_dir(self.group)}/_producers/{name}"
+        self.files.put(key, data)
+        return key
+
+
+@dataclass(frozen=True)
+class Poison:
+    """What to write (into a :class:`PoisonedLog`, returning the version it took) and the refusal it must meet."""
+
+    write: Callable[[PoisonedLog], int]
+    reason: str
+
+
+def _half(group: str, topic: str) -> dict:
+    return {"record_id": uuid.uuid4().hex, "kind": "HALF", "transaction_id": uuid.uuid4().hex, "producer_group": group,
+            "msg_id": uuid.uuid4().hex, "message_index": 0, "message_count": 1, "topic": topic, "body": b"poison"}
+
+
+#: Each poison a group can write into its own commit log, by what it is.
+POISONS = {
+    "a commit that is not JSON": Poison(lambda log: log.commit(b"{not json"), "line 1 is not JSON"),
+    "a commit line that is not an object": Poison(lambda log: log.commit(b'["add"]'), "line 1 is not a JSON object"),
+    "JSON nested beyond parsing": Poison(lambda log: log.commit(b"[" * 200_000 + b"]" * 200_000), "is not JSON"),
+    "an add without a path": Poison(lambda log: log.commit(b'{"add": {"size": 1}}'), "an add action without a string path"),
+    "a commit too large to be a commit": Poison(lambda log: log.commit(b" " * (MAX_COMMIT_FILE_BYTES + 1)),
+                                                f"at most {MAX_COMMIT_FILE_BYTES} are read"),
+    "a data file that is not Parquet": Poison(lambda log: log.add(log.data_file(b"PAR1 not really")),
+                                              "cannot be read as commit-log records"),
+    "an add naming a missing file": Poison(lambda log: log.add("part-00000-gone.parquet"), "is missing"),
+    "ill-typed columns": Poison(lambda log: log.add(log.parquet(pa.table(
+        {name: pa.array([[1]]) for name in COMMIT_LOG.column_names}))), "cannot be read as commit-log records"),
+    "only record_id": Poison(lambda log: log.add(log.parquet(pa.table({"record_id": ["r"]}))),
+                             "lacks the commit log's column(s) kind"),
+    "rows beyond any commit (a decompression bomb)": Poison(
+        lambda log: log.add(log.parquet(pa.table({"record_id": pa.nulls(MAX_DATA_FILE_ROWS + 1, pa.string())}))),
+        f"at most {MAX_DATA_FILE_ROWS} are read"),
+    "a path double percent-encoded": Poison(lambda log: log.add("%252E%252E/%252E%252E/alice/commit_log/x.parquet"),
+                                            "data file outside the commit log's directory"),
+    "a path climbing out": Poison(lambda log: log.add("../../alice/commit_log/x.parquet"),
+                                  "data file outside the commit log's directory"),
+    "an absolute URI": Poison(lambda log: log.add("file:///etc/passwd"), "data file outside the commit log's directory"),
+    "a topic name that decodes to a path": Poison(
+        lambda log: log.records(_half(log.group, "CAROL_%2F%2E%2E%2FPAYMENTS")), f"topic does not match {NAME_PATTERN}"),
+}
+
+#: Files a group can write into its own ``_producers/`` that are no instance's record, by what they are: the
+#: bytes (given the group) and the refusal they must meet once the checker surveys the group.
+INSTANCE_POISONS = {
+    "an instance record with last_seen null": (
+        lambda group: json.dumps({"group": group, "instance_id": "poison-1", "host": "h", "pid": 1, "last_seen": None,
+                                  "heartbeat_s": 2.0}).encode(), "last_seen is NoneType"),
+    "an instance record that is not JSON": (lambda group: b"{nope", "not JSON"),
+    "an instance record too large to be one": (lambda group: b" " * 5000, "at most 4096"),
+}
