@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# `make test`'s pytest runs, after setup: two lanes at once, each on two workers that take the next test as
-# they finish one (the tests wait on Spark triggers, JVM starts and subprocesses much of the time):
-#   slow  the end-to-end tests that start Spark jobs of their own, the benchmarks' tiny runs, and the slow
-#         tests on the S3 server last (they wait for its build, which `make test` starts first); the tests
-#         sharing the installed wheel and its demo run on one worker (tests/conftest.py groups them);
+# `make test`'s pytest runs, after setup: two lanes at once, each on two workers that steal each other's
+# tests when done with their own (the tests wait on Spark triggers, JVM starts and subprocesses much of the
+# time, so four at once keep two cores busy):
+#   slow  the end-to-end tests that start Spark jobs of their own and the benchmarks' tiny runs; those on
+#         the S3 server first (its build, which `make test` starts first, is done by then), those sharing
+#         the installed wheel and its demo last (made once for both workers: tests/conftest.py);
 #   fast  everything else, each worker with its one shared Spark session.
 # Each lane's output is printed when both have ended, then each lane's time; the exit status is non-zero
 # if any lane failed.
@@ -23,7 +24,7 @@ lane() {
 }
 
 lanes=(slow fast)
-lane slow -m slow -n 2 --dist loadgroup & slow=$!
+lane slow -m slow -n 2 --dist worksteal & slow=$!
 lane fast -m "not slow" -n 2 --dist worksteal & fast=$!
 wait $slow $fast
 

@@ -4,7 +4,10 @@ batch with an explicit clock (so timing rules are tested without sleeping)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -12,7 +15,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -222,17 +225,38 @@ def run_checked(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     return result
 
 
+@contextlib.contextmanager
+def once_for_all_workers(tmp_path_factory, name: str) -> Iterator[tuple[Path, bool]]:
+    """A directory ``name`` shared by every worker of this run (``pytest -n``), held under a lock: yields it
+    and whether it is made already; the first worker to come makes it while the others wait. Alone
+    (no workers), the session's own directory."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's directory, one per worker below it
+    directory = shared / name
+    with open(shared / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        made = (directory / ".made").exists()
+        directory.mkdir(exist_ok=True)
+        yield directory, made
+        (directory / ".made").touch()
+
+
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory) -> Path:
-    """A fresh virtualenv with the wheel and its Spark and console extras, at the versions requirements.lock pins."""
-    root = tmp_path_factory.mktemp("install")
-    run_checked([sys.executable, "-m", "uv", "build", "--wheel", "--quiet", "--out-dir", str(root / "dist"), str(REPO_ROOT)])
-    [wheel] = (root / "dist").glob("txcoord-*.whl")
-    venv = root / "venv"
-    run_checked([sys.executable, "-m", "uv", "venv", "--quiet", "--python", sys.executable, str(venv)])
-    run_checked([sys.executable, "-m", "uv", "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
-         f"txcoord[spark,console] @ {wheel.as_uri()}", "--constraint", str(REPO_ROOT / "requirements.lock")])
-    return venv
+    """A fresh virtualenv with the wheel and its Spark and console extras, at the versions requirements.lock pins
+    (made once for all workers)."""
+    with once_for_all_workers(tmp_path_factory, "install") as (root, made):
+        venv = root / "venv"
+        if made:
+            return venv
+        run_checked([sys.executable, "-m", "uv", "build", "--wheel", "--quiet", "--out-dir", str(root / "dist"),
+                     str(REPO_ROOT)])
+        [wheel] = (root / "dist").glob("txcoord-*.whl")
+        run_checked([sys.executable, "-m", "uv", "venv", "--quiet", "--python", sys.executable, str(venv)])
+        run_checked([sys.executable, "-m", "uv", "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
+                     f"txcoord[spark,console] @ {wheel.as_uri()}", "--constraint", str(REPO_ROOT / "requirements.lock")])
+        return venv
 
 
 def user_environment(venv: Path) -> dict[str, str]:
@@ -244,35 +268,36 @@ def user_environment(venv: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory, installed):
-    """Run ``txcoord demo --json`` once for the session (12 orders, every fate at least once), as a
-    user would: the installed wheel, from an empty directory outside the checkout; yield
+    """Run ``txcoord demo --json`` once for the run, whichever worker comes first (12 orders, every fate at least
+    once), as a user would: the installed wheel, from an empty directory outside the checkout; yield
     ``(lakehouse, completed process, seconds)``. Tests that change the lakehouse copy it first."""
-    workdir = tmp_path_factory.mktemp("demo")
-    started = time.monotonic()
-    result = subprocess.run(
-        [str(installed / "bin" / "txcoord"), "demo", "--lakehouse", "lakehouse", "--orders", str(DEMO_ORDERS),
-         "--timeout", "240", "--json"],
-        capture_output=True, text=True, cwd=workdir, env=user_environment(installed), timeout=420,
-    )
-    return workdir / "lakehouse", result, time.monotonic() - started
+    with once_for_all_workers(tmp_path_factory, "demo") as (workdir, made):
+        outcome = workdir / ".outcome.json"
+        if not made:
+            started = time.monotonic()
+            result = subprocess.run(
+                [str(installed / "bin" / "txcoord"), "demo", "--lakehouse", "lakehouse", "--orders", str(DEMO_ORDERS),
+                 "--timeout", "240", "--json"],
+                capture_output=True, text=True, cwd=workdir, env=user_environment(installed), timeout=420,
+            )
+            outcome.write_text(json.dumps({"args": result.args, "returncode": result.returncode, "stdout": result.stdout,
+                                           "stderr": result.stderr, "seconds": time.monotonic() - started}))
+        ran = json.loads(outcome.read_text())
+    completed = subprocess.CompletedProcess(ran["args"], ran["returncode"], ran["stdout"], ran["stderr"])
+    return workdir / "lakehouse", completed, ran["seconds"]
 
 
-#: Session fixtures whose tests run on one worker under ``pytest -n`` (``--dist loadgroup``): built once, not once a worker.
-_SHARED_SESSION_FIXTURES = ("installed", "demo")
+def pytest_itemcollected(item):
+    """Mark ``object_store`` every test that uses the S3 server."""
+    if "s3_server" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.object_store)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
-    """Mark ``object_store`` every test that uses the S3 server, group on one worker the tests that share the
-    installed wheel and its demo, and run the tests marked ``slow`` first, the longest first so that two
-    workers end together: the group of the demo, then those on the S3 server (``make test`` builds it while
-    it sets up: scripts/test_lanes.sh), then the others."""
-    for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        if "s3_server" in fixtures:
-            item.add_marker(pytest.mark.object_store)
-        if any(name in fixtures for name in _SHARED_SESSION_FIXTURES):
-            item.add_marker(pytest.mark.xdist_group("installed-wheel"))
+    """Run the tests marked ``slow`` first; among them those on the S3 server first (``make test`` builds it
+    while it sets up), and those of the installed wheel and its demo last. ``make test`` runs the slow ones on
+    two workers that start with the first and the second half of this order (``--dist worksteal``,
+    scripts/test_lanes.sh): one makes the wheel and the demo while the other runs the rest."""
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
-                                 item.get_closest_marker("xdist_group") is None,
+                                 bool({"installed", "demo"} & set(getattr(item, "fixturenames", ()))),
                                  item.get_closest_marker("object_store") is None))

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, Optional
 from urllib.parse import unquote
 
-from coordinator.exceptions import CorruptInputError
+from coordinator.exceptions import CorruptInputError, FileTooLargeError
+from coordinator.storage import FileStore, LocalFileStore
 
-__all__ = ["DATA_PATH_PATTERN", "MAX_COMMIT_FILE_BYTES", "AddedFile", "added_files", "commit_actions"]
+__all__ = ["DATA_PATH_PATTERN", "MAX_ACTION_DEPTH", "MAX_COMMIT_FILE_BYTES", "AddedFile", "added_files", "check_commits",
+           "commit_actions"]
 
 #: The largest commit file read. A producer's commit is one ``add`` and its commit info (well under a
 #: kilobyte); a compaction's lists every file it replaces. A larger one is refused unread.
@@ -31,7 +34,15 @@ MAX_COMMIT_FILE_BYTES = 16 * 1024 * 1024
 #: ``=`` and ``.`` (what delta-rs and Spark write), none of them ``.`` or ``..``.
 DATA_PATH_PATTERN = r"[A-Za-z0-9_=.-]+(/[A-Za-z0-9_=.-]+)*"
 
+#: How deeply an action may nest (a Delta action nests four or five levels). delta-rs's parser overflows its
+#: stack on a line nested some thousands deep and the process dies of SIGSEGV: such a log is refused before
+#: any delta-rs reader opens it (:func:`check_commits`).
+MAX_ACTION_DEPTH = 32
+_CONCURRENT_READS = 16
+
 _DATA_PATH = re.compile(DATA_PATH_PATTERN)
+_CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet")
+_COMMIT = re.compile(r"(\d{20})\.json")
 _REASON_CHARS = 512
 
 
@@ -61,8 +72,61 @@ def commit_actions(data: bytes) -> list[dict]:
             raise CorruptInputError(f"line {number} is not JSON: {_short(error)}") from None
         if not isinstance(action, dict):
             raise CorruptInputError(f"line {number} is not a JSON object")
+        if _depth(action) > MAX_ACTION_DEPTH:
+            raise CorruptInputError(f"line {number} nests deeper than {MAX_ACTION_DEPTH} levels")
         actions.append(action)
     return actions
+
+
+def check_commits(files: FileStore, table: str) -> None:
+    """Refuse, before a delta-rs reader opens the Delta table at key ``table`` of ``files``, a table whose log
+    a delta-rs reader would choke on: :class:`CorruptInputError` naming the first commit since the latest
+    checkpoint that is not one (too large, not JSON objects, nested too deep). What delta-rs reads of a
+    table is its latest checkpoint and the commits after it; those are read here too (at once on object
+    storage).
+
+    Example::
+
+        check_commits(lakehouse.files, "groups/order_group/commit_log")   # or CorruptInputError
+    """
+    names = [key.rsplit("/", 1)[-1] for key in files.list(f"{table}/_delta_log")]
+    checkpoints = [int(match.group(1)) for match in map(_CHECKPOINT.fullmatch, names) if match]
+    since = max(checkpoints, default=-1)
+    commits = sorted(version for version in (int(m.group(1)) for m in map(_COMMIT.fullmatch, names) if m)
+                     if version > since)
+
+    def check(version: int) -> None:
+        key = f"{table}/_delta_log/{version:020d}.json"
+        try:
+            found = files.read(key, max_bytes=MAX_COMMIT_FILE_BYTES)
+        except FileTooLargeError as error:
+            raise CorruptInputError(f"version {version}: {error}") from None
+        if found is not None:
+            try:
+                commit_actions(found.data)
+            except CorruptInputError as error:
+                raise CorruptInputError(f"version {version}: {error}") from None
+
+    if len(commits) <= 1 or isinstance(files, LocalFileStore):
+        for version in commits:
+            check(version)
+        return
+    with ThreadPoolExecutor(max_workers=min(_CONCURRENT_READS, len(commits))) as reads:
+        list(reads.map(check, commits))
+
+
+def _depth(value: object) -> int:
+    """How deeply ``value`` (parsed JSON) nests: 1 for a flat object."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, dict):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in value.values())
+        elif isinstance(value, list):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in value)
+    return deepest
 
 
 def added_files(actions: list[dict]) -> list[AddedFile]:

@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 
 from coordinator.commit_logs import CommitLogs
 from coordinator.lakehouse import Lakehouse, require_lakehouse, topic_names
+from coordinator.lakehouse.deltalog import check_commits
 from coordinator.ops.status import read_metrics
 from coordinator.protocol import (OPERATOR_CHECK_PREFIX, OPERATOR_PROPERTY, OPERATOR_REASON_PROPERTY, Outcome,
                                   RecordKind)
@@ -79,6 +80,7 @@ def _commit_log_rows(lakehouse: Lakehouse, rows: Callable[[str, list[str]], list
     found, unreadable = [], {}
     for ref in logs:
         try:
+            check_commits(lakehouse.files, ref.key)  # bytes delta-rs would choke on are refused first
             found.extend((ref.key, r) for r in rows(ref.key, columns))
         except Exception as error:  # this log's bytes, whatever they are, must not hide the others' records
             unreadable[ref.key] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"

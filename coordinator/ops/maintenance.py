@@ -59,6 +59,7 @@ from coordinator.control.progress import CheckerProgress
 from coordinator.exceptions import InvalidArgumentError
 from coordinator.lakehouse import Lakehouse, listing_retried
 from coordinator.lakehouse.checkpoints import write_checkpoint
+from coordinator.lakehouse.deltalog import check_commits
 from coordinator.lakehouse.delta import DEFAULT_DELETED_FILE_RETENTION, parse_interval
 from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
@@ -193,6 +194,8 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
     if not lakehouse.exists(name):
         result.skipped.append("not a Delta table")
         return result
+    if _is_commit_log(name):  # a group writes its own log: whatever delta-rs would choke on is refused first
+        check_commits(lakehouse.files, name)
     table = lakehouse.table(name)
     result.files_before = len(table.file_uris())
     unset = _attempt(result, "properties", lambda: _set_properties(lakehouse, table, name, log_retention), None)
