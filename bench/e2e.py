@@ -34,6 +34,7 @@ while the latencies from commitInfo timestamps (milliseconds) are as precise as 
     python bench/e2e.py --rate 50 --seconds 30 --threads 8
     python bench/e2e.py --object-store --rate 50 --seconds 30 --threads 8   # the lakehouse on a loopback S3 server
     python bench/e2e.py --observed                       # the same, with the metrics scraped and the console open
+    python bench/e2e.py --poison --rate 100 --seconds 60 # twice: alone, then beside a poisoning tenant
     python bench/e2e.py --tiny                           # 10 txn/s for 5 s, for the tests (tests/test_bench.py)
 
 With ``--observed``, the run is watched as operators watch it, to show that watching does not slow the
@@ -54,6 +55,12 @@ each request's p50 and max by path (``console_request_p50_ms_by_path``, ``..._ma
 ``metrics_delivered_total`` and ``metrics_delivered_matches``, the console's CPU seconds, the first
 errors of each; ``observed`` is in every report, true or false.
 
+With ``--poison``, the run is made twice on fresh lakehouses, the same way: alone, then while a tenant of
+its own group writes, into its own prefix, every kind of bytes the checker must refuse
+(``bench/harness/poisons.py``) every ``POISON_EVERY_S`` seconds of the sending. The report holds both runs'
+figures (``without_poison``, ``with_poison``), the poisons written and refused, and the ratio of the two
+commit→visible p99s (issue 44: at most 1.25).
+
 Prints a table and writes ``bench/results/e2e.json`` (``bench/results/e2e-s3.json`` with
 ``--object-store``; ``--results`` to change).
 """
@@ -64,6 +71,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -95,6 +103,9 @@ SCRAPE_INTERVAL_S = 1.0
 CONSOLE_REFRESH_S = 5
 #: The Prometheus counter of the messages a checker delivered, by topic.
 DELIVERED_SAMPLE = "txcoord_messages_delivered_total"
+#: ``--poison``: the poisoning tenant's group, and how often it writes every poison again while the producer sends.
+POISON_GROUP = "bench_poison"
+POISON_EVERY_S = 3.0
 
 
 def offered_rate(places: producer_benchmark.Places, requested: float,
@@ -130,6 +141,9 @@ def main(argv: list[str] | None = None) -> dict:
                              "every second, and txcoord console running with a signed-in browser reloading its "
                              "overview and charts every 5 s; reports their counts, failures and durations, and "
                              "whether the delivered counter scraped last matches the topic table")
+    parser.add_argument("--poison", action="store_true",
+                        help="run twice: alone, then beside a tenant writing every kind of bytes the checker must "
+                             f"refuse into its own prefix every {POISON_EVERY_S:g} s; report both and the p99 ratio")
     parser.add_argument("--results", default=None, help="default: bench/results/e2e.json (e2e-s3.json)")
     args = harness.parse_args(parser, argv, "e2e", TINY)
     args.results = args.results or str(harness.RESULTS / ("e2e-s3.json" if args.object_store else "e2e.json"))
@@ -142,16 +156,71 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{rate:g} of the {args.rate:g} requested", flush=True)
         # On the server, a fresh prefix as the producer benchmark makes one; on a local disk the checked
         # run makes its own lakehouse, since --lakehouse may name it.
-        with places.lakehouse() if args.object_store else contextlib.nullcontext() as object_store:
-            report.update(measure(args, rate, reference, object_store))
+        if args.poison:
+            report.update(poisoned_and_not(args, rate, reference, places))
+        else:
+            with places.lakehouse() if args.object_store else contextlib.nullcontext() as object_store:
+                report.update(measure(args, rate, reference, object_store))
     finally:
         places.close()
     return harness.finish_report(report, Path(args.results))
 
 
-def measure(args: argparse.Namespace, rate: float, reference: dict | None, object_store: Lakehouse | None) -> dict:
+def poisoned_and_not(args: argparse.Namespace, rate: float, reference: dict | None,
+                     places: producer_benchmark.Places) -> dict:
+    """``--poison``: :func:`measure` on a fresh lakehouse alone, then on another beside the poisoning tenant."""
+    runs = {}
+    for poisoned in (False, True):
+        print(f"\n--- {'beside a poisoning tenant' if poisoned else 'alone'}", flush=True)
+        with places.lakehouse() if args.object_store else contextlib.nullcontext() as object_store:
+            runs[poisoned] = measure(args, rate, reference, object_store, poison=poisoned)
+    alone, beside = runs[False], runs[True]
+    ratio = None if not alone["e2e_p99_ms"] or beside["e2e_p99_ms"] is None else round(
+        beside["e2e_p99_ms"] / alone["e2e_p99_ms"], 2)
+    print(f"\ncommit→visible p99 beside the poisoning tenant / alone: {beside['e2e_p99_ms']} / {alone['e2e_p99_ms']} ms "
+          f"= {ratio} (target ≤ 1.25); {beside['poisons_refused']} of {beside['poisons_written']} poisons refused")
+    return {"without_poison": alone, "with_poison": beside, "e2e_p99_ratio_with_poison": ratio,
+            "kept_up": alone["kept_up"] and beside["kept_up"]}
+
+
+class _PoisoningTenant(threading.Thread):
+    """Writes every poison of :mod:`bench.harness.poisons` into :data:`POISON_GROUP`'s prefix, again every
+    :data:`POISON_EVERY_S` seconds, until stopped; what it wrote, by log and version."""
+
+    def __init__(self, lakehouse: Lakehouse) -> None:
+        super().__init__(name="poisoning-tenant", daemon=True)
+        from bench.harness.poisons import PoisonedLog
+
+        self.log = PoisonedLog(lakehouse, POISON_GROUP)
+        self.written: list[tuple[str, int, str]] = []  # (what, version, the reason expected)
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        from bench.harness.poisons import POISONS
+
+        while True:
+            for what, poison in POISONS.items():
+                self.written.append((what, poison.write(self.log), poison.reason))
+            if self._stop_event.wait(POISON_EVERY_S):
+                return
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+    def refused(self, lakehouse: Lakehouse) -> int:
+        """How many of the poisons written ``system/rejected`` refused, each at its version with its reason."""
+        rows = lakehouse.read("system/rejected", ["commit_log", "commit_version", "reason"]).to_pylist()
+        reasons = {(row["commit_log"], row["commit_version"]): row["reason"] for row in rows}
+        return sum(1 for _, version, expected in self.written
+                   if expected in (reasons.get((self.log.key, version)) or ""))
+
+
+def measure(args: argparse.Namespace, rate: float, reference: dict | None, object_store: Lakehouse | None,
+            poison: bool = False) -> dict:
     """Start the checker on an empty lakehouse (``object_store``, else ``--lakehouse`` or a temporary
-    directory), offer ``rate`` for ``--seconds`` and wait for the deliveries; return the report's figures."""
+    directory), offer ``rate`` for ``--seconds`` (with ``poison``, beside the poisoning tenant) and wait for the
+    deliveries; return the report's figures."""
     from coordinator import TransactionProducer
 
     report = {}
@@ -159,7 +228,7 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
     directory, checker = harness.checker_on_fresh_lakehouse(args.lakehouse, "e2e", args.trigger_ms, object_store,
                                                              **settings)
     lakehouse = checker.lakehouse
-    sampler = console = scraper = browser = None
+    sampler = console = scraper = browser = tenant = None
     observed = {}
     try:
         print(f"starting the checker (trigger {args.trigger_ms} ms)...", flush=True)
@@ -175,10 +244,15 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         sampler = harness.LagSampler(checker, t0, window_s=args.seconds)  # a sample in every quarter, for kept_up
         sampler.start()
         config = CoordinatorConfig(lakehouse=lakehouse.root, storage=lakehouse.storage)
+        if poison:
+            tenant = _PoisoningTenant(lakehouse)
+            tenant.start()
         with TransactionProducer("bench-e2e", harness.Commits(), config) as producer:
             sender = harness.SteadySender(producer, TOPIC, rate, args.seconds, args.threads)
             sending_from = time.monotonic()
             send_seconds = sender.run()
+        if tenant is not None:
+            tenant.stop()
         wanted = {tid for tid, _, _ in sender.sent}
         print(f"  sent {len(wanted)} of {sender.total} in {send_seconds:.1f} s ({len(wanted) / send_seconds:.1f} txn/s "
               f"achieved, {sender.errors} errors, {sender.unsent} unsent); waiting for delivery...", flush=True)
@@ -192,6 +266,8 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         for thread in (sampler, scraper, browser):
             if thread is not None:
                 thread.stop()
+        if tenant is not None and tenant.is_alive():
+            tenant.stop()
         try:
             exit_code = checker.stop()
         finally:
@@ -233,6 +309,8 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         "kept_up": keeping_up,
         "checker_exit_code": exit_code,
         "observed": args.observed,
+        "poisons_written": None if tenant is None else len(tenant.written),
+        "poisons_refused": None if tenant is None else tenant.refused(lakehouse),
     }
     if args.observed:
         figures.update(observed, console_exit_code=console_exit_code)

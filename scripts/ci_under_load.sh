@@ -18,7 +18,7 @@ trap 'kill $stress 2>/dev/null; wait $stress 2>/dev/null || true' EXIT
 times=()
 for run in $(seq 1 "$runs"); do
   clone="$work/run-$run"
-  git clone -q . "$clone"
+  git clone -q . "$clone" && git -C "$clone" checkout -q "$commit"  # every run of the same commit
   echo "run $run of $runs: $clone (log: $clone.log)"
   start=$(date +%s)
   status=0

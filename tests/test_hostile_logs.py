@@ -128,3 +128,16 @@ def test_the_operator_tools_read_past_a_poisoned_log(batches, config, tmp_path, 
     assert main(["status", "--config", str(conf)]) == 1  # as it says: no checker runs
     out = capsys.readouterr().out
     assert "log unreadable" in out and "rejected       1 record(s)" in out
+
+
+def test_the_e2e_benchmarks_poisoning_tenant_counts_what_the_checker_refused(batches, config):
+    from bench.e2e import _PoisoningTenant
+
+    tenant = _PoisoningTenant(Lakehouse(config.lakehouse))
+    tenant.start()
+    tenant.stop()  # after its first round
+    assert len(tenant.written) >= len(POISONS) and tenant.refused(Lakehouse(config.lakehouse)) == 0
+
+    batches.run()
+
+    assert tenant.refused(Lakehouse(config.lakehouse)) == len(tenant.written)

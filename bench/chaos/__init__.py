@@ -11,11 +11,14 @@ table maintenance (``coordinator.ops.maintenance.maintain``) at once, then:
   takes over, and the killed one, restarted, stands by in its turn. Each kill's failover
   (the kill to the next checker's first finished batch) is reported;
 - SIGKILLs producer processes in the middle of their sends and group commits, and
-  restarts them at once (a restarted producer skips what it already attempted);
+  restarts them at once (a restarted producer skips what it already attempted); each kill is
+  planned after a producer's n-th send and triggered by it, never by the clock;
 - appends hostile records to a forging group's own commit log: malformed ones, and forgeries (claiming
   another group, an operator's mark, a topic the group is not granted);
-- commits by hand, as an operator would (``txcoord resolve --commit``), about half of the
-  transactions the checker discards, the first of them twice at once (two operators racing).
+- commits by hand, as an operator would (``txcoord resolve --commit``), the first transaction the
+  checker discards (twice at once: two operators racing) and about half of the others;
+- with ``--poison``, a tenant writes into its own prefix every kind of bytes the checker must refuse
+  (:mod:`~bench.chaos.poison`).
 
 Once every half is resolved (or the timeout passes), it stops everything gracefully and
 checks, from the Delta tables and each producer's SQLite ground truth: every locally
@@ -33,6 +36,7 @@ and exits 1 on any violation.
     python -m bench.chaos --object-store                    # the lakehouse on a loopback S3 server
     python -m bench.chaos --object-store --storage-faults   # ... reached through a proxy that injects faults
     python -m bench.chaos --tiny                            # 10 transactions, one kill of each: about a minute
+    python -m bench.chaos --poison                          # and a tenant writing bytes the checker must refuse
 
 With ``--object-store`` the lakehouse is a prefix of a bucket on a real S3-compatible server
 (``scripts/s3_server.py``, started for the run); the run's directory keeps only the logs, the

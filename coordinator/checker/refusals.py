@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Optional
 
 # Long hostile values are kept, shortened, so a refusal row stays readable and small.
 _MAX_ECHOED_CHARS = 256
 _ECHOED = ("record_id", "kind", "transaction_id", "producer_group", "msg_id", "topic", "state", "check_id")
-
-
-def first_failure(record: dict, rules: Sequence[tuple[Callable[[dict], bool], str | Callable[[dict], str]]]) -> Optional[str]:
-    """The reason of the first rule that ``record`` fails, or ``None`` when it passes every one.
-
-    Example::
-
-        first_failure(record, [(lambda r: r["topic"] is None, "missing topic")])
-    """
-    for fails, why in rules:
-        if fails(record):
-            return why(record) if callable(why) else why
-    return None
 
 
 def rejection(record: dict, reason: str) -> dict:

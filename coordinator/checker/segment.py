@@ -11,8 +11,10 @@ record with the log it came from, the version it entered with and when that vers
 committed (the log file's modification time, which is what Delta calls the commit's timestamp).
 Compaction commits (``dataChange=false``) add no records and are skipped, as Delta's own change
 feed does. A data file outside the log's own directory is never read (a writer could otherwise
-make another group's records, or any file the checker can read, appear in its own log): it stands
-as one record whose ``refusal`` says so, which the batch refuses.
+make another group's records, or any file the checker can read, appear in its own log). What a
+log's writer wrote is untrusted bytes (docs/design.md#hostile-input): a commit that cannot be read
+stands as one record whose ``refusal`` says why, and so does each data file that cannot be, which
+the batch refuses; nothing of one log costs another.
 
 The commits of the different logs are merged by commit time (ties by log, then version), each
 log's own commits staying in version order; ``commit_rank`` numbers them in that order. With the
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Mapping, NamedTuple, Optional
@@ -43,9 +44,9 @@ from coordinator.commit_logs import CommitLogs, committed
 from coordinator.exceptions import CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse, delta_log_file
 from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, added_files, commit_actions
+from coordinator.protocol import MAX_COMMIT_BODY_BYTES
 from coordinator.storage import FileStore
 from coordinator.tables import COMMIT_LOG
-from coordinator.protocol import MAX_COMMIT_BODY_BYTES
 
 __all__ = ["MAX_VERSIONS_PER_BATCH", "RECORD_SCHEMA", "CommitRead", "Segment", "grown_to", "read_commits", "tick"]
 
