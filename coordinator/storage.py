@@ -35,8 +35,9 @@ import hashlib
 import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Callable, Iterator, Mapping, NamedTuple, Optional, TypeVar
+from typing import Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, TypeVar
 from urllib.parse import urlparse
 
 import obstore
@@ -46,9 +47,10 @@ from obstore.store import S3Store
 from coordinator.exceptions import AccessDeniedError, FileTooLargeError, InvalidArgumentError
 from coordinator.retries import RETRY_SETTINGS, RetryPolicy, note_own_write_recognised, retrying
 
-__all__ = ["FileStore", "Versioned", "denied_as_error", "is_object_store"]
+__all__ = ["FileStore", "Versioned", "denied_as_error", "is_object_store", "read_all"]
 
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 #: Location schemes served by object storage; anything else is a local path.
 OBJECT_SCHEMES = ("s3", "s3a")
 
@@ -60,6 +62,24 @@ class Versioned(NamedTuple):
     data: bytes
     version: str
     modified_ms: int
+
+
+#: Reads made at once by :func:`read_all` on object storage, where each is a request of tens of milliseconds.
+CONCURRENT_READS = 16
+
+
+def read_all(read: Callable[[_T], _R], items: Sequence[_T], remote: bool) -> list[_R]:
+    """``read`` of each of ``items``, in their order: at most :data:`CONCURRENT_READS` at once when ``remote``
+    (object storage), one after another on a local disk (a thread per read costs more than the read).
+
+    Example::
+
+        read_all(lambda key: files.read(key), keys, remote=not lakehouse.is_local)
+    """
+    if not remote or len(items) <= 1:
+        return [read(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(CONCURRENT_READS, len(items))) as reads:
+        return list(reads.map(read, items))
 
 
 def is_object_store(location: str) -> bool:

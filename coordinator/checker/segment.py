@@ -45,7 +45,7 @@ from coordinator.exceptions import CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse, delta_log_file
 from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, added_files, commit_actions
 from coordinator.protocol import MAX_COMMIT_BODY_BYTES
-from coordinator.storage import FileStore
+from coordinator.storage import FileStore, read_all
 from coordinator.tables import COMMIT_LOG
 
 __all__ = ["MAX_VERSIONS_PER_BATCH", "RECORD_SCHEMA", "CommitRead", "Segment", "grown_to", "read_commits", "tick"]
@@ -60,8 +60,6 @@ MAX_VERSIONS_PER_BATCH = 2000
 MAX_DATA_FILE_BYTES = 2 * MAX_COMMIT_BODY_BYTES
 MAX_DATA_FILE_ROWS = 1_000_000
 MAX_DATA_FILE_UNCOMPRESSED_BYTES = 4 * MAX_COMMIT_BODY_BYTES
-#: Commits read at once on object storage, where each read is a request of tens of milliseconds.
-_CONCURRENT_READS = 16
 _REASON_CHARS = 512
 
 _COMMIT_LOG_SCHEMA = COMMIT_LOG.arrow_schema()
@@ -196,10 +194,8 @@ def _read_versions(lakehouse: Lakehouse, versions: Mapping[str, list[int]]) -> d
     files), on a local disk one after another (a thread per read costs more than the read)."""
     stores = {key: FileStore.at(lakehouse.key_path(key), lakehouse.storage) for key, wanted in versions.items() if wanted}
     wanted = [(key, version) for key in stores for version in versions[key]]
-    if lakehouse.is_local or len(wanted) <= 1:
-        return {(key, version): _read_commit(stores[key], version) for key, version in wanted}
-    with ThreadPoolExecutor(max_workers=min(_CONCURRENT_READS, len(wanted))) as reads:
-        return dict(zip(wanted, reads.map(lambda read: _read_commit(stores[read[0]], read[1]), wanted)))
+    return dict(zip(wanted, read_all(lambda read: _read_commit(stores[read[0]], read[1]), wanted,
+                                     remote=not lakehouse.is_local)))
 
 
 def _read_commit(store: FileStore, version: int) -> CommitRead:

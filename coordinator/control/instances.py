@@ -37,7 +37,6 @@ import json
 import math
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence, Union
 from urllib.parse import quote, unquote
@@ -45,6 +44,7 @@ from urllib.parse import quote, unquote
 from coordinator.control.processes import process_gone, this_process
 from coordinator.exceptions import CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse
+from coordinator.storage import read_all
 
 __all__ = ["FORGET_AFTER_S", "GroupSurvey", "LIVE_FOR_HEARTBEATS", "MAX_RECORDS_READ", "MAX_RECORD_BYTES",
            "ProducerInstance", "ProducerInstances", "RefusedRecord"]
@@ -56,7 +56,6 @@ FORGET_AFTER_S = 3600.0
 #: The most records of one group a survey reads (the latest written); an instance's record is under 300 bytes.
 MAX_RECORDS_READ = 256
 MAX_RECORD_BYTES = 4096
-_CONCURRENT_READS = 16
 
 
 @dataclass(frozen=True)
@@ -153,7 +152,7 @@ class ProducerInstances:
         storage), and the files refused as records."""
         listed = self.files.modified(self._group_dir(group))
         keys = sorted(listed, key=lambda key: (-listed[key], key))[:MAX_RECORDS_READ]
-        reads = _concurrently(self._read_record, [(group, key) for key in keys], not self.lakehouse.is_local)
+        reads = read_all(lambda key: self._read_record(group, key), keys, remote=not self.lakehouse.is_local)
         records = [read for read in reads if isinstance(read, ProducerInstance)]
         return records, [read for read in reads if isinstance(read, RefusedRecord)]
 
@@ -201,10 +200,3 @@ def _parsed(data: bytes, group: str, instance_id: str) -> ProducerInstance:
     if not (math.isfinite(raw["last_seen"]) and math.isfinite(raw["heartbeat_s"]) and raw["heartbeat_s"] > 0):
         raise CorruptInputError("last_seen and heartbeat_s must be finite, heartbeat_s positive")
     return ProducerInstance(**{name: raw.get(name) for name in kinds})
-
-
-def _concurrently(function: Callable, calls: list[tuple], concurrent: bool) -> list:
-    if not concurrent or len(calls) <= 1:
-        return [function(*call) for call in calls]
-    with ThreadPoolExecutor(max_workers=min(_CONCURRENT_READS, len(calls))) as pool:
-        return list(pool.map(lambda call: function(*call), calls))

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import json
 import re
-from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, Optional
 from urllib.parse import unquote
 
 from coordinator.exceptions import CorruptInputError, FileTooLargeError
-from coordinator.storage import FileStore, LocalFileStore
+from coordinator.storage import FileStore, LocalFileStore, read_all
 
 __all__ = ["DATA_PATH_PATTERN", "MAX_ACTION_DEPTH", "MAX_COMMIT_FILE_BYTES", "AddedFile", "added_files", "check_commits",
            "commit_actions"]
@@ -38,7 +37,6 @@ DATA_PATH_PATTERN = r"[A-Za-z0-9_=.-]+(/[A-Za-z0-9_=.-]+)*"
 #: stack on a line nested some thousands deep and the process dies of SIGSEGV: such a log is refused before
 #: any delta-rs reader opens it (:func:`check_commits`).
 MAX_ACTION_DEPTH = 32
-_CONCURRENT_READS = 16
 
 _DATA_PATH = re.compile(DATA_PATH_PATTERN)
 _CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet")
@@ -107,12 +105,7 @@ def check_commits(files: FileStore, table: str) -> None:
             except CorruptInputError as error:
                 raise CorruptInputError(f"version {version}: {error}") from None
 
-    if len(commits) <= 1 or isinstance(files, LocalFileStore):
-        for version in commits:
-            check(version)
-        return
-    with ThreadPoolExecutor(max_workers=min(_CONCURRENT_READS, len(commits))) as reads:
-        list(reads.map(check, commits))
+    read_all(check, commits, remote=not isinstance(files, LocalFileStore))
 
 
 def _depth(value: object) -> int:
