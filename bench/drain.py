@@ -30,8 +30,19 @@ commit→visible, cold start and failover at most 1 (within the noise of a share
     python -m bench.drain
     python -m bench.drain --rounds 2 --parts drain
     python -m bench.drain --tiny        # the smallest run: a drain of 200 transactions (tests/test_bench.py)
+    python -m bench.drain --storage-latency-ms 25 --transactions 5000 --parts drain
+                                        # the drain on the S3 server, 25 ms added to every request
 
-Prints a table and writes ``bench/results/drain.json`` (``--results`` to change).
+With ``--storage-latency-ms N`` (N > 0; the drain part only: the others run the trees' own benchmark
+scripts, which the reference commit's lack the option for) each side's lakehouse is a fresh prefix on
+the loopback S3 server behind the storage-fault proxy, N ms added to every request
+(``bench.harness.LatencyStore``, started once by this process): the side's producer through one proxy,
+its checker job's whole ``[storage]`` (its Spark checkpoint through S3A included) through another, the
+side's own reads straight. Each drain then also reports the producer's and the checker's requests by
+kind, per million transactions, priced at S3's list prices.
+
+Prints a table and writes ``bench/results/drain.json`` (``drain-s3-<N>ms.json`` with
+``--storage-latency-ms N``; ``--results`` to change).
 """
 
 from __future__ import annotations
@@ -75,10 +86,12 @@ def side_harness(side: Path):
     return harness
 
 
-def drain_side(harness, transactions: int, workdir: str, startup_timeout_s: float) -> dict:
+def drain_side(harness, transactions: int, workdir: str, startup_timeout_s: float,
+               object_store: Optional[dict] = None) -> dict:
     """Commit ``transactions`` with no checker running, then start the checker and wait until it has
     delivered them all; the drain's figures. Uses only what every tree's helpers (``harness``) and public
-    API have."""
+    API have. The lakehouse is local, or ``object_store``'s: its ``root``, and the storage options each
+    party reaches it with (``producer``, ``checker``, and ``direct`` for this side's own reads)."""
     from deltalake import DeltaTable
 
     from coordinator import Message, TransactionProducer
@@ -86,7 +99,13 @@ def drain_side(harness, transactions: int, workdir: str, startup_timeout_s: floa
     from coordinator.lakehouse import Lakehouse, init_lakehouse
     from coordinator.tables import METRICS
 
-    lakehouse = Lakehouse(os.path.join(workdir, "lakehouse"))
+    if object_store is None:
+        lakehouse = Lakehouse(os.path.join(workdir, "lakehouse"))
+        producer_storage, checker_lakehouse = {}, lakehouse
+    else:
+        lakehouse = Lakehouse(object_store["root"], object_store["direct"])
+        producer_storage = object_store["producer"]
+        checker_lakehouse = Lakehouse(object_store["root"], object_store["checker"])
     init_lakehouse(lakehouse)
     failures = []
 
@@ -96,24 +115,26 @@ def drain_side(harness, transactions: int, workdir: str, startup_timeout_s: floa
         except Exception as error:  # counted; a drain of fewer transactions would say nothing
             failures.append(repr(error))
 
-    with TransactionProducer(GROUP, harness.Commits(), CoordinatorConfig(lakehouse=lakehouse.root)) as producer:
+    with TransactionProducer(GROUP, harness.Commits(),
+                             CoordinatorConfig(lakehouse=lakehouse.root, storage=producer_storage)) as producer:
         send_seconds = harness.send_on_schedule(send, transactions, 0, SENDER_THREADS)
     if failures:
         raise RuntimeError(f"{len(failures)} sends failed building the backlog, the first: {failures[0]}")
     print(f"  backlog of {transactions} transactions committed in {send_seconds:.1f} s; starting the checker",
           flush=True)
 
-    config_path = harness.write_config(lakehouse, workdir, trigger_interval_ms=100)
+    config_path = harness.write_config(checker_lakehouse, workdir, trigger_interval_ms=100)
     metrics_path = lakehouse.path(METRICS)
+    storage = lakehouse.storage or None
     with harness.CheckerJob(config_path, lakehouse, os.path.join(workdir, "checker.log")) as checker:
         versions = checker.latest_commit_log_version() + 1
         start_s = checker.wait_ready(startup_timeout_s)
         deadline = time.monotonic() + max(600.0, transactions / 500)
-        while _delivered(metrics_path) < transactions:
+        while _delivered(metrics_path, storage) < transactions:
             if time.monotonic() > deadline or checker.process.poll() is not None:
                 raise RuntimeError(f"the checker has not delivered the backlog; see {workdir}/checker.log")
             time.sleep(0.5)
-    batches = DeltaTable(metrics_path).to_pyarrow_table().to_pylist()
+    batches = DeltaTable(metrics_path, storage_options=storage).to_pyarrow_table().to_pylist()
     working = sorted((b for b in batches if b["delivered"]), key=lambda b: b["started_at"])
     seconds = (working[-1]["finished_at"] - working[0]["started_at"]).total_seconds()
     after_first = working[1:]
@@ -135,11 +156,11 @@ def drain_side(harness, transactions: int, workdir: str, startup_timeout_s: floa
     }
 
 
-def _delivered(metrics_path: str) -> int:
+def _delivered(metrics_path: str, storage: Optional[dict] = None) -> int:
     from deltalake import DeltaTable
 
     with contextlib.suppress(Exception):  # no batch yet, or a listing caught mid-commit: asked again shortly
-        return sum(DeltaTable(metrics_path).to_pyarrow_table(columns=["delivered"]).column("delivered").to_pylist())
+        return sum(DeltaTable(metrics_path, storage_options=storage).to_pyarrow_table(columns=["delivered"]).column("delivered").to_pylist())
     return 0
 
 
@@ -221,11 +242,25 @@ def reference_worktree(commit: str):
         subprocess.run(["git", "worktree", "remove", "--force", directory], cwd=ROOT, check=False)
 
 
-def measure_drain(tree: Tree, args, workdir: str) -> dict:
+def measure_drain(tree: Tree, args, workdir: str, store=None) -> dict:
     out = os.path.join(workdir, "side.json")
-    tree.run([str(HERE / "drain.py"), "--side", str(tree.root), "--transactions", str(args.transactions),
-              "--workdir", workdir, "--side-results", out], timeout_s=3600)
-    return json.loads(Path(out).read_text())
+    argv = [str(HERE / "drain.py"), "--side", str(tree.root), "--transactions", str(args.transactions),
+            "--workdir", workdir, "--side-results", out]
+    if store is None:
+        tree.run(argv, timeout_s=3600)
+        return json.loads(Path(out).read_text())
+    from bench import harness
+
+    where = os.path.join(workdir, "object-store.json")
+    Path(where).write_text(json.dumps({"root": store.new_root(), "direct": store.direct,
+                                       **{party: store.storage(party) for party in store.parties}}))
+    before = {party: store.counts(party) for party in store.parties}
+    tree.run([*argv, "--object-store-json", where], timeout_s=3600)
+    figures = json.loads(Path(out).read_text())
+    for party in store.parties:
+        figures[f"{party}_requests"] = harness.request_cost(store.requests_since(party, before[party]),
+                                                            figures["transactions"])
+    return figures
 
 
 def measure_batch(tree: Tree, args, workdir: str) -> dict:
@@ -269,8 +304,9 @@ FIGURES = (("drain", "txn_per_s"), ("drain", "steady_txn_per_s"), ("batch", "bat
            ("cold_start", "first_batch_s"), ("failover", "standby_s"), ("failover", "restart_s"))
 
 
-def run_parts(trees: list[Tree], args) -> dict:
-    """Each part for each tree, the order alternating by round; {part: {tree name: [figures per round]}}."""
+def run_parts(trees: list[Tree], args, store=None) -> dict:
+    """Each part for each tree, the order alternating by round; {part: {tree name: [figures per round]}}.
+    The drain behind ``store`` (a ``harness.LatencyStore``) where given."""
     results = {part: {tree.name: [] for tree in trees} for part in args.parts}
     for part in args.parts:
         for round_ in range(args.rounds):
@@ -278,7 +314,8 @@ def run_parts(trees: list[Tree], args) -> dict:
                 print(f"\n--- {part}, round {round_ + 1}: {tree.name} ({tree.commit})", flush=True)
                 workdir = tempfile.mkdtemp(prefix=f"bench-drain-{part}-")
                 try:
-                    figures = MEASURES[part](tree, args, workdir)
+                    figures = (measure_drain(tree, args, workdir, store) if part == "drain"
+                               else MEASURES[part](tree, args, workdir))
                 finally:
                     subprocess.run(["rm", "-rf", workdir], check=False)
                 print(f"    {figures}", flush=True)
@@ -322,15 +359,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--reference-tree", default=None,
                         help="an existing checkout to compare with (default: a worktree of --reference-commit)")
     parser.add_argument("--startup-timeout", type=float, default=300, help="seconds to wait for a checker's first batch")
-    parser.add_argument("--results", default=None, help="default: bench/results/drain.json")
+    parser.add_argument("--storage-latency-ms", type=float, default=0,
+                        help="the drain part only (the default parts become just it): "
+                             "run on the loopback S3 server behind the storage-fault proxy with this many milliseconds "
+                             "added to every request, for the producer and the checker (a proxy each, its requests "
+                             "counted and priced at S3's list prices); 0 or absent: as without it")
+    parser.add_argument("--results", default=None, help="default: bench/results/drain.json (drain-s3-<N>ms.json)")
     parser.add_argument("--side", help=argparse.SUPPRESS)  # the tree one side runs in
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--side-results", help=argparse.SUPPRESS)
+    parser.add_argument("--object-store-json", help=argparse.SUPPRESS)  # where the side's lakehouse is, and how reached
     raw = parser.parse_known_args(argv)[0]
     if raw.side:
         # A side imports the tree it measures (its helpers, coordinator, tables), so nothing is imported before this.
         sys.path[:0] = [str(Path(raw.side) / "bench"), raw.side]
-        figures = drain_side(side_harness(Path(raw.side)), raw.transactions, raw.workdir, raw.startup_timeout)
+        object_store = json.loads(Path(raw.object_store_json).read_text()) if raw.object_store_json else None
+        figures = drain_side(side_harness(Path(raw.side)), raw.transactions, raw.workdir, raw.startup_timeout,
+                             object_store)
         Path(raw.side_results).write_text(json.dumps(figures))
         # Once the figures are written, skip the interpreter's shutdown: a clean-clone CI saw this process
         # abort there once ("terminate called without an active exception", a native thread still running).
@@ -340,13 +385,25 @@ def main(argv: list[str] | None = None) -> dict:
     from bench import harness
 
     args = harness.parse_args(parser, argv, "drain", TINY)
-    args.results = args.results or str(harness.RESULTS / "drain.json")
+    if args.storage_latency_ms:
+        if "--parts" not in (argv if argv is not None else sys.argv[1:]):
+            args.parts = ["drain"]
+        elif args.parts != ["drain"]:
+            parser.error("--storage-latency-ms measures the drain part only: --parts drain")
+    args.results = args.results or str(harness.RESULTS / (
+        f"drain-s3-{args.storage_latency_ms:g}ms.json" if args.storage_latency_ms else "drain.json"))
     report = harness.start_report("drain", vars(args))
-    with (contextlib.nullcontext(Path(args.reference_tree)) if args.reference_tree
-          else reference_worktree(args.reference_commit)) as reference_root:
+    with contextlib.ExitStack() as stack:
+        store = None
+        if args.storage_latency_ms:
+            store = stack.enter_context(harness.LatencyStore(
+                args.storage_latency_ms, stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-drain-s3-"))))
+            report["storage"] = store.settings()
+        reference_root = stack.enter_context(contextlib.nullcontext(Path(args.reference_tree)) if args.reference_tree
+                                             else reference_worktree(args.reference_commit))
         trees = [Tree("this", ROOT), reference_tree(reference_root)]
         report["commits"] = {tree.name: tree.commit for tree in trees}
-        report["results"] = run_parts(trees, args)
+        report["results"] = run_parts(trees, args, store)
     report["ratios"] = ratios(report["results"])
     for tree in ("this", "reference"):
         for figures in report["results"].get("drain", {}).get(tree, []):
@@ -354,6 +411,13 @@ def main(argv: list[str] | None = None) -> dict:
                 raise RuntimeError(f"{tree}: {figures['delivered']} of {figures['transactions']} delivered, "
                                    f"{figures['duplicated']} more than once")
 
+    if store is not None:
+        print(f"\nrequests behind {args.storage_latency_ms:g} ms ({harness.S3_PRICES}), per million transactions:")
+        for tree, runs in report["results"]["drain"].items():
+            for figures in runs:
+                print("  " + tree + ": " + ", ".join(
+                    f"{party} {figures[f'{party}_requests']['per_million_transactions']['total']:.0f} requests "
+                    f"(${figures[f'{party}_requests']['usd_per_million_transactions']})" for party in ("producer", "checker")))
     print(f"\n{'':>22} {'this':>12} {'reference':>12} {'ratio':>7}")
     for part, key in FIGURES:
         if part in report["results"]:

@@ -36,6 +36,19 @@ while the latencies from commitInfo timestamps (milliseconds) are as precise as 
     python bench/e2e.py --observed                       # the same, with the metrics scraped and the console open
     python bench/e2e.py --poison --rate 100 --seconds 60 # twice: alone, then beside a poisoning tenant
     python bench/e2e.py --tiny                           # 10 txn/s for 5 s, for the tests (tests/test_bench.py)
+    python bench/e2e.py --storage-latency-ms 25 --rate 100 --seconds 60 --threads 32 --reference-producer-seconds 0
+                                                         # on the S3 server, 25 ms added to every request
+
+With ``--storage-latency-ms N`` (N > 0) the lakehouse is on the loopback S3 server as with
+``--object-store``, but the producer and the checker each reach it through a storage-fault proxy of its
+own that adds N ms to every request (``bench.harness.LatencyStore``): the checker's whole ``[storage]``
+(delta-rs, obstore, and Spark's S3A checkpoint) names its proxy. The benchmark's own reads (lag, the
+topic) go straight to the server. Each proxy counts its party's requests: the producer's from its
+opening to its closing, the checker's from the first send until every message is delivered, each per
+million transactions and priced at S3's list prices (``harness.S3_PRICES``); and, before sending, the
+checker's requests over ``--idle-seconds`` with no producer, per second and per day with their cost.
+Every report also gives the checker's trigger time (``system/metrics``' ``duration_ms``) and commit-log
+versions per trigger, over the triggers with records that started while the producer sent.
 
 With ``--observed``, the run is watched as operators watch it, to show that watching does not slow the
 checker (issue 25: the targets still hold at 1,000 txn/s). The checker's TOML sets ``metrics_port = 0``
@@ -62,7 +75,7 @@ figures (``without_poison``, ``with_poison``), the poisons written and refused, 
 commit→visible p99s (issue 44: at most 1.25).
 
 Prints a table and writes ``bench/results/e2e.json`` (``bench/results/e2e-s3.json`` with
-``--object-store``; ``--results`` to change).
+``--object-store``, ``e2e-s3-<N>ms.json`` with ``--storage-latency-ms N``; ``--results`` to change).
 """
 
 from __future__ import annotations
@@ -96,7 +109,7 @@ LAG_GROWTH_TOLERANCE = 1.5
 #: Versions of slack on top, for runs where the lag is a handful of versions and one extra commit is a large ratio.
 LAG_SLACK_VERSIONS = 3
 #: ``--tiny``: half a second of reference, then 5 s of sending at 10 txn/s.
-TINY = {"rate": 10, "reference_producer_seconds": 0.5, "seconds": 5, "threads": 4, "drain": 60}
+TINY = {"rate": 10, "reference_producer_seconds": 0.5, "seconds": 5, "threads": 4, "drain": 60, "idle_seconds": 2}
 #: ``--observed``: the metrics scraped every second, the console's overview reloaded as often as it says.
 SCRAPE_INTERVAL_S = 1.0
 #: The console's default refresh, which the run keeps (its page says so, and the browser follows the page).
@@ -144,11 +157,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--poison", action="store_true",
                         help="run twice: alone, then beside a tenant writing every kind of bytes the checker must "
                              f"refuse into its own prefix every {POISON_EVERY_S:g} s; report both and the p99 ratio")
-    parser.add_argument("--results", default=None, help="default: bench/results/e2e.json (e2e-s3.json)")
+    parser.add_argument("--storage-latency-ms", type=float, default=0, help=harness.LATENCY_HELP)
+    parser.add_argument("--idle-seconds", type=float, default=30,
+                        help="with --storage-latency-ms: count the idle checker's requests this long before sending")
+    parser.add_argument("--results", default=None,
+                        help="default: bench/results/e2e.json (e2e-s3.json, e2e-s3-<N>ms.json)")
     args = harness.parse_args(parser, argv, "e2e", TINY)
-    args.results = args.results or str(harness.RESULTS / ("e2e-s3.json" if args.object_store else "e2e.json"))
+    args.results = args.results or str(harness.RESULTS / (
+        f"e2e-s3-{args.storage_latency_ms:g}ms.json" if args.storage_latency_ms
+        else "e2e-s3.json" if args.object_store else "e2e.json"))
     report = harness.start_report("e2e", vars(args))
-    places = producer_benchmark.Places(args.object_store)  # with --object-store, one S3 server for the whole run
+    # With --object-store or a latency, one S3 server for the whole run.
+    places = producer_benchmark.Places(args.object_store, args.storage_latency_ms, parties=("producer", "checker"))
+    if places.store is not None:
+        report["storage"] = places.store.settings()
     try:
         rate, reference = offered_rate(places, args.rate, args.reference_producer_seconds)
         if reference is not None:
@@ -159,11 +181,19 @@ def main(argv: list[str] | None = None) -> dict:
         if args.poison:
             report.update(poisoned_and_not(args, rate, reference, places))
         else:
-            with places.lakehouse() if args.object_store else contextlib.nullcontext() as object_store:
-                report.update(measure(args, rate, reference, object_store))
+            with fresh_object_store(args, places) as object_store:
+                report.update(measure(args, rate, reference, object_store, store=places.store))
     finally:
         places.close()
     return harness.finish_report(report, Path(args.results))
+
+
+def fresh_object_store(args: argparse.Namespace, places: producer_benchmark.Places):
+    """A fresh lakehouse on the S3 server as this benchmark reads it (straight, behind a latency),
+    or nothing on a local disk (the checked run makes its own, as ``--lakehouse`` may name it)."""
+    if places.store is not None:
+        return contextlib.nullcontext(places.store.new_lakehouse())
+    return places.lakehouse() if args.object_store else contextlib.nullcontext()
 
 
 def poisoned_and_not(args: argparse.Namespace, rate: float, reference: dict | None,
@@ -172,8 +202,8 @@ def poisoned_and_not(args: argparse.Namespace, rate: float, reference: dict | No
     runs = {}
     for poisoned in (False, True):
         print(f"\n--- {'beside a poisoning tenant' if poisoned else 'alone'}", flush=True)
-        with places.lakehouse() if args.object_store else contextlib.nullcontext() as object_store:
-            runs[poisoned] = measure(args, rate, reference, object_store, poison=poisoned)
+        with fresh_object_store(args, places) as object_store:
+            runs[poisoned] = measure(args, rate, reference, object_store, poison=poisoned, store=places.store)
     alone, beside = runs[False], runs[True]
     ratio = None if not alone["e2e_p99_ms"] or beside["e2e_p99_ms"] is None else round(
         beside["e2e_p99_ms"] / alone["e2e_p99_ms"], 2)
@@ -217,16 +247,18 @@ class _PoisoningTenant(threading.Thread):
 
 
 def measure(args: argparse.Namespace, rate: float, reference: dict | None, object_store: Lakehouse | None,
-            poison: bool = False) -> dict:
+            poison: bool = False, store: harness.LatencyStore | None = None) -> dict:
     """Start the checker on an empty lakehouse (``object_store``, else ``--lakehouse`` or a temporary
     directory), offer ``rate`` for ``--seconds`` (with ``poison``, beside the poisoning tenant) and wait for the
-    deliveries; return the report's figures."""
+    deliveries; return the report's figures. Behind a latency (``store``), the checker and the producer
+    each go through their own proxy, whose requests are counted."""
     from coordinator import TransactionProducer
 
     report = {}
     settings = {"metrics_port": 0} if args.observed else {}
-    directory, checker = harness.checker_on_fresh_lakehouse(args.lakehouse, "e2e", args.trigger_ms, object_store,
-                                                             **settings)
+    directory, checker = harness.checker_on_fresh_lakehouse(
+        args.lakehouse, "e2e", args.trigger_ms, object_store,
+        checker_storage=None if store is None else store.storage("checker"), **settings)
     lakehouse = checker.lakehouse
     sampler = console = scraper = browser = tenant = None
     observed = {}
@@ -238,19 +270,26 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         report["checker_start_s"] = checker.wait_ready(args.startup_timeout)
         if args.observed:
             scraper, browser = start_observers(checker, console)
+        if store is not None:
+            report["checker_idle"] = idle_requests(store, args.idle_seconds)
         print(f"  first batch after {report['checker_start_s']} s; offering {rate:g} txn/s for {args.seconds:g} s "
               f"from {args.threads} threads", flush=True)
         t0 = time.monotonic()
         sampler = harness.LagSampler(checker, t0, window_s=args.seconds)  # a sample in every quarter, for kept_up
         sampler.start()
-        config = CoordinatorConfig(lakehouse=lakehouse.root, storage=lakehouse.storage)
+        config = CoordinatorConfig(lakehouse=lakehouse.root,
+                                   storage=lakehouse.storage if store is None else store.storage("producer"))
         if poison:
             tenant = _PoisoningTenant(lakehouse)
             tenant.start()
+        counted_from = None if store is None else {party: store.counts(party) for party in store.parties}
+        sending_from_wall = time.time()
         with TransactionProducer("bench-e2e", harness.Commits(), config) as producer:
             sender = harness.SteadySender(producer, TOPIC, rate, args.seconds, args.threads)
             sending_from = time.monotonic()
             send_seconds = sender.run()
+        if store is not None:
+            producer_spent = store.requests_since("producer", counted_from["producer"])
         if tenant is not None:
             tenant.stop()
         wanted = {tid for tid, _, _ in sender.sent}
@@ -258,6 +297,8 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
               f"achieved, {sender.errors} errors, {sender.unsent} unsent); waiting for delivery...", flush=True)
         delivered = wait_for_deliveries(lakehouse, wanted, args.drain)
         drained_after = round(time.monotonic() - t0 - send_seconds, 1)
+        if store is not None:
+            checker_spent = store.requests_since("checker", counted_from["checker"])
         if args.observed:
             observed = stop_observers(scraper, browser, console, sum(d.rows for d in delivered.values()),
                                       settle_s=max(10.0, 20 * args.trigger_ms / 1000),
@@ -311,7 +352,12 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         "observed": args.observed,
         "poisons_written": None if tenant is None else len(tenant.written),
         "poisons_refused": None if tenant is None else tenant.refused(lakehouse),
+        **triggers_while_sending(lakehouse, sending_from_wall, sending_from_wall + send_seconds),
     }
+    if store is not None:
+        figures["producer_requests"] = harness.request_cost(producer_spent, len(sends))
+        figures["checker_requests"] = harness.request_cost(checker_spent, len(wanted) - missing)
+        figures["checker_idle"] = report.pop("checker_idle")
     if args.observed:
         figures.update(observed, console_exit_code=console_exit_code)
     print(f"\n{'offered':>8} {'achieved':>9} {'sent':>7} {'unsent':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'lag max':>8} "
@@ -337,6 +383,19 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
               f"topic table: {'matches' if f['metrics_delivered_matches'] else 'DOES NOT MATCH'}")
         for error in f["metrics_scrape_errors"] + f["console_page_load_errors"]:
             print(f"  observer error: {error}")
+    print(f"checker trigger with records, while sending: p50 {f['trigger_ms_p50']} ms, p99 {f['trigger_ms_p99']} ms "
+          f"over {f['triggers_with_records']} triggers, {f['versions_per_trigger_p50']} commit-log versions each (p50)")
+    if store is not None:
+        print(f"requests ({harness.S3_PRICES}):")
+        for party in ("producer", "checker"):
+            cost = f[f"{party}_requests"]
+            if cost["per_million_transactions"] is not None:
+                print(f"  {party}: {cost['requests']['total']} for {cost['transactions']} transactions, "
+                      f"{cost['per_million_transactions']['total']:.0f} per million, "
+                      f"${cost['usd_per_million_transactions']} per million transactions")
+        idle = f["checker_idle"]
+        print(f"  idle checker: {idle['requests_per_s']} requests/s over {idle['seconds']} s, "
+              f"{idle['per_day']['total']} a day, ${idle['usd_per_day']} a day")
     if object_store is not None:
         figures["log_file_mtime_resolution_s"] = OBJECT_STORE_MTIME_RESOLUTION_S
         print(f"e2e p99 by log file mtime {f['e2e_p99_ms_by_log_file_mtime']} ms: a "
@@ -347,6 +406,28 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
     if args.lakehouse is None:
         shutil.rmtree(directory, ignore_errors=True)
     return report
+
+
+def idle_requests(store: harness.LatencyStore, seconds: float) -> dict:
+    """The checker's requests over ``seconds`` with nothing to deliver, per second and per day with their cost."""
+    print(f"  counting the idle checker's requests for {seconds:g} s...", flush=True)
+    before, started = store.counts("checker"), time.monotonic()
+    time.sleep(seconds)
+    return harness.idle_cost_per_day(store.requests_since("checker", before), time.monotonic() - started)
+
+
+def triggers_while_sending(lakehouse: Lakehouse, since: float, until: float) -> dict:
+    """The checker's triggers with records that started between ``since`` and ``until`` (``time.time()``), from
+    ``system/metrics``: their time (``duration_ms``, the whole trigger) at p50 and p99, and the commit-log
+    versions each took (the growth of ``commit_log_version`` from the batch before)."""
+    batches = harness.recorded_batches(lakehouse, 0)
+    versions = {b["batch_id"]: b["commit_log_version"] - a["commit_log_version"] for a, b in zip(batches, batches[1:])}
+    busy = [b for b in batches if b["records"] and since <= b["started_at"] < until]
+    return {"triggers_with_records": len(busy),
+            "trigger_ms_p50": harness.percentile([b["duration_ms"] for b in busy], 0.5),
+            "trigger_ms_p99": harness.percentile([b["duration_ms"] for b in busy], 0.99),
+            "versions_per_trigger_p50": harness.percentile([versions[b["batch_id"]] for b in busy
+                                                             if b["batch_id"] in versions], 0.5)}
 
 
 def kept_up(missing: int, lag_second_quarter_max: int | None, lag_last_quarter_max: int | None) -> bool:

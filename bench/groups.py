@@ -14,15 +14,25 @@ time with records and heartbeat-only on each, and their ratios *many* / *one* (t
     python -m bench.groups
     python -m bench.groups --object-store      # both lakehouses on a loopback S3 server (scripts/s3_server.py)
     python -m bench.groups --tiny              # the smallest run, for the tests (tests/test_bench.py)
+    python -m bench.groups --storage-latency-ms 25 --runs 1 --rounds 2
+                                               # on the S3 server, 25 ms added to every request
+
+With ``--storage-latency-ms N`` (N > 0) both lakehouses are on the loopback S3 server behind the
+storage-fault proxy, N ms added to every request (``bench.harness.LatencyStore``): the checker (its
+delta-rs and obstore reads and writes, and the Spark session's S3A checkpoint) through one proxy, the
+rounds' commit-log commits through another; the idle groups are made straight. Each run then also
+reports the checker's requests by kind, per trigger and per million transactions, priced at S3's list
+prices.
 
 Prints a table and writes ``bench/results/groups.json`` (``groups-object-store.json`` with
-``--object-store``; ``--results`` to change).
+``--object-store``, ``groups-s3-<N>ms.json`` with ``--storage-latency-ms N``; ``--results`` to change).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import shutil
 import tempfile
 import uuid
@@ -56,6 +66,13 @@ def idle_group(config, group: str, versions: int) -> None:
                           + [end_record(group, transaction, LocalTransactionState.ROLLBACK_MESSAGE)]).result()
 
 
+def checker_requests(requests: dict, figures: dict, args: argparse.Namespace) -> dict:
+    """The checker's ``requests`` over one run of :func:`harness.streaming_triggers` (its warm-up round too),
+    per trigger and per million transactions delivered, with their cost."""
+    return {"checker_requests": harness.request_cost(requests, (args.rounds + 1) * args.transactions),
+            "checker_requests_per_trigger": round(requests["total"] / figures["triggers"], 1)}
+
+
 def lakehouse_config(root: str, storage: dict):
     from coordinator.config import CoordinatorConfig
     from coordinator.lakehouse import Lakehouse, init_lakehouse
@@ -73,15 +90,24 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds per run (after one warm-up round)")
     parser.add_argument("--transactions", type=int, default=200, help="transactions per round (two commits)")
     parser.add_argument("--object-store", action="store_true", help="both lakehouses on a loopback S3 server")
+    parser.add_argument("--storage-latency-ms", type=float, default=0, help=harness.LATENCY_HELP)
     parser.add_argument("--results", default=None)
     args = harness.parse_args(parser, argv, "groups", TINY)
-    results = Path(args.results or harness.RESULTS / f"groups{'-object-store' if args.object_store else ''}.json")
+    suffix = (f"-s3-{args.storage_latency_ms:g}ms" if args.storage_latency_ms
+              else "-object-store" if args.object_store else "")
+    results = Path(args.results or harness.RESULTS / f"groups{suffix}.json")
     report = harness.start_report("groups", vars(args))
+    store = None
 
     workdir = tempfile.mkdtemp(prefix="bench-groups-")
     with contextlib.ExitStack() as stack, harness.spark_session("bench-groups") as spark:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
-        if args.object_store:
+        if args.storage_latency_ms:
+            store = stack.enter_context(harness.LatencyStore(args.storage_latency_ms, workdir))
+            report["storage"] = store.settings()
+            harness.reach_object_store(spark, store.storage("checker"))
+            roots, storage = {name: store.new_root() for name in ("one", "many")}, store.direct
+        elif args.object_store:
             server = stack.enter_context(S3Server(f"{workdir}/s3"))
             server.create_bucket(BUCKET)
             harness.reach_object_store(spark, server.storage_options)
@@ -92,12 +118,21 @@ def main(argv: list[str] | None = None) -> dict:
         configs = {name: lakehouse_config(root, storage) for name, root in roots.items()}
         for index in range(args.groups - 1):
             idle_group(configs["many"], f"bench-idle-{index:03d}", args.idle_versions)
+        routes = {}
+        if store is not None:  # made straight; the checker through its proxy, the rounds' commits through another
+            routes = {"producer_storage": store.storage("producer"), "reader_storage": store.direct}
+            configs = {name: dataclasses.replace(config, storage=store.storage("checker"))
+                       for name, config in configs.items()}
         print(f"lakehouse one: 1 group; lakehouse many: {args.groups} groups, 1 busy, the others holding "
               f"{args.idle_versions} commits each; {args.transactions} transactions a round", flush=True)
         runs = {"one": [], "many": []}
         for run in range(args.runs):
             for name, config in configs.items():
-                figures = harness.streaming_triggers(spark, config, BUSY_GROUP, TOPIC, args.rounds, args.transactions)
+                before = None if store is None else store.counts("checker")
+                figures = harness.streaming_triggers(spark, config, BUSY_GROUP, TOPIC, args.rounds, args.transactions,
+                                                     **routes)
+                if store is not None:
+                    figures.update(checker_requests(store.requests_since("checker", before), figures, args))
                 runs[name].append(figures)
                 print(f"  run {run + 1} {name:>4}: trigger with records {figures['trigger_ms_median_with_records']} ms, "
                       f"heartbeat-only {figures['trigger_ms_median_heartbeat']} ms ({figures['triggers']} triggers)",
@@ -112,6 +147,13 @@ def main(argv: list[str] | None = None) -> dict:
     for kind in ("with_records", "heartbeat"):
         print(f"{kind.replace('_', ' '):>20} {summary['one'][kind]:>8} {summary['many'][kind]:>10} {ratios[kind]:>6}")
     print(f"target: with records at most {TARGET_RATIO}x: {'met' if report['within_target'] else 'MISSED'}")
+    if store is not None:
+        print(f"the checker's requests behind {args.storage_latency_ms:g} ms ({harness.S3_PRICES}):")
+        for name, figures in runs.items():
+            for run in figures:
+                print(f"  {name:>4}: {run['checker_requests_per_trigger']} a trigger, "
+                      f"{run['checker_requests']['per_million_transactions']['total']:.0f} per million transactions, "
+                      f"${run['checker_requests']['usd_per_million_transactions']} per million transactions")
     return harness.finish_report(report, results)
 
 

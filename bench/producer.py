@@ -7,20 +7,29 @@ and queueing the one-way END. No JVM is involved.
     python -m bench.producer                      # 1, 16, 64, 128, 256 threads, batched sends, 1/2/4 processes
     python -m bench.producer --seconds 5 --threads 16 --processes 1 2
     python -m bench.producer --tiny               # every configuration for half a second, for the tests
+    python -m bench.producer --storage-latency-ms 25 --threads 8 64 --batch 0 --processes 8 --process-threads 8
+                                                  # on the S3 server, 25 ms added to every request
 
 Every figure is quoted against the **append floor**, measured first in the same run: a bare
 delta-rs ``write_deltalake`` of one commit-log row to a warm table, many times over, the table
 reopened every 20 appends as delta-rs needs (``append_floor_p50_ms``; each configuration's
 ``send_p50_vs_floor`` and ``send_p99_vs_floor``).
-The process curve runs 1, 2 and 4 producer processes of one group, each with 64 threads, on
-one lakehouse, as several service instances would.
+The process curve runs 1, 2 and 4 producer processes of one group, each with 64 threads
+(``--process-threads``), on one lakehouse, as several service instances would; each configuration
+reports the fewest transactions one of its processes committed (a starved instance shows there).
 
 With ``--object-store`` every lakehouse (the floor's too) is a prefix of a bucket on a real
 S3-compatible server on loopback (``scripts/s3_server.py``, started for the run): what object
-storage costs a producer, beside the local-disk figures.
+storage costs a producer, beside the local-disk figures. With ``--storage-latency-ms N`` (N > 0) the
+same server sits behind the storage-fault proxy (``bench.harness.LatencyStore``), N ms added to every
+request, as an object store's round trip: each configuration then also reports the producers' requests
+by kind (counted by the proxy, from the producers' opening to their closing), per commit-log version
+and per million transactions, their cost at S3's list prices, and the conditional PUTs refused
+(each a lost race for a commit-log version).
 
 Prints a table and writes ``bench/results/producer.json`` (``bench/results/producer-s3.json``
-with ``--object-store``; ``--results`` to change), with the load average at start and end.
+with ``--object-store``, ``producer-s3-<N>ms.json`` with ``--storage-latency-ms N``; ``--results``
+to change), with the load average at start and end.
 """
 
 from __future__ import annotations
@@ -73,14 +82,19 @@ def percentile(values: list[float], q: float) -> float:
 
 class Places:
     """Where each run's fresh lakehouse lives: a temporary directory, or a new prefix of a bucket on
-    a loopback S3 server (started once for the whole benchmark)."""
+    a loopback S3 server (started once for the whole benchmark); with ``latency_ms``, that server
+    behind a proxy per party of ``parties`` adding that latency to every request (:attr:`store`)."""
 
     BUCKET = "bench"
 
-    def __init__(self, object_store: bool):
+    def __init__(self, object_store: bool, latency_ms: float = 0, parties: tuple[str, ...] = ("producer",)):
         self._stack = contextlib.ExitStack()
         self.storage: dict[str, str] = {}
-        if object_store:
+        self.store: Optional[harness.LatencyStore] = None
+        if latency_ms:
+            self.store = self._stack.enter_context(harness.LatencyStore(
+                latency_ms, self._stack.enter_context(tempfile.TemporaryDirectory()), parties))
+        elif object_store:
             from scripts.s3_server import S3Server
 
             server = self._stack.enter_context(S3Server(self._stack.enter_context(tempfile.TemporaryDirectory())))
@@ -89,7 +103,12 @@ class Places:
 
     @contextlib.contextmanager
     def lakehouse(self):
-        """A fresh lakehouse, its tables created."""
+        """A fresh lakehouse, its tables created; behind a latency, as the producers reach it (made straight)."""
+        if self.store is not None:
+            made = self.store.new_lakehouse()
+            create_table(COMMIT_LOG, made.commit_log("bench"), made.storage)
+            yield Lakehouse(made.root, self.store.storage("producer"))
+            return
         if self.storage:
             lakehouse = Lakehouse(f"s3://{self.BUCKET}/{uuid.uuid4().hex}", self.storage)
             init_lakehouse(lakehouse)
@@ -101,6 +120,10 @@ class Places:
             init_lakehouse(lakehouse)
             create_table(COMMIT_LOG, lakehouse.commit_log("bench"), lakehouse.storage)
             yield lakehouse
+
+    def producer_counts(self) -> Optional[dict]:
+        """The producers' proxy's counts now, ``None`` without a latency store."""
+        return None if self.store is None else self.store.counts("producer")
 
     def close(self) -> None:
         self._stack.close()
@@ -124,6 +147,19 @@ def append_floor(places: Places, appends: int) -> dict:
                 latencies.append(time.perf_counter() - started)
     return {"appends": appends, "p50_ms": round(statistics.median(latencies) * 1000, 2),
             "p99_ms": round(percentile(latencies, 0.99) * 1000, 2)}
+
+
+def producer_requests(requests: Optional[dict], transactions: int, versions: int) -> dict:
+    """The producers' ``requests`` by kind (``None`` without a latency store: nothing) per commit-log
+    version, per million transactions and their cost, and the conditional PUTs refused per version."""
+    if requests is None:
+        return {}
+    cost = harness.request_cost(requests, transactions)
+    return {"requests": requests,
+            "requests_per_version": round(requests["total"] / versions, 2) if versions else None,
+            "lost_races_per_version": round(requests["conditional_put_refused"] / versions, 2) if versions else None,
+            "requests_per_million_txn": cost["per_million_transactions"],
+            "usd_per_million_txn": cost["usd_per_million_transactions"]}
 
 
 def send_for(lakehouse: str, storage: dict[str, str], threads: int, seconds: float, messages_per_txn: int,
@@ -164,11 +200,14 @@ def send_for(lakehouse: str, storage: dict[str, str], threads: int, seconds: flo
 def run(places: Places, threads: int, seconds: float, messages_per_txn: int, floor: Optional[dict] = None,
         processes: int = 1) -> dict:
     """Send from ``processes`` processes of ``threads`` threads for ``seconds``; return throughput and latency
-    figures, quoted against ``floor`` (:func:`append_floor`) if given."""
+    figures, quoted against ``floor`` (:func:`append_floor`) if given, and, behind a latency, the
+    producers' requests (:func:`producer_requests`)."""
     with places.lakehouse() as where:
         lakehouse, storage = where.root, where.storage
+        before = places.producer_counts()
         if processes == 1:
             latencies, start_at, finished = send_for(lakehouse, storage, threads, seconds, messages_per_txn)
+            fewest = len(latencies)
         else:
             # Every process starts (imports, opens the log) before any sends: on a loaded machine that takes
             # seconds, and a process still starting would shorten, or miss, the window the others share.
@@ -178,10 +217,14 @@ def run(places: Places, threads: int, seconds: float, messages_per_txn: int, flo
                 shares = pool.starmap(send_for, [(lakehouse, storage, threads, seconds, messages_per_txn, ready)]
                                       * processes)
             latencies = [latency for share, _, _ in shares for latency in share]
+            fewest = min(len(share) for share, _, _ in shares)
             start_at = min(started for _, started, _ in shares)
             finished = max(last for _, _, last in shares)
         elapsed = finished - start_at
+        # Taken before this benchmark's own read of the log below, which goes through the same proxy.
+        spent = None if before is None else places.store.requests_since("producer", before)
         commits = where.table("groups/bench/commit_log").version()  # version 0 created the table
+        requests = producer_requests(spent, len(latencies), commits)
         p50, p99 = statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000
         against_floor = {} if floor is None else {
             "append_floor_p50_ms": floor["p50_ms"],
@@ -203,6 +246,8 @@ def run(places: Places, threads: int, seconds: float, messages_per_txn: int, flo
             "commits": commits,
             "commits_per_s": round(commits / elapsed, 1),
             "txn_per_commit": round(len(latencies) / commits, 1),
+            "fewest_txns_of_a_process": fewest,
+            **requests,
         }
 
 
@@ -210,24 +255,34 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="sending time per configuration")
     parser.add_argument("--threads", type=int, nargs="*", default=[1, 16, 64, 128, 256])
-    parser.add_argument("--batch", type=int, default=10, help="messages per send_messages_in_transaction run")
+    parser.add_argument("--batch", type=int, default=10,
+                        help="messages per send_messages_in_transaction run (0: no such run)")
     parser.add_argument("--processes", type=int, nargs="*", default=[1, 2, 4],
-                        help=f"the process curve: this many processes of {PROCESS_THREADS} threads each")
+                        help="the process curve: this many processes of one group, --process-threads threads each")
+    parser.add_argument("--process-threads", type=int, default=PROCESS_THREADS,
+                        help=f"sender threads of each process of the process curve (default {PROCESS_THREADS})")
     parser.add_argument("--floor-appends", type=int, default=200, help="bare delta-rs appends for the floor")
     parser.add_argument("--object-store", action="store_true",
                         help="every lakehouse on a loopback S3 server (scripts/s3_server.py) instead of a local disk")
-    parser.add_argument("--results", default=None, help="default: bench/results/producer.json (producer-s3.json)")
+    parser.add_argument("--storage-latency-ms", type=float, default=0, help=harness.LATENCY_HELP)
+    parser.add_argument("--results", default=None,
+                        help="default: bench/results/producer.json (producer-s3.json, producer-s3-<N>ms.json)")
     args = harness.parse_args(parser, argv, "producer", TINY)
-    args.results = args.results or str(RESULTS / ("producer-s3.json" if args.object_store else "producer.json"))
+    args.results = args.results or str(RESULTS / (
+        f"producer-s3-{args.storage_latency_ms:g}ms.json" if args.storage_latency_ms
+        else "producer-s3.json" if args.object_store else "producer.json"))
     report = harness.start_report("producer", vars(args))
-    places = Places(args.object_store)
+    places = Places(args.object_store, args.storage_latency_ms)
+    if places.store is not None:
+        report["storage"] = places.store.settings()
     try:
         floor = append_floor(places, args.floor_appends)
         print(f"append floor (bare delta-rs append of one row, warm table): p50 {floor['p50_ms']} ms, "
               f"p99 {floor['p99_ms']} ms", flush=True)
         runs = [run(places, threads, args.seconds, 1, floor) for threads in args.threads]
-        runs.append(run(places, max(args.threads), args.seconds, args.batch, floor))
-        curve = [run(places, PROCESS_THREADS, args.seconds, 1, floor, processes) for processes in args.processes]
+        if args.batch:
+            runs.append(run(places, max(args.threads), args.seconds, args.batch, floor))
+        curve = [run(places, args.process_threads, args.seconds, 1, floor, processes) for processes in args.processes]
     finally:
         places.close()
     print(f"{'procs':>5} {'threads':>7} {'msgs/txn':>8} {'txns':>7} {'txn/s':>8} {'msg/s':>8} {'p50 ms':>8} "
@@ -237,6 +292,14 @@ def main(argv: list[str] | None = None) -> dict:
               f"{r['txn_per_s']:>8} {r['messages_per_s']:>8} {r['send_p50_ms']:>8} {r['send_p99_ms']:>8} "
               f"{r['send_p50_vs_floor']:>9} {r['send_p99_vs_floor']:>9} {r['commits_per_s']:>9} "
               f"{r['txn_per_commit']:>10}")
+    if places.store is not None:
+        print(f"\nbehind {args.storage_latency_ms:g} ms a request; the producers' requests ({harness.S3_PRICES}):")
+        print(f"{'procs':>5} {'threads':>7} {'fewest txns':>11} {'req/version':>11} {'lost races/v':>12} "
+              f"{'req per 1M txn':>14} {'USD per 1M txn':>14}")
+        for r in runs + curve:
+            print(f"{r['processes']:>5} {r['threads']:>7} {r['fewest_txns_of_a_process']:>11} "
+                  f"{r['requests_per_version']!s:>11} {r['lost_races_per_version']!s:>12} "
+                  f"{r['requests_per_million_txn']['total']:>14.0f} {r['usd_per_million_txn']:>14}")
     report.update(append_floor_p50_ms=floor["p50_ms"], append_floor=floor, runs=runs, processes=curve)
     return harness.finish_report(report, Path(args.results))
 

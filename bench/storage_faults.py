@@ -23,6 +23,12 @@ the same, and no signature covers it); only the hop-by-hop headers (``Connection
 ``Transfer-Encoding``...) are each hop's own. The server's status, headers and body come back the
 same way.
 
+Apart from the faults, ``latency_s`` (``--latency-ms``) holds every request that long before it
+is forwarded: an object store's round trip (S3 answers a small PUT in tens of milliseconds), where
+the loopback server answers in well under one. Every request is counted by HTTP method and by
+:func:`request_kind` (a listing is a GET of its own kind, a copy a PUT of its own), as an object
+store bills them, and replies by status (a lost conditional write is a 412).
+
 ``/_faults`` (no S3 request's path: a bucket name cannot start with ``_``) is the proxy's own:
 ``GET /_faults`` the counts, ``POST /_faults/disable`` and ``/_faults/enable`` the random
 schedule off and on, ``POST /_faults/next`` with ``{"kind": "drop_reply", "method": "PUT",
@@ -34,10 +40,12 @@ Example::
         options = proxy.storage_options(server.storage_options)   # aws_endpoint: the proxy
         proxy.inject_next("drop_reply", method="PUT", path_contains="_delta_log/")
         ...
-        proxy.counts()  # {"requests": 120, "forwarded": 118, "injected": {"slowdown": 2, ...}, ...}
+        proxy.counts()  # {"requests": 120, "forwarded": 118, "injected": {"slowdown": 2, ...},
+                        #  "by_kind": {"GET": 40, "LIST": 12, "PUT": 60, ...}, ...}
 
     python -m bench.storage_faults --upstream http://127.0.0.1:9000 --seed 1 \\
         --rates slowdown=0.02,error=0.01,delay=0.01,reset=0.01,drop_reply=0.01 --methods PUT
+    python -m bench.storage_faults --upstream http://127.0.0.1:9000 --latency-ms 25   # no faults, 25 ms a request
     # storage-faults: listening on http://127.0.0.1:41235      (the counts as JSON on SIGTERM)
 """
 
@@ -64,12 +72,14 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
-__all__ = ["KINDS", "FaultProxy", "FaultProxyProcess", "FaultSchedule", "main"]
+__all__ = ["KINDS", "REQUEST_KINDS", "FaultProxy", "FaultProxyProcess", "FaultSchedule", "main", "request_kind"]
 
 _log = logging.getLogger("storage_faults")
 
 #: The faults, in the order a draw of the schedule tries them.
 KINDS = ("slowdown", "error", "delay", "reset", "drop_reply")
+#: What an object store bills, by kind of request (:func:`request_kind`).
+REQUEST_KINDS = ("GET", "HEAD", "LIST", "PUT", "COPY", "POST", "DELETE", "OTHER")
 #: The faults after which the request still reaches the server.
 _FORWARDED = (None, "delay", "drop_reply")
 CONTROL_PATH = "/_faults"
@@ -82,6 +92,24 @@ _NOT_ADDED = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 #: S3's own limit for one PUT; aiohttp's default (1 MiB) would refuse a Parquet file.
 _MAX_BODY = 5 * 1024 ** 3
 _SHUTDOWN_TIMEOUT_S = 5.0
+
+
+def request_kind(method: str, query: Mapping[str, str], headers: Mapping[str, str]) -> str:
+    """What an S3 request is, as S3 bills it: ``LIST`` for a GET of a bucket listing (``list-type``,
+    ``prefix`` or ``delimiter`` in its query), ``COPY`` for a PUT with ``x-amz-copy-source``, otherwise its
+    method (``GET``, ``HEAD``, ``PUT``, ``POST``, ``DELETE``), ``OTHER`` for any other.
+
+    Example::
+
+        request_kind("GET", {"list-type": "2", "prefix": "lh/_delta_log/"}, {})  # 'LIST'
+        request_kind("PUT", {}, {"x-amz-copy-source": "/lakehouse/a"})          # 'COPY'
+    """
+    method = method.upper()
+    if method == "GET" and any(key in query for key in ("list-type", "prefix", "delimiter")):
+        return "LIST"
+    if method == "PUT" and "x-amz-copy-source" in headers:
+        return "COPY"
+    return method if method in REQUEST_KINDS else "OTHER"
 
 
 class FaultSchedule:
@@ -139,7 +167,8 @@ class FaultProxy:
     beside delta-rs, use :class:`FaultProxyProcess`.
 
     ``seed``, ``rates`` and ``methods`` make its :class:`FaultSchedule` (no random faults by
-    default); ``delay_s`` is a ``delay`` fault's wait. Every method may be called from any thread.
+    default); ``delay_s`` is a ``delay`` fault's wait; ``latency_s`` is added to every request, faults
+    or not (an object store's round trip). Every method may be called from any thread.
 
     Example::
 
@@ -152,9 +181,12 @@ class FaultProxy:
 
     def __init__(self, upstream_url: str, seed: int = 0, rates: Optional[Mapping[str, float]] = None,
                  delay_s: float = 2.0, methods: Optional[Iterable[str]] = None, host: str = "127.0.0.1",
-                 port: int = 0):
+                 port: int = 0, latency_s: float = 0.0):
+        if latency_s < 0:
+            raise ValueError(f"a latency is at least 0 s, got {latency_s}")
         self.upstream_url = upstream_url.rstrip("/")
         self.delay_s = delay_s
+        self.latency_s = latency_s
         self.host, self.port = host, port
         self.url: Optional[str] = None
         self._schedule = FaultSchedule(seed, rates, methods)
@@ -163,16 +195,24 @@ class FaultProxy:
         self._queued: list[_Queued] = []
         self._requests = self._forwarded = 0
         self._injected: Counter = Counter()
+        self._by_method: Counter = Counter()
+        self._by_kind: Counter = Counter()
+        self._by_status: Counter = Counter()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._session: Optional[aiohttp.ClientSession] = None
 
     def counts(self) -> dict:
         """What ``GET /_faults`` answers: requests proxied (``/_faults`` aside), those forwarded to
-        the server (``delay`` and ``drop_reply`` among them), faults injected by kind, the schedule."""
+        the server (``delay`` and ``drop_reply`` among them), faults injected by kind, requests by
+        HTTP method and by :func:`request_kind`, the server's replies by status, the schedule and
+        the added latency."""
         with self._lock:
             return {"requests": self._requests, "forwarded": self._forwarded,
-                    "injected": {kind: self._injected[kind] for kind in KINDS}, "enabled": self._enabled,
+                    "injected": {kind: self._injected[kind] for kind in KINDS},
+                    "by_method": dict(self._by_method), "by_kind": {kind: self._by_kind[kind] for kind in REQUEST_KINDS},
+                    "by_status": {str(status): count for status, count in sorted(self._by_status.items())},
+                    "latency_s": self.latency_s, "enabled": self._enabled,
                     "seed": self._schedule.seed, "rates": dict(self._schedule.rates),
                     "methods": None if self._schedule.methods is None else sorted(self._schedule.methods),
                     "queued": len(self._queued)}
@@ -269,10 +309,12 @@ class FaultProxy:
                                                f"optionally \"method\" and \"path_contains\": {error!r}"}, status=400)
         return web.json_response(self.counts())
 
-    def _decide(self, method: str, target: str) -> Optional[str]:
-        """This request's fault, counted; the schedule is drawn even when a queued fault wins, so
-        that queueing one does not shift the schedule's later draws."""
+    def _decide(self, method: str, target: str, kind_of_request: str) -> Optional[str]:
+        """This request's fault, counted with the request; the schedule is drawn even when a queued
+        fault wins, so that queueing one does not shift the schedule's later draws."""
         with self._lock:
+            self._by_method[method.upper()] += 1
+            self._by_kind[kind_of_request] += 1
             kind = self._schedule.draw(method) if self._enabled else None
             for index, queued in enumerate(self._queued):
                 if queued.matches(method, target):
@@ -287,11 +329,14 @@ class FaultProxy:
         return kind
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
-        kind = self._decide(request.method, request.path + (f"?{request.query_string}" if request.query_string else ""))
+        kind = self._decide(request.method, request.path + (f"?{request.query_string}" if request.query_string else ""),
+                            request_kind(request.method, request.query, request.headers))
         # The whole request is read first: a fault then hits a request fully sent, awaiting its reply.
         body = await request.read()
         if kind is not None:
             _log.info("%s %s: %s", request.method, request.raw_path, kind)
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
         if kind == "slowdown":
             return _s3_error(503, "SlowDown", "Please reduce your request rate.")
         if kind == "error":
@@ -311,6 +356,8 @@ class FaultProxy:
         except aiohttp.ClientError as error:
             _log.warning("%s %s: the server did not answer: %r", request.method, request.raw_path, error)
             return web.Response(status=502, text=f"{error!r}\n")
+        with self._lock:
+            self._by_status[status] += 1
         if kind == "drop_reply":
             return _abort(request, reset=False)
         if hdrs.CONTENT_LENGTH not in headers and request.method != hdrs.METH_HEAD:
@@ -339,10 +386,13 @@ class FaultProxyProcess:
     """
 
     def __init__(self, upstream_url: str, seed: int = 0, rates: Optional[Mapping[str, float]] = None,
-                 delay_s: float = 2.0, methods: Optional[Iterable[str]] = None, log_path: Optional[str] = None):
+                 delay_s: float = 2.0, methods: Optional[Iterable[str]] = None, log_path: Optional[str] = None,
+                 latency_s: float = 0.0):
         FaultSchedule(seed, rates, methods)  # a bad rate or kind is refused here, not in the child
+        if latency_s < 0:
+            raise ValueError(f"a latency is at least 0 s, got {latency_s}")
         self._argv = [sys.executable, __file__, "--upstream", upstream_url, "--seed", str(seed),
-                      "--delay-s", str(delay_s)]
+                      "--delay-s", str(delay_s), "--latency-ms", repr(latency_s * 1000)]
         if rates:
             self._argv += ["--rates", ",".join(f"{kind}={rate}" for kind, rate in rates.items())]
         if methods:
@@ -439,13 +489,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--rates", type=_rates, default={},
                         help=f"KIND=PROBABILITY,... of {', '.join(KINDS)} (default: no random faults)")
     parser.add_argument("--delay-s", type=float, default=2.0, help="a delay fault's wait (default 2)")
+    parser.add_argument("--latency-ms", type=float, default=0.0,
+                        help="milliseconds added to every request, faults or not: an object store's round trip "
+                             "(default 0)")
     parser.add_argument("--methods", type=lambda text: [m for m in text.split(",") if m],
                         help="only these HTTP methods get random faults, e.g. PUT,POST (default: all)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         proxy = FaultProxy(args.upstream, seed=args.seed, rates=args.rates, delay_s=args.delay_s,
-                           methods=args.methods, host=args.host, port=args.port)
+                           methods=args.methods, host=args.host, port=args.port, latency_s=args.latency_ms / 1000)
     except ValueError as error:
         parser.error(str(error))
     stop = {signal.SIGTERM, signal.SIGINT}

@@ -32,7 +32,7 @@ import pytest
 from deltalake import write_deltalake
 
 from tests import REPO_ROOT
-from tests.conftest import without_txcoord_settings
+from tests.conftest import require_s3_server, without_txcoord_settings
 
 pytestmark = pytest.mark.benchmark
 
@@ -141,6 +141,44 @@ def test_producer_tiny_run_reports_every_configuration_with_consistent_counts(tm
     best = max((r for r in report["runs"] if r["messages_per_txn"] == 1), key=lambda r: r["txn_per_s"])
     assert bench_run.headline({"producer": report}) == {"producer_txn_per_s": best["txn_per_s"],
                                                         "send_p99_ms": best["send_p99_ms"]}
+
+
+def test_request_cost_prices_each_kind_at_s3s_list_prices_per_million_transactions():
+    requests = {"GET": 1000, "HEAD": 1000, "LIST": 1000, "PUT": 1000, "COPY": 0, "POST": 0, "DELETE": 1000,
+                "OTHER": 0, "total": 5000, "conditional_put_refused": 0}
+
+    cost = harness.request_cost(requests, transactions=500_000)
+    idle = harness.idle_cost_per_day(requests, seconds=86_400 / 2)
+
+    assert cost["per_million_transactions"]["total"] == 10_000
+    # Per million transactions: twice the requests, so twice (GET + HEAD at $0.0004, LIST + PUT at $0.005, DELETE free).
+    assert cost["usd_per_million_transactions"] == pytest.approx(2 * (2 * 0.0004 + 2 * 0.005))
+    assert idle["per_day"]["total"] == 10_000 and idle["requests_per_s"] == round(5000 / 43_200, 2)
+    assert idle["usd_per_day"] == pytest.approx(cost["usd_per_million_transactions"])
+    assert harness.request_cost(requests, transactions=0)["usd_per_million_transactions"] is None
+
+
+def test_producer_tiny_run_behind_a_storage_latency_counts_and_prices_the_producers_requests(tmp_path):
+    """The latency path once (a few seconds): the S3 server behind a proxy adding the latency to every request."""
+    require_s3_server()
+    latency_ms = 5
+    report = run_tiny("producer", tmp_path / "producer.json", "--storage-latency-ms", str(latency_ms),
+                      "--threads", "4", "--batch", "0", "--processes", "2", "--process-threads", "2", timeout=300)
+
+    assert_envelope(report, "producer")
+    assert report["storage"]["latency_ms"] == latency_ms and report["storage"]["proxies"] == ["producer"]
+    # A bare append through the proxy waits out at least two round trips (the data file, then the commit).
+    assert report["append_floor_p50_ms"] >= 2 * latency_ms
+    for run in report["runs"] + report["processes"]:
+        requests = run["requests"]
+        assert requests["total"] == sum(requests[kind] for kind in ("GET", "HEAD", "LIST", "PUT", "COPY", "POST",
+                                                                    "DELETE", "OTHER"))
+        # Every version is a data file and a commit written at least, every transaction a version or part of one.
+        assert requests["PUT"] >= 2 * run["commits"] and run["requests_per_version"] >= 2
+        assert run["requests_per_million_txn"]["total"] == pytest.approx(
+            requests["total"] * 1_000_000 / run["transactions"], rel=0.001)
+        assert run["usd_per_million_txn"] > 0
+        assert 0 < run["fewest_txns_of_a_process"] <= run["transactions"] / run["processes"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import obstore
@@ -26,7 +27,7 @@ from obstore.exceptions import AlreadyExistsError, GenericError, PreconditionErr
 from obstore.store import S3Store
 
 
-from bench.storage_faults import KINDS, FaultProxy, FaultSchedule
+from bench.storage_faults import KINDS, FaultProxy, FaultSchedule, request_kind
 
 DELAY_S = 0.5
 #: Each fault reaches the test as the client got it: obstore tries once, gives up at the first error.
@@ -237,6 +238,40 @@ def test_a_delayed_request_is_made_late(stores, proxy):
     counts = proxy.counts()  # the next request went through undelayed
     assert (counts["requests"], counts["forwarded"], counts["injected"]["delay"]) == (2, 2, 1)
     assert written(direct, "k.json") == b"again"
+
+
+def test_every_request_is_held_for_the_latency_and_counted_by_kind_as_s3_bills_it(s3_server):
+    latency_s = 0.2
+    with FaultProxy(s3_server.endpoint, latency_s=latency_s) as proxy:
+        via = s3_store(proxy.storage_options(s3_server.storage_options), uuid.uuid4().hex)
+        started = time.monotonic()
+        obstore.put(via, "a.json", b"data")
+        assert time.monotonic() - started >= latency_s
+        with pytest.raises(AlreadyExistsError):
+            obstore.put(via, "a.json", b"again", mode="create")  # a conditional write that lost: 412
+        obstore.get(via, "a.json").bytes()
+        obstore.head(via, "a.json")
+        obstore.copy(via, "a.json", "b.json")
+        obstore.list_with_delimiter(via, "")
+        obstore.delete(via, "b.json")  # obstore deletes by a multi-object delete: POST ?delete
+        # Requests in parallel wait out the latency side by side, not one after another.
+        started = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: obstore.head(via, "a.json"), range(8)))
+        assert time.monotonic() - started < 4 * latency_s
+        counts = proxy.counts()
+    assert counts["latency_s"] == latency_s
+    assert counts["by_kind"] == {"GET": 1, "HEAD": 9, "LIST": 1, "PUT": 2, "COPY": 1, "POST": 1, "DELETE": 0, "OTHER": 0}
+    assert counts["by_method"] == {"PUT": 3, "GET": 2, "HEAD": 9, "POST": 1}
+    assert counts["by_status"]["412"] == 1 and sum(counts["by_status"].values()) == counts["requests"] == 15
+
+
+def test_request_kind_tells_a_listing_from_a_read_and_a_copy_from_a_write():
+    assert request_kind("GET", {"list-type": "2", "prefix": "lh/_delta_log/"}, {}) == "LIST"
+    assert request_kind("GET", {}, {}) == "GET"
+    assert request_kind("PUT", {}, {"x-amz-copy-source": "/lakehouse/a"}) == "COPY"
+    assert request_kind("put", {}, {}) == "PUT"
+    assert request_kind("PATCH", {}, {}) == "OTHER"
 
 
 def test_the_counts_add_up_and_follow_the_schedule(s3_server):

@@ -1,6 +1,7 @@
 """What the benchmarks, the chaos harness and the tests share: processes and waiting for them, the real
 checker job and what it has done (from ``system/metrics``, the progress record and the lease), records as
-producers write them, the exactly-once verdict, Delta logs read as files, offered load, Spark in-process,
+producers write them, the exactly-once verdict, Delta logs read as files, offered load, object storage at a
+chosen latency (a proxy per party, its requests priced), Spark in-process,
 operators' views (metrics endpoint, console) and the report every benchmark writes.
 
 Example::
@@ -36,6 +37,14 @@ from bench.harness.deltalog import (
 )
 from bench.harness.exactly_once import Deliveries, tally_deliveries
 from bench.harness.load import Commits, SteadySender, send_on_schedule
+from bench.harness.object_store import (
+    LATENCY_HELP,
+    S3_PRICES,
+    LatencyStore,
+    idle_cost_per_day,
+    request_cost,
+    requests_between,
+)
 from bench.harness.processes import Job, child_environment, free_port, proc_status, process_tree_rss, reset_peak_rss
 from bench.harness.records import BODY, commit_rows, end_record, half_record, half_rows
 from bench.harness.report import RESULTS, ROOT, TINY_HELP, finish_report, machine, median, parse_args, percentile, start_report
@@ -44,7 +53,7 @@ from bench.harness.waiting import wait_until
 
 __all__ = [
     "BODY", "BatchDriver", "CheckerJob", "Commits", "ConsoleBrowser", "ConsoleJob", "Deliveries", "Delivery", "Job",
-    "LagSampler", "MetricsScraper", "RESULTS", "ROOT", "SteadySender", "TINY_HELP", "TopicFollower", "checker_on_fresh_lakehouse",
+    "LATENCY_HELP", "LagSampler", "LatencyStore", "S3_PRICES", "idle_cost_per_day", "request_cost", "requests_between", "MetricsScraper", "RESULTS", "ROOT", "SteadySender", "TINY_HELP", "TopicFollower", "checker_on_fresh_lakehouse",
     "child_environment", "commit_rows", "commits", "deliveries", "delta_log_size", "end_record", "finish_report",
     "first_batch_after", "free_port", "half_record", "half_rows", "holds_lease", "jvm_memory", "latest_version", "log_versions", "machine", "median",
     "parse_args", "percentile", "proc_status", "process_tree_rss", "reach_object_store", "recorded_batches",

@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Mapping, Optional, Union
 
 from bench.harness.deltalog import latest_version
 from bench.harness.processes import Job, child_environment
@@ -172,9 +172,11 @@ class CheckerJob(Job):
         return round(first["finished_at"] - self.started_wall, 1)
 
 
-def write_config(lakehouse: Union[str, Lakehouse], directory: Optional[str] = None, **settings) -> str:
-    """A coordinator TOML for ``lakehouse`` (its storage settings as the ``[storage]`` table) with
-    ``settings``, written in ``directory`` (default: the lakehouse's own, a local one); returns its path."""
+def write_config(lakehouse: Union[str, Lakehouse], directory: Optional[str] = None,
+                 storage: Optional[Mapping[str, str]] = None, **settings) -> str:
+    """A coordinator TOML for ``lakehouse`` (its storage settings as the ``[storage]`` table, or
+    ``storage`` instead: another route to the same place, a latency proxy's) with ``settings``, written in
+    ``directory`` (default: the lakehouse's own, a local one); returns its path."""
     import json
 
     from coordinator.lakehouse import Lakehouse
@@ -185,17 +187,21 @@ def write_config(lakehouse: Union[str, Lakehouse], directory: Optional[str] = No
     path = os.path.join(directory, "bench.toml")
     # A JSON string is a valid TOML basic string: quotes and backslashes stay safe.
     lines = [f"lakehouse = {json.dumps(lakehouse.root)}"] + [f"{key} = {value}" for key, value in settings.items()]
-    if lakehouse.storage:
-        lines += ["", "[storage]", *(f"{key} = {json.dumps(value)}" for key, value in lakehouse.storage.items())]
+    storage = lakehouse.storage if storage is None else storage
+    if storage:
+        lines += ["", "[storage]", *(f"{key} = {json.dumps(value)}" for key, value in storage.items())]
     Path(path).write_text("\n".join(lines) + "\n")
     return path
 
 
 def checker_on_fresh_lakehouse(requested: Optional[str], benchmark: str, trigger_ms: int,
-                               object_store: Optional[Lakehouse] = None, **settings) -> tuple[str, CheckerJob]:
+                               object_store: Optional[Lakehouse] = None, checker_storage: Optional[Mapping[str, str]] = None,
+                               **settings) -> tuple[str, CheckerJob]:
     """The checker job on an empty lakehouse, not yet waited for, and the local directory that holds its
     TOML and log: ``requested`` (wiped) or a new temporary directory. That directory is the lakehouse
-    too, unless ``object_store`` names an empty lakehouse on object storage (with its storage settings).
+    too, unless ``object_store`` names an empty lakehouse on object storage (with its storage settings,
+    which the harness reads through; the checker's TOML has ``checker_storage`` instead where given: its
+    own route, such as a latency proxy).
     ``settings`` go into the TOML beside ``trigger_interval_ms`` (``metrics_port=0``).
     Returns ``(directory, checker)``.
 
@@ -210,7 +216,7 @@ def checker_on_fresh_lakehouse(requested: Optional[str], benchmark: str, trigger
         shutil.rmtree(directory, ignore_errors=True)
     lakehouse = object_store or Lakehouse(directory)
     init_lakehouse(lakehouse)
-    config_path = write_config(lakehouse, directory, trigger_interval_ms=trigger_ms, **settings)
+    config_path = write_config(lakehouse, directory, storage=checker_storage, trigger_interval_ms=trigger_ms, **settings)
     return directory, CheckerJob(config_path, lakehouse, os.path.join(directory, "checker.log"))
 
 

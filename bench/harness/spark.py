@@ -5,6 +5,7 @@ an explicit clock, the real streaming query triggered round by round, and the dr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from typing import Iterator, Mapping, Optional
 
@@ -114,12 +115,16 @@ def reach_object_store(spark, storage: Mapping[str, str]) -> None:
         hadoop.set(key.removeprefix("spark.hadoop."), value)
 
 
-def streaming_triggers(spark, config, group: str, topic: str, rounds: int, transactions: int) -> dict:
+def streaming_triggers(spark, config, group: str, topic: str, rounds: int, transactions: int,
+                       producer_storage: Optional[Mapping[str, str]] = None,
+                       reader_storage: Optional[Mapping[str, str]] = None) -> dict:
     """The real streaming query (``CheckerQuery``, in this process) over ``rounds`` rounds after a
     warm-up one, each a commit of ``transactions`` HALF records of ``group`` then one of their COMMIT
     ENDs, waited for until delivered, then for a heartbeat-only trigger after it. Each trigger's whole time
     (planning, the offset and commit logs, the batch) as ``system/metrics`` records it, and the Spark
-    jobs the query ran per trigger.
+    jobs the query ran per trigger. The commits are written with ``producer_storage`` and ``system/metrics``
+    is read with ``reader_storage`` where given (other routes to the same lakehouse than the checker's
+    ``config.storage``, so that a proxy per party counts each party's requests alone).
 
     Example::
 
@@ -130,8 +135,11 @@ def streaming_triggers(spark, config, group: str, topic: str, rounds: int, trans
     from coordinator.producer.transaction_producer import time_ordered_id
     from coordinator.tables import METRICS
 
-    writer = BatchDriver(spark, config, group)
-    lakehouse = Lakehouse.of(config)
+    def routed(storage: Optional[Mapping[str, str]]):
+        return config if storage is None else dataclasses.replace(config, storage=dict(storage))
+
+    writer = BatchDriver(spark, routed(producer_storage), group)
+    lakehouse = Lakehouse.of(routed(reader_storage))
 
     def recorded() -> list[dict]:
         return lakehouse.read(METRICS).sort_by("batch_id").to_pylist()
