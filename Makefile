@@ -83,7 +83,8 @@ chaos: setup
 cluster: setup
 	CLUSTER_TESTS=1 $(PY) -m pytest -q tests/test_cluster.py
 
-# One checker cold start and small versions of the producer, end-to-end, history and batch-cost benchmarks
+# One checker cold start and small versions of the producer, end-to-end, history and batch-cost benchmarks,
+# and end to end with the lakehouse on the loopback S3 server at 25 ms a request
 # (`python -m bench.run --help` for the full suite).
 bench: setup
 	$(PY) -m bench.run --quick

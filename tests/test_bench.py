@@ -158,6 +158,18 @@ def test_request_cost_prices_each_kind_at_s3s_list_prices_per_million_transactio
     assert harness.request_cost(requests, transactions=0)["usd_per_million_transactions"] is None
 
 
+def test_make_bench_runs_end_to_end_at_25_ms_a_request_and_its_headline_prices_both_parties():
+    argv = bench_run.QUICK["e2e_s3_25ms"]
+    assert bench_run.BENCHMARK_OF["e2e_s3_25ms"] == "e2e" and argv[argv.index("--storage-latency-ms") + 1] == "25"
+    report = {"e2e_p50_ms": 900.0, "e2e_p99_ms": 2000.0,
+              "producer_requests": {"usd_per_million_transactions": 1.1},
+              "checker_requests": {"usd_per_million_transactions": 0.7}, "checker_idle": {"usd_per_day": 6.8}}
+
+    assert bench_run.headline({"e2e_s3_25ms": report}) == {
+        "e2e_s3_25ms_p50_ms": 900.0, "e2e_s3_25ms_p99_ms": 2000.0, "producer_usd_per_million_txn": 1.1,
+        "checker_usd_per_million_txn": 0.7, "idle_checker_usd_per_day": 6.8}
+
+
 def test_producer_tiny_run_behind_a_storage_latency_counts_and_prices_the_producers_requests(tmp_path):
     """The latency path once (a few seconds): the S3 server behind a proxy adding the latency to every request."""
     require_s3_server()
