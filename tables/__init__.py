@@ -222,6 +222,24 @@ REJECTED = TableDef(
     ),
 )
 
+#: What the checker read of each commit-log version, so that a commit rewritten since shows
+#: (docs/design.md#hostile-input): the sha256 of the commit file's exact bytes and its size, one row per
+#: transaction whose records the commit held (``transaction_id`` null for a commit refused whole), written
+#: once per batch with the batch's other tables. ``txcoord inspect`` reads the file again and compares.
+#: A commit that adds no records (a compaction's) holds no transaction's and has no row.
+COMMITS_READ = TableDef(
+    "system/commits_read",
+    (
+        ("commit_log", "string"),
+        ("commit_version", "long"),
+        ("transaction_id", "string"),
+        ("sha256", "string"),
+        ("bytes", "long"),
+        ("stored_timestamp", "timestamp"),  # when the version entered its log, as the checker read it
+        ("batch_id", "long"),
+    ),
+)
+
 #: A real topic: committed messages, visible to consumers and analysts.
 TOPIC = TableDef(
     "topics/<TOPIC>",
@@ -270,5 +288,5 @@ METRICS = TableDef(
 
 #: The checker's tables, which ``txcoord init`` creates. Topic tables appear on first delivery;
 #: a group's tables when it is added (``txcoord add-group``) or first sends.
-SYSTEM_TABLES = (HALF, OP, CHECK_REQUESTS, DISCARDED, REJECTED, METRICS)
+SYSTEM_TABLES = (HALF, OP, CHECK_REQUESTS, DISCARDED, REJECTED, COMMITS_READ, METRICS)
 

@@ -27,6 +27,7 @@ from coordinator.checker.provenance import refuse_misattributed
 from coordinator.checker.recover import recover_discarded
 from coordinator.checker.refusals import rejection
 from coordinator.checker.resolve import promote, resolve_ends
+from coordinator.checker.segment import commits_read
 from coordinator.checker.state import CheckerState, lookup_in_tables, pending_from_rows
 from coordinator.checker.writer import files_written_at_us
 from coordinator.config import CoordinatorConfig
@@ -34,6 +35,7 @@ from coordinator.control.instances import ProducerInstances, RefusedRecord
 from coordinator.lakehouse import Lakehouse
 from coordinator.protocol import Outcome
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, GROUP_CHECK_REQUESTS, HALF, MESSAGE_CONTENT, OP, REJECTED, TOPIC
+from coordinator.tables import COMMITS_READ
 
 log = logging.getLogger("coordinator.checker")
 
@@ -174,6 +176,9 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
         version = append(CHECK_REQUESTS, requests)
         visible_at_us = None if version is None else files_written_at_us(lakehouse.path(CHECK_REQUESTS), version,
                                                                          lakehouse.storage)
+    read = commits_read(all_records.table)  # every commit this batch read, with its digest (replayed: written once)
+    if read.num_rows:
+        append(COMMITS_READ, _table(COMMITS_READ, read, batch_id))
     if rejected:
         append(REJECTED, _rows_table(REJECTED, rejected, batch_id))
     if due.stale_instances or due.refused_instances:  # only now, and explicitly: deciding deleted nothing

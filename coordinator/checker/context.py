@@ -49,9 +49,10 @@ class BatchRecords:
     """A batch's commit-log records (its clock tick set aside), as the steps read them.
 
     ``table`` holds every column; ``light`` the same records without the two heavy columns
-    (``body``, ``born_timestamp``), plus ``row`` (the index in ``table``), ``stored_us``
-    (``stored_timestamp`` in microseconds), ``body_size`` and ``sequence`` (the record's commit's
-    place in the checker's order: see the module's docstring).
+    (``body``, ``born_timestamp``) and the commits' digests (``commit_sha256``, ``commit_bytes``),
+    plus ``row`` (the index in ``table``), ``stored_us`` (``stored_timestamp`` in microseconds),
+    ``body_size`` and ``sequence`` (the record's commit's place in the checker's order: see the
+    module's docstring).
     """
 
     table: pa.Table
@@ -72,7 +73,8 @@ class BatchRecords:
         # every column of thousands of chunks.
         table = (collected.slice(0, records) if pc.all(collected.column("is_heartbeat").slice(records)).as_py()
                  else collected.filter(pc.invert(collected.column("is_heartbeat"))))
-        light = table.drop_columns(["body", "born_timestamp", "stored_timestamp", "is_heartbeat"])
+        light = table.drop_columns(["body", "born_timestamp", "stored_timestamp", "is_heartbeat", "commit_sha256",
+                                    "commit_bytes"])
         light = light.append_column("stored_us", table.column("stored_timestamp").cast(pa.int64()))
         light = light.append_column("body_size", pc.binary_length(table.column("body")))
         if (pc.max(table.column("commit_rank")).as_py() or 0) >= COMMITS_PER_BATCH:

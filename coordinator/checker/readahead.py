@@ -131,14 +131,15 @@ def _read_after(root: str, storage: Mapping[str, str], starts: dict[str, int], b
     0.37 and 0.32 s (measured), one table of their rows in a few milliseconds."""
     lakehouse = Lakehouse(root, storage)
     read = read_commits(lakehouse, starts, grown_to(lakehouse, starts, budget))
-    index = [(key, version, commit.modified_ms, commit.rows.num_rows, commit.refusals) for (key, version), commit in read.items()]
+    index = [(key, version, commit.modified_ms, commit.rows.num_rows, commit.refusals, commit.sha256, commit.size)
+             for (key, version), commit in read.items()]
     rows = pa.concat_tables([commit.rows for commit in read.values()]).combine_chunks() if read else None
     return rows, index
 
 
 def _unpacked(rows: Optional[pa.Table], index: list) -> dict[tuple[str, int], CommitRead]:
     read, offset = {}, 0
-    for key, version, modified_ms, count, refusals in index:
-        read[key, version] = CommitRead(modified_ms, rows.slice(offset, count), refusals)
+    for key, version, modified_ms, count, refusals, sha256, size in index:
+        read[key, version] = CommitRead(modified_ms, rows.slice(offset, count), refusals, sha256, size)
         offset += count
     return read

@@ -10,7 +10,9 @@ trigger costs a few ``stat`` calls per log rather than a Delta snapshot rebuild.
 record with the log it came from, the version it entered with and when that version was
 committed (the log file's modification time, which is what Delta calls the commit's timestamp).
 Compaction commits (``dataChange=false``) add no records and are skipped, as Delta's own change
-feed does. A data file outside the log's own directory is never read (a writer could otherwise
+feed does. Each record also carries its commit file's sha256 and size as read, which the batch
+keeps (:func:`commits_read`, ``system/commits_read``) so that a commit rewritten since can be told.
+A data file outside the log's own directory is never read (a writer could otherwise
 make another group's records, or any file the checker can read, appear in its own log). What a
 log's writer wrote is untrusted bytes (docs/design.md#hostile-input): a commit that cannot be read
 stands as one record whose ``refusal`` says why, and so does each data file that cannot be, which
@@ -38,17 +40,19 @@ from dataclasses import dataclass
 from typing import Mapping, NamedTuple, Optional
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from coordinator.commit_logs import CommitLogs, committed
 from coordinator.exceptions import CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse, delta_log_file
-from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, added_files, commit_actions
+from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, added_files, commit_actions, commit_digest
 from coordinator.protocol import MAX_COMMIT_BODY_BYTES
 from coordinator.storage import FileStore, read_all
 from coordinator.tables import COMMIT_LOG
 
-__all__ = ["MAX_VERSIONS_PER_BATCH", "RECORD_SCHEMA", "CommitRead", "Segment", "grown_to", "read_commits", "tick"]
+__all__ = ["MAX_VERSIONS_PER_BATCH", "RECORD_SCHEMA", "CommitRead", "Segment", "commits_read", "grown_to", "read_commits",
+           "tick"]
 
 #: A backlog is read in bounded steps: at most this many commit-log versions per batch, over all logs.
 #: Below 2**11, so that a commit's rank in its batch fits below :data:`~.context.COMMITS_PER_BATCH`.
@@ -64,10 +68,12 @@ _REASON_CHARS = 512
 
 _COMMIT_LOG_SCHEMA = COMMIT_LOG.arrow_schema()
 #: A checker record: a commit-log record, the log and version it entered with, when that version was
-#: committed and its commit's rank in the batch; or a clock tick. ``refusal`` is set on a record
-#: that cannot be read at all (a data file outside its log).
+#: committed, its commit's rank in the batch and the commit file's sha256 and size as read (null if it
+#: could not be read); or a clock tick. ``refusal`` is set on a record that cannot be read at all (a data
+#: file outside its log).
 RECORD_SCHEMA = pa.schema([*_COMMIT_LOG_SCHEMA, pa.field("commit_log", pa.string()),
                            pa.field("commit_version", pa.int64()), pa.field("commit_rank", pa.int64()),
+                           pa.field("commit_sha256", pa.string()), pa.field("commit_bytes", pa.int64()),
                            pa.field("refusal", pa.string()),
                            pa.field("stored_timestamp", pa.timestamp("us", tz="UTC")),
                            pa.field("is_heartbeat", pa.bool_())])
@@ -150,12 +156,12 @@ class Segment:
         commits = {**read, **_read_versions(lakehouse, missing)}
         in_order = heapq.merge(*([(commits[key, version].modified_ms, key, version) for version in range(*wanted[key])]
                                  for key in sorted(wanted)))
-        parts, refusals, meta = [], [], []  # meta: per commit, (key, version, rank, modified ms, rows)
+        parts, refusals, meta = [], [], []  # meta: per commit, (key, version, rank, modified µs, rows, sha256, bytes)
         for rank, (modified_ms, key, version) in enumerate(in_order):
             commit = commits[key, version]
             parts.append(commit.rows)
             refusals.extend(commit.refusals)
-            meta.append((key, version, rank, modified_ms * 1000, commit.rows.num_rows))
+            meta.append((key, version, rank, modified_ms * 1000, commit.rows.num_rows, commit.sha256, commit.size))
         return pa.concat_tables([_with_origin(parts, refusals, meta), tick(self.clock_us)])
 
     def to_json(self) -> str:
@@ -170,12 +176,15 @@ class Segment:
 
 
 class CommitRead(NamedTuple):
-    """One commit-log version as read: when it was committed, the records it added, and for each the
-    reason it cannot be read, if any."""
+    """One commit-log version as read: when it was committed, the records it added, for each the
+    reason it cannot be read, if any, and the sha256 and size of the commit file's bytes (``None``
+    when there were none to read: gone, a directory, too large)."""
 
     modified_ms: int
     rows: pa.Table
     refusals: list[Optional[str]]
+    sha256: Optional[str] = None
+    size: Optional[int] = None
 
 
 def read_commits(lakehouse: Lakehouse, starts: Mapping[str, int], ends: Mapping[str, int]) -> dict[tuple[str, int], CommitRead]:
@@ -210,10 +219,11 @@ def _read_commit(store: FileStore, version: int) -> CommitRead:
         return _refused(0, f"commit {delta_log_file(version)} is a directory")
     if commit is None:  # gone since it was found (removed by hand): the time it was committed is gone too
         return _refused(0, f"commit {delta_log_file(version)} is gone")
+    digest = {"sha256": commit_digest(commit.data), "size": len(commit.data)}
     try:
         files = added_files(commit_actions(commit.data))
     except CorruptInputError as error:
-        return _refused(commit.modified_ms, f"commit cannot be read: {error}")
+        return _refused(commit.modified_ms, f"commit cannot be read: {error}")._replace(**digest)
     parts, refusals = [], []
     for file in files:
         refusal = file.refusal
@@ -229,7 +239,7 @@ def _read_commit(store: FileStore, version: int) -> CommitRead:
             parts.append(_null_record())
             refusals.append(refusal[:_REASON_CHARS])
     return CommitRead(commit.modified_ms, pa.concat_tables(parts) if parts else _COMMIT_LOG_SCHEMA.empty_table(),
-                      refusals)
+                      refusals, **digest)
 
 
 def _refused(modified_ms: int, reason: str) -> CommitRead:
@@ -283,6 +293,10 @@ def _with_origin(parts: list[pa.Table], refusals: list[Optional[str]], meta: lis
     for index, (name, arrow_type) in enumerate((("commit_log", pa.string()), ("commit_version", pa.int64()),
                                                 ("commit_rank", pa.int64()))):
         data = data.append_column(name, pa.array(_repeat([commit[index] for commit in meta], counts), arrow_type))
+    # A commit's digest is the same for each of its records: taken per record from one value per commit.
+    of_commit = pa.array(_repeat(range(len(meta)), counts), pa.int64())
+    for name, index, arrow_type in (("commit_sha256", 5, pa.string()), ("commit_bytes", 6, pa.int64())):
+        data = data.append_column(name, pa.array([commit[index] for commit in meta], arrow_type).take(of_commit))
     data = data.append_column("refusal", pa.array(refusals, pa.string()))
     stored = pa.array(_repeat([commit[3] for commit in meta], counts), pa.int64())
     data = data.append_column("stored_timestamp", stored.cast(RECORD_SCHEMA.field("stored_timestamp").type))
@@ -299,6 +313,24 @@ def _null_record() -> pa.Table:
 
 def _commit_log_rows(data: pa.Table) -> pa.Table:
     return data if data.schema.equals(_COMMIT_LOG_SCHEMA) else data.cast(_COMMIT_LOG_SCHEMA)
+
+
+def commits_read(records: pa.Table) -> pa.Table:
+    """What the checker read of each commit among ``records`` (a batch's, :data:`RECORD_SCHEMA`): one row per
+    commit and transaction id of its records (a null id for records without one), with the commit file's
+    sha256, size and commit time, in the columns of ``system/commits_read``. A commit whose file could not be
+    read (gone, a directory, too large) has no digest and no row.
+
+    Example::
+
+        commits_read(segment.records(lakehouse)).column("sha256")
+    """
+    keys = ["commit_log", "commit_version", "transaction_id", "commit_sha256", "commit_bytes", "stored_timestamp"]
+    read = records.select(keys).combine_chunks()  # selected first: a filter would copy every column, bodies included
+    read = read.filter(pc.is_valid(read.column("commit_sha256")))
+    distinct = read.group_by(keys, use_threads=False).aggregate([])  # one thread: rows keep their first-seen order
+    return distinct.select(keys).rename_columns(["commit_log", "commit_version", "transaction_id", "sha256", "bytes",
+                                                 "stored_timestamp"])
 
 
 def tick(clock_us: int) -> pa.Table:

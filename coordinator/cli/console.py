@@ -582,7 +582,8 @@ def _print_grants(args: argparse.Namespace, config: CoordinatorConfig, only: Opt
     lakehouse = Lakehouse.of(config)
     plan = [grant for grant in access_plan(CommitLogs(lakehouse).groups()) if only is None or grant.principal in only]
     accounts = _accounts(args.account)
-    policy = s3_bucket_policy(lakehouse.root, accounts) if accounts and not lakehouse.is_local else None
+    policy = (s3_bucket_policy(lakehouse.root, accounts, refuse_overwrites=not args.allow_overwrites)
+              if accounts and not lakehouse.is_local else None)
     if args.merge_into and policy is None:
         print(f"txcoord {args.command}: --merge-into merges the policy --account makes for a lakehouse on S3",
               file=sys.stderr)
@@ -689,6 +690,10 @@ def _grant_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--account", action="append", metavar="PRINCIPAL=ACCOUNT",
                          help="for a lakehouse on S3, also print a bucket policy giving ACCOUNT the grants of PRINCIPAL "
                               "(checker, operators, analysts or a group's name; repeatable)")
+    command.add_argument("--allow-overwrites", action="store_true",
+                         help="with --account: leave out the statements refusing an overwrite of a commit (a PUT "
+                              "without If-None-Match), for an S3-compatible server that refuses a policy naming the "
+                              "s3:if-none-match condition key (versitygw 1.8: see docs/known-limits.md)")
     command.add_argument("--merge-into", metavar="POLICY_JSON",
                          help="with --account: print the whole bucket policy, this one (the bucket's current policy, "
                               "as `aws s3api get-bucket-policy --query Policy --output text` prints it) with the "

@@ -90,6 +90,10 @@ def print_timeline(transaction_id: str, events) -> None:
         return
     out.print(f"transaction {transaction_id}: [bold]{outcome(events)}[/bold], {len(events)} events "
                   f"from {events[0].at:%Y-%m-%d %H:%M:%S} to {events[-1].at:%H:%M:%S} UTC")
+    rewritten = [event for event in events if event.step == "commit rewritten"]
+    if rewritten:  # above the table: the commit-log rows in it may not be what the checker decided on
+        out.print(f"[bold red]{len(rewritten)} commit(s) holding this transaction's records REWRITTEN since the "
+                  "checker read them[/bold red]: their rows below may not be what the checker decided on")
     table = Table(box=None, padding=(0, 2, 0, 0), pad_edge=False)
     for column in ("time", "step", "table"):
         table.add_column(column, no_wrap=True)

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import NamedTuple, Optional
@@ -24,7 +25,7 @@ from coordinator.exceptions import CorruptInputError, FileTooLargeError
 from coordinator.storage import FileStore, LocalFileStore, read_all
 
 __all__ = ["DATA_PATH_PATTERN", "MAX_ACTION_DEPTH", "MAX_COMMIT_FILE_BYTES", "AddedFile", "added_files", "check_commits",
-           "commit_actions"]
+           "commit_actions", "commit_digest"]
 
 #: The largest commit file read. A producer's commit is one ``add`` and its commit info (well under a
 #: kilobyte); a compaction's lists every file it replaces. A larger one is refused unread.
@@ -74,6 +75,17 @@ def commit_actions(data: bytes) -> list[dict]:
             raise CorruptInputError(f"line {number} nests deeper than {MAX_ACTION_DEPTH} levels")
         actions.append(action)
     return actions
+
+
+def commit_digest(data: bytes) -> str:
+    """The sha256 of a commit file's exact bytes, in hex: what the checker records of each commit it reads
+    (``system/commits_read``), and what ``txcoord inspect`` compares with the file as it is now.
+
+    Example::
+
+        commit_digest(b'{"commitInfo": {}}')  # 'bab339d8…', 64 hex digits
+    """
+    return hashlib.sha256(data).hexdigest()
 
 
 def check_commits(files: FileStore, table: str) -> None:

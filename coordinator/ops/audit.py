@@ -16,6 +16,12 @@ delivered            ``topics/<TOPIC>``          end of the delivering batch (``
                                                  else when the commit entered the commit log
 discarded            ``system/discarded``        the checker's batch clock
 rejected             ``system/rejected``         when the refused record entered the commit log
+commit read          ``system/commits_read``     when the commit entered its log: the sha256 the
+                                                 checker read of each commit holding the
+                                                 transaction's records, compared with the file now
+commit rewritten     ``system/commits_read``     the same, for a commit whose bytes changed since
+                                                 the checker read it (its rows shown may not be
+                                                 what the checker decided on)
 log unreadable       a group's ``commit_log``    now: the log could not be read (its other
                                                  steps come from the checker's tables)
 ===================  ==========================  ===========================================
@@ -30,17 +36,18 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict, dataclass
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import pyarrow.compute as pc
 
 from coordinator.commit_logs import CommitLogs
-from coordinator.lakehouse import Lakehouse, require_lakehouse, topic_names
-from coordinator.lakehouse.deltalog import check_commits
+from coordinator.exceptions import AccessDeniedError, FileTooLargeError
+from coordinator.lakehouse import Lakehouse, delta_log_file, require_lakehouse, topic_names
+from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, check_commits, commit_digest
 from coordinator.ops.status import read_metrics
 from coordinator.protocol import (OPERATOR_CHECK_PREFIX, OPERATOR_PROPERTY, OPERATOR_REASON_PROPERTY, Outcome,
                                   RecordKind)
-from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP, REJECTED, TableDef
+from coordinator.tables import CHECK_REQUESTS, COMMITS_READ, DISCARDED, HALF, OP, REJECTED, TableDef
 
 __all__ = ["Event", "PENDING", "STEPS", "outcome", "transaction_timeline"]
 
@@ -48,8 +55,8 @@ __all__ = ["Event", "PENDING", "STEPS", "outcome", "transaction_timeline"]
 PENDING = "PENDING"
 
 #: The steps of a transaction's life, in the order they happen (ties in time keep this order).
-STEPS = ("half sent", "half stored", "end request", "check requested", "resolved", "delivered", "discarded", "rejected",
-         "log unreadable")
+STEPS = ("half sent", "half stored", "end request", "commit read", "commit rewritten", "check requested", "resolved",
+         "delivered", "discarded", "rejected", "log unreadable")
 
 
 @dataclass(frozen=True)
@@ -147,7 +154,56 @@ def transaction_timeline(lakehouse: Union[str, Lakehouse], transaction_id: str) 
     for r in rows(REJECTED, ["kind", "state", "check_id", "reason", "stored_timestamp", "batch_id"]):
         what = r["kind"] if r["state"] is None else f"{r['kind']} {r['state']}"
         events.append(Event(r["stored_timestamp"], "rejected", REJECTED.name, f"{what} refused: {r['reason']}, batch {r['batch_id']}"))
+    events.extend(_commits_compared(lakehouse, rows(COMMITS_READ, ["commit_log", "commit_version", "sha256", "bytes",
+                                                                   "stored_timestamp", "batch_id"])))
     return sorted(events, key=lambda e: (e.at, STEPS.index(e.step)))
+
+
+def _commits_compared(lakehouse: Lakehouse, read: list[dict]) -> list[Event]:
+    """For each commit the checker read the transaction's records in (``read``: its ``system/commits_read``
+    rows), what it read, compared with the commit file as it is now: ``commit rewritten`` if the bytes differ."""
+    events, seen = [], set()
+    for r in read:
+        commit = (r["commit_log"], r["commit_version"])
+        if commit in seen:  # shown once, should two batches' rows name it
+            continue
+        seen.add(commit)
+        name, digest = f"commit {r['commit_version']} of {r['commit_log']}", _short(r["sha256"])
+        rewritten, now = _compared(lakehouse, *commit, r["sha256"], r["bytes"])
+        if rewritten:
+            events.append(Event(r["stored_timestamp"], "commit rewritten", COMMITS_READ.name,
+                                f"{name} REWRITTEN since the checker read it (sha256 {digest} read, {now}), "
+                                f"batch {r['batch_id']}"))
+        else:
+            events.append(Event(r["stored_timestamp"], "commit read", COMMITS_READ.name,
+                                f"{name} {now} (sha256 {digest}, {r['bytes']} bytes), batch {r['batch_id']}"))
+    return events
+
+
+def _compared(lakehouse: Lakehouse, log: str, version: int, sha256: str, size: int) -> tuple[bool, str]:
+    """Whether commit ``version`` of ``log`` is no longer the file the checker read (``sha256``, ``size``
+    bytes), and what it is now."""
+    try:
+        found = lakehouse.files.read(f"{log}/{delta_log_file(version)}", max_bytes=MAX_COMMIT_FILE_BYTES)
+    except FileTooLargeError:  # larger than any commit the checker reads: not the one it read
+        return True, f"now over {MAX_COMMIT_FILE_BYTES} bytes"
+    except IsADirectoryError:
+        return True, "now a directory"
+    except AccessDeniedError:
+        return False, "as the checker read it; not compared now: this account may not read that log"
+    except Exception as error:  # the storage's failure, or whatever the log holds: the timeline goes on
+        return False, f"as the checker read it; not compared now: {type(error).__name__}"
+    if found is None:
+        return False, "as the checker read it; its file is gone since (maintenance removes commits the checker is done with)"
+    now = commit_digest(found.data)
+    if now != sha256:
+        return True, f"{_short(now)} now; {size} bytes read, {len(found.data)} now"
+    return False, "as the checker read it, unchanged"
+
+
+def _short(digest: Optional[str]) -> str:
+    """A sha256 as shown: its first 16 hex digits (64 bits tell any two commits apart)."""
+    return f"{digest[:16]}…" if digest else "(none)"
 
 
 def outcome(events: list[Event]) -> str:

@@ -85,11 +85,19 @@ def access_plan(groups: Iterable[str]) -> list[Grant]:
     return plan
 
 
-def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]]) -> dict:
+def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]], refuse_overwrites: bool = True) -> dict:
     """An S3 bucket policy granting :func:`access_plan` on the lakehouse at ``root``
     (``s3://bucket/prefix``) to the accounts of each principal: ``accounts`` maps a principal of the
     plan (``checker``, ``operators``, ``analysts``, ``group <name>``) to its account names or ARNs.
     A principal left out is granted nothing.
+
+    A principal that writes a commit log (each group, the operators) is also refused, with
+    ``refuse_overwrites``, any ``PutObject`` of a commit (``_delta_log/*.json``) without ``If-None-Match``:
+    a commit can be created, never replaced, so what the checker read stays what the log holds.
+    Every writer of a commit sends the header (:class:`~coordinator.appender.DeltaAppender`, delta-rs);
+    checkpoints and ``_last_checkpoint``, replaced on purpose, are not ``.json``. AWS S3 evaluates the
+    ``s3:if-none-match`` key; a server that does not know it may refuse the whole policy (versitygw
+    does: docs/known-limits.md), hence ``refuse_overwrites=False``.
 
     Each principal gets one statement per set of actions and one listing statement, each with an id
     naming the principal (:func:`statement_id`), so that :func:`merged_policy` can put a new group's into
@@ -123,6 +131,11 @@ def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]]) -> dict:
             listed.append(f"{base}{GROUPS_KEY}/")
         own.append({"Effect": "Allow", "Principal": {"AWS": names}, "Action": ["s3:ListBucket"],
                     "Resource": [f"arn:aws:s3:::{bucket}"], "Condition": {"StringLike": {"s3:prefix": listed}}})
+        logs = [grant.prefix for grant in grants if "write" in grant.access and grant.prefix.endswith("commit_log/")]
+        if refuse_overwrites and logs:
+            own.append({"Effect": "Deny", "Principal": {"AWS": names}, "Action": ["s3:PutObject"],
+                        "Resource": [f"arn:aws:s3:::{bucket}/{base}{log}_delta_log/*.json" for log in logs],
+                        "Condition": {"Null": {"s3:if-none-match": "true"}}})
         statements += [{"Sid": statement_id(principal, number), **statement} for number, statement in enumerate(own, 1)]
     return {"Version": "2012-10-17", "Statement": statements}
 
