@@ -5,7 +5,7 @@ __all__ = ["AccessDeniedError", "CheckerAlreadyRunningError", "CheckerStateError
            "HalfOutcomeUnknownError", "IncompleteListenerError", "InvalidArgumentError", "LakehouseNotFoundError",
            "LeaseLostError", "MessageValidationError", "OutdatedLakehouseError", "ProducerStateError",
            "SparkSetupError", "StopRequested", "StorageUnavailableError", "UnsupportedTableError",
-           "WriteOutcomeUnknownError"]
+           "WriteOutcomeUnknownError", "one_line"]
 
 
 class CoordinatorError(Exception):
@@ -128,3 +128,15 @@ class CheckerStateError(CoordinatorError, RuntimeError):
 class StopRequested(CoordinatorError):
     """Raised inside a Spark job's batch that starts after stop was asked: it is neither processed
     nor committed, so the next run of the query replays it."""
+
+
+def one_line(error: BaseException, limit: int = 300) -> str:
+    """``error`` as one line for a report or a table's ``reason``: its class and its message's first line,
+    cut at ``limit`` characters (a storage error's message can run to pages).
+
+    Example::
+
+        one_line(FileNotFoundError("no such file\n..."))  # 'FileNotFoundError: no such file'
+    """
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:limit]}" if lines else type(error).__name__

@@ -21,10 +21,13 @@ from typing import Optional
 
 from coordinator.config import CoordinatorConfig
 
-__all__ = ["CHECK", "DISCARD", "EXPIRED", "Step", "clock_time", "clock_us", "decide", "next_step", "next_step_at"]
+__all__ = ["CHECK", "DELIVER", "DISCARD", "EXPIRED", "Step", "clock_time", "clock_us", "decide", "next_step", "next_step_at"]
 
 CHECK = "check"
 DISCARD = "discard"
+#: A committed transaction's next step while its topic cannot be written (coordinator.checker.delivery):
+#: offered to the topic again at every batch, never checked or discarded.
+DELIVER = "deliver"
 #: Why a transaction older than ``file_reserved_time_hours`` is discarded.
 EXPIRED = "expired: older than file_reserved_time_hours"
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -33,8 +36,8 @@ _MICROSECOND = dt.timedelta(microseconds=1)
 
 @dataclass(frozen=True)
 class Step:
-    """What the checker does with a pending transaction: :data:`CHECK` or :data:`DISCARD`, from batch
-    clock ``at_us`` on; ``reason`` says why a discard."""
+    """What the checker does with a pending transaction: :data:`CHECK`, :data:`DISCARD` or :data:`DELIVER`,
+    from batch clock ``at_us`` on; ``reason`` says why a discard, or why a delivery is withheld."""
 
     action: str
     at_us: int

@@ -258,6 +258,24 @@ TOPIC = TableDef(
     ),
 )
 
+#: Committed messages whose topic could not be written when they were decided: their delivery is
+#: withheld, and so are their op rows, until the topic takes them (docs/design.md#a-topic-that-cannot-be-written).
+#: One row per message: the topic row it will get, the op row's columns, the reason; written once, by the batch
+#: that first tried (``batch_id``), and delivered once the topic records that batch or a later one of the checker's.
+UNDELIVERED = TableDef(
+    "system/undelivered",
+    (
+        ("half_offset", "long"),
+        *(column for column in TOPIC.columns if column[0] not in ("queue_offset", "batch_id")),
+        ("producer_group", "string"),
+        ("resolved_at", "timestamp"),
+        ("end_record_id", "string"),
+        ("check_id", "string"),
+        ("reason", "string"),
+        ("batch_id", "long"),
+    ),
+)
+
 #: One row per checker micro-batch, written by the checker's metrics listener
 #: (``coordinator.checker.metrics``): how long it took, what came in, what it decided.
 METRICS = TableDef(
@@ -288,5 +306,5 @@ METRICS = TableDef(
 
 #: The checker's tables, which ``txcoord init`` creates. Topic tables appear on first delivery;
 #: a group's tables when it is added (``txcoord add-group``) or first sends.
-SYSTEM_TABLES = (HALF, OP, CHECK_REQUESTS, DISCARDED, REJECTED, COMMITS_READ, METRICS)
+SYSTEM_TABLES = (HALF, OP, CHECK_REQUESTS, DISCARDED, REJECTED, UNDELIVERED, COMMITS_READ, METRICS)
 

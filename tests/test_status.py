@@ -104,15 +104,16 @@ def test_status_says_a_killed_checker_of_this_host_is_not_running(config, tmp_pa
 
 def test_timeline_of_a_committed_and_of_a_refused_transaction(traffic):
     events = transaction_timeline(traffic.config.lakehouse, "done")
-    assert [e.step for e in events] == ["half sent", "half sent", "half stored", "half stored", "end request",
-                                        "resolved", "resolved", "delivered", "delivered"]
+    assert [e.step for e in events] == ["half sent", "half sent", "half stored", "half stored", "commit read",
+                                        "end request", "commit read", "resolved", "resolved", "delivered", "delivered"]
     assert outcome(events) == "COMMIT"
     assert [e.table for e in events if e.step == "delivered"] == ["topics/T", "topics/T"]
     assert events == sorted(events, key=lambda e: e.at)
 
     ghost = transaction_timeline(traffic.config.lakehouse, "ghost")
     assert [(e.step, e.detail.split(",")[0]) for e in ghost] == [
-        ("end request", "COMMIT_MESSAGE from the producer"), ("rejected", "END COMMIT_MESSAGE refused: unknown transaction")]
+        ("end request", "COMMIT_MESSAGE from the producer"), ("commit read", "commit 2 of groups/g/commit_log as the checker read it"),
+        ("rejected", "END COMMIT_MESSAGE refused: unknown transaction")]
     assert outcome(ghost) == "PENDING"
     assert transaction_timeline(traffic.config.lakehouse, "never-sent") == []
 

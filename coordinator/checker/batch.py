@@ -22,6 +22,7 @@ from coordinator.checker import CHECKER_NAME
 from coordinator.checker.check import find_due
 from coordinator.checker.context import (COMMITS_PER_BATCH, OFFSETS_PER_COMMIT, BatchContext, BatchRecords, grouped,
                                          shaped)
+from coordinator.checker.delivery import as_undelivered, deliver, op_rows
 from coordinator.checker.ingest import ingest_halves, refuse_unknown_kinds
 from coordinator.checker.provenance import refuse_misattributed
 from coordinator.checker.recover import recover_discarded
@@ -34,7 +35,8 @@ from coordinator.config import CoordinatorConfig
 from coordinator.control.instances import ProducerInstances, RefusedRecord
 from coordinator.lakehouse import Lakehouse
 from coordinator.protocol import Outcome
-from coordinator.tables import CHECK_REQUESTS, DISCARDED, GROUP_CHECK_REQUESTS, HALF, MESSAGE_CONTENT, OP, REJECTED, TOPIC
+from coordinator.tables import (CHECK_REQUESTS, DISCARDED, GROUP_CHECK_REQUESTS, HALF, MESSAGE_CONTENT, OP, REJECTED,
+                               UNDELIVERED)
 from coordinator.tables import COMMITS_READ
 
 log = logging.getLogger("coordinator.checker")
@@ -51,6 +53,7 @@ class BatchSummary:
     rollbacks: int = 0
     resolved: int = 0  # op rows written: halves committed, rolled back or discarded
     delivered: int = 0
+    withheld: int = 0  # committed messages whose topic has not taken them yet (:mod:`.delivery`), after this batch
     checks: int = 0
     discarded: int = 0
     rejected: int = 0
@@ -64,6 +67,7 @@ class BatchSummary:
     half_to_end_s: pa.ChunkedArray = field(default_factory=lambda: pa.chunked_array([], pa.float64()))
     commit_to_visible_s: Mapping[str, pa.ChunkedArray] = field(default_factory=dict)
     pending_by_topic: Mapping[str, int] = field(default_factory=dict)  # halves still unresolved, per topic
+    withheld_by_topic: Mapping[str, int] = field(default_factory=dict)  # of those, committed ones withheld, per topic
     ended_by_topic: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (outcome, topic) -> halves
 
 
@@ -133,14 +137,14 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
     state.count_topics(pc.unique(ingested.halves.column("topic")).to_pylist())
     earlier_resolved = resolved.ids(in_batch=False)
     recovered = recover_discarded(ctx, resolved.to_recover)
-    deliveries = pa.concat_tables([promote(resolved, ingested.halves, state), recovered.deliveries])
+    decided_ops = pa.concat_tables([_table(OP, resolved.ops, ctx.batch_id), _rows_table(OP, recovered.ops, ctx.batch_id)])
+    deliveries = _deliveries(ctx, pa.concat_tables([promote(resolved, ingested.halves, state), recovered.deliveries]),
+                             decided_ops, state)
     due = find_due(ctx, state, set(earlier_resolved))
     rejected = (misattributed + refuse_unknown_kinds(records) + ingested.rejections + resolved.rejections
                 + recovered.rejections + _instance_rejections(due.refused_instances, ctx.now_us))
 
     lakehouse, writer, batch_id = ctx.lakehouse, state.writer, ctx.batch_id
-    ops = pa.concat_tables([_table(OP, resolved.ops, batch_id),
-                            _rows_table(OP, recovered.ops + due.discard_ops, batch_id)])
     written = []
 
     def append(table, data: pa.Table, path: Optional[str] = None) -> Optional[int]:
@@ -149,17 +153,23 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
         written.append(version is not None)
         return version
 
-    # Order matters only for readers' convenience: a half is in system/half before its
-    # op, and an op before its topic rows. Correctness under replay does not rely on it.
+    # A committed message's op row comes after its topic row has landed, and after the record of its
+    # withholding if it has not: a replay, a restart or a topic that cannot be written never leaves a
+    # message resolved and undelivered (:mod:`.delivery`). A half precedes its op for readers' convenience.
     if ingested.halves.num_rows:
         append(HALF, ingested.halves)
+    delivered = deliver(writer, lakehouse, batch_id, deliveries, state.undelivered)
+    written.append(not delivered.replayed)
+    if delivered.withheld_now.num_rows:
+        append(UNDELIVERED, delivered.withheld_now)
+    withheld = delivered.withheld_now.column("half_offset").combine_chunks()
+    settled = delivered.landed.filter(pc.less(delivered.landed.column("batch_id"), batch_id))  # withheld till now
+    ops = pa.concat_tables([decided_ops.filter(pc.invert(pc.is_in(decided_ops.column("half_offset"), value_set=withheld))),
+                            _table(OP, op_rows(settled), batch_id), _rows_table(OP, due.discard_ops, batch_id)])
     if ops.num_rows:
         append(OP, ops)
-    commit_to_visible_s = {}
-    for topic in sorted(set(deliveries.column("topic").to_pylist())):
-        rows = deliveries.filter(pc.equal(deliveries.column("topic"), topic))
-        append(TOPIC, _table(TOPIC, rows, batch_id), lakehouse.topic(topic))
-        commit_to_visible_s[topic] = _seconds_since(rows.column("commit_timestamp"))
+    commit_to_visible_s = {topic: _seconds_since(rows.column("commit_timestamp"))
+                           for topic, rows in _by_topic(delivered.written_now)}
     if due.discarded.num_rows:
         append(DISCARDED, _table(DISCARDED, due.discarded, batch_id))
     visible_at_us = None
@@ -187,8 +197,12 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
             instances.forget(group, due.stale_instances.get(group, []), due.refused_instances.get(group, []))
 
     ended_by_topic = _ended_by_topic(resolved.ops, due.discarded, recovered.deliveries)
-    state.resolve([*earlier_resolved, *due.given_up])
+    withheld_here = ingested.halves.filter(pc.is_in(ingested.halves.column("queue_offset"), value_set=withheld))
+    state.add_pending(pending_from_rows(withheld_here), withheld_here, ctx.config)
+    state.resolve([*earlier_resolved, *due.given_up], withheld=set(withheld.to_pylist()))
+    state.settle(settled)
     state.remember_resolved(zip(resolved_in_batch, resolved.groups(in_batch=True)))
+    state.withhold(delivered.withheld)
     if visible_at_us is not None:
         state.checked([p.transaction_id for p in due.checked], visible_at_us, ctx.config)
     if all(written):
@@ -203,7 +217,8 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
         commits=resolved.count(Outcome.COMMIT) + len(recovered.transaction_ids),
         rollbacks=resolved.count(Outcome.ROLLBACK),
         resolved=ops.num_rows,
-        delivered=deliveries.num_rows,
+        delivered=delivered.written_now.num_rows,
+        withheld=delivered.withheld.num_rows,
         checks=len(due.checked),
         discarded=due.discarded.num_rows,
         rejected=len(rejected),
@@ -213,6 +228,7 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
         half_to_end_s=resolved.half_to_end_s,
         commit_to_visible_s=commit_to_visible_s,
         pending_by_topic=dict(state.pending_by_topic),
+        withheld_by_topic={topic: rows.num_rows for topic, rows in _by_topic(delivered.withheld)},
         ended_by_topic=ended_by_topic,
         pending_from=lowest if lowest is not None else max(pending_from, _next_offset(all_records, batch_id, shared_log)),
     )
@@ -229,6 +245,21 @@ def _ended_by_topic(ops: pa.Table, discarded: pa.Table, recovered: pa.Table) -> 
     counts = grouped(ended, ["outcome", "topic"]).aggregate([([], "count_all")])
     return dict(zip(zip(counts.column("outcome").to_pylist(), counts.column("topic").to_pylist()),
                     counts.column("count_all").to_pylist()))
+
+
+def _deliveries(ctx: BatchContext, messages: pa.Table, ops: pa.Table, state: CheckerState) -> pa.Table:
+    """The topic rows of the messages this batch commits (``messages``) with their op rows (``ops``), in
+    ``system/undelivered``'s shape: what :func:`~.delivery.deliver` takes. A message withheld already (an
+    operator's second COMMIT of a discarded transaction while the first waits for its topic) is left out:
+    it is delivered once, as withheld."""
+    new = as_undelivered(messages, ops, ctx.batch_id)
+    return new.filter(pc.invert(pc.is_in(new.column("half_offset"), value_set=state.undelivered.column("half_offset"))))
+
+
+def _by_topic(rows: pa.Table):
+    """``rows`` by their ``topic`` column: (topic, rows) pairs, in topic order."""
+    for topic in sorted(set(rows.column("topic").to_pylist())):
+        yield topic, rows.filter(pc.equal(rows.column("topic"), topic))
 
 
 def _instance_rejections(refused: Mapping[str, list[RefusedRecord]], now_us: int) -> list[dict]:

@@ -85,7 +85,10 @@ class CheckerExporter:
                                 registry=registry)
         self.pending = Gauge("txcoord_pending_half_messages", "Half messages with no outcome after the last batch, "
                              "by topic", ["topic"], registry=registry)
+        self.withheld = Gauge("txcoord_withheld_messages", "Committed messages whose topic could not be written yet, "
+                              "by topic: delivered, and resolved, once it can (0: none)", ["topic"], registry=registry)
         self._oldest_pending_stored_s: Optional[float] = None
+        self._withheld_topics: set[str] = set()
         self.oldest_pending_age = Gauge("txcoord_oldest_pending_transaction_age_seconds", "How long the oldest "
                                         "transaction with no outcome has waited since its half was stored (0: none)",
                                         registry=registry)
@@ -120,6 +123,9 @@ class CheckerExporter:
         self.rejected.inc(summary.rejected)
         for topic, halves in summary.pending_by_topic.items():
             self.pending.labels(topic).set(halves)
+        for topic in self._withheld_topics | set(summary.withheld_by_topic):  # 0 once a topic took its messages
+            self.withheld.labels(topic).set(summary.withheld_by_topic.get(topic, 0))
+        self._withheld_topics = set(summary.withheld_by_topic)
         stored = summary.oldest_pending_stored_us
         self._oldest_pending_stored_s = None if stored is None else stored / 1_000_000
 

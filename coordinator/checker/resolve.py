@@ -145,7 +145,7 @@ def _targets(ends: pa.Table, new_halves: pa.Table, state: CheckerState, known: M
     earlier = []
     for transaction_id in named.filter(pc.invert(pc.is_in(named, value_set=in_batch.column("transaction_id")))).to_pylist():
         pending = state.pending.get(transaction_id)
-        if pending is not None:
+        if pending is not None and pending.withheld is None:  # withheld: committed already
             earlier.append((transaction_id, pending.producer_group, True, False, pending.half_sequence,
                             pending.stored_us, pending.own_end_until_us))
         elif transaction_id in known:

@@ -34,7 +34,7 @@ import heapq
 import logging
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple, Optional
+from typing import Collection, Iterable, NamedTuple, Optional
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -48,7 +48,8 @@ from coordinator.commit_logs import CommitLogs, Layout
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import CheckerStateError
 from coordinator.lakehouse import Lakehouse, table_dataset, transaction_ids_in
-from coordinator.tables import CHECK_REQUESTS, HALF, OP
+from coordinator.protocol import Outcome
+from coordinator.tables import CHECK_REQUESTS, HALF, OP, UNDELIVERED
 
 log = logging.getLogger("coordinator.checker")
 
@@ -71,6 +72,9 @@ class TrackedTransaction:
     topics: tuple[str, ...] = ()  # its halves' topics, in the order of ``offsets``
     checks: int = 0
     last_check_us: Optional[int] = None  # when its last check request became visible
+    #: Why its delivery is withheld (:mod:`.delivery`): it is committed, its topic cannot be written yet, so it
+    #: is never checked or discarded and takes no END. ``None``: not decided yet.
+    withheld: Optional[str] = None
 
     def next_step_at(self, config: CoordinatorConfig) -> int:
         """The earliest batch clock at which this transaction needs a check or a discard (:mod:`coordinator.schedule`)."""
@@ -153,6 +157,8 @@ class CheckerState:
     writer: Optional[TableWriter] = None  # the batch's writes; what it knows of them is state too
     _due: list = field(default_factory=list)  # heap of (next step's batch clock, transaction id)
     pending_by_topic: Counter = field(default_factory=Counter)  # pending halves per topic
+    #: Committed messages whose topic has not taken them yet, ``system/undelivered``'s rows (:mod:`.delivery`).
+    undelivered: pa.Table = field(default_factory=lambda: UNDELIVERED.arrow_schema().empty_table())
     #: The lakehouse's layout, read when the state is built: only ``txcoord upgrade`` changes it, and only
     #: while no checker runs.
     layout: Layout = field(default_factory=Layout)
@@ -199,8 +205,8 @@ class CheckerState:
         while self._due and self._due[0][0] <= now_us:
             _, transaction_id = heapq.heappop(self._due)
             pending = self.pending.get(transaction_id)
-            if pending is None or transaction_id in found:
-                continue
+            if pending is None or pending.withheld is not None or transaction_id in found:
+                continue  # withheld: committed, nothing is due but its delivery
             event = pending.next_step_at(config)
             if event <= now_us:
                 found[transaction_id] = pending
@@ -254,15 +260,44 @@ class CheckerState:
             pending.last_check_us = visible_at_us
             heapq.heappush(self._due, (pending.next_step_at(config), transaction_id))
 
-    def resolve(self, transaction_ids: Iterable[str]) -> None:
-        """Forget these pending transactions, resolved now, but for their groups (:meth:`remember_resolved`)."""
+    def resolve(self, transaction_ids: Iterable[str], withheld: Collection[int] = ()) -> None:
+        """Forget these pending transactions, resolved now, but for their groups (:meth:`remember_resolved`)
+        and for their halves in ``withheld`` (queue offsets), which stay until delivered (:meth:`settle`)."""
         resolved = []
         for transaction_id in transaction_ids:
-            pending = self.pending.pop(transaction_id)
-            self.rows.remove(pending.offsets)
-            self.pending_by_topic.subtract(pending.topics)
+            pending = self.pending[transaction_id]
+            kept = [(offset, topic) for offset, topic in zip(pending.offsets, pending.topics) if offset in withheld]
+            done = [(offset, topic) for offset, topic in zip(pending.offsets, pending.topics) if offset not in withheld]
+            self.rows.remove(offset for offset, _ in done)
+            self.pending_by_topic.subtract(topic for _, topic in done)
+            if kept:
+                pending.offsets, pending.topics = [offset for offset, _ in kept], tuple(topic for _, topic in kept)
+            else:
+                del self.pending[transaction_id]
             resolved.append((transaction_id, pending.producer_group))
         self.remember_resolved(resolved)
+
+    def withhold(self, undelivered: pa.Table) -> None:
+        """Take ``undelivered`` (``system/undelivered`` rows) as every message withheld now: their pending
+        transactions are marked with the reason; the rest of the withheld messages are settled."""
+        self.undelivered = undelivered
+        reasons = dict(zip(undelivered.column("transaction_id").to_pylist(), undelivered.column("reason").to_pylist()))
+        for transaction_id, reason in reasons.items():
+            pending = self.pending.get(transaction_id)
+            if pending is not None:
+                pending.withheld = reason or "withheld"
+
+    def settle(self, delivered: pa.Table) -> None:
+        """Withheld halves delivered at last (``system/undelivered`` rows): each transaction is resolved once
+        none of its halves is left."""
+        by_transaction: dict[str, set[int]] = {}
+        for transaction_id, offset in zip(delivered.column("transaction_id").to_pylist(),
+                                          delivered.column("half_offset").to_pylist()):
+            by_transaction.setdefault(transaction_id, set()).add(offset)
+        for transaction_id, offsets in by_transaction.items():
+            pending = self.pending.get(transaction_id)
+            if pending is not None:  # else a discarded transaction an operator committed: never pending again
+                self.resolve([transaction_id], withheld=set(pending.offsets) - offsets)
 
     def remember_resolved(self, transactions: Iterable[tuple[str, str]]) -> None:
         """Remember the groups of these resolved transactions (id, group), to judge their late ENDs; only the
@@ -295,6 +330,7 @@ class CheckerState:
             if checked is not None:
                 pending.checks, pending.last_check_us = checked.checks, checked.last_check_us
         self.add_pending(transactions, pending_rows, config)
+        self.withhold(outstanding_deliveries(lakehouse, batch_id, pending_rows.column("queue_offset")))
         log.info("checker state rebuilt for batch %d: %d pending transactions (%d halves) from queue offset %d, "
                  "the anti-join run by %s", batch_id, len(self.pending), len(self.rows), pending_from,
                  "Spark" if in_spark else "the driver")
@@ -343,6 +379,27 @@ def check_history(lakehouse: Lakehouse, filter: pc.Expression) -> dict[str, Chec
                     map(CheckHistory._make, zip(history.column("visible_us_count").to_pylist(),
                                                 history.column("visible_us_max").to_pylist(),
                                                 history.column("producer_instance_last").to_pylist()))))
+
+
+def outstanding_deliveries(lakehouse: Lakehouse, before_batch: int, pending_offsets: pa.ChunkedArray) -> pa.Table:
+    """The messages withheld from their topics (``system/undelivered`` rows, :mod:`.delivery`) by batches
+    before ``before_batch`` and not delivered since: those of halves still pending (``pending_offsets``),
+    and those of discarded transactions an operator committed that have no COMMIT op row yet.
+
+    Example::
+
+        outstanding_deliveries(lakehouse, 12, pending_rows.column("queue_offset")).column("topic")
+    """
+    if not lakehouse.exists(UNDELIVERED):  # a lakehouse made before the table was: the first withholding makes it
+        return UNDELIVERED.arrow_schema().empty_table()
+    rows = _read(lakehouse, UNDELIVERED, filter=pc.field("batch_id") < before_batch)
+    pending = pc.is_in(rows.column("half_offset"), value_set=pending_offsets)
+    others = rows.filter(pc.invert(pending))
+    if others.num_rows:
+        committed = _read(lakehouse, OP, ["half_offset"], pc.field("half_offset").isin(others.column("half_offset"))
+                          & (pc.field("outcome") == Outcome.COMMIT.value) & (pc.field("batch_id") < before_batch))
+        others = others.filter(pc.invert(pc.is_in(others.column("half_offset"), value_set=committed.column(0))))
+    return pa.concat_tables([rows.filter(pending), others]).cast(UNDELIVERED.arrow_schema())
 
 
 def _highest_transaction_id(lakehouse: Lakehouse) -> Optional[str]:

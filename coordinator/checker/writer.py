@@ -23,10 +23,10 @@ import json
 from typing import Mapping, Optional
 
 import pyarrow as pa
-from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from coordinator.appender import DeltaAppender
-from coordinator.lakehouse import create_table, created_unless_exists, delta_log_file
+from coordinator.lakehouse import create_table, created_unless_exists, delta_log_file, open_table
 from coordinator.storage import FileStore
 from coordinator.tables import TableDef
 
@@ -55,6 +55,20 @@ class TableWriter:
             if created:
                 return 0
         return appender.append(data, app_transaction=(self.app_id, batch_id))
+
+    def recorded(self, path: str) -> int:
+        """The newest batch of this writer's application that the table at ``path`` records, read from the
+        table as it is now (-1: none, or no table yet)."""
+        if not DeltaTable.is_deltatable(path, storage_options=self.storage or None):
+            return -1
+        recorded = open_table(path, storage=self.storage).transaction_version(self.app_id)
+        return -1 if recorded is None else recorded
+
+    def forget(self, path: str) -> None:
+        """Drop what is kept of the table at ``path`` (after a failed append): the next use reads it afresh."""
+        appender = self._appenders.pop(path, None)
+        if appender is not None:
+            appender.close()
 
     def _created_by(self, path: str, data: pa.Table, batch_id: int) -> bool:
         """Create the table at ``path`` by writing ``data`` as its version 0, so that time travel to it

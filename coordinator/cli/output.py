@@ -156,10 +156,14 @@ def print_pending(transactions, now) -> None:
     for t in transactions:
         wait = (t.next_step_at - now).total_seconds()
         when = f"in {duration(wait)}" if wait > 0 else f"due {duration(-wait)} ago" if wait < 0 else "due now"
-        table.add_row(t.transaction_id, t.producer_group, duration(t.age_s), str(t.checks), f"{t.next_step} {when}",
+        table.add_row(t.transaction_id, t.producer_group, duration(t.age_s), str(t.checks),
+                      f"{t.next_step}: withheld" if t.withheld else f"{t.next_step} {when}",
                       t.addressed_to or ("any instance" if t.checks else "-"), ", ".join(t.topics))
     out.print(table)
     out.print(f"{len(transactions)} pending transaction(s)")
+    for t in transactions:
+        if t.withheld:
+            out.print(f"{t.transaction_id}: committed, delivery withheld: {t.withheld}", markup=False, highlight=False)
 
 
 

@@ -41,7 +41,7 @@ from typing import Callable, Optional, Union
 import pyarrow.compute as pc
 
 from coordinator.commit_logs import CommitLogs
-from coordinator.exceptions import AccessDeniedError, FileTooLargeError
+from coordinator.exceptions import AccessDeniedError, FileTooLargeError, one_line
 from coordinator.lakehouse import Lakehouse, delta_log_file, require_lakehouse, topic_names
 from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, check_commits, commit_digest
 from coordinator.ops.status import read_metrics
@@ -90,7 +90,7 @@ def _commit_log_rows(lakehouse: Lakehouse, rows: Callable[[str, list[str]], list
             check_commits(lakehouse.files, ref.key)  # bytes delta-rs would choke on are refused first
             found.extend((ref.key, r) for r in rows(ref.key, columns))
         except Exception as error:  # this log's bytes, whatever they are, must not hide the others' records
-            unreadable[ref.key] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
+            unreadable[ref.key] = one_line(error)
     return found, unreadable
 
 

@@ -56,7 +56,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from coordinator.appender import DeltaAppender
 from coordinator.commit_logs import CommitLogs, versions_written
 from coordinator.control.progress import CheckerProgress
-from coordinator.exceptions import InvalidArgumentError
+from coordinator.exceptions import InvalidArgumentError, one_line
 from coordinator.lakehouse import Lakehouse, listing_retried
 from coordinator.lakehouse.checkpoints import write_checkpoint
 from coordinator.lakehouse.deltalog import check_commits
@@ -157,16 +157,11 @@ def maintain(
         try:
             result = _maintain_table(lakehouse, name, retention_hours, log_retention)
         except Exception as error:  # this table's failure, whatever it is, must not cost the others theirs
-            result = TableMaintenance(name, failed=_first_line(error))
+            result = TableMaintenance(name, failed=one_line(error, limit=500))
         results.append(result)
         if on_table is not None:
             on_table(result)
     return results
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0][:500]}" if text else type(error).__name__
 
 
 def log_retention_interval(hours: float) -> str:

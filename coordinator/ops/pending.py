@@ -27,7 +27,8 @@ from coordinator.checker.state import check_history
 from coordinator.checker.unresolved import unresolved_halves
 from coordinator.control.progress import CheckerProgress
 from coordinator.lakehouse import Lakehouse, require_lakehouse
-from coordinator.schedule import clock_time, clock_us, next_step
+from coordinator.schedule import DELIVER, Step, clock_time, clock_us, next_step
+from coordinator.tables import UNDELIVERED
 
 __all__ = ["PendingTransaction", "pending_transactions", "read_pending"]
 
@@ -48,8 +49,9 @@ class PendingTransaction:
     checks: int  # check requests issued so far
     last_check_at: Optional[dt.datetime]  # when the last check request became visible (its file was written)
     addressed_to: Optional[str]  # the producer instance the last check went to; None: any, or no check yet
-    next_step: str  # coordinator.schedule.CHECK or DISCARD
+    next_step: str  # coordinator.schedule.CHECK or DISCARD, or DELIVER for a committed one its topic has not taken
     next_step_at: dt.datetime  # when the checker takes it (at its first batch from then on)
+    withheld: Optional[str] = None  # why its delivery is withheld (committed; its topic cannot be written yet)
 
     def to_dict(self) -> dict:
         """JSON-ready (times in ISO 8601)."""
@@ -72,16 +74,18 @@ def pending_transactions(config: CoordinatorConfig, older_than_s: float = 0.0, g
     lakehouse = require_lakehouse(Lakehouse.of(config))
     now = now or dt.datetime.now(UTC)
     halves = read_pending(lakehouse, ["transaction_id", "producer_group", "topic", "message_index", "message_count",
-                                      "stored_timestamp", "immunity_ms"])
+                                      "stored_timestamp", "immunity_ms", "queue_offset"])
     if group is not None:
         halves = halves.filter(pc.field("producer_group") == group)
     topics: dict[str, set[str]] = defaultdict(set)
     firsts = {}
     for half in halves.to_pylist():
         topics[half["transaction_id"]].add(half["topic"])
-        if half["message_index"] == 0:
+        first = firsts.get(half["transaction_id"])
+        if first is None or half["message_index"] < first["message_index"]:  # message 0, unless delivered already
             firsts[half["transaction_id"]] = half
     history = check_history(lakehouse, pc.field("transaction_id").isin(pa.array(list(firsts), pa.string())))
+    withheld = _withheld(lakehouse, halves)
     found = []
     for transaction_id, first in firsts.items():
         age_s = (now - first["stored_timestamp"]).total_seconds()
@@ -89,13 +93,25 @@ def pending_transactions(config: CoordinatorConfig, older_than_s: float = 0.0, g
             continue
         checks, last_check_us, addressed_to = history.get(transaction_id, (0, None, None))
         step = next_step(config, clock_us(first["stored_timestamp"]), first["immunity_ms"], checks, last_check_us, clock_us(now))
+        reason = withheld.get(transaction_id)
+        if reason is not None:
+            step = Step(DELIVER, clock_us(now), reason)
         found.append(PendingTransaction(
             transaction_id=transaction_id, producer_group=first["producer_group"],
             topics=tuple(sorted(topics[transaction_id])), messages=first["message_count"],
             stored_at=first["stored_timestamp"], age_s=age_s, checks=checks,
             last_check_at=None if last_check_us is None else clock_time(last_check_us),
-            addressed_to=addressed_to, next_step=step.action, next_step_at=clock_time(step.at_us)))
+            addressed_to=addressed_to, next_step=step.action, next_step_at=clock_time(step.at_us), withheld=reason))
     return sorted(found, key=lambda t: (t.stored_at, t.transaction_id))
+
+
+def _withheld(lakehouse: Lakehouse, halves: pa.Table) -> dict[str, str]:
+    """Per pending transaction whose delivery is withheld, why (``system/undelivered``)."""
+    if not halves.num_rows or not lakehouse.exists(UNDELIVERED):
+        return {}
+    rows = lakehouse.read(UNDELIVERED, ["transaction_id", "reason"],
+                          pc.field("half_offset").isin(halves.column("queue_offset")))
+    return dict(zip(rows.column("transaction_id").to_pylist(), rows.column("reason").to_pylist()))
 
 
 def read_pending(lakehouse: Union[str, Lakehouse], columns: Optional[list[str]] = None) -> pa.Table:
