@@ -10,9 +10,12 @@ import datetime as dt
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 from deltalake import DeltaTable
 
@@ -27,7 +30,7 @@ from coordinator.lakehouse import Lakehouse, create_group_tables, read_table
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF
 from bench.harness import Commits, Job, half_record
 from tests.conftest import stored_time
-from bench.harness import wait_until
+from bench.harness import child_environment, first_batch_after, wait_until
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                             LocalTransactionState.UNKNOW)
@@ -253,3 +256,93 @@ def test_a_stop_sent_to_the_whole_group_as_hadoop_runs_chmod_exits_zero_and_lose
     assert "checker stopped" in output
     assert restarted_exit == 0, (tmp_path / "restarted.log").read_text()[-3000:]
     assert sorted(delivered()) == sorted(sent)  # each exactly once
+
+
+def _descendants(job: Job) -> dict[int, tuple[psutil.Process, str]]:
+    """``job``'s descendants now, each with its command line (read while it runs)."""
+    try:
+        found = psutil.Process(job.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return {}
+    described = {}
+    for process in found:
+        try:
+            described[process.pid] = (process, " ".join(process.cmdline()))
+        except psutil.NoSuchProcess:  # ended since listed
+            pass
+    return described
+
+
+def _running(processes) -> list[str]:
+    """Those of ``processes`` still running (a zombie has ended), by pid and command line."""
+    running = []
+    for process, command in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:  # is_running: never a reused pid
+                running.append(f"{process.pid} (parent {process.ppid()}) {command[:200]}")
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch, ending", [("python", "SIGTERM"), ("python", "a failed batch"),
+                                            ("python", "a failed start"), ("spark-submit", "SIGTERM"),
+                                            ("spark-submit", "a failed batch")])
+def test_no_process_of_the_checker_outlives_its_exit(tmp_path, launch, ending):
+    """The checker job, launched as ``python jobs/checker.py`` (it starts the JVM, as ``txcoord checker`` does)
+    or under ``spark-submit`` (the JVM starts it), ends on SIGTERM (exit 0), on a batch that fails because its
+    lease was taken over (exit 1), or at start-up on a metrics port already in use (exit 1). Every process it
+    started, directly or not (the JVM, Spark's Python workers, the source's runner, the read-ahead worker and
+    multiprocessing's resource tracker), seen while it ran, has ended by the time it has exited."""
+    lakehouse = tmp_path / "lakehouse"
+    conf = tmp_path / "coordinator.toml"
+    settings = f'lakehouse = "{lakehouse}"\ntrigger_interval_ms = 200\n'
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    if ending == "a failed start":
+        settings += f"metrics_port = {taken.getsockname()[1]}\n"
+    conf.write_text(settings)
+    job_file = REPO_ROOT / "jobs" / "checker.py"
+    if launch == "python":
+        argv, env = [sys.executable, str(job_file), "--config", str(conf)], dict(os.environ)
+    else:
+        argv, env = spark_submit(job_file, "--config", str(conf))
+    checker = Job(argv, tmp_path / "checker.log", env=child_environment(env)).start()
+    seen: dict[int, tuple[psutil.Process, str]] = {}
+
+    def seen_running(command: str) -> bool:
+        return any(command in described for _, described in seen.values())
+
+    def collected(condition) -> bool:
+        for pid, (process, command) in _descendants(checker).items():
+            # The latest command line (the JVM's launcher execs it), but not the empty one of a process ending.
+            seen[pid] = (process, command or seen.get(pid, (process, ""))[1])
+        return condition()
+
+    try:
+        if ending != "a failed start":
+            # Up to its first batch with the helpers of a running checker seen: its query's source runner and
+            # its read-ahead worker.
+            checker.wait_for(lambda: collected(lambda: seen_running("python_streaming_source_runner")
+                                               and seen_running("multiprocessing.spawn")
+                                               and first_batch_after(lakehouse, checker.started_wall)),
+                             "its first batch", 300, poll_s=0.1)
+            if ending == "SIGTERM":
+                checker.terminate()
+            else:  # a checker whose clock says the lease lapsed takes it: the next batch fails
+                CheckerLease(str(lakehouse), clock=lambda: time.time() + 3600).acquire()
+        wait_until(lambda: collected(lambda: not checker.running), 180, "the checker's exit", poll_s=0.05)
+    finally:
+        taken.close()
+        if checker.running:
+            checker.kill()
+    output = checker.tail(40)
+    assert checker.exit_code() == (0 if ending == "SIGTERM" else 1), output
+    assert ending != "a failed start" or "Address already in use" in output, output
+    # What it started: under spark-submit the JVM is the job itself, not one of its descendants.
+    assert (launch == "spark-submit" or seen_running("java")) and seen_running("pyspark.daemon")
+    assert seen_running("multiprocessing.resource_tracker"), "\n".join(described[:200] for _, described in seen.values())
+    # Checked the moment the job has exited, not after a wait: a process it left behind would still be there.
+    assert not _running(seen.values()), "\n".join(_running(seen.values()))

@@ -26,11 +26,13 @@ Example::
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
+from multiprocessing import resource_tracker
 from typing import Mapping, Optional
 
 import pyarrow as pa
@@ -102,11 +104,29 @@ class ReadAhead:
         return self._pool
 
     def close(self) -> None:
-        """Stop the worker (a read in flight is dropped)."""
+        """End the worker and multiprocessing's resource tracker, and reap both before returning: a read in
+        flight is dropped, not waited for (a stop must not wait out a backlog's read), and no process of the
+        checker's outlives its exit."""
         self._reading = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        # Killed rather than asked: a busy worker would finish its read first. The pool has no public way to
+        # end its workers before Python 3.14; killed, they make it broken, and its shutdown then joins them.
+        for worker in list((getattr(pool, "_processes", None) or {}).values()):
+            worker.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        del pool
+        _stop_resource_tracker()
+
+
+def _stop_resource_tracker() -> None:
+    """End the resource tracker the worker's start launched (a child of this process, which otherwise
+    lingers after it exits), once the pool's semaphores are released; a later worker launches another."""
+    gc.collect()  # the pool's queues, whose semaphores the tracker holds until they are collected
+    tracker = resource_tracker._resource_tracker
+    if hasattr(tracker, "_stop"):  # private, as is the tracker itself; there is no public way to stop it
+        tracker._stop()
 
 
 def _worker_started() -> None:

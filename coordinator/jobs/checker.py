@@ -69,19 +69,19 @@ def run(args: argparse.Namespace, prog: str) -> int:
 
     use_system_allocator()
 
+    checker = None
     try:
-        if job.args.recover_checkpoint:
-            CheckerQuery(job.spark, job.config).recover()
-        checker = CheckerQuery(job.spark, job.config).start(wait_for_lease=not job.args.exit_if_running,
-                                                            stop=job.stop_requested)
-    except (CheckerAlreadyRunningError, CheckpointMismatchError) as error:
-        # Said before Spark stops: under spark-submit the JVM relays this process's output.
-        print(f"{prog}: {error}", file=sys.stderr, flush=True)
-        job.spark.stop()
-        if isinstance(error, CheckpointMismatchError):
-            return EXIT_CHECKPOINT_MISMATCH
-        return 0 if job.stop_requested.is_set() else EXIT_ALREADY_RUNNING
-    try:
+        checker = CheckerQuery(job.spark, job.config)
+        try:
+            if job.args.recover_checkpoint:
+                CheckerQuery(job.spark, job.config).recover()
+            checker.start(wait_for_lease=not job.args.exit_if_running, stop=job.stop_requested)
+        except (CheckerAlreadyRunningError, CheckpointMismatchError) as error:
+            # Said before Spark stops: under spark-submit the JVM relays this process's output.
+            print(f"{prog}: {error}", file=sys.stderr, flush=True)
+            if isinstance(error, CheckpointMismatchError):
+                return EXIT_CHECKPOINT_MISMATCH
+            return 0 if job.stop_requested.is_set() else EXIT_ALREADY_RUNNING
         while not job.stop_requested.is_set():
             try:
                 if checker.await_termination(1):
@@ -100,7 +100,11 @@ def run(args: argparse.Namespace, prog: str) -> int:
             print(f"{prog}: stopped; the streaming query failed as the stop signal arrived, its last batch "
                   f"runs again at the next start: {' '.join(str(failure).split())[:300]}", file=sys.stderr, flush=True)
     finally:
-        job.spark.stop()
+        # Whatever the exit (a stop, a failed batch, a failed start): no process of the checker's outlives it.
+        # Its own worker first, then Spark (which ends the Python workers the JVM started), then the JVM.
+        if checker is not None:
+            checker.read_ahead.close()
+        job.close()
     return 0
 
 

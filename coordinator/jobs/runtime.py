@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass
@@ -16,6 +17,11 @@ from coordinator.exceptions import CoordinatorError, SparkSetupError, StopReques
 from coordinator.lakehouse import Lakehouse
 from coordinator.spark.session import lakehouse_spark
 
+log = logging.getLogger("coordinator.jobs")
+
+#: Seconds the JVM this process started has to exit once Spark has stopped, before it is killed.
+JVM_EXIT_TIMEOUT_S = 30.0
+
 
 @dataclass
 class JobRuntime:
@@ -25,6 +31,10 @@ class JobRuntime:
     config: CoordinatorConfig
     spark: object
     stop_requested: threading.Event
+
+    def close(self) -> None:
+        """Stop Spark, and the JVM if this process started it (:func:`stop_spark`)."""
+        stop_spark(self.spark)
 
 
 class BatchGate:
@@ -92,10 +102,40 @@ def start_job(app_name: str, args: argparse.Namespace, prog: str,
         spark = lakehouse_spark(app_name, Lakehouse.of(config))
     except SparkSetupError as error:
         print(f"{prog}: {error}", file=sys.stderr)
+        stop_spark(None)  # a Spark up without Delta
         raise SystemExit(EXIT_USAGE) from None
     _stop_on_signals(stop_requested)  # again: the SparkContext replaced SIGINT's handler with its own
     _forward_jvm_signals(spark, stop_requested)
     return JobRuntime(args, config, spark, stop_requested)
+
+
+def stop_spark(spark) -> None:
+    """Stop ``spark`` (``None``: the active Spark context, if any) and, when this process launched its JVM
+    (``txcoord checker``, ``python jobs/checker.py``), end that JVM and wait for its exit.
+
+    Left to itself, that JVM exits only once this process has (it reads its standard input to the end), so it
+    and the Python workers it started (in process groups of their own) outlived the job.
+    Under ``spark-submit`` the JVM is this process's parent, and waits for it: nothing to do here.
+    """
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway if spark is None else spark.sparkContext._gateway
+    try:
+        if spark is not None:
+            spark.stop()
+        elif SparkContext._active_spark_context is not None:
+            SparkContext._active_spark_context.stop()
+    finally:
+        jvm = getattr(gateway, "proc", None)  # None when the JVM was there first (spark-submit)
+        if isinstance(jvm, subprocess.Popen):
+            gateway.shutdown()  # its connections and callback server, before the JVM they talk to goes
+            jvm.stdin.close()  # the end of its input: it exits, its shutdown hooks run
+            try:
+                jvm.wait(JVM_EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("the JVM did not exit within %g s of Spark's stop; killing it", JVM_EXIT_TIMEOUT_S)
+                jvm.kill()
+                jvm.wait()
 
 
 def _stop_on_signals(stop_requested: threading.Event) -> None:
