@@ -17,8 +17,10 @@ It stays a correct Delta writer:
 * it writes only to tables whose protocol it honours by doing nothing more than
   appending (see :func:`check_writable`), and re-checks whenever a commit by
   someone else changed the table's protocol or metadata;
-* a commit that lost the race for a version is tried at the next one, after
-  reading the winner's commit (a blind append conflicts with nothing else);
+* a commit that lost the race for a version is tried at the next one, after a
+  backoff of about the storage's round trip, doubling and jittered (:class:`CommitBackoff`),
+  and after reading the winner's commit, and nothing else (a blind append conflicts with
+  nothing else); each lost race is counted (``txcoord_storage_commit_races_lost``) and logged;
 * a commit whose reply the storage lost is not committed twice: retried, it
   finds the version taken by exactly its own content (a commit names its data
   file by UUID), which :mod:`coordinator.storage` recognises as its own; if the
@@ -27,7 +29,8 @@ It stays a correct Delta writer:
   unknown, never that the append failed;
 * it never creates a version a log cleanup may have deleted: it commits at
   ``v`` only once ``v - 1`` is known to exist and the newest checkpoint is
-  older than ``v``;
+  older than ``v`` (``_delta_log/_last_checkpoint``, read while the data file is
+  written, off the commit's path);
 * the statistics it records for data skipping are exact or wider (a string
   longer than 32 characters has no maximum, a timestamp's maximum is rounded
   up to the millisecond);
@@ -35,11 +38,18 @@ It stays a correct Delta writer:
   its own, off the caller's path: carried forward from the previous checkpoint
   (:mod:`coordinator.lakehouse.checkpoints`), through delta-rs where it cannot be.
 
+An append is two steps a caller may pipeline (:meth:`DeltaAppender.prepare` writes the data file,
+:meth:`DeltaAppender.commit` makes the commit): on object storage each is a request of tens of
+milliseconds, and the next append's data file can be written while a commit is in flight
+(:class:`~coordinator.producer.commit_log.CommitLogWriter` does).
+
 Example::
 
     appender = DeltaAppender(Lakehouse("lakehouse").commit_log("order_group"))
     appender.append(records)                                   # the version committed
     appender.append(rows, app_transaction=("txcoord-checker", 12))
+    prepared = appender.prepare(more_records)                  # the data file written
+    appender.commit(prepared)                                  # the version committed
     appender.close()
 """
 
@@ -50,11 +60,14 @@ import json
 import logging
 import os
 import queue
+import random
 import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from importlib import metadata as package_metadata
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -62,9 +75,10 @@ import pyarrow.parquet as pq
 from coordinator.exceptions import InvalidArgumentError, UnsupportedTableError
 from coordinator.lakehouse import delta_log_file, open_table
 from coordinator.lakehouse.checkpoints import last_checkpoint, write_checkpoint
+from coordinator.retries import note_commit_race_lost
 from coordinator.storage import FileStore, is_object_store
 
-__all__ = ["DeltaAppender", "check_writable", "file_stats"]
+__all__ = ["CommitBackoff", "DeltaAppender", "PreparedAppend", "check_writable", "file_stats"]
 
 _log = logging.getLogger("coordinator.appender")
 
@@ -81,6 +95,46 @@ DEFAULT_CHECKPOINT_INTERVAL = 100
 COMPACTION_TARGET_BYTES = 128 * 1024 * 1024
 _ENGINE = f"txcoord/{package_metadata.version('txcoord')}"
 _STOP = object()
+#: How often, at most, the lost races of one appender are summed up in the log at INFO (each is at DEBUG).
+RACES_REPORT_INTERVAL_S = 60.0
+
+
+@dataclass
+class CommitBackoff:
+    """How long an appender waits after losing the race for a version before it tries the next one.
+
+    About one round trip of the conditional write that lost (the time the winner's next commit
+    takes to land), doubled for each race lost in a row up to ``max_s``, and jittered: uniformly
+    between half and all of that, so that writers that lost together do not come back together.
+    Never at once: retried at once, a loser arrives behind the winner's next commit every time.
+    ``random`` is injectable for tests.
+
+    Example::
+
+        CommitBackoff(random.Random(7)).delay(races_lost_in_a_row=2, round_trip_s=0.025)  # 0.025..0.05
+    """
+
+    random: random.Random = field(default_factory=random.Random)
+    max_s: float = 1.0
+    #: The floor of the round trip the delay starts from: a local disk answers in microseconds.
+    min_round_trip_s: float = 0.001
+
+    def delay(self, races_lost_in_a_row: int, round_trip_s: float) -> float:
+        """The wait after the ``races_lost_in_a_row``-th race lost in a row (from 1), whose write took ``round_trip_s``."""
+        ceiling = min(self.max_s, max(round_trip_s, self.min_round_trip_s) * 2 ** (races_lost_in_a_row - 1))
+        return self.random.uniform(ceiling / 2, ceiling)
+
+
+@dataclass(frozen=True)
+class PreparedAppend:
+    """An append whose data file is written and whose commit is not made yet (:meth:`DeltaAppender.prepare`)."""
+
+    commit: bytes  # the log entry
+    data_file: str
+    schema: pa.Schema
+    app_transaction: Optional[tuple[str, int]]
+    #: ``_last_checkpoint``'s version, read while the data file was written.
+    checkpoint_read: "Future[Optional[int]]"
 
 
 def check_writable(protocol: dict, metadata: dict) -> None:
@@ -183,11 +237,20 @@ class DeltaAppender:
             appender.append(records)
     """
 
-    def __init__(self, path: str, *, checkpoints: bool = True, storage: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(self, path: str, *, checkpoints: bool = True, storage: Optional[Mapping[str, str]] = None,
+                 backoff: Optional[CommitBackoff] = None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.path = path if is_object_store(path) else os.path.abspath(path)
         self.storage = dict(storage or {})
         self._files = FileStore.at(self.path, self.storage)
         self._lock = threading.Lock()
+        self._backoff = backoff or CommitBackoff()
+        self._clock, self._sleep = clock, sleep
+        self._races_unreported, self._races_reported_at = 0, float("-inf")
+        # On object storage, _last_checkpoint is read beside the data file's write, not after it; a local
+        # disk reads it in microseconds, less than handing it to a thread.
+        self._reads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="delta-appender-reads") \
+            if is_object_store(self.path) else None
         self._loads = 0  # how often the table was read from a snapshot: a compaction must see one only
         self._load()
         self._checkpoints: Optional[queue.SimpleQueue] = None
@@ -215,6 +278,20 @@ class DeltaAppender:
 
             version = appender.append(pa.Table.from_pylist(rows, schema=appender.schema))
         """
+        prepared = self.prepare(data, app_transaction=app_transaction)
+        return None if prepared is None else self.commit(prepared)
+
+    def prepare(self, data: pa.Table, *, app_transaction: Optional[tuple[str, int]] = None) -> Optional[PreparedAppend]:
+        """The first half of :meth:`append`: write ``data``'s file and make its commit ready, without
+        committing; ``None`` if ``app_transaction`` is recorded already (nothing written). Pass the
+        result to :meth:`commit`, in the order the commits should be made; another append's data file
+        may be prepared while a commit is in flight.
+
+        Example::
+
+            prepared = appender.prepare(batch)        # one PUT, beside the commit in flight
+            version = appender.commit(prepared)
+        """
         if data.num_rows == 0:
             raise InvalidArgumentError("nothing to append")
         if app_transaction is not None:
@@ -226,6 +303,7 @@ class DeltaAppender:
                 raise InvalidArgumentError(f"data does not have the table's columns: {data.schema.names}, "
                                  f"expected {self._schema.names}")
             data = data.cast(self._schema)  # e.g. a map's entry names as another engine spells them
+        checkpoint_read = self._read_last_checkpoint()
         add = self._write_file(data, data_change=True)
         now_ms = int(time.time() * 1000)
         actions = [{"commitInfo": {"timestamp": now_ms, "operation": "WRITE", "operationParameters": {"mode": "Append"},
@@ -234,9 +312,15 @@ class DeltaAppender:
             app_id, app_version = app_transaction
             actions.append({"txn": {"appId": app_id, "version": app_version, "lastUpdated": now_ms}})
         actions.append({"add": add})
-        version = self._commit(_encoded(actions), data.schema, app_transaction)
+        return PreparedAppend(_encoded(actions), add["path"], data.schema, app_transaction, checkpoint_read)
+
+    def commit(self, prepared: PreparedAppend) -> Optional[int]:
+        """The second half of :meth:`append`: commit ``prepared`` at the next free version and return
+        it; ``None`` (its data file deleted) if its application transaction was recorded meanwhile."""
+        version = self._commit(prepared.commit, prepared.schema, prepared.app_transaction,
+                               checkpoint_read=prepared.checkpoint_read)
         if version is None:
-            self._files.delete(add["path"])
+            self._files.delete(prepared.data_file)
         elif self._checkpoints is not None and version % self._checkpoint_interval == 0:
             self._checkpoints.put(version)
         return version
@@ -301,6 +385,8 @@ class DeltaAppender:
             self._checkpoints.put(_STOP)
             self._checkpointer.join()
             self._checkpointer = None
+        if self._reads is not None:
+            self._reads.shutdown()
 
     def __enter__(self) -> "DeltaAppender":
         return self
@@ -338,12 +424,18 @@ class DeltaAppender:
                 "dataChange": data_change, "stats": file_stats(data)}
 
     def _commit(self, commit: bytes, schema: pa.Schema, app_transaction: Optional[tuple[str, int]],
-                removes: frozenset[str] = frozenset(), snapshot_loads: int = 0, metadata_change: bool = False) -> Optional[int]:
+                removes: frozenset[str] = frozenset(), snapshot_loads: int = 0, metadata_change: bool = False,
+                checkpoint_read: "Optional[Future[Optional[int]]]" = None) -> Optional[int]:
         """Commit ``commit`` at the next version; ``None`` if ``app_transaction`` is recorded already, or if
         another commit removed one of the files in ``removes`` since the snapshot of load number
         ``snapshot_loads`` (or the table was loaded again since, which leaves that unknown), or, for a
-        ``metadata_change``, if the table was loaded again since (which another metadata change does)."""
+        ``metadata_change``, if the table was loaded again since (which another metadata change does).
+        ``checkpoint_read``: ``_last_checkpoint``'s version read beforehand (read here if not given)."""
         with self._lock:
+            races_lost = 0
+            # Checked once: past a winner's commit or a checkpoint's just read, the next version is newer than
+            # a commit that exists, and a log cleanup takes the oldest commits first.
+            newest_checkpoint_known = False
             while True:
                 if not schema.equals(self._schema):
                     raise UnsupportedTableError(f"the schema of {self.path} changed while appending")
@@ -354,39 +446,84 @@ class DeltaAppender:
                 if self._removed & removes:
                     return None
                 version = self._known + 1
-                checkpoint = last_checkpoint(self._files)
-                if checkpoint is not None and checkpoint >= version:
-                    # Versions this far back may have been cleaned from the log, so never created again: read
-                    # up to the checkpoint while the log holds them (from its snapshot once it does not).
-                    self._read_through(checkpoint)
-                    continue
+                if not newest_checkpoint_known:
+                    newest_checkpoint_known = True
+                    checkpoint = last_checkpoint(self._files) if checkpoint_read is None else checkpoint_read.result()
+                    if checkpoint is not None and checkpoint >= version:
+                        # Versions this far back may have been cleaned from the log, so never created again: read
+                        # up to the checkpoint while the log holds them (from its snapshot once it does not).
+                        self._read_through(checkpoint)
+                        continue
+                started = self._clock()
                 if self._files.create(delta_log_file(version), commit) is None:
-                    self._read_through(version)
+                    races_lost += 1
+                    delay = self._backoff.delay(races_lost, self._clock() - started)
+                    self._note_race_lost(version, races_lost, delay)
+                    self._sleep(delay)
+                    self._catch_up(version)
                     continue
                 self._known = version
                 if app_transaction is not None:
                     self._app_versions[app_transaction[0]] = app_transaction[1]
                 return version
 
+    def _read_last_checkpoint(self) -> "Future[Optional[int]]":
+        """``_last_checkpoint``'s version, being read: on object storage beside the caller's next request."""
+        if self._reads is not None:
+            return self._reads.submit(last_checkpoint, self._files)
+        read: Future = Future()
+        read.set_result(last_checkpoint(self._files))
+        return read
+
+    def _note_race_lost(self, version: int, races_lost: int, delay_s: float) -> None:
+        """Count a commit refused because another writer made ``version`` first; log it (at INFO summed up, at
+        most once every :data:`RACES_REPORT_INTERVAL_S`)."""
+        note_commit_race_lost()
+        _log.debug("%s: version %d was made by another writer (race %d lost in a row); the next version in %.0f ms",
+                    self.path, version, races_lost, delay_s * 1000)
+        self._races_unreported += 1
+        now = self._clock()
+        if now - self._races_reported_at >= RACES_REPORT_INTERVAL_S:
+            _log.info("%s: %d commit race(s) lost to other writers since the last report (at most one every %.0f s); "
+                      "each is retried at the next version after a backoff", self.path, self._races_unreported,
+                      RACES_REPORT_INTERVAL_S)
+            self._races_unreported, self._races_reported_at = 0, now
+
     def _read_through(self, version: int) -> None:
         """Take in the commits after ``self._known`` up to ``version``, which exists (some other writer's)."""
-        for other in range(self._known + 1, version + 1):
-            commit = self._files.read(delta_log_file(other))
-            if commit is None:
-                self._load()  # cleaned from the log meanwhile: this appender was far behind
-                return
-            actions = [json.loads(line) for line in commit.data.splitlines() if line.strip()]
-            if any("metaData" in action or "protocol" in action for action in actions):
-                _log.info("%s: version %d changed the table's metadata or protocol; reading it again", self.path, other)
+        while self._known < version and self._take_in(self._known + 1, exists=True):
+            pass
+
+    def _catch_up(self, taken: int) -> None:
+        """After losing the race for version ``taken``: take in its commit and every one made after it, up to
+        the first version not made yet. Trying each of those instead would lose one race per version to a
+        writer committing as fast as this one reads."""
+        self._read_through(taken)
+        while self._known >= taken and self._take_in(self._known + 1, exists=False):
+            pass
+
+    def _take_in(self, version: int, exists: bool) -> bool:
+        """Read ``version``'s commit (the one after ``self._known``) and take it in; whether that was done, and
+        the next version may be read on. A version that ``exists`` but cannot be read was cleaned from the log
+        meanwhile (this appender was far behind); the table is read again then, as after a change of its metadata."""
+        commit = self._files.read(delta_log_file(version))
+        if commit is None:
+            if exists:
                 self._load()
-                return
-            for action in actions:
-                if "txn" in action:
-                    app_id, app_version = action["txn"]["appId"], action["txn"]["version"]
-                    self._app_versions[app_id] = max(app_version, self._recorded(app_id))
-                elif "remove" in action:
-                    self._removed.add(action["remove"]["path"])
-            self._known = other
+            return False
+        actions = [json.loads(line) for line in commit.data.splitlines() if line.strip()]
+        if any("metaData" in action or "protocol" in action for action in actions):
+            _log.info("%s: version %d changed the table's metadata or protocol; reading it again", self.path, version)
+            self._load()
+            return False
+        for action in actions:
+            if "txn" in action:
+                app_id, app_version = action["txn"]["appId"], action["txn"]["version"]
+                self._app_versions[app_id] = max(app_version, self._recorded(app_id))
+            elif "remove" in action:
+                self._removed.add(action["remove"]["path"])
+        self._known = version
+        return True
 
     def _recorded(self, app_id: str) -> int:
         """The newest version of ``app_id``'s transaction in the log up to ``self._known``."""

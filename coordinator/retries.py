@@ -11,7 +11,9 @@ are ``[storage]`` settings that delta-rs reads too, so its own reads are bounded
 What happened is counted in this process (:func:`storage_request_counts`, which the checker
 serves as ``txcoord_storage_*`` metrics) and logged: each retry with its cause, each request that
 ran out of retries, and each conditional write found already made by this writer, its reply
-having been lost (:func:`note_own_write_recognised`; :mod:`coordinator.storage` tells).
+having been lost (:func:`note_own_write_recognised`; :mod:`coordinator.storage` tells). Delta commits
+refused because another writer made that version first are counted too
+(:func:`note_commit_race_lost`; :mod:`coordinator.appender` tells, and logs them).
 
 Example::
 
@@ -34,8 +36,8 @@ from obstore.exceptions import GenericError, JoinError
 from coordinator.durations import parse_duration
 from coordinator.exceptions import ConfigError, InvalidArgumentError, StorageUnavailableError, WriteOutcomeUnknownError
 
-__all__ = ["RETRY_SETTINGS", "RetryPolicy", "StorageRequestCounts", "note_own_write_recognised", "retrying",
-           "storage_request_counts"]
+__all__ = ["RETRY_SETTINGS", "RetryPolicy", "StorageRequestCounts", "note_commit_race_lost", "note_own_write_recognised",
+           "retrying", "storage_request_counts"]
 
 _log = logging.getLogger("coordinator.storage")
 
@@ -135,15 +137,23 @@ def note_own_write_recognised(operation: str, location: str) -> None:
                  location, operation)
 
 
+def note_commit_race_lost() -> None:
+    """Count a Delta commit refused because another writer had made that version first (a lost race,
+    tried again at the next version; the caller logs it)."""
+    _count(("commit_race_lost", "", ""))
+
+
 @dataclass(frozen=True)
 class StorageRequestCounts:
     """This process's storage requests that did not go straight through, since it started:
     ``retries`` by (operation, cause), ``exhausted`` (ran out of retries) by (operation, cause),
-    ``own_writes_recognised`` by operation."""
+    ``own_writes_recognised`` by operation, and ``commit_races_lost``: Delta commits refused because
+    another writer made that version first."""
 
     retries: dict[tuple[str, str], int]
     exhausted: dict[tuple[str, str], int]
     own_writes_recognised: dict[str, int]
+    commit_races_lost: int = 0
 
 
 def storage_request_counts() -> StorageRequestCounts:
@@ -152,13 +162,15 @@ def storage_request_counts() -> StorageRequestCounts:
     Example::
 
         storage_request_counts().retries  # {("create", "throttled"): 3, ("read", "connection"): 1}
+        storage_request_counts().commit_races_lost  # 12
     """
     with _lock:
         counts = dict(_counts)
     return StorageRequestCounts(
         retries={(op, cause): n for (kind, op, cause), n in counts.items() if kind == "retry"},
         exhausted={(op, cause): n for (kind, op, cause), n in counts.items() if kind == "exhausted"},
-        own_writes_recognised={op: n for (kind, op, _), n in counts.items() if kind == "own_write"})
+        own_writes_recognised={op: n for (kind, op, _), n in counts.items() if kind == "own_write"},
+        commit_races_lost=counts.get(("commit_race_lost", "", ""), 0))
 
 
 _lock = threading.Lock()

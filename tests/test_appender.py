@@ -3,6 +3,7 @@
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
 import threading
 
@@ -12,8 +13,10 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from bench.harness import wait_until
-from coordinator.appender import DeltaAppender, check_writable, file_stats
+from coordinator.appender import CommitBackoff, DeltaAppender, check_writable, file_stats
 from coordinator.exceptions import UnsupportedTableError
+from coordinator.retries import storage_request_counts
+from coordinator.storage import LocalFileStore
 
 UTC = dt.timezone.utc
 SCHEMA = pa.schema([("id", pa.string()), ("n", pa.int64()), ("at", pa.timestamp("us", tz="UTC")),
@@ -246,3 +249,87 @@ def test_of_two_compactions_of_the_same_files_one_commits_and_the_other_backs_of
     delta = DeltaTable(table)
     assert sorted(delta.to_pyarrow_table().column("id").to_pylist()) == ["r0", "r1", "r2", "r3"]
     assert len(delta.file_uris()) == 1 and delta.version() == 5
+
+
+class HighestDraw:
+    """Stands in for ``random.Random``: every uniform draw is its upper bound, and the bounds are kept."""
+
+    def __init__(self):
+        self.bounds = []
+
+    def uniform(self, low, high):
+        self.bounds.append((low, high))
+        return high
+
+
+def test_the_backoff_after_a_lost_race_starts_at_the_round_trip_doubles_and_is_jittered_up_to_its_cap():
+    draws = HighestDraw()
+    backoff = CommitBackoff(draws, max_s=0.5)
+    assert [backoff.delay(lost, round_trip_s=0.03) for lost in (1, 2, 3, 4, 5, 6)] == \
+        [pytest.approx(d) for d in (0.03, 0.06, 0.12, 0.24, 0.48, 0.5)]
+    assert draws.bounds[0] == (pytest.approx(0.015), pytest.approx(0.03))  # between half and all: never at once
+    assert backoff.delay(1, round_trip_s=0.0) == pytest.approx(backoff.min_round_trip_s)  # a local disk's microseconds
+    seeded = CommitBackoff(__import__("random").Random(3))
+    assert all(0.0125 <= seeded.delay(1, 0.025) <= 0.025 for _ in range(200))
+
+
+class SteppingClock:
+    """An appender's clock: each reading is ``step`` seconds after the one before (every request takes that)."""
+
+    def __init__(self, step):
+        self.now, self.step = 100.0, step
+
+    def __call__(self):
+        self.now += self.step
+        return self.now
+
+
+def test_a_lost_race_backs_off_then_reads_the_winners_commits_and_nothing_else_and_is_counted(table, monkeypatch, caplog):
+    """The loser waits a jittered, doubling backoff (never at once), reads each winner's commit once and the
+    first version not made yet, and never _last_checkpoint again; every lost race is counted and logged."""
+    delays, reads, wins_left = [], [], [2]  # what the loser waited and read; commits the winner still makes
+    real_read = LocalFileStore.read
+    with DeltaAppender(table, checkpoints=False) as winner:
+        def read(files, key, *args, **kwargs):
+            found = real_read(files, key, *args, **kwargs)
+            if files is loser._files:
+                reads.append((key, found is not None))
+                if found is None and key.endswith(".json") and wins_left[0]:
+                    wins_left[0] -= 1
+                    winner.append(rows(f"won-{wins_left[0]}"))  # the winner commits again before the loser tries
+            return found
+
+        draws = HighestDraw()
+        loser = DeltaAppender(table, checkpoints=False, backoff=CommitBackoff(draws), clock=SteppingClock(0.025),
+                              sleep=delays.append)
+        assert winner.append(rows("first")) == 1
+        monkeypatch.setattr(LocalFileStore, "read", read)
+        lost_before = storage_request_counts().commit_races_lost
+        with caplog.at_level(logging.DEBUG, logger="coordinator.appender"):
+            version = loser.append(rows("late"))
+        loser.close()
+
+    assert version == 4
+    assert delays == [pytest.approx(d) for d in (0.025, 0.05, 0.1)]
+    commit = "_delta_log/{:020d}.json".format
+    assert reads == [("_delta_log/_last_checkpoint", False),
+                     (commit(1), True), (commit(2), False),   # the race for 1 lost; 2 is made meanwhile
+                     (commit(2), True), (commit(3), False),   # the race for 2 lost; 3 is made meanwhile
+                     (commit(3), True), (commit(4), False)]   # the race for 3 lost; 4 is free
+    assert storage_request_counts().commit_races_lost == lost_before + 3
+    lost = [record for record in caplog.records if "race" in record.getMessage()]
+    assert [record.levelno for record in lost] == [logging.DEBUG, logging.INFO, logging.DEBUG, logging.DEBUG]
+    assert "1 commit race(s) lost" in lost[1].getMessage()  # then summed up at most once a minute
+    assert sorted(DeltaTable(table).to_pyarrow_table().column("id").to_pylist()) == ["first", "late", "won-0", "won-1"]
+
+
+def test_a_prepared_append_is_committed_after_the_commit_in_flight_and_loses_nothing(table):
+    with DeltaAppender(table) as appender:
+        first, second = appender.prepare(rows("a")), appender.prepare(rows("b"))
+        assert DeltaTable(table).version() == 0  # both data files written, nothing committed yet
+        assert [appender.commit(first), appender.commit(second)] == [1, 2]
+        assert appender.prepare(rows("again"), app_transaction=("app", 1)) is not None
+        replay = appender.prepare(rows("replayed"), app_transaction=("app", 1))
+        assert appender.append(rows("c"), app_transaction=("app", 1)) == 3
+        assert appender.commit(replay) is None  # recorded meanwhile: its data file deleted
+    assert sorted(DeltaTable(table).to_pyarrow_table().column("id").to_pylist()) == ["a", "b", "c"]

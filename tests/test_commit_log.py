@@ -24,8 +24,8 @@ def ends(transaction_id, count):
 
 
 class ScriptedWrites:
-    """Wraps the appender's commit: records each commit's row count, holds the first
-    commit until released (so later submits queue up behind it), and fails chosen calls."""
+    """Wraps the appender's first step, the data file's write: records each batch's row count, holds
+    the first write until released (so later submits queue up behind it), and fails chosen calls."""
 
     def __init__(self, real_write):
         self.real_write = real_write
@@ -46,8 +46,8 @@ class ScriptedWrites:
 
 @pytest.fixture
 def writes(monkeypatch):
-    scripted = ScriptedWrites(DeltaAppender.append)
-    monkeypatch.setattr(DeltaAppender, "append", lambda appender, data, **options: scripted(appender, data, **options))
+    scripted = ScriptedWrites(DeltaAppender.prepare)
+    monkeypatch.setattr(DeltaAppender, "prepare", lambda appender, data, **options: scripted(appender, data, **options))
     return scripted
 
 
@@ -179,3 +179,41 @@ def test_sends_arriving_within_the_commit_interval_share_the_next_commit(lakehou
         clock.wake.set()
         assert [early.result(timeout=60)] + [f.result(timeout=60) for f in late] == [2, 2, 2, 2]
     assert clock.sleeps == [pytest.approx(0.3)]  # the second commit waited out the whole interval
+
+
+def test_the_next_batchs_data_file_is_written_while_a_commit_is_in_flight_and_no_further(lakehouse, monkeypatch):
+    """Two batches in flight: the one committing and the next, whose data file is written meanwhile; a third
+    waits until the first is committed. Commits keep the order the batches were taken in."""
+    events, prepared = [], {name: threading.Event() for name in "abc"}
+    committing, release = threading.Event(), threading.Event()
+    real_prepare, real_commit = DeltaAppender.prepare, DeltaAppender.commit
+
+    def prepare(appender, data, **options):
+        result = real_prepare(appender, data, **options)
+        name = data.column("transaction_id")[0].as_py()
+        events.append(f"prepared {name}")
+        prepared[name].set()
+        return result
+
+    def commit(appender, ready):
+        if not committing.is_set():
+            committing.set()
+            release.wait(60)
+        version = real_commit(appender, ready)
+        events.append(f"committed {version}")
+        return version
+
+    monkeypatch.setattr(DeltaAppender, "prepare", prepare)
+    monkeypatch.setattr(DeltaAppender, "commit", commit)
+    with CommitLogWriter(lakehouse, "order_group") as writer:
+        a = writer.submit(ends("a", 1))
+        assert committing.wait(60)
+        b = writer.submit(ends("b", 1))
+        assert prepared["b"].wait(60), "the next batch's data file waited for the commit in flight"
+        c = writer.submit(ends("c", 1))
+        assert not prepared["c"].wait(0.5), "a third batch was taken while two were in flight"
+        release.set()
+        assert [a.result(timeout=60), b.result(timeout=60), c.result(timeout=60)] == [1, 2, 3]
+    assert events == ["prepared a", "prepared b", "committed 1", "prepared c", "committed 2", "committed 3"] or \
+        events == ["prepared a", "prepared b", "committed 1", "committed 2", "prepared c", "committed 3"]
+    assert sorted(versions_by_transaction(lakehouse).items()) == [("a", {1}), ("b", {2}), ("c", {3})]

@@ -11,8 +11,8 @@ import stamina
 from obstore.exceptions import GenericError, PreconditionError
 
 from coordinator.exceptions import ConfigError, StorageUnavailableError, WriteOutcomeUnknownError
-from coordinator.retries import (DEFAULT_MAX_RETRIES, DEFAULT_RETRY_TIMEOUT_S, RetryPolicy, retrying,
-                                 storage_request_counts)
+from coordinator.retries import (DEFAULT_MAX_RETRIES, DEFAULT_RETRY_TIMEOUT_S, RetryPolicy, note_commit_race_lost,
+                                 retrying, storage_request_counts)
 
 LOCATION = "s3://lakehouse/lh/system/_checker_lease.json"
 
@@ -129,13 +129,16 @@ def test_the_checkers_metrics_serve_the_counts_of_this_process(no_backoff):
 
     retried = 'txcoord_storage_retries_total{cause="throttled",operation="put"}'
     failed = 'txcoord_storage_requests_failed_total{cause="server_error",operation="put"}'
+    races = "txcoord_storage_commit_races_lost_total"
     exporter = CheckerExporter()
     before = generate_latest(exporter.registry).decode()
     retrying(RetryPolicy(3, 60), "put", LOCATION, Failing(SLOW_DOWN, SLOW_DOWN))
     with pytest.raises(StorageUnavailableError):
         retrying(RetryPolicy(0, 60), "put", LOCATION, Failing(INTERNAL))
+    note_commit_race_lost()
     after = generate_latest(exporter.registry).decode()
 
     assert sample(after, retried) == sample(before, retried) + 2
     assert sample(after, failed) == sample(before, failed) + 1
+    assert sample(after, races) == sample(before, races) + 1
     assert "# TYPE txcoord_storage_own_writes_recognised_total counter" in after

@@ -43,6 +43,9 @@ _COLUMNS = frozenset(COMMIT_LOG.column_names)
 _CLOSE = object()
 #: The default shortest time between two commits of one writer (``CoordinatorConfig.commit_interval_ms``).
 DEFAULT_COMMIT_INTERVAL_MS = 10
+#: Batches of one writer between being taken and committed: the one committing, and the next one, whose
+#: data file is written meanwhile. More would make more, smaller commits for no more throughput.
+BATCHES_IN_FLIGHT = 2
 
 
 def half_records(group: str, transaction_id: str, messages: Sequence[Message]) -> list[dict]:
@@ -133,9 +136,12 @@ class CommitLogWriter:
 
     One background thread takes everything waiting (up to ``max_batch_rows`` and
     bodies of :data:`~coordinator.validation.MAX_COMMIT_BODY_BYTES` in all, never
-    splitting a submit) and writes it as one commit, then resolves the
-    submitters' futures. The records of one :meth:`submit` always land in the
-    same commit. A commit starts at least ``commit_interval_ms`` after the one
+    splitting a submit) and writes it as one data file; a second one commits those
+    files in the order they were taken, then resolves the submitters' futures. So the
+    next batch's data file is written while a commit is in flight (at most one batch
+    waits behind the commit in flight: on object storage a version costs two requests
+    in sequence, and the log takes one every request's round trip). The records of one
+    :meth:`submit` always land in the same commit. A commit starts at least ``commit_interval_ms`` after the one
     before (as Kafka's ``linger.ms``): under load commits take longer than
     that anyway, and a lightly loaded producer makes few, larger commits instead
     of one per send, which every reader of the log (the checker first) pays for. Several processes may append to the same table at once: an
@@ -171,8 +177,12 @@ class CommitLogWriter:
         self._lock = threading.Lock()
         self._closed = False
         self._appender = DeltaAppender(self.path, storage=lakehouse.storage)
+        self._in_flight = threading.Semaphore(BATCHES_IN_FLIGHT)
+        self._prepared: queue.SimpleQueue = queue.SimpleQueue()  # (PreparedAppend, futures), in commit order
         self._thread = threading.Thread(target=self._run, name="commit-log-writer", daemon=True)
+        self._committer = threading.Thread(target=self._commit_prepared, name="commit-log-committer", daemon=True)
         self._thread.start()
+        self._committer.start()
 
     def submit(self, records: Sequence[dict]) -> Future:
         """Queue ``records`` for the next commit; the future resolves to the commit's table version.
@@ -214,6 +224,7 @@ class CommitLogWriter:
                 self._closed = True
                 self._queue.put(_CLOSE)
         self._thread.join()
+        self._committer.join()
         self._appender.close()
 
     def __enter__(self) -> "CommitLogWriter":
@@ -225,9 +236,11 @@ class CommitLogWriter:
     def _run(self) -> None:
         carried = None
         while True:
+            self._in_flight.acquire()  # released once this batch is committed (or given up)
             item = carried if carried is not None else self._queue.get()
             carried = None
             if item is _CLOSE:
+                self._prepared.put(_CLOSE)
                 return
             time.sleep(max(0.0, self._next_commit_at - time.monotonic()))
             batch = [item[:2]]
@@ -243,13 +256,16 @@ class CommitLogWriter:
                 batch.append(item[:2])
                 rows, size = rows + len(item[0]), size + item[2]
             self._next_commit_at = time.monotonic() + self.commit_interval_s
-            self._commit(batch)
+            if not self._prepare(batch):
+                self._in_flight.release()
 
-    def _commit(self, batch: list[tuple[list[tuple], Future]]) -> None:
+    def _prepare(self, batch: list[tuple[list[tuple], Future]]) -> bool:
+        """Write ``batch``'s data file and queue its commit; whether anything was queued (a batch whose
+        submits were all cancelled or refused, or whose file failed, has its futures resolved here)."""
         # A submit whose future was cancelled while it waited is not written.
         batch = [(records, future) for records, future in batch if future.set_running_or_notify_cancel()]
         if not batch:
-            return
+            return False
         # Converted here, all at once: one conversion per submit, in each sender's thread, cost
         # more than the commit itself under many senders. A record that does not convert fails
         # its own submit only.
@@ -258,17 +274,28 @@ class CommitLogWriter:
         except (TypeError, ValueError, pa.ArrowException):
             data, batch = self._convert_each(batch)
             if not batch:
-                return
+                return False
         futures = [future for _, future in batch]
         try:
-            version = self._appender.append(data)
+            prepared = self._appender.prepare(data)
         except Exception as error:
-            _log.error("commit-log append failed for %d submits: %s", len(batch), error)
-            for future in futures:
-                future.set_exception(error)
-            return
-        for future in futures:
-            future.set_result(version)
+            _fail(futures, error)
+            return False
+        self._prepared.put((prepared, futures))
+        return True
+
+    def _commit_prepared(self) -> None:
+        while (item := self._prepared.get()) is not _CLOSE:
+            prepared, futures = item
+            try:
+                version = self._appender.commit(prepared)
+            except Exception as error:
+                _fail(futures, error)
+            else:
+                for future in futures:
+                    future.set_result(version)
+            finally:
+                self._in_flight.release()
 
     @staticmethod
     def _convert_each(batch: list[tuple[list[tuple], Future]]) -> tuple[Optional[pa.Table], list[tuple[list[tuple], Future]]]:
@@ -280,3 +307,9 @@ class CommitLogWriter:
             except (TypeError, ValueError, pa.ArrowException) as error:
                 future.set_exception(error)
         return (pa.concat_tables(converted).combine_chunks() if converted else None), kept
+
+
+def _fail(futures: list[Future], error: Exception) -> None:
+    _log.error("commit-log append failed for %d submits: %s", len(futures), error)
+    for future in futures:
+        future.set_exception(error)
