@@ -75,7 +75,8 @@ figures (``without_poison``, ``with_poison``), the poisons written and refused, 
 commit→visible p99s (issue 44: at most 1.25).
 
 Prints a table and writes ``bench/results/e2e.json`` (``bench/results/e2e-s3.json`` with
-``--object-store``, ``e2e-s3-<N>ms.json`` with ``--storage-latency-ms N``; ``--results`` to change).
+``--object-store``, ``e2e-s3-<N>ms.json`` with ``--storage-latency-ms N``; with ``--poison``, ``e2e-poison.json``,
+``e2e-poison-s3.json``, ``e2e-poison-s3-<N>ms.json``; ``--results`` to change).
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ DELIVERED_SAMPLE = "txcoord_messages_delivered_total"
 #: ``--poison``: the poisoning tenant's group, and how often it writes every poison again while the producer sends.
 POISON_GROUP = "bench_poison"
 POISON_EVERY_S = 3.0
+#: ``--poison --storage-latency-ms N``: the poisoning tenant's party, a proxy of its own at the same latency.
+POISONER = "poisoner"
 
 
 def offered_rate(places: producer_benchmark.Places, requested: float,
@@ -161,14 +164,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--idle-seconds", type=float, default=30,
                         help="with --storage-latency-ms: count the idle checker's requests this long before sending")
     parser.add_argument("--results", default=None,
-                        help="default: bench/results/e2e.json (e2e-s3.json, e2e-s3-<N>ms.json)")
+                        help="default: bench/results/e2e.json (e2e-s3.json, e2e-s3-<N>ms.json; with --poison, "
+                             "e2e-poison.json and so on)")
     args = harness.parse_args(parser, argv, "e2e", TINY)
+    name = "e2e-poison" if args.poison else "e2e"
     args.results = args.results or str(harness.RESULTS / (
-        f"e2e-s3-{args.storage_latency_ms:g}ms.json" if args.storage_latency_ms
-        else "e2e-s3.json" if args.object_store else "e2e.json"))
+        f"{name}-s3-{args.storage_latency_ms:g}ms.json" if args.storage_latency_ms
+        else f"{name}-s3.json" if args.object_store else f"{name}.json"))
     report = harness.start_report("e2e", vars(args))
     # With --object-store or a latency, one S3 server for the whole run.
-    places = producer_benchmark.Places(args.object_store, args.storage_latency_ms, parties=("producer", "checker"))
+    places = producer_benchmark.Places(args.object_store, args.storage_latency_ms,
+                                       parties=("producer", "checker") + ((POISONER,) if args.poison else ()))
     if places.store is not None:
         report["storage"] = places.store.settings()
     try:
@@ -218,6 +224,7 @@ class _PoisoningTenant(threading.Thread):
     :data:`POISON_EVERY_S` seconds, until stopped; what it wrote, by log and version."""
 
     def __init__(self, lakehouse: Lakehouse) -> None:
+        """``lakehouse`` as the tenant reaches it: behind a latency, through its own proxy."""
         super().__init__(name="poisoning-tenant", daemon=True)
         from bench.harness.poisons import PoisonedLog
 
@@ -280,9 +287,13 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         config = CoordinatorConfig(lakehouse=lakehouse.root,
                                    storage=lakehouse.storage if store is None else store.storage("producer"))
         if poison:
-            tenant = _PoisoningTenant(lakehouse)
-            tenant.start()
+            # Behind a latency the tenant writes as a producer does: through a proxy at the same latency, with the
+            # producers' credentials (the harness has no account per group), its requests counted apart.
+            tenant = _PoisoningTenant(lakehouse if store is None else Lakehouse(lakehouse.root, store.storage(POISONER)))
         counted_from = None if store is None else {party: store.counts(party) for party in store.parties}
+        counted_from_wall = time.time()
+        if tenant is not None:
+            tenant.start()
         sending_from_wall = time.time()
         with TransactionProducer("bench-e2e", harness.Commits(), config) as producer:
             sender = harness.SteadySender(producer, TOPIC, rate, args.seconds, args.threads)
@@ -292,6 +303,8 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
             producer_spent = store.requests_since("producer", counted_from["producer"])
         if tenant is not None:
             tenant.stop()
+            if store is not None:
+                poisoner_spent = store.requests_since(POISONER, counted_from[POISONER])
         wanted = {tid for tid, _, _ in sender.sent}
         print(f"  sent {len(wanted)} of {sender.total} in {send_seconds:.1f} s ({len(wanted) / send_seconds:.1f} txn/s "
               f"achieved, {sender.errors} errors, {sender.unsent} unsent); waiting for delivery...", flush=True)
@@ -299,6 +312,7 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         drained_after = round(time.monotonic() - t0 - send_seconds, 1)
         if store is not None:
             checker_spent = store.requests_since("checker", counted_from["checker"])
+            counted_until_wall = time.time()
         if args.observed:
             observed = stop_observers(scraper, browser, console, sum(d.rows for d in delivered.values()),
                                       settle_s=max(10.0, 20 * args.trigger_ms / 1000),
@@ -314,6 +328,9 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         finally:
             console_exit_code = None if console is None else console.stop()
     missing = len(wanted - delivered.keys())
+    # Once the checker has stopped, every row of the topic against what was sent: each honest message once.
+    final = harness.deliveries(lakehouse, TOPIC)
+    once = harness.tally_deliveries(wanted, [tid for tid, found in final.items() for _ in range(found.rows)])
 
     latencies = sorted(delivered[tid].timestamp_s - returned for tid, returned, _ in sender.sent if tid in delivered)
     by_mtime = sorted(delivered[tid].log_mtime - returned for tid, returned, _ in sender.sent if tid in delivered)
@@ -350,6 +367,8 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         "kept_up": keeping_up,
         "checker_exit_code": exit_code,
         "observed": args.observed,
+        "exactly_once": once.exactly_once,
+        "deliveries": once.counts(),
         "poisons_written": None if tenant is None else len(tenant.written),
         "poisons_refused": None if tenant is None else tenant.refused(lakehouse),
         **triggers_while_sending(lakehouse, sending_from_wall, sending_from_wall + send_seconds),
@@ -358,6 +377,10 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         figures["producer_requests"] = harness.request_cost(producer_spent, len(sends))
         figures["checker_requests"] = harness.request_cost(checker_spent, len(wanted) - missing)
         figures["checker_idle"] = report.pop("checker_idle")
+        figures["checker_requests_per_trigger"] = requests_per_trigger(lakehouse, checker_spent, counted_from_wall,
+                                                                       counted_until_wall)
+        if tenant is not None:
+            figures["poisoner_requests"] = poisoner_spent
     if args.observed:
         figures.update(observed, console_exit_code=console_exit_code)
     print(f"\n{'offered':>8} {'achieved':>9} {'sent':>7} {'unsent':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'lag max':>8} "
@@ -367,7 +390,7 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
           f"{f['e2e_p99_ms']!s:>8} {f['e2e_max_ms']!s:>8} {f['lag_max_versions']!s:>8} {f['lag_second_quarter_max']!s:>7} "
           f"{f['lag_last_quarter_max']!s:>7} {str(f['kept_up']):>8}")
     print(f"send p50 {f['send_p50_ms']} ms, p99 {f['send_p99_ms']} ms; {missing} not delivered after the drain; "
-          f"checker exit code {exit_code}")
+          f"checker exit code {exit_code}; every message once: {once.exactly_once} {once.counts()}")
     if args.observed:
         print(f"observed: /metrics scraped {f['metrics_scrapes']} times ({f['metrics_scrape_failures']} failed, "
               f"{f['metrics_scrape_retries']} tries again; by quarter of the sending {f['metrics_scrapes_by_quarter']}), "
@@ -393,6 +416,12 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
                 print(f"  {party}: {cost['requests']['total']} for {cost['transactions']} transactions, "
                       f"{cost['per_million_transactions']['total']:.0f} per million, "
                       f"${cost['usd_per_million_transactions']} per million transactions")
+        per_trigger = f["checker_requests_per_trigger"]
+        print(f"  checker per trigger: {(per_trigger['requests_per_trigger'] or {}).get('total')} requests over "
+              f"{per_trigger['triggers']} triggers ({per_trigger['triggers_with_records']} with records), "
+              f"trigger p50 {per_trigger['trigger_ms_p50']} ms")
+        if tenant is not None:
+            print(f"  poisoner: {f['poisoner_requests']['total']} requests")
         idle = f["checker_idle"]
         print(f"  idle checker: {idle['requests_per_s']} requests/s over {idle['seconds']} s, "
               f"{idle['per_day']['total']} a day, ${idle['usd_per_day']} a day")
@@ -428,6 +457,20 @@ def triggers_while_sending(lakehouse: Lakehouse, since: float, until: float) -> 
             "trigger_ms_p99": harness.percentile([b["duration_ms"] for b in busy], 0.99),
             "versions_per_trigger_p50": harness.percentile([versions[b["batch_id"]] for b in busy
                                                              if b["batch_id"] in versions], 0.5)}
+
+
+def requests_per_trigger(lakehouse: Lakehouse, requests: dict, since: float, until: float) -> dict:
+    """The checker's ``requests`` (by kind, :func:`harness.requests_between`), counted from ``since`` to ``until``
+    (``time.time()``), over the triggers ``system/metrics`` records as started between them: how many, with
+    records or not, their time (``duration_ms``) at p50 and p99, the rows refused into ``system/rejected``, and
+    the requests per trigger by kind."""
+    batches = [b for b in harness.recorded_batches(lakehouse, since) if b["started_at"] < until]
+    durations = [b["duration_ms"] for b in batches]
+    return {"triggers": len(batches), "triggers_with_records": sum(1 for b in batches if b["records"]),
+            "trigger_ms_p50": harness.percentile(durations, 0.5), "trigger_ms_p99": harness.percentile(durations, 0.99),
+            "rejected": sum(b["rejected"] or 0 for b in batches),
+            "requests_per_trigger": {kind: round(count / len(batches), 1) for kind, count in requests.items()}
+            if batches else None}
 
 
 def kept_up(missing: int, lag_second_quarter_max: int | None, lag_last_quarter_max: int | None) -> bool:

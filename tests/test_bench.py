@@ -193,6 +193,30 @@ def test_producer_tiny_run_behind_a_storage_latency_counts_and_prices_the_produc
         assert 0 < run["fewest_txns_of_a_process"] <= run["transactions"] / run["processes"]
 
 
+def test_poisoning_tenant_behind_a_storage_latency_writes_through_a_proxy_of_its_own(tmp_path):
+    """``bench/e2e.py --poison --storage-latency-ms N``'s tenant, without the checker job (whose two starts behind a
+    latency take minutes): one round of every poison, each at the log's next version, through the tenant's own proxy
+    at the run's latency, and none through the checker's."""
+    require_s3_server()
+    from bench.harness.poisons import POISONS
+    from coordinator.lakehouse import Lakehouse
+
+    with harness.LatencyStore(5, str(tmp_path), ("checker", e2e.POISONER)) as store:
+        lakehouse = store.new_lakehouse()
+        tenant = e2e._PoisoningTenant(Lakehouse(lakehouse.root, store.storage(e2e.POISONER)))
+        before = {party: store.counts(party) for party in store.parties}
+        tenant.start()
+        tenant.stop()  # at the end of its first round
+        spent = {party: store.requests_since(party, before[party]) for party in store.parties}
+
+    versions = [version for _, version, _ in tenant.written]
+    assert [what for what, _, _ in tenant.written] == list(POISONS)
+    assert versions == list(range(versions[0], versions[0] + len(POISONS)))
+    # A commit each, some with a data file; a look for the next version each, from the one before.
+    assert spent[e2e.POISONER]["PUT"] >= len(POISONS) and spent[e2e.POISONER]["HEAD"] <= 2 * len(POISONS)
+    assert spent["checker"]["total"] == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # In process, in this worker's shared Spark session
 

@@ -40,12 +40,14 @@ class PoisonedLog:
         self.key = f"{lakehouse.group_dir(group)}/commit_log"
         create_table(COMMIT_LOG, lakehouse.key_path(self.key), lakehouse.storage)
         self.files = lakehouse.files
+        self._known = 0  # versions the log has at least: the search for the next one starts there, as a writer's does
 
     def commit(self, data: bytes) -> int:
         """``data`` as the log's next version (the next free one: created only if absent); that version."""
-        version = versions_written(self.files, self.key)
+        version = versions_written(self.files, self.key, known=self._known)
         while self.files.create(f"{self.key}/{delta_log_file(version)}", data) is None:
             version += 1
+        self._known = version + 1
         return version
 
     def add(self, path: str) -> int:
