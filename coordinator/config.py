@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -22,6 +23,8 @@ ENV_PREFIX = "TXCOORD_"
 EXIT_USAGE = 2
 #: The values of ``rebuild_in_spark``.
 REBUILD_CHOICES = ("auto", "always", "never")
+#: The integer settings that may be below 1 (each one's least value); every other is at least 1.
+_LEAST = {"maintenance_interval_ms": 0}
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,14 @@ class CoordinatorConfig:
     #: Where a checker rebuilding its pending set runs the ``half ⋈̸ op`` anti-join: ``auto`` (Spark on a
     #: cluster for a large unresolved range, else the driver), ``always`` (Spark) or ``never`` (the driver).
     rebuild_in_spark: str = "auto"
+    #: The checker job maintains every table (:mod:`coordinator.jobs.maintenance`, ``txcoord maintain``'s work)
+    #: this long after the end of its last run, while it holds the lease; 0: never (run ``txcoord maintain``).
+    maintenance_interval_ms: int = 300000
+    #: That maintenance's vacuum retention (``txcoord maintain --retention-hours``): at least 1.
+    maintenance_retention_hours: int = 168
+    #: That maintenance's log retention (``txcoord maintain --log-retention-hours``, fractions allowed); None,
+    #: the default: each table keeps its own (Delta's default: 30 days).
+    maintenance_log_retention_hours: Optional[float] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.lakehouse, str) or not self.lakehouse.strip():
@@ -84,14 +95,18 @@ class CoordinatorConfig:
             raise ConfigError(f"metrics_host must be a host name or address, got {self.metrics_host!r}")
         if self.rebuild_in_spark not in REBUILD_CHOICES:
             raise ConfigError(f"rebuild_in_spark must be one of {', '.join(REBUILD_CHOICES)}, got {self.rebuild_in_spark!r}")
+        hours = self.maintenance_log_retention_hours
+        if hours is not None and (isinstance(hours, bool) or not isinstance(hours, (int, float))
+                                  or not (math.isfinite(hours) and hours > 0)):
+            raise ConfigError(f"maintenance_log_retention_hours must be a positive number of hours, got {hours!r}")
         for f in dataclasses.fields(self):
             if f.type != "int":
                 continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"{f.name} must be an integer, got {value!r}")
-            if value < 1:
-                raise ConfigError(f"{f.name} must be at least 1, got {value}")
+            if value < _LEAST.get(f.name, 1):
+                raise ConfigError(f"{f.name} must be at least {_LEAST.get(f.name, 1)}, got {value}")
 
     @classmethod
     def load(cls, path: Optional[os.PathLike | str] = None, environ: Optional[Mapping[str, str]] = None) -> "CoordinatorConfig":
@@ -122,7 +137,7 @@ class CoordinatorConfig:
             raise ConfigError(f"{file}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(known)}")
         for name, f in known.items():
             variable = ENV_PREFIX + name.upper()
-            if variable in environ and f.type in ("int", "str", "Optional[int]"):  # [storage]: AWS_* instead
+            if variable in environ and f.type in ("int", "str", "Optional[int]", "Optional[float]"):  # [storage]: AWS_* instead
                 values[name] = _parse_env(variable, environ[variable], f.type.removeprefix("Optional[").rstrip("]"))
         return cls(**values)
 
@@ -148,6 +163,6 @@ def _parse_env(variable: str, raw: str, kind: str) -> Any:
     if kind == "str":
         return raw
     try:
-        return int(raw.strip())
+        return float(raw.strip()) if kind == "float" else int(raw.strip())
     except ValueError:
-        raise ConfigError(f"{variable} must be an integer, got {raw!r}") from None
+        raise ConfigError(f"{variable} must be {'a number' if kind == 'float' else 'an integer'}, got {raw!r}") from None

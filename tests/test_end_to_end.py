@@ -293,11 +293,12 @@ def test_no_process_of_the_checker_outlives_its_exit(tmp_path, launch, ending):
     """The checker job, launched as ``python jobs/checker.py`` (it starts the JVM, as ``txcoord checker`` does)
     or under ``spark-submit`` (the JVM starts it), ends on SIGTERM (exit 0), on a batch that fails because its
     lease was taken over (exit 1), or at start-up on a metrics port already in use (exit 1). Every process it
-    started, directly or not (the JVM, Spark's Python workers, the source's runner, the read-ahead worker and
-    multiprocessing's resource tracker), seen while it ran, has ended by the time it has exited."""
+    started, directly or not (the JVM, Spark's Python workers, the source's runner, the read-ahead worker,
+    multiprocessing's resource tracker and the scheduled maintenance's process, here maintaining without a
+    pause), seen while it ran, has ended by the time it has exited."""
     lakehouse = tmp_path / "lakehouse"
     conf = tmp_path / "coordinator.toml"
-    settings = f'lakehouse = "{lakehouse}"\ntrigger_interval_ms = 200\n'
+    settings = f'lakehouse = "{lakehouse}"\ntrigger_interval_ms = 200\nmaintenance_interval_ms = 1\n'
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
@@ -323,10 +324,11 @@ def test_no_process_of_the_checker_outlives_its_exit(tmp_path, launch, ending):
 
     try:
         if ending != "a failed start":
-            # Up to its first batch with the helpers of a running checker seen: its query's source runner and
-            # its read-ahead worker.
+            # Up to its first batch with the helpers of a running checker seen: its query's source runner, its
+            # read-ahead worker and its maintenance.
             checker.wait_for(lambda: collected(lambda: seen_running("python_streaming_source_runner")
                                                and seen_running("multiprocessing.spawn")
+                                               and seen_running("coordinator.jobs.maintenance")
                                                and first_batch_after(lakehouse, checker.started_wall)),
                              "its first batch", 300, poll_s=0.1)
             if ending == "SIGTERM":

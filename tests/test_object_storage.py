@@ -27,7 +27,7 @@ from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, HALF, OP
 from bench.harness import end_record, half_record
-from tests.conftest import DEMO_ORDERS, Clock, append_rows, without_txcoord_settings
+from tests.conftest import DEMO_ORDERS, Clock, SteadyProducer, append_rows, without_txcoord_settings
 from tests.test_notebooks import PLOTS, run_notebook
 
 
@@ -260,30 +260,13 @@ def test_maintenance_beside_writers_on_object_storage_loses_and_duplicates_nothi
     conditional PUT as the producers' appender, so the two never overwrite each other's commits."""
     from coordinator.ops.maintenance import maintain
 
-    stop = threading.Event()
-    sent: list[str] = []
-
-    def produce():
-        with CommitLogWriter(s3_lakehouse, "g", commit_interval_ms=0) as writer:
-            while not stop.is_set():
-                transaction_id = f"t{len(sent)}"
-                writer.submit([half_record(transaction_id)]).result()
-                sent.append(transaction_id)
-                time.sleep(0.05)  # a steady producer: a compaction can win its commit between two of them
-
-    producer = threading.Thread(target=produce)
-    producer.start()
-    try:
-        while len(sent) < 20:
-            time.sleep(0.05)
+    with SteadyProducer(s3_lakehouse) as producer:
+        producer.wait_for(20)
         runs = [maintain(s3_lakehouse, tables=[CommitLogRef.of_group("g").key], retention_hours=1) for _ in range(3)]
-    finally:
-        stop.set()
-        producer.join()
     compacted = sum(result.files_compacted for [result] in runs)
     assert compacted >= 20, runs  # at least one compaction committed between the producer's commits
     log = read_table(s3_lakehouse.commit_log("g"), ["transaction_id"], storage=s3_lakehouse.storage)
-    assert sorted(log.column(0).to_pylist()) == sorted(sent)  # every send once: none lost, none doubled
+    assert sorted(log.column(0).to_pylist()) == sorted(producer.sent)  # every send once: none lost, none doubled
 
 
 @pytest.mark.slow

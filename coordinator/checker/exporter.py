@@ -93,6 +93,17 @@ class CheckerExporter:
                                         "transaction with no outcome has waited since its half was stored (0: none)",
                                         registry=registry)
         self.oldest_pending_age.set_function(self._oldest_pending_age)
+        self.maintenance_tables = Counter("txcoord_maintenance_tables", "Tables the checker's scheduled maintenance "
+                                          "went over, by outcome: maintained, failed (reported, the others maintained)",
+                                          ["outcome"], registry=registry)
+        for outcome in ("maintained", "failed"):
+            self.maintenance_tables.labels(outcome)
+        self.maintenance_failed = Gauge("txcoord_maintenance_failed_tables", "Tables the last scheduled maintenance "
+                                        "run could not maintain (0: none)", registry=registry)
+        self.maintenance_last_run = Gauge("txcoord_maintenance_last_run_timestamp_seconds", "When the last scheduled "
+                                          "maintenance run ended (Unix time; 0: none yet)", registry=registry)
+        self.maintenance_seconds = Gauge("txcoord_maintenance_last_run_duration_seconds", "How long the last "
+                                         "scheduled maintenance run took", registry=registry)
         self.registry.register(_StorageRequestsCollector())
         self._server = None
 
@@ -128,6 +139,15 @@ class CheckerExporter:
         self._withheld_topics = set(summary.withheld_by_topic)
         stored = summary.oldest_pending_stored_us
         self._oldest_pending_stored_s = None if stored is None else stored / 1_000_000
+
+    def maintenance_done(self, maintained: int, failed: int, seconds: float) -> None:
+        """Count one scheduled maintenance run (:mod:`coordinator.jobs.maintenance`): the tables it maintained,
+        those it could not, and how long it took."""
+        self.maintenance_tables.labels("maintained").inc(maintained)
+        self.maintenance_tables.labels("failed").inc(failed)
+        self.maintenance_failed.set(failed)
+        self.maintenance_seconds.set(seconds)
+        self.maintenance_last_run.set(time.time())
 
     def _oldest_pending_age(self) -> float:
         stored = self._oldest_pending_stored_s  # as of the last batch; the age as of this scrape

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, prog: str) -> int:
 
     use_system_allocator()
 
-    checker = None
+    checker = maintenance = None
     try:
         checker = CheckerQuery(job.spark, job.config)
         try:
@@ -82,6 +82,7 @@ def run(args: argparse.Namespace, prog: str) -> int:
             if isinstance(error, CheckpointMismatchError):
                 return EXIT_CHECKPOINT_MISMATCH
             return 0 if job.stop_requested.is_set() else EXIT_ALREADY_RUNNING
+        maintenance = _scheduled_maintenance(job.config, checker)
         while not job.stop_requested.is_set():
             try:
                 if checker.await_termination(1):
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace, prog: str) -> int:
             except StreamingQueryException:
                 if not job.stop_requested.wait(STOP_SIGNAL_RACE_S):
                     raise
+        maintenance.close()  # before the lease goes
         checker.stop()
         failure = checker.failure()
         if failure is not None:
@@ -101,11 +103,24 @@ def run(args: argparse.Namespace, prog: str) -> int:
                   f"runs again at the next start: {' '.join(str(failure).split())[:300]}", file=sys.stderr, flush=True)
     finally:
         # Whatever the exit (a stop, a failed batch, a failed start): no process of the checker's outlives it.
-        # Its own worker first, then Spark (which ends the Python workers the JVM started), then the JVM.
+        # Its own workers first, then Spark (which ends the Python workers the JVM started), then the JVM.
+        if maintenance is not None:
+            maintenance.close()
         if checker is not None:
             checker.read_ahead.close()
         job.close()
     return 0
+
+
+def _scheduled_maintenance(config: CoordinatorConfig, checker):
+    """Maintenance of every table on the schedule ``config`` sets, while ``checker`` holds the lease, counted in
+    its metrics (:mod:`coordinator.jobs.maintenance`); started."""
+    from coordinator.jobs.maintenance import ScheduledMaintenance, holds
+
+    def counted(run) -> None:
+        checker.exporter.maintenance_done(run.maintained, len(run.failed), run.seconds)
+
+    return ScheduledMaintenance(config, holding=lambda: holds(checker.lease), on_run=counted).start()
 
 
 def _refuse_if_held(args: argparse.Namespace, config: CoordinatorConfig) -> None:
