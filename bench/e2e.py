@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--storage-latency-ms", type=float, default=0, help=harness.LATENCY_HELP)
     parser.add_argument("--idle-seconds", type=float, default=30,
                         help="with --storage-latency-ms: count the idle checker's requests this long before sending")
+    parser.add_argument("--request-log", default=None, metavar="DIR",
+                        help="with --storage-latency-ms: each proxy logs every request to DIR/<party>-requests.jsonl "
+                             "(the report then holds the idle and sending windows: python -m bench.trigger_requests)")
     parser.add_argument("--results", default=None,
                         help="default: bench/results/e2e.json (e2e-s3.json, e2e-s3-<N>ms.json; with --poison, "
                              "e2e-poison.json and so on)")
@@ -173,8 +176,11 @@ def main(argv: list[str] | None = None) -> dict:
         else f"{name}-s3.json" if args.object_store else f"{name}.json"))
     report = harness.start_report("e2e", vars(args))
     # With --object-store or a latency, one S3 server for the whole run.
+    if args.request_log:
+        os.makedirs(args.request_log, exist_ok=True)
     places = producer_benchmark.Places(args.object_store, args.storage_latency_ms,
-                                       parties=("producer", "checker") + ((POISONER,) if args.poison else ()))
+                                       parties=("producer", "checker") + ((POISONER,) if args.poison else ()),
+                                       request_logs=args.request_log)
     if places.store is not None:
         report["storage"] = places.store.settings()
     try:
@@ -278,7 +284,9 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         if args.observed:
             scraper, browser = start_observers(checker, console)
         if store is not None:
+            idle_from_wall = time.time()
             report["checker_idle"] = idle_requests(store, args.idle_seconds)
+            report["windows_wall"] = {"idle": [idle_from_wall, time.time()]}
         print(f"  first batch after {report['checker_start_s']} s; offering {rate:g} txn/s for {args.seconds:g} s "
               f"from {args.threads} threads", flush=True)
         t0 = time.monotonic()
@@ -299,6 +307,8 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
             sender = harness.SteadySender(producer, TOPIC, rate, args.seconds, args.threads)
             sending_from = time.monotonic()
             send_seconds = sender.run()
+        if store is not None:
+            report["windows_wall"]["sending"] = [sending_from_wall, sending_from_wall + send_seconds]
         if store is not None:
             producer_spent = store.requests_since("producer", counted_from["producer"])
         if tenant is not None:

@@ -87,13 +87,14 @@ class Places:
 
     BUCKET = "bench"
 
-    def __init__(self, object_store: bool, latency_ms: float = 0, parties: tuple[str, ...] = ("producer",)):
+    def __init__(self, object_store: bool, latency_ms: float = 0, parties: tuple[str, ...] = ("producer",),
+                 request_logs: Optional[str] = None):
         self._stack = contextlib.ExitStack()
         self.storage: dict[str, str] = {}
         self.store: Optional[harness.LatencyStore] = None
         if latency_ms:
             self.store = self._stack.enter_context(harness.LatencyStore(
-                latency_ms, self._stack.enter_context(tempfile.TemporaryDirectory()), parties))
+                latency_ms, self._stack.enter_context(tempfile.TemporaryDirectory()), parties, request_logs))
         elif object_store:
             from scripts.s3_server import S3Server
 

@@ -27,7 +27,10 @@ Apart from the faults, ``latency_s`` (``--latency-ms``) holds every request that
 is forwarded: an object store's round trip (S3 answers a small PUT in tens of milliseconds), where
 the loopback server answers in well under one. Every request is counted by HTTP method and by
 :func:`request_kind` (a listing is a GET of its own kind, a copy a PUT of its own), as an object
-store bills them, and replies by status (a lost conditional write is a 412).
+store bills them, and replies by status (a lost conditional write is a 412). With ``request_log``
+(``--request-log``) each request is also written, as it ends, as one JSON line of that file: its
+method, kind, percent-decoded path and query, status (or the fault that cut it short) and wall-clock
+start and end, which tells where a client's time goes request by request (``bench/trigger_requests.py``).
 
 ``/_faults`` (no S3 request's path: a bucket name cannot start with ``_``) is the proxy's own:
 ``GET /_faults`` the counts, ``POST /_faults/disable`` and ``/_faults/enable`` the random
@@ -63,6 +66,8 @@ import struct
 import subprocess
 import sys
 import threading
+import time
+import urllib.parse
 import urllib.request
 from collections import Counter
 from typing import Iterable, Mapping, NamedTuple, Optional
@@ -168,7 +173,8 @@ class FaultProxy:
 
     ``seed``, ``rates`` and ``methods`` make its :class:`FaultSchedule` (no random faults by
     default); ``delay_s`` is a ``delay`` fault's wait; ``latency_s`` is added to every request, faults
-    or not (an object store's round trip). Every method may be called from any thread.
+    or not (an object store's round trip). ``request_log``: a file each request is appended to, one
+    JSON line as it ends (see the module's documentation). Every method may be called from any thread.
 
     Example::
 
@@ -181,10 +187,12 @@ class FaultProxy:
 
     def __init__(self, upstream_url: str, seed: int = 0, rates: Optional[Mapping[str, float]] = None,
                  delay_s: float = 2.0, methods: Optional[Iterable[str]] = None, host: str = "127.0.0.1",
-                 port: int = 0, latency_s: float = 0.0):
+                 port: int = 0, latency_s: float = 0.0, request_log: Optional[str] = None):
         if latency_s < 0:
             raise ValueError(f"a latency is at least 0 s, got {latency_s}")
         self.upstream_url = upstream_url.rstrip("/")
+        self.request_log = request_log
+        self._request_log = None
         self.delay_s = delay_s
         self.latency_s = latency_s
         self.host, self.port = host, port
@@ -245,6 +253,8 @@ class FaultProxy:
         return dict(direct, aws_endpoint=self.url)
 
     def __enter__(self) -> "FaultProxy":
+        if self.request_log is not None:
+            self._request_log = open(self.request_log, "a", buffering=1)  # a line each: readable while it runs
         started: concurrent.futures.Future = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._serve, args=(started,), name="storage-faults", daemon=True)
         self._thread.start()
@@ -255,6 +265,8 @@ class FaultProxy:
         assert self._loop is not None and self._thread is not None
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
+        if self._request_log is not None:
+            self._request_log.close()
 
     def _serve(self, started: concurrent.futures.Future) -> None:
         loop = self._loop = asyncio.new_event_loop()
@@ -329,6 +341,18 @@ class FaultProxy:
         return kind
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
+        if self._request_log is None:
+            return await self._forward(request)
+        started = time.time()
+        response = await self._forward(request)
+        target = urllib.parse.unquote(request.path + (f"?{request.query_string}" if request.query_string else ""))
+        self._request_log.write(json.dumps({
+            "start": started, "end": time.time(), "method": request.method,
+            "kind": request_kind(request.method, request.query, request.headers), "path": target,
+            "status": response.status if response.status != 599 else "aborted"}) + "\n")
+        return response
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
         kind = self._decide(request.method, request.path + (f"?{request.query_string}" if request.query_string else ""),
                             request_kind(request.method, request.query, request.headers))
         # The whole request is read first: a fault then hits a request fully sent, awaiting its reply.
@@ -387,7 +411,7 @@ class FaultProxyProcess:
 
     def __init__(self, upstream_url: str, seed: int = 0, rates: Optional[Mapping[str, float]] = None,
                  delay_s: float = 2.0, methods: Optional[Iterable[str]] = None, log_path: Optional[str] = None,
-                 latency_s: float = 0.0):
+                 latency_s: float = 0.0, request_log: Optional[str] = None):
         FaultSchedule(seed, rates, methods)  # a bad rate or kind is refused here, not in the child
         if latency_s < 0:
             raise ValueError(f"a latency is at least 0 s, got {latency_s}")
@@ -397,6 +421,8 @@ class FaultProxyProcess:
             self._argv += ["--rates", ",".join(f"{kind}={rate}" for kind, rate in rates.items())]
         if methods:
             self._argv += ["--methods", ",".join(methods)]
+        if request_log:
+            self._argv += ["--request-log", request_log]
         self._log_path = log_path
         self._process: Optional[subprocess.Popen] = None
         self.url: Optional[str] = None
@@ -494,11 +520,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "(default 0)")
     parser.add_argument("--methods", type=lambda text: [m for m in text.split(",") if m],
                         help="only these HTTP methods get random faults, e.g. PUT,POST (default: all)")
+    parser.add_argument("--request-log", default=None,
+                        help="append each request to this file as it ends, one JSON line: method, kind, path, "
+                             "status, wall-clock start and end")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         proxy = FaultProxy(args.upstream, seed=args.seed, rates=args.rates, delay_s=args.delay_s,
-                           methods=args.methods, host=args.host, port=args.port, latency_s=args.latency_ms / 1000)
+                           methods=args.methods, host=args.host, port=args.port, latency_s=args.latency_ms / 1000,
+                           request_log=args.request_log)
     except ValueError as error:
         parser.error(str(error))
     stop = {signal.SIGTERM, signal.SIGINT}

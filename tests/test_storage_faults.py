@@ -363,3 +363,26 @@ def test_the_command_line_proxies_and_prints_its_counts_on_sigterm(recorder):
     counts = json.loads(out)
     assert (counts["requests"], counts["forwarded"], counts["seed"], counts["methods"]) == (1, 1, 5, ["PUT"])
     assert counts["rates"] == {"slowdown": 0.25, "error": 0.0, "delay": 0.0, "reset": 0.0, "drop_reply": 0.5}
+
+
+def test_each_request_is_logged_as_it_ends_with_its_kind_path_status_and_times(s3_server, tmp_path):
+    log = tmp_path / "requests.jsonl"
+    with FaultProxy(s3_server.endpoint, request_log=str(log)) as proxy:
+        prefix = uuid.uuid4().hex
+        via = s3_store(proxy.storage_options(s3_server.storage_options), prefix)
+        before = time.time()
+        obstore.put(via, "dir/a b.json", b"data")
+        obstore.list_with_delimiter(via, "dir")
+        proxy.inject_next("slowdown", method="GET")
+        with pytest.raises(GenericError):
+            obstore.get(via, "dir/a b.json").bytes()
+        proxy.inject_next("reset", method="HEAD")
+        with pytest.raises(GenericError):
+            obstore.head(via, "dir/a b.json")
+        after = time.time()
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["method"], r["kind"], r["status"]) for r in logged] == [
+        ("PUT", "PUT", 200), ("GET", "LIST", 200), ("GET", "GET", 503), ("HEAD", "HEAD", "aborted")]
+    assert logged[0]["path"] == f"/lakehouse/{prefix}/dir/a b.json"  # percent-decoded
+    assert f"prefix={prefix}/dir/" in logged[1]["path"]
+    assert all(before <= r["start"] <= r["end"] <= after for r in logged)

@@ -47,10 +47,13 @@ class LatencyStore:
     the GIL while it waits, so a proxy thread beside it would never answer.
 
     :meth:`storage` is a party's storage options, :attr:`direct` the benchmark's own; :meth:`counts` a
-    party's request counts so far (by method, by kind, by status)."""
+    party's request counts so far (by method, by kind, by status). With ``request_logs`` (a directory),
+    each proxy also logs every request there, one JSON line each (:meth:`request_log`)."""
 
-    def __init__(self, latency_ms: float, workdir: str, parties: Iterable[str] = ("producer", "checker")):
+    def __init__(self, latency_ms: float, workdir: str, parties: Iterable[str] = ("producer", "checker"),
+                 request_logs: Optional[str] = None):
         self.latency_ms = latency_ms
+        self.request_logs = request_logs
         self.workdir = workdir
         self.bucket = BUCKET
         self.parties = tuple(parties)
@@ -68,7 +71,7 @@ class LatencyStore:
             for party in self.parties:
                 self._proxies[party] = self._stack.enter_context(FaultProxyProcess(
                     server.endpoint, latency_s=self.latency_ms / 1000,
-                    log_path=os.path.join(self.workdir, f"proxy-{party}.log")))
+                    log_path=os.path.join(self.workdir, f"proxy-{party}.log"), request_log=self.request_log(party)))
         except BaseException:
             self._stack.close()
             raise
@@ -76,6 +79,10 @@ class LatencyStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self._stack.close()
+
+    def request_log(self, party: str) -> Optional[str]:
+        """The file ``party``'s proxy logs each request to (``bench.storage_faults``), if ``request_logs`` was given."""
+        return None if self.request_logs is None else os.path.join(self.request_logs, f"{party}-requests.jsonl")
 
     def storage(self, party: str) -> dict[str, str]:
         """The storage options that reach the server through ``party``'s proxy."""
