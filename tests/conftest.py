@@ -135,9 +135,9 @@ class ManualChecker:
         self.next_versions: dict[str, int] = {}
         self.batch_id = 0
         self.pending_from = 0
-        from coordinator.checker.state import CheckerState
+        from coordinator.checker.batch import BatchRunner
 
-        self.state = CheckerState()
+        self.runner = BatchRunner()
 
     def write(self, *rows: dict, stored_at: Optional[dt.datetime] = None, log: Optional[str] = None) -> int:
         """Append raw commit-log records as one commit; return its version.
@@ -198,11 +198,18 @@ class ManualChecker:
 
         starts, ends, now, batch_id, pending_from = self.last_batch
         return run_batch(self.config, self.records(starts, ends, now), batch_id,
-                         pending_from=pending_from, state=self.state)
+                         pending_from=pending_from, runner=self.runner)
 
-    def table(self, name: str):
-        """A system table (``"half"``, ``"op"``…) or topic as a Spark DataFrame."""
-        return self.spark.read.format("delta").load(self.path(name))
+    @property
+    def memory(self):
+        """The checker's memory as the last batch left it (:class:`coordinator.checker.memory.CheckerMemory`)."""
+        return self.runner.memory
+
+    def restart(self) -> None:
+        """Forget the memory, as a checker killed and started again does: the next batch rebuilds it."""
+        from coordinator.checker.batch import BatchRunner
+
+        self.runner = BatchRunner(spark=self.spark)
 
     def rows(self, name: str, where: Optional[pc.Expression] = None) -> list:
         """The rows of a system table or topic (``where`` them only), read with delta-rs: Spark's
@@ -219,8 +226,9 @@ class ManualChecker:
 
 
 @pytest.fixture
-def checker(spark, config) -> ManualChecker:
-    return ManualChecker(spark, config)
+def checker(config) -> ManualChecker:
+    """The batch logic over a fresh lakehouse, with no JVM: ``run_batch`` runs on the driver."""
+    return ManualChecker(None, config)
 
 
 def stored_time(checker: ManualChecker, transaction_id: str) -> dt.datetime:

@@ -45,7 +45,7 @@ def test_commit_delivers_once_and_rollback_never(checker):
     assert half[0].queue_offset < half[1].queue_offset and len({r.queue_offset for r in half}) == 2
 
 
-def test_half_and_end_in_separate_batches_and_offsets_keep_increasing(checker):
+def test_half_and_end_in_separate_batches_and_offsets_keep_increasing(checker, spark):
     patient = {CHECK_IMMUNITY_TIME_IN_SECONDS: "600"}  # a slow batch must not make the END late
     checker.write(half_record("a", properties=patient))
     checker.run()
@@ -56,8 +56,8 @@ def test_half_and_end_in_separate_batches_and_offsets_keep_increasing(checker):
     assert summary.commits == 2
     offsets = [r.queue_offset for r in sorted(checker.rows("half"), key=lambda r: r.commit_version)]
     assert offsets == sorted(offsets) and len(set(offsets)) == 2
-    topic = checker.table("T").select("transaction_id", "queue_offset")
-    half = checker.table("half").select("transaction_id", "queue_offset")
+    topic = spark.read.format("delta").load(checker.path("T")).select("transaction_id", "queue_offset")
+    half = spark.read.format("delta").load(checker.path("half")).select("transaction_id", "queue_offset")
     assert_df_equality(topic, half, ignore_row_order=True)
 
 

@@ -146,16 +146,16 @@ def test_lost_checkpoint_after_a_crash_mid_batch_is_recovered_without_loss_or_du
     finally:
         checker.stop()
 
-    # The next batch dies between its op write and its topic write...
+    # The next batch dies between its topic write and its op write...
     real_append = writer.TableWriter.append
 
-    def crash_on_topic(self, path, data, batch_id, **options):
-        # Only the batch that delivers "in-flight": a stopped query may replay its last batch first.
-        if "/topics/" in path and "in-flight" in data.column("transaction_id").to_pylist():
-            raise RuntimeError("simulated crash after the op was written")
+    def crash_on_op(self, path, data, batch_id, **options):
+        # Only the batch that resolves "in-flight": a stopped query may replay its last batch first.
+        if path.endswith("/system/op") and "in-flight" in data.column("transaction_id").to_pylist():
+            raise RuntimeError("simulated crash after the topic was written")
         return real_append(self, path, data, batch_id, **options)
 
-    monkeypatch.setattr(writer.TableWriter, "append", crash_on_topic)
+    monkeypatch.setattr(writer.TableWriter, "append", crash_on_op)
     commit(lakehouse, "in-flight")
     checker = CheckerQuery(spark, config).start()
     try:
@@ -165,7 +165,7 @@ def test_lost_checkpoint_after_a_crash_mid_batch_is_recovered_without_loss_or_du
         checker.stop()
     monkeypatch.setattr(writer.TableWriter, "append", real_append)
     in_flight_ops = read_table(Lakehouse(lakehouse).path(OP), ["transaction_id"]).column("transaction_id").to_pylist()
-    assert in_flight_ops.count("in-flight") == 1 and delivered(lakehouse) == ["before"]
+    assert in_flight_ops.count("in-flight") == 0 and delivered(lakehouse) == ["before", "in-flight"]
 
     # ...and then its checkpoint is lost. Starting anyway would restart at version 0.
     shutil.rmtree(checkpoint_location(config))

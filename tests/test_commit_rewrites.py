@@ -146,7 +146,7 @@ def test_versitygw_refuses_the_printed_policy_and_inspect_flags_what_it_lets_a_t
 
     from coordinator.checker.batch import run_batch
     from coordinator.checker.segment import Segment, grown_to
-    from coordinator.checker.state import CheckerState
+    from coordinator.checker.batch import BatchRunner
     from coordinator.config import CoordinatorConfig
     from coordinator.producer.commit_log import CommitLogWriter
     from scripts.s3_server import S3Server
@@ -181,7 +181,7 @@ def test_versitygw_refuses_the_printed_policy_and_inspect_flags_what_it_lets_a_t
         checker = Lakehouse(root, storage["checker"])
         segment = Segment({}, grown_to(checker, {}), 0)
         records = segment.records(checker)
-        run_batch(CoordinatorConfig(lakehouse=root, storage=storage["checker"]), records, 0, state=CheckerState())
+        run_batch(CoordinatorConfig(lakehouse=root, storage=storage["checker"]), records, 0, runner=BatchRunner())
         end = segment.ends[f"groups/{TENANT}/commit_log"] - 1
 
         log = PoisonedLog(tenant, TENANT)

@@ -80,7 +80,7 @@ def run_commits(checker: ManualChecker, commits: list[list[dict]], log: str | No
 
 
 @pytest.fixture(scope="module")
-def fresh_checker(spark, tmp_path_factory):
+def fresh_checker(tmp_path_factory):
     """A new lakehouse for each generated example."""
     from coordinator.config import CoordinatorConfig
     from coordinator.lakehouse import init_lakehouse
@@ -88,7 +88,7 @@ def fresh_checker(spark, tmp_path_factory):
     def make() -> ManualChecker:
         lakehouse = str(tmp_path_factory.mktemp("fuzz") / "lakehouse")
         init_lakehouse(lakehouse)
-        return ManualChecker(spark, CoordinatorConfig(lakehouse=lakehouse))
+        return ManualChecker(None, CoordinatorConfig(lakehouse=lakehouse))
 
     return make
 

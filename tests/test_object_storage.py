@@ -184,7 +184,7 @@ def test_the_checkers_batches_decide_and_deliver_on_object_storage(s3_server, s3
     there; a replayed batch writes nothing twice, and a restarted state (rebuilt from S3) goes on."""
     from coordinator.checker.batch import run_batch
     from coordinator.checker.segment import Segment, grown_to
-    from coordinator.checker.state import CheckerState
+    from coordinator.checker.batch import BatchRunner
 
     config = CoordinatorConfig(lakehouse=s3_lakehouse.root, storage=s3_server.storage_options)
     commit_log = CommitLogRef.of_group("g").key
@@ -197,16 +197,16 @@ def test_the_checkers_batches_decide_and_deliver_on_object_storage(s3_server, s3
     now_us = time.time_ns() // 1000
     records = Segment(starts, ends, now_us).records(s3_lakehouse)
 
-    state = CheckerState()
-    first = run_batch(config, records, batch_id=0, state=state)
+    runner = BatchRunner()
+    first = run_batch(config, records, batch_id=0, runner=runner)
     assert (first.halves, first.commits, first.delivered, first.checks) == (2, 1, 1, 0)
-    replayed = run_batch(config, records, batch_id=0, state=CheckerState())  # Spark replaying it after a crash
+    replayed = run_batch(config, records, batch_id=0, runner=BatchRunner())  # Spark replaying it after a crash
     assert replayed.delivered == 1
     topic = s3_lakehouse.read("topics/T", ["transaction_id", "body"]).to_pylist()
     assert topic == [{"transaction_id": "paid", "body": b"order 1"}]  # once
 
     later = Segment(ends, ends, now_us + 7_000_000).records(s3_lakehouse)  # past the immunity time
-    checked = run_batch(config, later, batch_id=1, state=CheckerState())  # a restarted checker's first batch
+    checked = run_batch(config, later, batch_id=1, runner=BatchRunner())  # a restarted checker's first batch
     assert (checked.checks, checked.pending) == (1, 1)
     [request] = s3_lakehouse.read(CHECK_REQUESTS, ["transaction_id", "check_times", "body"]).to_pylist()
     assert request == {"transaction_id": "unsure", "check_times": 1, "body": None}  # the checker's record: no content

@@ -122,12 +122,12 @@ def test_pending_says_what_the_checker_does_next_and_when(checker):
     checker.run(now=clock)
     steps_taken = defaultdict(list)
     for _ in range(12):  # eight steps, and a few batches of overdue ones
-        if not checker.state.pending:
+        if not checker.memory.pending:
             break
         now_us = clock_us(clock)
         remembered = {p.transaction_id: (p.checks, next_step(config, p.stored_us, p.immunity_ms, p.checks,
                                                              p.last_check_us, now_us))
-                      for p in checker.state.pending.values()}
+                      for p in checker.memory.pending.values()}
         listed = {t.transaction_id: (t.checks, t.next_step, clock_us(t.next_step_at))
                   for t in pending_transactions(config, now=clock)}
         assert listed == {i: (checks, step.action, step.at_us) for i, (checks, step) in remembered.items()}
@@ -137,7 +137,7 @@ def test_pending_says_what_the_checker_does_next_and_when(checker):
         checker.run(now=clock)
         discarded = {row.transaction_id for row in checker.rows("discarded")} - discarded_before
         for transaction_id, (checks, step) in remembered.items():
-            after = checker.state.pending.get(transaction_id)
+            after = checker.memory.pending.get(transaction_id)
             taken = (CHECK if after is not None and after.checks == checks + 1 else
                      DISCARD if after is None and transaction_id in discarded else None)
             assert taken == (step.action if step.at_us <= clock_us(clock) else None), transaction_id

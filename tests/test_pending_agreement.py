@@ -19,7 +19,7 @@ import pytest
 from chispa import assert_df_equality
 
 import coordinator.checker.writer as writer
-from coordinator.checker.state import CheckerState
+from coordinator.checker.rebuild import rebuild_memory
 from coordinator.ops.catalog import register_tables
 from coordinator.ops.pending import pending_transactions
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS, OPERATOR_CHECK_PREFIX
@@ -46,7 +46,7 @@ class ChaosRun:
         for group, rows in _by_group(records).items():
             self.checker.write(*rows, stored_at=self.clock)
         if self.rng.random() < 0.2:
-            self.checker.state = CheckerState(spark=self.checker.spark)  # kill -9: the memory is rebuilt
+            self.checker.restart()  # kill -9: the memory is rebuilt
             self.did["restarts"] += 1
         if self.rng.random() < 0.15:
             self._crash_between_writes()
@@ -68,8 +68,9 @@ class ChaosRun:
         return _one_group_per_transaction(rows)
 
     def _ends(self) -> list[dict]:
-        pending = sorted(self.checker.state.pending.values(), key=lambda p: p.transaction_id) \
-            if self.checker.state.next_batch_id is not None else []
+        memory = self.checker.memory
+        pending = sorted(memory.pending.values(), key=lambda p: p.transaction_id) \
+            if memory is not None and memory.next_batch_id is not None else []
         ends = []
         for transaction in self.rng.sample(pending, k=min(len(pending), self.rng.randint(0, 4))):
             state, group = self.rng.choice(STATES), transaction.producer_group
@@ -129,7 +130,7 @@ def _one_group_per_transaction(rows: list[dict]) -> list[dict]:
 
 def checker_next_steps(checker, now: dt.datetime) -> dict[str, tuple]:
     steps = {p.transaction_id: (p.checks, next_step(checker.config, p.stored_us, p.immunity_ms, p.checks, p.last_check_us,
-                                                    clock_us(now))) for p in checker.state.pending.values()}
+                                                    clock_us(now))) for p in checker.memory.pending.values()}
     return {transaction_id: (checks, step.action, step.at_us) for transaction_id, (checks, step) in steps.items()}
 
 
@@ -148,20 +149,20 @@ def test_after_a_chaos_run_pending_the_view_and_the_checker_agree_on_every_trans
     run = ChaosRun(checker, seed, monkeypatch)
     for _ in range(24):
         run.round()
-        if checker.state.next_batch_id is not None:  # not straight after a crash the replay could not mend
+        if checker.memory is not None and checker.memory.next_batch_id is not None:  # not straight after a crash the replay could not mend
             assert listed_next_steps(checker, run.clock) == checker_next_steps(checker, run.clock)
 
     # The run met what it is meant to: every kind of outcome and failure, and transactions left pending.
     outcomes = {r.outcome for r in checker.rows("op")}
     assert {"COMMIT", "ROLLBACK", "DISCARD"} <= outcomes and len(checker.rows("check_requests")) > 0
     assert checker.rows("rejected") and min(run.did.values()) >= 1, run.did
-    memory = checker.state.pending_halves()
-    assert memory.num_rows >= 5 and len(checker.state.pending) >= 3
+    memory = checker.memory.pending_halves()
+    assert memory.num_rows >= 5 and len(checker.memory.pending) >= 3
 
     register_tables(spark, checker.config.lakehouse, database="chaos_pending")
     view = spark.table("chaos_pending.pending").orderBy("queue_offset")
     assert_df_equality(view, as_dataframe(spark, memory), ignore_nullable=True)
     for where in ("always", "never"):  # a restarted checker finds the same, by Spark's anti-join and by the driver's
-        rebuilt = CheckerState(spark=spark)
-        rebuilt.prepare(checker.config.replace(rebuild_in_spark=where), checker.batch_id, checker.pending_from, "txcoord-checker")
+        rebuilt = rebuild_memory(checker.config.replace(rebuild_in_spark=where), checker.batch_id, checker.pending_from,
+                                 spark)
         assert_df_equality(as_dataframe(spark, rebuilt.pending_halves()), as_dataframe(spark, memory), ignore_nullable=True)

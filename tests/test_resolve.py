@@ -56,7 +56,6 @@ def test_an_operators_commit_is_delivered_once_and_shown_with_its_reason(checker
 
 
 def test_a_discarded_transaction_can_be_committed_once_and_is_then_delivered_once(checker, config_file, capsys):
-    from coordinator.checker.state import CheckerState
     from coordinator.ops.status import read_status
 
     checker.discard("gone", messages=2)
@@ -80,7 +79,7 @@ def test_a_discarded_transaction_can_be_committed_once_and_is_then_delivered_onc
 
     assert main(["resolve", "gone", "--commit", "--reason", "again", "--config", config_file]) == 2
     assert "committed by an operator: it is resolved for good" in capsys.readouterr().err
-    checker.state = CheckerState()  # a restarted checker knows it from the tables
+    checker.restart()  # a restarted checker knows it from the tables
     checker.write(end_record("gone", check_id="operator-forged-2"), end_record("gone", state="ROLLBACK_MESSAGE",
                                                                                check_id="operator-forged-3"))
     checker.run()

@@ -16,7 +16,6 @@ import pytest
 from deltalake import write_deltalake
 
 from bench.harness import end_record, half_record
-from coordinator.checker.state import CheckerState
 from coordinator.ops.pending import pending_transactions
 from tests.conftest import stored_time
 
@@ -103,13 +102,13 @@ def test_a_repaired_topic_takes_its_messages_once_in_queue_order(withheld):
 
 def test_a_restarted_checker_still_withholds_and_then_delivers_once(withheld):
     checker = withheld
-    checker.state = CheckerState()  # a restart: memory rebuilt from the tables
+    checker.restart()  # a restart: memory rebuilt from the tables
     born = stored_time(checker, "stuck")
     summary = checker.run(now=born + dt.timedelta(minutes=10))
     assert (summary.withheld, summary.checks) == (2, 0)
 
     repair_topic(checker)
-    checker.state = CheckerState()
+    checker.restart()
     checker.run()
     assert delivered(checker, "BROKEN") == {"stuck": 1, "split": 1}
     assert delivered(checker, "T") == {"fine": 1, "split": 1}
@@ -132,7 +131,7 @@ def test_an_attempt_that_landed_though_it_failed_is_not_delivered_again(withheld
     monkeypatch.setattr(writer.TableWriter, "append", landed_then_failed)
     assert checker.run().withheld == 2
     monkeypatch.setattr(writer.TableWriter, "append", real_append)
-    checker.state = CheckerState()
+    checker.restart()
     summary = checker.run()
 
     assert (summary.withheld, summary.delivered) == (0, 0)

@@ -67,9 +67,9 @@ class BatchDriver:
         self.next_versions = grown_to(self.lakehouse, {}, budget=10**9)
         self.batch_id = first_batch_id
         self.pending_from = pending_from
-        from coordinator.checker.state import CheckerState
+        from coordinator.checker.batch import BatchRunner
 
-        self.state = CheckerState()
+        self.runner = BatchRunner()
 
     def write(self, records: list[dict]) -> int:
         """Append raw commit-log records as one commit; return its version."""
@@ -99,7 +99,7 @@ class BatchDriver:
         ends = grown_to(self.lakehouse, self.next_versions)
         records = self.records(self.next_versions, ends, now or datetime.now(timezone.utc))
         summary = run_batch(self.config, records, self.batch_id, pending_from=self.pending_from,
-                            state=self.state)
+                            runner=self.runner)
         seconds = time.perf_counter() - started
         self.next_versions, self.batch_id, self.pending_from = ends, self.batch_id + 1, summary.pending_from
         return summary, seconds

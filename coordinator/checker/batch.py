@@ -1,11 +1,14 @@
-"""One checker micro-batch: ingest, resolve, check, then write everything once.
+"""One checker micro-batch, in four phases (docs/design.md#a-batchs-steps):
 
-The batch's records are read on the driver; every decision is computed there,
-against what the checker keeps in memory (:mod:`.state`), and only then are the
-tables written, each in one idempotent delta-rs append. A crash between
-two writes is repaired by Spark replaying the batch: the state is rebuilt as earlier
-batches left the tables, the decisions come out the same, and the writes already
-made are skipped.
+1. **gather** (:mod:`.gather`): every read the batch needs besides its records;
+2. **decide**: a function of the records, the memory and the gathered facts, returning a
+   :class:`BatchPlan`: the rows for each table, the change to the memory, the side effects;
+3. **write**: the plan, one idempotent append per table (:mod:`.writer`, :mod:`.delivery`);
+4. **apply**: the memory changed as the plan and the writes say, once they have landed.
+
+A crash between two writes is repaired by Spark replaying the batch: the memory is rebuilt as
+earlier batches left the tables (:mod:`.rebuild`), the decisions come out the same, and the writes
+already made are skipped.
 """
 
 from __future__ import annotations
@@ -19,25 +22,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.checker import CHECKER_NAME
-from coordinator.checker.check import find_due
+from coordinator.checker.check import Due, find_due
 from coordinator.checker.context import (COMMITS_PER_BATCH, OFFSETS_PER_COMMIT, BatchContext, BatchRecords, grouped,
                                          shaped)
-from coordinator.checker.delivery import as_undelivered, deliver, op_rows
+from coordinator.checker.delivery import Delivered, as_undelivered, deliver, op_rows
+from coordinator.checker.gather import Gathered, gather
 from coordinator.checker.ingest import ingest_halves, refuse_unknown_kinds
+from coordinator.checker.memory import CheckerMemory, TrackedTransaction, pending_from_rows
 from coordinator.checker.provenance import refuse_misattributed
+from coordinator.checker.rebuild import rebuild_memory
 from coordinator.checker.recover import recover_discarded
 from coordinator.checker.refusals import rejection
 from coordinator.checker.resolve import promote, resolve_ends
 from coordinator.checker.segment import commits_read
-from coordinator.checker.state import CheckerState, lookup_in_tables, pending_from_rows
-from coordinator.checker.writer import files_written_at_us
+from coordinator.checker.writer import TableWriter, files_written_at_us
 from coordinator.config import CoordinatorConfig
 from coordinator.control.instances import ProducerInstances, RefusedRecord
 from coordinator.lakehouse import Lakehouse
 from coordinator.protocol import Outcome
-from coordinator.tables import (CHECK_REQUESTS, DISCARDED, GROUP_CHECK_REQUESTS, HALF, MESSAGE_CONTENT, OP, REJECTED,
-                               UNDELIVERED)
-from coordinator.tables import COMMITS_READ
+from coordinator.tables import (CHECK_REQUESTS, COMMITS_READ, DISCARDED, GROUP_CHECK_REQUESTS, HALF, MESSAGE_CONTENT,
+                               OP, REJECTED, UNDELIVERED)
+
+__all__ = ["BatchPlan", "BatchRunner", "BatchSummary", "Written", "apply", "batch_clock", "decide", "run_batch", "write"]
 
 log = logging.getLogger("coordinator.checker")
 
@@ -75,6 +81,72 @@ class BatchSummary:
 _LOGGED = tuple(f.name for f in fields(BatchSummary) if f.type == "int" and f.name != "batch_id")
 
 
+@dataclass(frozen=True)
+class BatchPlan:
+    """What a batch decided (:func:`decide`): the rows for each table, the change to the memory, the side
+    effects. Rows lack ``batch_id`` where the table has one, unless shaped already."""
+
+    halves: pa.Table  # system/half rows: the halves accepted
+    arriving: list[TrackedTransaction]  # the transactions this batch leaves unresolved, to add to the memory
+    arriving_rows: pa.Table  # their halves' system/half rows
+    topics: list[str]  # the topics of the halves accepted (counted from now on)
+    decided_ops: pa.Table  # system/op rows of the COMMITs and ROLLBACKs decided (a COMMIT's waits for its delivery)
+    deliveries: pa.Table  # the messages committed, in system/undelivered's shape (:mod:`.delivery`)
+    due: Due  # the checks and discards, and the instances' records to forget
+    rejected: list[dict]  # system/rejected rows
+    commits_read: pa.Table  # system/commits_read rows
+    resolved_earlier: list[str]  # pending transactions resolved
+    resolved_here: list[tuple[str, str]]  # transactions resolved in the batch that brought their halves: (id, group)
+    commits: int
+    rollbacks: int
+    check_answers: Mapping[str, int]
+    half_to_end_s: pa.ChunkedArray
+    ended_by_topic: Mapping[tuple[str, str], int]
+
+
+@dataclass(frozen=True)
+class Written:
+    """What the write phase did."""
+
+    delivered: Delivered
+    ops: pa.Table  # the system/op rows written
+    check_visible_at_us: Optional[int]  # when the checks written became visible (None: none, or written before)
+    all_landed: bool  # no append found this batch's write made already (a replay)
+
+
+@dataclass
+class BatchRunner:
+    """What the checker keeps from one batch to the next: its memory (:mod:`.memory`), the writer of its
+    tables, and the Spark session a rebuild may use (:func:`.unresolved.rebuild_in_spark`).
+
+    Example::
+
+        runner = BatchRunner()
+        run_batch(config, segment.records(lakehouse), batch_id=7, runner=runner)
+        runner.memory.pending_halves()
+    """
+
+    spark: Optional[object] = field(default=None, repr=False)
+    memory: Optional[CheckerMemory] = None
+    writer: Optional[TableWriter] = None
+
+    def prepare(self, config: CoordinatorConfig, batch_id: int, pending_from: int, app_id: str) -> CheckerMemory:
+        """The memory ready for batch ``batch_id``, rebuilt from the tables unless it already is."""
+        if (self.memory is not None and self.memory.next_batch_id == batch_id and self.writer is not None
+                and self.writer.app_id == app_id):
+            return self.memory
+        self.memory = rebuild_memory(config, batch_id, pending_from, self.spark)
+        if self.writer is not None:
+            self.writer.close()
+        self.writer = TableWriter(app_id, Lakehouse.of(config).storage)
+        return self.memory
+
+    def invalidate(self) -> None:
+        """Make the next batch rebuild the memory (after a failed batch)."""
+        if self.memory is not None:
+            self.memory.invalidate()
+
+
 def batch_clock(records: pa.Table) -> Optional[int]:
     """The clock of a collected batch (``None`` for an empty batch): the latest commit or tick time
     among its own rows, never the wall clock, so a replayed batch decides exactly as the first run did.
@@ -92,84 +164,109 @@ def run_batch(
     batch_id: int,
     app_id: str = CHECKER_NAME,
     pending_from: int = 0,
-    state: Optional[CheckerState] = None,
+    runner: Optional[BatchRunner] = None,
     shared_log: bool = False,
 ) -> Optional[BatchSummary]:
-    """Process one micro-batch of commit-log records (plus heartbeat ticks).
+    """Process one micro-batch of commit-log records (plus heartbeat ticks): gather, decide, write, apply.
 
     ``records`` are the batch's rows (:meth:`coordinator.checker.segment.Segment.records`).
     ``pending_from`` is the previous batch's ``BatchSummary.pending_from`` (0 looks through the
-    whole half queue); ``state`` the checker's memory, kept between calls (a fresh one, the
-    default, is built from the tables); ``shared_log`` replays a batch a checker of the one
+    whole half queue); ``runner`` what the checker keeps between calls (a fresh one, the
+    default, rebuilds the memory from the tables); ``shared_log`` replays a batch a checker of the one
     shared commit log announced (:mod:`.context`). Returns ``None`` for an empty batch.
 
     Example::
 
-        state = CheckerState()
-        run_batch(config, segment.records(lakehouse), batch_id=7, state=state)
+        runner = BatchRunner()
+        run_batch(config, segment.records(lakehouse), batch_id=7, runner=runner)
     """
     started = time.monotonic()
     now_us = batch_clock(records)
     if now_us is None:
         return None
-    state = state if state is not None else CheckerState()
-    state.prepare(config, batch_id, pending_from, app_id)
-    summary = _decide_and_write(BatchContext(config, batch_id, now_us, Lakehouse.of(config)),
-                                BatchRecords.of(records, batch_id, shared_log), state, pending_from, shared_log)
+    runner = runner if runner is not None else BatchRunner()
+    memory = runner.prepare(config, batch_id, pending_from, app_id)
+    ctx = BatchContext(config, batch_id, now_us, Lakehouse.of(config))
+    batch = BatchRecords.of(records, batch_id, shared_log)
+    plan = decide(ctx, batch, memory, gather(ctx, batch, memory))
+    memory.invalidate()  # until the writes have all landed: a batch that fails leaves the next one to rebuild
+    written = write(ctx, runner.writer, plan, memory.undelivered)
+    apply(ctx, memory, plan, written)
+    summary = _summary(ctx, batch, plan, written, memory, pending_from, shared_log)
     summary = replace(summary, duration_ms=int((time.monotonic() - started) * 1000))
     log.info("batch %d: %s", batch_id, ", ".join(f"{name}={getattr(summary, name)}" for name in _LOGGED))
     return summary
 
 
-def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: CheckerState,
-                      pending_from: int, shared_log: bool) -> BatchSummary:
-    state.invalidate()  # until every write below has landed: a batch that fails leaves the next one to rebuild
-    records, misattributed = refuse_misattributed(all_records, state.layout)
-    known, unsure = state.lookup(pc.unique(records.light.column("transaction_id")).drop_null().to_pylist())
-    known.update(lookup_in_tables(ctx.config, ctx.batch_id, unsure))
+def decide(ctx: BatchContext, all_records: BatchRecords, memory: CheckerMemory, facts: Gathered) -> BatchPlan:
+    """Everything batch ``ctx`` does, decided from its records, the ``memory`` of earlier batches and the
+    ``facts`` gathered: a function of these alone (it reads and changes nothing), so a replay decides
+    the same. The steps are docs/design.md#a-batchs-steps.
 
-    ingested = ingest_halves(ctx, records, known)
-    resolved = resolve_ends(records, ingested.halves, state, known)
-    resolved_in_batch = resolved.ids(in_batch=True)
-    unresolved = ingested.halves.filter(pc.invert(pc.is_in(
-        ingested.halves.column("transaction_id"), value_set=pa.array(resolved_in_batch, pa.string()))))
-    state.add_pending(pending_from_rows(unresolved), unresolved, ctx.config)
-    state.count_topics(pc.unique(ingested.halves.column("topic")).to_pylist())
-    earlier_resolved = resolved.ids(in_batch=False)
-    recovered = recover_discarded(ctx, resolved.to_recover)
+    Example::
+
+        plan = decide(ctx, records, memory, gather(ctx, records, memory))
+        plan.decided_ops.num_rows, plan.due.checked
+    """
+    records, misattributed = refuse_misattributed(all_records, memory.layout)
+    ingested = ingest_halves(ctx, records, facts.known)
+    resolved = resolve_ends(records, ingested.halves, memory, facts.known)
+    resolved_here = resolved.ids(in_batch=True)
+    arriving_rows = ingested.halves.filter(pc.invert(pc.is_in(
+        ingested.halves.column("transaction_id"), value_set=pa.array(resolved_here, pa.string()))))
+    arriving = pending_from_rows(arriving_rows)
+    resolved_earlier = resolved.ids(in_batch=False)
+    recovered = recover_discarded(resolved.to_recover, facts.recovery)
     decided_ops = pa.concat_tables([_table(OP, resolved.ops, ctx.batch_id), _rows_table(OP, recovered.ops, ctx.batch_id)])
-    deliveries = _deliveries(ctx, pa.concat_tables([promote(resolved, ingested.halves, state), recovered.deliveries]),
-                             decided_ops, state)
-    due = find_due(ctx, state, set(earlier_resolved))
+    deliveries = as_undelivered(pa.concat_tables([promote(resolved, ingested.halves, memory), recovered.deliveries]),
+                                decided_ops, ctx.batch_id)
+    # A message withheld already (an operator's second COMMIT of a discarded transaction while the first
+    # waits for its topic) is delivered once, as withheld.
+    deliveries = deliveries.filter(pc.invert(pc.is_in(deliveries.column("half_offset"),
+                                                      value_set=memory.undelivered.column("half_offset"))))
+    due = find_due(ctx, memory, arriving, arriving_rows, set(resolved_earlier), facts.surveys)
     rejected = (misattributed + refuse_unknown_kinds(records) + ingested.rejections + resolved.rejections
                 + recovered.rejections + _instance_rejections(due.refused_instances, ctx.now_us))
+    return BatchPlan(
+        halves=ingested.halves, arriving=arriving, arriving_rows=arriving_rows,
+        topics=pc.unique(ingested.halves.column("topic")).to_pylist(), decided_ops=decided_ops,
+        deliveries=deliveries, due=due, rejected=rejected, commits_read=commits_read(all_records.table),
+        resolved_earlier=resolved_earlier, resolved_here=list(zip(resolved_here, resolved.groups(in_batch=True))),
+        commits=resolved.count(Outcome.COMMIT) + len(recovered.transaction_ids),
+        rollbacks=resolved.count(Outcome.ROLLBACK), check_answers=dict(resolved.check_answers),
+        half_to_end_s=resolved.half_to_end_s,
+        ended_by_topic=_ended_by_topic(resolved.ops, due.discarded, recovered.deliveries))
 
-    lakehouse, writer, batch_id = ctx.lakehouse, state.writer, ctx.batch_id
-    written = []
+
+def write(ctx: BatchContext, writer: TableWriter, plan: BatchPlan, outstanding: pa.Table) -> Written:
+    """Write ``plan``: one append per table, each carrying ``(app id, batch id)`` so that a replay skips it.
+
+    A committed message's op row comes after its topic row has landed, and after the record of its
+    withholding if it has not: a replay, a restart or a topic that cannot be written never leaves a
+    message resolved and undelivered (:mod:`.delivery`). A half precedes its op for readers' convenience.
+    """
+    lakehouse, batch_id, due = ctx.lakehouse, ctx.batch_id, plan.due
+    landed = []
 
     def append(table, data: pa.Table, path: Optional[str] = None) -> Optional[int]:
         version = writer.append(path or lakehouse.path(table), data, batch_id,
                                 create_as=table if table is GROUP_CHECK_REQUESTS else None)
-        written.append(version is not None)
+        landed.append(version is not None)
         return version
 
-    # A committed message's op row comes after its topic row has landed, and after the record of its
-    # withholding if it has not: a replay, a restart or a topic that cannot be written never leaves a
-    # message resolved and undelivered (:mod:`.delivery`). A half precedes its op for readers' convenience.
-    if ingested.halves.num_rows:
-        append(HALF, ingested.halves)
-    delivered = deliver(writer, lakehouse, batch_id, deliveries, state.undelivered)
-    written.append(not delivered.replayed)
+    if plan.halves.num_rows:
+        append(HALF, plan.halves)
+    delivered = deliver(writer, lakehouse, batch_id, plan.deliveries, outstanding)
+    landed.append(not delivered.replayed)
     if delivered.withheld_now.num_rows:
         append(UNDELIVERED, delivered.withheld_now)
     withheld = delivered.withheld_now.column("half_offset").combine_chunks()
-    settled = delivered.landed.filter(pc.less(delivered.landed.column("batch_id"), batch_id))  # withheld till now
-    ops = pa.concat_tables([decided_ops.filter(pc.invert(pc.is_in(decided_ops.column("half_offset"), value_set=withheld))),
-                            _table(OP, op_rows(settled), batch_id), _rows_table(OP, due.discard_ops, batch_id)])
+    decided = plan.decided_ops
+    ops = pa.concat_tables([decided.filter(pc.invert(pc.is_in(decided.column("half_offset"), value_set=withheld))),
+                            _table(OP, op_rows(_settled(delivered, batch_id)), batch_id),
+                            _rows_table(OP, due.discard_ops, batch_id)])
     if ops.num_rows:
         append(OP, ops)
-    commit_to_visible_s = {topic: _seconds_since(rows.column("commit_timestamp"))
-                           for topic, rows in _by_topic(delivered.written_now)}
     if due.discarded.num_rows:
         append(DISCARDED, _table(DISCARDED, due.discarded, batch_id))
     visible_at_us = None
@@ -186,52 +283,68 @@ def _decide_and_write(ctx: BatchContext, all_records: BatchRecords, state: Check
         version = append(CHECK_REQUESTS, requests)
         visible_at_us = None if version is None else files_written_at_us(lakehouse.path(CHECK_REQUESTS), version,
                                                                          lakehouse.storage)
-    read = commits_read(all_records.table)  # every commit this batch read, with its digest (replayed: written once)
-    if read.num_rows:
-        append(COMMITS_READ, _table(COMMITS_READ, read, batch_id))
-    if rejected:
-        append(REJECTED, _rows_table(REJECTED, rejected, batch_id))
+    if plan.commits_read.num_rows:  # every commit this batch read, with its digest (replayed: written once)
+        append(COMMITS_READ, _table(COMMITS_READ, plan.commits_read, batch_id))
+    if plan.rejected:
+        append(REJECTED, _rows_table(REJECTED, plan.rejected, batch_id))
     if due.stale_instances or due.refused_instances:  # only now, and explicitly: deciding deleted nothing
         instances = ProducerInstances(lakehouse)
         for group in sorted(set(due.stale_instances) | set(due.refused_instances)):
             instances.forget(group, due.stale_instances.get(group, []), due.refused_instances.get(group, []))
+    return Written(delivered, ops, visible_at_us, all(landed))
 
-    ended_by_topic = _ended_by_topic(resolved.ops, due.discarded, recovered.deliveries)
-    withheld_here = ingested.halves.filter(pc.is_in(ingested.halves.column("queue_offset"), value_set=withheld))
-    state.add_pending(pending_from_rows(withheld_here), withheld_here, ctx.config)
-    state.resolve([*earlier_resolved, *due.given_up], withheld=set(withheld.to_pylist()))
-    state.settle(settled)
-    state.remember_resolved(zip(resolved_in_batch, resolved.groups(in_batch=True)))
-    state.withhold(delivered.withheld)
-    if visible_at_us is not None:
-        state.checked([p.transaction_id for p in due.checked], visible_at_us, ctx.config)
-    if all(written):
-        state.next_batch_id = batch_id + 1
-    # else: a replay found some of its writes made already; the next batch rebuilds from the tables.
 
-    lowest = state.lowest_pending_offset()
+def apply(ctx: BatchContext, memory: CheckerMemory, plan: BatchPlan, written: Written) -> None:
+    """Change ``memory`` as ``plan`` decided and ``written`` says landed. A batch some of whose writes a
+    replay found made already leaves the memory for the next batch to rebuild."""
+    config, delivered = ctx.config, written.delivered
+    withheld = delivered.withheld_now.column("half_offset").combine_chunks()
+    memory.add_pending(plan.arriving, plan.arriving_rows, config)
+    memory.count_topics(plan.topics)
+    withheld_here = plan.halves.filter(pc.is_in(plan.halves.column("queue_offset"), value_set=withheld))
+    memory.add_pending(pending_from_rows(withheld_here), withheld_here, config)
+    memory.resolve([*plan.resolved_earlier, *plan.due.given_up], withheld=set(withheld.to_pylist()))
+    memory.settle(_settled(delivered, ctx.batch_id))
+    memory.remember_resolved(plan.resolved_here)
+    memory.withhold(delivered.withheld)
+    memory.advance_due(ctx.now_us, config)
+    if written.check_visible_at_us is not None:
+        memory.checked([p.transaction_id for p in plan.due.checked], written.check_visible_at_us, config)
+    if written.all_landed:
+        memory.next_batch_id = ctx.batch_id + 1
+
+
+def _summary(ctx: BatchContext, records: BatchRecords, plan: BatchPlan, written: Written, memory: CheckerMemory,
+             pending_from: int, shared_log: bool) -> BatchSummary:
+    delivered, lowest = written.delivered, memory.lowest_pending_offset()
     return BatchSummary(
-        batch_id=batch_id,
-        records=all_records.light.num_rows,
-        halves=ingested.halves.num_rows,
-        commits=resolved.count(Outcome.COMMIT) + len(recovered.transaction_ids),
-        rollbacks=resolved.count(Outcome.ROLLBACK),
-        resolved=ops.num_rows,
+        batch_id=ctx.batch_id,
+        records=records.light.num_rows,
+        halves=plan.halves.num_rows,
+        commits=plan.commits,
+        rollbacks=plan.rollbacks,
+        resolved=written.ops.num_rows,
         delivered=delivered.written_now.num_rows,
         withheld=delivered.withheld.num_rows,
-        checks=len(due.checked),
-        discarded=due.discarded.num_rows,
-        rejected=len(rejected),
-        pending=state.pending_half_count,
-        oldest_pending_stored_us=state.oldest_pending_stored_us(),
-        check_answers=dict(resolved.check_answers),
-        half_to_end_s=resolved.half_to_end_s,
-        commit_to_visible_s=commit_to_visible_s,
-        pending_by_topic=dict(state.pending_by_topic),
+        checks=len(plan.due.checked),
+        discarded=plan.due.discarded.num_rows,
+        rejected=len(plan.rejected),
+        pending=memory.pending_half_count,
+        oldest_pending_stored_us=memory.oldest_pending_stored_us(),
+        check_answers=plan.check_answers,
+        half_to_end_s=plan.half_to_end_s,
+        commit_to_visible_s={topic: _seconds_since(rows.column("commit_timestamp"))
+                             for topic, rows in _by_topic(delivered.written_now)},
+        pending_by_topic=dict(memory.pending_by_topic),
         withheld_by_topic={topic: rows.num_rows for topic, rows in _by_topic(delivered.withheld)},
-        ended_by_topic=ended_by_topic,
-        pending_from=lowest if lowest is not None else max(pending_from, _next_offset(all_records, batch_id, shared_log)),
+        ended_by_topic=plan.ended_by_topic,
+        pending_from=lowest if lowest is not None else max(pending_from, _next_offset(records, ctx.batch_id, shared_log)),
     )
+
+
+def _settled(delivered: Delivered, batch_id: int) -> pa.Table:
+    """The messages withheld by earlier batches that have landed now."""
+    return delivered.landed.filter(pc.less(delivered.landed.column("batch_id"), batch_id))
 
 
 def _ended_by_topic(ops: pa.Table, discarded: pa.Table, recovered: pa.Table) -> dict[tuple[str, str], int]:
@@ -245,15 +358,6 @@ def _ended_by_topic(ops: pa.Table, discarded: pa.Table, recovered: pa.Table) -> 
     counts = grouped(ended, ["outcome", "topic"]).aggregate([([], "count_all")])
     return dict(zip(zip(counts.column("outcome").to_pylist(), counts.column("topic").to_pylist()),
                     counts.column("count_all").to_pylist()))
-
-
-def _deliveries(ctx: BatchContext, messages: pa.Table, ops: pa.Table, state: CheckerState) -> pa.Table:
-    """The topic rows of the messages this batch commits (``messages``) with their op rows (``ops``), in
-    ``system/undelivered``'s shape: what :func:`~.delivery.deliver` takes. A message withheld already (an
-    operator's second COMMIT of a discarded transaction while the first waits for its topic) is left out:
-    it is delivered once, as withheld."""
-    new = as_undelivered(messages, ops, ctx.batch_id)
-    return new.filter(pc.invert(pc.is_in(new.column("half_offset"), value_set=state.undelivered.column("half_offset"))))
 
 
 def _by_topic(rows: pa.Table):

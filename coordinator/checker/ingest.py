@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from coordinator.checker.context import OFFSETS_PER_COMMIT, BatchContext, BatchRecords, grouped, shaped
 from coordinator.checker.refusals import rejection
-from coordinator.checker.state import Known
+from coordinator.checker.memory import Known
 from coordinator.grants import TopicGrants
 from coordinator.protocol import DELAY_PROPERTIES, RecordKind
 from coordinator.tables import HALF

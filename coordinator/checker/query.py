@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from coordinator.checker import CHECKER_NAME
-from coordinator.checker.batch import batch_clock, run_batch
+from coordinator.checker.batch import BatchRunner, batch_clock, run_batch
 from coordinator.checker.epochs import begin_next_epoch
 from coordinator.checker.exporter import CheckerExporter
 from coordinator.checker.metrics import CheckerMetrics
@@ -26,7 +26,6 @@ from coordinator.checker.readahead import ReadAhead
 from coordinator.checker.rehearsal import Rehearsal
 from coordinator.checker.segment import Segment
 from coordinator.checker.source import CommitLogSource, segments
-from coordinator.checker.state import CheckerState
 from coordinator.commit_logs import CommitLogs
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
@@ -70,7 +69,7 @@ class CheckerQuery:
         self.progress_store = CheckerProgress(self.lakehouse)
         self._progress: Optional[Progress] = None
         self._pending_from: Optional[int] = None  # from the last batch this process ran
-        self.state = CheckerState(spark=spark)
+        self.runner = BatchRunner(spark=spark)
         self.read_ahead = ReadAhead(self.lakehouse)
         self._renewer: Optional[threading.Thread] = None
         self._stop_renewing = threading.Event()
@@ -208,7 +207,7 @@ class CheckerQuery:
             announced = self._announce(segment, records, stream_batch_id)
             if announced is not None:
                 summary = run_batch(self.config, records, announced.batch_id, self.app_id, announced.pending_from,
-                                    self.state, announced.shared_log)
+                                    self.runner, announced.shared_log)
                 self._pending_from = summary.pending_from
                 self.metrics.batch_done(stream_batch_id, summary)
                 self.exporter.batch_done(summary)
@@ -225,7 +224,7 @@ class CheckerQuery:
             try:
                 return body()
             except StorageUnavailableError as error:
-                self.state.invalidate()
+                self.runner.invalidate()
                 log.error("batch %d could not finish, the storage is unavailable: %s; running it again in %d s",
                           stream_batch_id, error, OUTAGE_PAUSE_S)
                 if self._stopping.wait(OUTAGE_PAUSE_S):

@@ -8,7 +8,8 @@ END for the transaction is refused, so it is delivered once or never.
 
 What was discarded and what was recovered is read from the tables as earlier batches left
 them (an operator's END is rare, and the checker's memory keeps no bodies of resolved
-transactions), so a replayed batch decides as its first run did.
+transactions), by the batch's *gather* step (:func:`read_for_recovery`), so a replayed batch
+decides as its first run did.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ def is_operator_commit(end: dict) -> bool:
 
 
 @dataclass(frozen=True)
+class RecoveryFacts:
+    """What earlier batches wrote of the transactions an operator's COMMIT names: their op outcomes, and
+    the rows ``system/discarded`` kept of their messages."""
+
+    outcomes: dict[str, set[str]]
+    discarded: pa.Table
+
+
+@dataclass(frozen=True)
 class Recovered:
     """What the operators' COMMITs of resolved transactions decided."""
 
@@ -44,33 +54,60 @@ class Recovered:
     rejections: list[dict]
 
 
-def recover_discarded(ctx: BatchContext, ends: list[dict]) -> Recovered:
-    """Judge operator COMMITs (:func:`is_operator_commit`) of transactions no longer pending:
-    the first one for a transaction that was discarded, and not recovered since, is accepted;
-    every other is refused.
+def operator_commit_targets(records: pa.Table) -> list[str]:
+    """The transactions the operators' COMMITs among ``records`` (commit-log rows) name: what
+    :func:`read_for_recovery` reads for."""
+    ends = records.filter(pc.and_(pc.fill_null(pc.equal(records.column("state"), LocalTransactionState.COMMIT_MESSAGE.value), False),
+                                  pc.fill_null(pc.starts_with(records.column("check_id"), OPERATOR_CHECK_PREFIX), False)))
+    return sorted(set(ends.column("transaction_id").drop_null().to_pylist()))
+
+
+def read_for_recovery(ctx: BatchContext, transaction_ids: list[str]) -> RecoveryFacts:
+    """What batches before this one wrote of ``transaction_ids`` in ``system/op`` and ``system/discarded``.
 
     Example::
 
-        recovered = recover_discarded(ctx, [end])  # end: an operator's COMMIT of a discarded transaction
-        recovered.deliveries.num_rows              # its messages, from system/discarded
+        facts = read_for_recovery(ctx, operator_commit_targets(records.light))
+    """
+    if not transaction_ids:
+        return RecoveryFacts({}, DISCARDED.arrow_schema().empty_table())
+    outcomes: dict[str, set[str]] = {}
+    ops = _earlier(ctx, OP, ["transaction_id", "outcome"], transaction_ids)
+    for transaction_id, outcome in zip(ops.column(0).to_pylist(), ops.column(1).to_pylist()):
+        outcomes.setdefault(transaction_id, set()).add(outcome)
+    discarded = [t for t, found in outcomes.items() if Outcome.DISCARD in found]
+    rows = _earlier(ctx, DISCARDED, ["transaction_id", "half_offset", *MESSAGE_FIELDS], discarded).sort_by("half_offset") \
+        if discarded else DISCARDED.arrow_schema().empty_table()
+    return RecoveryFacts(outcomes, rows)
+
+
+def recover_discarded(ends: list[dict], facts: RecoveryFacts) -> Recovered:
+    """Judge operator COMMITs (:func:`is_operator_commit`) of transactions no longer pending:
+    the first one for a transaction that was discarded, and not recovered since, is accepted;
+    every other is refused. ``facts`` holds what earlier batches wrote of them (:func:`read_for_recovery`).
+
+    Example::
+
+        recovered = recover_discarded([end], facts)  # end: an operator's COMMIT of a discarded transaction
+        recovered.deliveries.num_rows                # its messages, from system/discarded
     """
     if not ends:
         return Recovered([], _deliveries(DISCARDED.arrow_schema().empty_table(), {}), [], [])
-    ids = sorted({end["transaction_id"] for end in ends})
-    outcomes: dict[str, set[str]] = {}
-    ops = _earlier(ctx, OP, ["transaction_id", "outcome"], ids)
-    for transaction_id, outcome in zip(ops.column(0).to_pylist(), ops.column(1).to_pylist()):
-        outcomes.setdefault(transaction_id, set()).add(outcome)
     accepted, rejections = {}, []
     for end in sorted(ends, key=lambda r: (r["sequence"], r["record_id"])):
-        found = outcomes.get(end["transaction_id"], set())
+        found = facts.outcomes.get(end["transaction_id"], set())
         if end["transaction_id"] in accepted or found == {Outcome.DISCARD, Outcome.COMMIT}:
             rejections.append(rejection(end, ALREADY_RECOVERED))
         elif found != {Outcome.DISCARD}:
             rejections.append(rejection(end, ALREADY_RESOLVED))
         else:
             accepted[end["transaction_id"]] = end
-    discarded = _discarded(ctx, sorted(accepted)) if accepted else DISCARDED.arrow_schema().empty_table()
+    discarded = facts.discarded.filter(pc.is_in(facts.discarded.column("transaction_id"),
+                                                value_set=pa.array(sorted(accepted), pa.string())))
+    missing = set(accepted) - set(discarded.column("transaction_id").to_pylist())
+    if missing:
+        raise CheckerStateError(f"discarded transactions {sorted(missing)[:5]} have a DISCARD op row but no row "
+                                "in system/discarded; the batch fails and is retried")
     offsets = discarded.column("half_offset").to_pylist()
     owners = discarded.column("transaction_id").to_pylist()
     committed_at = {offset: accepted[owner]["stored_us"] for offset, owner in zip(offsets, owners)}
@@ -85,15 +122,6 @@ def _earlier(ctx: BatchContext, table, columns: list[str], ids: list[str]) -> pa
     """Rows of ``table`` for ``ids`` that batches before this one wrote (ids are time-ordered, so
     the range lets the files' statistics leave out the files of other times)."""
     return ctx.lakehouse.read(table, columns, transaction_ids_in(ids) & (pc.field("batch_id") < ctx.batch_id))
-
-
-def _discarded(ctx: BatchContext, ids: list[str]) -> pa.Table:
-    rows = _earlier(ctx, DISCARDED, ["transaction_id", "half_offset", *MESSAGE_FIELDS], ids).sort_by("half_offset")
-    kept = set(rows.column("transaction_id").to_pylist())
-    if kept != set(ids):
-        raise CheckerStateError(f"discarded transactions {sorted(set(ids) - kept)[:5]} have a DISCARD op row but no row "
-                                "in system/discarded; the batch fails and is retried")
-    return rows
 
 
 def _deliveries(discarded: pa.Table, committed_at: dict[int, int]) -> pa.Table:

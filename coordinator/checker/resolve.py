@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from coordinator.checker.context import BatchRecords, grouped
 from coordinator.checker.recover import ALREADY_RESOLVED
 from coordinator.checker.refusals import rejection
-from coordinator.checker.state import CheckerState, Known, transaction_bounds
+from coordinator.checker.memory import CheckerMemory, Known, transaction_bounds
 from coordinator.protocol import OPERATOR_CHECK_PREFIX, LocalTransactionState, Outcome, RecordKind
 from coordinator.tables import MESSAGE_FIELDS
 from coordinator.validation import first_reasons
@@ -69,12 +69,12 @@ class Resolved:
         return pc.sum(pc.equal(self.decided.column("outcome"), outcome)).as_py() or 0
 
 
-def resolve_ends(records: BatchRecords, new_halves: pa.Table, state: CheckerState,
+def resolve_ends(records: BatchRecords, new_halves: pa.Table, memory: CheckerMemory,
                  known: Mapping[str, Known]) -> Resolved:
     """Validate this batch's END records (docs/design.md#validating-an-end) and turn the first valid one per
     transaction into op rows, one per half message.
 
-    ``new_halves`` are the half rows this batch accepted (``system/half``'s columns); ``state.pending``
+    ``new_halves`` are the half rows this batch accepted (``system/half``'s columns); ``memory.pending``
     holds the transactions unresolved by earlier batches; ``known`` what earlier batches ingested of the
     batch's other transaction ids.
 
@@ -85,7 +85,7 @@ def resolve_ends(records: BatchRecords, new_halves: pa.Table, state: CheckerStat
 
     Example::
 
-        resolved = resolve_ends(records, ingested.halves, state, known)
+        resolved = resolve_ends(records, ingested.halves, memory, known)
         resolved.decided.column("outcome")  # ['COMMIT', ...]
     """
     light = records.light
@@ -93,7 +93,7 @@ def resolve_ends(records: BatchRecords, new_halves: pa.Table, state: CheckerStat
     if not ends.num_rows:  # the rules' groupings and joins cost ~2.5 ms even over no rows
         return Resolved(_OPS_SCHEMA.empty_table(), _DECIDED_SCHEMA.empty_table(), [], [], Counter(),
                         pa.chunked_array([], pa.float64()))
-    targets = _targets(ends, new_halves, state, known)
+    targets = _targets(ends, new_halves, memory, known)
     target = targets.drop_columns(["transaction_id"]).take(
         pc.index_in(ends.column("transaction_id"), value_set=targets.column("transaction_id")))
     ends = pa.Table.from_arrays([*ends.columns, *target.columns], names=[*ends.column_names, *target.column_names])
@@ -122,7 +122,7 @@ def resolve_ends(records: BatchRecords, new_halves: pa.Table, state: CheckerStat
     waited = pc.max_element_wise(pc.subtract(winners.column("stored_us"), winners.column("half_stored_us")), 0)
     decided = pa.table({"transaction_id": winners.column("transaction_id"), "producer_group": winners.column("owner"),
                         "outcome": outcome, "in_batch": winners.column("in_batch")}, schema=_DECIDED_SCHEMA)
-    return Resolved(_ops(winners, new_halves, state), decided, rejections, ends.filter(recover).to_pylist(),
+    return Resolved(_ops(winners, new_halves, memory), decided, rejections, ends.filter(recover).to_pylist(),
                     check_answers, pc.divide(pc.cast(waited, pa.float64()), 1e6))
 
 
@@ -130,7 +130,7 @@ def _operators(check_ids: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.fill_null(pc.starts_with(check_ids, OPERATOR_CHECK_PREFIX), False)
 
 
-def _targets(ends: pa.Table, new_halves: pa.Table, state: CheckerState, known: Mapping[str, Known]) -> pa.Table:
+def _targets(ends: pa.Table, new_halves: pa.Table, memory: CheckerMemory, known: Mapping[str, Known]) -> pa.Table:
     """Per transaction an END names: who owns it, whether it is pending, whether its halves came in this
     batch, and what judging the END needs (its halves' sequence, when they were stored, until when its
     producer's own END is accepted)."""
@@ -144,7 +144,7 @@ def _targets(ends: pa.Table, new_halves: pa.Table, state: CheckerState, known: M
     named = pc.unique(ends.column("transaction_id")).drop_null()
     earlier = []
     for transaction_id in named.filter(pc.invert(pc.is_in(named, value_set=in_batch.column("transaction_id")))).to_pylist():
-        pending = state.pending.get(transaction_id)
+        pending = memory.pending.get(transaction_id)
         if pending is not None and pending.withheld is None:  # withheld: committed already
             earlier.append((transaction_id, pending.producer_group, True, False, pending.half_sequence,
                             pending.stored_us, pending.own_end_until_us))
@@ -173,7 +173,7 @@ def _end_rules(ends: pa.Table) -> list[tuple[pa.Array, object]]:
     ]
 
 
-def _ops(winners: pa.Table, new_halves: pa.Table, state: CheckerState) -> pa.Table:
+def _ops(winners: pa.Table, new_halves: pa.Table, memory: CheckerMemory) -> pa.Table:
     """One op row per half of each winning END's transaction (with the half's topic), in deciding order."""
     here = winners.filter(winners.column("in_batch")).select(
         ["transaction_id", "owner", "outcome", "stored_us", "record_id", "check_id", "order"])
@@ -187,7 +187,7 @@ def _ops(winners: pa.Table, new_halves: pa.Table, state: CheckerState) -> pa.Tab
                          "order": decided.column("order")}, schema=_OPS_SCHEMA)
     earlier = []
     for row in winners.filter(pc.invert(winners.column("in_batch"))).to_pylist():
-        pending = state.pending[row["transaction_id"]]
+        pending = memory.pending[row["transaction_id"]]
         earlier.extend((offset, pending.transaction_id, pending.producer_group, row["outcome"], row["stored_us"],
                         row["record_id"], row["check_id"], topic, row["order"])
                        for offset, topic in zip(pending.offsets, pending.topics))
@@ -196,13 +196,13 @@ def _ops(winners: pa.Table, new_halves: pa.Table, state: CheckerState) -> pa.Tab
     return pa.concat_tables([in_batch, earlier_ops]).sort_by([("order", "ascending"), ("half_offset", "ascending")])
 
 
-def promote(resolved: Resolved, new_halves: pa.Table, state: CheckerState) -> pa.Table:
+def promote(resolved: Resolved, new_halves: pa.Table, memory: CheckerMemory) -> pa.Table:
     """The topic rows (less ``batch_id``) of this batch's committed transactions, each message once, in
     queue-offset order: halves of this batch from ``new_halves``, earlier ones from the checker's memory.
 
     Example::
 
-        deliveries = promote(resolved, ingested.halves, state)
+        deliveries = promote(resolved, ingested.halves, memory)
         deliveries.column("topic")
     """
     committed = resolved.ops.filter(pc.equal(resolved.ops.column("outcome"), Outcome.COMMIT.value))
@@ -210,7 +210,7 @@ def promote(resolved: Resolved, new_halves: pa.Table, state: CheckerState) -> pa
     earlier = pc.is_in(committed.column("transaction_id"), value_set=pa.array(resolved.ids(in_batch=False), pa.string()))
     halves = new_halves.filter(pc.is_in(new_halves.column("queue_offset"), value_set=offsets))  # in queue-offset order
     if pc.any(earlier).as_py():
-        halves = pa.concat_tables([halves, state.rows.take(offsets.filter(earlier).to_pylist())]).sort_by("queue_offset")
+        halves = pa.concat_tables([halves, memory.rows.take(offsets.filter(earlier).to_pylist())]).sort_by("queue_offset")
     commit_times = committed.column("resolved_at").take(pc.index_in(halves.column("queue_offset"), value_set=offsets))
     return halves.select(["transaction_id", *MESSAGE_FIELDS, "queue_offset"]).append_column(
         "commit_timestamp", commit_times.cast(halves.schema.field("born_timestamp").type))

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.config import CoordinatorConfig
-from coordinator.checker.state import check_history
+from coordinator.checker.rebuild import check_history
 from coordinator.checker.unresolved import unresolved_halves
 from coordinator.control.progress import CheckerProgress
 from coordinator.lakehouse import Lakehouse, require_lakehouse

@@ -1,7 +1,7 @@
 """What the checker keeps in memory between batches, as RocketMQ keeps its op map.
 
-A batch reads from Delta only the commit-log versions it covers; everything else it
-needs is here:
+A batch reads from Delta only the commit-log versions it covers (and what its *gather* step
+looks up); everything else it needs is here:
 
 * the **pending set**: every unresolved transaction, with its halves' full rows (the
   bodies its check requests, discards and deliveries carry), its check count and when
@@ -11,47 +11,40 @@ needs is here:
 * an **id floor**: every transaction id ever ingested that sorts above it is in one of
   the two. Producers' ids are time-ordered, so a new half's id is nearly always above
   it; only an id at or below it (an old transaction's late END, a replayed duplicate) is
-  looked up in Delta.
+  looked up in Delta;
+* the messages **withheld** from a topic that could not be written (:mod:`.delivery`).
 
-The state is a pure function of the checker's tables as earlier batches left them: it
-is rebuilt from them at start, after a failed batch, and whenever a batch arrives that
-is not the next one (a replay), so a replayed batch decides exactly as its first run.
-The rebuild computes ``half ⋈̸ op`` (:mod:`.unresolved`) over only the unresolved part of
-the half queue (``queue_offset >= pending_from``; the files' statistics leave out the rest),
-so it costs what the pending set holds, whatever the history's size: with delta-rs on the
-driver, or by Spark where that pays (a large range, a cluster).
+The memory is a pure function of the checker's tables as earlier batches left them: it is
+rebuilt from them (:mod:`.rebuild`) at start, after a failed batch, and whenever a batch arrives
+that is not the next one (a replay), so a replayed batch decides exactly as its first run.
+Nothing here reads or writes storage: a batch's *decide* step reads the memory, its *apply* step
+changes it once the batch's writes have landed (:mod:`.batch`).
 
 Example::
 
-    state = CheckerState()
-    state.prepare(config, batch_id=7, pending_from=0, app_id="txcoord-checker")  # a fresh state: rebuilds
-    state.pending_halves()                                      # halves with no op row
+    memory = CheckerMemory()
+    memory.add_pending(pending_from_rows(halves), halves, config)
+    memory.pending_halves()                                      # halves with no op row
 """
 
 from __future__ import annotations
 
 import heapq
-import logging
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Collection, Iterable, NamedTuple, Optional
-from urllib.parse import unquote
+from typing import Collection, Iterable, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator import schedule
-from coordinator.checker.context import OFFSETS_PER_COMMIT, grouped, shaped
-from coordinator.checker.unresolved import rebuild_in_spark, spark_unresolved_halves, unresolved_halves
-from coordinator.checker.writer import TableWriter
-from coordinator.commit_logs import CommitLogs, Layout
+from coordinator.checker.context import OFFSETS_PER_COMMIT, grouped
+from coordinator.commit_logs import Layout
 from coordinator.config import CoordinatorConfig
-from coordinator.exceptions import CheckerStateError
-from coordinator.lakehouse import Lakehouse, table_dataset, transaction_ids_in
-from coordinator.protocol import Outcome
-from coordinator.tables import CHECK_REQUESTS, HALF, OP, UNDELIVERED
+from coordinator.tables import HALF, UNDELIVERED
 
-log = logging.getLogger("coordinator.checker")
+__all__ = ["CheckerMemory", "HalfRows", "Known", "RESOLVED_REMEMBERED", "TrackedTransaction", "pending_from_rows",
+           "transaction_bounds"]
 
 #: Resolved transactions remembered for judging late ENDs; older ones are looked up in Delta.
 RESOLVED_REMEMBERED = 200_000
@@ -143,10 +136,11 @@ class HalfRows:
 
 
 @dataclass
-class CheckerState:
+class CheckerMemory:
     """The checker's memory between batches (see the module's docstring).
 
-    ``next_batch_id`` is the batch it is ready for; ``None`` until built.
+    ``next_batch_id`` is the batch it is ready for; ``None``: not built, or a batch's writes did not all
+    land (a replay, a failure), and the next batch rebuilds it (:func:`.rebuild.rebuild_memory`).
     """
 
     next_batch_id: Optional[int] = None
@@ -154,7 +148,6 @@ class CheckerState:
     rows: HalfRows = field(default_factory=HalfRows)
     resolved: "OrderedDict[str, str]" = field(default_factory=OrderedDict)  # id -> producer group
     id_floor: Optional[str] = None
-    writer: Optional[TableWriter] = None  # the batch's writes; what it knows of them is state too
     _due: list = field(default_factory=list)  # heap of (next step's batch clock, transaction id)
     pending_by_topic: Counter = field(default_factory=Counter)  # pending halves per topic
     #: Committed messages whose topic has not taken them yet, ``system/undelivered``'s rows (:mod:`.delivery`).
@@ -162,20 +155,6 @@ class CheckerState:
     #: The lakehouse's layout, read when the state is built: only ``txcoord upgrade`` changes it, and only
     #: while no checker runs.
     layout: Layout = field(default_factory=Layout)
-    #: The checker's Spark session: a rebuild runs its anti-join there where that pays
-    #: (:func:`.unresolved.rebuild_in_spark`); without one, always on the driver.
-    spark: Optional[object] = field(default=None, repr=False)
-
-    def prepare(self, config: CoordinatorConfig, batch_id: int, pending_from: int, app_id: str) -> bool:
-        """Make the state ready for batch ``batch_id``, rebuilding it from the tables unless it
-        already is; return whether it was rebuilt."""
-        if self.next_batch_id == batch_id and self.writer is not None and self.writer.app_id == app_id:
-            return False
-        self._rebuild(config, batch_id, pending_from)
-        if self.writer is not None:
-            self.writer.close()
-        self.writer = TableWriter(app_id, Lakehouse.of(config).storage)
-        return True
 
     def invalidate(self) -> None:
         """Forget everything: the next batch rebuilds (after a failed batch, or a replayed write)."""
@@ -185,7 +164,7 @@ class CheckerState:
 
     def lookup(self, transaction_ids: Iterable[str]) -> tuple[dict[str, Known], set[str]]:
         """What is known of ``transaction_ids``: ``(known, unsure)``, where ``unsure`` holds the ids
-        at or below the id floor that memory cannot answer for (see :func:`lookup_in_tables`).
+        at or below the id floor that memory cannot answer for (:func:`.rebuild.lookup_in_tables`).
         An id in neither was never ingested."""
         known, unsure = {}, set()
         for transaction_id in transaction_ids:
@@ -199,22 +178,32 @@ class CheckerState:
         return known, unsure
 
     def due(self, now_us: int, config: CoordinatorConfig) -> list[TrackedTransaction]:
-        """The pending transactions whose next check or expiry has come by ``now_us``."""
-        found = {}
+        """The pending transactions whose next check or expiry has come by ``now_us``, in queue order.
+        Reads only the heap's entries due by then (a parent is never later than its children), and changes
+        nothing: :meth:`advance_due` does, once the batch that took them has written."""
+        found, stack = {}, [0] if self._due else []
+        while stack:
+            at = stack.pop()
+            event, transaction_id = self._due[at]
+            if event > now_us:
+                continue
+            stack.extend(child for child in (2 * at + 1, 2 * at + 2) if child < len(self._due))
+            pending = self.pending.get(transaction_id)
+            if pending is not None and pending.withheld is None and pending.next_step_at(config) <= now_us:
+                found[transaction_id] = pending  # withheld: committed, nothing is due but its delivery
+        return sorted(found.values(), key=lambda p: p.offsets[0])
+
+    def advance_due(self, now_us: int, config: CoordinatorConfig) -> None:
+        """Drop the heap's entries due by ``now_us`` (the batch has taken them: :meth:`checked` times their next
+        step), keeping those whose next step moved later."""
         later = []
         while self._due and self._due[0][0] <= now_us:
             _, transaction_id = heapq.heappop(self._due)
             pending = self.pending.get(transaction_id)
-            if pending is None or pending.withheld is not None or transaction_id in found:
-                continue  # withheld: committed, nothing is due but its delivery
-            event = pending.next_step_at(config)
-            if event <= now_us:
-                found[transaction_id] = pending
-            else:
-                later.append((event, transaction_id))
+            if pending is not None and pending.withheld is None and pending.next_step_at(config) > now_us:
+                later.append((pending.next_step_at(config), transaction_id))
         for entry in later:
             heapq.heappush(self._due, entry)
-        return list(found.values())
 
     @property
     def pending_half_count(self) -> int:
@@ -308,115 +297,6 @@ class CheckerState:
             if self.id_floor is None or forgotten > self.id_floor:
                 self.id_floor = forgotten
 
-    # --- rebuilding from the tables ----------------------------------------------------------
-
-    def _rebuild(self, config: CoordinatorConfig, batch_id: int, pending_from: int) -> None:
-        lakehouse = Lakehouse.of(config)
-        in_spark = self.spark is not None and rebuild_in_spark(config, self.spark, lakehouse, pending_from)
-        pending_rows = spark_unresolved_halves(self.spark, lakehouse, pending_from, batch_id) if in_spark \
-            else unresolved_halves(lakehouse, pending_from, batch_id)
-        pending_rows = shaped(HALF, {name: pending_rows.column(name) for name in pending_rows.column_names},
-                              pending_rows.num_rows, batch_id=None).sort_by("queue_offset")
-        history = check_history(lakehouse, (pc.field("half_offset") >= pending_from) & (pc.field("batch_id") < batch_id))
-
-        self.next_batch_id = batch_id
-        self.pending, self.rows, self.resolved, self._due = {}, HalfRows(), OrderedDict(), []
-        self.pending_by_topic = Counter()
-        self.layout = CommitLogs(lakehouse).layout()
-        self.id_floor = _highest_transaction_id(lakehouse)
-        transactions = pending_from_rows(pending_rows)
-        for pending in transactions:
-            checked = history.get(pending.transaction_id)
-            if checked is not None:
-                pending.checks, pending.last_check_us = checked.checks, checked.last_check_us
-        self.add_pending(transactions, pending_rows, config)
-        self.withhold(outstanding_deliveries(lakehouse, batch_id, pending_rows.column("queue_offset")))
-        log.info("checker state rebuilt for batch %d: %d pending transactions (%d halves) from queue offset %d, "
-                 "the anti-join run by %s", batch_id, len(self.pending), len(self.rows), pending_from,
-                 "Spark" if in_spark else "the driver")
-
-
-def _read(lakehouse: Lakehouse, table, columns: Optional[list[str]] = None,
-          filter: Optional[pc.Expression] = None) -> pa.Table:
-    return table_dataset(lakehouse.path(table), lakehouse.storage)[1].to_table(columns=columns, filter=filter)
-
-
-class CheckHistory(NamedTuple):
-    """A transaction's check requests so far."""
-
-    checks: int
-    #: When the last one became visible (its file's ``modificationTime``, as the batch that wrote it
-    #: recorded), in microseconds: what :mod:`coordinator.schedule` times the next check from.
-    last_check_us: int
-    #: The producer instance the last one went to (``None``: any instance of the group).
-    addressed_to: Optional[str]
-
-
-def check_history(lakehouse: Lakehouse, filter: pc.Expression) -> dict[str, CheckHistory]:
-    """Per transaction, its :class:`CheckHistory`. ``filter`` selects ``system/check_requests`` rows.
-
-    Example::
-
-        check_history(lakehouse, pc.field("half_offset") >= 0)["txn-1"].checks  # 2
-    """
-    columns = ["transaction_id", "check_times", "producer_instance"]
-    delta, dataset = table_dataset(lakehouse.path(CHECK_REQUESTS), lakehouse.storage, columns=columns)
-    actions = pa.table(delta.get_add_actions(flatten=True))
-    written_ms = dict(zip((unquote(p) for p in actions.column("path").to_pylist()),
-                          actions.column("modification_time").cast(pa.int64()).to_pylist()))
-    requests = []
-    for fragment in dataset.get_fragments(filter=filter):
-        rows = fragment.to_table(columns=columns, filter=filter)
-        visible_us = pa.scalar(written_ms[unquote(fragment.path)] * 1000, pa.int64())
-        requests.append(rows.append_column("visible_us", pa.repeat(visible_us, rows.num_rows)))
-    if not requests:
-        return {}
-    # In order of check_times: each transaction's last request is the one its group's "last" picks.
-    history = grouped(pa.concat_tables(requests).sort_by("check_times"), "transaction_id").aggregate(
-        [("visible_us", "count"), ("visible_us", "max"),
-         ("producer_instance", "last", pc.ScalarAggregateOptions(skip_nulls=False))])
-    return dict(zip(history.column("transaction_id").to_pylist(),
-                    map(CheckHistory._make, zip(history.column("visible_us_count").to_pylist(),
-                                                history.column("visible_us_max").to_pylist(),
-                                                history.column("producer_instance_last").to_pylist()))))
-
-
-def outstanding_deliveries(lakehouse: Lakehouse, before_batch: int, pending_offsets: pa.ChunkedArray) -> pa.Table:
-    """The messages withheld from their topics (``system/undelivered`` rows, :mod:`.delivery`) by batches
-    before ``before_batch`` and not delivered since: those of halves still pending (``pending_offsets``),
-    and those of discarded transactions an operator committed that have no COMMIT op row yet.
-
-    Example::
-
-        outstanding_deliveries(lakehouse, 12, pending_rows.column("queue_offset")).column("topic")
-    """
-    if not lakehouse.exists(UNDELIVERED):  # a lakehouse made before the table was: the first withholding makes it
-        return UNDELIVERED.arrow_schema().empty_table()
-    rows = _read(lakehouse, UNDELIVERED, filter=pc.field("batch_id") < before_batch)
-    pending = pc.is_in(rows.column("half_offset"), value_set=pending_offsets)
-    others = rows.filter(pc.invert(pending))
-    if others.num_rows:
-        committed = _read(lakehouse, OP, ["half_offset"], pc.field("half_offset").isin(others.column("half_offset"))
-                          & (pc.field("outcome") == Outcome.COMMIT.value) & (pc.field("batch_id") < before_batch))
-        others = others.filter(pc.invert(pc.is_in(others.column("half_offset"), value_set=committed.column(0))))
-    return pa.concat_tables([rows.filter(pending), others]).cast(UNDELIVERED.arrow_schema())
-
-
-def _highest_transaction_id(lakehouse: Lakehouse) -> Optional[str]:
-    """An upper bound of every transaction id in the half queue, from its files' statistics (a
-    truncated maximum is rounded up); a file without one is read."""
-    delta, dataset = table_dataset(lakehouse.path(HALF), lakehouse.storage)
-    actions = pa.table(delta.get_add_actions(flatten=True))
-    if not actions.num_rows:
-        return None
-    bounds = actions.column("max.transaction_id").to_pylist() if "max.transaction_id" in actions.column_names \
-        else [None] * actions.num_rows
-    unknown = {unquote(p) for p, bound in zip(actions.column("path").to_pylist(), bounds) if bound is None}
-    for fragment in dataset.get_fragments():
-        if unquote(fragment.path) in unknown:
-            bounds.append(pc.max(fragment.to_table(columns=["transaction_id"]).column(0)).as_py())
-    return max((bound for bound in bounds if bound is not None), default=None)
-
 
 def transaction_bounds(halves: pa.Table) -> pa.Table:
     """Per transaction in ``halves`` (accepted half rows, all of each transaction's messages): its
@@ -473,24 +353,3 @@ def pending_from_rows(halves: pa.Table) -> list[TrackedTransaction]:
             topics=tuple(columns["topic"][i] for _, _, i in parts),
         ))
     return result
-
-
-def lookup_in_tables(config: CoordinatorConfig, batch_id: int, transaction_ids: set[str]) -> dict[str, Known]:
-    """Ids the memory could not answer for, looked up in ``system/half`` and ``system/op`` as earlier
-    batches left them. Every one found is resolved (the pending set is complete).
-
-    Filters on the ids' range first: ids are time-ordered, so the files' statistics leave out
-    every file of other times.
-    """
-    if not transaction_ids:
-        return {}
-    wanted = transaction_ids_in(transaction_ids) & (pc.field("batch_id") < batch_id)
-    lakehouse = Lakehouse.of(config)
-    halves = _read(lakehouse, HALF, ["transaction_id", "producer_group"], wanted)
-    resolved = set(_read(lakehouse, OP, ["transaction_id"], wanted).column(0).to_pylist())
-    groups = dict(zip(halves.column(0).to_pylist(), halves.column(1).to_pylist()))
-    missing = set(groups) - resolved
-    if missing:
-        raise CheckerStateError(f"checker state is inconsistent: unresolved transactions {sorted(missing)[:5]} are not in "
-                           "the pending set; the batch fails and the state is rebuilt")
-    return {transaction_id: Known(group, None) for transaction_id, group in groups.items()}
