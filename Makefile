@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JARS := .cache/spark-jars.stamp
 
-.PHONY: setup lock demo test test-under-load system-packages s3-server chaos cluster bench peers clean
+.PHONY: setup lock demo test test-under-load system-packages s3-server azurite chaos cluster bench peers clean
 
 setup: $(INSTALLED) $(JARS)
 
@@ -35,15 +35,18 @@ demo: setup
 	$(PY) -m coordinator demo
 
 # The S3 server of the object-storage tests is built from source once (cached in .cache/s3: about
-# a minute and a half of both cores), from the start (the build script needs only Python's stdlib); then the
+# a minute and a half of both cores), and Azurite, the Azure Storage emulator, installed from npm once (cached
+# in .cache/azurite: about half a minute), both from the start (the scripts need only Python's stdlib); then the
 # tests in two lanes at once (scripts/test_lanes.sh), each lane's time and its slowest tests printed.
 test: system-packages
 	@mkdir -p .cache; start=$$(date +%s); \
 	$(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
-	$(MAKE) --no-print-directory setup || { kill $$build 2>/dev/null; exit 1; }; \
+	$(PYTHON) scripts/azurite.py install > .cache/azurite-install.log 2>&1 & azurite=$$!; \
+	$(MAKE) --no-print-directory setup || { kill $$build $$azurite 2>/dev/null; exit 1; }; \
 	echo "--- setup took $$(( $$(date +%s) - start )) s"; \
 	bash scripts/test_lanes.sh; status=$$?; \
 	wait $$build || { echo "--- the S3 server's build failed:"; cat .cache/s3-build.log; status=1; }; \
+	wait $$azurite || { echo "--- Azurite's install failed:"; cat .cache/azurite-install.log; status=1; }; \
 	echo "--- make test took $$(( $$(date +%s) - start )) s"; exit $$status
 
 # Three consecutive fresh-clone CI runs (`CI=true bash .ci/run`) beside two CPU-bound processes
@@ -55,7 +58,10 @@ test-under-load:
 # tests that need them are skipped, saying how to install them:
 #   Prometheus's server and promtool: tests/test_prometheus.py
 #   Chromium, headless, and its driver: tests/test_console_browser.py
+#   Node.js and npm, which install and run Azurite: tests/test_object_storage_azure.py
 system-packages:
+	@$(call apt-install,nodejs npm,node npm,tests/test_object_storage_azure.py needs Node.js and npm \
+	  (sudo apt-get install nodejs npm): skipped without them)
 	@$(call apt-install,prometheus,prometheus promtool,tests/test_prometheus.py needs Prometheus \
 	  (sudo apt-get install prometheus): skipped without it)
 	@$(call apt-install,chromium chromium-driver,chromium chromedriver,tests/test_console_browser.py needs Chromium \
@@ -73,6 +79,10 @@ apt-install = missing=; for command in $(2); do command -v $$command >/dev/null 
 # A real S3-compatible server on loopback (versitygw), built once into .cache/s3: `scripts/s3_server.py --help`.
 s3-server: setup
 	$(PY) scripts/s3_server.py build
+
+# Azurite, the Azure Storage emulator, installed once into .cache/azurite: `scripts/azurite.py --help`.
+azurite: setup
+	$(PY) scripts/azurite.py install
 
 # Kill -9 the checker and producers at random and verify every invariant: `python -m bench.chaos --help`.
 chaos: setup

@@ -33,9 +33,11 @@ class CoordinatorConfig:
 
     ``lakehouse`` is the directory that holds every table (a relative path is
     taken from the current directory), or an object-storage location,
-    ``s3://bucket/prefix``. ``storage`` holds what reaching it takes (the TOML's
-    ``[storage]`` table: ``object_store``'s keys such as ``aws_endpoint``,
-    ``aws_region``, ``aws_allow_http``; ``AWS_*`` environment variables fill in the rest).
+    ``s3://bucket/prefix`` or ``abfss://container@account.dfs.core.windows.net/prefix``.
+    ``storage`` holds what reaching it takes (the TOML's ``[storage]`` table: ``object_store``'s
+    keys such as ``aws_endpoint``, ``aws_region``, ``aws_allow_http``, or on Azure
+    ``azure_storage_account_key``, ``azure_storage_endpoint``; ``AWS_*`` or ``AZURE_*``
+    environment variables fill in the rest).
 
     Example::
 
@@ -81,8 +83,9 @@ class CoordinatorConfig:
         if scheme and not is_object_store(self.lakehouse):
             # Else "gs://b/lh" would quietly become a local directory named "gs:".
             raise ConfigError(f"lakehouse {self.lakehouse!r}: {scheme.group(1)}:// is not supported; a lakehouse is a "
-                              "local path or on S3-compatible storage (s3://bucket/prefix). ADLS and GCS are readable "
-                              "from Spark only: see README, \"Deploying on S3, ADLS or GCS\"")
+                              "local path, on S3-compatible storage (s3://bucket/prefix) or on Azure "
+                              "(abfss://container@account.dfs.core.windows.net/prefix). GCS is readable from Spark "
+                              "only: see README, \"Deploying on S3, ADLS or GCS\"")
         if not isinstance(self.storage, Mapping) or not all(isinstance(key, str) for key in self.storage):
             raise ConfigError(f"storage must be a table of settings ([storage] in the TOML), got {self.storage!r}")
         object.__setattr__(self, "storage", {key: _setting(value) for key, value in self.storage.items()})

@@ -1,7 +1,8 @@
 """The small files of a lakehouse (the checker's lease and progress record, producer instances),
-with the conditional writes that make them safe: on a local disk or an S3-compatible bucket.
+with the conditional writes that make them safe: on a local disk, an S3-compatible bucket or an
+Azure Blob Storage / ADLS Gen2 container.
 
-A file is read with its *version* (on S3, its ETag; on a local disk, a hash of its content),
+A file is read with its *version* (on S3 and Azure, its ETag; on a local disk, a hash of its content),
 and replaced only if it is still at that version, or created only if absent. That is all a
 lease and a progress record need to stay single-writer, on either kind of storage: two
 processes racing to replace the same version see one win and one refused.
@@ -15,7 +16,8 @@ to it), and the write is reported made.
 
 Object storage is reached through ``obstore`` (the Rust ``object_store`` crate, the one delta-rs
 uses), so the same settings serve both: ``AWS_*`` environment variables, or the coordinator
-TOML's ``[storage]`` table (the same keys, e.g. ``aws_endpoint``, ``aws_allow_http``).
+TOML's ``[storage]`` table (the same keys, e.g. ``aws_endpoint``, ``aws_allow_http``; on Azure
+``azure_storage_account_name``, ``azure_storage_account_key``, ``azure_storage_endpoint``, ``allow_http``).
 
 Example::
 
@@ -42,7 +44,7 @@ from urllib.parse import urlparse
 
 import obstore
 from obstore.exceptions import AlreadyExistsError, PermissionDeniedError, PreconditionError, UnauthenticatedError
-from obstore.store import S3Store
+from obstore.store import AzureStore, S3Store
 
 from coordinator.exceptions import AccessDeniedError, FileTooLargeError, InvalidArgumentError
 from coordinator.retries import RETRY_SETTINGS, RetryPolicy, note_own_write_recognised, retrying
@@ -51,8 +53,17 @@ __all__ = ["FileStore", "Versioned", "denied_as_error", "is_object_store", "read
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
-#: Location schemes served by object storage; anything else is a local path.
-OBJECT_SCHEMES = ("s3", "s3a")
+#: Location schemes of S3-compatible storage.
+S3_SCHEMES = ("s3", "s3a")
+#: Location schemes of Azure Blob Storage and ADLS Gen2 (those object_store, so obstore and delta-rs, read as Azure:
+#: ``abfss://container@account.dfs.core.windows.net/prefix``, ``az://container/prefix`` with the account in ``[storage]``).
+AZURE_SCHEMES = ("abfss", "abfs", "az", "azure", "adl")
+#: Location schemes served by object storage; anything else is a local path. Not ``gs``: no emulator that speaks
+#: GCS's XML API and its generation preconditions, as object_store does, installs here to test it (docs/known-limits.md).
+OBJECT_SCHEMES = S3_SCHEMES + AZURE_SCHEMES
+#: ``[storage]`` keys that let object_store's HTTP client speak plain HTTP (an emulator on loopback): a client
+#: option for obstore, a storage option delta-rs reads itself.
+ALLOW_HTTP_SETTINGS = ("aws_allow_http", "azure_allow_http", "allow_http")
 
 
 class Versioned(NamedTuple):
@@ -83,7 +94,8 @@ def read_all(read: Callable[[_T], _R], items: Sequence[_T], remote: bool) -> lis
 
 
 def is_object_store(location: str) -> bool:
-    """Whether ``location`` names object storage (``s3://bucket/prefix``) rather than a local path."""
+    """Whether ``location`` names object storage (``s3://bucket/prefix``, ``abfss://container@account.dfs.core.windows.net/prefix``)
+    rather than a local path."""
     return urlparse(location).scheme in OBJECT_SCHEMES
 
 
@@ -134,8 +146,8 @@ class FileStore(abc.ABC):
 
     @staticmethod
     def at(root: str, options: Optional[Mapping[str, str]] = None) -> "FileStore":
-        """The store for ``root``: a local directory, or ``s3://bucket/prefix`` with ``options``
-        (``object_store``'s keys; ``AWS_*`` environment variables fill in the rest).
+        """The store for ``root``: a local directory, or ``s3://bucket/prefix`` or an Azure location with
+        ``options`` (``object_store``'s keys; ``AWS_*`` / ``AZURE_*`` environment variables fill in the rest).
 
         Example::
 
@@ -304,21 +316,35 @@ def _local_version(data: bytes) -> str:
 
 
 class ObjectFileStore(FileStore):
-    """An S3-compatible bucket, through ``obstore``: ``If-None-Match: *`` for a create, ``If-Match``
-    with the ETag read for a replace. The server must support both (AWS S3 does since 2024, MinIO does)."""
+    """An S3-compatible bucket or an Azure container, through ``obstore``: ``If-None-Match: *`` for a
+    create, ``If-Match`` with the ETag read for a replace. The server must support both (AWS S3 does
+    since 2024, MinIO and versitygw do; Azure Blob Storage and its emulator Azurite do)."""
 
     def __init__(self, root: str, options: Mapping[str, str]):
         parsed = urlparse(root)
         if not parsed.netloc:
-            raise InvalidArgumentError(f"an object-storage location names a bucket: s3://BUCKET/PREFIX, got {root!r}")
+            raise InvalidArgumentError(f"an object-storage location names a bucket or container: s3://BUCKET/PREFIX, "
+                                       f"abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PREFIX; got {root!r}")
         self.root = root
         self._policy = RetryPolicy.of(options)
-        config = {key: value for key, value in options.items() if key != "aws_allow_http" and key not in RETRY_SETTINGS}
-        client = {"allow_http": _truthy(options["aws_allow_http"])} if "aws_allow_http" in options else None
+        config = {key: value for key, value in options.items()
+                  if key not in ALLOW_HTTP_SETTINGS and key not in RETRY_SETTINGS}
+        allow_http = [_truthy(options[key]) for key in ALLOW_HTTP_SETTINGS if key in options]
+        client = {"allow_http": any(allow_http)} if allow_http else None
         # object_store's own retries are off: coordinator.retries makes them, counted and logged, and
         # tells a conditional write whose reply was lost from one refused (see create and replace).
-        self._store = S3Store(parsed.netloc, prefix=parsed.path.strip("/") or None, config=config or None,
-                              client_options=client, retry_config={"max_retries": 0})
+        retry = {"max_retries": 0}
+        if parsed.scheme in S3_SCHEMES:
+            self._store = S3Store(parsed.netloc, prefix=parsed.path.strip("/") or None, config=config or None,
+                                  client_options=client, retry_config=retry)
+        else:
+            # obstore's Azure store takes only azure_* keys (it aborts the process on others, a Rust panic);
+            # the account and container come from the URL as delta-rs reads it.
+            foreign = sorted(key for key in config if not key.lower().startswith("azure_"))
+            if foreign:
+                raise InvalidArgumentError(f"{root}: [storage] settings for Azure are object_store's azure_* keys "
+                                           f"(and allow_http, max_retries, retry_timeout); not {', '.join(foreign)}")
+            self._store = AzureStore.from_url(root, config=config or None, client_options=client, retry_config=retry)
 
     def location(self, key: str) -> str:
         return f"{self.root.rstrip('/')}/{key}"

@@ -32,13 +32,16 @@ import fcntl
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Optional
+
+try:
+    from scripts.loopback import LoopbackServer
+except ImportError:  # run as a script (python scripts/s3_server.py build): its directory is on the path
+    from loopback import LoopbackServer
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 #: The one version the Go module proxy lists; built from source, so the pin is the module version.
@@ -48,7 +51,6 @@ BINARY = CACHE_DIR / "bin" / "versitygw"
 ACCESS_KEY = "txcoord"
 SECRET_KEY = "txcoord-secret"
 REGION = "us-east-1"
-_READY_TIMEOUT_S = 30.0
 
 
 def build(quiet: bool = False) -> Path:
@@ -78,7 +80,7 @@ def _go_install(go: str, quiet: bool) -> None:
         subprocess.run([go, "install", "-ldflags=-s -w", VERSITYGW_MODULE], env=env, check=True)
 
 
-class S3Server:
+class S3Server(LoopbackServer):
     """A versitygw process serving ``data_dir`` on a free loopback port, until stopped.
 
     Example::
@@ -88,14 +90,14 @@ class S3Server:
             server.endpoint        # 'http://127.0.0.1:41234'
     """
 
+    name = "the S3 server"
+
     def __init__(self, data_dir: str | os.PathLike, port: Optional[int] = None, log_file: Optional[str] = None,
                  with_accounts: bool = False):
+        super().__init__(port, log_file)
         self.data_dir = Path(data_dir)
         self.accounts_dir = self.data_dir.parent / f"{self.data_dir.name}-accounts" if with_accounts else None
-        self.port = port or _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.log_file = log_file
-        self._process: Optional[subprocess.Popen] = None
 
     @property
     def storage_options(self) -> dict[str, str]:
@@ -126,23 +128,12 @@ class S3Server:
     def start(self) -> "S3Server":
         binary = build()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         accounts = []
         if self.accounts_dir is not None:
             self.accounts_dir.mkdir(parents=True, exist_ok=True)
             accounts = ["--iam-dir", str(self.accounts_dir)]
-        self._process = subprocess.Popen(
-            [str(binary), "--access", ACCESS_KEY, "--secret", SECRET_KEY, "--region", REGION,
-             "--port", f"127.0.0.1:{self.port}", *accounts, "--quiet", "posix", str(self.data_dir)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + _READY_TIMEOUT_S
-        while not _listening(self.port):
-            if self._process.poll() is not None:
-                raise RuntimeError(f"the S3 server exited with code {self._process.returncode} (log: {self.log_file})")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the S3 server did not listen on port {self.port} within {_READY_TIMEOUT_S:.0f} s")
-            time.sleep(0.02)
+        self.launch([str(binary), "--access", ACCESS_KEY, "--secret", SECRET_KEY, "--region", REGION,
+                     "--port", f"127.0.0.1:{self.port}", *accounts, "--quiet", "posix", str(self.data_dir)])
         return self
 
     def create_bucket(self, bucket: str) -> None:
@@ -152,34 +143,6 @@ class S3Server:
         filesystem = pafs.S3FileSystem(access_key=ACCESS_KEY, secret_key=SECRET_KEY, region=REGION, scheme="http",
                                        endpoint_override=f"127.0.0.1:{self.port}", allow_bucket_creation=True)
         filesystem.create_dir(bucket)
-
-    def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            os.killpg(self._process.pid, signal.SIGTERM)
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._process.pid, signal.SIGKILL)
-                self._process.wait(10)
-        self._process = None
-
-    def __enter__(self) -> "S3Server":
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.settimeout(0.2)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -131,7 +131,7 @@ class ManualChecker:
     def __init__(self, spark, config: CoordinatorConfig):
         self.spark = spark
         self.config = config
-        self.lakehouse = Lakehouse(config.lakehouse)
+        self.lakehouse = Lakehouse.of(config)  # with its [storage]: on object storage too
         self.next_versions: dict[str, int] = {}
         self.batch_id = 0
         self.pending_from = 0
@@ -267,6 +267,39 @@ def s3_lakehouse(s3_server) -> Lakehouse:
     return lakehouse
 
 
+def require_azurite() -> None:
+    """Wait for Azurite's install (``make test`` starts it while it sets up), install it if nobody is, or
+    skip when it is not installed and there is no npm to install it."""
+    from scripts.azurite import install, installed
+
+    if not installed() and shutil.which("npm") is None:
+        pytest.skip("Azurite is not installed and there is no npm to install it: see scripts/azurite.py")
+    install(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory):
+    """Azurite, the Azure Storage emulator (``scripts/azurite.py``), on loopback for the session, with a
+    container ``lakehouse``. Skips when it is neither installed nor installable (:func:`require_azurite`)."""
+    require_azurite()
+    from scripts.azurite import Azurite
+
+    server = Azurite(tmp_path_factory.mktemp("azurite"),
+                     log_file=str(tmp_path_factory.mktemp("azurite-log") / "azurite.log"))
+    with server:
+        server.create_container("lakehouse")
+        yield server
+
+
+@pytest.fixture
+def azure_lakehouse(azurite) -> Lakehouse:
+    """A fresh lakehouse in the container ``lakehouse`` on the session's Azurite (an ``abfss://`` URL), its
+    tables created."""
+    lakehouse = Lakehouse(azurite.location("lakehouse", uuid.uuid4().hex), azurite.storage_options)
+    init_lakehouse(lakehouse)
+    return lakehouse
+
+
 DEMO_ORDERS = 12
 
 
@@ -345,8 +378,8 @@ def demo(tmp_path_factory, installed):
 
 
 def pytest_itemcollected(item):
-    """Mark ``object_store`` every test that uses the S3 server."""
-    if "s3_server" in getattr(item, "fixturenames", ()):
+    """Mark ``object_store`` every test that uses the S3 server or Azurite."""
+    if {"s3_server", "azurite"} & set(getattr(item, "fixturenames", ())):
         item.add_marker(pytest.mark.object_store)
 
 

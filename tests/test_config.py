@@ -91,11 +91,16 @@ def test_replace_validates_too():
         CoordinatorConfig().replace(transaction_timeout_ms=0)
 
 
-@pytest.mark.parametrize("location", ["gs://bucket/lh", "abfss://c@account.dfs.core.windows.net/lh", "hdfs://nn/lh"])
+@pytest.mark.parametrize("location", ["gs://bucket/lh", "hdfs://nn/lh"])
 def test_a_lakehouse_on_a_store_the_producers_cannot_reach_is_refused_not_taken_for_a_local_path(location):
-    with pytest.raises(ConfigError, match="is not supported; a lakehouse is a local path or on S3-compatible storage"):
+    with pytest.raises(ConfigError, match="is not supported; a lakehouse is a local path, on S3-compatible storage"):
         CoordinatorConfig(lakehouse=location)
-    assert Lakehouse(CoordinatorConfig(lakehouse="s3://bucket/lh").lakehouse).root == "s3://bucket/lh"
+
+
+@pytest.mark.parametrize("location", ["s3://bucket/lh", "abfss://c@account.dfs.core.windows.net/lh", "az://c/lh"])
+def test_a_lakehouse_on_s3_or_azure_is_object_storage(location):
+    assert Lakehouse(CoordinatorConfig(lakehouse=location).lakehouse).root == location
+    assert not Lakehouse(location).is_local
 
 
 def test_topic_grants_are_read_from_their_table_and_off_without_it(tmp_path):

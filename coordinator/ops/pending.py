@@ -88,7 +88,8 @@ def pending_transactions(config: CoordinatorConfig, older_than_s: float = 0.0, g
     withheld = _withheld(lakehouse, halves)
     found = []
     for transaction_id, first in firsts.items():
-        age_s = (now - first["stored_timestamp"]).total_seconds()
+        # Not below 0: a store's whole-second time is rounded up, so a half just stored reads up to 1 s ahead.
+        age_s = max(0.0, (now - first["stored_timestamp"]).total_seconds())
         if age_s < older_than_s:
             continue
         checks, last_check_us, addressed_to = history.get(transaction_id, (0, None, None))

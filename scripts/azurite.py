@@ -1,0 +1,164 @@
+"""Azurite, Microsoft's Azure Storage emulator, on loopback: the Azure lakehouse of the tests.
+
+Only its Blob service runs (``azurite-blob``): the API that obstore and delta-rs speak to Azure Blob
+Storage and ADLS Gen2 alike (object_store reads and writes an ``abfss://`` location through the Blob
+endpoint). It implements the conditional writes the lakehouse relies on, ``If-None-Match: *`` and
+``If-Match``. It serves the well-known emulator account ``devstoreaccount1`` and its published key,
+path-style (``http://127.0.0.1:PORT/devstoreaccount1/CONTAINER/...``).
+
+It is installed once from npm into ``.cache/azurite`` (``npm ci`` of ``scripts/azurite/package-lock.json``,
+the version and every dependency pinned with its hash; about half a minute, then a no-op while the
+lock is unchanged), and starts in a second or two. Telemetry is off: nothing leaves the machine.
+
+    python3 scripts/azurite.py install                          # once; a no-op when cached
+    .venv/bin/python scripts/azurite.py run --data /tmp/az --container lakehouse
+                                                                # serves until Ctrl-C, printing the
+                                                                # [storage] settings
+
+From Python::
+
+    with Azurite(data_dir) as azurite:
+        azurite.create_container("lakehouse")
+        config = CoordinatorConfig(lakehouse=azurite.location("lakehouse", "lh"), storage=azurite.storage_options)
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+try:
+    from scripts.loopback import LoopbackServer
+except ImportError:  # run as a script (python scripts/azurite.py install): its directory is on the path
+    from loopback import LoopbackServer
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = PROJECT_ROOT / "scripts" / "azurite"
+CACHE_DIR = Path(os.environ.get("TXCOORD_CACHE_DIR", PROJECT_ROOT / ".cache")) / "azurite"
+BINARY = CACHE_DIR / "node_modules" / ".bin" / "azurite-blob"
+#: Which lock the cache was installed from: a changed lock installs again.
+STAMP = CACHE_DIR / ".installed-lock"
+#: The emulator's one account and its key, published by Microsoft (not a secret).
+ACCOUNT = "devstoreaccount1"
+ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def _lock_digest() -> str:
+    return hashlib.sha256((PACKAGE_DIR / "package-lock.json").read_bytes()).hexdigest()
+
+
+def installed() -> bool:
+    """Whether the cache holds Azurite as the lock pins it."""
+    return BINARY.exists() and STAMP.exists() and STAMP.read_text().strip() == _lock_digest()
+
+
+def install(quiet: bool = False) -> Path:
+    """Azurite's ``azurite-blob``, installed into the cache first if it is not there as the lock pins it.
+    An install already under way in another process (``make test`` starts one early) is waited for."""
+    if installed():
+        return BINARY
+    npm = shutil.which("npm")
+    if npm is None:
+        raise SystemExit("installing Azurite needs npm (sudo apt-get install nodejs npm); none is on PATH")
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR.parent / ".azurite-install.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not installed():
+            if not quiet:
+                print(f"installing Azurite ({PACKAGE_DIR / 'package.json'}) into {CACHE_DIR}: about half a minute, once",
+                      file=sys.stderr, flush=True)
+            for name in ("package.json", "package-lock.json"):
+                shutil.copyfile(PACKAGE_DIR / name, CACHE_DIR / name)
+            # ci: exactly the lock, hashes checked. No install scripts: Azurite needs none (one dependency's
+            # only prints), and a script is code run at install time.
+            subprocess.run([npm, "ci", "--ignore-scripts", "--omit=dev", "--no-audit", "--no-fund", "--loglevel=error"],
+                           cwd=CACHE_DIR, check=True, stdout=subprocess.DEVNULL if quiet else None)
+            STAMP.write_text(_lock_digest())
+    return BINARY
+
+
+class Azurite(LoopbackServer):
+    """An ``azurite-blob`` process keeping its blobs under ``data_dir``, on a free loopback port, until stopped.
+
+    Example::
+
+        with Azurite("/tmp/az") as azurite:
+            azurite.create_container("lakehouse")
+            azurite.location("lakehouse", "lh")   # 'abfss://lakehouse@devstoreaccount1.dfs.core.windows.net/lh'
+    """
+
+    name = "Azurite"
+
+    def __init__(self, data_dir: str | os.PathLike, port: Optional[int] = None, log_file: Optional[str] = None):
+        super().__init__(port, log_file)
+        self.data_dir = Path(data_dir)
+        self.endpoint = f"http://127.0.0.1:{self.port}/{ACCOUNT}"
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        """The ``[storage]`` settings (``object_store``'s keys) that reach this emulator's account.
+        The endpoint, not ``azure_storage_use_emulator``: that one takes the emulator's address from
+        an environment variable only, where a ``[storage]`` table should say it all."""
+        return {"azure_storage_account_name": ACCOUNT, "azure_storage_account_key": ACCOUNT_KEY,
+                "azure_storage_endpoint": self.endpoint, "allow_http": "true"}
+
+    @staticmethod
+    def location(container: str, prefix: str) -> str:
+        """The ADLS Gen2 URL of ``prefix`` in ``container``, as a lakehouse on Azure is named (the host
+        names the account; the requests go to :attr:`endpoint`)."""
+        return f"abfss://{container}@{ACCOUNT}.dfs.core.windows.net/{prefix.strip('/')}"
+
+    def start(self) -> "Azurite":
+        binary = install(quiet=True)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.launch([str(binary), "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location", str(self.data_dir),
+                     "--silent", "--disableTelemetry", "--skipApiVersionCheck"])
+        return self
+
+    def create_container(self, container: str) -> None:
+        """Create ``container`` if it does not exist (obstore and delta-rs never create one)."""
+        import pyarrow.fs as pafs
+
+        authority = f"127.0.0.1:{self.port}"
+        filesystem = pafs.AzureFileSystem(ACCOUNT, account_key=ACCOUNT_KEY, blob_storage_authority=authority,
+                                          blob_storage_scheme="http", dfs_storage_authority=authority,
+                                          dfs_storage_scheme="http")
+        filesystem.create_dir(container)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("install", help="install Azurite into the cache (a no-op when it is there)")
+    run = commands.add_parser("run", help="serve a directory until interrupted")
+    run.add_argument("--data", required=True, help="the directory Azurite keeps its blobs in")
+    run.add_argument("--port", type=int, default=10000)
+    run.add_argument("--container", action="append", default=[], help="a container to create (repeatable)")
+    args = parser.parse_args(argv)
+    if args.command == "install":
+        print(install())
+        return 0
+    with Azurite(args.data, port=args.port) as azurite:
+        for container in args.container:
+            azurite.create_container(container)
+        print(f"Azurite's Blob service on {azurite.endpoint}, keeping {Path(args.data).resolve()}; a lakehouse there "
+              f"is {azurite.location(args.container[0] if args.container else 'CONTAINER', 'PREFIX')} with [storage]:")
+        for name, value in azurite.storage_options.items():
+            print(f'  {name} = "{value}"')
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
