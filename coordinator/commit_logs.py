@@ -108,10 +108,11 @@ class CommitLogs:
     def __init__(self, lakehouse: Lakehouse):
         self.lakehouse = lakehouse
 
-    def discover(self) -> list[CommitLogRef]:
+    def discover(self, layout: Optional[Layout] = None) -> list[CommitLogRef]:
         """Every commit log the checker reads, sorted: each group's (a directory under ``groups/``,
         whether or not its log has a first version yet), the operators', and the retired shared one
-        if the lakehouse was upgraded from it. One listing of ``groups/``.
+        if the lakehouse was upgraded from it. One listing of ``groups/``, and the layout read unless
+        ``layout`` is given (it is known already: only ``txcoord upgrade`` changes it, under the lease).
 
         Example::
 
@@ -120,7 +121,7 @@ class CommitLogs:
         refs = [CommitLogRef(f"{GROUPS_KEY}/{name}/commit_log")
                 for name in self.lakehouse.files.directories(GROUPS_KEY)]
         refs.append(CommitLogRef(OPERATORS_LOG_KEY))
-        if self.layout().shared_log_end is not None:
+        if (layout or self.layout()).shared_log_end is not None:
             refs.append(CommitLogRef(SHARED_LOG_KEY))
         return sorted(refs)
 

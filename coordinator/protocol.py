@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 __all__ = ["CHECK_IMMUNITY_TIME_IN_SECONDS", "DELAY_PROPERTIES", "LocalTransactionState", "MAX_COMMIT_BODY_BYTES",
            "MAX_REASON_LENGTH", "OPERATOR_CHECK_PREFIX", "OPERATOR_PROPERTY", "OPERATOR_REASON_PROPERTY", "Outcome",
-           "RecordKind", "outcome_of"]
+           "RecordKind", "is_operators_check", "outcome_of"]
 
 #: The bodies of one transaction's messages together, and of one commit-log commit: the checker reads no
 #: data file that could not come from a commit within it (:mod:`coordinator.checker.segment`).
@@ -91,6 +91,19 @@ _OUTCOME_OF_STATE = {LocalTransactionState.COMMIT_MESSAGE.value: Outcome.COMMIT,
 #: An operator's END (``txcoord resolve``) answers a check of this id prefix, so the checker judges
 #: it as a check answer, at any time; its properties name the operator and the reason.
 OPERATOR_CHECK_PREFIX = "operator-"
+
+
+def is_operators_check(check_id: Optional[str]) -> bool:
+    """Whether an END with ``check_id`` is an operator's decision (``txcoord resolve``); the checker asks the
+    same of a batch's columns with :func:`coordinator.checker.provenance.operators_decisions`.
+
+    Example::
+
+        is_operators_check("operator-3f2a")  # True
+    """
+    return (check_id or "").startswith(OPERATOR_CHECK_PREFIX)
+
+
 OPERATOR_PROPERTY = "TXCOORD_OPERATOR"
 OPERATOR_REASON_PROPERTY = "TXCOORD_OPERATOR_REASON"
 #: Longest reason an operator may give.

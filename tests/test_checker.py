@@ -13,7 +13,7 @@ from chispa import assert_df_equality
 from dataclasses import replace
 from pathlib import Path
 
-from coordinator.checker.resolve import WAIT_FOR_CHECK
+from coordinator.checker.ends import WAIT_FOR_CHECK
 from coordinator.lakehouse import Lakehouse, read_table, table_dataset
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
 from coordinator.validation import MAX_BODY_BYTES

@@ -281,3 +281,34 @@ def test_an_unreadable_lease_file_is_replaced(tmp_path):
     lease.acquire()
     assert on_disk(lease)["owner"] == lease.owner
     lease.renew()
+
+
+def test_hold_renews_only_when_the_last_renewal_leaves_less_than_asked_and_fails_once_taken_over(tmp_path):
+    clock = Clock()
+    holder = CheckerLease(str(tmp_path), ttl_s=3.0, clock=clock).acquire()
+    taken = on_disk(holder)
+    clock.now += 0.9
+    holder.hold(2.0)  # 2.1 s of the lease left: enough, nothing written
+    assert on_disk(holder) == taken
+    clock.now += 0.2
+    holder.hold(2.0)  # 1.9 s left: renewed
+    assert on_disk(holder)["renewed_at"] == clock.now == holder.renewed_at
+    clock.now += 3.1  # not renewed within its TTL: lapsed, and taken over
+    successor = CheckerLease(str(tmp_path), ttl_s=3.0, clock=clock).acquire()
+    with pytest.raises(LeaseLostError):
+        holder.hold(2.0)
+    assert on_disk(successor)["owner"] == successor.owner
+    with pytest.raises(LeaseLostError):  # a refused renewal is never taken for a holding
+        holder.hold(0.0)
+
+
+def test_hold_after_a_renewal_that_found_the_lease_taken_asks_the_storage_again(tmp_path):
+    clock = Clock()
+    holder = CheckerLease(str(tmp_path), ttl_s=3.0, clock=clock).acquire()
+    # Taken by a checker whose clock is ahead (holders must share one: this one does not).
+    CheckerLease(str(tmp_path), ttl_s=3.0, clock=lambda: clock.now + 3600).acquire()
+    holder.hold(2.0)  # renewed a moment ago by this holder's clock: no request, so not noticed yet
+    with pytest.raises(LeaseLostError):
+        holder.renew()  # the renewer's next round notices
+    with pytest.raises(LeaseLostError):
+        holder.hold(2.0)  # and every batch after it asks the storage, and stops

@@ -28,12 +28,12 @@ from coordinator.checker.context import (COMMITS_PER_BATCH, OFFSETS_PER_COMMIT, 
 from coordinator.checker.delivery import Delivered, as_undelivered, deliver, op_rows
 from coordinator.checker.gather import Gathered, gather
 from coordinator.checker.ingest import ingest_halves, refuse_unknown_kinds
-from coordinator.checker.memory import CheckerMemory, TrackedTransaction, pending_from_rows
+from coordinator.checker.memory import CheckerMemory, TrackedTransaction, tracked_transactions
 from coordinator.checker.provenance import refuse_misattributed
 from coordinator.checker.rebuild import rebuild_memory
 from coordinator.checker.recover import recover_discarded
 from coordinator.checker.refusals import rejection
-from coordinator.checker.resolve import promote, resolve_ends
+from coordinator.checker.ends import promote, resolve_ends
 from coordinator.checker.segment import commits_read
 from coordinator.checker.writer import TableWriter, files_written_at_us
 from coordinator.config import CoordinatorConfig
@@ -214,7 +214,7 @@ def decide(ctx: BatchContext, all_records: BatchRecords, memory: CheckerMemory, 
     resolved_here = resolved.ids(in_batch=True)
     arriving_rows = ingested.halves.filter(pc.invert(pc.is_in(
         ingested.halves.column("transaction_id"), value_set=pa.array(resolved_here, pa.string()))))
-    arriving = pending_from_rows(arriving_rows)
+    arriving = tracked_transactions(arriving_rows)
     resolved_earlier = resolved.ids(in_batch=False)
     recovered = recover_discarded(resolved.to_recover, facts.recovery)
     decided_ops = pa.concat_tables([_table(OP, resolved.ops, ctx.batch_id), _rows_table(OP, recovered.ops, ctx.batch_id)])
@@ -302,8 +302,8 @@ def apply(ctx: BatchContext, memory: CheckerMemory, plan: BatchPlan, written: Wr
     memory.add_pending(plan.arriving, plan.arriving_rows, config)
     memory.count_topics(plan.topics)
     withheld_here = plan.halves.filter(pc.is_in(plan.halves.column("queue_offset"), value_set=withheld))
-    memory.add_pending(pending_from_rows(withheld_here), withheld_here, config)
-    memory.resolve([*plan.resolved_earlier, *plan.due.given_up], withheld=set(withheld.to_pylist()))
+    memory.add_pending(tracked_transactions(withheld_here), withheld_here, config)
+    memory.retire([*plan.resolved_earlier, *plan.due.given_up], withheld=set(withheld.to_pylist()))
     memory.settle(_settled(delivered, ctx.batch_id))
     memory.remember_resolved(plan.resolved_here)
     memory.withhold(delivered.withheld)

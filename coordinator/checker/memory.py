@@ -23,7 +23,7 @@ changes it once the batch's writes have landed (:mod:`.batch`).
 Example::
 
     memory = CheckerMemory()
-    memory.add_pending(pending_from_rows(halves), halves, config)
+    memory.add_pending(tracked_transactions(halves), halves, config)
     memory.pending_halves()                                      # halves with no op row
 """
 
@@ -43,7 +43,7 @@ from coordinator.commit_logs import Layout
 from coordinator.config import CoordinatorConfig
 from coordinator.tables import HALF, UNDELIVERED
 
-__all__ = ["CheckerMemory", "HalfRows", "Known", "RESOLVED_REMEMBERED", "TrackedTransaction", "pending_from_rows",
+__all__ = ["CheckerMemory", "HalfRows", "Known", "RESOLVED_REMEMBERED", "TrackedTransaction", "tracked_transactions",
            "transaction_bounds"]
 
 #: Resolved transactions remembered for judging late ENDs; older ones are looked up in Delta.
@@ -249,7 +249,7 @@ class CheckerMemory:
             pending.last_check_us = visible_at_us
             heapq.heappush(self._due, (pending.next_step_at(config), transaction_id))
 
-    def resolve(self, transaction_ids: Iterable[str], withheld: Collection[int] = ()) -> None:
+    def retire(self, transaction_ids: Iterable[str], withheld: Collection[int] = ()) -> None:
         """Forget these pending transactions, resolved now, but for their groups (:meth:`remember_resolved`)
         and for their halves in ``withheld`` (queue offsets), which stay until delivered (:meth:`settle`)."""
         resolved = []
@@ -286,7 +286,7 @@ class CheckerMemory:
         for transaction_id, offsets in by_transaction.items():
             pending = self.pending.get(transaction_id)
             if pending is not None:  # else a discarded transaction an operator committed: never pending again
-                self.resolve([transaction_id], withheld=set(pending.offsets) - offsets)
+                self.retire([transaction_id], withheld=set(pending.offsets) - offsets)
 
     def remember_resolved(self, transactions: Iterable[tuple[str, str]]) -> None:
         """Remember the groups of these resolved transactions (id, group), to judge their late ENDs; only the
@@ -324,13 +324,13 @@ def transaction_bounds(halves: pa.Table) -> pa.Table:
     })
 
 
-def pending_from_rows(halves: pa.Table) -> list[TrackedTransaction]:
+def tracked_transactions(halves: pa.Table) -> list[TrackedTransaction]:
     """One :class:`TrackedTransaction` per transaction in ``halves`` (accepted half rows, all of
     each transaction's messages), in the order of their first rows.
 
     Example::
 
-        pending_from_rows(new_halves)[0].offsets  # [queue offsets, first message first]
+        tracked_transactions(new_halves)[0].offsets  # [queue offsets, first message first]
     """
     columns = halves.select(["transaction_id", "queue_offset", "message_index", "immunity_ms", "topic"]).to_pydict()
     bounds = {row["transaction_id"]: row for row in transaction_bounds(halves).to_pylist()}

@@ -31,6 +31,17 @@ from coordinator.validation import first_reasons
 __all__ = ["refuse_misattributed"]
 
 
+def operators_decisions(check_ids: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Which records are operators' decisions (``txcoord resolve``): a check id with the operators' prefix.
+    The one place that says so; provenance then refuses one found outside the operators' log.
+
+    Example::
+
+        operators_decisions(records.light.column("check_id"))  # [False, True, ...]
+    """
+    return pc.fill_null(pc.starts_with(check_ids, OPERATOR_CHECK_PREFIX), False)
+
+
 def refuse_misattributed(records: BatchRecords, layout: Layout) -> tuple[BatchRecords, list[dict]]:
     """The records whose columns agree with the log they were stored in, and the others as rejections.
 
@@ -40,7 +51,7 @@ def refuse_misattributed(records: BatchRecords, layout: Layout) -> tuple[BatchRe
     """
     light = records.light
     reasons = light.column("refusal")
-    operators_decision = pc.fill_null(pc.starts_with(light.column("check_id"), OPERATOR_CHECK_PREFIX), False)
+    operators_decision = operators_decisions(light.column("check_id"))
     for key in pc.unique(light.column("commit_log")).drop_null().to_pylist():
         in_log = pc.equal(light.column("commit_log"), key)
         rules = _rules(CommitLogRef(key), light, layout, operators_decision)

@@ -197,7 +197,7 @@ class CheckerQuery:
 
     def _run_batch(self, batch: DataFrame, stream_batch_id: int) -> None:
         def body() -> None:
-            self._renew_lease()  # a checker whose lease was taken over writes nothing more
+            self._hold_lease()  # a checker whose lease was taken over writes nothing more
             covered = segments(batch)
             if not covered:
                 return
@@ -287,6 +287,13 @@ class CheckerQuery:
     def _renew_lease(self) -> None:
         with self._lease_lock:
             self.lease.renew()
+
+    def _hold_lease(self) -> None:
+        """Before a batch: the lease is this checker's for two thirds of its TTL more at least. The renewer
+        (:meth:`_keep_lease`) renews it every third of the TTL, so a batch makes a request for it only when
+        that renewal is late or failed."""
+        with self._lease_lock:
+            self.lease.hold(self.lease.ttl_s * 2 / 3)
 
     def await_termination(self, timeout_s: Optional[float] = None) -> bool:
         """Wait for the query to end (``stop()`` or a failure, which is raised)."""

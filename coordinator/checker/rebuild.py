@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.checker.context import grouped, shaped
-from coordinator.checker.memory import CheckerMemory, Known, pending_from_rows
+from coordinator.checker.memory import CheckerMemory, Known, tracked_transactions
 from coordinator.checker.unresolved import rebuild_in_spark, spark_unresolved_halves, unresolved_halves
 from coordinator.commit_logs import CommitLogs
 from coordinator.config import CoordinatorConfig
@@ -55,7 +55,7 @@ def rebuild_memory(config: CoordinatorConfig, batch_id: int, pending_from: int, 
 
     memory = CheckerMemory(next_batch_id=batch_id, layout=CommitLogs(lakehouse).layout(),
                            id_floor=_highest_transaction_id(lakehouse))
-    transactions = pending_from_rows(pending_rows)
+    transactions = tracked_transactions(pending_rows)
     for pending in transactions:
         checked = history.get(pending.transaction_id)
         if checked is not None:

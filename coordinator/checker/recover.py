@@ -20,19 +20,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.checker.context import BatchContext
+from coordinator.checker.provenance import operators_decisions
 from coordinator.checker.refusals import rejection
 from coordinator.exceptions import CheckerStateError
 from coordinator.lakehouse import transaction_ids_in
-from coordinator.protocol import OPERATOR_CHECK_PREFIX, LocalTransactionState, Outcome
+from coordinator.protocol import LocalTransactionState, Outcome
 from coordinator.tables import DISCARDED, MESSAGE_FIELDS, OP
 
 ALREADY_RECOVERED = "discarded transaction already committed by an operator"
 ALREADY_RESOLVED = "transaction already resolved"
-
-
-def is_operator_commit(end: dict) -> bool:
-    """Whether an END record is an operator's COMMIT (the only END a discarded transaction accepts)."""
-    return end["state"] == LocalTransactionState.COMMIT_MESSAGE.value and (end["check_id"] or "").startswith(OPERATOR_CHECK_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -58,7 +54,7 @@ def operator_commit_targets(records: pa.Table) -> list[str]:
     """The transactions the operators' COMMITs among ``records`` (commit-log rows) name: what
     :func:`read_for_recovery` reads for."""
     ends = records.filter(pc.and_(pc.fill_null(pc.equal(records.column("state"), LocalTransactionState.COMMIT_MESSAGE.value), False),
-                                  pc.fill_null(pc.starts_with(records.column("check_id"), OPERATOR_CHECK_PREFIX), False)))
+                                  operators_decisions(records.column("check_id"))))
     return sorted(set(ends.column("transaction_id").drop_null().to_pylist()))
 
 
@@ -82,7 +78,7 @@ def read_for_recovery(ctx: BatchContext, transaction_ids: list[str]) -> Recovery
 
 
 def recover_discarded(ends: list[dict], facts: RecoveryFacts) -> Recovered:
-    """Judge operator COMMITs (:func:`is_operator_commit`) of transactions no longer pending:
+    """Judge operators' COMMITs (:func:`.provenance.operators_decisions`) of transactions no longer pending:
     the first one for a transaction that was discarded, and not recovered since, is accepted;
     every other is refused. ``facts`` holds what earlier batches wrote of them (:func:`read_for_recovery`).
 

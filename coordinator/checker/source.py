@@ -1,7 +1,9 @@
 """The commit logs as a Spark streaming source: each micro-batch is a :class:`~.segment.Segment` of them.
 
 Spark's trigger asks the source how far the logs have grown (:func:`~.segment.grown_to`: a few
-``stat`` calls per log, and one listing of ``groups/`` to find the logs of groups added since).
+``stat`` calls per log, and one listing of ``groups/`` to find the logs of groups added since). The
+lakehouse's layout (:meth:`~coordinator.commit_logs.CommitLogs.layout`) is read once, at the first
+trigger: only ``txcoord upgrade`` changes it, and it takes the checker's lease to do so.
 Each micro-batch is one row, its segment: the versions of each log committed since the previous
 batch and the batch's **clock** (the wall clock when Spark planned it). Both are Spark offsets,
 kept in the checkpoint, so a replayed batch covers the same versions with the same clock. With no
@@ -27,13 +29,14 @@ import signal
 import struct
 import threading
 import time
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Optional
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
 from coordinator.checker.segment import Segment, grown_to
+from coordinator.commit_logs import CommitLogs, Layout
 from coordinator.lakehouse import Lakehouse
 
 __all__ = ["CommitLogSource", "HEARTBEAT_MS", "segments"]
@@ -49,13 +52,16 @@ class CommitLogReader(SimpleDataSourceStreamReader):
     def __init__(self, lakehouse: Lakehouse, starting_versions: Mapping[str, int]):
         self.lakehouse = lakehouse
         self.starting_versions = dict(starting_versions)
+        self._layout: Optional[Layout] = None
         _outlive_stop_signals()
 
     def initialOffset(self) -> dict:
         return {"versions": self.starting_versions, "clock_us": 0}
 
     def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
-        following = grown_to(self.lakehouse, start["versions"])
+        if self._layout is None:  # read under the lease, which the query's start took
+            self._layout = CommitLogs(self.lakehouse).layout()
+        following = grown_to(self.lakehouse, start["versions"], layout=self._layout)
         now_us = time.time_ns() // 1000
         grew = any(end > start["versions"].get(key, 0) for key, end in following.items())
         if not grew and now_us - start["clock_us"] < HEARTBEAT_MS * 1000:

@@ -1,5 +1,5 @@
-"""The ``txcoord`` command line: :mod:`.console` runs the commands, :mod:`.output` prints their results."""
+"""The ``txcoord`` command line: :mod:`.commands` runs the commands, :mod:`.output` prints their results."""
 
-from coordinator.cli.console import main
+from coordinator.cli.commands import main
 
 __all__ = ["main"]

@@ -55,6 +55,8 @@ class CheckerLease:
         #: Wall-clock seconds: every holder of a lakehouse's lease must share one clock.
         self.clock = clock
         self.owner = uuid.uuid4().hex
+        #: The ``renewed_at`` of the record this holder last wrote and saw land (``None``: it holds no lease).
+        self.renewed_at: Optional[float] = None
 
     def acquire(self, wait: bool = False, stop: Optional[threading.Event] = None,
                 prepare: Optional[Callable[[], None]] = None) -> "CheckerLease":
@@ -124,11 +126,31 @@ class CheckerLease:
 
     def renew(self) -> None:
         """Extend the lease; raise :class:`LeaseLostError` if another checker has taken it."""
-        if not self._rewrite(self._record()):
+        record = self._record()
+        if not self._rewrite(record):
+            self.renewed_at = None
             raise LeaseLostError(f"the checker lease {self.path} was taken over; this checker must stop")
+        self.renewed_at = record["renewed_at"]
+
+    def hold(self, for_s: float) -> None:
+        """Make sure the lease stays this holder's for ``for_s`` seconds more at least: renew it unless the
+        renewal this holder last saw land already gives that (then no request is made); raise
+        :class:`LeaseLostError` as :meth:`renew` does.
+
+        Nobody else can have taken over a lease renewed less than ``ttl_s`` ago: it lapses only when
+        released (by its holder), at ``renewed_at + ttl_s``, or when its holder's process is gone. So a
+        recent renewal proves the holding as well as a new one would, without a round trip to the storage.
+
+        Example::
+
+            lease.hold(lease.ttl_s * 2 / 3)   # renews only if the last renewal is over a third of the TTL old
+        """
+        if self.renewed_at is None or self.clock() + for_s >= self.renewed_at + self.ttl_s:
+            self.renew()
 
     def release(self) -> None:
         """Give the lease up, if still ours: it is left marked released, and the next checker takes it at once."""
+        self.renewed_at = None
         self._rewrite(self._record() | {"released": True})
 
     def _rewrite(self, record: dict) -> bool:
@@ -142,15 +164,17 @@ class CheckerLease:
     def _take(self) -> Optional[dict]:
         """Create the lease, or take a lapsed one over: ``None`` once it is ours, else its live holder's record."""
         while True:
-            current = self.files.read(LEASE_KEY)
+            current, record = self.files.read(LEASE_KEY), self._record()
             if current is None:
-                if self.files.create(LEASE_KEY, _encode(self._record())) is not None:
+                if self.files.create(LEASE_KEY, _encode(record)) is not None:
+                    self.renewed_at = record["renewed_at"]
                     return None
                 continue  # another checker created it first: look at theirs
             holder = lease_record(current)
             if self._live(holder):
                 return holder
-            if self.files.replace(LEASE_KEY, _encode(self._record()), current.version) is not None:
+            if self.files.replace(LEASE_KEY, _encode(record), current.version) is not None:
+                self.renewed_at = record["renewed_at"]
                 return None
             # another checker changed it since we read it: look again
 

@@ -45,7 +45,7 @@ from coordinator.exceptions import AccessDeniedError, FileTooLargeError, one_lin
 from coordinator.lakehouse import Lakehouse, delta_log_file, require_lakehouse, topic_names
 from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, check_commits, commit_digest
 from coordinator.ops.status import read_metrics
-from coordinator.protocol import (OPERATOR_CHECK_PREFIX, OPERATOR_PROPERTY, OPERATOR_REASON_PROPERTY, Outcome,
+from coordinator.protocol import (OPERATOR_PROPERTY, OPERATOR_REASON_PROPERTY, Outcome, is_operators_check,
                                   RecordKind)
 from coordinator.tables import CHECK_REQUESTS, COMMITS_READ, DISCARDED, HALF, OP, REJECTED, TableDef
 
@@ -122,7 +122,7 @@ def transaction_timeline(lakehouse: Union[str, Lakehouse], transaction_id: str) 
                                 f"(msg_id {r['msg_id']}, group {r['producer_group']})"))
         else:
             properties = dict(r["properties"] or ())
-            if (r["check_id"] or "").startswith(OPERATOR_CHECK_PREFIX):
+            if is_operators_check(r["check_id"]):
                 origin = (f"from operator {properties.get(OPERATOR_PROPERTY)} ({r['check_id']}): "
                           f"{properties.get(OPERATOR_REASON_PROPERTY)}")
             else:
@@ -135,7 +135,7 @@ def transaction_timeline(lakehouse: Union[str, Lakehouse], transaction_id: str) 
         events.append(Event(r["requested_at"], "check requested", CHECK_REQUESTS.name,
                             f"check {r['check_times']} ({r['check_id']}), batch {r['batch_id']}"))
     for r in rows(OP, ["half_offset", "outcome", "resolved_at", "check_id", "batch_id"]):
-        if (r["check_id"] or "").startswith(OPERATOR_CHECK_PREFIX):
+        if is_operators_check(r["check_id"]):
             by = f"by the operator ({r['check_id']})"
         elif r["check_id"]:
             by = f"by check {r['check_id']}"

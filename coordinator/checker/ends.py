@@ -18,10 +18,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.checker.context import BatchRecords, grouped
+from coordinator.checker.provenance import operators_decisions
 from coordinator.checker.recover import ALREADY_RESOLVED
 from coordinator.checker.refusals import rejection
 from coordinator.checker.memory import CheckerMemory, Known, transaction_bounds
-from coordinator.protocol import OPERATOR_CHECK_PREFIX, LocalTransactionState, Outcome, RecordKind
+from coordinator.protocol import LocalTransactionState, Outcome, RecordKind
 from coordinator.tables import MESSAGE_FIELDS
 from coordinator.validation import first_reasons
 
@@ -99,11 +100,11 @@ def resolve_ends(records: BatchRecords, new_halves: pa.Table, memory: CheckerMem
     ends = pa.Table.from_arrays([*ends.columns, *target.columns], names=[*ends.column_names, *target.column_names])
     reasons = first_reasons(_end_rules(ends), ends.num_rows)
     operator_commit = pc.and_(pc.fill_null(pc.equal(ends.column("state"), LocalTransactionState.COMMIT_MESSAGE.value), False),
-                              _operators(ends.column("check_id")))
+                              operators_decisions(ends.column("check_id")))
     recover = pc.and_(pc.fill_null(pc.equal(reasons, ALREADY_RESOLVED), False), operator_commit)
     refused = pc.and_(pc.is_valid(reasons), pc.invert(recover))
     valid = ends.filter(pc.is_null(reasons))
-    answers = valid.filter(pc.and_(pc.is_valid(valid.column("check_id")), pc.invert(_operators(valid.column("check_id")))))
+    answers = valid.filter(pc.and_(pc.is_valid(valid.column("check_id")), pc.invert(operators_decisions(valid.column("check_id")))))
     check_answers = Counter({count["values"]: count["counts"]
                              for count in pc.value_counts(answers.column("state")).to_pylist()})
     rejections = [rejection(row, row["reason"])
@@ -124,10 +125,6 @@ def resolve_ends(records: BatchRecords, new_halves: pa.Table, memory: CheckerMem
                         "outcome": outcome, "in_batch": winners.column("in_batch")}, schema=_DECIDED_SCHEMA)
     return Resolved(_ops(winners, new_halves, memory), decided, rejections, ends.filter(recover).to_pylist(),
                     check_answers, pc.divide(pc.cast(waited, pa.float64()), 1e6))
-
-
-def _operators(check_ids: pa.ChunkedArray) -> pa.ChunkedArray:
-    return pc.fill_null(pc.starts_with(check_ids, OPERATOR_CHECK_PREFIX), False)
 
 
 def _targets(ends: pa.Table, new_halves: pa.Table, memory: CheckerMemory, known: Mapping[str, Known]) -> pa.Table:

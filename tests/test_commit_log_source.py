@@ -1,0 +1,65 @@
+"""The checker's streaming source (``coordinator.checker.source``) as Spark's trigger drives it, without Spark:
+what each trigger asks the storage for."""
+
+from __future__ import annotations
+
+import threading
+
+from coordinator.checker.source import CommitLogReader
+from coordinator.commit_logs import CommitLogs, Layout
+from coordinator.lakehouse import SHARED_LOG_KEY
+from bench.harness import half_record
+from tests.conftest import ManualChecker
+
+LOG = "groups/g/commit_log"
+
+
+def reader_of(lakehouse) -> CommitLogReader:
+    """A reader made off the main thread, as Spark's runner is not: it leaves this process's signals alone."""
+    made = []
+    thread = threading.Thread(target=lambda: made.append(CommitLogReader(lakehouse, {})))
+    thread.start()
+    thread.join()
+    return made[0]
+
+
+def test_the_layout_is_read_at_the_first_trigger_only_and_every_trigger_finds_the_logs(config, monkeypatch):
+    writer = ManualChecker(None, config)
+    writer.write(half_record("t1"))
+    lakehouse = writer.lakehouse
+    read_layouts = []
+    layout = CommitLogs.layout
+    monkeypatch.setattr(CommitLogs, "layout", lambda self: read_layouts.append(1) or layout(self))
+    reader = reader_of(lakehouse)
+    offset = reader.initialOffset()
+    _, offset = reader.read(offset)
+    first = offset["versions"][LOG]
+    writer.write(half_record("t2"))
+    for _ in range(3):
+        _, offset = reader.read(offset)
+    assert offset["versions"][LOG] == first + 1
+    assert len(read_layouts) == 1
+
+
+def test_an_upgraded_lakehouse_still_has_its_shared_log_read(config):
+    writer = ManualChecker(None, config)
+    writer.write(half_record("t1"))
+    CommitLogs(writer.lakehouse).record_layout(Layout(shared_log_end=0))
+    _, offset = reader_of(writer.lakehouse).read({"versions": {}, "clock_us": 0})
+    assert SHARED_LOG_KEY in offset["versions"] and offset["versions"][LOG] > 0
+
+
+def test_new_versions_are_probed_in_rounds_on_object_storage_and_one_by_one_on_a_disk(config):
+    from coordinator.checker.segment import committed_run
+    from coordinator.commit_logs import versions_written
+
+    writer = ManualChecker(None, config)
+    for i in range(9):
+        writer.write(half_record(f"t{i}"))
+    files = writer.lakehouse.files
+    written = versions_written(files, LOG)
+    for remote in (True, False):
+        assert committed_run(files, LOG, 0, 100, remote) == written
+        assert committed_run(files, LOG, 2, 5, remote) == 5  # no more than asked
+        assert committed_run(files, LOG, written, 100, remote) == 0
+        assert committed_run(files, LOG, written - 1, 100, remote) == 1
