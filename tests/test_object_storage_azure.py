@@ -132,7 +132,8 @@ def _answered(lakehouse: Lakehouse, transaction_id: str) -> list:
 
 
 def test_the_txcoord_tools_run_on_an_azure_lakehouse(azurite, tmp_path, capsys):
-    """`txcoord init`, `add-group`, `status`, `pending`, `inspect` and `maintain`, configured by a TOML's [storage]."""
+    """`txcoord init`, `add-group`, `status`, `pending`, `inspect`, `resolve`, `grants` and `maintain`, configured by
+    a TOML's [storage]."""
     root = azurite.location("lakehouse", f"tools-{tmp_path.name}")
     settings = "\n".join(f'{key} = "{value}"' for key, value in azurite.storage_options.items())
     config_file = tmp_path / "coordinator.toml"
@@ -147,7 +148,8 @@ def test_the_txcoord_tools_run_on_an_azure_lakehouse(azurite, tmp_path, capsys):
     config = CoordinatorConfig.load(config_file, environ={})
     with CommitLogWriter(lakehouse, "g") as writer:
         writer.submit([half_record("stuck", body=b"held")]).result()
-    ManualChecker(None, config).run()
+    checker = ManualChecker(None, config)
+    checker.run()
     assert main(["pending", "--json", *arguments]) == 0
     [pending] = json.loads(capsys.readouterr().out)["pending"]
     assert (pending["transaction_id"], pending["next_step"]) == ("stuck", "check")
@@ -156,6 +158,12 @@ def test_the_txcoord_tools_run_on_an_azure_lakehouse(azurite, tmp_path, capsys):
     assert (status["lakehouse"], status["pending_transactions"], status["checker_alive"]) == (root, 1, False)
     assert main(["inspect", "stuck", "--json", *arguments]) == 0
     assert [event["step"] for event in json.loads(capsys.readouterr().out)["events"]][:2] == ["half sent", "half stored"]
+    assert main(["resolve", "stuck", "--commit", "--reason", "paid", *arguments]) == 0  # the operators' log
+    capsys.readouterr()
+    assert checker.run().delivered == 1
+    assert lakehouse.read("topics/T", ["transaction_id"]).to_pylist() == [{"transaction_id": "stuck"}]
+    assert main(["grants", "--json", *arguments]) == 0
+    assert "groups/g/commit_log/" in {grant["prefix"] for grant in json.loads(capsys.readouterr().out)["grants"]}
 
     with SteadyProducer(lakehouse) as producer:  # maintenance beside a writer: nothing lost or doubled
         producer.wait_for(10)
