@@ -119,6 +119,8 @@ class Azurite(LoopbackServer):
     def start(self) -> "Azurite":
         binary = install(quiet=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # --skipApiVersionCheck: each client (object_store, Arrow's Azure SDK) sends an API version of its own,
+        # which Azurite refuses when it is newer than Azurite knows.
         self.launch([str(binary), "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location", str(self.data_dir),
                      "--silent", "--disableTelemetry", "--skipApiVersionCheck"])
         return self
