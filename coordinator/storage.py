@@ -194,6 +194,13 @@ class FileStore(abc.ABC):
     def list(self, prefix: str) -> list[str]:
         """The keys of the files under ``prefix`` (a directory-like key), sorted."""
 
+    def list_after(self, prefix: str, after: str, max_keys: int) -> Optional[list[str]]:
+        """Up to ``max_keys`` keys of the files right under ``prefix`` that sort after the key ``after``, in
+        order, from one listing request where the storage starts a listing there (S3's ``start-after``);
+        ``None`` where it cannot (a local disk, where a probe costs nothing; Azure, which lists from the
+        start)."""
+        return None
+
     @abc.abstractmethod
     def modified(self, prefix: str) -> dict[str, int]:
         """The files right under ``prefix``: each key with when it was last written (epoch milliseconds)."""
@@ -403,6 +410,22 @@ class ObjectFileStore(FileStore):
         return self._retrying("list", prefix, lambda: sorted(
             meta["path"] for batch in obstore.list(self._store, prefix) for meta in batch
             if "/" not in meta["path"][len(prefix):]))
+
+    @_naming_denied_paths
+    def list_after(self, prefix: str, after: str, max_keys: int) -> Optional[list[str]]:
+        if not isinstance(self._store, S3Store):
+            return None
+        prefix = prefix.rstrip("/") + "/"
+
+        def attempt() -> list[str]:
+            keys = []
+            for batch in obstore.list(self._store, prefix, offset=after, chunk_size=min(max(max_keys, 1), 1000)):
+                keys.extend(meta["path"] for meta in batch if "/" not in meta["path"][len(prefix):])
+                if len(keys) >= max_keys:
+                    break
+            return keys[:max_keys]
+
+        return self._retrying("list", prefix, attempt)
 
     @_naming_denied_paths
     def modified(self, prefix: str) -> dict[str, int]:

@@ -63,3 +63,31 @@ def test_new_versions_are_probed_in_rounds_on_object_storage_and_one_by_one_on_a
         assert committed_run(files, LOG, 2, 5, remote) == 5  # no more than asked
         assert committed_run(files, LOG, written, 100, remote) == 0
         assert committed_run(files, LOG, written - 1, 100, remote) == 1
+
+
+def test_on_s3_one_listing_finds_a_logs_new_versions_whatever_their_number(s3_server):
+    import uuid
+
+    from bench.storage_faults import FaultProxyProcess
+    from coordinator.checker.segment import committed_run
+    from coordinator.lakehouse import Lakehouse, create_table
+    from coordinator.producer.commit_log import records_to_arrow
+    from coordinator.tables import COMMIT_LOG
+    from deltalake import write_deltalake
+
+    root = f"s3://lakehouse/{uuid.uuid4().hex}"
+    direct = Lakehouse(root, s3_server.storage_options)
+    create_table(COMMIT_LOG, direct.key_path(LOG), direct.storage)
+    for i in range(12):  # versions 1 to 12, and a checkpoint file listed among them
+        write_deltalake(direct.key_path(LOG), records_to_arrow([half_record(f"t{i}")]), mode="append",
+                        storage_options=direct.storage)
+    direct.files.put(f"{LOG}/_delta_log/00000000000000000010.checkpoint.parquet", b"listed beside the commits")
+    with FaultProxyProcess(s3_server.endpoint) as proxy:
+        files = Lakehouse(root, proxy.storage_options(s3_server.storage_options)).files
+        before = proxy.counts()["by_kind"]
+        found = [committed_run(files, LOG, start, limit, remote=True)
+                 for start, limit in ((0, 100), (3, 5), (13, 100), (12, 100), (5, 8))]
+        after = proxy.counts()["by_kind"]
+    assert found == [13, 5, 0, 1, 8]
+    requests = {kind: after.get(kind, 0) - before.get(kind, 0) for kind in set(after) | set(before)}
+    assert requests.get("LIST") == 5 and not requests.get("HEAD") and not requests.get("GET")  # one listing each

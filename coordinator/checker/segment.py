@@ -123,9 +123,10 @@ _FIRST_PROBES = 4
 def committed_run(files: FileStore, key: str, start: int, limit: int, remote: bool) -> int:
     """How many versions of log ``key`` from ``start`` on are committed, one after another, at most ``limit``.
 
-    On object storage a probe is a round trip: the versions are probed in rounds of concurrent probes,
-    each twice as many as the last, so a trigger that finds n new versions waits for about log2(n) rounds
-    instead of n probes in a row, and probes past the end fewer than it found. On a local disk, one by one.
+    On S3, one listing of the log's commit files from ``start`` answers it (a request, whatever the
+    versions found). On other object storage a probe is a round trip: the versions are probed in rounds of
+    concurrent probes, each twice as many as the last, so a trigger that finds n new versions waits for
+    about log2(n) rounds instead of n probes in a row. On a local disk, one by one.
 
     Example::
 
@@ -136,6 +137,9 @@ def committed_run(files: FileStore, key: str, start: int, limit: int, remote: bo
         while found < limit and committed(files, key, start + found):
             found += 1
         return found
+    listed = _listed_run(files, key, start, limit)
+    if listed is not None:
+        return listed
     found, width = 0, _FIRST_PROBES
     with ThreadPoolExecutor(max_workers=_CONCURRENT_PROBES) as probes:
         while found < limit:
@@ -146,6 +150,30 @@ def committed_run(files: FileStore, key: str, start: int, limit: int, remote: bo
             if run < len(present):
                 break
             width = min(width * 2, _CONCURRENT_PROBES)
+    return found
+
+
+def _listed_run(files: FileStore, key: str, start: int, limit: int) -> Optional[int]:
+    """:func:`committed_run` from one listing of the log's ``_delta_log/`` that starts at version ``start``
+    (checkpoints and other files listed beside the commits take room too: a short page is listed again
+    from where it ended); ``None`` where the storage cannot start a listing there."""
+    found, after = 0, f"{key}/{delta_log_file(start)[:-len('.json')]}"
+    while found < limit:
+        page = min(1000, 2 * (limit - found) + 8)
+        keys = files.list_after(f"{key}/_delta_log", after, max_keys=page)
+        if keys is None:
+            return None if found == 0 else found
+        for listed in keys:
+            name = listed.rsplit("/", 1)[-1]
+            if name.endswith(".json") and len(name) == 25 and name[:20].isdigit():
+                if int(name[:20]) != start + found:
+                    return found  # a gap: the next version is not committed yet
+                found += 1
+                if found == limit:
+                    return found
+        if len(keys) < page:
+            return found  # the listing's end
+        after = keys[-1]
     return found
 
 
