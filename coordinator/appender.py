@@ -7,41 +7,14 @@ fails when the name exists; on object storage, a conditional ``If-None-Match: *`
 PUT, as delta-rs commits there; see :mod:`coordinator.storage`).
 delta-rs's ``write_deltalake`` does the same and
 much more around it: it plans the write, re-reads the log and rebuilds its
-snapshot after every commit, so one append costs about 20 ms of CPU, and a
-``DeltaTable`` kept open gets slower with every commit it has seen.
+snapshot after every commit, so one append costs many times the two writes, and a
+``DeltaTable`` kept open gets slower with every commit it has seen
+(docs/performance.md#figures-quoted-elsewhere-before).
 :class:`DeltaAppender` does only the two writes, in a few milliseconds, and
 leaves everything else (creating tables, checkpoints, reading) to delta-rs.
 
-It stays a correct Delta writer:
-
-* it writes only to tables whose protocol it honours by doing nothing more than
-  appending (see :func:`check_writable`), and re-checks whenever a commit by
-  someone else changed the table's protocol or metadata;
-* a commit that lost the race for a version is tried at the next one, after a
-  backoff of about the storage's round trip, doubling and jittered (:class:`CommitBackoff`),
-  and after reading the winner's commit, and nothing else (a blind append conflicts with
-  nothing else); each lost race is counted (``txcoord_storage_commit_races_lost``) and logged;
-* a commit whose reply the storage lost is not committed twice: retried, it
-  finds the version taken by exactly its own content (a commit names its data
-  file by UUID), which :mod:`coordinator.storage` recognises as its own; if the
-  storage never answers within the retry bound,
-  :class:`~coordinator.exceptions.WriteOutcomeUnknownError` says the outcome is
-  unknown, never that the append failed;
-* it never creates a version a log cleanup may have deleted: it commits at
-  ``v`` only once ``v - 1`` is known to exist and the newest checkpoint is
-  older than ``v`` (``_delta_log/_last_checkpoint``, read while the data file is
-  written, off the commit's path);
-* the statistics it records for data skipping are exact or wider (a string
-  longer than 32 characters has no maximum, a timestamp's maximum is rounded
-  up to the millisecond);
-* it writes a checkpoint every ``delta.checkpointInterval`` commits, on a thread of
-  its own, off the caller's path: carried forward from the previous checkpoint
-  (:mod:`coordinator.lakehouse.checkpoints`), through delta-rs where it cannot be.
-
-An append is two steps a caller may pipeline (:meth:`DeltaAppender.prepare` writes the data file,
-:meth:`DeltaAppender.commit` makes the commit): on object storage each is a request of tens of
-milliseconds, and the next append's data file can be written while a commit is in flight
-(:class:`~coordinator.producer.commit_log.CommitLogWriter` does).
+What it honours of the Delta protocol, and how a lost race or a lost reply is handled, is
+:class:`DeltaAppender`'s to say.
 
 Example::
 
@@ -174,8 +147,8 @@ def file_stats(data: pa.Table) -> str:
     bounded = [field.name for field in data.schema if (
         pa.types.is_string(field.type) or pa.types.is_integer(field.type) or pa.types.is_timestamp(field.type))]
     # One aggregation for every column: each pyarrow call lets go of the GIL, and under many busy threads
-    # winning it back costs more than the work. On one thread: Acero's cost 0.60 ms for a file of 200 rows
-    # against 0.38 ms, and the same at 114,000 rows (measured 2026-11-26).
+    # winning it back costs more than the work. On one thread, as Acero's threads cost more than they
+    # gain at any file's size (docs/performance.md#figures-quoted-elsewhere-before).
     bounds = data.group_by([], use_threads=False).aggregate([(name, "min_max") for name in bounded]).to_pylist()[0] \
         if bounded else {}
     minimums, maximums = {}, {}
@@ -225,11 +198,44 @@ def _timestamp_stat(value: dt.datetime, round_up: bool) -> str:
 
 
 class DeltaAppender:
-    """Appends Arrow tables to the Delta table at ``path``, one commit per call (see the module's docstring).
+    """Appends Arrow tables to the Delta table at ``path``, one commit per call.
 
     Safe to share between threads; several processes may append to one table at once.
     Raises :class:`UnsupportedTableError` if the table's protocol asks more of a writer
-    than appending. ``checkpoints=False`` leaves checkpoints to another writer.
+    than appending. ``checkpoints=False`` leaves checkpoints to another writer; ``storage`` holds
+    the object store's settings (``[storage]``) when ``path`` is on one; ``backoff``, ``clock`` and
+    ``sleep`` are injectable for tests.
+
+    It stays a correct Delta writer:
+
+    * it writes only to tables whose protocol it honours by doing nothing more than
+      appending (see :func:`check_writable`), and re-checks whenever a commit by
+      someone else changed the table's protocol or metadata;
+    * a commit that lost the race for a version is tried at the next one, after a
+      backoff of about the storage's round trip, doubling and jittered (:class:`CommitBackoff`),
+      and after reading the winner's commit, and nothing else (a blind append conflicts with
+      nothing else); each lost race is counted (``txcoord_storage_commit_races_lost``) and logged;
+    * a commit whose reply the storage lost is not committed twice: retried, it
+      finds the version taken by exactly its own content (a commit names its data
+      file by UUID), which :mod:`coordinator.storage` recognises as its own; if the
+      storage never answers within the retry bound,
+      :class:`~coordinator.exceptions.WriteOutcomeUnknownError` says the outcome is
+      unknown, never that the append failed;
+    * it never creates a version a log cleanup may have deleted: it commits at
+      ``v`` only once ``v - 1`` is known to exist and the newest checkpoint is
+      older than ``v`` (``_delta_log/_last_checkpoint``, read while the data file is
+      written, off the commit's path);
+    * the statistics it records for data skipping are exact or wider (a string
+      longer than 32 characters has no maximum, a timestamp's maximum is rounded
+      up to the millisecond);
+    * it writes a checkpoint every ``delta.checkpointInterval`` commits, on a thread of
+      its own, off the caller's path: carried forward from the previous checkpoint
+      (:mod:`coordinator.lakehouse.checkpoints`), through delta-rs where it cannot be.
+
+    An append is two steps a caller may pipeline (:meth:`DeltaAppender.prepare` writes the data file,
+    :meth:`DeltaAppender.commit` makes the commit): on object storage each is a request of tens of
+    milliseconds, and the next append's data file can be written while a commit is in flight
+    (:class:`~coordinator.producer.commit_log.CommitLogWriter` does).
 
     Example::
 
@@ -333,8 +339,8 @@ class DeltaAppender:
         first group of files another writer removed first (another compaction: its result stands).
 
         delta-rs's compaction reads every commit made since its snapshot on each attempt, and gives
-        up after 15: on a commit log taking a hundred commits a second it never commits
-        (measured: 300 commits/s, failed after 6 s, whatever ``max_commit_retries`` says). This one
+        up after 15: on a commit log taking a hundred commits a second it never commits, whatever
+        ``max_commit_retries`` says (docs/performance.md#figures-quoted-elsewhere-before). This one
         commits as an append does, reading only each winner's log entry, and conflicts with nothing
         but a commit that removed one of its files.
 

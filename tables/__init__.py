@@ -99,8 +99,8 @@ MESSAGE_FIELDS = tuple(name for name, _ in _MESSAGE
 #: straight from the log (``coordinator.checker.segment``); the change data feed stays on for other readers.
 #: Producers commit to it many times a second and maintenance compacts its files as often, so its
 #: checkpoints come every 1,000 commits (not Delta's 100) and keep a removed file's tombstone for 10
-#: minutes (not a week): otherwise every checkpoint carries a week of compactions' tombstones (measured at
-#: 1,000 txn/s: 42,502 removes per checkpoint, one every 1.7 s, after 13 minutes). The checker never reads
+#: minutes (not a week): otherwise every checkpoint carries a week of compactions' tombstones (tens of
+#: thousands within minutes at 1,000 txn/s: docs/performance.md#figures-quoted-elsewhere-before). The checker never reads
 #: a commit log through a snapshot, and maintenance vacuums it by listing (``coordinator.ops.maintenance``).
 #: No writer cleans its log after a commit: only maintenance does, once the checker no longer needs a commit.
 COMMIT_LOG = TableDef(

@@ -1,8 +1,9 @@
 """The checker: a Structured Streaming job over the commit log (docs/design.md#the-checker). Spark only.
 
-One module per batch step — :mod:`.ingest`, :mod:`.resolve` (with promote),
-:mod:`.check` — run in order by :mod:`.batch` over the checker's memory
-(:mod:`.state`), writing through :mod:`.writer`; :mod:`.source` is the commit log
+:mod:`.batch` runs a micro-batch in four phases, gather (:mod:`.gather`), decide (one module per step:
+:mod:`.provenance`, :mod:`.ingest`, :mod:`.ends`, :mod:`.recover`, :mod:`.check`), write (:mod:`.writer`,
+:mod:`.delivery`) and apply, over the checker's memory (:mod:`.memory`, read back from the tables by
+:mod:`.rebuild`); the phases and steps are numbered in docs/design.md#a-batchs-steps alone; :mod:`.source` is the commit log
 as a streaming source and :mod:`.query` the streaming query, :mod:`.metrics` its
 listener. :mod:`coordinator.spark` starts Spark with the Delta jars, and
 :mod:`coordinator.jobs.checker` runs the query as a job (``txcoord checker``).

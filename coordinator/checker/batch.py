@@ -1,10 +1,10 @@
-"""One checker micro-batch, in four phases (docs/design.md#a-batchs-steps):
-
-1. **gather** (:mod:`.gather`): every read the batch needs besides its records;
-2. **decide**: a function of the records, the memory and the gathered facts, returning a
-   :class:`BatchPlan`: the rows for each table, the change to the memory, the side effects;
-3. **write**: the plan, one idempotent append per table (:mod:`.writer`, :mod:`.delivery`);
-4. **apply**: the memory changed as the plan and the writes say, once they have landed.
+"""One checker micro-batch, in four phases, numbered with their steps in docs/design.md#a-batchs-steps:
+*gather* (:mod:`.gather`), every read the batch needs besides its records; *decide*, a function of the
+records, the memory and the gathered facts, returning a :class:`BatchPlan` (the rows for each table, the
+change to the memory, the side effects); *write*, the plan, one idempotent append per table
+(:mod:`.writer`, :mod:`.delivery`); *apply*, the memory changed as the plan and the writes say, once they
+have landed. Deciding apart from reading and writing keeps a replay's decisions the same, and lets the
+decisions be tested with no lakehouse and no JVM.
 
 A crash between two writes is repaired by Spark replaying the batch: the memory is rebuilt as
 earlier batches left the tables (:mod:`.rebuild`), the decisions come out the same, and the writes

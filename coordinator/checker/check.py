@@ -1,8 +1,9 @@
-"""Check: find unresolved halves that are due, ask their producer group, or give up
-(docs/design.md#a-batchs-steps).
+"""Check, the last step of a batch's *decide* phase (docs/design.md#a-batchs-steps): find unresolved halves
+that are due, ask their producer group, or give up.
 
 The pending set is the half queue less the op queue, kept in memory (:mod:`.memory`), plus the
-halves this batch leaves unresolved. When to check a transaction and when to give up is
+halves this batch leaves unresolved: nothing is joined here; only the transactions due by the batch's
+clock are read from the memory's heap (without popping it: the *apply* phase does). When to check a transaction and when to give up is
 :mod:`coordinator.schedule`'s rule; a discard counts as resolved (an op row with
 outcome ``DISCARD``). Each check is addressed to one
 live instance of the group (:mod:`coordinator.control.instances`), or to any of them

@@ -122,9 +122,8 @@ def shaped(table: TableDef, columns: Mapping[str, object], num_rows: int, batch_
 def grouped(table: pa.Table, keys) -> pa.TableGroupBy:
     """``table.group_by(keys)``, on one thread, which keeps the rows' order for ``first`` and ``last``.
 
-    Acero's threads cost a fixed ~0.14 ms a grouping, most of it for a small batch (a dozen groupings), and
-    gain nothing on this machine at a backlog batch's size (measured 2026-11-26, 2 cores: 0.068 against
-    0.204 ms for 200 rows, 6.1 against 6.4 ms for 200,000).
+    Acero's threads cost a fixed time per grouping, most of a small batch's (a dozen groupings), and gain
+    nothing on two cores at a backlog batch's size (docs/performance.md#figures-quoted-elsewhere-before).
 
     Example::
 

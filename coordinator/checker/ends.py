@@ -1,4 +1,5 @@
-"""Step 2 — resolve and promote: validate END records, decide op rows, deliver commits to topics.
+"""Resolve and promote, a step of a batch's *decide* phase (docs/design.md#a-batchs-steps): validate END
+records, decide op rows, deliver commits to topics.
 
 Computed over the batch's columns. Each END is joined to what it ends (its *target*): a transaction
 whose halves came in this same batch (the common case when a backlog is worked off), one pending from
@@ -91,7 +92,7 @@ def resolve_ends(records: BatchRecords, new_halves: pa.Table, memory: CheckerMem
     """
     light = records.light
     ends = light.filter(pc.equal(light.column("kind"), RecordKind.END.value)).select(_END_COLUMNS)
-    if not ends.num_rows:  # the rules' groupings and joins cost ~2.5 ms even over no rows
+    if not ends.num_rows:  # the rules' groupings and joins cost milliseconds even over no rows
         return Resolved(_OPS_SCHEMA.empty_table(), _DECIDED_SCHEMA.empty_table(), [], [], Counter(),
                         pa.chunked_array([], pa.float64()))
     targets = _targets(ends, new_halves, memory, known)

@@ -176,8 +176,8 @@ class _BatchHistogram:
     """A histogram fed a batch's samples at once, served as prometheus_client's ``Histogram`` serves one.
 
     A batch working off a backlog delivers ~100,000 messages, each with its latency: observed one by one
-    through ``Histogram.observe`` they took 0.13–0.21 s of a ~1.3 s batch (measured, 2026-11-26, 300,000
-    transactions); counted into the buckets over Arrow columns, about 2 ms.
+    through ``Histogram.observe`` they took a sizeable part of the batch; counted into the buckets over
+    Arrow columns, almost nothing (docs/performance.md#backlog-drain).
     """
 
     def __init__(self, name: str, documentation: str, labelnames: list[str], buckets: tuple[float, ...]):

@@ -1,4 +1,5 @@
-"""Step 1 — ingest: validate new HALF records and give each accepted half its queue offset.
+"""Ingest, a step of a batch's *decide* phase (docs/design.md#a-batchs-steps): validate new HALF records and
+give each accepted half its queue offset.
 
 Computed over the batch's columns: each rule is a mask (:mod:`coordinator.validation` for the
 message rules, the transaction rules here), numbering is a sort, a transaction's messages are a
@@ -56,7 +57,7 @@ def ingest_halves(ctx: BatchContext, records: BatchRecords, known: Mapping[str, 
         ingested.halves.num_rows, len(ingested.rejections)
     """
     halves = records.light.filter(pc.equal(records.light.column("kind"), RecordKind.HALF.value))
-    if not halves.num_rows:  # the rules' groupings and joins cost ~4 ms even over no rows
+    if not halves.num_rows:  # the rules' groupings and joins cost milliseconds even over no rows
         return Ingested(shaped(HALF, {}, 0, ctx.batch_id), [])
     halves = _numbered(halves)
     too_many = pc.greater_equal(halves.column("position"), OFFSETS_PER_COMMIT)

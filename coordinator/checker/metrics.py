@@ -4,8 +4,8 @@
 batch's :class:`~coordinator.checker.batch.BatchSummary` (what the batch decided);
 when Spark reports that batch's progress (how long the trigger took, how many rows
 it read, which commit-log version it reached) the listener merges the two and
-appends one row with delta-rs. That costs about 15 ms and runs on Spark's listener
-thread once the batch has committed, so it never lengthens a batch; a failure to
+appends one row with delta-rs. That runs on Spark's listener thread once the batch
+has committed, so it never lengthens a batch; a failure to
 record is logged and never stops the checker.
 
 Each append carries the batch id as a Delta application transaction, so a batch

@@ -1,4 +1,5 @@
-"""Step 0 — provenance: a record is taken as written by whoever may write the log it is stored in.
+"""Provenance, the first step of a batch's *decide* phase (docs/design.md#a-batchs-steps): a record is taken as
+written by whoever may write the log it is stored in.
 
 Who wrote a record is the commit log it came from (:mod:`coordinator.commit_logs`), which the
 storage's permissions let only one principal write; the columns a writer fills in only have to

@@ -135,10 +135,10 @@ class CheckerQuery:
     def _read_ahead_unless_held(self) -> None:
         """With no live holder of the lease (a start, not a standby), have the first batch's commits read now.
 
-        Spark then spends ~2.5 s on one core of two resolving the source (it looks up Python data sources
+        Spark then spends seconds on one core of two resolving the source (it looks up Python data sources
         and creates this one, each in a fresh Python process), and the read-ahead worker's start and read
-        fit beside it; read once the lease is taken, they competed with the query's start instead (measured,
-        300,000 transactions on 2 cores: the first batch 3.1–3.2 s, from 3.4–4.0). The read after the lease
+        fit beside it; read once the lease is taken, they competed with the query's start instead, and the
+        first batch was longer (docs/performance.md#backlog-drain). The read after the lease
         (:meth:`start`) is this one unless the progress record moved meanwhile; a start that finds the lease
         taken after all has read one segment for nothing."""
         try:

@@ -1,9 +1,9 @@
 """Reading the next segment's commits in another process while the checker decides the current one.
 
 Draining a backlog, a batch spends about as long reading its segment (2,000 commit-log versions:
-their JSON commits and ~2,000 small Parquet files, ~1.1 s) as deciding and writing it (~1 s), and
-both hold the GIL: threads do not overlap them (measured: 2 to 8 reader threads read the same files
-1.0–1.8× slower than one). So once a batch took a full segment (a backlog: more commits are
+their JSON commits and ~2,000 small Parquet files) as deciding and writing it, and both hold the GIL:
+threads do not overlap them (more reader threads read the same files no faster than one; the figures:
+docs/performance.md#figures-quoted-elsewhere-before). So once a batch took a full segment (a backlog: more commits are
 waiting), the commits after it are read by a worker process while the batch is decided; the next
 batch takes what the worker read and reads only the rest itself. At start, unless another checker
 holds the lease, the worker reads what the first batch will cover, from the progress record's next
@@ -61,8 +61,8 @@ class ReadAhead:
 
     def warm(self) -> None:
         """Start the worker now, before any batch: a fresh interpreter takes about a second of CPU to import
-        what it reads with, which a checker starting on a backlog would otherwise spend beside its first batch
-        (measured: the second batch of a 300,000-transaction drain took 2.3 s instead of 1.5)."""
+        what it reads with, which a checker starting on a backlog would otherwise spend beside its first
+        batches."""
         self._worker().submit(_imported)
 
     def start(self, segment: Segment) -> None:
@@ -73,7 +73,7 @@ class ReadAhead:
     def read_from(self, versions: Mapping[str, int]) -> None:
         """Read, in the worker, up to a full segment's commits from ``versions`` on (the first version of each
         log not read yet): what the next batch covers. At start, while Spark resolves the source and starts its
-        query (measured: the first batch of a 300,000-transaction backlog read its segment for 1.2 s itself)."""
+        query, so that the first batch need not read its segment itself."""
         self._reading_from = dict(versions)
         self._reading = self._worker().submit(_read_after, self.lakehouse.root, self.lakehouse.storage,
                                               self._reading_from, self.full)
@@ -147,8 +147,8 @@ def _imported() -> None:
 
 
 def _read_after(root: str, storage: Mapping[str, str], starts: dict[str, int], budget: int) -> tuple[pa.Table, list]:
-    """The worker's read, packed as one table and an index: 2,000 small tables pickle and unpickle in
-    0.37 and 0.32 s (measured), one table of their rows in a few milliseconds."""
+    """The worker's read, packed as one table and an index: one table of the commits' rows pickles far faster
+    than 2,000 small tables (docs/performance.md#figures-quoted-elsewhere-before)."""
     lakehouse = Lakehouse(root, storage)
     read = read_commits(lakehouse, starts, grown_to(lakehouse, starts, budget))
     index = [(key, version, commit.modified_ms, commit.rows.num_rows, commit.refusals, commit.sha256, commit.size)

@@ -1,4 +1,5 @@
-"""Step 2b — recover: an operator's COMMIT of a discarded transaction, accepted once.
+"""Recover, a step of a batch's *decide* phase (docs/design.md#a-batchs-steps): an operator's COMMIT of a
+discarded transaction, accepted once.
 
 RocketMQ's operators re-send a message from the discard topic by hand. Here an operator
 sends a COMMIT END for the discarded transaction (``txcoord resolve --commit``); the checker

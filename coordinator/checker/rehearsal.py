@@ -2,8 +2,8 @@
 
 Spark's first micro-batch in a session is slow: the streaming classes load, the source's Python
 runner starts, the ``foreachBatch`` callback is set up. Without a rehearsal a hot standby's first
-batch after a takeover was that one: on one 2-core machine (2026-11-25) it ended 4.5–5.6 s after the
-lease was released, and 2.6–2.9 s after it with one (docs/performance.md).
+batch after a takeover was that one, and came seconds later than with one
+(docs/performance.md#figures-quoted-elsewhere-before).
 
 The rehearsal is a query of its own (:data:`REHEARSAL_NAME`, as Spark's UI shows it) over the same
 source, with ``Trigger.AvailableNow`` and a checkpoint in a temporary directory, deleted afterwards:

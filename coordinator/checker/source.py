@@ -78,8 +78,8 @@ def _one_row(segment: str) -> pa.RecordBatch:
     """The batch's one row as Arrow, which Spark takes as it is (a tuple it converts with ``pa.array``).
 
     Built from the string's bytes because any conversion of Python objects (``pa.array``, even of one
-    string) makes pyarrow import pandas: 1.0 s in the fresh Python process that runs this source, spent
-    inside the first micro-batch of every checker start and takeover (measured, 2026-11-26).
+    string) makes pyarrow import pandas, in the fresh Python process that runs this source: inside the
+    first micro-batch of every checker start and takeover (docs/performance.md#backlog-drain).
     """
     data = segment.encode()
     offsets = pa.py_buffer(struct.pack("<ii", 0, len(data)))

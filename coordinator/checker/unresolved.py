@@ -12,7 +12,7 @@ three forms, all here:
 
 Each reads only from ``from_offset`` up (the files' statistics leave out everything below), and,
 for a checker rebuilding before batch ``before_batch``, only what earlier batches wrote. The checker
-keeps the set current between rebuilds itself, batch by batch, in memory (:mod:`.state`).
+keeps the set current between rebuilds itself, batch by batch, in memory (:mod:`.memory`).
 
 Example::
 
@@ -35,9 +35,8 @@ __all__ = ["SPARK_REBUILD_MIN_ROWS", "rebuild_in_spark", "spark_unresolved_halve
            "unresolved_halves_sql", "unresolved_range_rows"]
 
 #: From how many half rows in the unresolved range a checker on a cluster rebuilds in Spark (``auto``).
-#: Below it Spark's fixed cost dominates: on one 2-core machine (2026-11-25) the driver read 1,000,000
-#: rows (10% unresolved) in 1.2 s, Spark warm in 2.1 s and cold (its first Delta query) in 11 s; at
-#: 100,000 rows 0.47 s against 1.2–1.5 s warm, 13 s cold. Spark pays where executors add cores the
+#: Below it Spark's fixed cost dominates: on one machine the driver was faster than Spark, warm or cold, at
+#: every size measured (docs/performance.md#figures-quoted-elsewhere-before). Spark pays where executors add cores the
 #: driver does not have, on a range large enough to spread.
 SPARK_REBUILD_MIN_ROWS = 1_000_000
 

@@ -2,7 +2,7 @@
 the checker job, launched as :func:`~coordinator.spark.spark_submit` launches it, on a throwaway
 lakehouse holding one committed transaction, stopped once it has delivered it. Its JVM writes the
 classes it loaded as it exits. ``txcoord spark-setup`` runs it once per JDK and Spark installation
-(about half a minute, and 160 MB in the cache).
+(its time and size: docs/performance.md#figures-quoted-elsewhere-before).
 
 Example::
 
@@ -34,7 +34,7 @@ __all__ = ["write_class_archive"]
 
 TRAINING_TOPIC = "TXCOORD_TRAINING"
 _GROUP = "txcoord_training"
-#: The JVM writes its archive as it exits: about 5 s on two cores.
+#: The JVM writes its archive as it exits, which takes seconds: a generous bound.
 _EXIT_TIMEOUT_S = 120.0
 
 

@@ -4,14 +4,12 @@ A checkpoint is a table's state at a version in one Parquet file: its protocol a
 files it holds (``add``), the files removed within their retention (``remove``) and each
 application's last transaction (``txn``). delta-rs's ``create_checkpoint`` rebuilds the state
 from scratch: it loads the previous checkpoint and replays every commit since on a runtime of
-several hundred threads, then writes the whole state. Measured on a commit log of 2,000 files,
-1,000 commits after its last checkpoint: 0.9 s of CPU (0.4 s to load, 0.5 s to write) on 460–520
-threads. A producer at 1,000 txn/s checkpoints its commit log every ~17 s, and on two cores that
-CPU was the checker's slowest batches (commit→visible p99 750 ms against 470 ms with no
-checkpoints: docs/performance.md). The state changes little between two checkpoints: this module
+several hundred threads, then writes the whole state. A producer at 1,000 txn/s checkpoints its
+commit log every ~17 s, and on two cores that CPU made the checker's slowest batches
+(docs/performance.md#figures-quoted-elsewhere-before). The state changes little between two checkpoints: this module
 takes the previous checkpoint's rows, drops the files removed since and the tombstones and
 transactions superseded or expired, adds the commits' own actions, and writes the result in the
-previous checkpoint's schema, all in Arrow: 50–110 ms of CPU for the same checkpoint, on the
+previous checkpoint's schema, all in Arrow: a fraction of the CPU for the same checkpoint, on the
 calling thread. It reads the commits one after another, as the checker does.
 
 What it cannot carry forward it leaves to delta-rs: a table with no checkpoint yet, a checkpoint
