@@ -1,5 +1,5 @@
 """The side-by-side benchmark's own logic (bench/peers): the shared plan, the figures made from
-each system's rows, delivery counting in a topic table, and the README table; and, only with
+each system's rows, delivery counting in a topic table, and docs/side-by-side.md's table; and, only with
 ``PEERS_TESTS=1``, a tiny run against real RocketMQ and Kafka servers."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The package's layers (docs/design.md#layers and the layout in README): who may import whom, and which
+"""The package's layers (docs/design.md#layers and docs/layout.md): who may import whom, and which
 parts start no JVM. Each rule is checked in a fresh interpreter, so nothing this suite has
 already imported can hide a violation."""
 

@@ -1,7 +1,7 @@
 """Side by side: this product, Apache RocketMQ's transactional messages and Apache Kafka's
 transactions, on the same workload, on this machine, in one run.
 
-    python -m bench.peers.run                       # the README's table (6 min 51 s here)
+    python -m bench.peers.run                       # docs/side-by-side.md's table (its time: docs/performance.md)
     python -m bench.peers.run --transactions 2000 --paced-seconds 10 --systems rocketmq ours
     python -m bench.peers.run --tiny --systems ours # 100 transactions per phase, for the tests
 
@@ -17,7 +17,7 @@ started on loopback, runs two phases, and is stopped before the next one starts:
 Both use ``--commit-percent`` / ``--rollback-percent`` (the rest stay unknown: check-back
 commits them for RocketMQ and ours; Kafka has no check-back and aborts them) and one message
 of ``--body-bytes`` per transaction. Writes ``bench/results/peers.json``, prints each phase's
-figures and, last, the README's Markdown table.
+figures and, last, docs/side-by-side.md's Markdown table.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def ratios(phases: dict[str, dict[str, dict]]) -> dict:
 
 
 def markdown_table(report: dict) -> str:
-    """The README's table: one row per system, with ours ÷ it beside each figure."""
+    """docs/side-by-side.md's table: one row per system, with ours ÷ it beside each figure."""
     phases, ratio_of = report["phases"], report.get("ratios", {})
     names = {"rocketmq": f"RocketMQ {install.ROCKETMQ.version}", "kafka": f"Kafka {install.KAFKA.version}",
              "ours": "this product"}
