@@ -97,8 +97,8 @@ def retrying(policy: RetryPolicy, operation: str, location: str, call: Callable[
 
         data = retrying(policy, "read", location, lambda: obstore.get(store, key).bytes())
     """
-    # Imported at the first request, not with this module: 50-60 ms (stamina, tenacity) that each of Spark's
-    # Python workers for the checker's source paid at start-up (they import coordinator, touch no storage).
+    # Imported at the first request, not with this module: stamina and tenacity cost each of Spark's Python
+    # workers for the checker's source at start-up (they import coordinator, touch no storage).
     import stamina
 
     started = time.monotonic()

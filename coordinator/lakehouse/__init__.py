@@ -21,7 +21,7 @@ from coordinator.lakehouse.paths import (GROUPS_KEY, LAYOUT_KEY, LEASE_KEY, OPER
                                          group_of_key, require_lakehouse, topic_names)
 
 # The rest is imported when first used: Spark's Python workers for the checker's streaming source need
-# only the paths, and delta-rs with pyarrow's compute functions is 90 ms of each worker's start.
+# only the paths, and delta-rs with pyarrow's compute functions would lengthen each worker's start.
 _LAZY = {"create_table": "delta", "created_unless_exists": "delta", "listing_retried": "delta", "open_table": "delta",
          "create_group_tables": "provision", "init_lakehouse": "provision",
          "read_table": "reads", "table_dataset": "reads", "transaction_ids_in": "reads"}

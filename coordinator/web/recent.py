@@ -1,8 +1,8 @@
 """The checker's recent batches (``system/metrics`` rows), kept in memory between page loads.
 
 The table gains one small file per batch (thousands an hour until ``txcoord maintain`` compacts
-them). Read whole at every refresh, the charts' window cost the console about a second of CPU per
-page load at 1,000 txn/s on the 2-core test machine, taken from the checker beside it; kept here,
+them). Read whole at every refresh, the charts' window cost the console CPU at every page load, taken
+from the checker beside it (docs/performance.md#figures-quoted-elsewhere-before); kept here,
 each refresh reads only the files holding batches newer than the newest one kept (a compaction
 that rewrote recent batches brings them again: they are told apart by batch id).
 
