@@ -48,6 +48,7 @@ import pyarrow.parquet as pq
 from coordinator.exceptions import InvalidArgumentError, UnsupportedTableError
 from coordinator.lakehouse import delta_log_file, open_table
 from coordinator.lakehouse.checkpoints import last_checkpoint, write_checkpoint
+from coordinator.lakehouse.deltalog import commit_actions
 from coordinator.retries import note_commit_race_lost
 from coordinator.storage import FileStore, is_object_store
 
@@ -517,7 +518,7 @@ class DeltaAppender:
             if exists:
                 self._load()
             return False
-        actions = [json.loads(line) for line in commit.data.splitlines() if line.strip()]
+        actions = commit_actions(commit.data)
         if any("metaData" in action or "protocol" in action for action in actions):
             _log.info("%s: version %d changed the table's metadata or protocol; reading it again", self.path, version)
             self._load()

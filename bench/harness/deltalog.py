@@ -5,7 +5,6 @@ versions and commits, when each transaction reached a topic table, and how big a
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from typing import TYPE_CHECKING, Iterator, Mapping, NamedTuple, Optional, Union
 from urllib.parse import unquote
@@ -37,6 +36,7 @@ def commits(table_path: str, storage: Optional[Mapping[str, str]] = None, from_v
     """Every commit from ``from_version`` on whose JSON is still in the log: ``version``, ``timestamp_ms``
     (commitInfo), ``log_mtime`` (when the JSON file was written, in seconds: on object storage its
     Last-Modified, whole seconds rounded up) and the data files it ``added`` (paths relative to the table)."""
+    from coordinator.lakehouse.deltalog import commit_actions
     from coordinator.storage import FileStore
 
     files = FileStore.at(table_path, storage)
@@ -48,8 +48,7 @@ def commits(table_path: str, storage: Optional[Mapping[str, str]] = None, from_v
         if log_file is None:  # removed by log cleanup since it was listed
             continue
         timestamp_ms, added = None, []
-        for line in log_file.data.splitlines():
-            action = json.loads(line)
+        for action in commit_actions(log_file.data):
             if "commitInfo" in action:
                 timestamp_ms = action["commitInfo"].get("timestamp")
             elif "add" in action and action["add"].get("dataChange", True):

@@ -19,7 +19,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from typing import Mapping, Optional
 
 import pyarrow as pa
@@ -27,6 +26,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from coordinator.appender import DeltaAppender
 from coordinator.lakehouse import create_table, created_unless_exists, delta_log_file, open_table
+from coordinator.lakehouse.deltalog import commit_actions
 from coordinator.storage import FileStore
 from coordinator.tables import TableDef
 
@@ -90,6 +90,6 @@ def files_written_at_us(path: str, version: int, storage: Optional[Mapping[str, 
     """When the data files that version ``version`` of the table at ``path`` added were written
     (their ``modificationTime``, which Spark reads as ``_metadata.file_modification_time``)."""
     commit = FileStore.at(path, storage).read(delta_log_file(version))
-    actions = [json.loads(line) for line in commit.data.splitlines() if line.strip()]
+    actions = commit_actions(commit.data)
     times = [action["add"]["modificationTime"] for action in actions if "add" in action]
     return max(times) * 1000

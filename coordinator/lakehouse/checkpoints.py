@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from coordinator.lakehouse.delta import DEFAULT_DELETED_FILE_RETENTION, open_table, parse_interval
+from coordinator.lakehouse.deltalog import commit_actions
 from coordinator.lakehouse.paths import delta_checkpoint_file, delta_log_file
 from coordinator.storage import FileStore
 
@@ -157,10 +158,7 @@ def _changes(files: FileStore, previous: int, version: int) -> Optional[tuple[di
         commit = files.read(delta_log_file(commit_version))
         if commit is None:
             return None
-        for line in commit.data.splitlines():
-            if not line.strip():
-                continue
-            action = json.loads(line)
+        for action in commit_actions(commit.data):
             kind = next(iter(action))
             if kind in _NOT_CHECKPOINTED:
                 continue
