@@ -36,7 +36,7 @@ from tests.conftest import require_s3_server, without_txcoord_settings
 
 pytestmark = pytest.mark.benchmark
 
-from bench import e2e, harness
+from bench import commit_api, e2e, harness
 from bench import run as bench_run
 from bench.chaos import options as chaos_options
 from bench.chaos.producer import KINDS
@@ -141,6 +141,24 @@ def test_producer_tiny_run_reports_every_configuration_with_consistent_counts(tm
     best = max((r for r in report["runs"] if r["messages_per_txn"] == 1), key=lambda r: r["txn_per_s"])
     assert bench_run.headline({"producer": report}) == {"producer_txn_per_s": best["txn_per_s"],
                                                         "send_p99_ms": best["send_p99_ms"]}
+
+
+def test_commit_api_tiny_run_times_every_method_and_finds_only_the_checked_transactions_idempotent(tmp_path):
+    report = run_tiny("commit_api", tmp_path / "commit-api.json", timeout=120)
+
+    assert_envelope(report, "commit_api")
+    args = report["args"]
+    assert list(report["runs"]) == [str(rows) for rows in args["rows"]]
+    for figures in report["runs"].values():
+        assert list(figures) == list(commit_api.METHODS)
+        for method, figure in figures.items():
+            # Version 0 made the table; every append, warm-up included, one version more.
+            assert figure["versions"] == args["warmup"] + args["appends"]
+            assert 0 < figure["ms_min"] <= figure["ms_median"] <= figure["ms_p90"]
+            assert figure["idempotent_on_replay"] is method.endswith("+txn")
+            if method.endswith("+txn") and not method.startswith("appender"):
+                assert figure["api_alone_skips_replay"] is False  # delta-rs records the transaction, skips nothing
+        assert figures[commit_api.BASELINE]["median_vs_appender"] == 1.0
 
 
 def test_request_cost_prices_each_kind_at_s3s_list_prices_per_million_transactions():
