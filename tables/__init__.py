@@ -224,7 +224,8 @@ REJECTED = TableDef(
 
 #: What the checker read of each commit-log version, so that a commit rewritten since shows
 #: (docs/design.md#hostile-input): the sha256 of the commit file's exact bytes and its size, one row per
-#: transaction whose records the commit held (``transaction_id`` null for a commit refused whole), written
+#: transaction whose records the commit held (``transaction_id`` null for a commit refused whole; one per run of
+#: its records, should a commit hold a transaction's records apart), written
 #: once per batch with the batch's other tables. ``txcoord inspect`` reads the file again and compares.
 #: A commit that adds no records (a compaction's) holds no transaction's and has no row.
 COMMITS_READ = TableDef(

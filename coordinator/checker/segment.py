@@ -381,21 +381,38 @@ def _commit_log_rows(data: pa.Table) -> pa.Table:
 
 
 def commits_read(records: pa.Table) -> pa.Table:
-    """What the checker read of each commit among ``records`` (a batch's, :data:`RECORD_SCHEMA`): one row per
-    commit and transaction id of its records (a null id for records without one), with the commit file's
-    sha256, size and commit time, in the columns of ``system/commits_read``. A commit whose file could not be
-    read (gone, a directory, too large) has no digest and no row.
+    """What the checker read of each commit among ``records`` (a batch's, :data:`RECORD_SCHEMA`): a row per
+    commit and run of its records with one transaction id (a null id for records without one), with the commit
+    file's sha256, size and commit time, in the columns of ``system/commits_read``. A transaction's records
+    in a commit are one run as producers write them; a commit that holds them apart has a row per run, which
+    readers take once. A commit whose file could not be read (gone, a directory, too large) has no row.
 
     Example::
 
         commits_read(segment.records(lakehouse)).column("sha256")
     """
-    keys = ["commit_log", "commit_version", "transaction_id", "commit_sha256", "commit_bytes", "stored_timestamp"]
-    read = records.select(keys).combine_chunks()  # selected first: a filter would copy every column, bodies included
-    read = read.filter(pc.is_valid(read.column("commit_sha256")))
-    distinct = read.group_by(keys, use_threads=False).aggregate([])  # one thread: rows keep their first-seen order
-    return distinct.select(keys).rename_columns(["commit_log", "commit_version", "transaction_id", "sha256", "bytes",
-                                                 "stored_timestamp"])
+    rank = records.column("commit_rank").combine_chunks()
+    read = pc.is_valid(records.column("commit_sha256").combine_chunks())
+    first_of_commit = _differs(rank)
+    # Runs, not a grouping: grouping on the ids costs seconds for a backlog's batch, comparing neighbours does
+    # not; and each commit's own values are taken once per commit, not filtered from every record.
+    runs = records.select(["commit_rank", "transaction_id"]).filter(
+        pc.and_(read, pc.or_(first_of_commit, _differs(records.column("transaction_id").combine_chunks()))))
+    commits = records.select(["commit_rank", "commit_log", "commit_version", "commit_sha256", "commit_bytes",
+                              "stored_timestamp"]).filter(pc.and_(read, first_of_commit))
+    of = commits.take(pc.index_in(runs.column("commit_rank"), value_set=commits.column("commit_rank")))
+    return pa.table({"commit_log": of.column("commit_log"), "commit_version": of.column("commit_version"),
+                     "transaction_id": runs.column("transaction_id"), "sha256": of.column("commit_sha256"),
+                     "bytes": of.column("commit_bytes"), "stored_timestamp": of.column("stored_timestamp")})
+
+
+def _differs(values: pa.Array) -> pa.Array:
+    """For each row, whether its value differs from the row before's (nulls equal each other; the first row: True)."""
+    if len(values) == 0:
+        return pa.array([], pa.bool_())
+    later, earlier = values.slice(1), values.slice(0, len(values) - 1)
+    same = pc.or_(pc.fill_null(pc.equal(later, earlier), False), pc.and_(pc.is_null(later), pc.is_null(earlier)))
+    return pa.concat_arrays([pa.array([True]), pc.invert(same)])
 
 
 def tick(clock_us: int) -> pa.Table:
