@@ -9,7 +9,7 @@ delta-rs's ``write_deltalake`` does the same and
 much more around it: it plans the write, re-reads the log and rebuilds its
 snapshot after every commit, so one append costs many times the two writes, and a
 ``DeltaTable`` kept open gets slower with every commit it has seen
-(docs/performance.md#figures-quoted-elsewhere-before).
+(docs/performance.md#the-hand-written-commit-against-delta-rss).
 :class:`DeltaAppender` does only the two writes, in a few milliseconds, and
 leaves everything else (creating tables, checkpoints, reading) to delta-rs.
 
