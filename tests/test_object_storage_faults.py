@@ -167,7 +167,8 @@ def test_the_checker_outlives_an_outage_past_its_retry_bound_and_delivers_once(s
         with caplog.at_level(logging.ERROR, logger="coordinator.checker"), CommitLogWriter(direct, "g") as writer:
             writer.submit([half_record("paid", body=b"order 1")]).result()
             writer.submit([end_record("paid")]).result()
-            wait_until(lambda: direct.exists("topics/T") and direct.read("topics/T").num_rows >= 1, 120)
+            # The op row is the batch's last write to land: its topic row lands before it, on the first run.
+            wait_until(lambda: direct.read(OP, ["transaction_id"]).num_rows >= 1, 120)
         assert proxy.counts()["queued"] == 0 and checker.query.isActive
     finally:
         checker.stop()
