@@ -108,6 +108,20 @@ def test_forms_from_elsewhere_are_refused_and_write_nothing(checker, console):
     assert "SameSite=Strict" in cookie and "HttpOnly" in cookie  # no other site's page sends it along
 
 
+def test_pending_shows_a_committed_transaction_its_topic_cannot_take_as_withheld_with_the_reason(checker, console):
+    from deltalake import write_deltalake
+    import pyarrow as pa
+
+    write_deltalake(checker.path("BROKEN"), pa.table({"something_else": [1]}))  # a table of other columns
+    checker.write(half_record("stuck", topic="BROKEN"), half_record("fine", topic="T"))
+    checker.write(end_record("stuck"), end_record("fine"))
+    checker.run()
+    page = signed_in(console, "victor", PASSWORDS["victor"]).get("/pending").text
+
+    assert 'data-transaction="stuck"' in page and 'data-transaction="fine"' not in page
+    assert "deliver: withheld" in page and "topic &#39;BROKEN&#39; cannot be written" in page
+
+
 def test_pending_lists_oldest_first_with_filters_and_links_to_timelines(checker, console):
     checker.write(half_record("older", group="g", topic="T"))
     checker.run()
