@@ -93,10 +93,9 @@ class Run:
         plan = decide(ctx, records, self.memory, Gathered(known, self._recovery_facts(records), {}))
         delivered = deliver(self.topics, LAKEHOUSE, self.batch_id, plan.deliveries, self.memory.undelivered)
         withheld = delivered.withheld_now.column("half_offset").combine_chunks()
-        earlier = delivered.landed.filter(pc.less(delivered.landed.column("batch_id"), self.batch_id))
         decided = plan.decided_ops.filter(pc.invert(pc.is_in(plan.decided_ops.column("half_offset"), value_set=withheld)))
         ops = [*decided.select(["half_offset", "transaction_id", "outcome"]).to_pylist(),
-               *op_rows(earlier).select(["half_offset", "transaction_id", "outcome"]).to_pylist(),
+               *op_rows(delivered.settled).select(["half_offset", "transaction_id", "outcome"]).to_pylist(),
                *({"half_offset": r["half_offset"], "transaction_id": r["transaction_id"], "outcome": Outcome(r["outcome"]).value}
                  for r in plan.due.discard_ops)]
         self.ops.extend(ops)

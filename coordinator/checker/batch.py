@@ -263,7 +263,7 @@ def write(ctx: BatchContext, writer: TableWriter, plan: BatchPlan, outstanding: 
     withheld = delivered.withheld_now.column("half_offset").combine_chunks()
     decided = plan.decided_ops
     ops = pa.concat_tables([decided.filter(pc.invert(pc.is_in(decided.column("half_offset"), value_set=withheld))),
-                            _table(OP, op_rows(_settled(delivered, batch_id)), batch_id),
+                            _table(OP, op_rows(delivered.settled), batch_id),
                             _rows_table(OP, due.discard_ops, batch_id)])
     if ops.num_rows:
         append(OP, ops)
@@ -304,7 +304,7 @@ def apply(ctx: BatchContext, memory: CheckerMemory, plan: BatchPlan, written: Wr
     withheld_here = plan.halves.filter(pc.is_in(plan.halves.column("queue_offset"), value_set=withheld))
     memory.add_pending(tracked_transactions(withheld_here), withheld_here, config)
     memory.retire([*plan.resolved_earlier, *plan.due.given_up], withheld=set(withheld.to_pylist()))
-    memory.settle(_settled(delivered, ctx.batch_id))
+    memory.settle(delivered.settled)
     memory.remember_resolved(plan.resolved_here)
     memory.withhold(delivered.withheld)
     memory.advance_due(ctx.now_us, config)
@@ -340,11 +340,6 @@ def _summary(ctx: BatchContext, records: BatchRecords, plan: BatchPlan, written:
         ended_by_topic=plan.ended_by_topic,
         pending_from=lowest if lowest is not None else max(pending_from, _next_offset(records, ctx.batch_id, shared_log)),
     )
-
-
-def _settled(delivered: Delivered, batch_id: int) -> pa.Table:
-    """The messages withheld by earlier batches that have landed now."""
-    return delivered.landed.filter(pc.less(delivered.landed.column("batch_id"), batch_id))
 
 
 def _ended_by_topic(ops: pa.Table, discarded: pa.Table, recovered: pa.Table) -> dict[tuple[str, str], int]:

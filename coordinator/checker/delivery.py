@@ -53,6 +53,8 @@ class Delivered:
     withheld: pa.Table  # every message still held back after this batch (``outstanding`` less what landed, plus new)
     reasons: Mapping[str, str] = field(default_factory=dict)  # topic -> why it could not be written
     replayed: bool = False  # some append found this batch's write in place already
+    settled: pa.Table = field(default_factory=lambda: UNDELIVERED.arrow_schema().empty_table())  # of ``landed``,
+    # those withheld by earlier batches: their op rows are due now
 
 
 def as_undelivered(deliveries: pa.Table, ops: pa.Table, batch_id: int) -> pa.Table:
@@ -116,8 +118,9 @@ def deliver(writer: TableWriter, lakehouse: Lakehouse, batch_id: int, new: pa.Ta
     withheld_now = withheld_all.filter(pc.equal(withheld_all.column("batch_id"), batch_id))
     reasoned = pa.array([reasons.get(topic) for topic in withheld_now.column("topic").to_pylist()], pa.string())
     withheld_now = withheld_now.set_column(withheld_now.schema.get_field_index("reason"), "reason", reasoned)
-    return Delivered(pa.concat_tables([empty, *landed]), pa.concat_tables([empty, *written]), withheld_now,
-                     withheld_all, reasons, replayed)
+    landed_all = pa.concat_tables([empty, *landed])
+    return Delivered(landed_all, pa.concat_tables([empty, *written]), withheld_now, withheld_all, reasons, replayed,
+                     landed_all.filter(pc.less(landed_all.column("batch_id"), batch_id)))
 
 
 def _not_landed(writer: TableWriter, path: str, rows: pa.Table, batch_id: int) -> tuple[pa.Table, pa.Table]:
