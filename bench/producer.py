@@ -15,8 +15,9 @@ delta-rs ``write_deltalake`` of one commit-log row to a warm table, many times o
 reopened every 20 appends as delta-rs needs (``append_floor_p50_ms``; each configuration's
 ``send_p50_vs_floor`` and ``send_p99_vs_floor``).
 The process curve runs 1, 2 and 4 producer processes of one group, each with 64 threads
-(``--process-threads``), on one lakehouse, as several service instances would; each configuration
-reports the fewest transactions one of its processes committed (a starved instance shows there).
+(``--process-threads``), on one lakehouse, as several service instances would (each appends to a
+commit log of the group it claimed); each configuration reports the fewest transactions one of its
+processes committed (a starved instance shows there).
 
 With ``--object-store`` every lakehouse (the floor's too) is a prefix of a bucket on a real
 S3-compatible server on loopback (``scripts/s3_server.py``, started for the run): what object
@@ -50,6 +51,7 @@ from bench import harness
 from deltalake import write_deltalake
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
+from coordinator.commit_logs import CommitLogs
 from coordinator.lakehouse import Lakehouse, create_table, init_lakehouse
 from coordinator.producer.commit_log import half_records, records_to_arrow
 from coordinator.tables import COMMIT_LOG
@@ -224,7 +226,8 @@ def run(places: Places, threads: int, seconds: float, messages_per_txn: int, flo
         elapsed = finished - start_at
         # Taken before this benchmark's own read of the log below, which goes through the same proxy.
         spent = None if before is None else places.store.requests_since("producer", before)
-        commits = where.table("groups/bench/commit_log").version()  # version 0 created the table
+        # Every log of the group (one per process since each instance claims its own); version 0 created each.
+        commits = sum(where.table(ref.key).version() for ref in CommitLogs(where).discover() if ref.group == "bench")
         requests = producer_requests(spent, len(latencies), commits)
         p50, p99 = statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000
         against_floor = {} if floor is None else {

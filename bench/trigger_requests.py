@@ -73,7 +73,7 @@ def part_of(request: Request, batch: Optional[int] = None) -> str:
         return "layout (system/_layout.json, shared log)"
     if kind == "LIST" and re.search(r"prefix=[^&]*/groups/(&|$)", path):
         return "source: list groups/"
-    if "/commit_log/" in path:
+    if re.search(r"/commit_log(\.\d+)?/", path):
         if kind == "HEAD":
             return "source: probe next versions"
         return "segment: commit files" if re.search(r"/_delta_log/\d+\.json$", path) else "segment: data files"

@@ -1,7 +1,13 @@
 """The commit logs of a lakehouse, and who writes each: a record's writer is the log it is stored in.
 
-Every producer group appends to a commit log of its own, ``groups/<group>/commit_log``, and
-operators' decisions (``txcoord resolve``) go to ``operators/commit_log``. The storage's own
+Every producer group appends to commit logs of its own, and operators' decisions (``txcoord
+resolve``) go to ``operators/commit_log``. A group's first log is ``groups/<group>/commit_log``;
+each further instance of the group running at the same time writes one more,
+``groups/<group>/commit_log.<n>`` (n from 1 to :data:`LOGS_PER_GROUP` - 1), claimed for as long as
+it runs (:meth:`coordinator.control.instances.ProducerInstances.claim_log`), so a group's instances
+append side by side instead of racing for the versions of one log (a Delta log takes one version at
+a time). Its logs are numbered without gaps: an instance makes the logs below its own before it
+writes, so a reader finds them all by looking for the next one (:meth:`CommitLogs.discover`). The storage's own
 permissions say who may write each one (docs/operations.md#tenancy lists the grants), so the
 checker never takes a writer's identity from a column the writer filled in: it takes it from the
 log (:class:`CommitLogRef`), and refuses a record whose columns claim otherwise
@@ -18,7 +24,7 @@ Example::
 
     logs = CommitLogs(Lakehouse("lakehouse"))
     [ref.key for ref in logs.discover()]   # ['groups/order_group/commit_log', 'operators/commit_log']
-    CommitLogRef.of("groups/order_group/commit_log").group   # 'order_group'
+    CommitLogRef.of("groups/order_group/commit_log.3").group   # 'order_group'
 """
 
 from __future__ import annotations
@@ -26,18 +32,22 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Mapping, NamedTuple, Optional
+from typing import Iterable, Mapping, NamedTuple, Optional
 
 
 from coordinator.exceptions import InvalidArgumentError, OutdatedLakehouseError
 from coordinator.lakehouse import (GROUPS_KEY, LAYOUT_KEY, OPERATORS_LOG_KEY, SHARED_LOG_KEY, Lakehouse, delta_log_file,
                                    group_key, group_of_key)
-from coordinator.storage import FileStore
+from coordinator.storage import FileStore, read_all
 
-__all__ = ["CURRENT_LAYOUT", "CommitLogRef", "CommitLogs", "Lag", "Layout", "committed", "versions_written"]
+__all__ = ["CURRENT_LAYOUT", "LOGS_PER_GROUP", "CommitLogRef", "CommitLogs", "Lag", "Layout", "committed",
+           "versions_written"]
 
-#: The layout this version writes: one commit log per group, and the operators' own.
+#: The layout this version writes: commit logs of each group's own, and the operators' own.
 CURRENT_LAYOUT = 2
+#: The most commit logs of one group: as many instances of a group append side by side; more share them.
+LOGS_PER_GROUP = 64
+_LOG_NAME = "commit_log"
 
 
 @dataclass(frozen=True, order=True)
@@ -61,9 +71,17 @@ class CommitLogRef:
         return ref
 
     @classmethod
-    def of_group(cls, group: str) -> "CommitLogRef":
-        """The commit log of producer group ``group``."""
-        return cls(f"{GROUPS_KEY}/{group_key(group)}/commit_log")
+    def of_group(cls, group: str, number: int = 0) -> "CommitLogRef":
+        """Commit log ``number`` of producer group ``group`` (its first, ``commit_log``, by default).
+
+        Example::
+
+            CommitLogRef.of_group("order_group", 2).key   # 'groups/order_group/commit_log.2'
+        """
+        if not 0 <= number < LOGS_PER_GROUP:
+            raise InvalidArgumentError(f"a group's commit logs are numbered 0 to {LOGS_PER_GROUP - 1}, not {number}")
+        name = _LOG_NAME if number == 0 else f"{_LOG_NAME}.{number}"
+        return cls(f"{GROUPS_KEY}/{group_key(group)}/{name}")
 
     @classmethod
     def operators(cls) -> "CommitLogRef":
@@ -74,9 +92,14 @@ class CommitLogRef:
     def group(self) -> Optional[str]:
         """The producer group whose own log this is; ``None`` for the operators' and the shared log."""
         parts = self.key.split("/")
-        if len(parts) == 3 and parts[0] == GROUPS_KEY and parts[2] == "commit_log":
+        if len(parts) == 3 and parts[0] == GROUPS_KEY and _log_number(parts[2]) is not None:
             return group_of_key(parts[1])
         return None
+
+    @property
+    def number(self) -> Optional[int]:
+        """Which of its group's logs this is (0 for ``commit_log``); ``None`` if it is no group's."""
+        return _log_number(self.key.rsplit("/", 1)[-1]) if self.group is not None else None
 
     @property
     def is_operators(self) -> bool:
@@ -108,18 +131,41 @@ class CommitLogs:
     def __init__(self, lakehouse: Lakehouse):
         self.lakehouse = lakehouse
 
-    def discover(self, layout: Optional[Layout] = None) -> list[CommitLogRef]:
-        """Every commit log the checker reads, sorted: each group's (a directory under ``groups/``,
-        whether or not its log has a first version yet), the operators', and the retired shared one
-        if the lakehouse was upgraded from it. One listing of ``groups/``, and the layout read unless
-        ``layout`` is given (it is known already: only ``txcoord upgrade`` changes it, under the lease).
+    def discover(self, layout: Optional[Layout] = None, known: Iterable[str] = ()) -> list[CommitLogRef]:
+        """Every commit log the checker reads, sorted: each group's (a directory under ``groups/``: its
+        first log whether or not it has a first version yet, and each further one that has), the
+        operators', and the retired shared one if the lakehouse was upgraded from it.
+
+        One listing of ``groups/``, then for each group an existence check of the first commit of the
+        log after its highest one found so far (``known``: keys of logs found before; the logs below a
+        known one are taken as found), repeated while one is there: once per group in the steady state,
+        the groups at once on object storage. The layout is read unless ``layout`` is given (it is known
+        already: only ``txcoord upgrade`` changes it, under the lease).
 
         Example::
 
             CommitLogs(Lakehouse("lakehouse")).discover()
         """
-        refs = [CommitLogRef(f"{GROUPS_KEY}/{name}/commit_log")
-                for name in self.lakehouse.files.directories(GROUPS_KEY)]
+        files = self.lakehouse.files
+        highest: dict[str, int] = {}
+        for key in known:
+            ref = CommitLogRef(key)
+            if ref.group is not None:
+                name = ref.key.split("/")[1]
+                highest[name] = max(highest.get(name, 0), ref.number)
+
+        def logs_of(name: str) -> list[CommitLogRef]:
+            first = CommitLogRef(f"{GROUPS_KEY}/{name}/{_LOG_NAME}")
+            group = first.group
+            if group is None:
+                return []
+            number = highest.get(name, 0)
+            while number + 1 < LOGS_PER_GROUP and committed(files, CommitLogRef.of_group(group, number + 1).key, 0):
+                number += 1
+            return [CommitLogRef.of_group(group, n) for n in range(number + 1)]
+
+        names = files.directories(GROUPS_KEY)
+        refs = [ref for logs in read_all(logs_of, names, remote=not self.lakehouse.is_local) for ref in logs]
         refs.append(CommitLogRef(OPERATORS_LOG_KEY))
         if (layout or self.layout()).shared_log_end is not None:
             refs.append(CommitLogRef(SHARED_LOG_KEY))
@@ -178,6 +224,17 @@ class CommitLogs:
         """Write ``system/_layout.json``."""
         self.lakehouse.files.put(LAYOUT_KEY, json.dumps({"version": layout.version,
                                                          "shared_log_end": layout.shared_log_end}).encode())
+
+
+def _log_number(name: str) -> Optional[int]:
+    """Which of a group's logs the directory ``name`` is: 0 for ``commit_log``, n for ``commit_log.<n>``
+    (written as :meth:`CommitLogRef.of_group` writes it); ``None`` for any other name."""
+    if name == _LOG_NAME:
+        return 0
+    prefix, dot, number = name.partition(".")
+    if prefix == _LOG_NAME and dot and number.isascii() and number.isdigit() and not number.startswith("0"):
+        return int(number) if int(number) < LOGS_PER_GROUP else None
+    return None
 
 
 def committed(files: FileStore, key: str, version: int) -> bool:

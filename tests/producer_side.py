@@ -7,21 +7,29 @@ from __future__ import annotations
 
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
+from coordinator.commit_logs import CommitLogs
 from coordinator.lakehouse import Lakehouse, create_table
+from coordinator.producer.commit_log import CommitLogWriter, half_records
 from coordinator.tables import GROUP_CHECK_REQUESTS
 
 
 def commit_log_rows(lakehouse: str, group: str = "order_group") -> list[dict]:
-    """Every row of ``group``'s commit log, each with the ``_commit_version`` it was written in."""
-    table = DeltaTable(Lakehouse(lakehouse).commit_log(group))
-    changes = pa.RecordBatchReader.from_stream(table.load_cdf(starting_version=0)).read_all()
-    return changes.to_pylist()
+    """Every row of ``group``'s commit logs, each with the ``_commit_version`` it was written in and the
+    ``commit_log`` (its key) it was written to."""
+    rows = []
+    for ref in CommitLogs(Lakehouse(lakehouse)).discover():
+        if ref.group == group:
+            table = DeltaTable(Lakehouse(lakehouse).key_path(ref.key))
+            changes = pa.RecordBatchReader.from_stream(table.load_cdf(starting_version=0)).read_all()
+            rows += [{**row, "commit_log": ref.key} for row in changes.to_pylist()]
+    return rows
 
 
 def commit_log_version(lakehouse: str, log: str = "groups/order_group/commit_log") -> int:
@@ -104,4 +112,14 @@ def send_from_process(lakehouse: str, process_index: int, transactions: int) -> 
             thread.join()
     if errors:
         raise errors[0]
+    return ids
+
+
+def append_from_process(lakehouse: str, process_index: int, transactions: int) -> list[str]:
+    """Multi-process test child: append ``transactions`` halves from 4 threads to ``order_group``'s first
+    commit log, whoever else writes it (as instances sharing a log do); return their transaction ids."""
+    ids = [f"p{process_index}-t{index}" for index in range(transactions)]
+    with CommitLogWriter(lakehouse, "order_group") as writer, ThreadPoolExecutor(4) as senders:
+        list(senders.map(lambda transaction_id: writer.submit(half_records(
+            "order_group", transaction_id, [Message("ORDER_TOPIC", transaction_id.encode())])).result(), ids))
     return ids

@@ -39,7 +39,7 @@ def test_a_group_added_while_the_checker_runs_is_taken_in_without_a_restart(spar
         report = json.loads(added.stdout)
         assert report["created"] == [lakehouse.commit_log("billing"), lakehouse.check_requests("billing")]
         assert {(g["principal"], g["prefix"]) for g in report["grants"]} == {
-            ("group billing", "groups/billing/commit_log/"), ("group billing", "groups/billing/_producers/"),
+            ("group billing", "groups/billing/commit_log"), ("group billing", "groups/billing/_producers/"),
             ("group billing", "groups/billing/check_requests/")}  # the new group's grants only
 
         with TransactionProducer("billing", Commits(), config) as producer:

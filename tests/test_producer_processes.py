@@ -1,11 +1,12 @@
-"""Several producer processes appending to one commit log at once (docs/design.md#invariants)."""
+"""Several producer processes of one group at once (docs/design.md#invariants): each instance appends to a
+commit log it claimed, and instances sharing a log take its versions in turn; every record lands once."""
 
 import multiprocessing
 from collections import Counter
 
 import pytest
 
-from tests.producer_side import commit_log_rows, send_from_process
+from tests.producer_side import append_from_process, commit_log_rows, send_from_process
 
 
 @pytest.fixture
@@ -13,8 +14,7 @@ def lakehouse(tmp_path):
     return str(tmp_path / "lakehouse")
 
 
-def test_several_processes_append_to_one_commit_log(lakehouse):
-    # Enough contention that delta-rs alone runs out of commit retries now and then.
+def test_several_processes_of_a_group_each_append_to_a_commit_log_of_its_own(lakehouse):
     processes, transactions = 3, 150
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
         sent = pool.starmap(send_from_process, [(lakehouse, p, transactions) for p in range(processes)])
@@ -28,3 +28,22 @@ def test_several_processes_append_to_one_commit_log(lakehouse):
     )
     bodies = sorted(r["body"] for r in rows if r["kind"] == "HALF")
     assert bodies == sorted(f"process {p} transaction {i}".encode() for p in range(processes) for i in range(transactions))
+    process_of = {t: p for p, ids in enumerate(sent) for t in ids}
+    writers = {}
+    for row in rows:  # a log of one process only, its ENDs beside its halves
+        writers.setdefault(row["commit_log"], set()).add(process_of[row["transaction_id"]])
+    assert sorted(writers) == ["groups/order_group/commit_log", "groups/order_group/commit_log.1",
+                               "groups/order_group/commit_log.2"]
+    assert all(len(of) == 1 for of in writers.values())
+
+
+def test_several_processes_appending_to_one_commit_log_each_land_every_record_once(lakehouse):
+    # Enough contention that delta-rs alone runs out of commit retries now and then.
+    processes, transactions = 3, 150
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        sent = pool.starmap(append_from_process, [(lakehouse, p, transactions) for p in range(processes)])
+
+    rows = commit_log_rows(lakehouse)
+    assert {r["commit_log"] for r in rows} == {"groups/order_group/commit_log"}
+    assert sorted(r["transaction_id"] for r in rows) == sorted(t for ids in sent for t in ids)
+    assert len({r["_commit_version"] for r in rows}) > processes  # many commits, taken in turn

@@ -25,6 +25,7 @@ from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.tables import REJECTED
 from bench.harness import end_record, half_record
 from tests.conftest import require_s3_server
+from tests.producer_side import RecordingListener
 from bench.harness import wait_until
 from tests.test_cli import txcoord
 
@@ -102,6 +103,17 @@ def test_a_group_writes_only_its_own_log_and_reads_only_its_own_check_requests(t
     with pytest.raises(AccessDeniedError, match="system/half"):
         payments.read("system/half")
     read_table(payments.check_requests("payment_group"), storage=payments.storage)  # its own: granted
+    # Its further logs are its own as well: a second instance makes one and writes it (a rollback: the module's
+    # other tests count what is delivered); no other group may.
+    settings = tenancy.config("group payment_group")
+    with TransactionProducer("payment_group", Shop(), settings) as first, \
+            TransactionProducer("payment_group", RecordingListener(ROLLBACK), settings) as second:
+        assert (first.commit_log.number, second.commit_log.number) == (0, 1)
+        second.send_message_in_transaction(Message(GRANTS["payment_group"][0], b"refused", keys="r-second"))
+    assert log_version(tenancy, "groups/payment_group/commit_log.1") >= 2
+    with pytest.raises(AccessDeniedError, match="groups/payment_group/commit_log.1"):
+        tenancy.lakehouse("group order_group").files.create(
+            "groups/payment_group/commit_log.1/_delta_log/00000000000000000099.json", b'{"commitInfo":{}}')
 
     analysts = tenancy.lakehouse("analysts")
     analysts.read("system/half")

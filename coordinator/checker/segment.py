@@ -92,7 +92,7 @@ def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_
 
         grown_to(Lakehouse("lakehouse"), {"groups/g/commit_log": 3})  # {'groups/g/commit_log': 5, ...}
     """
-    keys = sorted(set(starts) | {ref.key for ref in CommitLogs(lakehouse).discover(layout)})
+    keys = sorted(set(starts) | {ref.key for ref in CommitLogs(lakehouse).discover(layout, known=starts)})
     ends = {key: starts.get(key, 0) for key in keys}
     files = lakehouse.files  # one client for every log: an S3 client takes 4 ms to build
     open_logs = _grown_at_all(files, keys, ends)

@@ -13,6 +13,10 @@ is seen gone from its host): reading the records (:meth:`ProducerInstances.surve
 (:meth:`ProducerInstances.forget`) after each batch's writes, so the directory holds one small file
 per instance alive lately and nothing grows without bound.
 
+Each instance also claims a commit log of the group for itself (:meth:`ProducerInstances.claim_log`,
+``groups/<group>/_producers/commit_log.<n>.claim``): a log is free while its claim is missing or
+names an instance not live, so the logs a group has are as many as its instances running at once.
+
 A group writes its own records, so they are untrusted bytes: a record that is not one (not JSON,
 a field missing or of another type, another group's or instance's name in it, larger than
 :data:`MAX_RECORD_BYTES`) is *refused* with the reason (``GroupSurvey.refused``), which the checker
@@ -29,6 +33,7 @@ Example::
     [i.instance_id for i in instances.live("order_group")]  # ['3f2a…']
     instances.address("order_group", instances.live("order_group"), "txn-1", check_times=1)  # '3f2a…'
     instances.forget("order_group", instances.survey("order_group").stale)  # deletes the records of instances long gone
+    instances.claim_log("order_group", "3f2a…").key  # 'groups/order_group/commit_log' (the first instance's)
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence, Union
 from urllib.parse import quote, unquote
 
+from coordinator.commit_logs import LOGS_PER_GROUP, CommitLogRef
 from coordinator.control.processes import process_gone, this_process
 from coordinator.exceptions import CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse
@@ -147,19 +153,68 @@ class ProducerInstances:
         key = f"{group}\0{transaction_id}\0{check_times}".encode()
         return live[zlib.crc32(key) % len(live)].instance_id
 
+    def claim_log(self, group: str, instance_id: str) -> CommitLogRef:
+        """Claim a commit log of ``group`` for ``instance_id``, whose record must be written first
+        (:meth:`announce`): the lowest-numbered log whose claim is missing or names an instance that
+        is not live, taken by a conditional write (two instances starting at once never take the
+        same one), kept while the instance's record stays live. With all :data:`LOGS_PER_GROUP` taken,
+        one picked by the instance id, shared: a log takes its writers' commits in turn, so a claim
+        is about speed, never about what is stored. A claim file that is not one (the group's own
+        bytes) counts as free, one too large as taken.
+
+        Example::
+
+            ProducerInstances("lakehouse").claim_log("order_group", "3f2a…")  # CommitLogRef('groups/order_group/commit_log.1')
+        """
+        live = {record.instance_id for record in self.live(group)}
+        claim = json.dumps({"instance_id": instance_id}).encode()
+        listed = set(self.files.modified(self._group_dir(group)))
+        for number in range(LOGS_PER_GROUP):
+            key = self._claim_key(group, number)
+            try:
+                current = self.files.read(key, max_bytes=MAX_RECORD_BYTES) if key in listed else None
+            except FileTooLargeError:
+                continue
+            if current is None:
+                won = self.files.create(key, claim) is not None
+            else:
+                owner = _claim_owner(current.data)
+                if owner == instance_id:
+                    won = True
+                elif owner in live:
+                    continue
+                else:
+                    won = self.files.replace(key, claim, current.version) is not None
+            if won:
+                return CommitLogRef.of_group(group, number)
+        return CommitLogRef.of_group(group, zlib.crc32(instance_id.encode()) % LOGS_PER_GROUP)
+
+    def release_log(self, group: str, instance_id: str, log: CommitLogRef) -> None:
+        """Give up ``instance_id``'s claim of ``log`` (it shuts down), unless another instance holds it now.
+
+        Example::
+
+            instances.release_log("order_group", "3f2a…", CommitLogRef("groups/order_group/commit_log.1"))
+        """
+        key = self._claim_key(group, log.number or 0)
+        try:
+            current = self.files.read(key, max_bytes=MAX_RECORD_BYTES)
+        except FileTooLargeError:
+            return
+        if current is not None and _claim_owner(current.data) == instance_id:
+            self.files.delete(key)
+
     def _records(self, group: str) -> tuple[list[ProducerInstance], list[RefusedRecord]]:
         """The group's records, the latest :data:`MAX_RECORDS_READ` written (read at once on object
         storage), and the files refused as records."""
-        listed = self.files.modified(self._group_dir(group))
+        listed = {key: at for key, at in self.files.modified(self._group_dir(group)).items() if key.endswith(".json")}
         keys = sorted(listed, key=lambda key: (-listed[key], key))[:MAX_RECORDS_READ]
         reads = read_all(lambda key: self._read_record(group, key), keys, remote=not self.lakehouse.is_local)
         records = [read for read in reads if isinstance(read, ProducerInstance)]
         return records, [read for read in reads if isinstance(read, RefusedRecord)]
 
     def _read_record(self, group: str, key: str) -> Union[ProducerInstance, RefusedRecord, None]:
-        """The record at ``key``; ``None`` if it was withdrawn meanwhile (or is not a record's file)."""
-        if not key.endswith(".json"):
-            return None
+        """The record at ``key``; ``None`` if it was withdrawn meanwhile."""
         try:
             current = self.files.read(key, max_bytes=MAX_RECORD_BYTES)
         except FileTooLargeError as error:
@@ -176,6 +231,18 @@ class ProducerInstances:
 
     def _key(self, group: str, instance_id: str) -> str:
         return f"{self._group_dir(group)}/{quote(instance_id, safe='')}.json"
+
+    def _claim_key(self, group: str, number: int) -> str:
+        return f"{self._group_dir(group)}/commit_log.{number}.claim"
+
+
+def _claim_owner(data: bytes) -> Optional[str]:
+    """The instance a claim names; ``None`` for bytes that are no claim."""
+    try:
+        owner = json.loads(data).get("instance_id")
+    except (ValueError, RecursionError, AttributeError):
+        return None
+    return owner if isinstance(owner, str) else None
 
 
 def _parsed(data: bytes, group: str, instance_id: str) -> ProducerInstance:

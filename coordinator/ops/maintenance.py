@@ -54,7 +54,7 @@ from deltalake import DeltaTable, PostCommitHookProperties
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from coordinator.appender import DeltaAppender
-from coordinator.commit_logs import CommitLogs, versions_written
+from coordinator.commit_logs import CommitLogRef, CommitLogs, versions_written
 from coordinator.control.progress import CheckerProgress
 from coordinator.exceptions import InvalidArgumentError, one_line
 from coordinator.lakehouse import Lakehouse, listing_retried
@@ -115,7 +115,8 @@ def maintained_tables(lakehouse: Union[str, Lakehouse]) -> list[str]:
 
 
 def _is_commit_log(name: str) -> bool:
-    return name.endswith("/commit_log")
+    ref = CommitLogRef(name)
+    return ref.group is not None or ref.is_operators or ref.is_shared
 
 
 def maintain(

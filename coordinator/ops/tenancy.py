@@ -45,8 +45,9 @@ def group_principal(group: str) -> str:
 
 @dataclass(frozen=True)
 class Grant:
-    """One permission: ``principal`` may ``access`` the keys under ``prefix`` (relative to the
-    lakehouse's root; ``*`` stands for one group's directory). ``access`` is a subset of ``read``
+    """One permission: ``principal`` may ``access`` the keys that begin with ``prefix`` (relative to
+    the lakehouse's root; ``*`` stands for one group's directory; ``…/commit_log`` takes in a group's
+    further logs, ``commit_log.<n>/``). ``access`` is a subset of ``read``
     (get and list), ``write`` (create and replace) and ``delete``."""
 
     principal: str
@@ -73,13 +74,13 @@ def access_plan(groups: Iterable[str]) -> list[Grant]:
         Grant(OPERATORS, ("read", "write"), f"{OPERATORS_LOG_KEY}/"),
         Grant(OPERATORS, ("read",), "system/"),
         Grant(OPERATORS, ("read",), "topics/"),
-        Grant(OPERATORS, ("read",), f"{GROUPS_KEY}/*/commit_log/"),
+        Grant(OPERATORS, ("read",), f"{GROUPS_KEY}/*/commit_log"),
         Grant(ANALYSTS, ("read",), "system/"),
         Grant(ANALYSTS, ("read",), "topics/"),
     ]
     for group in sorted(set(groups)):
         directory = f"{GROUPS_KEY}/{group_key(group)}"
-        plan += [Grant(group_principal(group), ("read", "write"), f"{directory}/commit_log/"),
+        plan += [Grant(group_principal(group), ("read", "write"), f"{directory}/commit_log"),
                  Grant(group_principal(group), ("read", "write", "delete"), f"{directory}/_producers/"),
                  Grant(group_principal(group), ("read",), f"{directory}/check_requests/")]
     return plan
@@ -131,10 +132,11 @@ def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]], refuse_ov
             listed.append(f"{base}{GROUPS_KEY}/")
         own.append({"Effect": "Allow", "Principal": {"AWS": names}, "Action": ["s3:ListBucket"],
                     "Resource": [f"arn:aws:s3:::{bucket}"], "Condition": {"StringLike": {"s3:prefix": listed}}})
-        logs = [grant.prefix for grant in grants if "write" in grant.access and grant.prefix.endswith("commit_log/")]
+        logs = [grant.prefix.rstrip("/") for grant in grants if "write" in grant.access
+                and grant.prefix.rstrip("/").endswith("commit_log")]
         if refuse_overwrites and logs:
             own.append({"Effect": "Deny", "Principal": {"AWS": names}, "Action": ["s3:PutObject"],
-                        "Resource": [f"arn:aws:s3:::{bucket}/{base}{log}_delta_log/*.json" for log in logs],
+                        "Resource": [f"arn:aws:s3:::{bucket}/{base}{log}*/_delta_log/*.json" for log in logs],
                         "Condition": {"Null": {"s3:if-none-match": "true"}}})
         statements += [{"Sid": statement_id(principal, number), **statement} for number, statement in enumerate(own, 1)]
     return {"Version": "2012-10-17", "Statement": statements}

@@ -1,8 +1,8 @@
 """The commit log, producer side: record formats and the group-committing writer.
 
 Every record a producer sends (a HALF for each prepared message, an END for each
-outcome) is appended to its group's own commit log, ``groups/<group>/commit_log``
-(:mod:`coordinator.commit_logs`), as a Delta commit of its own making
+outcome) is appended to the commit log its instance claimed among its group's own,
+``groups/<group>/commit_log[.<n>]`` (:mod:`coordinator.commit_logs`), as a Delta commit of its own making
 (:class:`~coordinator.appender.DeltaAppender`), so a producer starts no JVM. Sends
 from many threads are gathered into few commits.
 
@@ -31,6 +31,7 @@ from coordinator.exceptions import InvalidArgumentError, ProducerStateError
 from coordinator.lakehouse import Lakehouse, create_table
 from coordinator.producer.message import Message
 from coordinator.protocol import LocalTransactionState, RecordKind
+from coordinator.storage import read_all
 from coordinator.tables import COMMIT_LOG
 from coordinator.protocol import MAX_COMMIT_BODY_BYTES
 
@@ -151,7 +152,8 @@ class CommitLogWriter:
     :func:`coordinator.ops.maintenance.maintain` does, once the checker no longer
     needs them.
 
-    Creates the commit log if it is missing (a group's principal may: the log is in its own prefix).
+    Creates the commit log if it is missing (a group's principal may: the log is in its own prefix),
+    and a group's logs numbered below it too (a reader finds a group's logs by looking for the next one).
 
     Example::
 
@@ -168,7 +170,9 @@ class CommitLogWriter:
         lakehouse = Lakehouse.at(lakehouse)
         self.log = log if isinstance(log, CommitLogRef) else CommitLogRef.of_group(log)
         self.path = lakehouse.key_path(self.log.key)
-        create_table(COMMIT_LOG, self.path, lakehouse.storage)
+        below = [CommitLogRef.of_group(self.log.group, number) for number in range(self.log.number or 0)]
+        read_all(lambda ref: create_table(COMMIT_LOG, lakehouse.key_path(ref.key), lakehouse.storage),
+                 [*below, self.log], remote=not lakehouse.is_local)
         self.max_batch_rows = max_batch_rows
         self.commit_interval_s = commit_interval_ms / 1000
         self._next_commit_at = 0.0

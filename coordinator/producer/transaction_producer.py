@@ -1,7 +1,8 @@
 """The transaction producer: half messages, the local transaction, the end record.
 
-Needs no JVM: records go to ``system/commit_log`` through delta-rs, many
-concurrent sends per Delta commit (see :mod:`coordinator.producer.commit_log`).
+Needs no JVM: records go to the commit log this instance claimed among its group's
+(:meth:`~coordinator.control.instances.ProducerInstances.claim_log`), many concurrent
+sends per Delta commit (see :mod:`coordinator.producer.commit_log`).
 
 Example::
 
@@ -21,7 +22,9 @@ from concurrent.futures import Future
 from typing import Any, Optional, Sequence
 
 from coordinator.config import CoordinatorConfig
-from coordinator.exceptions import (HalfNotStoredError, HalfOutcomeUnknownError, MessageValidationError,
+from coordinator.commit_logs import CommitLogRef
+from coordinator.control.instances import ProducerInstances
+from coordinator.exceptions import (AccessDeniedError, HalfNotStoredError, HalfOutcomeUnknownError, MessageValidationError,
                                     ProducerStateError, WriteOutcomeUnknownError)
 from coordinator.grants import TopicGrants
 from coordinator.lakehouse import Lakehouse
@@ -81,15 +84,41 @@ class TransactionProducer:
                 return self
             if self._state == "stopped":
                 raise ProducerStateError(f"producer {self.group!r} was shut down; create a new one")
-            writer = CommitLogWriter(Lakehouse.of(self.config), self.group,
-                                     commit_interval_ms=self.config.commit_interval_ms)
+            writer = self._open_commit_log()
             checkback = CheckBackWorker(Lakehouse.of(self.config), self.group, self.listener, writer, self.config,
                                         instance_id=self.instance_id)
             checkback.start()
             self._writer, self._checkback, self._state = writer, checkback, "running"
-        _log.info("producer started group=%s instance=%s lakehouse=%s", self.group, self.instance_id,
-                  self.config.lakehouse)
+        _log.info("producer started group=%s instance=%s lakehouse=%s commit_log=%s", self.group, self.instance_id,
+                  self.config.lakehouse, self._writer.log)
         return self
+
+    @property
+    def commit_log(self) -> Optional[CommitLogRef]:
+        """The commit log this instance appends to (``None`` until :meth:`start`).
+
+        Example::
+
+            producer.start().commit_log.key  # 'groups/order_group/commit_log.1' (the group's second instance)
+        """
+        return self._writer.log if self._writer is not None else None
+
+    def _open_commit_log(self) -> CommitLogWriter:
+        """The writer of a commit log this instance claims, once its record says it is live. Where
+        the storage refuses that log (grants from before a group had several), the group's first."""
+        lakehouse = Lakehouse.of(self.config)
+        instances = ProducerInstances(lakehouse)
+        instances.announce(self.group, self.instance_id, self.config.producer_heartbeat_ms / 1000)
+        log = instances.claim_log(self.group, self.instance_id)
+        try:
+            return CommitLogWriter(lakehouse, log, commit_interval_ms=self.config.commit_interval_ms)
+        except AccessDeniedError as error:
+            if log.number == 0:
+                raise
+            _log.warning("this instance shares group %s's first commit log: %s. Grant the group %s* "
+                         "(`txcoord grants`) so that its instances append side by side", self.group, error,
+                         lakehouse.commit_log(self.group))
+            return CommitLogWriter(lakehouse, self.group, commit_interval_ms=self.config.commit_interval_ms)
 
     def shutdown(self) -> None:
         """Stop answering check-backs, write every pending record, close the commit log. Idempotent.
@@ -104,6 +133,7 @@ class TransactionProducer:
             self._state = "stopped"
         self._checkback.stop()
         self._writer.close()
+        ProducerInstances(Lakehouse.of(self.config)).release_log(self.group, self.instance_id, self._writer.log)
         _log.info("producer shut down group=%s", self.group)
 
     def __enter__(self) -> "TransactionProducer":
