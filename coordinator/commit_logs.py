@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, NamedTuple, Optional
 
 
+from coordinator.doorbells import GroupWatch, group_of_doorbell
 from coordinator.exceptions import InvalidArgumentError, OutdatedLakehouseError
 from coordinator.lakehouse import (GROUPS_KEY, LAYOUT_KEY, OPERATORS_LOG_KEY, SHARED_LOG_KEY, Lakehouse, delta_log_file,
                                    group_key, group_of_key)
@@ -131,7 +132,8 @@ class CommitLogs:
     def __init__(self, lakehouse: Lakehouse):
         self.lakehouse = lakehouse
 
-    def discover(self, layout: Optional[Layout] = None, known: Iterable[str] = ()) -> list[CommitLogRef]:
+    def discover(self, layout: Optional[Layout] = None, known: Iterable[str] = (),
+                 watch: Optional[GroupWatch] = None) -> list[CommitLogRef]:
         """Every commit log the checker reads, sorted: each group's (a directory under ``groups/``: its
         first log whether or not it has a first version yet, and each further one that has), the
         operators', and the retired shared one if the lakehouse was upgraded from it.
@@ -139,8 +141,10 @@ class CommitLogs:
         One listing of ``groups/``, then for each group an existence check of the first commit of the
         log after its highest one found so far (``known``: keys of logs found before; the logs below a
         known one are taken as found), repeated while one is there: once per group in the steady state,
-        the groups at once on object storage. The layout is read unless ``layout`` is given (it is known
-        already: only ``txcoord upgrade`` changes it, under the lease).
+        the groups at once on object storage. With a ``watch`` (the checker's, on object storage), the
+        listing's doorbells start its round, and only the groups it probes are looked at past their
+        known logs (:mod:`coordinator.doorbells`). The layout is read unless ``layout`` is given (it is
+        known already: only ``txcoord upgrade`` changes it, under the lease).
 
         Example::
 
@@ -160,11 +164,19 @@ class CommitLogs:
             if group is None:
                 return []
             number = highest.get(name, 0)
-            while number + 1 < LOGS_PER_GROUP and committed(files, CommitLogRef.of_group(group, number + 1).key, 0):
+            while (group in probed and number + 1 < LOGS_PER_GROUP
+                   and committed(files, CommitLogRef.of_group(group, number + 1).key, 0)):
                 number += 1
             return [CommitLogRef.of_group(group, n) for n in range(number + 1)]
 
-        names = files.directories(GROUPS_KEY)
+        listing = files.listing(GROUPS_KEY)
+        groups = [group_of_key(name) for name in listing.directories]
+        if watch is None:
+            probed = frozenset(groups)
+        else:
+            bells = {group: tag for name, tag in listing.files.items() if (group := group_of_doorbell(name)) is not None}
+            probed = watch.start_round(groups, bells)
+        names = listing.directories
         refs = [ref for logs in read_all(logs_of, names, remote=not self.lakehouse.is_local) for ref in logs]
         refs.append(CommitLogRef(OPERATORS_LOG_KEY))
         if (layout or self.layout()).shared_log_end is not None:

@@ -49,7 +49,7 @@ from obstore.store import AzureStore, S3Store
 from coordinator.exceptions import AccessDeniedError, FileTooLargeError, InvalidArgumentError
 from coordinator.retries import RETRY_SETTINGS, RetryPolicy, note_own_write_recognised, retrying
 
-__all__ = ["FileStore", "Versioned", "denied_as_error", "is_object_store", "read_all"]
+__all__ = ["FileStore", "Listing", "Versioned", "denied_as_error", "is_object_store", "read_all"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -73,6 +73,14 @@ class Versioned(NamedTuple):
     data: bytes
     version: str
     modified_ms: int
+
+
+class Listing(NamedTuple):
+    """What :meth:`FileStore.listing` found right under a prefix: directories' names (sorted), and each
+    file's name with a tag that changes whenever the file is written."""
+
+    directories: list[str]
+    files: dict[str, str]
 
 
 #: Reads made at once by :func:`read_all` on object storage, where each is a request of tens of milliseconds.
@@ -205,9 +213,15 @@ class FileStore(abc.ABC):
     def modified(self, prefix: str) -> dict[str, int]:
         """The files right under ``prefix``: each key with when it was last written (epoch milliseconds)."""
 
-    @abc.abstractmethod
     def directories(self, prefix: str) -> list[str]:
         """The names of the directories (on S3: common prefixes) right under ``prefix``, sorted."""
+        return self.listing(prefix).directories
+
+    @abc.abstractmethod
+    def listing(self, prefix: str) -> "Listing":
+        """What is right under ``prefix``, from one listing (on object storage, one request a thousand entries):
+        the directories' names, sorted, and each file's name with a tag that changes whenever the file is
+        written (its ETag on object storage)."""
 
 
 class LocalFileStore(FileStore):
@@ -292,11 +306,20 @@ class LocalFileStore(FileStore):
                 for entry in os.scandir(directory) if entry.is_file() and not entry.name.startswith(".")}
 
     @_naming_denied_paths
-    def directories(self, prefix: str) -> list[str]:
+    def listing(self, prefix: str) -> "Listing":
         directory = self._path(prefix)
         if not os.path.isdir(directory):
-            return []
-        return sorted(name for name in os.listdir(directory) if os.path.isdir(os.path.join(directory, name)))
+            return Listing([], {})
+        directories, files = [], {}
+        for entry in os.scandir(directory):
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir():
+                directories.append(entry.name)
+            elif entry.is_file():
+                stat = entry.stat()
+                files[entry.name] = f"{stat.st_mtime_ns}-{stat.st_size}"
+        return Listing(sorted(directories), files)
 
     @staticmethod
     def _stage(path: str, data: bytes) -> str:
@@ -433,9 +456,11 @@ class ObjectFileStore(FileStore):
         return {meta["path"]: _milliseconds(meta["last_modified"]) for meta in listed["objects"]}
 
     @_naming_denied_paths
-    def directories(self, prefix: str) -> list[str]:
+    def listing(self, prefix: str) -> "Listing":
         listed = self._retrying("list", prefix, lambda: obstore.list_with_delimiter(self._store, prefix.rstrip("/") + "/"))
-        return sorted(common.rstrip("/").rsplit("/", 1)[-1] for common in listed["common_prefixes"])
+        return Listing(sorted(common.rstrip("/").rsplit("/", 1)[-1] for common in listed["common_prefixes"]),
+                       {meta["path"].rsplit("/", 1)[-1]: meta.get("e_tag") or f"{meta['last_modified']}-{meta['size']}"
+                        for meta in listed["objects"]})
 
     def _retrying(self, operation: str, key: str, attempt: Callable[[], _T], conditional_write: bool = False) -> _T:
         return retrying(self._policy, operation, self.location(key), attempt, conditional_write)

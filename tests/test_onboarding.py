@@ -40,7 +40,7 @@ def test_a_group_added_while_the_checker_runs_is_taken_in_without_a_restart(spar
         assert report["created"] == [lakehouse.commit_log("billing"), lakehouse.check_requests("billing")]
         assert {(g["principal"], g["prefix"]) for g in report["grants"]} == {
             ("group billing", "groups/billing/commit_log"), ("group billing", "groups/billing/_producers/"),
-            ("group billing", "groups/billing/check_requests/")}  # the new group's grants only
+            ("group billing", "groups/billing/check_requests/"), ("group billing", "groups/billing.bell")}  # its own only
 
         with TransactionProducer("billing", Commits(), config) as producer:
             sent = producer.send_message_in_transaction(Message("INVOICE", b"invoice 1"))
@@ -63,7 +63,8 @@ def test_grants_lists_every_principal_and_refuses_a_bucket_policy_for_a_local_la
     assert listed.returncode == 0, listed.stderr
     grants = json.loads(listed.stdout)["grants"]
     assert {g["principal"] for g in grants} == {"checker", "operators", "analysts", "group orders"}
-    assert {"principal": "operators", "access": ["read", "write"], "prefix": "operators/commit_log/"} in grants
+    assert {"principal": "operators", "access": ["read", "write"], "prefix": "operators/commit_log/", "exact": False} in grants
+    assert {"principal": "group orders", "access": ["read", "write"], "prefix": "groups/orders.bell", "exact": True} in grants
     assert json.loads(listed.stdout)["s3_bucket_policy"] is None
 
     refused = txcoord("grants", "--config", str(config_file), "--account", "checker=svc-checker")

@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
 from coordinator.commit_logs import CommitLogRef
 from coordinator.config import CoordinatorConfig
+from coordinator.doorbells import doorbell_key
 from coordinator.exceptions import AccessDeniedError
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.producer.commit_log import CommitLogWriter
@@ -114,6 +115,12 @@ def test_a_group_writes_only_its_own_log_and_reads_only_its_own_check_requests(t
     with pytest.raises(AccessDeniedError, match="groups/payment_group/commit_log.1"):
         tenancy.lakehouse("group order_group").files.create(
             "groups/payment_group/commit_log.1/_delta_log/00000000000000000099.json", b'{"commitInfo":{}}')
+
+    # Its doorbell, that one key, is its own too (coordinator.doorbells); no other group's, and nothing beside it.
+    payments.files.put(doorbell_key("payment_group"), b"rung")
+    for key in (doorbell_key("order_group"), f"{doorbell_key('payment_group')}.x", "groups/payment_group.bellx"):
+        with pytest.raises(AccessDeniedError, match=key):
+            payments.files.put(key, b"rung")
 
     analysts = tenancy.lakehouse("analysts")
     analysts.read("system/half")

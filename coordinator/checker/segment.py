@@ -43,7 +43,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from coordinator.commit_logs import CommitLogs, Layout, committed
+from coordinator.commit_logs import CommitLogRef, CommitLogs, Layout, committed
+from coordinator.doorbells import GroupWatch
 from coordinator.exceptions import CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse, delta_log_file
 from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, added_files, commit_actions, commit_digest
@@ -80,10 +81,12 @@ RECORD_SCHEMA = pa.schema([*_COMMIT_LOG_SCHEMA, pa.field("commit_log", pa.string
 
 
 def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_VERSIONS_PER_BATCH,
-             layout: Optional[Layout] = None) -> dict[str, int]:
+             layout: Optional[Layout] = None, watch: Optional[GroupWatch] = None) -> dict[str, int]:
     """For each log (every one :meth:`CommitLogs.discover` finds, with ``layout`` if it is known, and
     those in ``starts``): the first version at or after its start (0 for a new log) that is not
-    committed yet, at most ``budget`` versions on over all logs.
+    committed yet, at most ``budget`` versions on over all logs. With a ``watch`` (on object storage),
+    the logs of the groups it lets sleep are not probed: they stay at their start this time
+    (:mod:`coordinator.doorbells`).
 
     The budget is shared fairly: each log may first take an equal part, then the logs that had
     more take what the others left.
@@ -92,9 +95,11 @@ def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_
 
         grown_to(Lakehouse("lakehouse"), {"groups/g/commit_log": 3})  # {'groups/g/commit_log': 5, ...}
     """
-    keys = sorted(set(starts) | {ref.key for ref in CommitLogs(lakehouse).discover(layout, known=starts)})
+    keys = sorted(set(starts) | {ref.key for ref in CommitLogs(lakehouse).discover(layout, known=starts, watch=watch)})
     ends = {key: starts.get(key, 0) for key in keys}
     files = lakehouse.files  # one client for every log: an S3 client takes 4 ms to build
+    if watch is not None:
+        keys = [key for key in keys if (group := CommitLogRef(key).group) is None or group in watch.probing]
     open_logs = _grown_at_all(files, keys, ends)
     first_probed = set(open_logs)
     while budget > 0 and open_logs:
@@ -112,6 +117,12 @@ def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_
             if taken == share:
                 still_growing.append(key)
         open_logs = still_growing
+    if watch is not None:
+        grown = {group: False for group in watch.probing}
+        for key in keys:
+            if (group := CommitLogRef(key).group) is not None and (ends[key] > starts.get(key, 0) or key not in starts):
+                grown[group] = True
+        watch.end_round(grown)
     return ends
 
 

@@ -1,7 +1,8 @@
 """The commit logs as a Spark streaming source: each micro-batch is a :class:`~.segment.Segment` of them.
 
 Spark's trigger asks the source how far the logs have grown (:func:`~.segment.grown_to`: a few
-``stat`` calls per log, and one listing of ``groups/`` to find the logs of groups added since). The
+``stat`` calls per log, and one listing of ``groups/`` to find the logs of groups added since; on
+object storage only the logs of groups busy lately or whose doorbell rang, :mod:`coordinator.doorbells`). The
 lakehouse's layout (:meth:`~coordinator.commit_logs.CommitLogs.layout`) is read once, at the first
 trigger: only ``txcoord upgrade`` changes it, and it takes the checker's lease to do so.
 Each micro-batch is one row, its segment: the versions of each log committed since the previous
@@ -37,6 +38,7 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
 from coordinator.checker.segment import Segment, grown_to
 from coordinator.commit_logs import CommitLogs, Layout
+from coordinator.doorbells import GroupWatch
 from coordinator.lakehouse import Lakehouse
 
 __all__ = ["CommitLogSource", "HEARTBEAT_MS", "segments"]
@@ -53,6 +55,8 @@ class CommitLogReader(SimpleDataSourceStreamReader):
         self.lakehouse = lakehouse
         self.starting_versions = dict(starting_versions)
         self._layout: Optional[Layout] = None
+        # On object storage a probe is a request: quiet groups' logs are probed when they ring (coordinator.doorbells).
+        self._watch = None if lakehouse.is_local else GroupWatch()
         _outlive_stop_signals()
 
     def initialOffset(self) -> dict:
@@ -61,7 +65,7 @@ class CommitLogReader(SimpleDataSourceStreamReader):
     def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
         if self._layout is None:  # read under the lease, which the query's start took
             self._layout = CommitLogs(self.lakehouse).layout()
-        following = grown_to(self.lakehouse, start["versions"], layout=self._layout)
+        following = grown_to(self.lakehouse, start["versions"], layout=self._layout, watch=self._watch)
         now_us = time.time_ns() // 1000
         grew = any(end > start["versions"].get(key, 0) for key, end in following.items())
         if not grew and now_us - start["clock_us"] < HEARTBEAT_MS * 1000:

@@ -134,7 +134,8 @@ def print_grants(root: str, grants, created: list[str], policy: Optional[dict]) 
     for column in ("principal", "access", "prefix"):
         table.add_column(column, no_wrap=column != "prefix", overflow="fold")
     for grant in grants:
-        table.add_row(grant.principal, ", ".join(grant.access), f"{root.rstrip('/')}/{grant.prefix}")
+        table.add_row(grant.principal, ", ".join(grant.access),
+                      f"{root.rstrip('/')}/{grant.prefix}" + (" (this key only)" if grant.exact else ""))
     out.print(table)
     if policy is not None:
         out.print("S3 bucket policy for the accounts given (a bucket has one policy, replaced whole: pass every "

@@ -24,6 +24,7 @@ from coordinator.commit_logs import CommitLogs, Layout
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
 from coordinator.control.progress import CheckerProgress
+from coordinator.doorbells import doorbell_key
 from coordinator.exceptions import InvalidArgumentError, MessageValidationError, OutdatedLakehouseError
 from coordinator.lakehouse import (GROUPS_KEY, OPERATORS_LOG_KEY, SHARED_LOG_KEY, Lakehouse, create_group_tables,
                                    group_key, init_lakehouse, open_table, read_table)
@@ -47,12 +48,13 @@ def group_principal(group: str) -> str:
 class Grant:
     """One permission: ``principal`` may ``access`` the keys that begin with ``prefix`` (relative to
     the lakehouse's root; ``*`` stands for one group's directory; ``…/commit_log`` takes in a group's
-    further logs, ``commit_log.<n>/``). ``access`` is a subset of ``read``
-    (get and list), ``write`` (create and replace) and ``delete``."""
+    further logs, ``commit_log.<n>/``), or, if ``exact``, the one key ``prefix``. ``access`` is a
+    subset of ``read`` (get and list), ``write`` (create and replace) and ``delete``."""
 
     principal: str
     access: tuple[str, ...]
     prefix: str
+    exact: bool = False
 
 
 def access_plan(groups: Iterable[str]) -> list[Grant]:
@@ -62,8 +64,9 @@ def access_plan(groups: Iterable[str]) -> list[Grant]:
     * **operators** write their own commit log; read the checker's tables, the topics and every
       group's commit log (``txcoord status``, ``pending``, ``inspect``), never a group's check requests;
     * **analysts** read the topics and the checker's tables (the audit trail);
-    * each **group** writes its own commit log and its instances' announcements, and reads its own
-      check requests: nothing of another group, nothing of the checker's.
+    * each **group** writes its own commit logs, its instances' announcements and its doorbell
+      (:mod:`coordinator.doorbells`), and reads its own check requests: nothing of another group,
+      nothing of the checker's.
 
     Example::
 
@@ -82,7 +85,8 @@ def access_plan(groups: Iterable[str]) -> list[Grant]:
         directory = f"{GROUPS_KEY}/{group_key(group)}"
         plan += [Grant(group_principal(group), ("read", "write"), f"{directory}/commit_log"),
                  Grant(group_principal(group), ("read", "write", "delete"), f"{directory}/_producers/"),
-                 Grant(group_principal(group), ("read",), f"{directory}/check_requests/")]
+                 Grant(group_principal(group), ("read",), f"{directory}/check_requests/"),
+                 Grant(group_principal(group), ("read", "write"), doorbell_key(group), exact=True)]
     return plan
 
 
@@ -124,10 +128,10 @@ def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]], refuse_ov
         by_actions: dict[tuple[str, ...], list[str]] = {}
         for grant in grants:
             actions = tuple(action for access, action in _S3_ACTIONS if access in grant.access)
-            by_actions.setdefault(actions, []).append(f"arn:aws:s3:::{bucket}/{base}{grant.prefix}*")
+            by_actions.setdefault(actions, []).append(f"arn:aws:s3:::{bucket}/{base}{grant.prefix}{'' if grant.exact else '*'}")
         own = [{"Effect": "Allow", "Principal": {"AWS": names}, "Action": list(actions), "Resource": resources}
                for actions, resources in by_actions.items()]
-        listed = [f"{base}{grant.prefix}*" for grant in grants]
+        listed = [f"{base}{grant.prefix}*" for grant in grants if not grant.exact]
         if any(grant.prefix.startswith(f"{GROUPS_KEY}/*/") for grant in grants):  # finding the groups lists their parent
             listed.append(f"{base}{GROUPS_KEY}/")
         own.append({"Effect": "Allow", "Principal": {"AWS": names}, "Action": ["s3:ListBucket"],
