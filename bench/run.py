@@ -27,6 +27,9 @@ object, on its last line:
   (bench/cold_start.py);
 * ``groups_trigger_ratio``: median trigger time with records, 50 groups of which one is busy / one
   group alone (bench/groups.py; the target is at most 1.5);
+* ``idle_logs_requests_ratio``, ``idle_log_found_s_max``: the checker's source on object storage at 25 ms a
+  request, requests a second beside 1,000 idle groups / with the 10 busy ones alone (the target is at most 2),
+  and the longest a long-idle group's next record waited to be found (bench/idle_logs.py; at most 2 s);
 * ``drain_ratio``, ``drain_steady_ratio``: backlog drain rate, this checkout / the reference commit's
   checker, over the whole drain and after its first batch (bench/drain.py);
 * ``e2e_s3_25ms_p50_ms``, ``e2e_s3_25ms_p99_ms``, ``producer_usd_per_million_txn``,
@@ -71,6 +74,7 @@ FULL = {
     "batch_cost": [],
     "groups": [],
     "drain": [],
+    "idle_logs": [],
 }
 TINY = {name: ["--tiny"] for name in FULL} | {"e2e": ["--tiny", "--observed"]}  # the observers go through it too
 
@@ -112,6 +116,9 @@ def headline(reports: dict[str, dict]) -> dict:
                        producer_usd_per_million_txn=latency["producer_requests"]["usd_per_million_transactions"],
                        checker_usd_per_million_txn=latency["checker_requests"]["usd_per_million_transactions"],
                        idle_checker_usd_per_day=latency["checker_idle"]["usd_per_day"])
+    if "idle_logs" in reports:
+        summary.update(idle_logs_requests_ratio=reports["idle_logs"]["ratio"],
+                       idle_log_found_s_max=reports["idle_logs"]["found_after_s_max"])
     if "drain" in reports:
         summary.update(drain_ratio=reports["drain"]["ratios"]["txn_per_s"],
                        drain_steady_ratio=reports["drain"]["ratios"]["steady_txn_per_s"])

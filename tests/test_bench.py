@@ -123,13 +123,18 @@ def test_the_checker_fell_behind_when_its_lag_grew_or_messages_are_missing():
 
 
 def test_producer_tiny_run_reports_every_configuration_with_consistent_counts(tmp_path):
-    report = run_tiny("producer", tmp_path / "producer.json", timeout=300)
+    report = run_tiny("producer", tmp_path / "producer.json", "--processes", "1", "2", "--group-each", timeout=300)
 
     assert_envelope(report, "producer")
     args = report["args"]
     assert [(r["threads"], r["messages_per_txn"]) for r in report["runs"]] == (
         [(threads, 1) for threads in args["threads"]] + [(max(args["threads"]), args["batch"])])
-    assert [r["processes"] for r in report["processes"]] == args["processes"]
+    curve = report["processes"]
+    assert [(r["processes"], r["groups"]) for r in curve] == [(1, 1), (2, 1), (2, 2)]  # and a group each
+    for run in curve:
+        assert run["vs_one_process"]["txn_per_s"] == round(run["txn_per_s"] / curve[0]["txn_per_s"], 2)
+        assert 0 < run["fewest_vs_mean"] <= 1 and run["fewest_txns_of_a_process"] > 0
+        assert run["cpu_busy"] is None or 0 <= run["cpu_busy"] <= 1
     assert report["append_floor"]["appends"] == args["floor_appends"]
     for run in report["runs"] + report["processes"]:
         assert run["transactions"] > 0 and run["commits"] > 0
@@ -186,6 +191,18 @@ def test_make_bench_runs_end_to_end_at_25_ms_a_request_and_its_headline_prices_b
     assert bench_run.headline({"e2e_s3_25ms": report}) == {
         "e2e_s3_25ms_p50_ms": 900.0, "e2e_s3_25ms_p99_ms": 2000.0, "producer_usd_per_million_txn": 1.1,
         "checker_usd_per_million_txn": 0.7, "idle_checker_usd_per_day": 6.8}
+
+
+def test_idle_logs_tiny_run_counts_the_sources_requests_on_both_lakehouses_and_times_each_wake(tmp_path):
+    report = run_tiny("idle_logs", tmp_path / "idle-logs.json", timeout=300)
+
+    assert_envelope(report, "idle_logs")
+    for name in ("busy", "mixed"):
+        figures = report[name]
+        assert figures["requests_per_trigger"] == round(figures["checker_requests"]["total"] / figures["triggers"], 2)
+    assert report["ratio"] == round(report["mixed"]["requests_per_s"] / report["busy"]["requests_per_s"], 2)
+    assert len(report["found_after_s"]) == report["args"]["wakes"]
+    assert all(0 < found < 30 for found in report["found_after_s"])  # each woken group's record was found
 
 
 def test_producer_tiny_run_behind_a_storage_latency_counts_and_prices_the_producers_requests(tmp_path):

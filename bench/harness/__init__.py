@@ -49,7 +49,7 @@ from bench.harness.processes import Job, child_environment, free_port, proc_stat
 from bench.harness.records import BODY, commit_rows, end_record, half_record, half_rows
 from bench.harness.report import RESULTS, ROOT, TINY_HELP, finish_report, machine, median, parse_args, percentile, start_report
 from bench.harness.spark import BatchDriver, jvm_memory, reach_object_store, spark_session, streaming_triggers
-from bench.harness.waiting import wait_until
+from bench.harness.waiting import Periodically, wait_until
 
 __all__ = [
     "BODY", "BatchDriver", "CheckerJob", "Commits", "ConsoleBrowser", "ConsoleJob", "Deliveries", "Delivery", "Job",

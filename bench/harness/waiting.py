@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Callable, TypeVar
 
 import tenacity
 
-__all__ = ["wait_until"]
+__all__ = ["Periodically", "wait_until"]
 
 T = TypeVar("T")
 
@@ -37,3 +38,32 @@ def wait_until(condition: Callable[[], T], timeout_s: float = 60.0, what: str = 
     retrying = tenacity.Retrying(stop=tenacity.stop_after_delay(timeout_s), wait=tenacity.wait_fixed(poll_s),
                                  retry=retry, retry_error_callback=timed_out)
     return retrying(condition)
+
+
+class Periodically:
+    """Calls ``action`` in a thread of its own, again ``every_s`` after each call ends, while in its ``with``
+    block (the last call ends before the block does).
+
+    Example::
+
+        with Periodically(lambda: samples.append(psutil.cpu_times()), every_s=0.5):
+            run_the_load()
+    """
+
+    def __init__(self, action: Callable[[], object], every_s: float):
+        self._action, self._every_s = action, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Periodically":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._action()
+            self._stop.wait(self._every_s)

@@ -59,6 +59,11 @@ class CommitLogReader(SimpleDataSourceStreamReader):
         self._watch = None if lakehouse.is_local else GroupWatch()
         _outlive_stop_signals()
 
+    @property
+    def watch(self) -> Optional[GroupWatch]:
+        """Which groups' logs a trigger probes, on object storage (``None`` on a local disk: every log)."""
+        return self._watch
+
     def initialOffset(self) -> dict:
         return {"versions": self.starting_versions, "clock_us": 0}
 
