@@ -6,7 +6,7 @@ of its own about every ``--commit-every-ms``; *mixed* with the same busy groups 
 a commit log made before the run (its version 0) and written nothing after. On each, the checker's streaming source
 (``CommitLogReader.read``, what Spark calls at every trigger, run here every ``--trigger-ms`` as the checker's
 trigger interval does, no Spark) follows the logs through the checker's proxy; after a warm-up long enough for
-idle groups to fall asleep (``coordinator.doorbells``), its requests are counted for ``--seconds``. The rest of
+idle groups to fall asleep (``coordinator.doorbells``: until every one sleeps), its requests are counted for ``--seconds``. The rest of
 a trigger's requests (the Spark checkpoint, the lease, the tables' appends) follow the batch, not the number of
 logs, so the source's ratio *mixed* / *busy* bounds the whole checker's from above. Then, on *mixed*,
 ``--wakes`` idle groups each get one record, one after another, and the time from its commit's landing to the
@@ -84,9 +84,10 @@ def make_lakehouse(root: str, storage: dict, groups: list[str]) -> None:
         list(makers.map(lambda group: create_table(COMMIT_LOG, lakehouse.commit_log(group), storage), groups))
 
 
-def measure(store, root: str, busy: list[str], args) -> tuple[dict, Source, contextlib.ExitStack]:
-    """Start the source and the busy writers on ``root``, warm up, count the checker's requests for ``--seconds``;
-    return the figures and what runs (left running, for the wakes)."""
+def measure(store, root: str, groups: list[str], busy: list[str], args) -> tuple[dict, Source, contextlib.ExitStack]:
+    """Start the source and the busy writers of ``busy`` on ``root`` (which holds ``groups``), warm up (at least
+    ``--warmup-s``; past the quiet time, until every idle group sleeps), count the checker's requests for
+    ``--seconds``; return the figures and what runs (left running, for the wakes)."""
     running = contextlib.ExitStack()
     source = Source(Lakehouse(root, store.storage("checker")), args.trigger_ms / 1000)
     running.enter_context(source.following)
@@ -100,6 +101,9 @@ def measure(store, root: str, busy: list[str], args) -> tuple[dict, Source, cont
         return sum(writer.commits for writer in writers)
 
     time.sleep(args.warmup_s)
+    if source.reader.watch is not None and args.warmup_s >= QUIET_AFTER_S:  # until every idle group sleeps
+        harness.wait_until(lambda: len(source.reader.watch.asleep()) >= len(groups) - len(busy), 600,
+                           "the idle groups to fall asleep", poll_s=0.5)
     before, triggers, committed, started = store.counts("checker"), source.triggers, commits(), time.monotonic()
     time.sleep(args.seconds)
     requests = store.requests_since("checker", before)
@@ -152,9 +156,9 @@ def main(argv: list[str] | None = None) -> dict:
             make_lakehouse(roots["mixed"], store.direct, busy + idle)
             print(f"{args.busy} busy groups; lakehouse mixed also {args.idle} idle ones (made in "
                   f"{time.monotonic() - made:.1f} s)", flush=True)
-            figures = {}
+            figures, groups = {}, {"busy": busy, "mixed": busy + idle}
             for name in ("busy", "mixed"):
-                figures[name], source, running = measure(store, roots[name], busy, args)
+                figures[name], source, running = measure(store, roots[name], groups[name], busy, args)
                 with running:
                     print(f"  {name:>5}: {figures[name]['requests_per_s']} requests a second, "
                           f"{figures[name]['requests_per_trigger']} a trigger ({figures[name]['triggers']} triggers), "
