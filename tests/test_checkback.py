@@ -90,13 +90,12 @@ def test_a_restarted_producer_answers_recent_requests_only(lakehouse):
 
 
 def test_the_worker_waits_for_a_missing_table_and_stops_cleanly(tmp_path, monkeypatch):
-    from deltalake import DeltaTable
+    from coordinator.storage import LocalFileStore
 
     followed, answered_into = str(tmp_path / "not_yet"), str(tmp_path / "answers")
     looked_for = []
-    is_deltatable = DeltaTable.is_deltatable
-    monkeypatch.setattr(DeltaTable, "is_deltatable",
-                        staticmethod(lambda path, *args, **kwargs: looked_for.append(path) or is_deltatable(path, *args, **kwargs)))
+    exists = LocalFileStore.exists
+    monkeypatch.setattr(LocalFileStore, "exists", lambda files, key: looked_for.append(key) or exists(files, key))
     listener = RecordingListener()
     before = set(threading.enumerate())
     with CommitLogWriter(answered_into, "order_group") as writer:
@@ -104,7 +103,8 @@ def test_the_worker_waits_for_a_missing_table_and_stops_cleanly(tmp_path, monkey
                                  poll_interval_s=0.05, max_workers=2)
         worker.start()
         worker.start()
-        wait_until(lambda: looked_for.count(worker.path) >= 3)  # polls of a table that does not exist
+        first_commit = "groups/order_group/check_requests/_delta_log/00000000000000000000.json"
+        wait_until(lambda: looked_for.count(first_commit) >= 3)  # polls of a table that does not exist: a probe each
         init_lakehouse(followed)
         first = append_check_request(followed)
         wait_until(lambda: answers(answered_into, first["check_id"]))
@@ -118,16 +118,16 @@ def test_the_worker_waits_for_a_missing_table_and_stops_cleanly(tmp_path, monkey
 def test_a_table_that_appears_while_the_worker_waits_is_answered_whole(lakehouse, monkeypatch):
     """The checker creates a new group's table with its first round of requests, stamped with its batch clock, which
     may be older than a check interval by then: none of them is passed over (the round would be lost)."""
-    from deltalake import DeltaTable
+    from coordinator.storage import LocalFileStore
 
     looked_for = []
-    is_deltatable = DeltaTable.is_deltatable
-    monkeypatch.setattr(DeltaTable, "is_deltatable",
-                        staticmethod(lambda path, *args, **kwargs: looked_for.append(path) or is_deltatable(path, *args, **kwargs)))
+    exists = LocalFileStore.exists
+    monkeypatch.setattr(LocalFileStore, "exists", lambda files, key: looked_for.append(key) or exists(files, key))
     listener = RecordingListener()
     config = CoordinatorConfig(lakehouse=lakehouse, transaction_check_interval_ms=2000)
-    with TransactionProducer("order_group", listener, config) as producer:
-        wait_until(lambda: looked_for.count(producer._checkback.path) >= 1)  # it found no table
+    with TransactionProducer("order_group", listener, config):
+        first_commit = "groups/order_group/check_requests/_delta_log/00000000000000000000.json"
+        wait_until(lambda: looked_for.count(first_commit) >= 1)  # it found no table
         first_round = append_check_request(lakehouse, requested_at=datetime.now(timezone.utc) - timedelta(minutes=5))
         wait_until(lambda: answers(lakehouse, first_round["check_id"]))
     assert [m.transaction_id for m in listener.checked] == [first_round["transaction_id"]]

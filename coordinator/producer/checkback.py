@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from coordinator.commit_logs import committed
 from coordinator.config import CoordinatorConfig
 from coordinator.control.instances import ProducerInstances
 from coordinator.exceptions import ProducerStateError
@@ -41,6 +42,9 @@ from coordinator.tables import GROUP_CHECK_REQUESTS
 
 __all__ = ["CheckBackWorker"]
 
+#: How often a worker whose table did not grow lists its log all the same (see ``_poll``).
+_RESYNC_S = 10.0
+_LAST_CHECKPOINT = "_delta_log/_last_checkpoint"
 _log = logging.getLogger("coordinator.producer.checkback")
 
 #: Check ids remembered for de-duplication. A request is only ever re-read when it
@@ -85,6 +89,8 @@ class CheckBackWorker:
         lakehouse = Lakehouse.at(lakehouse)
         self.path = lakehouse.check_requests(group)
         self.storage = lakehouse.storage
+        self._files = lakehouse.files
+        self._key = f"{lakehouse.group_dir(group)}/check_requests"
         self.group = group
         self.listener = listener
         self.writer = writer
@@ -98,6 +104,7 @@ class CheckBackWorker:
         self._answered: OrderedDict[str, None] = OrderedDict()
         self._table: Optional[DeltaTable] = None
         self._version = -1
+        self._synced_at = float("-inf")
         self._waited_for_table = False  # everything in a table that appeared while this worker ran is for it
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -155,14 +162,22 @@ class CheckBackWorker:
         return (pc.field("producer_group") == self.group) & (addressed.is_null() | (addressed == self.instance_id))
 
     def _poll(self) -> None:
+        # A probe or two for the table's next commit file (HEADs, on object storage) instead of delta-rs's listing
+        # of its log at every poll, which S3 prices 12 times higher; delta-rs lists even a table that is missing.
+        # The log is listed anyway every _RESYNC_S, so a worker that log cleanup overtook (the versions after its
+        # last one removed) finds out and starts again from the recent requests.
         if self._table is None:
-            if not DeltaTable.is_deltatable(self.path, storage_options=self.storage or None):
+            if not (committed(self._files, self._key, 0) or self._files.exists(f"{self._key}/{_LAST_CHECKPOINT}")):
                 self._waited_for_table = True
                 return
             table = open_table(self.path, storage=self.storage)
             self._dispatch(self._requests(every=self._waited_for_table))
-            self._table, self._version = table, table.version()
+            self._table, self._version, self._synced_at = table, table.version(), time.monotonic()
             return
+        if (not committed(self._files, self._key, self._version + 1)
+                and time.monotonic() - self._synced_at < _RESYNC_S):
+            return
+        self._synced_at = time.monotonic()
         self._table.update_incremental()
         latest = self._table.version()
         if latest <= self._version:
