@@ -3,7 +3,7 @@
 One Spark session, one empty lakehouse. ``--batches`` times: ``--commits`` commit-log commits of
 ``--transactions`` HALF records each, every one followed by a commit of their COMMIT ENDs (as
 producers write them), then one batch over all of them with ``run_batch`` (the checker's batch
-logic, as tests/conftest.py drives it), then one heartbeat-only batch. For each batch: wall
+logic, as tests/support/batches.py drives it), then one heartbeat-only batch. For each batch: wall
 seconds and the number of Spark jobs it ran. The first round warms the JVM up and is not counted.
 
 The same rounds then go through the real streaming query, in this process: each trigger's whole

@@ -70,7 +70,7 @@ errors of each; ``observed`` is in every report, true or false.
 
 With ``--poison``, the run is made twice on fresh lakehouses, the same way: alone, then while a tenant of
 its own group writes, into its own prefix, every kind of bytes the checker must refuse
-(``bench/harness/poisons.py``) every ``POISON_EVERY_S`` seconds of the sending. The report holds both runs'
+(``tests/support/poisons.py``) every ``POISON_EVERY_S`` seconds of the sending. The report holds both runs'
 figures (``without_poison``, ``with_poison``), the poisons written and refused, and the ratio of the two
 commit→visible p99s (issue 44: at most 1.25).
 
@@ -226,20 +226,20 @@ def poisoned_and_not(args: argparse.Namespace, rate: float, reference: dict | No
 
 
 class _PoisoningTenant(threading.Thread):
-    """Writes every poison of :mod:`bench.harness.poisons` into :data:`POISON_GROUP`'s prefix, again every
+    """Writes every poison of :mod:`tests.support.poisons` into :data:`POISON_GROUP`'s prefix, again every
     :data:`POISON_EVERY_S` seconds, until stopped; what it wrote, by log and version."""
 
     def __init__(self, lakehouse: Lakehouse) -> None:
         """``lakehouse`` as the tenant reaches it: behind a latency, through its own proxy."""
         super().__init__(name="poisoning-tenant", daemon=True)
-        from bench.harness.poisons import PoisonedLog
+        from tests.support.poisons import PoisonedLog
 
         self.log = PoisonedLog(lakehouse, POISON_GROUP)
         self.written: list[tuple[str, int, str]] = []  # (what, version, the reason expected)
         self._stop_event = threading.Event()
 
     def run(self) -> None:
-        from bench.harness.poisons import POISONS
+        from tests.support.poisons import POISONS
 
         while True:
             for what, poison in POISONS.items():

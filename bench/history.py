@@ -9,7 +9,7 @@ version 0, below the workload's, whose commit versions start at 1), batch ids be
 workload's, time-ordered transaction ids from 30 days ago, every one committed.
 
 The same workload then runs through both with ``run_batch`` (the checker's batch logic, as
-tests/conftest.py drives it): ``--workload`` HALF records in one commit-log commit and their
+tests/support/batches.py drives it): ``--workload`` HALF records in one commit-log commit and their
 COMMIT ENDs in the next, one batch over both, then one heartbeat-only batch; ``--repeats``
 times, A and B alternating (in an order that flips every round) so that a change in machine
 load hits both alike. ``pending_from`` is carried from batch to batch as the streaming checker

@@ -3,7 +3,7 @@ check requests takes, and the checker's peak memory.
 
 The halves (no END: their producer "crashed"), 200-byte bodies, go into the commit log in
 ``--commits`` commits. One ``run_batch`` (the checker's batch logic, driven as
-tests/conftest.py drives it) ingests them before they are due; the next one runs with a clock
+tests/support/batches.py drives it) ingests them before they are due; the next one runs with a clock
 past their immunity (``--immunity-s``, set through ``transaction_timeout_ms``), so every one of
 them is due in that round. A third round, still inside the check interval, shows what the
 pending set costs when nothing is due. The batch clock is explicit, so nothing sleeps.

@@ -25,12 +25,12 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench.harness import Job, free_port, wait_until
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
 from coordinator.spark import spark_submit
 from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
 from coordinator.ops.status import read_metrics
 from coordinator.tables import DISCARDED, OP
+from tests.support import Job, free_port, wait_until
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                             LocalTransactionState.UNKNOW)

@@ -27,12 +27,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
 
 from tests import REPO_ROOT
-from tests.conftest import require_s3_server, without_txcoord_settings
+from tests.support import without_txcoord_settings
+from tests.support.servers import require_s3_server
 
 pytestmark = pytest.mark.benchmark
 
@@ -58,20 +57,6 @@ def assert_envelope(report: dict, benchmark: str) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Machinery, no JVM
-
-
-def test_commits_map_each_version_to_its_timestamp_and_added_files(tmp_path):
-    path = str(tmp_path / "table")
-    write_deltalake(path, pa.table({"transaction_id": ["a", "b"]}))
-    write_deltalake(path, pa.table({"transaction_id": ["c"]}), mode="append")
-
-    commits = harness.commits(path)
-
-    assert [c["version"] for c in commits] == [0, 1]
-    assert all(c["timestamp_ms"] > 0 and len(c["added"]) == 1 for c in commits)
-    assert harness.latest_version(path) == 1
-    shape = harness.table_shape(path)
-    assert (shape["log_json_files"], shape["active_files"], shape["parquet_files_on_disk"]) == (2, 2, 2)
 
 
 def test_percentile_and_median_by_nearest_rank():
@@ -233,7 +218,7 @@ def test_poisoning_tenant_behind_a_storage_latency_writes_through_a_proxy_of_its
     latency take minutes): one round of every poison, each at the log's next version, through the tenant's own proxy
     at the run's latency, and none through the checker's."""
     require_s3_server()
-    from bench.harness.poisons import POISONS
+    from tests.support.poisons import POISONS
     from coordinator.lakehouse import Lakehouse
 
     with harness.LatencyStore(5, str(tmp_path), ("checker", e2e.POISONER)) as store:

@@ -1,5 +1,5 @@
 """The side-by-side benchmark's own logic (bench/peers): the shared plan, the figures made from
-each system's rows, delivery counting in a topic table, and docs/side-by-side.md's table; and, only with
+each system's rows, and docs/side-by-side.md's table; and, only with
 ``PEERS_TESTS=1``, a tiny run against real RocketMQ and Kafka servers."""
 
 from __future__ import annotations
@@ -10,15 +10,9 @@ import subprocess
 import sys
 from collections import Counter
 
-import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
 
 from tests import REPO_ROOT
-from coordinator.lakehouse import Lakehouse
-
-
-from bench import harness
 from bench.peers import run as peers
 from bench.peers import workload
 from bench.peers.workload import COMMIT, ROLLBACK, UNKNOWN, Plan
@@ -66,16 +60,6 @@ def test_figures_count_throughput_latency_losses_duplicates_and_leaked_rollbacks
     assert figures["unknown_to_consumable_p50_ms"] == 9000.0
     assert figures["rolled_back_delivered"] == 1 and figures["duplicate_deliveries"] == 1
 
-
-def test_deliveries_report_first_version_time_and_row_count_per_transaction(tmp_path):
-    lakehouse = str(tmp_path)
-    path = Lakehouse(lakehouse).topic("T")
-    write_deltalake(path, pa.table({"transaction_id": ["a", "b"]}))
-    write_deltalake(path, pa.table({"transaction_id": ["a"]}), mode="append")
-    found = harness.deliveries(lakehouse, "T")
-    assert {tid: delivery.rows for tid, delivery in found.items()} == {"a": 2, "b": 1}
-    first_commit = harness.commits(path)[0]
-    assert found["a"].timestamp_s == first_commit["timestamp_ms"] / 1000
 
 
 def _phase(committed, send_p50, consumable_p50, unknown_p50):

@@ -14,8 +14,8 @@ from typing import Optional
 
 import pytest
 
-from bench import harness
 from coordinator.spark import class_archive, jars, submit
+from tests.support import CheckerJob, Job, first_batch_after, wait_until, write_config
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def mapped_files(pid: int) -> set[str]:
         return {line.split(maxsplit=5)[5].strip() for line in maps if len(line.split(maxsplit=5)) == 6}
 
 
-def jvm_of(job: harness.Job) -> Optional[int]:
+def jvm_of(job: Job) -> Optional[int]:
     """The driver JVM's pid: the job's own process under spark-submit (its scripts exec java), else its
     child (pyspark's launch of ``txcoord checker``); None before it runs."""
     import psutil
@@ -125,8 +125,8 @@ def test_spark_setup_writes_the_archive_and_the_checkers_launches_map_it(own_cac
 
     lakehouse = tmp_path / "lakehouse"
     init_lakehouse(str(lakehouse))  # a fresh one: the checker's first batch is a heartbeat
-    config = harness.write_config(str(lakehouse), trigger_interval_ms=200)
-    with harness.CheckerJob(config, str(lakehouse), str(tmp_path / "submitted.log")) as checker:
+    config = write_config(str(lakehouse), trigger_interval_ms=200)
+    with CheckerJob(config, str(lakehouse), str(tmp_path / "submitted.log")) as checker:
         checker.wait_ready(300)
         assert str(archive) in mapped_files(jvm_of(checker))
     assert checker.exit_code() == 0
@@ -135,9 +135,9 @@ def test_spark_setup_writes_the_archive_and_the_checkers_launches_map_it(own_cac
     environment = dict(os.environ, PYTHONUNBUFFERED="1")
     environment.pop("SPARK_CONF_DIR", None)
     command = [sys.executable, "-m", "coordinator", "checker", "--config", config]
-    with harness.Job(command, tmp_path / "in-process.log", env=environment).start() as checker:
-        harness.wait_until(lambda: harness.first_batch_after(str(lakehouse), checker.started_wall), 300,
-                           "txcoord checker's first batch", poll_s=0.5)
+    with Job(command, tmp_path / "in-process.log", env=environment).start() as checker:
+        wait_until(lambda: first_batch_after(str(lakehouse), checker.started_wall), 300,
+                   "txcoord checker's first batch", poll_s=0.5)
         assert str(archive) in mapped_files(jvm_of(checker))
     assert checker.exit_code() == 0
     assert "[cds" not in Path(tmp_path / "in-process.log").read_text()

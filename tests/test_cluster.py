@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from tests import REPO_ROOT
-from tests.conftest import without_txcoord_settings
+from tests.support import without_txcoord_settings
 
 
 @pytest.mark.slow

@@ -8,8 +8,8 @@ import threading
 from coordinator.checker.source import CommitLogReader
 from coordinator.commit_logs import CommitLogs, Layout
 from coordinator.lakehouse import SHARED_LOG_KEY
-from bench.harness import half_record
-from tests.conftest import ManualChecker
+from tests.support import half_record
+from tests.support.batches import ManualChecker
 
 LOG = "groups/g/commit_log"
 
@@ -24,7 +24,7 @@ def reader_of(lakehouse) -> CommitLogReader:
 
 
 def test_the_layout_is_read_at_the_first_trigger_only_and_every_trigger_finds_the_logs(config, monkeypatch):
-    writer = ManualChecker(None, config)
+    writer = ManualChecker(config)
     writer.write(half_record("t1"))
     lakehouse = writer.lakehouse
     read_layouts = []
@@ -42,7 +42,7 @@ def test_the_layout_is_read_at_the_first_trigger_only_and_every_trigger_finds_th
 
 
 def test_an_upgraded_lakehouse_still_has_its_shared_log_read(config):
-    writer = ManualChecker(None, config)
+    writer = ManualChecker(config)
     writer.write(half_record("t1"))
     CommitLogs(writer.lakehouse).record_layout(Layout(shared_log_end=0))
     _, offset = reader_of(writer.lakehouse).read({"versions": {}, "clock_us": 0})
@@ -53,7 +53,7 @@ def test_new_versions_are_probed_in_rounds_on_object_storage_and_one_by_one_on_a
     from coordinator.checker.segment import committed_run
     from coordinator.commit_logs import versions_written
 
-    writer = ManualChecker(None, config)
+    writer = ManualChecker(config)
     for i in range(9):
         writer.write(half_record(f"t{i}"))
     files = writer.lakehouse.files

@@ -16,12 +16,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bench.harness import end_record, half_record
-from bench.harness.poisons import PoisonedLog
+from tests.support import end_record, half_record
+from tests.support.batches import ManualChecker
+from tests.support.poisons import PoisonedLog
+from tests.support.servers import require_s3_server
 from coordinator.lakehouse import Lakehouse, delta_log_file, read_table
 from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.tables import COMMIT_LOG, COMMITS_READ
-from tests.conftest import ManualChecker, require_s3_server
 from tests.test_cli import txcoord
 
 TENANT = "mallory"
@@ -47,7 +48,7 @@ def steps(lakehouse, transaction_id: str) -> dict[str, list[str]]:
 
 def test_the_checker_keeps_the_digest_of_every_commit_it_read_once_even_replayed(config):
     shutil.rmtree(Lakehouse(config.lakehouse).path(COMMITS_READ))  # a lakehouse made before: the first write makes it
-    batches = ManualChecker(None, config)
+    batches = ManualChecker(config)
     transaction_id = f"t-{uuid.uuid4().hex[:8]}"
     half = batches.write(half_record(transaction_id, group=TENANT, topic="ORDERS"))
     end = batches.write(end_record(transaction_id, group=TENANT))
@@ -67,7 +68,7 @@ def test_the_checker_keeps_the_digest_of_every_commit_it_read_once_even_replayed
 
 def test_inspect_flags_a_commit_rewritten_after_the_checker_read_it_and_not_an_untouched_one(config, tmp_path):
     """The issue's forgery: a tenant turns its rolled-back transaction's END into a COMMIT after the checker read it."""
-    batches = ManualChecker(None, config)
+    batches = ManualChecker(config)
     forged, untouched = f"forged-{uuid.uuid4().hex[:8]}", f"untouched-{uuid.uuid4().hex[:8]}"
     for transaction_id in (forged, untouched):
         batches.write(half_record(transaction_id, group=TENANT, topic="ORDERS"))
@@ -102,7 +103,7 @@ def test_inspect_flags_a_commit_rewritten_after_the_checker_read_it_and_not_an_u
 
 def test_a_commit_gone_since_is_shown_as_read_never_as_rewritten(config):
     """Maintenance removes the commits the checker is done with: their digests stay, with nothing to compare."""
-    batches = ManualChecker(None, config)
+    batches = ManualChecker(config)
     transaction_id = f"t-{uuid.uuid4().hex[:8]}"
     half = batches.write(half_record(transaction_id, group=TENANT, topic="ORDERS"))
     batches.run()

@@ -35,8 +35,8 @@ from coordinator.ops.status import read_metrics
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
 from tests import REPO_ROOT
-from bench.harness import end_record, half_record
-from tests.producer_side import commit_log_version
+from tests.support import end_record, half_record
+from tests.support.producer_side import commit_log_version
 from tests.test_cli import txcoord
 
 CHROMIUM = "/usr/bin/chromium"

@@ -26,7 +26,7 @@ from coordinator.demo.services import (CREDITS, MIN_ORDERS, ORDER_TOPIC, Fate, O
 from tests import REPO_ROOT
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP
-from tests.conftest import DEMO_ORDERS as ORDERS, without_txcoord_settings
+from tests.support import DEMO_ORDERS as ORDERS, without_txcoord_settings
 
 CHECK_MAX = 3  # the demo's transaction_check_max
 PLAN = {order.order_id: order for order in make_orders(ORDERS)}

@@ -15,7 +15,7 @@ from coordinator.producer.commit_log import CommitLogWriter, half_records
 from coordinator.producer.message import Message
 from coordinator.storage import FileStore
 from coordinator.tables import COMMIT_LOG
-from tests.conftest import Clock
+from tests.support import Clock
 
 
 def test_a_doorbell_is_named_after_its_group_and_no_other_file_is_one():

@@ -28,9 +28,8 @@ from coordinator.exceptions import CheckerAlreadyRunningError
 from coordinator.commit_logs import CommitLogs
 from coordinator.lakehouse import Lakehouse, create_group_tables, read_table
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF
-from bench.harness import Commits, Job, half_record
-from tests.conftest import stored_time
-from bench.harness import child_environment, first_batch_after, wait_until
+from tests.support import Commits, Job, child_environment, first_batch_after, half_record, wait_until
+from tests.support.batches import stored_time
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                             LocalTransactionState.UNKNOW)
@@ -121,7 +120,7 @@ def test_streaming_checker_heartbeat_fires_checks_with_no_new_records(spark, con
     try:
         with pytest.raises(CheckerAlreadyRunningError, match="another checker holds"):
             CheckerQuery(spark, config).start(wait_for_lease=False)  # one active checker per lakehouse
-        from tests.conftest import append_rows
+        from tests.support.lakehouse import append_rows
 
         lakehouse = Lakehouse(config.lakehouse)
         create_group_tables(lakehouse, "g")

@@ -7,15 +7,14 @@ from __future__ import annotations
 import pyarrow.compute as pc
 import pytest
 
-from bench.harness import end_record, half_record
+from tests.support import Clock, end_record, half_record
+from tests.support.producer_side import RecordingListener
 from coordinator import CoordinatorConfig, Message, TransactionProducer
 from coordinator.commit_logs import LOGS_PER_GROUP, CommitLogRef, CommitLogs, Layout
 from coordinator.control.instances import ProducerInstances
 from coordinator.exceptions import InvalidArgumentError
 from coordinator.lakehouse import Lakehouse, create_table
 from coordinator.tables import COMMIT_LOG
-from tests.conftest import Clock
-from tests.producer_side import RecordingListener
 
 
 def test_a_groups_further_logs_are_its_own_and_no_other_name_is_a_log():

@@ -12,17 +12,17 @@ import uuid
 import pyarrow.compute as pc
 import pytest
 
-from bench.harness import end_record, half_record
-from bench.harness.poisons import INSTANCE_POISONS, POISONS, PoisonedLog
+from tests.support import end_record, half_record
+from tests.support.batches import ManualChecker, stored_time
+from tests.support.poisons import INSTANCE_POISONS, POISONS, PoisonedLog
 from coordinator.lakehouse import Lakehouse, read_table
-from tests.conftest import ManualChecker, stored_time
 
 HOSTILE = "mallory"
 
 
 @pytest.fixture
 def batches(config) -> ManualChecker:
-    return ManualChecker(None, config)
+    return ManualChecker(config)
 
 
 def honest_commit(batches: ManualChecker) -> str:

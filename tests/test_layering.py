@@ -111,6 +111,36 @@ def test_product_never_imports_the_demo():
         assert not any(m.startswith("coordinator.demo") for m in imported), module
 
 
+def imports_of(path: Path) -> set[str]:
+    """The modules a file imports, anywhere in it (``from a import b`` as ``a`` and ``a.b``)."""
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return imported
+
+
+def test_tests_take_their_support_from_tests_support():
+    """Test support lives in ``tests/support/`` (fixtures alone in conftest), below the benchmarks: only the
+    benchmarks' own tests import ``bench.harness``, and the support imports nothing of ``bench``."""
+    tests_dir = PACKAGE_DIR.parent / "tests"
+    for path in tests_dir.rglob("*.py"):
+        imported, name = imports_of(path), path.relative_to(tests_dir).as_posix()
+        assert "tests.conftest" not in imported, name
+        if name.startswith("support/"):
+            assert not any(m.split(".")[0] == "bench" for m in imported), name
+        elif not name.startswith("test_bench"):
+            assert not any(m.startswith("bench.harness") for m in imported), name
+
+
+def test_test_support_loads_neither_the_product_nor_pytest():
+    # The benchmarks reach it through bench.harness; the modules that do load them are imported by name.
+    modules = loaded_after("import tests.support")
+    assert not {m.split(".")[0] for m in modules} & {"coordinator", "pyarrow", "deltalake", "pytest", *SPARK_MODULES}
+
+
 @pytest.mark.parametrize("name", [n for n, v in vars(exceptions).items() if isinstance(v, type) and issubclass(v, Exception)])
 def test_every_error_derives_from_the_base_error(name):
     assert issubclass(getattr(exceptions, name), exceptions.CoordinatorError)

@@ -13,11 +13,10 @@ import time
 
 import pytest
 
-from bench.harness import wait_until
+from tests.support import Clock, wait_until
 from coordinator.control.lease import CheckerLease, standby_checkers
 from coordinator.control.processes import process_gone
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
-from tests.conftest import Clock
 
 # A checker's lease (of TTL argv[2]) in a child process: it says "held", then sleeps until killed.
 HOLD = ("import sys, time; from coordinator.control.lease import CheckerLease; "

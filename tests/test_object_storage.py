@@ -26,8 +26,8 @@ from coordinator.lakehouse import Lakehouse, open_table, read_table
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, HALF, OP
-from bench.harness import end_record, half_record
-from tests.conftest import DEMO_ORDERS, Clock, SteadyProducer, append_rows, without_txcoord_settings
+from tests.support import Clock, DEMO_ORDERS, end_record, half_record, without_txcoord_settings
+from tests.support.lakehouse import SteadyProducer, append_rows
 from tests.test_notebooks import PLOTS, run_notebook
 
 

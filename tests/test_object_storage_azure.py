@@ -22,8 +22,9 @@ from coordinator.lakehouse import Lakehouse, delta_log_file, open_table, read_ta
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, OP
-from bench.harness import half_record, wait_until
-from tests.conftest import Clock, ManualChecker, SteadyProducer
+from tests.support import Clock, half_record, wait_until
+from tests.support.batches import ManualChecker
+from tests.support.lakehouse import SteadyProducer
 from tests.test_object_storage import race
 # The S3 tests' own bodies, run here on Azure (named so that pytest does not collect them twice).
 from tests.test_object_storage import test_a_file_is_created_once_and_replaced_only_at_the_version_read as files_as_on_s3
@@ -99,7 +100,7 @@ def test_transactions_end_to_end_through_the_producer_api_the_batches_and_check_
     once the producer's check-back answers; a replayed batch delivers nothing twice."""
     config = CoordinatorConfig(lakehouse=azure_lakehouse.root, storage=azurite.storage_options,
                                transaction_check_interval_ms=1000)
-    checker = ManualChecker(None, config)
+    checker = ManualChecker(config)
     producer = TransactionProducer("g", Orders(), config)
     producer.start()
     try:
@@ -148,7 +149,7 @@ def test_the_txcoord_tools_run_on_an_azure_lakehouse(azurite, tmp_path, capsys):
     config = CoordinatorConfig.load(config_file, environ={})
     with CommitLogWriter(lakehouse, "g") as writer:
         writer.submit([half_record("stuck", body=b"held")]).result()
-    checker = ManualChecker(None, config)
+    checker = ManualChecker(config)
     checker.run()
     assert main(["pending", "--json", *arguments]) == 0
     [pending] = json.loads(capsys.readouterr().out)["pending"]

@@ -21,8 +21,7 @@ from coordinator.lakehouse import Lakehouse, init_lakehouse, open_table, read_ta
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.retries import storage_request_counts
 from coordinator.tables import OP
-from bench.harness import end_record, half_record
-from bench.harness import wait_until
+from tests.support import end_record, half_record, wait_until
 
 from bench.storage_faults import FaultProxyProcess
 

@@ -16,8 +16,7 @@ from coordinator.checker.query import CheckerQuery
 from coordinator.lakehouse import Lakehouse
 from coordinator.producer.commit_log import CommitLogWriter
 from tests import REPO_ROOT
-from bench.harness import end_record, half_record
-from bench.harness import wait_until
+from tests.support import end_record, half_record, wait_until
 from tests.test_cli import txcoord
 
 RULES = REPO_ROOT / "coordinator" / "resources" / "txcoord-alerts.yml"

@@ -16,16 +16,15 @@ from coordinator.control.lease import CheckerLease
 from coordinator.control.progress import CheckerProgress, Epoch, Progress
 from coordinator.lakehouse import Lakehouse
 from tests import REPO_ROOT
-from bench.harness import end_record, half_record
-from tests.conftest import ManualChecker
-from bench.harness import wait_until
+from tests.support import end_record, half_record, wait_until
+from tests.support.batches import ManualChecker
 
 LOG = "groups/g/commit_log"
 
 
 def written(config, commits: int) -> Lakehouse:
     """``config``'s lakehouse, where group ``g`` made ``commits`` commits (a half and an END each, after the first)."""
-    writer = ManualChecker(None, config)
+    writer = ManualChecker(config)
     for i in range(commits):
         writer.write(half_record(f"t{i}", body=f"body {i}".encode()), *([end_record(f"t{i - 1}")] if i else []))
     return writer.lakehouse
@@ -93,7 +92,7 @@ def test_a_start_reads_its_first_batch_ahead_before_the_lease_but_a_standby_does
 
 
 def test_a_failed_read_ahead_costs_nothing_but_its_time(caplog):
-    from bench.harness import free_port
+    from tests.support import free_port
 
     # A storage the worker cannot reach: it fails (bytes it could read but not parse would be refused, not fail).
     lakehouse = Lakehouse("s3://lakehouse/lh", {"aws_endpoint": f"http://127.0.0.1:{free_port()}", "aws_region": "us-east-1",

@@ -14,10 +14,8 @@ from deltalake import DeltaTable
 from coordinator.control.instances import FORGET_AFTER_S, ProducerInstances
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.tables import CHECK_REQUESTS
-from bench.harness import half_record
-from tests.conftest import Clock
-from bench.harness import wait_until
-from tests.producer_side import commit_log_rows
+from tests.support import Clock, half_record, wait_until
+from tests.support.producer_side import commit_log_rows
 
 UTC = dt.timezone.utc
 

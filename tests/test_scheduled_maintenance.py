@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from bench.harness import end_record, half_record
-from bench.harness.poisons import POISONS, PoisonedLog
+from tests.support import end_record, half_record
+from tests.support.lakehouse import SteadyProducer
+from tests.support.poisons import POISONS, PoisonedLog
 from coordinator.checker.exporter import CheckerExporter
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
@@ -21,7 +22,6 @@ from coordinator.exceptions import ConfigError
 from coordinator.jobs.maintenance import MaintenanceRun, ScheduledMaintenance, holds
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.producer.commit_log import CommitLogWriter
-from tests.conftest import SteadyProducer
 
 HOSTILE = "mallory"
 #: Long enough that no run in these tests is due by the clock: each is started by run_soon().

@@ -11,7 +11,7 @@ import threading
 
 from pyspark.sql.streaming import StreamingQueryListener
 
-from bench.harness import end_record, half_record, wait_until
+from tests.support import end_record, half_record, wait_until
 from coordinator.checker import CHECKER_NAME
 from coordinator.checker.query import CheckerQuery, checkpoint_location
 from coordinator.checker import rehearsal

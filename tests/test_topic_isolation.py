@@ -15,9 +15,9 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import write_deltalake
 
-from bench.harness import end_record, half_record
+from tests.support import end_record, half_record
+from tests.support.batches import stored_time
 from coordinator.ops.pending import pending_transactions
-from tests.conftest import stored_time
 
 SECOND = dt.timedelta(seconds=1)
 

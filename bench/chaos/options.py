@@ -94,7 +94,7 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
                              f"(seeded by --seed; rates {STORAGE_FAULT_RATES}) until the kills are done")
     parser.add_argument("--poison", action="store_true",
                         help="a poisoning tenant writes, into its own prefix, every kind of bytes the checker must "
-                             f"refuse (bench/harness/poisons.py), every {POISON_EVERY_S:g} s while the producers send")
+                             f"refuse (tests/support/poisons.py), every {POISON_EVERY_S:g} s while the producers send")
     args = harness.parse_args(parser, argv, "chaos", TINY)
     if args.storage_faults and not args.object_store:
         parser.error("--storage-faults needs --object-store: the faults are those of an S3 server's")

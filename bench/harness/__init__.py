@@ -1,8 +1,8 @@
-"""What the benchmarks, the chaos harness and the tests share: processes and waiting for them, the real
-checker job and what it has done (from ``system/metrics``, the progress record and the lease), records as
-producers write them, the exactly-once verdict, Delta logs read as files, offered load, object storage at a
-chosen latency (a proxy per party, its requests priced), Spark in-process,
-operators' views (metrics endpoint, console) and the report every benchmark writes.
+"""What the benchmarks and the chaos harness share: offered load, object storage at a chosen latency (a proxy
+per party, its requests priced), Spark in-process, operators' views (metrics endpoint, console) and the
+report every benchmark writes; and, re-exported from the test support (:mod:`tests.support`), processes and
+waiting for them, the real checker job and what it has done (from ``system/metrics``, the progress record
+and the lease), records as producers write them, the exactly-once verdict and Delta logs read as files.
 
 Example::
 
@@ -13,30 +13,8 @@ Example::
         harness.wait_until(lambda: checker.lag() == 0, 60, "the checker to catch up")
 """
 
-from bench.harness.checker import (
-    CheckerJob,
-    LagSampler,
-    checker_on_fresh_lakehouse,
-    first_batch_after,
-    holds_lease,
-    recorded_batches,
-    served_metrics_url,
-    stands_by,
-    write_config,
-)
 from bench.harness.console import ConsoleBrowser, ConsoleJob, MetricsScraper
-from bench.harness.deltalog import (
-    Delivery,
-    TopicFollower,
-    commits,
-    deliveries,
-    delta_log_size,
-    latest_version,
-    log_versions,
-    table_shape,
-)
-from bench.harness.exactly_once import Deliveries, tally_deliveries
-from bench.harness.load import Commits, SteadySender, send_on_schedule
+from bench.harness.load import SteadySender, send_on_schedule
 from bench.harness.object_store import (
     LATENCY_HELP,
     S3_PRICES,
@@ -45,15 +23,47 @@ from bench.harness.object_store import (
     request_cost,
     requests_between,
 )
-from bench.harness.processes import Job, child_environment, free_port, proc_status, process_tree_rss, reset_peak_rss
-from bench.harness.records import BODY, commit_rows, end_record, half_record, half_rows
 from bench.harness.report import RESULTS, ROOT, TINY_HELP, finish_report, machine, median, parse_args, percentile, start_report
 from bench.harness.spark import BatchDriver, jvm_memory, reach_object_store, spark_session, streaming_triggers
-from bench.harness.waiting import Periodically, wait_until
+from tests.support import (
+    BODY,
+    CheckerJob,
+    Commits,
+    Deliveries,
+    Delivery,
+    Job,
+    LagSampler,
+    Periodically,
+    TopicFollower,
+    checker_on_fresh_lakehouse,
+    child_environment,
+    commit_rows,
+    commits,
+    deliveries,
+    delta_log_size,
+    end_record,
+    first_batch_after,
+    free_port,
+    half_record,
+    half_rows,
+    holds_lease,
+    latest_version,
+    log_versions,
+    proc_status,
+    process_tree_rss,
+    recorded_batches,
+    reset_peak_rss,
+    served_metrics_url,
+    stands_by,
+    table_shape,
+    tally_deliveries,
+    wait_until,
+    write_config,
+)
 
 __all__ = [
     "BODY", "BatchDriver", "CheckerJob", "Commits", "ConsoleBrowser", "ConsoleJob", "Deliveries", "Delivery", "Job",
-    "LATENCY_HELP", "LagSampler", "LatencyStore", "S3_PRICES", "idle_cost_per_day", "request_cost", "requests_between", "MetricsScraper", "RESULTS", "ROOT", "SteadySender", "TINY_HELP", "TopicFollower", "checker_on_fresh_lakehouse",
+    "LATENCY_HELP", "LagSampler", "LatencyStore", "S3_PRICES", "idle_cost_per_day", "request_cost", "requests_between", "MetricsScraper", "Periodically", "RESULTS", "ROOT", "SteadySender", "TINY_HELP", "TopicFollower", "checker_on_fresh_lakehouse",
     "child_environment", "commit_rows", "commits", "deliveries", "delta_log_size", "end_record", "finish_report",
     "first_batch_after", "free_port", "half_record", "half_rows", "holds_lease", "jvm_memory", "latest_version", "log_versions", "machine", "median",
     "parse_args", "percentile", "proc_status", "process_tree_rss", "reach_object_store", "recorded_batches",

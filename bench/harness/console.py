@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from bench.harness.processes import Job
 from bench.harness.report import ROOT
+from tests.support.processes import Job
 
 __all__ = ["ConsoleBrowser", "ConsoleJob", "MetricsScraper"]
 

@@ -1,6 +1,4 @@
-"""Offered load: sends on a fixed schedule from many threads, a producer at a steady rate, and the no-op
-local transaction the benchmarks commit (so the coordinator's own cost is what is measured).
-"""
+"""Offered load: sends on a fixed schedule from many threads, and a producer at a steady rate."""
 
 from __future__ import annotations
 
@@ -8,9 +6,9 @@ import threading
 import time
 from typing import Callable, Optional
 
-from bench.harness.records import BODY
+from tests.support.records import BODY
 
-__all__ = ["Commits", "SteadySender", "send_on_schedule"]
+__all__ = ["SteadySender", "send_on_schedule"]
 
 
 def send_on_schedule(send_one: Callable[[int], None], total: int, rate: float, threads: int,
@@ -107,21 +105,3 @@ class SteadySender:
     def halt(self) -> None:
         """End the run early, from another thread: no send starts after this (those in flight finish)."""
         self._halt.set()
-
-
-class Commits:
-    """A no-op local transaction that commits (so the coordinator's own cost is what is measured)."""
-
-    def __new__(cls):
-        from coordinator import LocalTransactionState, TransactionListener
-
-        class _Commits(TransactionListener):
-            def execute_local_transaction(self, msg, arg):
-                return LocalTransactionState.COMMIT_MESSAGE
-
-            def check_local_transaction(self, msg):
-                return LocalTransactionState.COMMIT_MESSAGE
-
-        return _Commits()
-
-

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Optional, TypeVar, Union
 
-from bench.harness.report import ROOT
-from bench.harness.waiting import wait_until
+from tests import REPO_ROOT
+from tests.support.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -35,7 +35,7 @@ class Job:
     """
 
     def __init__(self, argv: list[str], log_path: Union[str, Path], env: Optional[Mapping[str, str]] = None,
-                 cwd: Union[str, Path] = ROOT, stop_signal: int = signal.SIGTERM):
+                 cwd: Union[str, Path] = REPO_ROOT, stop_signal: int = signal.SIGTERM):
         self.argv, self.log_path, self.cwd, self.stop_signal = argv, str(log_path), cwd, stop_signal
         self.env = None if env is None else dict(env)
         self.process: Optional[subprocess.Popen] = None

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional, Union
 
-from bench.harness.deltalog import latest_version
-from bench.harness.processes import Job, child_environment
-from bench.harness.report import ROOT
+from tests import REPO_ROOT
+from tests.support.deltalog import latest_version
+from tests.support.processes import Job, child_environment
 
 if TYPE_CHECKING:
     from coordinator.control.progress import Progress
@@ -100,12 +100,12 @@ class CheckerJob(Job):
     """
 
     def __init__(self, config_path: str, lakehouse: Union[str, Lakehouse], log_path: str,
-                 cwd: Union[str, Path] = ROOT):
+                 cwd: Union[str, Path] = REPO_ROOT):
         from coordinator.control.progress import CheckerProgress
         from coordinator.lakehouse import Lakehouse
         from coordinator.spark import spark_submit
 
-        argv, env = spark_submit(ROOT / "jobs" / "checker.py", "--config", config_path)
+        argv, env = spark_submit(REPO_ROOT / "jobs" / "checker.py", "--config", config_path)
         super().__init__(argv, log_path, env=child_environment(env), cwd=cwd)
         self.lakehouse = Lakehouse.at(lakehouse)
         self._progress = CheckerProgress(self.lakehouse)

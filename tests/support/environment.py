@@ -1,0 +1,32 @@
+"""Commands run as a user runs them: an environment without this one's settings or checkout, and a command
+run to its end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+__all__ = ["DEMO_ORDERS", "run_checked", "user_environment", "without_txcoord_settings"]
+
+#: The orders of the run's one demo (the ``demo`` fixture).
+DEMO_ORDERS = 12
+
+
+def without_txcoord_settings() -> dict[str, str]:
+    """This environment less ``TXCOORD_*``: a demo's settings, and a test's, must be its own."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TXCOORD_")}
+
+
+def run_checked(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """Run ``argv`` to its end; fail the test with its output unless it exits 0."""
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, **kwargs)
+    assert result.returncode == 0, f"{argv}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+def user_environment(venv: Path) -> dict[str, str]:
+    """The environment of a user whose virtualenv is activated: nothing of the checkout or its tests."""
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("TXCOORD_", "PYSPARK_", "SPARK_", "PYTHON", "VIRTUAL_ENV"))}
+    return dict(clean, PATH=f"{venv / 'bin'}{os.pathsep}{clean['PATH']}", VIRTUAL_ENV=str(venv))
