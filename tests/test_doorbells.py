@@ -4,7 +4,6 @@ with 1,000 quiet groups, whose probes the trigger no longer makes."""
 
 from __future__ import annotations
 
-import pytest
 
 from coordinator.checker.segment import grown_to
 from coordinator.commit_logs import Layout
