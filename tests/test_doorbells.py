@@ -14,7 +14,7 @@ from coordinator.producer.commit_log import CommitLogWriter, half_records
 from coordinator.producer.message import Message
 from coordinator.storage import FileStore
 from coordinator.tables import COMMIT_LOG
-from tests.support import Clock
+from tests.support import Clock, wait_until
 
 
 def test_a_doorbell_is_named_after_its_group_and_no_other_file_is_one():
@@ -137,8 +137,11 @@ def test_on_s3_a_trigger_probes_the_busy_groups_and_those_that_rang_not_every_qu
         assert watch.asleep() == {"busy", *quiet_groups}
         requests = []
         with CommitLogWriter(direct, "busy") as busy:  # rings after its first commit only: it stays busy
-            for _ in range(4):
+            for commit in range(4):
+                bell = direct.files.listing("groups").files.get("busy.bell")
                 busy.submit(half_records("busy", uuid.uuid4().hex, [Message("T", b"x")])).result()
+                if commit == 0:  # the ring follows the commit's result, off the send path
+                    wait_until(lambda: direct.files.listing("groups").files.get("busy.bell") != bell)
                 grown, made = trigger(ends)
                 assert grown["groups/busy/commit_log"] == ends["groups/busy/commit_log"] + 1  # found each time
                 ends = grown
