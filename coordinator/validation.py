@@ -136,7 +136,9 @@ def first_reasons(rules: list[tuple[pa.Array, Union[str, pa.Array]]], num_rows: 
     """
     reasons = pa.nulls(num_rows, pa.string())
     for broken, reason in reversed(rules):
-        reasons = pc.if_else(pc.fill_null(broken, False), reason, reasons)
+        broken = pc.fill_null(broken, False)
+        if pc.any(broken).as_py():  # most rules break on no row: no reasons rebuilt for them
+            reasons = pc.if_else(broken, reason, reasons)
     return reasons
 
 

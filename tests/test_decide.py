@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter, defaultdict
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -61,6 +62,15 @@ class TopicsInMemory:
         self.appends.append(data.column("queue_offset").to_pylist())
         self.batches[path] = batch_id
         return 1
+
+    def submit(self, path: str, data: pa.Table, batch_id: int, create_as=None) -> Future:
+        """:meth:`append`, its outcome held in a future as :meth:`TableWriter.submit`'s is."""
+        future: Future = Future()
+        try:
+            future.set_result(self.append(path, data, batch_id, create_as))
+        except Exception as error:
+            future.set_exception(error)
+        return future
 
     def forget(self, path: str) -> None:
         pass

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping, Optional
 
@@ -35,7 +36,7 @@ from coordinator.checker.recover import recover_discarded
 from coordinator.checker.refusals import rejection
 from coordinator.checker.ends import promote, resolve_ends
 from coordinator.checker.segment import commits_read
-from coordinator.checker.writer import TableWriter, files_written_at_us
+from coordinator.checker.writer import TableWriter, all_done, files_written_at_us
 from coordinator.config import CoordinatorConfig
 from coordinator.control.instances import ProducerInstances, RefusedRecord
 from coordinator.lakehouse import Lakehouse
@@ -241,57 +242,64 @@ def decide(ctx: BatchContext, all_records: BatchRecords, memory: CheckerMemory, 
 def write(ctx: BatchContext, writer: TableWriter, plan: BatchPlan, outstanding: pa.Table) -> Written:
     """Write ``plan``: one append per table, each carrying ``(app id, batch id)`` so that a replay skips it.
 
-    A committed message's op row comes after its topic row has landed, and after the record of its
-    withholding if it has not: a replay, a restart or a topic that cannot be written never leaves a
-    message resolved and undelivered (:mod:`.delivery`). A half precedes its op for readers' convenience.
+    Appends run at once where no order is owed, in three rounds: first the halves, the topics, the group
+    tables of check requests, the commits read and the rejections; then the withheld messages, the
+    discarded ones and the checker's record of the checks (after its groups' own: a check counts as
+    visible when the record is, never before its group's); last the op rows. A committed message's op row
+    so comes after its topic row has landed, and after the record of its withholding if it has not: a
+    replay, a restart or a topic that cannot be written never leaves a message resolved and undelivered
+    (:mod:`.delivery`). A half precedes its op for readers' convenience, and a discarded message's content
+    precedes the op that discards it.
     """
     lakehouse, batch_id, due = ctx.lakehouse, ctx.batch_id, plan.due
-    landed = []
 
-    def append(table, data: pa.Table, path: Optional[str] = None) -> Optional[int]:
-        version = writer.append(path or lakehouse.path(table), data, batch_id,
-                                create_as=table if table is GROUP_CHECK_REQUESTS else None)
-        landed.append(version is not None)
-        return version
+    def started(table, data: pa.Table, path: Optional[str] = None) -> Future:
+        return writer.submit(path or lakehouse.path(table), data, batch_id,
+                             create_as=table if table is GROUP_CHECK_REQUESTS else None)
 
+    first = []
     if plan.halves.num_rows:
-        append(HALF, plan.halves)
+        first.append(started(HALF, plan.halves))
+    requests = _table(CHECK_REQUESTS, due.requests, batch_id) if due.checked else None
+    if requests is not None:
+        for group in sorted(set(requests.column("producer_group").to_pylist())):
+            first.append(started(GROUP_CHECK_REQUESTS, requests.filter(pc.equal(requests.column("producer_group"), group)),
+                                 lakehouse.check_requests(group)))
+    if plan.commits_read.num_rows:  # every commit this batch read, with its digest (replayed: written once)
+        first.append(started(COMMITS_READ, _table(COMMITS_READ, plan.commits_read, batch_id)))
+    if plan.rejected:
+        first.append(started(REJECTED, _rows_table(REJECTED, plan.rejected, batch_id)))
     delivered = deliver(writer, lakehouse, batch_id, plan.deliveries, outstanding)
-    landed.append(not delivered.replayed)
+    versions = all_done(first)
+
+    second, checks = [], None
     if delivered.withheld_now.num_rows:
-        append(UNDELIVERED, delivered.withheld_now)
+        second.append(started(UNDELIVERED, delivered.withheld_now))
+    if due.discarded.num_rows:
+        second.append(started(DISCARDED, _table(DISCARDED, due.discarded, batch_id)))
+    if requests is not None:
+        for name in MESSAGE_CONTENT:  # the checker's record, without the messages' content
+            requests = requests.set_column(requests.schema.get_field_index(name), name,
+                                           pa.nulls(requests.num_rows, requests.schema.field(name).type))
+        checks = started(CHECK_REQUESTS, requests)
+        second.append(checks)
+    versions += all_done(second)
+
     withheld = delivered.withheld_now.column("half_offset").combine_chunks()
     decided = plan.decided_ops
     ops = pa.concat_tables([decided.filter(pc.invert(pc.is_in(decided.column("half_offset"), value_set=withheld))),
                             _table(OP, op_rows(delivered.settled), batch_id),
                             _rows_table(OP, due.discard_ops, batch_id)])
     if ops.num_rows:
-        append(OP, ops)
-    if due.discarded.num_rows:
-        append(DISCARDED, _table(DISCARDED, due.discarded, batch_id))
+        versions += all_done([started(OP, ops)])
     visible_at_us = None
-    if due.checked:
-        # Each group's requests to its own table first, then the checker's record of them without the
-        # messages' content: a check counts as visible when the record is, never before its group's.
-        requests = _table(CHECK_REQUESTS, due.requests, batch_id)
-        for group in sorted(set(requests.column("producer_group").to_pylist())):
-            append(GROUP_CHECK_REQUESTS, requests.filter(pc.equal(requests.column("producer_group"), group)),
-                   lakehouse.check_requests(group))
-        for name in MESSAGE_CONTENT:
-            requests = requests.set_column(requests.schema.get_field_index(name), name,
-                                           pa.nulls(requests.num_rows, requests.schema.field(name).type))
-        version = append(CHECK_REQUESTS, requests)
-        visible_at_us = None if version is None else files_written_at_us(lakehouse.path(CHECK_REQUESTS), version,
-                                                                         lakehouse.storage)
-    if plan.commits_read.num_rows:  # every commit this batch read, with its digest (replayed: written once)
-        append(COMMITS_READ, _table(COMMITS_READ, plan.commits_read, batch_id))
-    if plan.rejected:
-        append(REJECTED, _rows_table(REJECTED, plan.rejected, batch_id))
+    if checks is not None and checks.result() is not None:
+        visible_at_us = files_written_at_us(lakehouse.path(CHECK_REQUESTS), checks.result(), lakehouse.storage)
     if due.stale_instances or due.refused_instances:  # only now, and explicitly: deciding deleted nothing
         instances = ProducerInstances(lakehouse)
         for group in sorted(set(due.stale_instances) | set(due.refused_instances)):
             instances.forget(group, due.stale_instances.get(group, []), due.refused_instances.get(group, []))
-    return Written(delivered, ops, visible_at_us, all(landed))
+    return Written(delivered, ops, visible_at_us, not delivered.replayed and all(v is not None for v in versions))
 
 
 def apply(ctx: BatchContext, memory: CheckerMemory, plan: BatchPlan, written: Written) -> None:

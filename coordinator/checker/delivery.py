@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import logging
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -96,6 +97,7 @@ def deliver(writer: TableWriter, lakehouse: Lakehouse, batch_id: int, new: pa.Ta
     """
     landed, written, withheld, reasons, replayed = [], [], [], {}, False
     candidates = pa.concat_tables([outstanding, new])
+    appends = {}  # topic -> (its rows to append, the append under way), every topic's at once
     for topic in sorted(set(candidates.column("topic").to_pylist())):
         rows = candidates.filter(pc.equal(candidates.column("topic"), topic)).sort_by("half_offset")
         path = lakehouse.topic(topic)
@@ -103,16 +105,19 @@ def deliver(writer: TableWriter, lakehouse: Lakehouse, batch_id: int, new: pa.Ta
             rows, earlier = _not_landed(writer, path, rows, batch_id)
             landed.append(earlier)
             if rows.num_rows:
-                version = writer.append(path, _topic_rows(rows, batch_id), batch_id)
-                replayed = replayed or version is None
-                landed.append(rows)
-                written.append(rows)
+                appends[topic] = rows, writer.submit(path, _topic_rows(rows, batch_id), batch_id)
         except Exception as error:  # the isolation boundary: whatever fails here costs this topic alone
-            reasons[topic] = f"topic {topic!r} cannot be written: {one_line(error)}"
-            log.warning("batch %d: %d messages for topic %s withheld: %s", batch_id, rows.num_rows, topic,
-                        reasons[topic], exc_info=True)
-            writer.forget(path)  # the next attempt reads the table afresh
-            withheld.append(rows)
+            withheld.append(_withheld(writer, topic, path, rows, batch_id, error, reasons))
+    wait([append for _, append in appends.values()])
+    for topic, (rows, append) in appends.items():
+        try:
+            version = append.result()
+        except Exception as error:  # the same boundary, for the append itself
+            withheld.append(_withheld(writer, topic, lakehouse.topic(topic), rows, batch_id, error, reasons))
+        else:
+            replayed = replayed or version is None
+            landed.append(rows)
+            written.append(rows)
     empty = UNDELIVERED.arrow_schema().empty_table()
     withheld_all = pa.concat_tables([empty, *withheld])
     withheld_now = withheld_all.filter(pc.equal(withheld_all.column("batch_id"), batch_id))
@@ -121,6 +126,16 @@ def deliver(writer: TableWriter, lakehouse: Lakehouse, batch_id: int, new: pa.Ta
     landed_all = pa.concat_tables([empty, *landed])
     return Delivered(landed_all, pa.concat_tables([empty, *written]), withheld_now, withheld_all, reasons, replayed,
                      landed_all.filter(pc.less(landed_all.column("batch_id"), batch_id)))
+
+
+def _withheld(writer: TableWriter, topic: str, path: str, rows: pa.Table, batch_id: int, error: Exception,
+              reasons: dict[str, str]) -> pa.Table:
+    """``rows`` held back from ``topic`` (at ``path``), which failed with ``error``; its reason kept in ``reasons``."""
+    reasons[topic] = f"topic {topic!r} cannot be written: {one_line(error)}"
+    log.warning("batch %d: %d messages for topic %s withheld: %s", batch_id, rows.num_rows, topic, reasons[topic],
+                exc_info=error)
+    writer.forget(path)  # the next attempt reads the table afresh
+    return rows
 
 
 def _not_landed(writer: TableWriter, path: str, rows: pa.Table, batch_id: int) -> tuple[pa.Table, pa.Table]:

@@ -238,7 +238,9 @@ class Segment:
             parts.append(commit.rows)
             refusals.extend(commit.refusals)
             meta.append((key, version, rank, modified_ms * 1000, commit.rows.num_rows, commit.sha256, commit.size))
-        return pa.concat_tables([_with_origin(parts, refusals, meta), tick(self.clock_us)])
+        # One chunk per column, not one per commit: every step after takes, filters and groups it, at a
+        # cost that grows with the chunks (docs/performance.md#the-records-in-one-chunk).
+        return pa.concat_tables([_with_origin(parts, refusals, meta), tick(self.clock_us)]).combine_chunks()
 
     def to_json(self) -> str:
         """The segment as Spark carries it in a batch's row."""
@@ -338,7 +340,8 @@ def _data_file_rows(store: FileStore, path: str) -> pa.Table:
         # fraction of read_table's cost, which sets up a dataset for every file.
         file = pq.ParquetFile(pa.BufferReader(found.data))
         _within_bounds(file.metadata, path)
-        missing = [name for name in COMMIT_LOG.column_names if name not in file.schema_arrow.names]
+        present = set(file.schema_arrow.names)  # schema_arrow converts the footer's schema on every call
+        missing = [name for name in COMMIT_LOG.column_names if name not in present]
         if missing:
             raise CorruptInputError(f"data file {path} lacks the commit log's column(s) {', '.join(missing)}")
         return _commit_log_rows(file.read(columns=COMMIT_LOG.column_names, use_threads=False))
@@ -361,26 +364,27 @@ def _within_bounds(metadata: pq.FileMetaData, path: str) -> None:
 
 
 def _with_origin(parts: list[pa.Table], refusals: list[Optional[str]], meta: list[tuple]) -> pa.Table:
-    """The commits' records with the columns saying where each came from (one array each, built once)."""
+    """The commits' records with the columns saying where each came from: one value per commit, repeated
+    for each of its records in C++ (run-end decoding), not in Python lists as long as the records."""
     if not parts:
         return RECORD_SCHEMA.empty_table()
     data = pa.concat_tables(parts)
-    counts = [commit[4] for commit in meta]
-    for index, (name, arrow_type) in enumerate((("commit_log", pa.string()), ("commit_version", pa.int64()),
-                                                ("commit_rank", pa.int64()))):
-        data = data.append_column(name, pa.array(_repeat([commit[index] for commit in meta], counts), arrow_type))
-    # A commit's digest is the same for each of its records: taken per record from one value per commit.
-    of_commit = pa.array(_repeat(range(len(meta)), counts), pa.int64())
-    for name, index, arrow_type in (("commit_sha256", 5, pa.string()), ("commit_bytes", 6, pa.int64())):
-        data = data.append_column(name, pa.array([commit[index] for commit in meta], arrow_type).take(of_commit))
+    run_ends = pc.cumulative_sum(pa.array([commit[4] for commit in meta], pa.int64()))
+    with_records = pc.greater(pa.array([commit[4] for commit in meta], pa.int64()), 0)
+    run_ends, of_commits = run_ends.filter(with_records), [commit for commit in meta if commit[4]]
+
+    def per_record(index: int, arrow_type: pa.DataType) -> pa.Array:
+        values = pa.array([commit[index] for commit in of_commits], arrow_type)
+        return pc.run_end_decode(pa.RunEndEncodedArray.from_arrays(run_ends, values))
+
+    for name, index, arrow_type in (("commit_log", 0, pa.string()), ("commit_version", 1, pa.int64()),
+                                    ("commit_rank", 2, pa.int64()), ("commit_sha256", 5, pa.string()),
+                                    ("commit_bytes", 6, pa.int64())):
+        data = data.append_column(name, per_record(index, arrow_type))
     data = data.append_column("refusal", pa.array(refusals, pa.string()))
-    stored = pa.array(_repeat([commit[3] for commit in meta], counts), pa.int64())
+    stored = per_record(3, pa.int64())
     data = data.append_column("stored_timestamp", stored.cast(RECORD_SCHEMA.field("stored_timestamp").type))
     return data.append_column("is_heartbeat", pa.repeat(False, data.num_rows))
-
-
-def _repeat(values: list, counts: list[int]) -> list:
-    return [value for value, count in zip(values, counts) for _ in range(count)]
 
 
 def _null_record() -> pa.Table:

@@ -5,7 +5,8 @@ Each append carries the Delta application transaction ``(app_id, batch_id)``, as
 :class:`~coordinator.appender.DeltaAppender` kept open per table. Only the lease holder
 writes these tables, so which batch each table last received is read from the table once
 (the first write after a start or a rebuild) and then kept. A replayed batch finds its
-earlier writes recorded and skips them.
+earlier writes recorded and skips them. Appends to different tables may run at once
+(:meth:`TableWriter.submit`): on object storage each costs a few round trips in sequence.
 
 An append costs a few milliseconds where a Spark append costs a job and, for an idempotent
 one, a rebuild of the table's state (delta-spark 4.4).
@@ -19,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Mapping, Optional
 
 import pyarrow as pa
@@ -31,6 +33,10 @@ from coordinator.storage import FileStore
 from coordinator.tables import TableDef
 
 
+#: Appends a writer runs at once (:meth:`TableWriter.submit`): a batch writes about ten tables.
+CONCURRENT_APPENDS = 8
+
+
 class TableWriter:
     """Idempotent appends to the checker's tables (see the module's docstring)."""
 
@@ -38,6 +44,19 @@ class TableWriter:
         self.app_id = app_id
         self.storage = dict(storage or {})
         self._appenders: dict[str, DeltaAppender] = {}
+        self._threads: Optional[ThreadPoolExecutor] = None
+
+    def submit(self, path: str, data: pa.Table, batch_id: int, create_as: Optional[TableDef] = None) -> Future:
+        """Start :meth:`append` in the writer's threads; the future holds what it returns or raises. Appends
+        to different tables run at once; one table takes one append at a time (never two at once).
+
+        Example::
+
+            landed = all_done([writer.submit(lakehouse.path(HALF), halves, 12), writer.submit(lakehouse.path(REJECTED), refused, 12)])
+        """
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(CONCURRENT_APPENDS, thread_name_prefix="table-writer")
+        return self._threads.submit(self.append, path, data, batch_id, create_as=create_as)
 
     def append(self, path: str, data: pa.Table, batch_id: int, create_as: Optional[TableDef] = None) -> Optional[int]:
         """Append ``data`` to the table at ``path`` as batch ``batch_id``'s write; return the
@@ -80,10 +99,26 @@ class TableWriter:
             commit_properties=CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])))
 
     def close(self) -> None:
-        """Finish the appenders' checkpoints in progress and stop them."""
+        """Finish the appends and the appenders' checkpoints in progress, and stop them."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
         for appender in self._appenders.values():
             appender.close()
         self._appenders.clear()
+
+
+def all_done(appends: list[Future]) -> list[Optional[int]]:
+    """What each of ``appends`` (:meth:`TableWriter.submit`'s) returned, once every one has finished; the first
+    failure, in their order, raised then. Waiting for all before raising: a batch that fails must leave no
+    append of its own in flight behind it (its retry would race it).
+
+    Example::
+
+        versions = all_done([writer.submit(path, data, 12) for path, data in appends])
+    """
+    wait(appends)
+    return [append.result() for append in appends]
 
 
 def files_written_at_us(path: str, version: int, storage: Optional[Mapping[str, str]] = None) -> int:
