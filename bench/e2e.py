@@ -7,21 +7,34 @@ The offered rate is min(``--rate``, 0.9 × that rate): where the producer alone 
 requested rate, the run offers 90 % of what it reaches (issue 12), so the figures measure the
 checker rather than the producer's backlog. ``--reference-producer-seconds 0`` skips the
 reference and offers ``--rate``. The default run offers 1,000 txn/s for 10 minutes, unless that
-rule caps it. Both the reference and the offered rate are in the JSON.
+rule caps it. Both the reference and the offered rate are in the JSON. The reference is one process
+whatever ``--processes``.
 
 The checker runs as deployed (``spark-submit jobs/checker.py``, ``--trigger-ms`` trigger). Once
 it has run its first batch, one producer process offers that rate for ``--seconds`` from
 ``--threads`` threads (no-op local transaction that commits, 200-byte body), on a fixed schedule
 of rate × seconds sends. Sending stops at ``--seconds`` even when the producer has fallen behind:
 the sends never started are reported as ``unsent``, and the achieved rate is the committed sends
-over the sending time. Each send's return time and transaction id are kept. Afterwards, for each version of the topic
-table, its commit timestamp (``commitInfo`` in ``_delta_log``) and the transaction ids in the
-files it added give when each message became readable; latency = that timestamp − the send's
-return. The checker's lag (commit-log versions written but not yet taken by a batch, from
-``system/_checker_progress.json``) is sampled every second, and in each quarter of ``--seconds`` at least
-once (``harness.LagSampler``): it "kept up" when every message was delivered within ``--drain`` seconds
-after sending stopped and the lag in the last quarter of the sending time was at most 1.5 times that of
-the second quarter, plus 3 versions (:func:`kept_up`).
+over the sending time. Each send's return time and transaction id are kept.
+
+With ``--processes N`` (N > 1) the rate is split evenly over N producer processes, each a fresh
+interpreter with a producer of its own (``harness.steady_share``) and ``--threads`` threads, offering
+rate / N on its own schedule; they are spread round-robin over ``--groups G`` producer groups
+(``bench-e2e``, ``bench-e2e-2``, ...; every group may publish to the topic, the checker's TOML having no
+``[topic_grants]``), and start sending together once every one has opened its producer
+(``harness.StartedTogether``): the sending time, the lag's quarters and the drain count from then. Each
+hands back every send (transaction id, return time as ``time.time()``, send seconds) and its errors and
+unsent sends, and every figure below is over all the processes' sends together; ``by_process`` gives
+each one's counts and ``commit_log_appends_by_group`` each group's commit-log versions. With
+``--processes 1``, the default, the one producer sends from this process.
+
+Afterwards, for each version of the topic table, its commit timestamp (``commitInfo`` in ``_delta_log``)
+and the transaction ids in the files it added give when each message became readable; latency = that
+timestamp − the send's return. The checker's lag (commit-log versions written but not yet taken by a
+batch, from ``system/_checker_progress.json``) is sampled every second, and in each quarter of
+``--seconds`` at least once (``harness.LagSampler``): it "kept up" when every message was delivered
+within ``--drain`` seconds after sending stopped and the lag in the last quarter of the sending time was
+at most 1.5 times that of the second quarter, plus 3 versions (:func:`kept_up`).
 
 With ``--object-store`` the lakehouse (the reference's too) is a prefix of a bucket on a real
 S3-compatible server on loopback (``scripts/s3_server.py``, started for the run), as
@@ -38,15 +51,19 @@ while the latencies from commitInfo timestamps (milliseconds) are as precise as 
     python bench/e2e.py --tiny                           # 10 txn/s for 5 s, for the tests (tests/test_bench.py)
     python bench/e2e.py --storage-latency-ms 25 --rate 100 --seconds 60 --threads 32 --reference-producer-seconds 0
                                                          # on the S3 server, 25 ms added to every request
+    python -m bench.e2e --storage-latency-ms 25 --rate 500 --seconds 600 --processes 8 --groups 2 --threads 16
+                                                         # issue 45 point 3: 8 processes of 16 threads, 2 groups
 
 With ``--storage-latency-ms N`` (N > 0) the lakehouse is on the loopback S3 server as with
 ``--object-store``, but the producer and the checker each reach it through a storage-fault proxy of its
 own that adds N ms to every request (``bench.harness.LatencyStore``): the checker's whole ``[storage]``
-(delta-rs, obstore, and Spark's S3A checkpoint) names its proxy. The benchmark's own reads (lag, the
-topic) go straight to the server. Each proxy counts its party's requests: the producer's from its
-opening to its closing, the checker's from the first send until every message is delivered, each per
-million transactions and priced at S3's list prices (``harness.S3_PRICES``); and, before sending, the
-checker's requests over ``--idle-seconds`` with no producer, per second and per day with their cost.
+(delta-rs, obstore, and Spark's S3A checkpoint) names its proxy, and every producer process goes through
+the producer's. The benchmark's own reads (lag, the topic) go straight to the server. Each proxy counts
+its party's requests: the producer's from its opening to its closing (with ``--processes``, from before
+the first opens to after the last closed), the checker's from the first send until every message is
+delivered, each per million transactions and priced at S3's list prices (``harness.S3_PRICES``); and,
+before sending, the checker's requests over ``--idle-seconds`` with no producer, per second and per day
+with their cost.
 Every report also gives the checker's trigger time (``system/metrics``' ``duration_ms``) and commit-log
 versions per trigger, over the triggers with records that started while the producer sent.
 
@@ -95,6 +112,8 @@ from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse
 
 TOPIC = "BENCH_E2E"
+#: The producer group of the run; with ``--groups G``, the first of G (:func:`group_name`).
+GROUP = "bench-e2e"
 #: Issue 12's reference: one producer process alone at 64 sender threads; the run offers at most this share of it.
 REFERENCE_THREADS = 64
 REFERENCE_SHARE = 0.9
@@ -124,6 +143,17 @@ POISON_EVERY_S = 3.0
 POISONER = "poisoner"
 
 
+def group_name(index: int) -> str:
+    """The producer group ``index`` (from 0) of ``--groups``: :data:`GROUP`, then ``bench-e2e-2`` and on. The
+    checker's TOML has no ``[topic_grants]`` (``harness.write_config``): every group may publish to :data:`TOPIC`.
+
+    Example::
+
+        [group_name(index) for index in range(3)]   # ['bench-e2e', 'bench-e2e-2', 'bench-e2e-3']
+    """
+    return GROUP if index == 0 else f"{GROUP}-{index + 1}"
+
+
 def offered_rate(places: producer_benchmark.Places, requested: float,
                  reference_seconds: float) -> tuple[float, dict | None]:
     """The rate to offer, min(``requested``, 0.9 × the producer alone at 64 threads on a fresh lakehouse
@@ -143,7 +173,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--reference-producer-seconds", type=float, default=5,
                         help="measure the producer alone at 64 threads this long first (0: offer --rate as is)")
     parser.add_argument("--seconds", type=float, default=600, help="sending time")
-    parser.add_argument("--threads", type=int, default=128, help="sender threads (≥ rate × send latency)")
+    parser.add_argument("--threads", type=int, default=128,
+                        help="sender threads (of each process with --processes; ≥ rate × send latency in all)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="producer processes, each a fresh interpreter with its own producer, offering the rate "
+                             "split evenly between them (1: the producer in this process)")
+    parser.add_argument("--groups", type=int, default=1,
+                        help="producer groups the processes are spread over, round-robin: bench-e2e, bench-e2e-2, ...")
     parser.add_argument("--trigger-ms", type=int, default=CoordinatorConfig().trigger_interval_ms,
                         help="checker trigger_interval_ms (default: the product default)")
     parser.add_argument("--drain", type=float, default=120, help="seconds to wait for the last deliveries")
@@ -170,6 +206,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="default: bench/results/e2e.json (e2e-s3.json, e2e-s3-<N>ms.json; with --poison, "
                              "e2e-poison.json and so on)")
     args = harness.parse_args(parser, argv, "e2e", TINY)
+    if not 1 <= args.groups <= args.processes:
+        parser.error(f"--processes {args.processes} --groups {args.groups}: a process at least, and a process in "
+                     "every group")
     name = "e2e-poison" if args.poison else "e2e"
     args.results = args.results or str(harness.RESULTS / (
         f"{name}-s3-{args.storage_latency_ms:g}ms.json" if args.storage_latency_ms
@@ -287,26 +326,43 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
             idle_from_wall = time.time()
             report["checker_idle"] = idle_requests(store, args.idle_seconds)
             report["windows_wall"] = {"idle": [idle_from_wall, time.time()]}
+        senders = (f"{args.threads} threads" if args.processes == 1 else
+                   f"{args.processes} processes of {args.threads} threads in {args.groups} group(s)")
         print(f"  first batch after {report['checker_start_s']} s; offering {rate:g} txn/s for {args.seconds:g} s "
-              f"from {args.threads} threads", flush=True)
-        t0 = time.monotonic()
-        sampler = harness.LagSampler(checker, t0, window_s=args.seconds)  # a sample in every quarter, for kept_up
-        sampler.start()
-        config = CoordinatorConfig(lakehouse=lakehouse.root,
-                                   storage=lakehouse.storage if store is None else store.storage("producer"))
+              f"from {senders}", flush=True)
+        if args.processes == 1:  # else once every process is ready to send
+            t0 = time.monotonic()
+            sampler = harness.LagSampler(checker, t0, window_s=args.seconds)  # a sample in every quarter, for kept_up
+            sampler.start()
+        producer_storage = lakehouse.storage if store is None else store.storage("producer")
+        config = CoordinatorConfig(lakehouse=lakehouse.root, storage=producer_storage)
         if poison:
             # Behind a latency the tenant writes as a producer does: through a proxy at the same latency, with the
             # producers' credentials (the harness has no account per group), its requests counted apart.
             tenant = _PoisoningTenant(lakehouse if store is None else Lakehouse(lakehouse.root, store.storage(POISONER)))
         counted_from = None if store is None else {party: store.counts(party) for party in store.parties}
         counted_from_wall = time.time()
-        if tenant is not None:
-            tenant.start()
-        sending_from_wall = time.time()
-        with TransactionProducer("bench-e2e", harness.Commits(), config) as producer:
-            sender = harness.SteadySender(producer, TOPIC, rate, args.seconds, args.threads)
-            sending_from = time.monotonic()
-            send_seconds = sender.run()
+        if args.processes == 1:
+            if tenant is not None:
+                tenant.start()
+            sending_from_wall = time.time()
+            with TransactionProducer(GROUP, harness.Commits(), config) as producer:
+                sender = harness.SteadySender(producer, TOPIC, rate, args.seconds, args.threads)
+                sending_from = time.monotonic()
+                send_seconds = sender.run()
+            shares = harness.SteadyShares([sender.share(GROUP, sending_from_wall, send_seconds)])
+        else:
+            # Behind a latency every process goes through the producers' proxy, its requests counted as theirs.
+            calls = [(lakehouse.root, producer_storage, group_name(index % args.groups), TOPIC,
+                      rate / args.processes, args.seconds, args.threads) for index in range(args.processes)]
+            with harness.StartedTogether(harness.steady_share, calls) as processes:
+                t0 = sending_from = processes.wait_started()
+                sampler = harness.LagSampler(checker, t0, window_s=args.seconds)
+                sampler.start()
+                if tenant is not None:
+                    tenant.start()
+                shares = harness.SteadyShares(processes.results())
+            sending_from_wall, send_seconds = shares.started_at, shares.seconds
         if store is not None:
             report["windows_wall"]["sending"] = [sending_from_wall, sending_from_wall + send_seconds]
         if store is not None:
@@ -315,9 +371,9 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
             tenant.stop()
             if store is not None:
                 poisoner_spent = store.requests_since(POISONER, counted_from[POISONER])
-        wanted = {tid for tid, _, _ in sender.sent}
-        print(f"  sent {len(wanted)} of {sender.total} in {send_seconds:.1f} s ({len(wanted) / send_seconds:.1f} txn/s "
-              f"achieved, {sender.errors} errors, {sender.unsent} unsent); waiting for delivery...", flush=True)
+        wanted = {tid for tid, _, _ in shares.sent}
+        print(f"  sent {len(wanted)} of {shares.total} in {send_seconds:.1f} s ({len(wanted) / send_seconds:.1f} txn/s "
+              f"achieved, {shares.errors} errors, {shares.unsent} unsent); waiting for delivery...", flush=True)
         delivered = wait_for_deliveries(lakehouse, wanted, args.drain)
         drained_after = round(time.monotonic() - t0 - send_seconds, 1)
         if store is not None:
@@ -342,9 +398,9 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
     final = harness.deliveries(lakehouse, TOPIC)
     once = harness.tally_deliveries(wanted, [tid for tid, found in final.items() for _ in range(found.rows)])
 
-    latencies = sorted(delivered[tid].timestamp_s - returned for tid, returned, _ in sender.sent if tid in delivered)
-    by_mtime = sorted(delivered[tid].log_mtime - returned for tid, returned, _ in sender.sent if tid in delivered)
-    sends = [seconds for _, _, seconds in sender.sent]
+    latencies = sorted(delivered[tid].timestamp_s - returned for tid, returned, _ in shares.sent if tid in delivered)
+    by_mtime = sorted(delivered[tid].log_mtime - returned for tid, returned, _ in shares.sent if tid in delivered)
+    sends = [seconds for _, _, seconds in shares.sent]
     lag_q2, lag_q4 = sampler.quarter(2), sampler.quarter(4)
     lags = [lag for _, lag, _ in sampler.samples]
     keeping_up = kept_up(missing, max(lag_q2, default=None), max(lag_q4, default=None))
@@ -356,11 +412,13 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         "requested_txn_per_s": args.rate,
         "reference_producer_txn_per_s": None if reference is None else reference["txn_per_s"],
         "offered_txn_per_s": rate,
+        "processes": args.processes,
+        "groups": args.groups,
         "achieved_txn_per_s": round(len(sends) / send_seconds, 1),
-        "offered": sender.total,
+        "offered": shares.total,
         "sent": len(sends),
-        "send_errors": sender.errors,
-        "unsent": sender.unsent,
+        "send_errors": shares.errors,
+        "unsent": shares.unsent,
         "send_seconds": round(send_seconds, 1),
         "delivered": len(wanted) - missing,
         "missing_after_drain": missing,
@@ -379,6 +437,8 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         "observed": args.observed,
         "exactly_once": once.exactly_once,
         "deliveries": once.counts(),
+        "by_process": shares.by_process(delivered.__contains__),
+        "commit_log_appends_by_group": commit_log_appends_by_group(checker),
         "poisons_written": None if tenant is None else len(tenant.written),
         "poisons_refused": None if tenant is None else tenant.refused(lakehouse),
         **triggers_while_sending(lakehouse, sending_from_wall, sending_from_wall + send_seconds),
@@ -393,12 +453,18 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
             figures["poisoner_requests"] = poisoner_spent
     if args.observed:
         figures.update(observed, console_exit_code=console_exit_code)
-    print(f"\n{'offered':>8} {'achieved':>9} {'sent':>7} {'unsent':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'lag max':>8} "
-          f"{'lag Q2':>7} {'lag Q4':>7} {'kept up':>8}")
+    print(f"\n{'procs':>5} {'groups':>6} {'offered':>8} {'achieved':>9} {'sent':>7} {'unsent':>7} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'max ms':>8} {'lag max':>8} {'lag Q2':>7} {'lag Q4':>7} {'kept up':>8}")
     f = figures
-    print(f"{f['offered_txn_per_s']:>8g} {f['achieved_txn_per_s']:>9} {f['sent']:>7} {f['unsent']:>7} {f['e2e_p50_ms']!s:>8} "
-          f"{f['e2e_p99_ms']!s:>8} {f['e2e_max_ms']!s:>8} {f['lag_max_versions']!s:>8} {f['lag_second_quarter_max']!s:>7} "
-          f"{f['lag_last_quarter_max']!s:>7} {str(f['kept_up']):>8}")
+    print(f"{f['processes']:>5} {f['groups']:>6} {f['offered_txn_per_s']:>8g} {f['achieved_txn_per_s']:>9} {f['sent']:>7} "
+          f"{f['unsent']:>7} {f['e2e_p50_ms']!s:>8} {f['e2e_p99_ms']!s:>8} {f['e2e_max_ms']!s:>8} "
+          f"{f['lag_max_versions']!s:>8} {f['lag_second_quarter_max']!s:>7} {f['lag_last_quarter_max']!s:>7} "
+          f"{str(f['kept_up']):>8}")
+    if args.processes > 1:
+        print("by process (group: sent of offered, delivered): " + "; ".join(
+            f"{p['group']}: {p['sent']} of {p['offered']}, {p['delivered']}" for p in f["by_process"]))
+        print("commit-log versions appended, by group: " + ", ".join(
+            f"{group} {appended}" for group, appended in f["commit_log_appends_by_group"].items()))
     print(f"send p50 {f['send_p50_ms']} ms, p99 {f['send_p99_ms']} ms; {missing} not delivered after the drain; "
           f"checker exit code {exit_code}; every message once: {once.exactly_once} {once.counts()}")
     if args.observed:
@@ -445,6 +511,24 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
     if args.lakehouse is None:
         shutil.rmtree(directory, ignore_errors=True)
     return report
+
+
+def commit_log_appends_by_group(checker: harness.CheckerJob) -> dict[str, int]:
+    """The commit-log versions each producer group appended over its logs (one per instance of it), the
+    version that created each log left out: its group commits of records.
+
+    Example::
+
+        commit_log_appends_by_group(checker)   # {'bench-e2e': 41, 'bench-e2e-2': 39}
+    """
+    from coordinator.commit_logs import CommitLogRef
+
+    appended: dict[str, int] = {}
+    for key, versions in checker.written_versions().items():
+        group = CommitLogRef.of(key).group
+        if group is not None:
+            appended[group] = appended.get(group, 0) + versions - 1
+    return dict(sorted(appended.items()))
 
 
 def idle_requests(store: harness.LatencyStore, seconds: float) -> dict:

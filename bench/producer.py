@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import multiprocessing
 import statistics
 import tempfile
 import threading
@@ -68,8 +67,6 @@ FLOOR_WARMUP = 20
 #: from 22 ms after 100 commits to 175 ms after 1,000 here), so the floor reopens it, untimed: its best case.
 FLOOR_REOPEN_EVERY = 20
 PROCESS_THREADS = 64
-#: How long the processes of the process curve wait for each other to be ready to send.
-PROCESS_START_TIMEOUT_S = 120
 #: ``--tiny``: every configuration (a thread count above one, the batched sends, the process curve) for half a second.
 TINY = {"seconds": 0.5, "threads": [1, 4], "batch": 3, "processes": [2], "floor_appends": 5}
 #: The producer group of every run (of the process curve's reference: ``bench-<i>``, one per process).
@@ -203,10 +200,11 @@ def producer_requests(requests: Optional[dict], transactions: int, versions: int
 
 
 def send_for(lakehouse: str, storage: dict[str, str], threads: int, seconds: float, messages_per_txn: int,
-             ready=None, group: str = GROUP) -> tuple[list[float], float, float]:
+             group: str = GROUP, ready=None) -> tuple[list[float], float, float]:
     """Send from ``threads`` threads of one producer of ``group`` for ``seconds``, from when every process of
-    the run is ready (``ready``: a barrier they share, passed once the producer is open; ``None`` for a single
-    process); return the send latencies, when sending started and when the last send finished (``time.time()``)."""
+    the run is ready (``ready``: the barrier of :class:`harness.StartedTogether`, passed once the producer is
+    open; ``None`` for a single process); return the send latencies, when sending started and when the last
+    send finished (``time.time()``)."""
     config = CoordinatorConfig(lakehouse=lakehouse, storage=storage)
     latencies: list[float] = []
     lock = threading.Lock()
@@ -250,14 +248,11 @@ def run(places: Places, threads: int, seconds: float, messages_per_txn: int, flo
             latencies, start_at, finished = send_for(lakehouse, storage, threads, seconds, messages_per_txn)
             fewest = len(latencies)
         else:
-            # Every process starts (imports, opens the log) before any sends: on a loaded machine that takes
-            # seconds, and a process still starting would shorten, or miss, the window the others share.
-            spawn = multiprocessing.get_context("spawn")
-            with spawn.Manager() as manager, spawn.Pool(processes) as pool:
-                ready = manager.Barrier(processes, timeout=PROCESS_START_TIMEOUT_S)
-                groups = [f"{GROUP}-{index}" if group_each else GROUP for index in range(processes)]
-                shares = pool.starmap(send_for, [(lakehouse, storage, threads, seconds, messages_per_txn, ready, group)
-                                                 for group in groups])
+            # Every process starts (imports, opens the log) before any sends.
+            groups = [f"{GROUP}-{index}" if group_each else GROUP for index in range(processes)]
+            with harness.StartedTogether(send_for, [(lakehouse, storage, threads, seconds, messages_per_txn, group)
+                                                    for group in groups]) as together:
+                shares = together.results()
             latencies = [latency for share, _, _ in shares for latency in share]
             fewest = min(len(share) for share, _, _ in shares)
             start_at = min(started for _, started, _ in shares)

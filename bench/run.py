@@ -6,7 +6,8 @@
     python -m bench.run           # the full versions: cold_start, producer, history, e2e, unresolved,
                                   # soak, batch_cost, groups, drain (95 minutes at least: soak 60, drain 15, e2e 10)
     python -m bench.run --tiny    # each of those with --tiny: the smallest run that goes through all of it,
-                                  # in seconds (e2e's with --observed); its figures mean nothing
+                                  # in seconds (e2e's with --observed, from two producer processes
+                                  # in two groups); its figures mean nothing
                                   # (tests/test_bench.py runs them)
 
 Each benchmark writes its own JSON under ``bench/results/`` (``*-quick.json`` for the quick
@@ -76,7 +77,8 @@ FULL = {
     "drain": [],
     "idle_logs": [],
 }
-TINY = {name: ["--tiny"] for name in FULL} | {"e2e": ["--tiny", "--observed"]}  # the observers go through it too
+#: The observers and the producer processes go through e2e's tiny run too.
+TINY = {name: ["--tiny"] for name in FULL} | {"e2e": ["--tiny", "--observed", "--processes", "2", "--groups", "2"]}
 
 
 def run_one(name: str, extra: list[str], results: Path) -> dict:

@@ -321,8 +321,8 @@ def test_groups_tiny_run_times_triggers_of_one_group_and_of_many(spark, tmp_path
 
 @pytest.mark.slow
 def test_run_tiny_drives_cold_start_end_to_end_and_soak_and_every_count_adds_up(tmp_path):
-    """``bench/run.py --tiny`` over the three benchmarks that start the checker job, e2e observed, soak with a
-    checker kill and restart (about 150 s)."""
+    """``bench/run.py --tiny`` over the three benchmarks that start the checker job, e2e observed and sending from
+    two producer processes in two groups, soak with a checker kill and restart (about 150 s)."""
     argv = [sys.executable, "-m", "bench.run", "--tiny", "--only", "cold_start", "e2e", "soak",
             "--results", str(tmp_path / "run.json")]
     run = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, env=without_txcoord_settings(),
@@ -338,6 +338,7 @@ def test_run_tiny_drives_cold_start_end_to_end_and_soak_and_every_count_adds_up(
     assert_cold_start(reports["cold_start"])
     assert_end_to_end(reports["e2e"])
     assert_observed(reports["e2e"])
+    assert_from_processes_in_groups(reports["e2e"])
     assert_soak(reports["soak"])
 
 
@@ -360,6 +361,22 @@ def assert_observed(report: dict) -> None:
     assert report["metrics_delivered_total"] == report["topic_rows"] == report["delivered"] == report["sent"]
     assert report["metrics_delivered_matches"] is True
     assert report["console_cpu_s"] > 0 and report["console_exit_code"] == 0
+
+
+def assert_from_processes_in_groups(report: dict) -> None:
+    """``bench/e2e.py --processes 2 --groups 2``: every transaction of each process delivered exactly once, and
+    each group's commit logs appended to."""
+    assert report["processes"] == report["args"]["processes"] == 2 and report["groups"] == report["args"]["groups"] == 2
+    processes = report["by_process"]
+    assert [process["group"] for process in processes] == ["bench-e2e", "bench-e2e-2"]
+    assert all(process["sent"] > 0 and process["send_errors"] == 0 and process["delivered"] == process["sent"]
+               for process in processes)
+    assert sum(process["sent"] for process in processes) == report["sent"]
+    assert sum(process["offered"] for process in processes) == report["offered"]
+    # The topic's rows once the checker stopped, against the sends of both: each once, nothing else.
+    assert report["exactly_once"] is True and report["deliveries"] == {"lost": 0, "duplicated": 0, "unexpected": 0}
+    appended = report["commit_log_appends_by_group"]
+    assert set(appended) == {"bench-e2e", "bench-e2e-2"} and all(versions > 0 for versions in appended.values())
 
 
 def assert_cold_start(report: dict) -> None:
