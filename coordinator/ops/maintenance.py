@@ -250,7 +250,11 @@ def _versions_still_read(lakehouse: Lakehouse, name: str, table: DeltaTable) -> 
         return []
     progress = CheckerProgress(lakehouse).load()
     still_read = progress.oldest_needed_versions.get(name, 0) if progress is not None else 0
-    return [entry["version"] - 1 for entry in table.history()
+    # Only the commits after the one still read: history reads each commit it returns (a request each on object storage).
+    newer = table.version() - still_read
+    if newer <= 0:
+        return []
+    return [entry["version"] - 1 for entry in table.history(limit=newer)
             if entry.get("operation") == "OPTIMIZE" and entry["version"] > still_read]
 
 
