@@ -248,6 +248,9 @@ class ScheduledMaintenance:
         vacuumed = sum(result.files_vacuumed for result in run.tables)
         summary = (f"maintenance: {run.maintained} table(s) maintained, {len(run.failed)} failed, {compacted} file(s) "
                    f"compacted away, {vacuumed} vacuumed, in {run.seconds:.1f} s")
+        if run.tables:
+            slowest = max(run.tables, key=lambda result: result.seconds)
+            summary += f" (the longest: {slowest.table}, {slowest.seconds:.1f} s)"
         if run.stopped_short is not None:
             log.warning("%s; stopped short: %s", summary, run.stopped_short)
         else:

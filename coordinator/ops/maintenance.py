@@ -85,7 +85,7 @@ class TableMaintenance:
     """What maintenance did to one table.
 
     ``skipped`` says why a step was left out (``None`` if nothing was); ``failed``, why the table could
-    not be maintained at all (its other fields then say nothing).
+    not be maintained at all (its other fields then say nothing); ``seconds``, how long it took.
     """
 
     table: str
@@ -96,6 +96,7 @@ class TableMaintenance:
     version: int = -1
     skipped: list[str] = field(default_factory=list)
     failed: Optional[str] = None
+    seconds: float = 0.0
 
 
 def maintained_tables(lakehouse: Union[str, Lakehouse]) -> list[str]:
@@ -155,10 +156,12 @@ def maintain(
     lakehouse = Lakehouse.at(lakehouse)
     results = []
     for name in tables if tables is not None else maintained_tables(lakehouse):
+        started = time.monotonic()
         try:
             result = _maintain_table(lakehouse, name, retention_hours, log_retention)
         except Exception as error:  # this table's failure, whatever it is, must not cost the others theirs
             result = TableMaintenance(name, failed=one_line(error, limit=500))
+        result.seconds = round(time.monotonic() - started, 3)
         results.append(result)
         if on_table is not None:
             on_table(result)
