@@ -50,7 +50,7 @@ from coordinator.lakehouse import delta_log_file, open_table
 from coordinator.lakehouse.checkpoints import last_checkpoint, write_checkpoint
 from coordinator.lakehouse.deltalog import commit_actions
 from coordinator.retries import note_commit_race_lost
-from coordinator.storage import FileStore, is_object_store, read_all
+from coordinator.storage import CONCURRENT_READS, FileStore, Versioned, is_object_store, read_all
 
 __all__ = ["CommitBackoff", "DeltaAppender", "PreparedAppend", "check_writable", "file_stats"]
 
@@ -500,7 +500,7 @@ class DeltaAppender:
 
     def _read_through(self, version: int) -> None:
         """Take in the commits after ``self._known`` up to ``version``, which exists (some other writer's)."""
-        while self._known < version and self._take_in(self._known + 1, exists=True):
+        while self._known < version and self._take_in_next(exists=True, last=version):
             pass
 
     def _catch_up(self, taken: int) -> None:
@@ -508,14 +508,29 @@ class DeltaAppender:
         the first version not made yet. Trying each of those instead would lose one race per version to a
         writer committing as fast as this one reads."""
         self._read_through(taken)
-        while self._known >= taken and self._take_in(self._known + 1, exists=False):
+        while self._known >= taken and self._take_in_next(exists=False):
             pass
 
-    def _take_in(self, version: int, exists: bool) -> bool:
-        """Read ``version``'s commit (the one after ``self._known``) and take it in; whether that was done, and
-        the next version may be read on. A version that ``exists`` but cannot be read was cleaned from the log
-        meanwhile (this appender was far behind); the table is read again then, as after a change of its metadata."""
-        commit = self._files.read(delta_log_file(version))
+    def _take_in_next(self, exists: bool, last: Optional[int] = None) -> bool:
+        """Read the commits after ``self._known`` (up to ``last``, if given), on object storage
+        :data:`~coordinator.storage.CONCURRENT_READS` at once (a writer committing every round trip outruns
+        one read at a time), and take them in, in order; whether every one read was taken in, and more may
+        be read on. Each that ``exists`` (all, with ``last``) but cannot be read was cleaned from the log
+        meanwhile (this appender was far behind); the table is read again then, as after a change of its
+        metadata."""
+        first = self._known + 1
+        count = CONCURRENT_READS if is_object_store(self.path) else 1
+        versions = list(range(first, first + count if last is None else min(first + count, last + 1)))
+        commits = read_all(lambda version: self._files.read(delta_log_file(version)), versions,
+                           remote=is_object_store(self.path))
+        for version, commit in zip(versions, commits):
+            if not self._take_in(version, commit, exists):
+                return False
+        return True
+
+    def _take_in(self, version: int, commit: Optional[Versioned], exists: bool) -> bool:
+        """Take in ``version``'s commit as read (``None``: not found), the one after ``self._known``; whether
+        that was done (see :meth:`_take_in_next`)."""
         if commit is None:
             if exists:
                 self._load()

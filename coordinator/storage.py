@@ -49,7 +49,7 @@ from obstore.store import AzureStore, S3Store
 from coordinator.exceptions import AccessDeniedError, FileTooLargeError, InvalidArgumentError
 from coordinator.retries import RETRY_SETTINGS, RetryPolicy, note_own_write_recognised, retrying
 
-__all__ = ["FileStore", "Listing", "Versioned", "denied_as_error", "is_object_store", "read_all"]
+__all__ = ["CONCURRENT_READS", "FileStore", "Listing", "Versioned", "denied_as_error", "is_object_store", "read_all"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
