@@ -518,11 +518,10 @@ class DeltaAppender:
         be read on. Each that ``exists`` (all, with ``last``) but cannot be read was cleaned from the log
         meanwhile (this appender was far behind); the table is read again then, as after a change of its
         metadata."""
-        first = self._known + 1
-        count = CONCURRENT_READS if is_object_store(self.path) else 1
+        first, remote = self._known + 1, is_object_store(self.path)
+        count = CONCURRENT_READS if remote else 1
         versions = list(range(first, first + count if last is None else min(first + count, last + 1)))
-        commits = read_all(lambda version: self._files.read(delta_log_file(version)), versions,
-                           remote=is_object_store(self.path))
+        commits = read_all(lambda version: self._files.read(delta_log_file(version)), versions, remote=remote)
         for version, commit in zip(versions, commits):
             if not self._take_in(version, commit, exists):
                 return False

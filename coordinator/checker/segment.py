@@ -369,9 +369,9 @@ def _with_origin(parts: list[pa.Table], refusals: list[Optional[str]], meta: lis
     if not parts:
         return RECORD_SCHEMA.empty_table()
     data = pa.concat_tables(parts)
-    run_ends = pc.cumulative_sum(pa.array([commit[4] for commit in meta], pa.int64()))
-    with_records = pc.greater(pa.array([commit[4] for commit in meta], pa.int64()), 0)
-    run_ends, of_commits = run_ends.filter(with_records), [commit for commit in meta if commit[4]]
+    # A run per commit with records (a run's end must lie past the one before: a commit of none has no run).
+    of_commits = [commit for commit in meta if commit[4]]
+    run_ends = pc.cumulative_sum(pa.array([commit[4] for commit in of_commits], pa.int64()))
 
     def per_record(index: int, arrow_type: pa.DataType) -> pa.Array:
         values = pa.array([commit[index] for commit in of_commits], arrow_type)
