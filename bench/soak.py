@@ -15,7 +15,7 @@ that falls behind still stops then, and the sends it never started are reported 
   (``system/metrics``) and to the checker catching up (``caught_up_s``: its lag back to the highest of the 30 s before the kill);
 - every ``--maintenance-every`` seconds, ``txcoord maintain --retention-hours --log-retention-hours`` runs
   as a process of its own, as a scheduler runs it (at fixed times from the start of sending; its memory is
-  not the producer's); the default log retention, six minutes (with a commit log's ten minutes of
+  not the producer's); the default log retention, six minutes (with a commit log's two minutes of
   tombstones), lets the logs level off within the first window, so that the second one, which the verdict
   compares with the last, is at its level. Each run's peak RSS (``wait4``) is kept;
 - a thread follows the topic table's log every 2 s (``harness.TopicFollower``: log cleanup removes old

@@ -69,6 +69,7 @@ DEFAULT_CHECKPOINT_INTERVAL = 100
 COMPACTION_TARGET_BYTES = 128 * 1024 * 1024
 _ENGINE = f"txcoord/{package_metadata.version('txcoord')}"
 _STOP = object()
+_COMPACT = object()
 #: How often, at most, the lost races of one appender are summed up in the log at INFO (each is at DEBUG).
 RACES_REPORT_INTERVAL_S = 60.0
 
@@ -109,6 +110,8 @@ class PreparedAppend:
     app_transaction: Optional[tuple[str, int]]
     #: ``_last_checkpoint``'s version, read while the data file was written.
     checkpoint_read: "Future[Optional[int]]"
+    size_bytes: int = 0
+    written_ms: int = 0
 
 
 def check_writable(protocol: dict, metadata: dict) -> None:
@@ -244,9 +247,11 @@ class DeltaAppender:
             appender.append(records)
     """
 
-    def __init__(self, path: str, *, checkpoints: bool = True, storage: Optional[Mapping[str, str]] = None,
-                 backoff: Optional[CommitBackoff] = None, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, path: str, *, checkpoints: bool = True, compact_every: Optional[int] = None,
+                 storage: Optional[Mapping[str, str]] = None, backoff: Optional[CommitBackoff] = None,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        if compact_every is not None and compact_every < 2:
+            raise InvalidArgumentError(f"compact_every must be at least 2 appends, got {compact_every}")
         self.path = path if is_object_store(path) else os.path.abspath(path)
         self.storage = dict(storage or {})
         self._files = FileStore.at(self.path, self.storage)
@@ -260,12 +265,16 @@ class DeltaAppender:
             if is_object_store(self.path) else None
         self._loads = 0  # how often the table was read from a snapshot: a compaction must see one only
         self._load()
-        self._checkpoints: Optional[queue.SimpleQueue] = None
-        self._checkpointer: Optional[threading.Thread] = None
-        if checkpoints:
-            self._checkpoints = queue.SimpleQueue()
-            self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="delta-checkpoints", daemon=True)
-            self._checkpointer.start()
+        self._checkpoints_on, self._compact_every = checkpoints, compact_every
+        self._appended: dict[str, dict] = {}  # the files of this appender's appends not compacted yet (compact_every)
+        self._compaction_queued = False
+        # Checkpoints and compactions, in the order asked for, off the caller's path.
+        self._chores: Optional[queue.SimpleQueue] = None
+        self._chore_thread: Optional[threading.Thread] = None
+        if checkpoints or compact_every:
+            self._chores = queue.SimpleQueue()
+            self._chore_thread = threading.Thread(target=self._chore_loop, name="delta-chores", daemon=True)
+            self._chore_thread.start()
 
     @property
     def schema(self) -> pa.Schema:
@@ -319,7 +328,8 @@ class DeltaAppender:
             app_id, app_version = app_transaction
             actions.append({"txn": {"appId": app_id, "version": app_version, "lastUpdated": now_ms}})
         actions.append({"add": add})
-        return PreparedAppend(_encoded(actions), add["path"], data.schema, app_transaction, checkpoint_read)
+        return PreparedAppend(_encoded(actions), add["path"], data.schema, app_transaction, checkpoint_read,
+                              add["size"], add["modificationTime"])
 
     def commit(self, prepared: PreparedAppend) -> Optional[int]:
         """The second half of :meth:`append`: commit ``prepared`` at the next free version and return
@@ -328,11 +338,20 @@ class DeltaAppender:
                                checkpoint_read=prepared.checkpoint_read)
         if version is None:
             self._files.delete(prepared.data_file)
-        elif self._checkpoints is not None and version % self._checkpoint_interval == 0:
-            self._checkpoints.put(version)
+            return version
+        if self._checkpoints_on and version % self._checkpoint_interval == 0:
+            self._chores.put(version)
+        if self._compact_every:
+            with self._lock:
+                self._appended[prepared.data_file] = {"path": prepared.data_file, "size_bytes": prepared.size_bytes,
+                                                      "modification_time": prepared.written_ms}
+                due = len(self._appended) >= self._compact_every and not self._compaction_queued
+                self._compaction_queued = self._compaction_queued or due
+            if due:
+                self._chores.put(_COMPACT)
         return version
 
-    def compact(self, target_bytes: int = COMPACTION_TARGET_BYTES) -> int:
+    def compact(self, target_bytes: int = COMPACTION_TARGET_BYTES, older_than_s: float = 0, at_least: int = 2) -> int:
         """Rewrite the table's small data files (under ``target_bytes``) into files of about
         ``target_bytes``, changing no data: one ``OPTIMIZE`` commit per new file, its ``remove`` and
         ``add`` actions marked ``dataChange=false`` (readers of changes, the checker's too, skip it).
@@ -345,18 +364,38 @@ class DeltaAppender:
         commits as an append does, reading only each winner's log entry, and conflicts with nothing
         but a commit that removed one of its files.
 
+        Only files written over ``older_than_s`` seconds ago count, and nothing is done unless at least
+        ``at_least`` of them are small: on a log whose writer compacts its own appends (``compact_every``),
+        another process leaves it the recent ones, for each commit of that process races the writer's.
+
         Example::
 
             DeltaAppender(Lakehouse("lakehouse").commit_log("order_group"), checkpoints=False).compact()  # 1200
         """
-        removed = 0
         loads = self._loads
         files = pa.table(self._snapshot.get_add_actions(flatten=True)).select(["path", "size_bytes", "modification_time"])
-        for group in _compaction_groups(files.to_pylist(), target_bytes):
-            if self._rewrite(group, loads) is None:
+        written_before_ms = (time.time() - older_than_s) * 1000
+        aged = [f for f in files.to_pylist() if f["modification_time"] < written_before_ms]  # milliseconds
+        if sum(f["size_bytes"] < target_bytes for f in aged) < at_least:
+            return 0
+        return self._compact_groups(_compaction_groups(aged, target_bytes), loads)
+
+    def _compact_groups(self, groups: list[list[dict]], snapshot_loads: int) -> int:
+        removed = 0
+        for group in groups:
+            if self._rewrite(group, snapshot_loads) is None:
                 break
             removed += len(group)
         return removed
+
+    def _compact_own_appends(self) -> None:
+        """Rewrite the files of this appender's own appends as one file (or a few of about the target size), on
+        the chores' thread: its commits take turns with the appends' under the lock, so no race is lost to them."""
+        with self._lock:  # taken whatever happens next: one that is not compacted is left to maintenance
+            appended, loads, self._compaction_queued = list(self._appended.values()), self._loads, False
+            self._appended.clear()
+        removed = self._compact_groups(_compaction_groups(appended, COMPACTION_TARGET_BYTES), loads)
+        _log.debug("%s: %d files of its own appends compacted", self.path, removed)
 
     def set_properties(self, properties: Mapping[str, str]) -> Optional[int]:
         """Set ``properties`` in the table's configuration, in one ``SET TBLPROPERTIES`` commit (a
@@ -388,10 +427,10 @@ class DeltaAppender:
 
     def close(self) -> None:
         """Finish the checkpoint in progress, if any, and stop. Idempotent."""
-        if self._checkpointer is not None:
-            self._checkpoints.put(_STOP)
-            self._checkpointer.join()
-            self._checkpointer = None
+        if self._chore_thread is not None:
+            self._chores.put(_STOP)
+            self._chore_thread.join()
+            self._chore_thread = None
         if self._reads is not None:
             self._reads.shutdown()
 
@@ -570,9 +609,15 @@ class DeltaAppender:
         self._removed: set[str] = set()  # files removed by the commits taken in since the snapshot
         self._loads += 1
 
-    def _checkpoint_loop(self) -> None:
-        while (version := self._checkpoints.get()) is not _STOP:
+    def _chore_loop(self) -> None:
+        while (chore := self._chores.get()) is not _STOP:
+            if chore is _COMPACT:
+                try:
+                    self._compact_own_appends()
+                except Exception as error:  # the files stay; maintenance compacts them once they are old enough
+                    _log.warning("compaction of %s's own appends failed: %s", self.path, error)
+                continue
             try:
-                write_checkpoint(self.path, version, self.storage)
+                write_checkpoint(self.path, chore, self.storage)
             except Exception as error:  # the next interval's checkpoint covers this one
-                _log.warning("checkpoint of %s at version %d failed: %s", self.path, version, error)
+                _log.warning("checkpoint of %s at version %d failed: %s", self.path, chore, error)

@@ -152,6 +152,9 @@ class FileStore(abc.ABC):
     Use :meth:`at` to get the store of a location; keys are relative to its root, ``/``-separated.
     """
 
+    #: Whether each request crosses a network (object storage), so that reads go side by side (:func:`read_all`).
+    remote = False
+
     @staticmethod
     def at(root: str, options: Optional[Mapping[str, str]] = None) -> "FileStore":
         """The store for ``root``: a local directory, or ``s3://bucket/prefix`` or an Azure location with
@@ -349,6 +352,8 @@ class ObjectFileStore(FileStore):
     """An S3-compatible bucket or an Azure container, through ``obstore``: ``If-None-Match: *`` for a
     create, ``If-Match`` with the ETag read for a replace. The server must support both (AWS S3 does
     since 2024, MinIO and versitygw do; Azure Blob Storage and its emulator Azurite do)."""
+
+    remote = True
 
     def __init__(self, root: str, options: Mapping[str, str]):
         parsed = urlparse(root)

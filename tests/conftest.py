@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Iterator
 
@@ -20,6 +21,7 @@ import pytest
 
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse, init_lakehouse
+from coordinator.ops import maintenance
 from tests import REPO_ROOT
 from tests.support.batches import ManualChecker
 from tests.support.environment import DEMO_ORDERS, run_checked, user_environment
@@ -161,3 +163,11 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
                                  bool({"installed", "demo"} & set(getattr(item, "fixturenames", ()))),
                                  item.get_closest_marker("object_store") is None))
+
+
+@pytest.fixture
+def commit_logs_compacted_eagerly(monkeypatch):
+    """Maintenance compacts a commit log's small files at any age and number. It leaves recent ones to the
+    writer that compacts its own appends (``COMMIT_LOG_COMPACTION_AGE``); tests write a few and maintain at once."""
+    monkeypatch.setattr(maintenance, "COMMIT_LOG_COMPACTION_AGE", timedelta(0))
+    monkeypatch.setattr(maintenance, "COMMIT_LOG_COMPACTION_MIN_FILES", 2)

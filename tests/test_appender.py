@@ -202,6 +202,33 @@ def test_compaction_rewrites_small_files_into_one_changing_no_data(table):
     assert DeltaTable(table).version() == 7
 
 
+def test_an_appender_compacts_its_own_appends_every_so_many_on_its_own_thread_and_loses_nothing(table):
+    with DeltaAppender(table, compact_every=4) as appender:
+        versions = [appender.append(rows(f"r{i}")) for i in range(10)]
+    # Closing waits for the compactions asked for (one once 4 appends wait, each taking every append then waiting).
+    delta = DeltaTable(table)
+    assert sorted(delta.to_pyarrow_table().column("id").to_pylist()) == [f"r{i}" for i in range(10)]
+    commits = {version: [json.loads(line) for line in open(os.path.join(table, "_delta_log", f"{version:020d}.json"))]
+               for version in range(1, delta.version() + 1)}
+    compactions = [version for version, actions in commits.items() if actions[0]["commitInfo"]["operation"] == "OPTIMIZE"]
+    compacted = sum("remove" in action for version in compactions for action in commits[version])
+    assert 1 <= len(compactions) <= 2 and delta.version() == 10 + len(compactions)
+    assert len(delta.file_uris()) == len(compactions) + (10 - compacted) and 10 - compacted < 4
+    # Its appends' versions in order, the compactions' between them: taking turns, no race lost.
+    assert versions == sorted(versions) and not set(versions) & set(compactions)
+
+
+def test_a_compaction_leaves_recent_files_and_too_few_old_ones_alone(table):
+    with DeltaAppender(table) as appender:
+        for i in range(3):
+            appender.append(rows(f"r{i}"))
+    with DeltaAppender(table, checkpoints=False) as compactor:
+        assert compactor.compact(older_than_s=600) == 0  # written just now: their writer compacts them
+        assert compactor.compact(at_least=4) == 0  # three small files are not worth a commit that races a writer
+        assert compactor.compact(at_least=3) == 3
+    assert len(DeltaTable(table).file_uris()) == 1
+
+
 def test_compaction_beside_a_busy_writer_commits_and_loses_nothing(table):
     """A writer appends (and checkpoints every 100 versions) while the compaction reads and commits:
     delta-rs's compaction gives up there after 15 attempts; this one commits past every winner."""

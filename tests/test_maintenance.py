@@ -73,6 +73,7 @@ def write_commits(path: str, count: int) -> int:
     return DeltaTable(path).version()
 
 
+@pytest.mark.usefixtures("commit_logs_compacted_eagerly")
 def test_compaction_keeps_every_row_and_replays_stay_idempotent(checker):
     for name in ("a", "b", "c"):
         checker.write(half_record(name))
@@ -102,6 +103,7 @@ def test_compaction_keeps_every_row_and_replays_stay_idempotent(checker):
     assert len(checker.rows("T")) == 3
 
 
+@pytest.mark.usefixtures("commit_logs_compacted_eagerly")
 def test_the_commit_log_is_vacuumed_only_once_the_checker_has_read_past_its_compaction(checker):
     lakehouse = checker.config.lakehouse
     log = Lakehouse(lakehouse).commit_log("g")
@@ -121,8 +123,9 @@ def test_the_commit_log_is_vacuumed_only_once_the_checker_has_read_past_its_comp
     assert sorted(read_table(log, ["transaction_id"]).column("transaction_id").to_pylist()) == ["a", "b"]
 
 
+@pytest.mark.usefixtures("commit_logs_compacted_eagerly")
 def test_a_commit_logs_checkpoint_leaves_out_expired_tombstones_and_vacuum_still_frees_their_files(config, monkeypatch):
-    # Tombstones that expire at once stand in for ones older than the commit log's ten minutes.
+    # Tombstones that expire at once stand in for ones older than the commit log's two minutes.
     monkeypatch.setitem(COMMIT_LOG.properties, "delta.deletedFileRetentionDuration", "interval 1 milliseconds")
     lakehouse = config.lakehouse
     log = group_log(lakehouse)
@@ -163,6 +166,7 @@ def test_maintenance_of_a_missing_table_says_so(config):
     assert result.skipped == ["not a Delta table"] and result.files_after == 0
 
 
+@pytest.mark.usefixtures("commit_logs_compacted_eagerly")
 def test_the_logs_shrink_to_a_bound_once_their_commits_are_older_than_the_log_retention(config):
     lakehouse = config.lakehouse
     log = group_log(lakehouse)
@@ -184,6 +188,7 @@ def test_the_logs_shrink_to_a_bound_once_their_commits_are_older_than_the_log_re
     assert read_table(log, ["transaction_id"]).num_rows == 4 * 21  # the data is all there
 
 
+@pytest.mark.usefixtures("commit_logs_compacted_eagerly")
 def test_the_commit_log_keeps_every_commit_the_checker_still_needs_even_past_the_log_retention(config):
     lakehouse = config.lakehouse
     log = group_log(lakehouse)

@@ -219,6 +219,7 @@ def test_the_streaming_checker_runs_on_object_storage(spark, s3_server, s3_lakeh
     """The checker's streaming query, its checkpoint on the bucket through S3A, delivers a commit."""
     from coordinator.checker.query import CheckerQuery
     from coordinator.spark import object_store_conf
+    from coordinator.spark.session import CHECKPOINT_MANAGER_SETTING, IN_PLACE_CHECKPOINT_MANAGER
 
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
     for key, value in object_store_conf(s3_server.storage_options).items():  # what the checker job starts with
@@ -226,6 +227,8 @@ def test_the_streaming_checker_runs_on_object_storage(spark, s3_server, s3_lakeh
     config = CoordinatorConfig(lakehouse=s3_lakehouse.root, storage=s3_server.storage_options, trigger_interval_ms=200)
     checker = CheckerQuery(spark, config).start()
     try:
+        # Its checkpoint files written in place (S3A's abortable uploads), not renamed: a copy and a delete each.
+        assert spark.conf.get(CHECKPOINT_MANAGER_SETTING) == IN_PLACE_CHECKPOINT_MANAGER
         with CommitLogWriter(s3_lakehouse, "g") as writer:
             writer.submit([half_record("paid", body=b"order 1"), half_record("refused")]).result()
             writer.submit([end_record("paid"), end_record("refused", "ROLLBACK_MESSAGE")]).result()
@@ -240,6 +243,8 @@ def test_the_streaming_checker_runs_on_object_storage(spark, s3_server, s3_lakeh
     assert sorted(s3_lakehouse.read(OP, ["transaction_id", "outcome"]).to_pylist(), key=str) == [
         {"transaction_id": "paid", "outcome": "COMMIT"}, {"transaction_id": "refused", "outcome": "ROLLBACK"}]
     assert s3_lakehouse.files.read("system/_checkpoints/checker/metadata") is not None  # the checkpoint is on S3
+    assert s3_lakehouse.files.read("system/_checkpoints/checker/commits/0") is not None
+    assert spark.conf.get(CHECKPOINT_MANAGER_SETTING, None) is None  # later queries of the session, local ones too
     assert CheckerProgress(s3_lakehouse).load().last_batch is not None
 
 
@@ -255,6 +260,7 @@ def test_the_producer_benchmark_runs_on_object_storage(s3_server, tmp_path):
     assert [r["threads"] for r in report["runs"]] == [2, 2] and all(r["transactions"] > 0 for r in report["runs"])
 
 
+@pytest.mark.usefixtures("commit_logs_compacted_eagerly")
 def test_maintenance_beside_writers_on_object_storage_loses_and_duplicates_nothing(s3_lakehouse):
     """`maintain` (delta-rs: compaction, checkpoint, vacuum, log cleanup) commits with the same
     conditional PUT as the producers' appender, so the two never overwrite each other's commits."""

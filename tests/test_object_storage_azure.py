@@ -132,6 +132,7 @@ def _answered(lakehouse: Lakehouse, transaction_id: str) -> list:
     return [r for r in records if (r["kind"], r["transaction_id"], r["state"]) == ("END", transaction_id, "COMMIT_MESSAGE")]
 
 
+@pytest.mark.usefixtures("commit_logs_compacted_eagerly")
 def test_the_txcoord_tools_run_on_an_azure_lakehouse(azurite, tmp_path, capsys):
     """`txcoord init`, `add-group`, `status`, `pending`, `inspect`, `resolve`, `grants` and `maintain`, configured by
     a TOML's [storage]."""

@@ -26,6 +26,8 @@ from coordinator.producer.commit_log import CommitLogWriter
 HOSTILE = "mallory"
 #: Long enough that no run in these tests is due by the clock: each is started by run_soon().
 NEVER_DUE_MS = 3_600_000
+#: The maintenance process, compacting commit logs at any age (tests/support/eager_maintenance_worker.py).
+EAGER_WORKER = [sys.executable, "-m", "tests.support.eager_maintenance_worker"]
 
 
 def scheduled(config: CoordinatorConfig, holding=lambda: True, **kwargs) -> tuple[ScheduledMaintenance, queue.Queue]:
@@ -46,7 +48,7 @@ def by_table(run: MaintenanceRun) -> dict:
 
 def test_the_scheduled_runs_maintain_every_table_beside_a_live_producer_and_lose_nothing(config):
     lakehouse = Lakehouse.of(config)
-    maintenance, runs = scheduled(config)
+    maintenance, runs = scheduled(config, command=EAGER_WORKER)
     try:
         with SteadyProducer(lakehouse) as producer:
             producer.wait_for(20)
@@ -86,7 +88,7 @@ def test_a_poisoned_log_fails_alone_and_the_others_are_maintained(config, poison
     POISONS[poison].write(PoisonedLog(lakehouse, HOSTILE))
     exporter = CheckerExporter()
     counted = lambda run: exporter.maintenance_done(run.maintained, len(run.failed), run.seconds)  # noqa: E731
-    maintenance, runs = scheduled(config)
+    maintenance, runs = scheduled(config, command=EAGER_WORKER)
     try:
         run = next_run(maintenance, runs)
         counted(run)

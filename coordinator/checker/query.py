@@ -34,6 +34,7 @@ from coordinator.exceptions import (CheckpointMismatchError, CoordinatorError, L
                                     StorageUnavailableError)
 from coordinator.jobs.runtime import BatchGate
 from coordinator.lakehouse import Lakehouse, init_lakehouse
+from coordinator.spark.session import CHECKPOINT_MANAGER_SETTING, IN_PLACE_CHECKPOINT_MANAGER, write_checkpoints_in_place
 
 __all__ = ["CheckerQuery", "checkpoint_location"]
 
@@ -69,6 +70,7 @@ class CheckerQuery:
         self.progress_store = CheckerProgress(self.lakehouse)
         self._progress: Optional[Progress] = None
         self._pending_from: Optional[int] = None  # from the last batch this process ran
+        self._in_place_checkpoints = False
         self.runner = BatchRunner(spark=spark)
         self.read_ahead = ReadAhead(self.lakehouse)
         self._renewer: Optional[threading.Thread] = None
@@ -186,6 +188,10 @@ class CheckerQuery:
                 .option("storage", json.dumps(self.lakehouse.storage)))
 
     def _start_query(self, starting_versions: dict[str, int]) -> StreamingQuery:
+        # Set only while this query runs: the rehearsal's checkpoint, in a local directory, is written the default way.
+        self._in_place_checkpoints = write_checkpoints_in_place(self.spark, checkpoint_location(self.config))
+        if self._in_place_checkpoints:
+            log.info("checkpoint files written in place on S3 (%s)", IN_PLACE_CHECKPOINT_MANAGER)
         records = self._commit_log_reader().option("startingVersions", json.dumps(starting_versions)).load()
         return (
             records.writeStream.queryName(CHECKER_NAME)
@@ -263,6 +269,8 @@ class CheckerQuery:
         if self.query is not None:
             self.query.stop()
             self.metrics.detach(self.spark)
+            if self._in_place_checkpoints:
+                self.spark.conf.unset(CHECKPOINT_MANAGER_SETTING)
         if self._renewer is not None:
             self._stop_renewing.set()
             self._renewer.join()

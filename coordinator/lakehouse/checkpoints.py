@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from coordinator.lakehouse.delta import DEFAULT_DELETED_FILE_RETENTION, open_table, parse_interval
 from coordinator.lakehouse.deltalog import commit_actions
 from coordinator.lakehouse.paths import delta_checkpoint_file, delta_log_file
-from coordinator.storage import FileStore
+from coordinator.storage import FileStore, read_all
 
 __all__ = ["last_checkpoint", "write_checkpoint"]
 
@@ -154,8 +154,11 @@ def _changes(files: FileStore, previous: int, version: int) -> Optional[tuple[di
     added: dict[str, dict] = {}
     removed: dict[str, dict] = {}
     transactions: dict[str, dict] = {}
-    for commit_version in range(previous + 1, version + 1):
-        commit = files.read(delta_log_file(commit_version))
+    versions = range(previous + 1, version + 1)
+    # Side by side on object storage: a busy commit log's checkpoint follows a thousand commits.
+    commits = read_all(lambda commit_version: files.read(delta_log_file(commit_version)), versions,
+                       remote=files.remote)
+    for commit_version, commit in zip(versions, commits):
         if commit is None:
             return None
         for action in commit_actions(commit.data):

@@ -10,7 +10,7 @@ delta-rs (no JVM) and is safe while producers and the checker are running:
   a compaction removed after the oldest version the checker may still read (its
   progress record says which) stays on disk until the checker has moved past it;
 * a commit log is vacuumed by listing its files (delta-rs's full vacuum): its
-  checkpoints keep a removed file's tombstone for ten minutes only (see
+  checkpoints keep a removed file's tombstone for two minutes only (see
   :data:`~coordinator.tables.COMMIT_LOG`), after which the lite vacuum would never
   find the file. A commit log made by an earlier version gains its definition's
   properties here;
@@ -61,10 +61,10 @@ from coordinator.lakehouse import Lakehouse, listing_retried
 from coordinator.lakehouse.checkpoints import write_checkpoint
 from coordinator.lakehouse.deltalog import check_commits
 from coordinator.lakehouse.delta import DEFAULT_DELETED_FILE_RETENTION, parse_interval
-from coordinator.storage import FileStore
+from coordinator.storage import CONCURRENT_READS, FileStore
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
 
-__all__ = ["DEFAULT_RETENTION_HOURS", "LOG_RETENTION_PROPERTY", "MIN_RETENTION_HOURS", "TableMaintenance",
+__all__ = ["COMMIT_LOG_COMPACTION_AGE", "COMMIT_LOG_COMPACTION_MIN_FILES", "DEFAULT_RETENTION_HOURS", "LOG_RETENTION_PROPERTY", "MIN_RETENTION_HOURS", "TableMaintenance",
            "log_retention_interval", "maintain", "maintained_tables"]
 
 #: Delta's own default for ``delta.deletedFileRetentionDuration``, in hours.
@@ -72,6 +72,10 @@ DEFAULT_RETENTION_HOURS = int(DEFAULT_DELETED_FILE_RETENTION / timedelta(hours=1
 #: The shortest retention while writers may be running (delta-rs counts retention in whole hours).
 MIN_RETENTION_HOURS = 1
 NOT_COMPACTED = {CHECK_REQUESTS.name}
+#: A commit log's small files are compacted here once this old, and only this many or more at once (see
+#: :func:`_compact_commit_log`).
+COMMIT_LOG_COMPACTION_AGE = timedelta(minutes=10)
+COMMIT_LOG_COMPACTION_MIN_FILES = 100
 #: The table property that says how long the log keeps a commit, and Delta's default for it.
 LOG_RETENTION_PROPERTY = "delta.logRetentionDuration"
 DEFAULT_LOG_RETENTION = timedelta(days=30)
@@ -211,7 +215,8 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
     elif _is_commit_log(name):  # producers commit to it many times a second: see DeltaAppender.compact
         result.files_compacted = _attempt(result, "compaction", lambda: _compact_commit_log(lakehouse, name), 0)
     else:
-        metrics = _attempt(result, "compaction", lambda: lakehouse.table(name).optimize.compact(), {})
+        metrics = _attempt(result, "compaction", lambda: lakehouse.table(name).optimize.compact(
+            max_concurrent_tasks=None if lakehouse.is_local else CONCURRENT_READS), {})
         result.files_compacted = metrics.get("numFilesRemoved", 0)
     # Carried forward from the previous checkpoint where it can be: delta-rs rebuilds a commit log's state
     # from every commit since, a second of CPU on a busy log (see lakehouse.checkpoints). The version it is
@@ -219,19 +224,25 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
     _attempt(result, "checkpoint", lambda: write_checkpoint(
         lakehouse.path(name), versions_written(lakehouse.files, name, table.version() + 1) - 1, lakehouse.storage), None)
     still_needed = _commit_still_needed(lakehouse, name) if _is_commit_log(name) else None
+    final = lakehouse.table(name)
     if still_needed is not None:
         result.skipped.append(f"log cleanup: {still_needed}")
     else:
-        _attempt(result, "log cleanup", lambda: lakehouse.table(name).cleanup_metadata(), None)
-    final = lakehouse.table(name)
+        _attempt(result, "log cleanup", final.cleanup_metadata, None)
     result.files_after, result.version = len(final.file_uris()), final.version()
     return result
 
 
 def _compact_commit_log(lakehouse: Lakehouse, name: str) -> int:
-    """Compact a commit log through :meth:`DeltaAppender.compact`; the files it removed."""
+    """Compact a commit log through :meth:`DeltaAppender.compact`; the files it removed.
+
+    Its writer compacts its own appends (every :data:`~coordinator.producer.commit_log.COMPACT_OWN_APPENDS_EVERY`):
+    only files older than :data:`COMMIT_LOG_COMPACTION_AGE` are compacted here (a log nobody writes, or
+    a writer of an earlier version's), and only many of them at once, for each commit made here races the writer's.
+    """
     with DeltaAppender(lakehouse.key_path(name), checkpoints=False, storage=lakehouse.storage) as appender:
-        return appender.compact()
+        return appender.compact(older_than_s=COMMIT_LOG_COMPACTION_AGE.total_seconds(),
+                                at_least=COMMIT_LOG_COMPACTION_MIN_FILES)
 
 
 def _attempt(result: TableMaintenance, step: str, action: Callable, fallback):

@@ -48,6 +48,9 @@ DEFAULT_COMMIT_INTERVAL_MS = 10
 #: Batches of one writer between being taken and committed: the one committing, and the next one, whose
 #: data file is written meanwhile. More would make more, smaller commits for no more throughput.
 BATCHES_IN_FLIGHT = 2
+#: A writer compacts the files of its own appends every this many of them (as often as the log is checkpointed:
+#: each checkpoint then lists about this many small files, not every one since the last maintenance run).
+COMPACT_OWN_APPENDS_EVERY = 1000
 
 
 def half_records(group: str, transaction_id: str, messages: Sequence[Message]) -> list[dict]:
@@ -148,8 +151,8 @@ class CommitLogWriter:
     that anyway, and a lightly loaded producer makes few, larger commits instead
     of one per send, which every reader of the log (the checker first) pays for. Several processes may append to the same table at once: an
     append that lost the race for a version takes the next one. The writer
-    checkpoints the log every ``delta.checkpointInterval`` commits, off the
-    senders' path, and never deletes expired commits from it:
+    checkpoints the log every ``delta.checkpointInterval`` commits and compacts the files of its
+    own appends every :data:`COMPACT_OWN_APPENDS_EVERY`, both off the senders' path, and never deletes expired commits from it:
     :func:`coordinator.ops.maintenance.maintain` does, once the checker no longer
     needs them.
 
@@ -181,7 +184,9 @@ class CommitLogWriter:
         # Held while enqueueing, so nothing can be queued behind the close marker and never resolve.
         self._lock = threading.Lock()
         self._closed = False
-        self._appender = DeltaAppender(self.path, storage=lakehouse.storage)
+        # It compacts its own appends: another process's compaction commit would race its commits, and lose
+        # nearly every race to a writer that always has the next commit in flight.
+        self._appender = DeltaAppender(self.path, storage=lakehouse.storage, compact_every=COMPACT_OWN_APPENDS_EVERY)
         # On object storage the checker probes a quiet group's logs only when the group rings (coordinator.doorbells).
         self._doorbell = (Doorbell(lakehouse.files, self.log.group)
                           if self.log.group is not None and not lakehouse.is_local else None)

@@ -37,7 +37,7 @@ from typing import Iterator, Mapping, Optional
 
 from coordinator.exceptions import SparkSetupError
 
-__all__ = ["cache_dir", "cached_jars", "delta_package", "exclusively", "provided_delta", "spark_home", "spark_packages"]
+__all__ = ["CHECKPOINT_MANAGER_PACKAGE", "cache_dir", "cached_jars", "delta_package", "exclusively", "provided_delta", "spark_home", "spark_packages"]
 
 CACHE_DIR_VARIABLE = "TXCOORD_CACHE_DIR"
 MAVEN_REPOSITORY_VARIABLE = "TXCOORD_MAVEN_REPOSITORY"
@@ -49,6 +49,12 @@ JARS_LOCK = Path(str(importlib.resources.files("coordinator.spark") / "spark-jar
 #: the SDK's 680 MB ``bundle``; S3A needs only these of its modules (about 50 MB with their dependencies).
 AWS_SDK_VERSION = "2.35.4"
 _S3A_SDK_MODULES = ("s3", "s3-transfer-manager", "sts")
+#: Spark's checkpoint file manager for object stores (``AbortableStreamBasedCheckpointFileManager``: writes a
+#: checkpoint file in place through S3A's abortable upload, where the default writes a temporary file and
+#: renames it, a copy and a delete on S3). Its jar holds only that class and a committer, and only the jar is
+#: pinned (its Maven dependencies are the cloud connectors, unused). Spark publishes it up to 4.1.2; its
+#: classes extend Spark 4.2's unchanged ones (``coordinator.checker.query`` uses it when the class loads).
+CHECKPOINT_MANAGER_PACKAGE = "org.apache.spark:spark-hadoop-cloud_2.13:4.1.2"
 _EXCLUDED_PACKAGES = "software.amazon.awssdk:bundle"
 _DOWNLOAD_THREADS = 8
 
@@ -115,15 +121,17 @@ def delta_package() -> str:
 
 
 def spark_packages() -> list[str]:
-    """Maven coordinates of the jars the project adds to Spark: Delta, and the S3A connector of
-    pyspark's Hadoop with the parts of the AWS SDK it uses.
+    """Maven coordinates of the jars the project adds to Spark: Delta, the S3A connector of
+    pyspark's Hadoop with the parts of the AWS SDK it uses, and the checkpoint file manager for object
+    stores (:data:`CHECKPOINT_MANAGER_PACKAGE`, its jar alone).
 
     Example::
 
         spark_packages()[:2]  # ['io.delta:delta-spark_4.2_2.13:4.4.0', 'org.apache.hadoop:hadoop-aws:3.5.0']
     """
     return [delta_package(), f"org.apache.hadoop:hadoop-aws:{_hadoop_version()}",
-            *(f"software.amazon.awssdk:{module}:{AWS_SDK_VERSION}" for module in _S3A_SDK_MODULES)]
+            *(f"software.amazon.awssdk:{module}:{AWS_SDK_VERSION}" for module in _S3A_SDK_MODULES),
+            CHECKPOINT_MANAGER_PACKAGE]
 
 
 def jars_dir() -> Path:
@@ -158,17 +166,21 @@ def lock_jars() -> Path:
     Parquet, Jackson…) are left out so only one version of each class is on the classpath.
     """
     packages = spark_packages()
+    resolved = [package for package in packages if package != CHECKPOINT_MANAGER_PACKAGE]
     # Delta and S3A resolved at once, each in its own Ivy cache: resolution mostly waits on Maven Central.
-    jars = _resolve_with_ivy({"delta": packages[:1], "s3a": packages[1:]})
-    lines = [f"# packages {','.join(packages)}\n",
-             "# Written by `python scripts/lock_spark_jars.py`: the jars txcoord adds to Spark.\n"]
-    for jar in sorted(jars):
+    jars = _resolve_with_ivy({"delta": resolved[:1], "s3a": resolved[1:]})
+    pins = []
+    for jar in jars:
         # Ivy names retrieved jars "<organisation>_<artifact>-<revision>.jar".
         group, file_name = os.path.basename(jar).split("_", 1)
         artifact = _artifact(file_name)
         version = file_name[len(artifact) + 1:-len(".jar")]
-        lines.append(f"{group}:{artifact}:{version} {hashlib.sha256(Path(jar).read_bytes()).hexdigest()}\n")
-    JARS_LOCK.write_text("".join(lines))
+        pins.append(f"{group}:{artifact}:{version} {hashlib.sha256(Path(jar).read_bytes()).hexdigest()}\n")
+    with urllib.request.urlopen(_jar_url(_maven_repository(), CHECKPOINT_MANAGER_PACKAGE), timeout=60) as response:
+        pins.append(f"{CHECKPOINT_MANAGER_PACKAGE} {hashlib.sha256(response.read()).hexdigest()}\n")
+    JARS_LOCK.write_text("".join([f"# packages {','.join(packages)}\n",
+                                  "# Written by `python scripts/lock_spark_jars.py`: the jars txcoord adds to Spark.\n",
+                                  *sorted(pins)]))
     return JARS_LOCK
 
 
@@ -214,7 +226,7 @@ def _download(pinned: Mapping[str, str], directory: Path) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    repository = os.environ.get(MAVEN_REPOSITORY_VARIABLE, MAVEN_CENTRAL).rstrip("/")
+    repository = _maven_repository()
     console = Console(stderr=True)
     console.print(f"txcoord: caching the {len(pinned)} jars Spark needs for Delta and S3 (once) in {directory.parent}, "
                   f"from {repository}", highlight=False)
@@ -230,7 +242,7 @@ def _download(pinned: Mapping[str, str], directory: Path) -> None:
 
         def fetch(coordinates: str) -> None:
             group, artifact, version = coordinates.split(":")
-            url = f"{repository}/{group.replace('.', '/')}/{artifact}/{version}/{artifact}-{version}.jar"
+            url = _jar_url(repository, coordinates)
             digest, chunks = hashlib.sha256(), []
             try:
                 with urllib.request.urlopen(url, timeout=60) as response:
@@ -253,6 +265,15 @@ def _download(pinned: Mapping[str, str], directory: Path) -> None:
     staging.rename(directory)
     console.print(f"txcoord: cached {len(pinned)} jars ({size / 1e6:.1f} MB) in {time.monotonic() - started:.1f} s",
                   highlight=False)
+
+
+def _maven_repository() -> str:
+    return os.environ.get(MAVEN_REPOSITORY_VARIABLE, MAVEN_CENTRAL).rstrip("/")
+
+
+def _jar_url(repository: str, coordinates: str) -> str:
+    group, artifact, version = coordinates.split(":")
+    return f"{repository}/{group.replace('.', '/')}/{artifact}/{version}/{artifact}-{version}.jar"
 
 
 def _resolve_with_ivy(groups: dict[str, list[str]]) -> list[str]:
