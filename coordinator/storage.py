@@ -87,8 +87,8 @@ class Listing(NamedTuple):
 CONCURRENT_READS = 16
 
 
-def read_all(read: Callable[[_T], _R], items: Sequence[_T], remote: bool) -> list[_R]:
-    """``read`` of each of ``items``, in their order: at most :data:`CONCURRENT_READS` at once when ``remote``
+def read_all(read: Callable[[_T], _R], items: Sequence[_T], remote: bool, at_once: int = CONCURRENT_READS) -> list[_R]:
+    """``read`` of each of ``items``, in their order: at most ``at_once`` at once when ``remote``
     (object storage), one after another on a local disk (a thread per read costs more than the read).
 
     Example::
@@ -97,7 +97,7 @@ def read_all(read: Callable[[_T], _R], items: Sequence[_T], remote: bool) -> lis
     """
     if not remote or len(items) <= 1:
         return [read(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(CONCURRENT_READS, len(items))) as reads:
+    with ThreadPoolExecutor(max_workers=min(at_once, len(items))) as reads:
         return list(reads.map(read, items))
 
 

@@ -58,6 +58,9 @@ __all__ = ["MAX_VERSIONS_PER_BATCH", "RECORD_SCHEMA", "CommitRead", "Segment", "
 #: A backlog is read in bounded steps: at most this many commit-log versions per batch, over all logs.
 #: Below 2**11, so that a commit's rank in its batch fits below :data:`~.context.COMMITS_PER_BATCH`.
 MAX_VERSIONS_PER_BATCH = 2000
+#: Versions read at once on object storage, each its commit file then its data file: a trigger of a hundred
+#: versions from several busy logs waits for two round trips per wave of reads.
+SEGMENT_READS = 64
 
 #: Bounds on a data file a commit adds, checked before its records are read: a producer's commit holds
 #: bodies of at most ``MAX_COMMIT_BODY_BYTES`` together, and each record's other columns take a few
@@ -102,21 +105,22 @@ def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_
         keys = [key for key in keys if (group := CommitLogRef(key).group) is None or group in watch.probing]
     open_logs = _grown_at_all(files, keys, ends)
     first_probed = set(open_logs)
+    remote = not lakehouse.is_local
     while budget > 0 and open_logs:
         share = max(1, budget // len(open_logs))
-        still_growing = []
-        for key in open_logs:
-            limit = min(share, budget)
-            if limit <= 0:
-                break
+        round_logs = open_logs[:budget]  # each takes at most its share: together at most the budget
+
+        def taken_by(key: str) -> int:
             known = 1 if key in first_probed else 0  # its first new version was found above
-            first_probed.discard(key)
-            taken = known + committed_run(files, key, ends[key] + known, limit - known, remote=not lakehouse.is_local)
-            ends[key] += taken
-            budget -= taken
-            if taken == share:
-                still_growing.append(key)
-        open_logs = still_growing
+            return known + committed_run(files, key, ends[key] + known, share - known, remote=remote)
+
+        # The logs side by side on object storage: busy logs' listings one after another were a round trip each.
+        taken = dict(zip(round_logs, read_all(taken_by, round_logs, remote=remote)))
+        first_probed.difference_update(round_logs)
+        for key in round_logs:
+            ends[key] += taken[key]
+            budget -= taken[key]
+        open_logs = [key for key in round_logs if taken[key] == share]
     if watch is not None:
         grown = {group: False for group in watch.probing}
         for key in keys:
@@ -282,7 +286,7 @@ def _read_versions(lakehouse: Lakehouse, versions: Mapping[str, list[int]]) -> d
     stores = {key: FileStore.at(lakehouse.key_path(key), lakehouse.storage) for key, wanted in versions.items() if wanted}
     wanted = [(key, version) for key in stores for version in versions[key]]
     return dict(zip(wanted, read_all(lambda read: _read_commit(stores[read[0]], read[1]), wanted,
-                                     remote=not lakehouse.is_local)))
+                                     remote=not lakehouse.is_local, at_once=SEGMENT_READS)))
 
 
 def _read_commit(store: FileStore, version: int) -> CommitRead:
