@@ -11,7 +11,7 @@ Every ``--sample-every`` seconds, each commit log's ``_delta_log``: bytes, JSON 
 files themselves: the S3 server keeps each object as a file under its data directory). Reported per log: its
 size at ``--first-minutes`` (the first sample at or after it), at the end of sending and its largest since
 ``--first-minutes``; ``bounded`` when the size at the end is no larger than at ``--first-minutes`` (bytes and
-files). Also: each maintenance run (the checker's log lines: tables maintained, failed, seconds), the checker's
+files); and its largest in the first ``--first-minutes`` and in the last (``peaks_bounded``: the last no larger). Also: each maintenance run (the checker's log lines: tables maintained, failed, seconds), the checker's
 batches from ``system/metrics`` while sending, their duration's p50 and p99 apart for batches that overlapped a
 maintenance run and those that did not (does maintenance slow a batch?), and, once every send is delivered and
 the checker stopped, the topic's rows against every send: ``lost``, ``duplicated``.
@@ -95,8 +95,21 @@ def log_figures(samples: list[dict], first_s: float) -> dict:
             "end_over_first": {"log_bytes": round(end["log_bytes"] / first["log_bytes"], 3),
                                "log_files": round(end["log_files"] / first["log_files"], 3)},
             "bounded": end["log_bytes"] <= first["log_bytes"] and end["log_files"] <= first["log_files"],
+            **_peaks(series, first_s),
         }
     return figures
+
+
+def _peaks(series: list[dict], window_s: float) -> dict:
+    """The largest ``_delta_log`` of the first ``window_s`` and of the last: a log cleaned once per maintenance
+    run is a sawtooth, and two single samples compare its phases as much as its sizes."""
+    end_s = series[-1]["at_s"]
+    first = [s for s in series if s["at_s"] <= window_s]
+    last = [s for s in series if s["at_s"] >= end_s - window_s]
+    peak = lambda samples: {k: max(s[k] for s in samples) for k in ("log_bytes", "log_files")}  # noqa: E731
+    peak_first, peak_last = peak(first), peak(last)
+    return {"peak_first": peak_first, "peak_last": peak_last,
+            "peaks_bounded": all(peak_last[k] <= peak_first[k] for k in peak_first)}
 
 
 def maintenance_runs(log_path: str) -> list[dict]:
@@ -243,6 +256,11 @@ def print_report(report: dict) -> None:
               f"{end['log_bytes'] / 2**20:.1f} MiB in {end['log_files']} files ({end['log_json_files']} commits, "
               f"{end['checkpoints']} checkpoints); largest since {top['log_bytes'] / 2**20:.1f} MiB, {top['log_files']} files; "
               f"end/first {figure['end_over_first']['log_bytes']} (bytes), {figure['end_over_first']['log_files']} (files)")
+        peak_first, peak_last = figure["peak_first"], figure["peak_last"]
+        print(f"{log} _delta_log at its largest: in the first {report['args']['first_minutes']:g} min "
+              f"{peak_first['log_bytes'] / 2**20:.1f} MiB, {peak_first['log_files']} files; in the last "
+              f"{peak_last['log_bytes'] / 2**20:.1f} MiB, {peak_last['log_files']} files "
+              f"({'no larger' if figure['peaks_bounded'] else 'LARGER'})")
     runs = report["maintenance_runs"]
     print(f"maintenance runs {len(runs)}: {sum(r['failed'] for r in runs)} table failures, "
           f"seconds {', '.join(str(r['seconds']) for r in runs) or '-'}")

@@ -100,12 +100,15 @@ class Trigger(NamedTuple):
 
 def triggers(requests: list[Request]) -> list[Trigger]:
     """Each trigger that ran a micro-batch (see the module's documentation), in order."""
-    first_offset, last_commit = {}, {}
+    first_offset, last_commit, newest = {}, {}, -1
     for index, request in enumerate(requests):
         match = _CHECKPOINT.search(request.path)
         if match is None:
             continue
         batch = int(match.group(2))
+        if batch < newest - 1:  # Spark's purge of old entries, long after their trigger
+            continue
+        newest = max(newest, batch)
         if match.group(1) == "offsets":
             first_offset.setdefault(batch, index)
         else:

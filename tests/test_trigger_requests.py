@@ -46,3 +46,23 @@ def test_a_trigger_runs_from_its_listing_to_its_commit_and_its_requests_are_told
     assert summary["parts"]["segment: commit files"] == {"requests": 2, "wall_ms": 35.0}  # side by side: once
     assert summary["requests_on_path_mean"] == 11
     assert summarize(found, 0.5, 1.0) is None
+
+
+def test_spark_purging_an_old_batchs_checkpoint_files_does_not_stretch_that_batchs_trigger(tmp_path):
+    checkpoint = f"{ROOT}/system/_checkpoints/checker"
+    log = [
+        request(0, 25, "GET", "LIST", "/bench?delimiter=/&list-type=2&prefix=lh/groups/"),
+        request(25, 50, "PUT", "PUT", f"{checkpoint}/offsets/3"),  # written in place: one PUT each
+        request(50, 75, "PUT", "PUT", f"{checkpoint}/commits/3"),
+        request(100, 125, "GET", "LIST", "/bench?delimiter=/&list-type=2&prefix=lh/groups/"),
+        request(125, 150, "PUT", "PUT", f"{checkpoint}/offsets/4"),
+        request(150, 175, "PUT", "PUT", f"{checkpoint}/commits/4"),
+        request(200, 225, "GET", "LIST", "/bench?delimiter=/&list-type=2&prefix=lh/groups/"),
+        request(225, 250, "PUT", "PUT", f"{checkpoint}/offsets/5"),
+        request(250, 275, "DELETE", "DELETE", f"{checkpoint}/commits/3"),  # Spark's purge, two batches on
+        request(275, 300, "PUT", "PUT", f"{checkpoint}/commits/5"),
+    ]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps(r._asdict()) + "\n" for r in log))
+    found = triggers(read_log(str(path)))
+    assert [(t.batch, round(t.start * 1000), round(t.end * 1000)) for t in found] == [(3, 0, 75), (4, 100, 175), (5, 200, 300)]
