@@ -21,6 +21,7 @@ from coordinator.control.lease import CheckerLease
 from coordinator.exceptions import ConfigError
 from coordinator.jobs.maintenance import MaintenanceRun, ScheduledMaintenance, holds
 from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.ops.maintenance import maintained_tables
 from coordinator.producer.commit_log import CommitLogWriter
 
 HOSTILE = "mallory"
@@ -157,7 +158,7 @@ def test_a_stop_cuts_a_run_short_at_once_and_leaves_no_process_behind(config):
     maintenance, runs = scheduled(config, command=hangs)
     maintenance.run_soon()
     assert maintenance.busy.wait(60)  # the run is waiting for its process
-    process = maintenance._process
+    process = maintenance._workers[0].process
 
     began = time.monotonic()
     maintenance.close()
@@ -166,6 +167,24 @@ def test_a_stop_cuts_a_run_short_at_once_and_leaves_no_process_behind(config):
     assert stopped_in < 5, stopped_in
     assert process.poll() is not None  # killed and reaped
     assert runs.get(timeout=5).stopped_short == "the checker is stopping"
+
+
+def test_several_processes_maintain_a_table_each_and_a_poisoned_log_still_fails_alone(config):
+    """As on object storage, where several processes maintain a table each at once."""
+    lakehouse = Lakehouse.of(config)
+    with CommitLogWriter(lakehouse, "alice", commit_interval_ms=0) as writer:
+        for index in range(3):
+            writer.submit([half_record(f"a{index}", group="alice"), end_record(f"a{index}", group="alice")]).result()
+    POISONS["JSON nested beyond parsing"].write(PoisonedLog(lakehouse, HOSTILE))
+    maintenance, runs = scheduled(config, command=EAGER_WORKER, processes=3)
+    try:
+        run = next_run(maintenance, runs)
+    finally:
+        maintenance.close()
+    assert run.stopped_short is None and [result.table for result in run.failed] == [f"groups/{HOSTILE}/commit_log"]
+    assert [result.table for result in run.tables] == maintained_tables(lakehouse)  # every table, in the listed order
+    assert by_table(run)["groups/alice/commit_log"].files_compacted == 3
+    assert all(worker.process is None for worker in maintenance._workers)  # each ended after the run
 
 
 def test_off_when_the_interval_is_zero(config):
