@@ -34,6 +34,7 @@ from coordinator.exceptions import (CheckpointMismatchError, CoordinatorError, L
                                     StorageUnavailableError)
 from coordinator.jobs.runtime import BatchGate
 from coordinator.lakehouse import Lakehouse, init_lakehouse
+from coordinator.spark.session import hadoop_location
 
 __all__ = ["CheckerQuery", "checkpoint_location"]
 
@@ -190,7 +191,7 @@ class CheckerQuery:
         return (
             records.writeStream.queryName(CHECKER_NAME)
             .foreachBatch(self._run_batch)
-            .option("checkpointLocation", checkpoint_location(self.config))
+            .option("checkpointLocation", hadoop_location(checkpoint_location(self.config), self.lakehouse.storage))
             .trigger(processingTime=f"{self.config.trigger_interval_ms} milliseconds")
             .start()
         )

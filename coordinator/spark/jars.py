@@ -1,5 +1,6 @@
-"""The jars the coordinator adds to Spark: Delta, and Hadoop's S3A connector with the parts of the
-AWS SDK it uses, pinned by ``spark-jars.lock`` (shipped in this package) and cached per user.
+"""The jars the coordinator adds to Spark: Delta, Hadoop's S3A connector with the parts of the AWS
+SDK it uses, and Hadoop's ABFS connector (Azure), pinned by ``spark-jars.lock`` (shipped in this
+package) and cached per user.
 
 The cache is filled on first need (a progress display on stderr), then every start reads only local
 files. It lives in the user's cache directory (``~/.cache/txcoord`` on Linux), or where
@@ -49,7 +50,11 @@ JARS_LOCK = Path(str(importlib.resources.files("coordinator.spark") / "spark-jar
 #: the SDK's 680 MB ``bundle``; S3A needs only these of its modules (about 50 MB with their dependencies).
 AWS_SDK_VERSION = "2.35.4"
 _S3A_SDK_MODULES = ("s3", "s3-transfer-manager", "sts")
-_EXCLUDED_PACKAGES = "software.amazon.awssdk:bundle"
+#: Left out of the resolution: the SDK's bundle (above); the Azure SDK that only hadoop-azure's WASB driver used,
+#: which 3.5.0 has replaced by a stub that refuses ``wasb://``; Hadoop's shaded Guava, which Spark's
+#: ``hadoop-client-runtime`` already holds.
+_EXCLUDED_PACKAGES = ",".join(("software.amazon.awssdk:bundle", "com.microsoft.azure:azure-storage",
+                               "org.apache.hadoop.thirdparty:hadoop-shaded-guava"))
 _DOWNLOAD_THREADS = 8
 
 
@@ -115,15 +120,17 @@ def delta_package() -> str:
 
 
 def spark_packages() -> list[str]:
-    """Maven coordinates of the jars the project adds to Spark: Delta, and the S3A connector of
-    pyspark's Hadoop with the parts of the AWS SDK it uses.
+    """Maven coordinates of the jars the project adds to Spark: Delta, the S3A connector of pyspark's
+    Hadoop with the parts of the AWS SDK it uses, and the ABFS connector of the same Hadoop.
 
     Example::
 
         spark_packages()[:2]  # ['io.delta:delta-spark_4.2_2.13:4.4.0', 'org.apache.hadoop:hadoop-aws:3.5.0']
     """
-    return [delta_package(), f"org.apache.hadoop:hadoop-aws:{_hadoop_version()}",
-            *(f"software.amazon.awssdk:{module}:{AWS_SDK_VERSION}" for module in _S3A_SDK_MODULES)]
+    hadoop = _hadoop_version()
+    return [delta_package(), f"org.apache.hadoop:hadoop-aws:{hadoop}",
+            *(f"software.amazon.awssdk:{module}:{AWS_SDK_VERSION}" for module in _S3A_SDK_MODULES),
+            f"org.apache.hadoop:hadoop-azure:{hadoop}"]
 
 
 def jars_dir() -> Path:
@@ -158,11 +165,11 @@ def lock_jars() -> Path:
     Parquet, Jackson…) are left out so only one version of each class is on the classpath.
     """
     packages = spark_packages()
-    # Delta and S3A resolved at once, each in its own Ivy cache: resolution mostly waits on Maven Central.
-    jars = _resolve_with_ivy({"delta": packages[:1], "s3a": packages[1:]})
+    # Delta and the connectors resolved at once, each in its own Ivy cache: resolution mostly waits on Maven Central.
+    jars = _resolve_with_ivy({"delta": packages[:1], "connectors": packages[1:]})
     lines = [f"# packages {','.join(packages)}\n",
              "# Written by `python scripts/lock_spark_jars.py`: the jars txcoord adds to Spark.\n"]
-    for jar in sorted(jars):
+    for jar in sorted(jars, key=os.path.basename):  # by coordinates, whichever group resolved it
         # Ivy names retrieved jars "<organisation>_<artifact>-<revision>.jar".
         group, file_name = os.path.basename(jar).split("_", 1)
         artifact = _artifact(file_name)
@@ -216,7 +223,7 @@ def _download(pinned: Mapping[str, str], directory: Path) -> None:
 
     repository = os.environ.get(MAVEN_REPOSITORY_VARIABLE, MAVEN_CENTRAL).rstrip("/")
     console = Console(stderr=True)
-    console.print(f"txcoord: caching the {len(pinned)} jars Spark needs for Delta and S3 (once) in {directory.parent}, "
+    console.print(f"txcoord: caching the {len(pinned)} jars Spark needs for Delta, S3 and Azure (once) in {directory.parent}, "
                   f"from {repository}", highlight=False)
     staging = directory.with_name("jars.download")
     shutil.rmtree(staging, ignore_errors=True)
