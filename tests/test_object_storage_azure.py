@@ -1,8 +1,8 @@
 """The lakehouse on Azure (an ``abfss://`` location), against Azurite, the Azure Storage emulator, on
 loopback (``scripts/azurite.py``): the conditional writes (``If-None-Match: *``, ``If-Match``), the
-lease and progress record, producers through the API, the checker's batch logic and check-back, and
-the ``txcoord`` tools. Spark's side (the streaming checkpoint through hadoop-azure's ABFS) is not
-here: Azurite serves no ADLS Gen2 (DFS) endpoint, which ABFS needs (docs/known-limits.md)."""
+lease and progress record, producers through the API, the checker's batch logic and check-back, the
+``txcoord`` tools, and the checker job itself, its streaming checkpoint written by Hadoop's ABFS
+connector through Azurite's Blob endpoint (Azurite serves no DFS endpoint)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from coordinator.cli import main
 from coordinator.commit_logs import CommitLogRef
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
+from coordinator.control.progress import CheckerProgress, CheckpointState
 from coordinator.exceptions import AccessDeniedError, CheckerAlreadyRunningError, InvalidArgumentError, LeaseLostError
 from coordinator.lakehouse import Lakehouse, delta_log_file, open_table, read_table
 from coordinator.producer.commit_log import CommitLogWriter
@@ -24,6 +25,7 @@ from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, OP
 from tests.support import Clock, half_record, wait_until
 from tests.support.batches import ManualChecker
+from tests.support.checker import CheckerJob, write_config
 from tests.support.lakehouse import SteadyProducer
 from tests.test_object_storage import race
 # The S3 tests' own bodies, run here on Azure (named so that pytest does not collect them twice).
@@ -124,6 +126,38 @@ def test_transactions_end_to_end_through_the_producer_api_the_batches_and_check_
     assert outcomes == {sent["paid"].transaction_id: "COMMIT", sent["refused"].transaction_id: "ROLLBACK",
                         sent["unsure"].transaction_id: "COMMIT"}
     assert azure_lakehouse.files.list("groups/g/_producers") == []  # the instance withdrew
+
+
+@pytest.mark.slow
+def test_the_checker_job_keeps_its_checkpoint_in_the_container_and_delivers_each_commit_once(azure_lakehouse, tmp_path):
+    """`spark-submit jobs/checker.py`, configured by its TOML alone, on the ``abfss://`` lakehouse: its streaming
+    checkpoint goes into the container through ABFS, a producer's commit is delivered and its rollback not;
+    stopped and started again, the checker resumes from that checkpoint and delivers the next commit, each once."""
+    config_path = write_config(azure_lakehouse, str(tmp_path), trigger_interval_ms=200)
+    config = CoordinatorConfig.load(config_path, environ={})
+    checkpoint = azure_lakehouse.checker_checkpoint
+    producer = TransactionProducer("g", Orders(), config)
+    producer.start()
+    try:
+        for run, orders in enumerate((("paid", "refused"), ("paid again",)), start=1):
+            with CheckerJob(config_path, azure_lakehouse, str(tmp_path / f"checker-{run}.log")) as checker:
+                checker.wait_for(checker.holds_lease, "the lease", 300)
+                for order in orders:
+                    producer.send_message_in_transaction(Message(topic="ORDERS", body=order.encode()),
+                                                         "refused" if order == "refused" else "paid")
+                checker.wait_for(lambda: _delivered(azure_lakehouse) == run, f"run {run}'s delivery", 300)
+                assert checker.stop() == 0, checker.tail()
+            state = CheckpointState.read(checkpoint, azure_lakehouse.storage)
+            assert state.exists and state.last_planned_batch is not None  # in the container, written by ABFS
+            assert state.checkpoint_id == CheckerProgress(azure_lakehouse).load().epoch.checkpoint_id
+    finally:
+        producer.shutdown()
+    assert sorted(azure_lakehouse.read("topics/ORDERS", ["body"]).column(0).to_pylist()) == [b"paid", b"paid again"]
+    assert sorted(azure_lakehouse.read(OP, ["outcome"]).column(0).to_pylist()) == ["COMMIT", "COMMIT", "ROLLBACK"]
+
+
+def _delivered(lakehouse: Lakehouse) -> int:
+    return lakehouse.read("topics/ORDERS", ["body"]).num_rows if lakehouse.exists("topics/ORDERS") else 0
 
 
 def _answered(lakehouse: Lakehouse, transaction_id: str) -> list:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.exceptions import SparkSetupError
+from coordinator.exceptions import InvalidArgumentError, SparkSetupError
 from coordinator.spark import jars, session, submit
 
 
@@ -33,6 +33,25 @@ def test_the_jar_cache_is_the_users_unless_overridden(monkeypatch, tmp_path):
     assert jars.cache_dir() == tmp_path / "xdg" / "txcoord"
     monkeypatch.setenv(jars.CACHE_DIR_VARIABLE, str(tmp_path / "mine"))
     assert jars.jars_dir().parent.parent == tmp_path / "mine" / "spark"
+
+
+def test_an_azure_location_is_given_to_hadoop_as_abfs_names_it(monkeypatch):
+    """ABFS takes the account from the URL and TLS from the scheme: ``az://`` gets the account from ``[storage]``,
+    and an emulator's plain-HTTP endpoint (obstore and delta-rs speak HTTP there) makes ``abfss`` ``abfs``."""
+    for variable in ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ENDPOINT"):
+        monkeypatch.delenv(variable, raising=False)
+    real = "abfss://lh@acct.dfs.core.windows.net/p/system/_checkpoints/checker"
+    assert session.hadoop_location(real, {}) == real
+    assert session.hadoop_location("az://lh/p/x", {"azure_storage_account_name": "acct"}) == "abfss://lh@acct.dfs.core.windows.net/p/x"
+    emulator = {"azure_storage_endpoint": "http://127.0.0.1:10000/devstoreaccount1", "azure_storage_account_key": "k"}
+    assert session.hadoop_location(real, emulator) == real.replace("abfss://", "abfs://")
+    assert session.hadoop_location("s3://bucket/p", emulator) == "s3://bucket/p"
+    with pytest.raises(InvalidArgumentError, match="azure_storage_account_name"):
+        session.hadoop_location("az://lh/p", {})
+    conf = session.object_store_conf(emulator)
+    assert (conf["spark.hadoop.fs.azure.account.key"], conf["spark.hadoop.fs.azure.abfs.endpoint"]) == ("k", "127.0.0.1:10000")
+    assert conf["spark.hadoop.fs.azure.fns.account.service.type"] == "BLOB"
+    assert not any("fs.azure.account" in key for key in session.object_store_conf({"azure_storage_account_name": "acct"}))
 
 
 def test_spark_submit_gets_the_jars_and_the_launch_settings_in_a_file_beside_the_cache():

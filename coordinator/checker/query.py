@@ -34,7 +34,8 @@ from coordinator.exceptions import (CheckpointMismatchError, CoordinatorError, L
                                     StorageUnavailableError)
 from coordinator.jobs.runtime import BatchGate
 from coordinator.lakehouse import Lakehouse, init_lakehouse
-from coordinator.spark.session import CHECKPOINT_MANAGER_SETTING, IN_PLACE_CHECKPOINT_MANAGER, write_checkpoints_in_place
+from coordinator.spark.session import (CHECKPOINT_MANAGER_SETTING, IN_PLACE_CHECKPOINT_MANAGER, hadoop_location,
+                                        write_checkpoints_in_place)
 
 __all__ = ["CheckerQuery", "checkpoint_location"]
 
@@ -196,7 +197,7 @@ class CheckerQuery:
         return (
             records.writeStream.queryName(CHECKER_NAME)
             .foreachBatch(self._run_batch)
-            .option("checkpointLocation", checkpoint_location(self.config))
+            .option("checkpointLocation", hadoop_location(checkpoint_location(self.config), self.lakehouse.storage))
             .trigger(processingTime=f"{self.config.trigger_interval_ms} milliseconds")
             .start()
         )

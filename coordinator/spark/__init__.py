@@ -1,7 +1,7 @@
 """Spark for txcoord's jobs and notebooks (``pip install 'txcoord[spark]'``).
 
 - :mod:`.session`: the one session factory, with the settings this package ships;
-- :mod:`.jars`: the Delta and S3A jars it launches with, locked, downloaded once into the user's cache;
+- :mod:`.jars`: the Delta, S3A and ABFS jars it launches with, locked, downloaded once into the user's cache;
 - :mod:`.class_archive`: the driver JVM's class archive, written once, mapped by every later start;
 - :mod:`.submit`: what ``spark-submit`` needs to run the jobs from an installed package.
 

@@ -1,5 +1,6 @@
-"""The jars the coordinator adds to Spark: Delta, and Hadoop's S3A connector with the parts of the
-AWS SDK it uses, pinned by ``spark-jars.lock`` (shipped in this package) and cached per user.
+"""The jars the coordinator adds to Spark: Delta, Hadoop's S3A connector with the parts of the AWS
+SDK it uses, Hadoop's ABFS connector (Azure) and Spark's checkpoint file manager for object stores, pinned
+by ``spark-jars.lock`` (shipped in this package) and cached per user.
 
 The cache is filled on first need (a progress display on stderr), then every start reads only local
 files. It lives in the user's cache directory (``~/.cache/txcoord`` on Linux), or where
@@ -55,7 +56,11 @@ _S3A_SDK_MODULES = ("s3", "s3-transfer-manager", "sts")
 #: pinned (its Maven dependencies are the cloud connectors, unused). Spark publishes it up to 4.1.2; its
 #: classes extend Spark 4.2's unchanged ones (``coordinator.checker.query`` uses it when the class loads).
 CHECKPOINT_MANAGER_PACKAGE = "org.apache.spark:spark-hadoop-cloud_2.13:4.1.2"
-_EXCLUDED_PACKAGES = "software.amazon.awssdk:bundle"
+#: Left out of the resolution: the SDK's bundle (above); the Azure SDK that only hadoop-azure's WASB driver used,
+#: which 3.5.0 has replaced by a stub that refuses ``wasb://``; Hadoop's shaded Guava, which Spark's
+#: ``hadoop-client-runtime`` already holds.
+_EXCLUDED_PACKAGES = ",".join(("software.amazon.awssdk:bundle", "com.microsoft.azure:azure-storage",
+                               "org.apache.hadoop.thirdparty:hadoop-shaded-guava"))
 _DOWNLOAD_THREADS = 8
 
 
@@ -121,17 +126,18 @@ def delta_package() -> str:
 
 
 def spark_packages() -> list[str]:
-    """Maven coordinates of the jars the project adds to Spark: Delta, the S3A connector of
-    pyspark's Hadoop with the parts of the AWS SDK it uses, and the checkpoint file manager for object
-    stores (:data:`CHECKPOINT_MANAGER_PACKAGE`, its jar alone).
+    """Maven coordinates of the jars the project adds to Spark: Delta, the S3A connector of pyspark's
+    Hadoop with the parts of the AWS SDK it uses, the ABFS connector of the same Hadoop, and the checkpoint
+    file manager for object stores (:data:`CHECKPOINT_MANAGER_PACKAGE`, its jar alone).
 
     Example::
 
         spark_packages()[:2]  # ['io.delta:delta-spark_4.2_2.13:4.4.0', 'org.apache.hadoop:hadoop-aws:3.5.0']
     """
-    return [delta_package(), f"org.apache.hadoop:hadoop-aws:{_hadoop_version()}",
+    hadoop = _hadoop_version()
+    return [delta_package(), f"org.apache.hadoop:hadoop-aws:{hadoop}",
             *(f"software.amazon.awssdk:{module}:{AWS_SDK_VERSION}" for module in _S3A_SDK_MODULES),
-            CHECKPOINT_MANAGER_PACKAGE]
+            f"org.apache.hadoop:hadoop-azure:{hadoop}", CHECKPOINT_MANAGER_PACKAGE]
 
 
 def jars_dir() -> Path:
@@ -167,8 +173,8 @@ def lock_jars() -> Path:
     """
     packages = spark_packages()
     resolved = [package for package in packages if package != CHECKPOINT_MANAGER_PACKAGE]
-    # Delta and S3A resolved at once, each in its own Ivy cache: resolution mostly waits on Maven Central.
-    jars = _resolve_with_ivy({"delta": resolved[:1], "s3a": resolved[1:]})
+    # Delta and the connectors resolved at once, each in its own Ivy cache: resolution mostly waits on Maven Central.
+    jars = _resolve_with_ivy({"delta": resolved[:1], "connectors": resolved[1:]})
     pins = []
     for jar in jars:
         # Ivy names retrieved jars "<organisation>_<artifact>-<revision>.jar".
@@ -228,7 +234,7 @@ def _download(pinned: Mapping[str, str], directory: Path) -> None:
 
     repository = _maven_repository()
     console = Console(stderr=True)
-    console.print(f"txcoord: caching the {len(pinned)} jars Spark needs for Delta and S3 (once) in {directory.parent}, "
+    console.print(f"txcoord: caching the {len(pinned)} jars Spark needs for Delta, S3 and Azure (once) in {directory.parent}, "
                   f"from {repository}", highlight=False)
     staging = directory.with_name("jars.download")
     shutil.rmtree(staging, ignore_errors=True)

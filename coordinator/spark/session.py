@@ -1,5 +1,5 @@
 """The one Spark session factory: the settings this package ships (``spark-defaults.conf``) plus
-the Delta and S3A jars (:mod:`coordinator.spark.jars`).
+the Delta, S3A and ABFS jars (:mod:`coordinator.spark.jars`).
 
 Example::
 
@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional
 from urllib.parse import urlparse
 
-from coordinator.exceptions import SparkSetupError
+from coordinator.exceptions import InvalidArgumentError, SparkSetupError
 from coordinator.spark.class_archive import archive_java_options, can_share_classes, driver_java_options, empty_conf_dir
 from coordinator.spark.jars import cached_jars, delta_package, provided_delta, pyspark
+from coordinator.storage import AZURE_SCHEMES
 
 if TYPE_CHECKING:
     from coordinator.lakehouse import Lakehouse
 
-__all__ = ["get_spark", "lakehouse_spark", "launch_jars", "object_store_conf", "read_spark_defaults", "spark_defaults_file",
-           "write_checkpoints_in_place"]
+__all__ = ["abfs_conf", "get_spark", "hadoop_location", "lakehouse_spark", "launch_jars", "object_store_conf", "read_spark_defaults",
+           "spark_defaults_file", "write_checkpoints_in_place"]
 
 #: The Spark setting that names the class writing streaming checkpoints, and the one that writes them in place
 #: on S3 (:func:`write_checkpoints_in_place`).
@@ -45,8 +46,9 @@ def spark_defaults_file() -> Path:
 
 
 def object_store_conf(storage: Mapping[str, str]) -> dict[str, str]:
-    """Spark settings that reach a lakehouse on S3 (``s3://`` or ``s3a://``) through S3A, from the
-    ``[storage]`` settings, with the ``AWS_*`` environment variables filling in.
+    """Spark settings that reach a lakehouse on S3 (``s3://`` or ``s3a://``) through S3A, and on Azure
+    through ABFS (:func:`abfs_conf`), from the ``[storage]`` settings, with the ``AWS_*`` and ``AZURE_*``
+    environment variables filling in.
 
     Example::
 
@@ -76,7 +78,73 @@ def object_store_conf(storage: Mapping[str, str]) -> dict[str, str]:
         conf["spark.hadoop.fs.s3a.access.key"] = access_key
         conf["spark.hadoop.fs.s3a.secret.key"] = secret_key
         conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+    conf.update(abfs_conf(storage))
     return conf
+
+
+def abfs_conf(storage: Mapping[str, str]) -> dict[str, str]:
+    """Spark settings that reach an Azure lakehouse through Hadoop's ABFS connector, from ``[storage]``
+    (``AZURE_*`` variables filling in): the account key, and for an emulator's endpoint
+    (``azure_storage_endpoint`` naming the account in its path, as Azurite's does) its address and the
+    Blob API, which ABFS 3.5 speaks to accounts without a hierarchical namespace.
+
+    Example::
+
+        abfs_conf({"azure_storage_account_key": "…", "azure_storage_endpoint": "http://127.0.0.1:10000/devstoreaccount1"})
+        # {'spark.hadoop.fs.azure.account.key': '…', 'spark.hadoop.fs.azure.abfs.endpoint': '127.0.0.1:10000', ...}
+    """
+    # ABFS 3.5 collects metrics for the account by default, each filesystem instance with a scheduler thread that
+    # is not a daemon and outlives the instance: the checker's JVM, done, would never exit.
+    conf = {"spark.hadoop.fs.azure.metrics.collection.enabled": "false"}
+    key = storage.get("azure_storage_account_key") or os.environ.get("AZURE_STORAGE_ACCOUNT_KEY")
+    if key:
+        # Unqualified, ABFS takes it for any account: the lakehouse's URL names the account.
+        conf["spark.hadoop.fs.azure.account.key"] = key
+    endpoint = _azure_emulator(storage)
+    if endpoint is not None:
+        conf.update({"spark.hadoop.fs.azure.abfs.endpoint": f"{endpoint.hostname}:{endpoint.port or (80 if endpoint.scheme == 'http' else 443)}",
+                     # No DFS endpoint on an emulator: ABFS must not probe it for a namespace, and goes by Blob.
+                     "spark.hadoop.fs.azure.account.hns.enabled": "false",
+                     "spark.hadoop.fs.azure.fns.account.service.type": "BLOB"})
+        if endpoint.scheme == "http":
+            # ABFS's default client, Apache HttpClient's, will not start without TLS; the JDK's will.
+            conf.update({"spark.hadoop.fs.azure.always.use.https": "false",
+                         "spark.hadoop.fs.azure.networking.library": "JDK_HTTP_URL_CONNECTION"})
+    return conf
+
+
+def hadoop_location(location: str, storage: Mapping[str, str]) -> str:
+    """``location`` as Hadoop's connectors name it: an Azure location as ABFS takes it
+    (``abfss://container@account.dfs.core.windows.net/prefix``, from ``az://container/prefix`` with the
+    account in ``[storage]``; ``abfs://`` where ``azure_storage_endpoint`` is plain HTTP, an emulator's,
+    as obstore and delta-rs speak it there); any other location as it is.
+
+    Example::
+
+        hadoop_location("az://lakehouse/lh/system", {"azure_storage_account_name": "acct"})
+        # 'abfss://lakehouse@acct.dfs.core.windows.net/lh/system'
+    """
+    parsed = urlparse(location)
+    if parsed.scheme not in AZURE_SCHEMES:
+        return location
+    authority = parsed.netloc
+    if "@" not in authority:
+        account = storage.get("azure_storage_account_name") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+        if not account:
+            raise InvalidArgumentError(f"{location}: Spark reaches Azure through ABFS, which needs the account: "
+                                       "name it in the location (abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PREFIX) "
+                                       "or as [storage]'s azure_storage_account_name")
+        authority = f"{authority}@{account}.dfs.core.windows.net"
+    endpoint = _azure_emulator(storage)
+    scheme = "abfs" if endpoint is not None and endpoint.scheme == "http" else "abfss"
+    return f"{scheme}://{authority}{parsed.path}"
+
+
+def _azure_emulator(storage: Mapping[str, str]):
+    """``azure_storage_endpoint`` parsed, if it names the account in its path (an emulator's); else None."""
+    endpoint = storage.get("azure_storage_endpoint") or os.environ.get("AZURE_STORAGE_ENDPOINT")
+    parsed = urlparse(endpoint) if endpoint else None
+    return parsed if parsed is not None and parsed.path.strip("/") else None
 
 
 def read_spark_defaults(path: Optional[Path] = None) -> dict[str, str]:
@@ -149,7 +217,7 @@ def get_spark(app_name: str = "txcoord", conf: Optional[Mapping[str, str]] = Non
 
 
 def lakehouse_spark(app_name: str, lakehouse: "Lakehouse", conf: Optional[Mapping[str, str]] = None):
-    """:func:`get_spark`, with what reaches ``lakehouse``: S3A's settings (:func:`object_store_conf`)
+    """:func:`get_spark`, with what reaches ``lakehouse``: S3A's and ABFS's settings (:func:`object_store_conf`)
     when it is on object storage.
 
     Example::
