@@ -262,7 +262,7 @@ class DeltaAppender:
         # On object storage, _last_checkpoint is read beside the data file's write, not after it; a local
         # disk reads it in microseconds, less than handing it to a thread.
         self._reads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="delta-appender-reads") \
-            if is_object_store(self.path) else None
+            if self._files.remote else None
         self._loads = 0  # how often the table was read from a snapshot: a compaction must see one only
         self._load()
         self._checkpoints_on, self._compact_every = checkpoints, compact_every
@@ -443,7 +443,7 @@ class DeltaAppender:
     def _rewrite(self, files: list[dict], snapshot_loads: int) -> Optional[int]:
         """Commit ``files`` (add actions of the snapshot) rewritten as one file; ``None`` on a conflict."""
         # Read side by side on object storage: a compaction of a busy log reads thousands of small files.
-        contents = read_all(lambda f: self._files.read(f["path"]).data, files, remote=is_object_store(self.path))
+        contents = read_all(lambda f: self._files.read(f["path"]).data, files, remote=self._files.remote)
         data = pa.concat_tables([pq.read_table(pa.BufferReader(content)) for content in contents])
         data = data.cast(self._schema)
         add = self._write_file(data, data_change=False)
@@ -557,7 +557,7 @@ class DeltaAppender:
         be read on. Each that ``exists`` (all, with ``last``) but cannot be read was cleaned from the log
         meanwhile (this appender was far behind); the table is read again then, as after a change of its
         metadata."""
-        first, remote = self._known + 1, is_object_store(self.path)
+        first, remote = self._known + 1, self._files.remote
         count = CONCURRENT_READS if remote else 1
         versions = list(range(first, first + count if last is None else min(first + count, last + 1)))
         commits = read_all(lambda version: self._files.read(delta_log_file(version)), versions, remote=remote)

@@ -22,7 +22,7 @@ from typing import NamedTuple, Optional
 from urllib.parse import unquote
 
 from coordinator.exceptions import CorruptInputError, FileTooLargeError
-from coordinator.storage import FileStore, LocalFileStore, read_all
+from coordinator.storage import FileStore, read_all
 
 __all__ = ["DATA_PATH_PATTERN", "MAX_ACTION_DEPTH", "MAX_COMMIT_FILE_BYTES", "AddedFile", "added_files", "check_commits",
            "commit_actions", "commit_digest"]
@@ -117,7 +117,7 @@ def check_commits(files: FileStore, table: str) -> None:
             except CorruptInputError as error:
                 raise CorruptInputError(f"version {version}: {error}") from None
 
-    read_all(check, commits, remote=not isinstance(files, LocalFileStore))
+    read_all(check, commits, remote=files.remote)
 
 
 def _depth(value: object) -> int:

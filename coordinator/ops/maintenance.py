@@ -64,8 +64,9 @@ from coordinator.lakehouse.delta import DEFAULT_DELETED_FILE_RETENTION, parse_in
 from coordinator.storage import CONCURRENT_READS, FileStore
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
 
-__all__ = ["COMMIT_LOG_COMPACTION_AGE", "COMMIT_LOG_COMPACTION_MIN_FILES", "DEFAULT_RETENTION_HOURS", "LOG_RETENTION_PROPERTY", "MIN_RETENTION_HOURS", "TableMaintenance",
-           "log_retention_interval", "maintain", "maintained_tables"]
+__all__ = ["COMMIT_LOG_COMPACTION_AGE", "COMMIT_LOG_COMPACTION_MIN_FILES", "DEFAULT_RETENTION_HOURS",
+           "LOG_RETENTION_PROPERTY", "MIN_RETENTION_HOURS", "TableMaintenance", "log_retention_interval", "maintain",
+           "maintained_tables"]
 
 #: Delta's own default for ``delta.deletedFileRetentionDuration``, in hours.
 DEFAULT_RETENTION_HOURS = int(DEFAULT_DELETED_FILE_RETENTION / timedelta(hours=1))

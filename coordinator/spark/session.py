@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 from coordinator.exceptions import InvalidArgumentError, SparkSetupError
 from coordinator.spark.class_archive import archive_java_options, can_share_classes, driver_java_options, empty_conf_dir
 from coordinator.spark.jars import cached_jars, delta_package, provided_delta, pyspark
-from coordinator.storage import AZURE_SCHEMES
+from coordinator.storage import AZURE_SCHEMES, S3_SCHEMES
 
 if TYPE_CHECKING:
     from coordinator.lakehouse import Lakehouse
@@ -247,7 +247,7 @@ def write_checkpoints_in_place(spark, location: str) -> bool:
     """
     from py4j.java_gateway import JavaClass
 
-    if urlparse(location).scheme not in ("s3", "s3a"):
+    if urlparse(location).scheme not in S3_SCHEMES:
         return False
     jvm = spark.sparkContext._jvm
     if not isinstance(jvm.org.apache.spark.internal.io.cloud.AbortableStreamBasedCheckpointFileManager, JavaClass):
