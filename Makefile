@@ -59,7 +59,10 @@ test-under-load:
 #   Prometheus's server and promtool: tests/test_prometheus.py
 #   Chromium, headless, and its driver: tests/test_console_browser.py
 #   Node.js and npm, which install and run Azurite: tests/test_object_storage_azure.py
+#   a JDK's javac, which compiles txcoord's checkpoint file manager for S3: tests/test_own_classes.py
 system-packages:
+	@$(call apt-install,default-jdk-headless,javac,txcoord's checkpoint file manager for S3 needs a JDK's javac \
+	  (sudo apt-get install default-jdk-headless): the checker uses Spark's own without it)
 	@$(call apt-install,nodejs npm,node npm,tests/test_object_storage_azure.py needs Node.js and npm \
 	  (sudo apt-get install nodejs npm): skipped without them)
 	@$(call apt-install,prometheus,prometheus promtool,tests/test_prometheus.py needs Prometheus \

@@ -22,6 +22,7 @@ import pytest
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 from coordinator.ops import maintenance
+from coordinator.spark import jars
 from tests import REPO_ROOT
 from tests.support.batches import ManualChecker
 from tests.support.environment import DEMO_ORDERS, run_checked, user_environment
@@ -48,6 +49,19 @@ def config(tmp_path) -> CoordinatorConfig:
 def checker(config) -> ManualChecker:
     """The batch logic over a fresh lakehouse, with no JVM: ``run_batch`` runs on the driver."""
     return ManualChecker(config)
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch) -> Path:
+    """A txcoord cache of this test's own (``TXCOORD_CACHE_DIR``) that shares the machine's cached jars:
+    its properties file and class archive are this test's alone."""
+    cached = jars.jars_dir()
+    jars.cached_jars()
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(jars.CACHE_DIR_VARIABLE, str(cache))
+    jars.jars_dir().parent.mkdir(parents=True)
+    jars.jars_dir().symlink_to(cached, target_is_directory=True)
+    return cache
 
 
 @pytest.fixture(scope="session")

@@ -18,19 +18,6 @@ from coordinator.spark import class_archive, jars, submit
 from tests.support import CheckerJob, Job, first_batch_after, wait_until, write_config
 
 
-@pytest.fixture
-def own_cache(tmp_path, monkeypatch) -> Path:
-    """A txcoord cache of this test's own (``TXCOORD_CACHE_DIR``) that shares the machine's cached jars:
-    its properties file and class archive are this test's alone."""
-    cached = jars.jars_dir()
-    jars.cached_jars()
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(jars.CACHE_DIR_VARIABLE, str(cache))
-    jars.jars_dir().parent.mkdir(parents=True)
-    jars.jars_dir().symlink_to(cached, target_is_directory=True)
-    return cache
-
-
 def mapped_files(pid: int) -> set[str]:
     """The files process ``pid`` has mapped into its memory."""
     with open(f"/proc/{pid}/maps") as maps:

@@ -215,11 +215,52 @@ def test_the_checkers_batches_decide_and_deliver_on_object_storage(s3_server, s3
     assert sent == {"transaction_id": "unsure", "check_times": 1, "body": b"hello"}  # the group's, with the message
 
 
+def test_a_checkpoint_file_is_one_put_that_the_store_refuses_over_an_existing_file(spark, s3_server, s3_lakehouse):
+    """txcoord's checkpoint file manager writes a Spark checkpoint file with one conditional PUT, no checks
+    before it; a second writer of the same file fails and leaves the first's; a cancelled write leaves nothing."""
+    from py4j.protocol import Py4JJavaError
+
+    from bench.storage_faults import FaultProxyProcess
+    from coordinator.spark import object_store_conf
+
+    jvm = spark.sparkContext._jvm
+    with FaultProxyProcess(s3_server.endpoint) as proxy:
+        hadoop = jvm.org.apache.hadoop.conf.Configuration(spark.sparkContext._jsc.hadoopConfiguration())
+        for key, value in object_store_conf(proxy.storage_options(s3_server.storage_options)).items():
+            hadoop.set(key.removeprefix("spark.hadoop."), value)
+        hadoop.set("fs.s3.impl.disable.cache", "true")  # this proxy's filesystem, not one cached for the bucket
+        checkpoint = f"{s3_lakehouse.root}/_checkpoints/q"
+        manager = jvm.io.txcoord.spark.ConditionalPutCheckpointFileManager(jvm.org.apache.hadoop.fs.Path(checkpoint), hadoop)
+
+        def write(name: str, content: bytes, overwrite: bool = False, cancel: bool = False) -> None:
+            stream = manager.createAtomic(jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/{name}"), overwrite)
+            stream.write(bytearray(content))
+            stream.cancel() if cancel else stream.close()
+
+        before = proxy.counts()
+        write("offsets/0", b"first")
+        after = proxy.counts()
+        with pytest.raises(Py4JJavaError):
+            write("offsets/0", b"second")
+        refused = proxy.counts()
+        write("offsets/1", b"cancelled", cancel=True)
+        write("commits/0", b"once")
+        write("commits/0", b"again", overwrite=True)  # Spark's overwriting writes stay possible
+    assert {kind: after["by_kind"][kind] - before["by_kind"][kind] for kind in after["by_kind"]
+            if after["by_kind"][kind] != before["by_kind"][kind]} == {"PUT": 1}
+    assert refused["by_status"].get("412", 0) - after["by_status"].get("412", 0) == 1
+    files = s3_lakehouse.files
+    assert files.read("_checkpoints/q/offsets/0").data == b"first"
+    assert files.read("_checkpoints/q/offsets/1") is None
+    assert files.read("_checkpoints/q/commits/0").data == b"again"
+
+
 def test_the_streaming_checker_runs_on_object_storage(spark, s3_server, s3_lakehouse):
     """The checker's streaming query, its checkpoint on the bucket through S3A, delivers a commit."""
     from coordinator.checker.query import CheckerQuery
     from coordinator.spark import object_store_conf
-    from coordinator.spark.session import CHECKPOINT_MANAGER_SETTING, IN_PLACE_CHECKPOINT_MANAGER
+    from coordinator.spark.own_classes import CONDITIONAL_PUT_CHECKPOINT_MANAGER
+    from coordinator.spark.session import CHECKPOINT_MANAGER_SETTING
 
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
     for key, value in object_store_conf(s3_server.storage_options).items():  # what the checker job starts with
@@ -227,8 +268,8 @@ def test_the_streaming_checker_runs_on_object_storage(spark, s3_server, s3_lakeh
     config = CoordinatorConfig(lakehouse=s3_lakehouse.root, storage=s3_server.storage_options, trigger_interval_ms=200)
     checker = CheckerQuery(spark, config).start()
     try:
-        # Its checkpoint files written in place (S3A's abortable uploads), not renamed: a copy and a delete each.
-        assert spark.conf.get(CHECKPOINT_MANAGER_SETTING) == IN_PLACE_CHECKPOINT_MANAGER
+        # Its checkpoint files written in place (one conditional PUT each), not renamed: a copy and a delete each.
+        assert spark.conf.get(CHECKPOINT_MANAGER_SETTING) == CONDITIONAL_PUT_CHECKPOINT_MANAGER
         with CommitLogWriter(s3_lakehouse, "g") as writer:
             writer.submit([half_record("paid", body=b"order 1"), half_record("refused")]).result()
             writer.submit([end_record("paid"), end_record("refused", "ROLLBACK_MESSAGE")]).result()

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from coordinator.exceptions import InvalidArgumentError, SparkSetupError
-from coordinator.spark import jars, session, submit
+from coordinator.spark import jars, own_classes, session, submit
 
 
 def test_jars_listed_in_the_spark_defaults_come_after_the_cached_delta_jars():
-    cached = jars.cached_jars()
+    own = own_classes.own_jar()
+    cached = jars.cached_jars() + ([str(own)] if own else [])  # txcoord's own classes, compiled by a JDK
     assert any("delta-spark" in jar for jar in cached)
     assert session.launch_jars({}) == cached
     assert session.launch_jars({"spark.jars": " /opt/a.jar, /opt/b.jar ,"}) == cached + ["/opt/a.jar", "/opt/b.jar"]

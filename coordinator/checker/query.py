@@ -34,8 +34,7 @@ from coordinator.exceptions import (CheckpointMismatchError, CoordinatorError, L
                                     StorageUnavailableError)
 from coordinator.jobs.runtime import BatchGate
 from coordinator.lakehouse import Lakehouse, init_lakehouse
-from coordinator.spark.session import (CHECKPOINT_MANAGER_SETTING, IN_PLACE_CHECKPOINT_MANAGER, hadoop_location,
-                                        write_checkpoints_in_place)
+from coordinator.spark.session import CHECKPOINT_MANAGER_SETTING, hadoop_location, write_checkpoints_in_place
 
 __all__ = ["CheckerQuery", "checkpoint_location"]
 
@@ -71,7 +70,7 @@ class CheckerQuery:
         self.progress_store = CheckerProgress(self.lakehouse)
         self._progress: Optional[Progress] = None
         self._pending_from: Optional[int] = None  # from the last batch this process ran
-        self._in_place_checkpoints = False
+        self._checkpoint_manager: Optional[str] = None
         self.runner = BatchRunner(spark=spark)
         self.read_ahead = ReadAhead(self.lakehouse)
         self._renewer: Optional[threading.Thread] = None
@@ -190,9 +189,9 @@ class CheckerQuery:
 
     def _start_query(self, starting_versions: dict[str, int]) -> StreamingQuery:
         # Set only while this query runs: the rehearsal's checkpoint, in a local directory, is written the default way.
-        self._in_place_checkpoints = write_checkpoints_in_place(self.spark, checkpoint_location(self.config))
-        if self._in_place_checkpoints:
-            log.info("checkpoint files written in place on S3 (%s)", IN_PLACE_CHECKPOINT_MANAGER)
+        self._checkpoint_manager = write_checkpoints_in_place(self.spark, checkpoint_location(self.config))
+        if self._checkpoint_manager is not None:
+            log.info("checkpoint files written in place on S3 (%s)", self._checkpoint_manager)
         records = self._commit_log_reader().option("startingVersions", json.dumps(starting_versions)).load()
         return (
             records.writeStream.queryName(CHECKER_NAME)
@@ -270,7 +269,7 @@ class CheckerQuery:
         if self.query is not None:
             self.query.stop()
             self.metrics.detach(self.spark)
-            if self._in_place_checkpoints:
+            if self._checkpoint_manager is not None:
                 self.spark.conf.unset(CHECKPOINT_MANAGER_SETTING)
         if self._renewer is not None:
             self._stop_renewing.set()

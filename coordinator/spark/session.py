@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import os
 import sys
@@ -20,6 +21,7 @@ from urllib.parse import urlparse
 from coordinator.exceptions import InvalidArgumentError, SparkSetupError
 from coordinator.spark.class_archive import archive_java_options, can_share_classes, driver_java_options, empty_conf_dir
 from coordinator.spark.jars import cached_jars, delta_package, provided_delta, pyspark
+from coordinator.spark.own_classes import CONDITIONAL_PUT_CHECKPOINT_MANAGER, own_jar
 from coordinator.storage import AZURE_SCHEMES, S3_SCHEMES
 
 if TYPE_CHECKING:
@@ -28,10 +30,12 @@ if TYPE_CHECKING:
 __all__ = ["abfs_conf", "get_spark", "hadoop_location", "lakehouse_spark", "launch_jars", "object_store_conf", "read_spark_defaults",
            "spark_defaults_file", "write_checkpoints_in_place"]
 
-#: The Spark setting that names the class writing streaming checkpoints, and the one that writes them in place
-#: on S3 (:func:`write_checkpoints_in_place`).
+#: The Spark setting that names the class writing streaming checkpoints, and the ones that write them in place
+#: on S3 (:func:`write_checkpoints_in_place`), the first that loads: txcoord's own, one conditional PUT a file,
+#: then Spark's, which checks for the file and its parent before its upload.
 CHECKPOINT_MANAGER_SETTING = "spark.sql.streaming.checkpointFileManagerClass"
-IN_PLACE_CHECKPOINT_MANAGER = "org.apache.spark.internal.io.cloud.AbortableStreamBasedCheckpointFileManager"
+IN_PLACE_CHECKPOINT_MANAGERS = (CONDITIONAL_PUT_CHECKPOINT_MANAGER,
+                                "org.apache.spark.internal.io.cloud.AbortableStreamBasedCheckpointFileManager")
 
 #: Settings that only take effect when the JVM is launched; under spark-submit the launcher has
 #: already applied them.
@@ -166,16 +170,20 @@ def read_spark_defaults(path: Optional[Path] = None) -> dict[str, str]:
 
 
 def launch_jars(settings: Mapping[str, str]) -> list[str]:
-    """The jars a session launches with: txcoord's cached Delta and S3A jars (none when the Spark in
-    use already has Delta: :func:`~coordinator.spark.jars.provided_delta`), then any jar ``settings``
-    list in ``spark.jars`` (a filesystem connector, for one).
+    """The jars a session launches with: txcoord's cached Delta and S3A jars and its own classes (when a
+    JDK compiled them: :func:`~coordinator.spark.own_classes.own_jar`), none of them when the Spark in use
+    already has Delta (:func:`~coordinator.spark.jars.provided_delta`), then any jar ``settings`` list in
+    ``spark.jars`` (a filesystem connector, for one).
 
     Example::
 
         launch_jars({"spark.jars": "/opt/jars/hadoop-aws.jar"})[-1]  # '/opt/jars/hadoop-aws.jar'
     """
     configured = [jar.strip() for jar in settings.get("spark.jars", "").split(",") if jar.strip()]
-    return ([] if provided_delta(settings) else cached_jars()) + configured
+    if provided_delta(settings):
+        return configured
+    own = own_jar()
+    return cached_jars() + ([str(own)] if own else []) + configured
 
 
 def get_spark(app_name: str = "txcoord", conf: Optional[Mapping[str, str]] = None):
@@ -230,30 +238,34 @@ def lakehouse_spark(app_name: str, lakehouse: "Lakehouse", conf: Optional[Mappin
     return get_spark(app_name, settings)
 
 
-def write_checkpoints_in_place(spark, location: str) -> bool:
+def write_checkpoints_in_place(spark, location: str) -> Optional[str]:
     """Have the streaming queries ``spark`` starts from now on write their checkpoint files in place, when
-    ``location`` (a checkpoint's) is on S3 and Spark's ``AbortableStreamBasedCheckpointFileManager`` is on
-    the classpath (:data:`~coordinator.spark.jars.CHECKPOINT_MANAGER_PACKAGE`); whether they will.
+    ``location`` (a checkpoint's) is on S3 and one of :data:`IN_PLACE_CHECKPOINT_MANAGERS` is on the classpath;
+    the manager's class, or None when they will be written the default way.
 
     Spark's default writes each checkpoint file to a temporary file and renames it: on S3 a copy and a
-    delete, 25 requests one after another for each of a micro-batch's two checkpoint files. S3A's
-    abortable upload makes a file appear whole or not at all, so writing in place is as safe, in about 10.
-    A query with a checkpoint elsewhere (a local directory) must not start while this is set: the manager
-    refuses a filesystem without abortable uploads.
+    delete, 25 requests one after another for each of a micro-batch's two checkpoint files. An upload makes
+    a file appear whole or not at all, so writing in place is as safe: in 3 requests with txcoord's manager
+    (Spark's existence check, then one conditional PUT), in about 10 with Spark's.
+    A query with a checkpoint elsewhere (a local directory) must not start while this is set: either manager
+    refuses a filesystem other than S3.
 
     Example::
 
-        write_checkpoints_in_place(spark, "s3://bucket/lakehouse/system/_checkpoints/checker")  # True
+        write_checkpoints_in_place(spark, "s3://bucket/lakehouse/system/_checkpoints/checker")
+        # 'io.txcoord.spark.ConditionalPutCheckpointFileManager'
     """
     from py4j.java_gateway import JavaClass
 
     if urlparse(location).scheme not in S3_SCHEMES:
-        return False
+        return None
     jvm = spark.sparkContext._jvm
-    if not isinstance(jvm.org.apache.spark.internal.io.cloud.AbortableStreamBasedCheckpointFileManager, JavaClass):
-        return False
-    spark.conf.set(CHECKPOINT_MANAGER_SETTING, IN_PLACE_CHECKPOINT_MANAGER)
-    return True
+    for manager in IN_PLACE_CHECKPOINT_MANAGERS:
+        # py4j answers a class it cannot load with a package placeholder, not an error.
+        if isinstance(functools.reduce(getattr, manager.split("."), jvm), JavaClass):
+            spark.conf.set(CHECKPOINT_MANAGER_SETTING, manager)
+            return manager
+    return None
 
 
 def _require_delta(spark) -> None:

@@ -1,0 +1,42 @@
+"""txcoord's own Java class for Spark (:mod:`coordinator.spark.own_classes`): compiled once into the cache
+with the JDK at hand, and sessions launched without it, saying why, when there is none."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import zipfile
+
+import pytest
+
+from coordinator.spark import jars, own_classes
+from coordinator.spark.session import launch_jars
+
+
+@pytest.fixture(autouse=True)
+def warnings_anew():
+    own_classes._warn_once.cache_clear()
+
+
+@pytest.mark.skipif(shutil.which("javac") is None, reason="needs a JDK's javac (sudo apt-get install default-jdk-headless)")
+def test_the_classes_are_compiled_once_into_the_cache_and_launched_with(own_cache, monkeypatch):
+    jar = own_classes.own_jar()
+
+    with zipfile.ZipFile(jar) as archive:
+        assert "io/txcoord/spark/ConditionalPutCheckpointFileManager.class" in archive.namelist()
+    compiled = jar.stat().st_mtime_ns
+    monkeypatch.setenv("PATH", "")  # the next need finds the jar: no compiler wanted
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    assert own_classes.own_jar() == jar and jar.stat().st_mtime_ns == compiled
+    assert str(jar) in launch_jars({})
+
+
+def test_without_a_jdk_sessions_launch_without_them_and_say_so_once(own_cache, monkeypatch, caplog):
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+
+    with caplog.at_level(logging.WARNING, logger=own_classes.__name__):
+        assert own_classes.own_jar() is None
+        assert own_classes.own_jar() is None
+    assert [record.getMessage().split(":")[0] for record in caplog.records] == ["no JDK (javac) found"]
+    assert not any("txcoord-" in jar for jar in launch_jars({}))
