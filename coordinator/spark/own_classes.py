@@ -48,7 +48,7 @@ def own_jar() -> Optional[Path]:
     javac = _javac()
     if javac is None:
         _warn_once("no JDK (javac) found: the checker writes its Spark checkpoint on S3 with Spark's own manager, "
-                   "about 0.5 s slower a micro-batch at 25 ms a request; install a JDK 17+ or set JAVA_HOME to one")
+                   "in more requests a micro-batch; install a JDK 17+ or set JAVA_HOME to one")
         return None
     with exclusively(jar.parent / ".lock"):  # a second process waits, then finds the jar
         if not jar.is_file():

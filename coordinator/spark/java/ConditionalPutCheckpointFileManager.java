@@ -12,9 +12,9 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
 /**
  * Spark's streaming checkpoint files written on S3 with one request each: a PUT that the store refuses when
  * the file exists (If-None-Match, through S3A's conditional create), where Spark's own managers check for the
- * file, its parent and its temporary copy first (21 requests a micro-batch against 6; docs/performance.md,
- * "The checker at 500 txn/s"). The upload is S3A's: nothing appears until it completes, and a cancelled one
- * never does. Everything but writing is Spark's FileSystem-based manager.
+ * file and its parent first, some of it twice (docs/performance.md, "The checker at 500 txn/s"). The upload is
+ * S3A's: nothing appears until it completes, and a cancelled one never does. Everything but writing is
+ * Spark's FileSystem-based manager.
  *
  * Set as spark.sql.streaming.checkpointFileManagerClass for a checkpoint on S3 only: another filesystem
  * refuses the mandatory conditional-create option.
