@@ -190,6 +190,19 @@ def test_idle_logs_tiny_run_counts_the_sources_requests_on_both_lakehouses_and_t
     assert all(0 < found < 30 for found in report["found_after_s"])  # each woken group's record was found
 
 
+def test_checkpoint_requests_tiny_run_writes_spark_checkpoints_with_fewest_requests_by_conditional_puts(tmp_path):
+    require_s3_server()
+    report = run_tiny("checkpoint_requests", tmp_path / "checkpoint-requests.json", timeout=300)
+
+    assert_envelope(report, "checkpoint_requests")
+    requests = {name: figures["requests_per_micro_batch"] for name, figures in report["managers"].items()}
+    assert all(figures["micro_batches"] >= 1 for figures in report["managers"].values())
+    # A conditional PUT a file, after Spark's existence check (a HEAD and a LIST): no copy, no rename.
+    assert requests["conditional"]["PUT"] == 2.0 and requests["conditional"]["total"] == 6.0
+    assert requests["conditional"]["total"] < requests["abortable"]["total"] < requests["rename"]["total"]
+    assert requests["rename"]["COPY"] > 0 and requests["abortable"]["COPY"] == requests["conditional"]["COPY"] == 0
+
+
 def test_producer_tiny_run_behind_a_storage_latency_counts_and_prices_the_producers_requests(tmp_path):
     """The latency path once (a few seconds): the S3 server behind a proxy adding the latency to every request."""
     require_s3_server()
