@@ -40,3 +40,16 @@ def test_without_a_jdk_sessions_launch_without_them_and_say_so_once(own_cache, m
         assert own_classes.own_jar() is None
     assert [record.getMessage().split(":")[0] for record in caplog.records] == ["no JDK (javac) found"]
     assert not any("txcoord-" in jar for jar in launch_jars({}))
+
+
+def test_the_checkpoint_manager_refuses_a_filesystem_without_conditional_creates(spark, tmp_path):
+    """It never writes a batch's checkpoint file unconditionally: a disk refuses the create outright."""
+    from pyspark.errors import IllegalArgumentException
+
+    jvm = spark.sparkContext._jvm
+    manager = jvm.io.txcoord.spark.ConditionalPutCheckpointFileManager(
+        jvm.org.apache.hadoop.fs.Path(tmp_path.as_uri()), spark.sparkContext._jsc.hadoopConfiguration())
+
+    with pytest.raises(IllegalArgumentException, match="fs.option.create.conditional.overwrite"):
+        manager.createAtomic(jvm.org.apache.hadoop.fs.Path((tmp_path / "offsets" / "0").as_uri()), False)
+    assert not (tmp_path / "offsets" / "0").exists()

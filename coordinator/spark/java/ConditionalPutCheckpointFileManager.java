@@ -30,7 +30,8 @@ public final class ConditionalPutCheckpointFileManager extends FileSystemBasedCh
   @Override
   public CheckpointFileManager.CancellableFSDataOutputStream createAtomic(Path path, boolean overwriteIfPossible) {
     try {
-      var create = fs().createFile(path).overwrite(overwriteIfPossible).opt(SKIP_CREATE_CHECKS, true);
+      // recursive, as Spark's own create: no check of the parent (on a disk, it is made if missing).
+      var create = fs().createFile(path).recursive().overwrite(overwriteIfPossible).opt(SKIP_CREATE_CHECKS, true);
       if (!overwriteIfPossible) {
         create = create.must(CONDITIONAL_CREATE, true);
       }
