@@ -217,7 +217,8 @@ def test_the_checkers_batches_decide_and_deliver_on_object_storage(s3_server, s3
 
 def test_a_checkpoint_file_is_one_put_that_the_store_refuses_over_an_existing_file(spark, s3_server, s3_lakehouse):
     """txcoord's checkpoint file manager writes a Spark checkpoint file with one conditional PUT, no checks
-    before it; a second writer of the same file fails and leaves the first's; a cancelled write leaves nothing."""
+    before it; a second writer of the same file fails and leaves the first's; a cancelled write leaves nothing;
+    a write whose reply was lost, sent again and refused by its own first attempt's file, is done."""
     from py4j.protocol import Py4JJavaError
 
     from bench.storage_faults import FaultProxyProcess
@@ -246,6 +247,9 @@ def test_a_checkpoint_file_is_one_put_that_the_store_refuses_over_an_existing_fi
         write("offsets/1", b"cancelled", cancel=True)
         write("commits/0", b"once")
         write("commits/0", b"again", overwrite=True)  # Spark's overwriting writes stay possible
+        proxy.inject_next("drop_reply", method="PUT", path_contains="/_checkpoints/q/offsets/2")
+        write("offsets/2", b"landed, its reply lost")
+        retried = proxy.counts()
     assert {kind: after["by_kind"][kind] - before["by_kind"][kind] for kind in after["by_kind"]
             if after["by_kind"][kind] != before["by_kind"][kind]} == {"PUT": 1}
     assert refused["by_status"].get("412", 0) - after["by_status"].get("412", 0) == 1
@@ -253,6 +257,8 @@ def test_a_checkpoint_file_is_one_put_that_the_store_refuses_over_an_existing_fi
     assert files.read("_checkpoints/q/offsets/0").data == b"first"
     assert files.read("_checkpoints/q/offsets/1") is None
     assert files.read("_checkpoints/q/commits/0").data == b"again"
+    assert retried["by_status"].get("412", 0) - refused["by_status"].get("412", 0) == 1  # the retry, refused
+    assert files.read("_checkpoints/q/offsets/2").data == b"landed, its reply lost"
 
 
 def test_the_streaming_checker_runs_on_object_storage(spark, s3_server, s3_lakehouse):

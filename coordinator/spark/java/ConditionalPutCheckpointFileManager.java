@@ -1,10 +1,15 @@
 package io.txcoord.spark;
 
+import java.io.ByteArrayOutputStream;
 import java.io.IOException;
+import java.io.InputStream;
+import java.io.OutputStream;
 import java.io.UncheckedIOException;
+import java.util.Arrays;
 
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FSDataOutputStream;
+import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager;
 import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager;
@@ -15,6 +20,10 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
  * file and its parent first, some of it twice (docs/performance.md, "The checker at 500 txn/s"). The upload is
  * S3A's: nothing appears until it completes, and a cancelled one never does. Everything but writing is
  * Spark's FileSystem-based manager.
+ *
+ * A PUT whose reply was lost and that the S3 client sent again is refused by the file its first attempt
+ * wrote: a refused write counts as done when the file holds exactly the bytes written, as a retried
+ * unconditional PUT would have left it.
  *
  * Set as spark.sql.streaming.checkpointFileManagerClass for a checkpoint on S3 only: another filesystem
  * refuses the mandatory conditional-create option.
@@ -35,7 +44,7 @@ public final class ConditionalPutCheckpointFileManager extends FileSystemBasedCh
       if (!overwriteIfPossible) {
         create = create.must(CONDITIONAL_CREATE, true);
       }
-      return new Upload((FSDataOutputStream) create.build());
+      return new Upload((FSDataOutputStream) create.build(), fs(), path);
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     }
@@ -44,15 +53,78 @@ public final class ConditionalPutCheckpointFileManager extends FileSystemBasedCh
   /** An upload that completes on close and is abandoned, never completed, on cancel. */
   private static final class Upload extends CheckpointFileManager.CancellableFSDataOutputStream {
     private final FSDataOutputStream upload;
+    private final ByteArrayOutputStream written;
+    private final FileSystem fs;
+    private final Path path;
 
-    Upload(FSDataOutputStream upload) {
-      super(upload);
+    Upload(FSDataOutputStream upload, FileSystem fs, Path path) {
+      this(upload, new ByteArrayOutputStream(), fs, path);
+    }
+
+    private Upload(FSDataOutputStream upload, ByteArrayOutputStream written, FileSystem fs, Path path) {
+      super(new Copying(upload, written));
       this.upload = upload;
+      this.written = written;
+      this.fs = fs;
+      this.path = path;
+    }
+
+    @Override
+    public void close() throws IOException {
+      try {
+        super.close();
+      } catch (IOException refused) {
+        if (!holdsWhatWasWritten()) {
+          throw refused;
+        }
+      }
     }
 
     @Override
     public void cancel() {
       upload.abort();
+    }
+
+    private boolean holdsWhatWasWritten() {
+      byte[] expected = written.toByteArray();
+      try (InputStream found = fs.open(path)) {
+        return Arrays.equals(found.readNBytes(expected.length + 1), expected);
+      } catch (IOException unreadable) {
+        return false;
+      }
+    }
+  }
+
+  /** Writes to the upload, and keeps a copy of what it wrote. */
+  private static final class Copying extends OutputStream {
+    private final OutputStream upload;
+    private final ByteArrayOutputStream copy;
+
+    Copying(OutputStream upload, ByteArrayOutputStream copy) {
+      this.upload = upload;
+      this.copy = copy;
+    }
+
+    @Override
+    public void write(int b) throws IOException {
+      upload.write(b);
+      copy.write(b);
+    }
+
+    @Override
+    public void write(byte[] b, int off, int len) throws IOException {
+      upload.write(b, off, len);
+      copy.write(b, off, len);
+    }
+
+    @Override
+    public void flush() throws IOException {
+      upload.flush();
+    }
+
+    @Override
+    public void close() throws IOException {
+      upload.close();
     }
   }
 }
