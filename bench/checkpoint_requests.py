@@ -38,6 +38,8 @@ from coordinator.spark.session import CHECKPOINT_MANAGER_SETTING, IN_PLACE_CHECK
 
 MANAGERS = {"rename": None, "abortable": IN_PLACE_CHECKPOINT_MANAGERS[1], "conditional": CONDITIONAL_PUT_CHECKPOINT_MANAGER}
 TINY = {"storage_latency_ms": 5.0, "seconds": 3.0, "warmup": 4.0}
+#: How long past ``--seconds`` to wait for two micro-batches (a loaded machine's triggers take longer).
+_WHOLE_BATCH_TIMEOUT_S = 120.0
 #: Spark's timings kept of each counted micro-batch.
 _TIMINGS = ("walCommit", "commitOffsets", "triggerExecution")
 
@@ -59,6 +61,11 @@ def measure(spark, store: harness.LatencyStore, manager: Optional[str], warmup_s
         time.sleep(warmup_s)
         first = len(batches)
         time.sleep(seconds)
+        deadline = time.monotonic() + _WHOLE_BATCH_TIMEOUT_S
+        while len(batches) - first < 2:  # at least one whole micro-batch counted, on a slow machine too
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fewer than 2 micro-batches in {seconds + _WHOLE_BATCH_TIMEOUT_S:g} s")
+            time.sleep(0.1)
         counted = set(batches[first:-1])  # not the newest: the stop may cut its checkpoint short
     finally:
         query.stop()
