@@ -255,25 +255,26 @@ def write_checkpoints_in_place(spark, location: str) -> Optional[str]:
         write_checkpoints_in_place(spark, "s3://bucket/lakehouse/system/_checkpoints/checker")
         # 'io.txcoord.spark.ConditionalPutCheckpointFileManager'
     """
-    from py4j.java_gateway import JavaClass
-
     if urlparse(location).scheme not in S3_SCHEMES:
         return None
-    jvm = spark.sparkContext._jvm
     for manager in IN_PLACE_CHECKPOINT_MANAGERS:
-        # py4j answers a class it cannot load with a package placeholder, not an error.
-        if isinstance(functools.reduce(getattr, manager.split("."), jvm), JavaClass):
+        if _loads(spark, manager):
             spark.conf.set(CHECKPOINT_MANAGER_SETTING, manager)
             return manager
     return None
 
 
 def _require_delta(spark) -> None:
-    from py4j.java_gateway import JavaClass
-
-    # py4j answers a class it cannot load with a package placeholder, not an error.
-    if not isinstance(spark.sparkContext._jvm.io.delta.tables.DeltaTable, JavaClass):
+    if not _loads(spark, "io.delta.tables.DeltaTable"):
         raise SparkSetupError(
             "Spark started without the Delta jars: run spark-submit with --properties-file "
             "\"$(txcoord spark-setup --properties-file)\", or with --packages " + delta_package()
         )
+
+
+def _loads(spark, class_name: str) -> bool:
+    """Whether ``spark``'s JVM loads class ``class_name``."""
+    from py4j.java_gateway import JavaClass
+
+    # py4j answers a class it cannot load with a package placeholder, not an error.
+    return isinstance(functools.reduce(getattr, class_name.split("."), spark.sparkContext._jvm), JavaClass)
