@@ -24,7 +24,7 @@ EXIT_USAGE = 2
 #: The values of ``rebuild_in_spark``.
 REBUILD_CHOICES = ("auto", "always", "never")
 #: The integer settings that may be below 1 (each one's least value); every other is at least 1.
-_LEAST = {"maintenance_interval_ms": 0}
+_LEAST = {"maintenance_interval_ms": 0, "metrics_record_interval_ms": 0}
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,9 @@ class CoordinatorConfig:
     metrics_port: Optional[int] = None
     #: Where the metrics are served: this host only unless told otherwise (``0.0.0.0``: every interface).
     metrics_host: str = "127.0.0.1"
+    #: The checker appends its batches' rows to ``system/metrics`` at most this often, the batches ended
+    #: meanwhile in one commit (an idle checker ends one a second); 0: after every batch.
+    metrics_record_interval_ms: int = 5000
     #: Where a checker rebuilding its pending set runs the ``half ⋈̸ op`` anti-join: ``auto`` (Spark on a
     #: cluster for a large unresolved range, else the driver), ``always`` (Spark) or ``never`` (the driver).
     rebuild_in_spark: str = "auto"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from types import SimpleNamespace
 
 from deltalake import DeltaTable
 
+from coordinator.checker.batch import BatchSummary
 from coordinator.checker.metrics import CheckerMetrics
 from coordinator.checker.query import CheckerQuery
 from coordinator.lakehouse import Lakehouse, create_group_tables, read_table
@@ -94,3 +96,66 @@ def test_a_batch_is_recorded_once(config):
 
     recorded = read_table(Lakehouse(config.lakehouse).path(METRICS)).sort_by("batch_id").to_pylist()
     assert recorded == [row, row | {"batch_id": 8}]  # each row whole, as first reported
+
+
+def progress_event(batch_id: int, name: str = "txcoord-checker") -> SimpleNamespace:
+    """A ``QueryProgressEvent`` as Spark hands it to a listener: the fields the listener reads."""
+    return SimpleNamespace(progress=SimpleNamespace(
+        name=name, batchId=batch_id, timestamp="2026-11-28T12:00:00.000Z", batchDuration=40,
+        sources=[SimpleNamespace(endOffset='{"versions": {"groups/g/commit_log": 3}}')]))
+
+
+def test_batches_ended_within_the_record_interval_are_appended_in_one_commit(config):
+    now = [100.0]
+    metrics = CheckerMetrics(config.lakehouse, app_id="test-checker", record_interval_s=5, clock=lambda: now[0])
+    path = Lakehouse(config.lakehouse).path(METRICS)
+
+    def report(batch_id: int, **counts) -> None:
+        metrics.batch_done(batch_id, BatchSummary(batch_id=batch_id, **counts))
+        metrics.onQueryProgress(progress_event(batch_id))
+
+    def recorded() -> list[int]:
+        return read_table(path, ["batch_id"]).column(0).to_pylist()
+
+    report(0, records=3)
+    assert recorded() == [0]  # the first batch at once
+    first = DeltaTable(path).version()
+    for batch_id in (1, 2, 3):
+        now[0] += 1
+        report(batch_id)
+    metrics.onQueryProgress(progress_event(4, name="another-query"))  # not the checker's: ignored
+    assert recorded() == [0]  # held: 3 s since the last commit
+    now[0] += 2
+    report(4, delivered=2)
+    assert sorted(recorded()) == [0, 1, 2, 3, 4] and DeltaTable(path).version() == first + 1  # one commit for four
+    assert DeltaTable(path).transaction_version("test-checker/metrics") == 4
+    rows = {r["batch_id"]: r for r in read_table(path).to_pylist()}
+    assert (rows[0]["records"], rows[4]["delivered"], rows[4]["commit_log_version"]) == (3, 2, 3)
+
+    now[0] += 1
+    report(5)
+    report(3)  # a replayed batch reported again: already recorded
+    assert metrics.flush() == 1 and sorted(recorded()) == [0, 1, 2, 3, 4, 5]  # e.g. at detach: the held rows
+    assert metrics.flush() == 0 and DeltaTable(path).version() == first + 2
+
+
+def test_rows_that_could_not_be_appended_are_kept_for_the_next_append(config, monkeypatch):
+    import coordinator.checker.metrics as checker_metrics
+
+    now = [0.0]
+    metrics = CheckerMetrics(config.lakehouse, app_id="test-checker", record_interval_s=5, clock=lambda: now[0])
+    path = Lakehouse(config.lakehouse).path(METRICS)
+    real_write = checker_metrics.write_deltalake
+
+    def refused(*args, **kwargs):
+        raise OSError("503 Slow Down")
+
+    monkeypatch.setattr(checker_metrics, "write_deltalake", refused)
+    metrics.batch_done(0, BatchSummary(batch_id=0, records=1))
+    metrics.onQueryProgress(progress_event(0))  # logged, never raised: the checker goes on
+    monkeypatch.setattr(checker_metrics, "write_deltalake", real_write)
+    for batch_id in (1, 2):
+        now[0] += 5
+        metrics.batch_done(batch_id, BatchSummary(batch_id=batch_id))
+        metrics.onQueryProgress(progress_event(batch_id))
+    assert sorted(read_table(path, ["batch_id"]).column(0).to_pylist()) == [0, 1, 2]

@@ -66,7 +66,8 @@ class CheckerQuery:
         self.query: Optional[StreamingQuery] = None
         self.lakehouse = Lakehouse.of(config)
         self.lease = CheckerLease(self.lakehouse, ttl_s=config.checker_lease_ttl_ms / 1000)
-        self.metrics = CheckerMetrics(self.lakehouse, app_id, CHECKER_NAME)
+        self.metrics = CheckerMetrics(self.lakehouse, app_id, CHECKER_NAME,
+                                     record_interval_s=config.metrics_record_interval_ms / 1000)
         self.progress_store = CheckerProgress(self.lakehouse)
         self._progress: Optional[Progress] = None
         self._pending_from: Optional[int] = None  # from the last batch this process ran
