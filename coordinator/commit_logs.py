@@ -143,7 +143,7 @@ class CommitLogs:
         known one are taken as found), repeated while one is there: once per group in the steady state,
         the groups at once on object storage. With a ``watch`` (the checker's, on object storage), the
         listing's doorbells start its round, and only the groups it probes are looked at past their
-        known logs (:mod:`coordinator.doorbells`). The layout is read unless ``layout`` is given (it is
+        known logs (:mod:`coordinator.doorbells`), the listing being the watch's last when it is recent. The layout is read unless ``layout`` is given (it is
         known already: only ``txcoord upgrade`` changes it, under the lease).
 
         Example::
@@ -169,7 +169,7 @@ class CommitLogs:
                 number += 1
             return [CommitLogRef.of_group(group, n) for n in range(number + 1)]
 
-        listing = files.listing(GROUPS_KEY)
+        listing = files.listing(GROUPS_KEY) if watch is None else watch.listing(lambda: files.listing(GROUPS_KEY))
         groups = [group_of_key(name) for name in listing.directories]
         if watch is None:
             probed = frozenset(groups)

@@ -11,6 +11,11 @@ commit that follows a quiet spell of their own (:class:`Doorbell`). The checker 
 every trigger anyway, to find new groups, and the listing gives each doorbell's ETag: a sleeping
 group costs no request. Why no record waits: docs/design.md#doorbells.
 
+Spark asks the source for new commits every ``trigger_interval_ms`` (100); the listing of ``groups/``
+and the probe of the operators' log (no group: no doorbell) are made at most every :data:`LIST_EVERY_S`
+of those polls, the busy groups' probes at each: an idle checker's polls cost no request between two
+listings, and a ring or a new group is seen within that much more.
+
 A doorbell's bytes are the group's: the checker never reads them, only whether they changed.
 A group that rings all the time is probed every trigger, as a busy one is. On a local disk a probe
 costs no request: every log is probed every trigger, and nobody rings.
@@ -33,9 +38,9 @@ from typing import Callable, Iterable, Mapping, Optional
 
 from coordinator.exceptions import AccessDeniedError
 from coordinator.lakehouse import GROUPS_KEY, group_key, group_of_key
-from coordinator.storage import FileStore
+from coordinator.storage import FileStore, Listing
 
-__all__ = ["QUIET_AFTER_S", "RECHECK_S", "Doorbell", "GroupWatch", "doorbell_key", "group_of_doorbell"]
+__all__ = ["LIST_EVERY_S", "QUIET_AFTER_S", "RECHECK_S", "Doorbell", "GroupWatch", "doorbell_key", "group_of_doorbell"]
 
 _log = logging.getLogger("coordinator.doorbells")
 
@@ -44,6 +49,8 @@ QUIET_AFTER_S = 10.0
 #: A sleeping group's logs are probed about this often even if it never rings (each group at a period of its
 #: own between 0.75 and 1.25 times this, so the groups' rechecks spread over the triggers).
 RECHECK_S = 60.0
+#: ``groups/`` is listed, and the logs of no group probed, at most this often.
+LIST_EVERY_S = 0.5
 _SUFFIX = ".bell"
 
 
@@ -128,13 +135,30 @@ class GroupWatch:
         watch.end_round({group: grew(group) for group in probe})
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic, list_every_s: float = LIST_EVERY_S):
         self._clock = clock
+        self._list_every_s = list_every_s
+        self._listing: Optional[tuple[float, Listing]] = None  # when it was made, and what it found
+        #: Whether the last :meth:`listing` listed: the logs of no group are probed in such rounds only.
+        self.listed = False
         self._grown_seen_at: dict[str, float] = {}  # when a round that found it grown ended
         self._probed_at: dict[str, float] = {}  # when the last round that probed it started
         self._asleep: set[str] = set()
         self._bells: dict[str, Optional[str]] = {}
         self._round: tuple[float, frozenset[str]] = (0.0, frozenset())
+
+    def listing(self, list_groups: Callable[[], Listing]) -> Listing:
+        """``groups/``'s listing: a new one (``list_groups()``) if the last is :data:`LIST_EVERY_S` old, else the last.
+
+        Example::
+
+            watch.listing(lambda: files.listing("groups"))
+        """
+        now = self._clock()
+        self.listed = self._listing is None or now - self._listing[0] >= self._list_every_s
+        if self.listed:
+            self._listing = (now, list_groups())
+        return self._listing[1]
 
     @property
     def probing(self) -> frozenset[str]:

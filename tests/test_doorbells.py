@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from coordinator.checker.segment import grown_to
 from coordinator.commit_logs import Layout
-from coordinator.doorbells import QUIET_AFTER_S, RECHECK_S, Doorbell, GroupWatch, doorbell_key, group_of_doorbell
+from coordinator.doorbells import LIST_EVERY_S, QUIET_AFTER_S, RECHECK_S, Doorbell, GroupWatch, doorbell_key, group_of_doorbell
 from coordinator.exceptions import AccessDeniedError
 from coordinator.lakehouse import Lakehouse, create_table
 from coordinator.producer.commit_log import CommitLogWriter, half_records
 from coordinator.producer.message import Message
-from coordinator.storage import FileStore
+from coordinator.storage import FileStore, Listing
 from coordinator.tables import COMMIT_LOG
 from tests.support import Clock, wait_until
 
@@ -91,6 +91,23 @@ def test_a_quiet_group_sleeps_until_it_rings_or_its_recheck_is_due():
     assert len(rechecks) == 2 and 0.75 * RECHECK_S <= rechecks[0] <= 1.25 * RECHECK_S + 1  # probed anyway, rarely
 
 
+def test_groups_are_listed_at_most_every_list_interval_whatever_the_polls():
+    clock = Clock()
+    watch = GroupWatch(clock=clock)
+    listed_at, rounds_that_listed = [], []
+
+    def list_groups() -> Listing:
+        listed_at.append(clock.now)
+        return Listing(["g"], {"g.bell": f'"{len(listed_at)}"'})
+
+    for _ in range(30):  # Spark's polls of the source, 125 ms apart
+        assert watch.listing(list_groups).files["g.bell"] == f'"{len(listed_at)}"'  # the last listing's
+        rounds_that_listed.append(watch.listed)
+        clock.now += 0.125
+    start = listed_at[0]
+    assert listed_at == [start + LIST_EVERY_S * n for n in range(8)] and rounds_that_listed.count(True) == 8
+
+
 def test_a_group_never_sleeps_past_a_commit_it_did_not_ring_for():
     """The rule's reason: a writer that committed within half the quiet time did not ring, so the group must not
     fall asleep before a round that started after that commit landed; a slow trigger must not change that."""
@@ -135,6 +152,9 @@ def test_on_s3_a_trigger_probes_the_busy_groups_and_those_that_rang_not_every_qu
         assert first > len(quiet_groups)  # every group is new: each is probed
         ends, _ = trigger(ends, seconds=QUIET_AFTER_S + 1)  # nothing grew since a round that long ago: asleep
         assert watch.asleep() == {"busy", *quiet_groups}
+        # Spark's next polls, a trigger interval apart: no listing within LIST_EVERY_S of the last, no probe
+        assert trigger(ends, seconds=0.1) == (ends, 0) and trigger(ends, seconds=LIST_EVERY_S - 0.2) == (ends, 0)
+        assert trigger(ends, seconds=0.2)[1] == 2  # past it: the listing, and the operators' log's next version
         requests = []
         with CommitLogWriter(direct, "busy") as busy:  # rings after its first commit only: it stays busy
             for commit in range(4):

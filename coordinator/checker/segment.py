@@ -88,8 +88,8 @@ def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_
     """For each log (every one :meth:`CommitLogs.discover` finds, with ``layout`` if it is known, and
     those in ``starts``): the first version at or after its start (0 for a new log) that is not
     committed yet, at most ``budget`` versions on over all logs. With a ``watch`` (on object storage),
-    the logs of the groups it lets sleep are not probed: they stay at their start this time
-    (:mod:`coordinator.doorbells`).
+    the logs of the groups it lets sleep, and between two of its listings the logs of no group (the
+    operators'), are not probed: they stay at their start this time (:mod:`coordinator.doorbells`).
 
     The budget is shared fairly: each log may first take an equal part, then the logs that had
     more take what the others left.
@@ -101,8 +101,9 @@ def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_
     keys = sorted(set(starts) | {ref.key for ref in CommitLogs(lakehouse).discover(layout, known=starts, watch=watch)})
     ends = {key: starts.get(key, 0) for key in keys}
     files = lakehouse.files  # one client for every log: an S3 client takes 4 ms to build
-    if watch is not None:
-        keys = [key for key in keys if (group := CommitLogRef(key).group) is None or group in watch.probing]
+    if watch is not None:  # the groups it probes; the logs of no group when it listed
+        keys = [key for key in keys
+                if (group := CommitLogRef(key).group) in watch.probing or (group is None and watch.listed)]
     open_logs = _grown_at_all(files, keys, ends)
     first_probed = set(open_logs)
     remote = not lakehouse.is_local
