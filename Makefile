@@ -34,9 +34,9 @@ lock:
 demo: setup
 	$(PY) -m coordinator demo
 
-# The S3 server of the object-storage tests is built from source once (cached in .cache/s3: about
-# a minute and a half of both cores), and Azurite, the Azure Storage emulator, installed from npm once (cached
-# in .cache/azurite: about half a minute), both from the start (the scripts need only Python's stdlib); then the
+# The S3 server of the object-storage tests is built from source once per machine (cached in txcoord's cache,
+# ~/.cache/txcoord/s3: about a minute and a half of both cores), and Azurite, the Azure Storage emulator, installed
+# from npm once (~/.cache/txcoord/azurite: about half a minute), both from the start (the scripts need only Python's stdlib); then the
 # tests in two lanes at once (scripts/test_lanes.sh), each lane's time and its slowest tests printed.
 test: system-packages
 	@mkdir -p .cache; start=$$(date +%s); \
@@ -79,11 +79,11 @@ apt-install = missing=; for command in $(2); do command -v $$command >/dev/null 
 	      { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(1) >/dev/null; }; \
 	  else echo "$(strip $(3))"; fi; }
 
-# A real S3-compatible server on loopback (versitygw), built once into .cache/s3: `scripts/s3_server.py --help`.
+# A real S3-compatible server on loopback (versitygw), built once into ~/.cache/txcoord/s3: `scripts/s3_server.py --help`.
 s3-server: setup
 	$(PY) scripts/s3_server.py build
 
-# Azurite, the Azure Storage emulator, installed once into .cache/azurite: `scripts/azurite.py --help`.
+# Azurite, the Azure Storage emulator, installed once into ~/.cache/txcoord/azurite: `scripts/azurite.py --help`.
 azurite: setup
 	$(PY) scripts/azurite.py install
 

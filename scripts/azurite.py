@@ -6,9 +6,9 @@ endpoint). It implements the conditional writes the lakehouse relies on, ``If-No
 ``If-Match``. It serves the well-known emulator account ``devstoreaccount1`` and its published key,
 path-style (``http://127.0.0.1:PORT/devstoreaccount1/CONTAINER/...``).
 
-It is installed once from npm into ``.cache/azurite`` (``npm ci`` of ``scripts/azurite/package-lock.json``,
-the version and every dependency pinned with its hash; about half a minute, then a no-op while the
-lock is unchanged), and starts in a second or two. Telemetry is off: nothing leaves the machine.
+It is installed once per machine and lock from npm into txcoord's cache (``~/.cache/txcoord/azurite/``,
+``npm ci`` of ``scripts/azurite/package-lock.json``, the version and every dependency pinned with its
+hash; about half a minute), and starts in a second or two. Telemetry is off: nothing leaves the machine.
 
     python3 scripts/azurite.py install                          # once; a no-op when cached
     .venv/bin/python scripts/azurite.py run --data /tmp/az --container lakehouse
@@ -36,28 +36,25 @@ from pathlib import Path
 from typing import Optional
 
 try:
-    from scripts.loopback import LoopbackServer
+    from scripts.loopback import LoopbackServer, tool_cache
 except ImportError:  # run as a script (python scripts/azurite.py install): its directory is on the path
-    from loopback import LoopbackServer
+    from loopback import LoopbackServer, tool_cache
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIR = PROJECT_ROOT / "scripts" / "azurite"
-CACHE_DIR = Path(os.environ.get("TXCOORD_CACHE_DIR", PROJECT_ROOT / ".cache")) / "azurite"
+#: One installation per lock: a changed lock installs again, beside the others.
+CACHE_DIR = tool_cache("azurite", hashlib.sha256((PACKAGE_DIR / "package-lock.json").read_bytes()).hexdigest()[:16])
 BINARY = CACHE_DIR / "node_modules" / ".bin" / "azurite-blob"
-#: Which lock the cache was installed from: a changed lock installs again.
-STAMP = CACHE_DIR / ".installed-lock"
+#: Written once the install is complete.
+STAMP = CACHE_DIR / ".installed"
 #: The emulator's one account and its key, published by Microsoft (not a secret).
 ACCOUNT = "devstoreaccount1"
 ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-def _lock_digest() -> str:
-    return hashlib.sha256((PACKAGE_DIR / "package-lock.json").read_bytes()).hexdigest()
-
-
 def installed() -> bool:
     """Whether the cache holds Azurite as the lock pins it."""
-    return BINARY.exists() and STAMP.exists() and STAMP.read_text().strip() == _lock_digest()
+    return BINARY.exists() and STAMP.exists()
 
 
 def install(quiet: bool = False) -> Path:
@@ -81,7 +78,7 @@ def install(quiet: bool = False) -> Path:
             # only prints), and a script is code run at install time.
             subprocess.run([npm, "ci", "--ignore-scripts", "--omit=dev", "--no-audit", "--no-fund", "--loglevel=error"],
                            cwd=CACHE_DIR, check=True, stdout=subprocess.DEVNULL if quiet else None)
-            STAMP.write_text(_lock_digest())
+            STAMP.touch()
     return BINARY
 
 

@@ -1,5 +1,6 @@
 """A storage server of the tests run as a process on a free loopback port: started, awaited until it
-listens, stopped with its whole process group (a server's children go with it). Standard library only.
+listens, stopped with its whole process group (a server's children go with it); and where such a
+server is installed (:func:`tool_cache`). Standard library only.
 
 Example::
 
@@ -18,9 +19,24 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 from typing import Optional
 
 _READY_TIMEOUT_S = 30.0
+
+
+def tool_cache(tool: str, version: str) -> Path:
+    """Where ``version`` of a test server ``tool`` is installed: under txcoord's cache (``TXCOORD_CACHE_DIR``,
+    else the user's cache directory, as for the Spark jars), so that every checkout of this machine, each
+    fresh CI clone included, builds it once. Python's standard library only: the scripts run before the
+    virtual environment exists, so this is platformdirs' Linux rule, not platformdirs.
+
+    Example::
+
+        tool_cache("s3", "versitygw-v1.8.0")  # PosixPath('/home/me/.cache/txcoord/s3/versitygw-v1.8.0')
+    """
+    root = os.environ.get("TXCOORD_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "txcoord"
+    return Path(root) / tool / version
 
 
 class LoopbackServer:

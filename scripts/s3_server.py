@@ -6,8 +6,9 @@ lakehouse relies on (``If-None-Match: *`` and ``If-Match``), atomically: it re-c
 condition and publishes the object under a per-object file lock, so of several racing writers
 exactly one wins (checked here with 16 concurrent PUTs on one key, 20 rounds).
 
-It is built once from the Go module proxy into ``.cache/s3/bin`` (about a minute and a half on two
-cores; the Go caches are removed afterwards), then started in a fraction of a second.
+It is built once per machine from the Go module proxy into txcoord's cache (``~/.cache/txcoord/s3/``,
+about a minute and a half on two cores; the Go caches are removed afterwards), then started in a
+fraction of a second.
 
     .venv/bin/python scripts/s3_server.py build                      # once; a no-op when cached
     .venv/bin/python scripts/s3_server.py run --data /tmp/s3 --bucket lakehouse
@@ -39,14 +40,13 @@ from pathlib import Path
 from typing import Optional
 
 try:
-    from scripts.loopback import LoopbackServer
+    from scripts.loopback import LoopbackServer, tool_cache
 except ImportError:  # run as a script (python scripts/s3_server.py build): its directory is on the path
-    from loopback import LoopbackServer
+    from loopback import LoopbackServer, tool_cache
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 #: The one version the Go module proxy lists; built from source, so the pin is the module version.
 VERSITYGW_MODULE = "github.com/versity/versitygw/cmd/versitygw@v1.8.0"
-CACHE_DIR = Path(os.environ.get("TXCOORD_CACHE_DIR", PROJECT_ROOT / ".cache")) / "s3"
+CACHE_DIR = tool_cache("s3", "versitygw-" + VERSITYGW_MODULE.rpartition("@")[2])
 BINARY = CACHE_DIR / "bin" / "versitygw"
 ACCESS_KEY = "txcoord"
 SECRET_KEY = "txcoord-secret"
