@@ -203,6 +203,20 @@ def test_checkpoint_requests_tiny_run_writes_spark_checkpoints_with_fewest_reque
     assert requests["rename"]["COPY"] > 0 and requests["abortable"]["COPY"] == requests["conditional"]["COPY"] == 0
 
 
+def test_maintenance_tiny_run_maintains_a_log_in_each_tree_and_counts_its_commit_reads(tmp_path):
+    require_s3_server()
+    report = run_tiny("maintenance", tmp_path / "maintenance.json", timeout=300)
+
+    assert_envelope(report, "maintenance")
+    results = report["results"]
+    for figures in results.values():
+        assert figures["failed"] is None and figures["skipped"] == [] and figures["version"] >= 40
+        # Whatever else it reads: the commits since the writer's checkpoint at 25, each at least once.
+        assert 40 - 25 <= figures["commit_file_gets"] <= figures["requests"]["GET"] <= figures["requests"]["total"]
+    assert report["ratios"]["commit_file_gets"] == round(
+        results["this"]["commit_file_gets"] / results["reference"]["commit_file_gets"], 3)
+
+
 def test_producer_tiny_run_behind_a_storage_latency_counts_and_prices_the_producers_requests(tmp_path):
     """The latency path once (a few seconds): the S3 server behind a proxy adding the latency to every request."""
     require_s3_server()

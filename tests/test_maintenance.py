@@ -146,6 +146,32 @@ def test_a_commit_logs_checkpoint_leaves_out_expired_tombstones_and_vacuum_still
     assert on_disk == {os.path.basename(uri) for uri in DeltaTable(log).file_uris()}
 
 
+def test_a_run_reads_each_new_commit_of_a_commit_log_once_to_check_it_and_checkpoint_it(config, monkeypatch):
+    from collections import Counter
+
+    from coordinator.storage import LocalFileStore
+
+    log = group_log(config.lakehouse)
+    write_commits(log, 3)
+    maintain(config.lakehouse, tables=[LOG])  # a checkpoint to carry forward from
+    first = write_commits(log, 1)
+    last = write_commits(log, 9)
+    reads, real_read = Counter(), LocalFileStore.read
+
+    def counted(store, key, *args, **kwargs):
+        if key.endswith(".json") and "_delta_log/" in key:
+            reads[int(key.rsplit("/", 1)[-1][:-5])] += 1
+        return real_read(store, key, *args, **kwargs)
+
+    monkeypatch.setattr(LocalFileStore, "read", counted)
+    (run,) = maintain(config.lakehouse, tables=[LOG])
+
+    assert run.failed is None and not run.skipped
+    # The hostile-log check reads them; the first checkpoint, carried forward, takes its bytes.
+    assert {version: reads[version] for version in range(first, last + 1)} == dict.fromkeys(range(first, last + 1), 1)
+    assert glob.glob(os.path.join(log, "_delta_log", f"{last:020d}.checkpoint.parquet"))
+
+
 def test_a_commit_log_made_before_its_properties_gains_them_in_one_commit(config):
     log = Lakehouse(config.lakehouse).commit_log("g")
     os.makedirs(log)

@@ -10,7 +10,8 @@ commit log every ~17 s, and on two cores that CPU made the checker's slowest bat
 takes the previous checkpoint's rows, drops the files removed since and the tombstones and
 transactions superseded or expired, adds the commits' own actions, and writes the result in the
 previous checkpoint's schema, all in Arrow: a fraction of the CPU for the same checkpoint, on the
-calling thread. It reads the commits one after another, as the checker does.
+calling thread. It reads the commits since the previous checkpoint (side by side on object storage) unless
+its caller has read them already.
 
 What it cannot carry forward it leaves to delta-rs: a table with no checkpoint yet, a checkpoint
 in several parts, one whose schema asks for parsed statistics or partition values, or commits
@@ -55,12 +56,14 @@ _DERIVED_FIELDS = {"stats_parsed", "partitionValues_parsed"}
 
 
 def write_checkpoint(path: str, version: int, storage: Optional[Mapping[str, str]] = None,
-                     now_ms: Optional[int] = None) -> bool:
+                     now_ms: Optional[int] = None, commits: Optional[Mapping[int, bytes]] = None) -> bool:
     """Write the checkpoint of the Delta table at ``path`` (a directory, or an object-store URI reached
     with ``storage``) at ``version``: carried forward from the previous one when it can be (see the
     module's docstring), through delta-rs otherwise. Tombstones older than the table's
-    ``delta.deletedFileRetentionDuration`` at ``now_ms`` (default: now) are left out. Return whether
-    it was carried forward. A table whose newest checkpoint is at ``version`` or later is left alone.
+    ``delta.deletedFileRetentionDuration`` at ``now_ms`` (default: now) are left out. ``commits``: commit
+    files already read, by version (:func:`~coordinator.lakehouse.deltalog.check_commits`'), not read
+    again. Return whether it was carried forward. A table whose newest checkpoint is at ``version`` or
+    later is left alone.
 
     Example::
 
@@ -70,7 +73,7 @@ def write_checkpoint(path: str, version: int, storage: Optional[Mapping[str, str
     previous = last_checkpoint(files)
     if previous is not None and previous >= version:
         return False
-    state = _carried_forward(files, previous, version, time.time() * 1000 if now_ms is None else now_ms)
+    state = _carried_forward(files, previous, version, time.time() * 1000 if now_ms is None else now_ms, commits or {})
     if state is None:
         open_table(path, version=version, storage=storage).create_checkpoint()
         return False
@@ -103,7 +106,8 @@ def last_checkpoint(files: FileStore) -> Optional[int]:
         return None
 
 
-def _carried_forward(files: FileStore, previous: Optional[int], version: int, now_ms: float) -> Optional[pa.Table]:
+def _carried_forward(files: FileStore, previous: Optional[int], version: int, now_ms: float,
+                     read: Mapping[int, bytes]) -> Optional[pa.Table]:
     """The state at ``version`` from the checkpoint at ``previous`` and the commits since; ``None`` where
     delta-rs must rebuild it."""
     if previous is None:
@@ -114,7 +118,7 @@ def _carried_forward(files: FileStore, previous: Optional[int], version: int, no
     state = pq.read_table(pa.BufferReader(stored.data))
     if not _can_carry(state):
         return None
-    changes = _changes(files, previous, version)
+    changes = _changes(files, previous, version, read)
     if changes is None:
         return None
     added, removed, transactions = changes
@@ -148,20 +152,26 @@ def _can_carry(state: pa.Table) -> bool:
     return sidecars is None or sidecars.null_count == state.num_rows
 
 
-def _changes(files: FileStore, previous: int, version: int) -> Optional[tuple[dict, dict, dict]]:
+def _changes(files: FileStore, previous: int, version: int, read: Mapping[int, bytes]) -> Optional[tuple[dict, dict, dict]]:
     """The files added and removed (by path) and the application transactions (by id) of the commits after
-    ``previous`` up to ``version``, the later action winning; ``None`` if one holds anything else."""
+    ``previous`` up to ``version`` (those in ``read`` not read again), the later action winning; ``None`` if
+    one holds anything else."""
     added: dict[str, dict] = {}
     removed: dict[str, dict] = {}
     transactions: dict[str, dict] = {}
     versions = range(previous + 1, version + 1)
     # Side by side on object storage: a busy commit log's checkpoint follows a thousand commits.
-    commits = read_all(lambda commit_version: files.read(delta_log_file(commit_version)), versions,
-                       remote=files.remote)
+    def commit_of(commit_version: int) -> Optional[bytes]:
+        if commit_version in read:
+            return read[commit_version]
+        found = files.read(delta_log_file(commit_version))
+        return None if found is None else found.data
+
+    commits = read_all(commit_of, versions, remote=files.remote)
     for commit_version, commit in zip(versions, commits):
         if commit is None:
             return None
-        for action in commit_actions(commit.data):
+        for action in commit_actions(commit):
             kind = next(iter(action))
             if kind in _NOT_CHECKPOINTED:
                 continue

@@ -88,16 +88,16 @@ def commit_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def check_commits(files: FileStore, table: str) -> None:
+def check_commits(files: FileStore, table: str) -> dict[int, bytes]:
     """Refuse, before a delta-rs reader opens the Delta table at key ``table`` of ``files``, a table whose log
     a delta-rs reader would choke on: :class:`CorruptInputError` naming the first commit since the latest
     checkpoint that is not one (too large, not JSON objects, nested too deep). What delta-rs reads of a
     table is its latest checkpoint and the commits after it; those are read here too (at once on object
-    storage).
+    storage), and returned by version, for whoever reads them next (a checkpoint).
 
     Example::
 
-        check_commits(lakehouse.files, "groups/order_group/commit_log")   # or CorruptInputError
+        check_commits(lakehouse.files, "groups/order_group/commit_log")   # {1201: b'{"add": ...', ...} or CorruptInputError
     """
     names = [key.rsplit("/", 1)[-1] for key in files.list(f"{table}/_delta_log")]
     checkpoints = [int(match.group(1)) for match in map(_CHECKPOINT.fullmatch, names) if match]
@@ -105,19 +105,22 @@ def check_commits(files: FileStore, table: str) -> None:
     commits = sorted(version for version in (int(m.group(1)) for m in map(_COMMIT.fullmatch, names) if m)
                      if version > since)
 
-    def check(version: int) -> None:
+    def check(version: int) -> Optional[bytes]:
         key = f"{table}/_delta_log/{version:020d}.json"
         try:
             found = files.read(key, max_bytes=MAX_COMMIT_FILE_BYTES)
         except FileTooLargeError as error:
             raise CorruptInputError(f"version {version}: {error}") from None
-        if found is not None:
-            try:
-                commit_actions(found.data)
-            except CorruptInputError as error:
-                raise CorruptInputError(f"version {version}: {error}") from None
+        if found is None:
+            return None
+        try:
+            commit_actions(found.data)
+        except CorruptInputError as error:
+            raise CorruptInputError(f"version {version}: {error}") from None
+        return found.data
 
-    read_all(check, commits, remote=files.remote)
+    return {version: data for version, data in zip(commits, read_all(check, commits, remote=files.remote))
+            if data is not None}
 
 
 def _depth(value: object) -> int:

@@ -200,12 +200,13 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
     if not lakehouse.exists(name):
         result.skipped.append("not a Delta table")
         return result
-    if _is_commit_log(name):  # a group writes its own log: whatever delta-rs would choke on is refused first
-        check_commits(lakehouse.files, name)
-    # A checkpoint at the head first: each load of the table below (the guards, vacuum, compaction) then reads
-    # the commits after it, not all of those since the last one (a busy commit log's read seven times a run).
+    # A group writes its own log: whatever delta-rs would choke on is refused first.
+    checked = check_commits(lakehouse.files, name) if _is_commit_log(name) else {}
+    # A checkpoint at the head first, from the commits just checked: each load of the table below (the guards,
+    # vacuum, compaction) then reads the commits after it, not all of those since the last one (a busy commit
+    # log's read seven times a run).
     _attempt(result, "first checkpoint", lambda: write_checkpoint(lakehouse.path(name), _head(lakehouse, name),
-                                                                   lakehouse.storage), None)
+                                                                   lakehouse.storage, commits=checked), None)
     table = lakehouse.table(name)
     result.files_before = len(table.file_uris())
     unset = _attempt(result, "properties", lambda: _set_properties(lakehouse, table, name, log_retention), None)
