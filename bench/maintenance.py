@@ -2,7 +2,8 @@
 
 A group's commit log of ``--versions`` one-transaction versions, written straight to the S3 server by a
 producer's writer (which checkpoints it every ``--checkpoint-every`` versions: 1,000 in production, so the
-default 1,900 leaves 900 commits since its last checkpoint, as a busy log has between two runs), is maintained once
+default 1,900 leaves 900 commits since its last checkpoint, as a busy log has between two runs) and read by
+a checker up to its head (a progress record says so), is maintained once
 (``coordinator.ops.maintenance.maintain``: what ``txcoord maintain`` and the checker's schedule run)
 through a proxy adding ``--storage-latency-ms`` to every request. Reported for each tree: the run's
 seconds, its requests by kind, and its GETs of commit files (``_delta_log/<N>.json``).
@@ -63,7 +64,20 @@ def write_log(store, versions: int, checkpoint_every: int) -> str:
     with CommitLogWriter(lakehouse, GROUP) as writer:
         for _ in range(versions):
             writer.submit(half_records(GROUP, uuid.uuid4().hex, [Message("T", b"x")])).result()
+    checker_read_all(lakehouse, versions)
     return lakehouse.root
+
+
+def checker_read_all(lakehouse, versions: int) -> None:
+    """Record a checker that has read the log's ``versions`` versions, as a checker keeping up has (without
+    one, maintenance's guards read the log's whole history, every commit a request)."""
+    from coordinator.control.progress import BatchRecord, CheckerProgress, Epoch, Progress
+
+    log = f"groups/{GROUP}/commit_log"
+    store = CheckerProgress(lakehouse)
+    store.load()
+    store.save(Progress(Epoch(number=0, first_batch_id=0, starting_versions={}, checkpoint_id="bench"),
+                        BatchRecord(1, 1, starts={log: versions - 1}, ends={log: versions}, now_us=0)))
 
 
 def commit_file_gets(request_log: str, offset: int) -> int:
