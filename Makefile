@@ -11,12 +11,16 @@ JARS := .cache/spark-jars.stamp
 setup: $(INSTALLED) $(JARS)
 
 # The exact versions requirements.lock pins (hash-checked), then this package in editable mode.
-# uv installs as pip would, downloading and unpacking in parallel (a third of pip's time).
+# uv installs as pip would, downloading and unpacking in parallel (a third of pip's time). Where the index's
+# replies cannot be cached (this build machine's), uv unpacks and builds pyspark's source distribution again at
+# every install and keeps each copy (0.5 to 1.4 GB; 2 GB a clean-clone `make test`, with the wheel's test):
+# the prune drops the copies no install refers to, and never fails the setup.
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==0.13.9
 	$(PY) -m uv pip install -q --python $(PY) -r requirements.lock
 	$(PY) -m uv pip install -q --python $(PY) --no-deps -e .
+	-$(PY) -m uv cache prune -q
 	touch $@
 
 # The jars coordinator/spark/spark-jars.lock pins, downloaded at once and checked into the user's
