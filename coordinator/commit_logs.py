@@ -143,8 +143,9 @@ class CommitLogs:
         known one are taken as found), repeated while one is there: once per group in the steady state,
         the groups at once on object storage. With a ``watch`` (the checker's, on object storage), the
         listing's doorbells start its round, and only the groups it probes are looked at past their
-        known logs (:mod:`coordinator.doorbells`), the listing being the watch's last when it is recent. The layout is read unless ``layout`` is given (it is
-        known already: only ``txcoord upgrade`` changes it, under the lease).
+        known logs (:mod:`coordinator.doorbells`), the listing being the watch's last when it is recent.
+        The layout is read unless ``layout`` is given (it is known already: only ``txcoord upgrade``
+        changes it, under the lease).
 
         Example::
 

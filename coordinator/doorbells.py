@@ -8,8 +8,8 @@ checker's requests grow with the groups, busy or not. A group whose logs grew wi
 (for a writer that does not ring: an older producer, a ring lost in a crash). A group's doorbell is
 one small object beside its directory, ``groups/<group>.bell``, which its writers replace after a
 commit that follows a quiet spell of their own (:class:`Doorbell`). The checker lists ``groups/``
-every trigger anyway, to find new groups, and the listing gives each doorbell's ETag: a sleeping
-group costs no request. Why no record waits: docs/design.md#doorbells.
+anyway, to find new groups, and the listing gives each doorbell's ETag: a sleeping group costs no
+request. Why no record waits: docs/design.md#doorbells.
 
 Spark asks the source for new commits every ``trigger_interval_ms`` (100); the listing of ``groups/``
 and the probe of the operators' log (no group: no doorbell) are made at most every :data:`LIST_EVERY_S`
@@ -135,9 +135,8 @@ class GroupWatch:
         watch.end_round({group: grew(group) for group in probe})
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, list_every_s: float = LIST_EVERY_S):
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
-        self._list_every_s = list_every_s
         self._listing: Optional[tuple[float, Listing]] = None  # when it was made, and what it found
         #: Whether the last :meth:`listing` listed: the logs of no group are probed in such rounds only.
         self.listed = False
@@ -155,7 +154,7 @@ class GroupWatch:
             watch.listing(lambda: files.listing("groups"))
         """
         now = self._clock()
-        self.listed = self._listing is None or now - self._listing[0] >= self._list_every_s
+        self.listed = self._listing is None or now - self._listing[0] >= LIST_EVERY_S
         if self.listed:
             self._listing = (now, list_groups())
         return self._listing[1]
