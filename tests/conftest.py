@@ -128,13 +128,14 @@ def once_for_all_workers(tmp_path_factory, name: str) -> Iterator[tuple[Path, bo
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory) -> Path:
     """A fresh virtualenv with the wheel and its Spark and console extras, at the versions requirements.lock pins
-    (made once for all workers)."""
+    (made once for all workers). The wheel is built from the checkout's source distribution, as a release is: so
+    the sdist is checked too, and setuptools leaves no ``build/`` in the checkout (whose stale files a wheel
+    built from the checkout itself would ship)."""
     with once_for_all_workers(tmp_path_factory, "install") as (root, made):
         venv = root / "venv"
         if made:
             return venv
-        run_checked([sys.executable, "-m", "uv", "build", "--wheel", "--quiet", "--out-dir", str(root / "dist"),
-                     str(REPO_ROOT)])
+        run_checked([sys.executable, "-m", "uv", "build", "--quiet", "--out-dir", str(root / "dist"), str(REPO_ROOT)])
         [wheel] = (root / "dist").glob("txcoord-*.whl")
         run_checked([sys.executable, "-m", "uv", "venv", "--quiet", "--python", sys.executable, str(venv)])
         run_checked([sys.executable, "-m", "uv", "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
