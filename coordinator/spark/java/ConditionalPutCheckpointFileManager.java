@@ -3,10 +3,10 @@ package io.txcoord.spark;
 import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
-import java.io.OutputStream;
 import java.io.UncheckedIOException;
 import java.util.Arrays;
 
+import org.apache.commons.io.output.TeeOutputStream;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FSDataOutputStream;
 import org.apache.hadoop.fs.FileSystem;
@@ -62,7 +62,7 @@ public final class ConditionalPutCheckpointFileManager extends FileSystemBasedCh
     }
 
     private Upload(FSDataOutputStream upload, ByteArrayOutputStream written, FileSystem fs, Path path) {
-      super(new Copying(upload, written));
+      super(new TeeOutputStream(upload, written));  // writes to the upload, and keeps a copy
       this.upload = upload;
       this.written = written;
       this.fs = fs;
@@ -92,39 +92,6 @@ public final class ConditionalPutCheckpointFileManager extends FileSystemBasedCh
       } catch (IOException unreadable) {
         return false;
       }
-    }
-  }
-
-  /** Writes to the upload, and keeps a copy of what it wrote. */
-  private static final class Copying extends OutputStream {
-    private final OutputStream upload;
-    private final ByteArrayOutputStream copy;
-
-    Copying(OutputStream upload, ByteArrayOutputStream copy) {
-      this.upload = upload;
-      this.copy = copy;
-    }
-
-    @Override
-    public void write(int b) throws IOException {
-      upload.write(b);
-      copy.write(b);
-    }
-
-    @Override
-    public void write(byte[] b, int off, int len) throws IOException {
-      upload.write(b, off, len);
-      copy.write(b, off, len);
-    }
-
-    @Override
-    public void flush() throws IOException {
-      upload.flush();
-    }
-
-    @Override
-    public void close() throws IOException {
-      upload.close();
     }
   }
 }
