@@ -6,5 +6,6 @@
 
 Each benchmark prints its figures and writes them to ``bench/results/<name>.json``; ``--tiny`` runs
 the smallest version that still goes through the whole benchmark (the tests run every one so).
-:mod:`bench.harness` holds what they share with each other and with ``tests/``.
+:mod:`bench.harness` holds a benchmark's report; what they share with the tests is in :mod:`support`;
+their own tests are in ``bench/tests/``.
 """

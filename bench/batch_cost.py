@@ -3,7 +3,7 @@
 One Spark session, one empty lakehouse. ``--batches`` times: ``--commits`` commit-log commits of
 ``--transactions`` HALF records each, every one followed by a commit of their COMMIT ENDs (as
 producers write them), then one batch over all of them with ``run_batch`` (the checker's batch
-logic, as tests/support/batches.py drives it), then one heartbeat-only batch. For each batch: wall
+logic, as support/batches.py drives it), then one heartbeat-only batch. For each batch: wall
 seconds and the number of Spark jobs it ran. The first round warms the JVM up and is not counted.
 
 The same rounds then go through the real streaming query, in this process: each trigger's whole
@@ -17,7 +17,7 @@ a Delta read with a filter and a count.
 
     python -m bench.batch_cost
     python -m bench.batch_cost --batches 3 --floor-repeats 5
-    python -m bench.batch_cost --tiny             # the smallest run, for the tests (tests/test_bench.py)
+    python -m bench.batch_cost --tiny             # the smallest run, for the tests (bench/tests/test_bench.py)
 
 Prints a table and writes ``bench/results/batch_cost.json`` (``--results`` to change).
 """
@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 
 from bench import harness
+
+import support
 
 GROUP = "bench-batch-cost"
 TOPIC = "BENCH_BATCH_COST"
@@ -56,13 +58,13 @@ def batch_figures(spark, lakehouse: str, args) -> dict:
     from coordinator.config import CoordinatorConfig
     from coordinator.producer.transaction_producer import time_ordered_id
 
-    driver = harness.BatchDriver(spark, CoordinatorConfig(lakehouse=lakehouse), GROUP)
+    driver = support.BatchDriver(spark, CoordinatorConfig(lakehouse=lakehouse), GROUP)
     rows = {"records": [], "heartbeat": []}
     for round_ in range(args.batches + 1):
         for _ in range(args.commits):
             ids = [time_ordered_id() for _ in range(args.transactions)]
-            driver.write(harness.half_rows(ids, GROUP, TOPIC))
-            driver.write(harness.commit_rows(ids, GROUP))
+            driver.write(support.half_rows(ids, GROUP, TOPIC))
+            driver.write(support.commit_rows(ids, GROUP))
         for kind in rows:
             seconds, jobs, (summary, _) = timed_jobs(spark, driver.run)
             if kind == "records":
@@ -77,13 +79,13 @@ def batch_figures(spark, lakehouse: str, args) -> dict:
 
 
 def trigger_figures(spark, workdir: str, args) -> dict:
-    """The same rounds through the real streaming query (:func:`harness.streaming_triggers`)."""
+    """The same rounds through the real streaming query (:func:`support.streaming_triggers`)."""
     from coordinator.config import CoordinatorConfig
     from coordinator.lakehouse import init_lakehouse
 
     lakehouse = f"{workdir}/streaming"
     init_lakehouse(lakehouse)
-    return harness.streaming_triggers(spark, CoordinatorConfig(lakehouse=lakehouse), GROUP, TOPIC, args.batches,
+    return support.streaming_triggers(spark, CoordinatorConfig(lakehouse=lakehouse), GROUP, TOPIC, args.batches,
                                        args.commits * args.transactions)
 
 
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
     from coordinator.lakehouse import init_lakehouse
 
     workdir = tempfile.mkdtemp(prefix="bench-batch-cost-")
-    with harness.spark_session("bench-batch-cost") as spark:
+    with support.spark_session("bench-batch-cost") as spark:
         try:
             lakehouse = f"{workdir}/lakehouse"
             init_lakehouse(lakehouse)

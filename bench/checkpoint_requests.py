@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Optional
 
 from bench import harness
-from bench.storage_faults import REQUEST_KINDS
+
+import support
+from support.faults import REQUEST_KINDS
 
 from coordinator.spark.own_classes import CONDITIONAL_PUT_CHECKPOINT_MANAGER
 from coordinator.spark.session import CHECKPOINT_MANAGER_SETTING, IN_PLACE_CHECKPOINT_MANAGERS, get_spark, object_store_conf
@@ -44,7 +46,7 @@ _WHOLE_BATCH_TIMEOUT_S = 120.0
 _TIMINGS = ("walCommit", "commitOffsets", "triggerExecution")
 
 
-def measure(spark, store: harness.LatencyStore, manager: Optional[str], warmup_s: float, seconds: float) -> dict:
+def measure(spark, store: support.LatencyStore, manager: Optional[str], warmup_s: float, seconds: float) -> dict:
     """Run the throwaway query with ``manager`` (None: Spark's default) and return its figures: the requests
     of the micro-batches that ran in the counted window for their checkpoint files, from the proxy's log."""
     if manager is None:
@@ -88,14 +90,14 @@ def measure(spark, store: harness.LatencyStore, manager: Optional[str], warmup_s
 
 def main(argv: Optional[list[str]] = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--storage-latency-ms", type=float, default=25.0, help=harness.LATENCY_HELP)
+    parser.add_argument("--storage-latency-ms", type=float, default=25.0, help=support.LATENCY_HELP)
     parser.add_argument("--seconds", type=float, default=20.0, help="counted, per manager")
     parser.add_argument("--warmup", type=float, default=8.0, help="seconds before counting, per manager")
     parser.add_argument("--results", default=None)
     args = harness.parse_args(parser, argv, "checkpoint_requests", TINY)
     results = Path(args.results or harness.RESULTS / f"checkpoint-requests-s3-{args.storage_latency_ms:g}ms.json")
     report = harness.start_report("checkpoint_requests", vars(args))
-    with tempfile.TemporaryDirectory() as workdir, harness.LatencyStore(args.storage_latency_ms, workdir, parties=("checker",),
+    with tempfile.TemporaryDirectory() as workdir, support.LatencyStore(args.storage_latency_ms, workdir, parties=("checker",),
                                                                         request_logs=workdir) as store:
         report["storage"] = store.settings()
         spark = get_spark("bench-checkpoint-requests", object_store_conf(store.storage("checker")))

@@ -1,7 +1,7 @@
 """Cold start: seconds from launching the checker job on a fresh lakehouse to its first finished batch.
 
 Each of ``--runs`` runs makes a new temporary lakehouse (``init_lakehouse``) and launches
-``spark-submit jobs/checker.py --config <toml>`` on it as deployed (``harness.CheckerJob``),
+``spark-submit jobs/checker.py --config <toml>`` on it as deployed (``support.CheckerJob``),
 then watches the lakehouse for two moments, counted from the launch: "lease taken" (the lease
 names the job's process: JVM and Spark session up, its streaming query starting at once) and
 "first batch" (the end of the first batch ``system/metrics`` records: a heartbeat-only batch has
@@ -12,7 +12,7 @@ Target: the first batch at most 20 s after the launch.
 
     python -m bench.cold_start             # 3 runs
     python -m bench.cold_start --runs 1
-    python -m bench.cold_start --tiny      # one run, for the tests (tests/test_bench.py)
+    python -m bench.cold_start --tiny      # one run, for the tests (bench/tests/test_bench.py)
 
 Prints a table and writes ``bench/results/cold_start.json`` (``--results`` to change).
 """
@@ -25,6 +25,8 @@ from pathlib import Path
 
 from bench import harness
 
+import support
+
 TARGET_S = 20.0
 #: ``--tiny``: one cold start, which is already the whole benchmark.
 TINY = {"runs": 1}
@@ -33,7 +35,7 @@ TINY = {"runs": 1}
 def one_start(trigger_ms: int, timeout_s: float) -> dict:
     """Launch the checker on a fresh lakehouse; return the seconds to "lease taken" and to the end of its
     first recorded batch, and its exit code once stopped."""
-    lakehouse, checker = harness.checker_on_fresh_lakehouse(None, "cold-start", trigger_ms)
+    lakehouse, checker = support.checker_on_fresh_lakehouse(None, "cold-start", trigger_ms)
     first_batch_s = None
     try:
         lease_seen, first = checker.wait_first_batch(checker.started_wall, timeout_s)

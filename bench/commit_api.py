@@ -28,7 +28,7 @@ it without the caller's check (it does not: it commits the data again and record
 
 With ``--storage-latency-ms N`` the tables are prefixes of a bucket on the loopback S3 server, each
 method's requests through a storage-fault proxy of its own adding N ms to every request
-(``bench.harness.LatencyStore``), which counts them by kind: ``requests_per_append`` (the timed
+(``support.LatencyStore``), which counts them by kind: ``requests_per_append`` (the timed
 appends' requests over their number) and ``round_trips_per_append`` (the median append's time over N:
 the requests an append waits for one after the other).
 
@@ -59,6 +59,8 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.transaction import AddAction
 
 from bench import harness
+
+import support
 from coordinator.appender import DeltaAppender, file_stats
 from coordinator.lakehouse import create_table, open_table
 from coordinator.producer.commit_log import records_to_arrow
@@ -79,7 +81,7 @@ TINY = {"appends": 3, "warmup": 1, "rows": [1]}
 def commit_log_rows(rows: int) -> pa.Table:
     """``rows`` HALF records of single-message transactions, as a producer writes them to its commit log."""
     ids = [uuid.uuid4().hex for _ in range(rows)]
-    return records_to_arrow(harness.half_rows(ids, "bench", "BENCH"))
+    return records_to_arrow(support.half_rows(ids, "bench", "BENCH"))
 
 
 class Writer:
@@ -175,9 +177,9 @@ class Places:
 
     def __init__(self, latency_ms: float):
         self._stack = contextlib.ExitStack()
-        self.store: Optional[harness.LatencyStore] = None
+        self.store: Optional[support.LatencyStore] = None
         if latency_ms:
-            self.store = self._stack.enter_context(harness.LatencyStore(
+            self.store = self._stack.enter_context(support.LatencyStore(
                 latency_ms, self._stack.enter_context(tempfile.TemporaryDirectory()), [party(m) for m in METHODS]))
         else:
             self.directory = self._stack.enter_context(tempfile.TemporaryDirectory())
@@ -265,7 +267,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--appends", type=int, default=40, help="timed appends per method and size")
     parser.add_argument("--warmup", type=int, default=3, help="untimed appends before them")
     parser.add_argument("--rows", type=int, nargs="*", default=[1, 10, 200], help="rows per append, one run each")
-    parser.add_argument("--storage-latency-ms", type=float, default=0, help=harness.LATENCY_HELP)
+    parser.add_argument("--storage-latency-ms", type=float, default=0, help=support.LATENCY_HELP)
     parser.add_argument("--results", default=None,
                         help="default: bench/results/commit-api.json (commit-api-s3-<N>ms.json)")
     args = harness.parse_args(parser, argv, "commit-api", TINY)

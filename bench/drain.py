@@ -29,14 +29,14 @@ commit→visible, cold start and failover at most 1 (within the noise of a share
 
     python -m bench.drain
     python -m bench.drain --rounds 2 --parts drain
-    python -m bench.drain --tiny        # the smallest run: a drain of 200 transactions (tests/test_bench.py)
+    python -m bench.drain --tiny        # the smallest run: a drain of 200 transactions (bench/tests/test_bench.py)
     python -m bench.drain --storage-latency-ms 25 --transactions 5000 --parts drain
                                         # the drain on the S3 server, 25 ms added to every request
 
 With ``--storage-latency-ms N`` (N > 0; the drain part only: the others run the trees' own benchmark
 scripts, which the reference commit's lack the option for) each side's lakehouse is a fresh prefix on
 the loopback S3 server behind the storage-fault proxy, N ms added to every request
-(``bench.harness.LatencyStore``, started once by this process): the side's producer through one proxy,
+(``support.LatencyStore``, started once by this process): the side's producer through one proxy,
 its checker job's whole ``[storage]`` (its Spark checkpoint through S3A included) through another, the
 side's own reads straight. Each drain then also reports the producer's and the checker's requests by
 kind, per million transactions, priced at S3's list prices.
@@ -76,20 +76,23 @@ TINY = {"transactions": 200, "rounds": 1, "parts": ["drain"]}
 # One side: runs inside a tree, with that tree's code (``--side``)
 
 
-def side_harness(side: Path):
-    """The benchmark helpers of the tree a side runs in (first on ``sys.path``): its ``bench.harness``, or the
-    ``benchlib`` module of a tree from before ``bench/`` was a package (28c6e6f)."""
-    if (side / "bench" / "harness").is_dir():
-        from bench import harness
+def side_helpers(side: Path):
+    """The benchmark helpers of the tree a side runs in (first on ``sys.path``): its ``support`` package, its
+    ``bench.harness`` from before ``support/`` was their one home, or the ``benchlib`` module of a tree from
+    before ``bench/`` was a package (28c6e6f)."""
+    if (side / "support" / "__init__.py").is_file():
+        import support as helpers
+    elif (side / "bench" / "harness").is_dir():
+        from bench import harness as helpers
     else:
-        import benchlib as harness
-    return harness
+        import benchlib as helpers
+    return helpers
 
 
-def drain_side(harness, transactions: int, workdir: str, startup_timeout_s: float,
+def drain_side(helpers, transactions: int, workdir: str, startup_timeout_s: float,
                object_store: Optional[dict] = None) -> dict:
     """Commit ``transactions`` with no checker running, then start the checker and wait until it has
-    delivered them all; the drain's figures. Uses only what every tree's helpers (``harness``) and public
+    delivered them all; the drain's figures. Uses only what every tree's helpers (``helpers``) and public
     API have. The lakehouse is local, or ``object_store``'s: its ``root``, and the storage options each
     party reaches it with (``producer``, ``checker``, and ``direct`` for this side's own reads)."""
     from deltalake import DeltaTable
@@ -115,18 +118,18 @@ def drain_side(harness, transactions: int, workdir: str, startup_timeout_s: floa
         except Exception as error:  # counted; a drain of fewer transactions would say nothing
             failures.append(repr(error))
 
-    with TransactionProducer(GROUP, harness.Commits(),
+    with TransactionProducer(GROUP, helpers.Commits(),
                              CoordinatorConfig(lakehouse=lakehouse.root, storage=producer_storage)) as producer:
-        send_seconds = harness.send_on_schedule(send, transactions, 0, SENDER_THREADS)
+        send_seconds = helpers.send_on_schedule(send, transactions, 0, SENDER_THREADS)
     if failures:
         raise RuntimeError(f"{len(failures)} sends failed building the backlog, the first: {failures[0]}")
     print(f"  backlog of {transactions} transactions committed in {send_seconds:.1f} s; starting the checker",
           flush=True)
 
-    config_path = harness.write_config(checker_lakehouse, workdir, trigger_interval_ms=100)
+    config_path = helpers.write_config(checker_lakehouse, workdir, trigger_interval_ms=100)
     metrics_path = lakehouse.path(METRICS)
     storage = lakehouse.storage or None
-    with harness.CheckerJob(config_path, lakehouse, os.path.join(workdir, "checker.log")) as checker:
+    with helpers.CheckerJob(config_path, lakehouse, os.path.join(workdir, "checker.log")) as checker:
         versions = checker.latest_commit_log_version() + 1
         start_s = checker.wait_ready(startup_timeout_s)
         deadline = time.monotonic() + max(600.0, transactions / 500)
@@ -139,7 +142,7 @@ def drain_side(harness, transactions: int, workdir: str, startup_timeout_s: floa
     seconds = (working[-1]["finished_at"] - working[0]["started_at"]).total_seconds()
     after_first = working[1:]
     steady_s = (working[-1]["finished_at"] - working[0]["finished_at"]).total_seconds()
-    delivered = harness.deliveries(lakehouse, TOPIC)
+    delivered = helpers.deliveries(lakehouse, TOPIC)
     return {
         "transactions": transactions,
         "backlog_seconds": round(send_seconds, 1),
@@ -249,7 +252,7 @@ def measure_drain(tree: Tree, args, workdir: str, store=None) -> dict:
     if store is None:
         tree.run(argv, timeout_s=3600)
         return json.loads(Path(out).read_text())
-    from bench import harness
+    import support
 
     where = os.path.join(workdir, "object-store.json")
     Path(where).write_text(json.dumps({"root": store.new_root(), "direct": store.direct,
@@ -258,7 +261,7 @@ def measure_drain(tree: Tree, args, workdir: str, store=None) -> dict:
     tree.run([*argv, "--object-store-json", where], timeout_s=3600)
     figures = json.loads(Path(out).read_text())
     for party in store.parties:
-        figures[f"{party}_requests"] = harness.request_cost(store.requests_since(party, before[party]),
+        figures[f"{party}_requests"] = support.request_cost(store.requests_since(party, before[party]),
                                                             figures["transactions"])
     return figures
 
@@ -306,7 +309,7 @@ FIGURES = (("drain", "txn_per_s"), ("drain", "steady_txn_per_s"), ("batch", "bat
 
 def run_parts(trees: list[Tree], args, store=None) -> dict:
     """Each part for each tree, the order alternating by round; {part: {tree name: [figures per round]}}.
-    The drain behind ``store`` (a ``harness.LatencyStore``) where given."""
+    The drain behind ``store`` (a ``support.LatencyStore``) where given."""
     results = {part: {tree.name: [] for tree in trees} for part in args.parts}
     for part in args.parts:
         for round_ in range(args.rounds):
@@ -374,7 +377,7 @@ def main(argv: list[str] | None = None) -> dict:
         # A side imports the tree it measures (its helpers, coordinator, tables), so nothing is imported before this.
         sys.path[:0] = [str(Path(raw.side) / "bench"), raw.side]
         object_store = json.loads(Path(raw.object_store_json).read_text()) if raw.object_store_json else None
-        figures = drain_side(side_harness(Path(raw.side)), raw.transactions, raw.workdir, raw.startup_timeout,
+        figures = drain_side(side_helpers(Path(raw.side)), raw.transactions, raw.workdir, raw.startup_timeout,
                              object_store)
         Path(raw.side_results).write_text(json.dumps(figures))
         # Once the figures are written, skip the interpreter's shutdown: a clean-clone CI saw this process
@@ -383,6 +386,8 @@ def main(argv: list[str] | None = None) -> dict:
         os._exit(0)
 
     from bench import harness
+
+    import support
 
     args = harness.parse_args(parser, argv, "drain", TINY)
     if args.storage_latency_ms:
@@ -396,7 +401,7 @@ def main(argv: list[str] | None = None) -> dict:
     with contextlib.ExitStack() as stack:
         store = None
         if args.storage_latency_ms:
-            store = stack.enter_context(harness.LatencyStore(
+            store = stack.enter_context(support.LatencyStore(
                 args.storage_latency_ms, stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-drain-s3-"))))
             report["storage"] = store.settings()
         reference_root = stack.enter_context(contextlib.nullcontext(Path(args.reference_tree)) if args.reference_tree
@@ -412,7 +417,7 @@ def main(argv: list[str] | None = None) -> dict:
                                    f"{figures['duplicated']} more than once")
 
     if store is not None:
-        print(f"\nrequests behind {args.storage_latency_ms:g} ms ({harness.S3_PRICES}), per million transactions:")
+        print(f"\nrequests behind {args.storage_latency_ms:g} ms ({support.S3_PRICES}), per million transactions:")
         for tree, runs in report["results"]["drain"].items():
             for figures in runs:
                 print("  " + tree + ": " + ", ".join(

@@ -18,11 +18,11 @@ the sends never started are reported as ``unsent``, and the achieved rate is the
 over the sending time. Each send's return time and transaction id are kept.
 
 With ``--processes N`` (N > 1) the rate is split evenly over N producer processes, each a fresh
-interpreter with a producer of its own (``harness.steady_share``) and ``--threads`` threads, offering
+interpreter with a producer of its own (``support.steady_share``) and ``--threads`` threads, offering
 rate / N on its own schedule; they are spread round-robin over ``--groups G`` producer groups
 (``bench-e2e``, ``bench-e2e-2``, ...; every group may publish to the topic, the checker's TOML having no
 ``[topic_grants]``), and start sending together once every one has opened its producer
-(``harness.StartedTogether``): the sending time, the lag's quarters and the drain count from then. Each
+(``support.StartedTogether``): the sending time, the lag's quarters and the drain count from then. Each
 hands back every send (transaction id, return time as ``time.time()``, send seconds) and its errors and
 unsent sends, and every figure below is over all the processes' sends together; ``by_process`` gives
 each one's counts and ``commit_log_appends_by_group`` each group's commit-log versions. With
@@ -32,7 +32,7 @@ Afterwards, for each version of the topic table, its commit timestamp (``commitI
 and the transaction ids in the files it added give when each message became readable; latency = that
 timestamp − the send's return. The checker's lag (commit-log versions written but not yet taken by a
 batch, from ``system/_checker_progress.json``) is sampled every second, and in each quarter of
-``--seconds`` at least once (``harness.LagSampler``): it "kept up" when every message was delivered
+``--seconds`` at least once (``support.LagSampler``): it "kept up" when every message was delivered
 within ``--drain`` seconds after sending stopped and the lag in the last quarter of the sending time was
 at most 1.5 times that of the second quarter, plus 3 versions (:func:`kept_up`).
 
@@ -48,7 +48,7 @@ while the latencies from commitInfo timestamps (milliseconds) are as precise as 
     python bench/e2e.py --object-store --rate 50 --seconds 30 --threads 8   # the lakehouse on a loopback S3 server
     python bench/e2e.py --observed                       # the same, with the metrics scraped and the console open
     python bench/e2e.py --poison --rate 100 --seconds 60 # twice: alone, then beside a poisoning tenant
-    python bench/e2e.py --tiny                           # 10 txn/s for 5 s, for the tests (tests/test_bench.py)
+    python bench/e2e.py --tiny                           # 10 txn/s for 5 s, for the tests (bench/tests/test_bench.py)
     python bench/e2e.py --storage-latency-ms 25 --rate 100 --seconds 60 --threads 32 --reference-producer-seconds 0
                                                          # on the S3 server, 25 ms added to every request
     python -m bench.e2e --storage-latency-ms 25 --rate 500 --seconds 600 --processes 8 --groups 2 --threads 16
@@ -56,12 +56,12 @@ while the latencies from commitInfo timestamps (milliseconds) are as precise as 
 
 With ``--storage-latency-ms N`` (N > 0) the lakehouse is on the loopback S3 server as with
 ``--object-store``, but the producer and the checker each reach it through a storage-fault proxy of its
-own that adds N ms to every request (``bench.harness.LatencyStore``): the checker's whole ``[storage]``
+own that adds N ms to every request (``support.LatencyStore``): the checker's whole ``[storage]``
 (delta-rs, obstore, and Spark's S3A checkpoint) names its proxy, and every producer process goes through
 the producer's. The benchmark's own reads (lag, the topic) go straight to the server. Each proxy counts
 its party's requests: the producer's from its opening to its closing (with ``--processes``, from before
 the first opens to after the last closed), the checker's from the first send until every message is
-delivered, each per million transactions and priced at S3's list prices (``harness.S3_PRICES``); and,
+delivered, each per million transactions and priced at S3's list prices (``support.S3_PRICES``); and,
 before sending, the checker's requests over ``--idle-seconds`` with no producer, per second and per day
 with their cost.
 Every report also gives the checker's trigger time (``system/metrics``' ``duration_ms``) and commit-log
@@ -87,7 +87,7 @@ errors of each; ``observed`` is in every report, true or false.
 
 With ``--poison``, the run is made twice on fresh lakehouses, the same way: alone, then while a tenant of
 its own group writes, into its own prefix, every kind of bytes the checker must refuse
-(``tests/support/poisons.py``) every ``POISON_EVERY_S`` seconds of the sending. The report holds both runs'
+(``support/poisons.py``) every ``POISON_EVERY_S`` seconds of the sending. The report holds both runs'
 figures (``without_poison``, ``with_poison``), the poisons written and refused, and the ratio of the two
 commit→visible p99s (issue 44: at most 1.25).
 
@@ -102,11 +102,13 @@ import argparse
 import contextlib
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
 from bench import harness
+
+import support
+from support.poisons import PoisoningTenant
 from bench import producer as producer_benchmark  # its reference run, and where lakehouses live
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse
@@ -145,7 +147,7 @@ POISONER = "poisoner"
 
 def group_name(index: int) -> str:
     """The producer group ``index`` (from 0) of ``--groups``: :data:`GROUP`, then ``bench-e2e-2`` and on. The
-    checker's TOML has no ``[topic_grants]`` (``harness.write_config``): every group may publish to :data:`TOPIC`.
+    checker's TOML has no ``[topic_grants]`` (``support.write_config``): every group may publish to :data:`TOPIC`.
 
     Example::
 
@@ -196,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--poison", action="store_true",
                         help="run twice: alone, then beside a tenant writing every kind of bytes the checker must "
                              f"refuse into its own prefix every {POISON_EVERY_S:g} s; report both and the p99 ratio")
-    parser.add_argument("--storage-latency-ms", type=float, default=0, help=harness.LATENCY_HELP)
+    parser.add_argument("--storage-latency-ms", type=float, default=0, help=support.LATENCY_HELP)
     parser.add_argument("--idle-seconds", type=float, default=30,
                         help="with --storage-latency-ms: count the idle checker's requests this long before sending")
     parser.add_argument("--request-log", default=None, metavar="DIR",
@@ -264,42 +266,8 @@ def poisoned_and_not(args: argparse.Namespace, rate: float, reference: dict | No
             "kept_up": alone["kept_up"] and beside["kept_up"]}
 
 
-class _PoisoningTenant(threading.Thread):
-    """Writes every poison of :mod:`tests.support.poisons` into :data:`POISON_GROUP`'s prefix, again every
-    :data:`POISON_EVERY_S` seconds, until stopped; what it wrote, by log and version."""
-
-    def __init__(self, lakehouse: Lakehouse) -> None:
-        """``lakehouse`` as the tenant reaches it: behind a latency, through its own proxy."""
-        super().__init__(name="poisoning-tenant", daemon=True)
-        from tests.support.poisons import PoisonedLog
-
-        self.log = PoisonedLog(lakehouse, POISON_GROUP)
-        self.written: list[tuple[str, int, str]] = []  # (what, version, the reason expected)
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        from tests.support.poisons import POISONS
-
-        while True:
-            for what, poison in POISONS.items():
-                self.written.append((what, poison.write(self.log), poison.reason))
-            if self._stop_event.wait(POISON_EVERY_S):
-                return
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join()
-
-    def refused(self, lakehouse: Lakehouse) -> int:
-        """How many of the poisons written ``system/rejected`` refused, each at its version with its reason."""
-        rows = lakehouse.read("system/rejected", ["commit_log", "commit_version", "reason"]).to_pylist()
-        reasons = {(row["commit_log"], row["commit_version"]): row["reason"] for row in rows}
-        return sum(1 for _, version, expected in self.written
-                   if expected in (reasons.get((self.log.key, version)) or ""))
-
-
 def measure(args: argparse.Namespace, rate: float, reference: dict | None, object_store: Lakehouse | None,
-            poison: bool = False, store: harness.LatencyStore | None = None) -> dict:
+            poison: bool = False, store: support.LatencyStore | None = None) -> dict:
     """Start the checker on an empty lakehouse (``object_store``, else ``--lakehouse`` or a temporary
     directory), offer ``rate`` for ``--seconds`` (with ``poison``, beside the poisoning tenant) and wait for the
     deliveries; return the report's figures. Behind a latency (``store``), the checker and the producer
@@ -308,7 +276,7 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
 
     report = {}
     settings = {"metrics_port": 0} if args.observed else {}
-    directory, checker = harness.checker_on_fresh_lakehouse(
+    directory, checker = support.checker_on_fresh_lakehouse(
         args.lakehouse, "e2e", args.trigger_ms, object_store,
         checker_storage=None if store is None else store.storage("checker"), **settings)
     lakehouse = checker.lakehouse
@@ -317,7 +285,7 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
     try:
         print(f"starting the checker (trigger {args.trigger_ms} ms)...", flush=True)
         if args.observed:  # started while the checker starts
-            console = harness.ConsoleJob(checker.config_path, os.path.join(directory, "console.log"),
+            console = support.ConsoleJob(checker.config_path, os.path.join(directory, "console.log"),
                                           refresh_s=CONSOLE_REFRESH_S)
         report["checker_start_s"] = checker.wait_ready(args.startup_timeout)
         if args.observed:
@@ -332,36 +300,37 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
               f"from {senders}", flush=True)
         if args.processes == 1:  # else once every process is ready to send
             t0 = time.monotonic()
-            sampler = harness.LagSampler(checker, t0, window_s=args.seconds)  # a sample in every quarter, for kept_up
+            sampler = support.LagSampler(checker, t0, window_s=args.seconds)  # a sample in every quarter, for kept_up
             sampler.start()
         producer_storage = lakehouse.storage if store is None else store.storage("producer")
         config = CoordinatorConfig(lakehouse=lakehouse.root, storage=producer_storage)
         if poison:
             # Behind a latency the tenant writes as a producer does: through a proxy at the same latency, with the
             # producers' credentials (the harness has no account per group), its requests counted apart.
-            tenant = _PoisoningTenant(lakehouse if store is None else Lakehouse(lakehouse.root, store.storage(POISONER)))
+            tenant = PoisoningTenant(lakehouse if store is None else Lakehouse(lakehouse.root, store.storage(POISONER)),
+                                     POISON_GROUP, POISON_EVERY_S)
         counted_from = None if store is None else {party: store.counts(party) for party in store.parties}
         counted_from_wall = time.time()
         if args.processes == 1:
             if tenant is not None:
                 tenant.start()
             sending_from_wall = time.time()
-            with TransactionProducer(GROUP, harness.Commits(), config) as producer:
-                sender = harness.SteadySender(producer, TOPIC, rate, args.seconds, args.threads)
+            with TransactionProducer(GROUP, support.Commits(), config) as producer:
+                sender = support.SteadySender(producer, TOPIC, rate, args.seconds, args.threads)
                 sending_from = time.monotonic()
                 send_seconds = sender.run()
-            shares = harness.SteadyShares([sender.share(GROUP, sending_from_wall, send_seconds)])
+            shares = support.SteadyShares([sender.share(GROUP, sending_from_wall, send_seconds)])
         else:
             # Behind a latency every process goes through the producers' proxy, its requests counted as theirs.
             calls = [(lakehouse.root, producer_storage, group_name(index % args.groups), TOPIC,
                       rate / args.processes, args.seconds, args.threads) for index in range(args.processes)]
-            with harness.StartedTogether(harness.steady_share, calls) as processes:
+            with support.StartedTogether(support.steady_share, calls) as processes:
                 t0 = sending_from = processes.wait_started()
-                sampler = harness.LagSampler(checker, t0, window_s=args.seconds)
+                sampler = support.LagSampler(checker, t0, window_s=args.seconds)
                 sampler.start()
                 if tenant is not None:
                     tenant.start()
-                shares = harness.SteadyShares(processes.results())
+                shares = support.SteadyShares(processes.results())
             sending_from_wall, send_seconds = shares.started_at, shares.seconds
         if store is not None:
             report["windows_wall"]["sending"] = [sending_from_wall, sending_from_wall + send_seconds]
@@ -395,8 +364,8 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
             console_exit_code = None if console is None else console.stop()
     missing = len(wanted - delivered.keys())
     # Once the checker has stopped, every row of the topic against what was sent: each honest message once.
-    final = harness.deliveries(lakehouse, TOPIC)
-    once = harness.tally_deliveries(wanted, [tid for tid, found in final.items() for _ in range(found.rows)])
+    final = support.deliveries(lakehouse, TOPIC)
+    once = support.tally_deliveries(wanted, [tid for tid, found in final.items() for _ in range(found.rows)])
 
     latencies = sorted(delivered[tid].timestamp_s - returned for tid, returned, _ in shares.sent if tid in delivered)
     by_mtime = sorted(delivered[tid].log_mtime - returned for tid, returned, _ in shares.sent if tid in delivered)
@@ -444,8 +413,8 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
         **triggers_while_sending(lakehouse, sending_from_wall, sending_from_wall + send_seconds),
     }
     if store is not None:
-        figures["producer_requests"] = harness.request_cost(producer_spent, len(sends))
-        figures["checker_requests"] = harness.request_cost(checker_spent, len(wanted) - missing)
+        figures["producer_requests"] = support.request_cost(producer_spent, len(sends))
+        figures["checker_requests"] = support.request_cost(checker_spent, len(wanted) - missing)
         figures["checker_idle"] = report.pop("checker_idle")
         figures["checker_requests_per_trigger"] = requests_per_trigger(lakehouse, checker_spent, counted_from_wall,
                                                                        counted_until_wall)
@@ -485,7 +454,7 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
     print(f"checker trigger with records, while sending: p50 {f['trigger_ms_p50']} ms, p99 {f['trigger_ms_p99']} ms "
           f"over {f['triggers_with_records']} triggers, {f['versions_per_trigger_p50']} commit-log versions each (p50)")
     if store is not None:
-        print(f"requests ({harness.S3_PRICES}):")
+        print(f"requests ({support.S3_PRICES}):")
         for party in ("producer", "checker"):
             cost = f[f"{party}_requests"]
             if cost["per_million_transactions"] is not None:
@@ -513,7 +482,7 @@ def measure(args: argparse.Namespace, rate: float, reference: dict | None, objec
     return report
 
 
-def commit_log_appends_by_group(checker: harness.CheckerJob) -> dict[str, int]:
+def commit_log_appends_by_group(checker: support.CheckerJob) -> dict[str, int]:
     """The commit-log versions each producer group appended over its logs (one per instance of it), the
     version that created each log left out: its group commits of records.
 
@@ -531,19 +500,19 @@ def commit_log_appends_by_group(checker: harness.CheckerJob) -> dict[str, int]:
     return dict(sorted(appended.items()))
 
 
-def idle_requests(store: harness.LatencyStore, seconds: float) -> dict:
+def idle_requests(store: support.LatencyStore, seconds: float) -> dict:
     """The checker's requests over ``seconds`` with nothing to deliver, per second and per day with their cost."""
     print(f"  counting the idle checker's requests for {seconds:g} s...", flush=True)
     before, started = store.counts("checker"), time.monotonic()
     time.sleep(seconds)
-    return harness.idle_cost_per_day(store.requests_since("checker", before), time.monotonic() - started)
+    return support.idle_cost_per_day(store.requests_since("checker", before), time.monotonic() - started)
 
 
 def triggers_while_sending(lakehouse: Lakehouse, since: float, until: float) -> dict:
     """The checker's triggers with records that started between ``since`` and ``until`` (``time.time()``), from
     ``system/metrics``: their time (``duration_ms``, the whole trigger) at p50 and p99, and the commit-log
     versions each took (the growth of ``commit_log_version`` from the batch before)."""
-    batches = harness.recorded_batches(lakehouse, 0)
+    batches = support.recorded_batches(lakehouse, 0)
     versions = {b["batch_id"]: b["commit_log_version"] - a["commit_log_version"] for a, b in zip(batches, batches[1:])}
     busy = [b for b in batches if b["records"] and since <= b["started_at"] < until]
     return {"triggers_with_records": len(busy),
@@ -554,11 +523,11 @@ def triggers_while_sending(lakehouse: Lakehouse, since: float, until: float) -> 
 
 
 def requests_per_trigger(lakehouse: Lakehouse, requests: dict, since: float, until: float) -> dict:
-    """The checker's ``requests`` (by kind, :func:`harness.requests_between`), counted from ``since`` to ``until``
+    """The checker's ``requests`` (by kind, :func:`support.requests_between`), counted from ``since`` to ``until``
     (``time.time()``), over the triggers ``system/metrics`` records as started between them: how many, with
     records or not, their time (``duration_ms``) at p50 and p99, the rows refused into ``system/rejected``, and
     the requests per trigger by kind."""
-    batches = [b for b in harness.recorded_batches(lakehouse, since) if b["started_at"] < until]
+    batches = [b for b in support.recorded_batches(lakehouse, since) if b["started_at"] < until]
     durations = [b["duration_ms"] for b in batches]
     return {"triggers": len(batches), "triggers_with_records": sum(1 for b in batches if b["records"]),
             "trigger_ms_p50": harness.percentile(durations, 0.5), "trigger_ms_p99": harness.percentile(durations, 0.99),
@@ -582,16 +551,16 @@ def kept_up(missing: int, lag_second_quarter_max: int | None, lag_last_quarter_m
     return lag_last_quarter_max <= LAG_GROWTH_TOLERANCE * (lag_second_quarter_max or 0) + LAG_SLACK_VERSIONS
 
 
-def start_observers(checker: harness.CheckerJob,
-                    console: harness.ConsoleJob) -> tuple[harness.MetricsScraper, harness.ConsoleBrowser]:
+def start_observers(checker: support.CheckerJob,
+                    console: support.ConsoleJob) -> tuple[support.MetricsScraper, support.ConsoleBrowser]:
     """``--observed``: the metrics scraper on the URL the checker logged and a browser signed in to
     ``console`` with its overview open, both started."""
-    metrics_url = harness.served_metrics_url(checker.log_path)  # served before the lease, so before the first batch
+    metrics_url = support.served_metrics_url(checker.log_path)  # served before the lease, so before the first batch
     if metrics_url is None:
         raise RuntimeError(f"the checker did not log where it serves its metrics; see {checker.log_path}")
     url = console.wait_ready(60)
-    scraper = harness.MetricsScraper(metrics_url, interval_s=SCRAPE_INTERVAL_S)
-    browser = harness.ConsoleBrowser(url, console.username, console.password, refresh_s=CONSOLE_REFRESH_S)
+    scraper = support.MetricsScraper(metrics_url, interval_s=SCRAPE_INTERVAL_S)
+    browser = support.ConsoleBrowser(url, console.username, console.password, refresh_s=CONSOLE_REFRESH_S)
     browser.sign_in()
     print(f"  observed: scraping {metrics_url} every {SCRAPE_INTERVAL_S:g} s; {console.username} signed in to "
           f"the console at {url}", flush=True)
@@ -600,7 +569,7 @@ def start_observers(checker: harness.CheckerJob,
     return scraper, browser
 
 
-def stop_observers(scraper: harness.MetricsScraper, browser: harness.ConsoleBrowser, console: harness.ConsoleJob,
+def stop_observers(scraper: support.MetricsScraper, browser: support.ConsoleBrowser, console: support.ConsoleJob,
                    topic_rows: int, settle_s: float, sending: tuple[float, float]) -> dict:
     """Stop both observers, scrape once more (again each second for up to ``settle_s`` while the delivered
     counter is below ``topic_rows``: a batch counts its deliveries once its writes are done) and return
@@ -649,13 +618,13 @@ def stop_observers(scraper: harness.MetricsScraper, browser: harness.ConsoleBrow
     }
 
 
-def wait_for_deliveries(lakehouse: Lakehouse, wanted: set[str], drain_s: float) -> dict[str, harness.Delivery]:
-    """The topic table's deliveries (:func:`harness.deliveries`) once they hold every ``wanted``
+def wait_for_deliveries(lakehouse: Lakehouse, wanted: set[str], drain_s: float) -> dict[str, support.Delivery]:
+    """The topic table's deliveries (:func:`support.deliveries`) once they hold every ``wanted``
     transaction id, or as they are after ``drain_s`` seconds."""
     deadline = time.monotonic() + drain_s
     delivered = {}
     while time.monotonic() < deadline:
-        delivered = harness.deliveries(lakehouse, TOPIC)
+        delivered = support.deliveries(lakehouse, TOPIC)
         if wanted <= delivered.keys():
             break
         time.sleep(1)

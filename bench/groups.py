@@ -5,7 +5,7 @@ listing of ``groups/``, then one probe of each log's next version). This benchma
 that costs: two lakehouses, one Spark session; lakehouse *one* has a single group, lakehouse *many*
 ``--groups`` groups (default 50) of which one is busy and the others each hold ``--idle-versions``
 commits made before the run (rolled-back transactions) and stay idle. The same rounds
-(:func:`harness.streaming_triggers`: commits of ``--transactions`` transactions, waited for until
+(:func:`support.streaming_triggers`: commits of ``--transactions`` transactions, waited for until
 delivered, then heartbeat-only triggers) run through the real streaming checker on *one*, then on
 *many*, ``--runs`` times alternately, so machine load hits both alike. Reported: the median trigger
 time with records and heartbeat-only on each, and their ratios *many* / *one* (the target: at most
@@ -13,12 +13,12 @@ time with records and heartbeat-only on each, and their ratios *many* / *one* (t
 
     python -m bench.groups
     python -m bench.groups --object-store      # both lakehouses on a loopback S3 server (scripts/s3_server.py)
-    python -m bench.groups --tiny              # the smallest run, for the tests (tests/test_bench.py)
+    python -m bench.groups --tiny              # the smallest run, for the tests (bench/tests/test_bench.py)
     python -m bench.groups --storage-latency-ms 25 --runs 1 --rounds 2
                                                # on the S3 server, 25 ms added to every request
 
 With ``--storage-latency-ms N`` (N > 0) both lakehouses are on the loopback S3 server behind the
-storage-fault proxy, N ms added to every request (``bench.harness.LatencyStore``): the checker (its
+storage-fault proxy, N ms added to every request (``support.LatencyStore``): the checker (its
 delta-rs and obstore reads and writes, and the Spark session's S3A checkpoint) through one proxy, the
 rounds' commit-log commits through another; the idle groups are made straight. Each run then also
 reports the checker's requests by kind, per trigger and per million transactions, priced at S3's list
@@ -39,6 +39,8 @@ import uuid
 from pathlib import Path
 
 from bench import harness
+
+import support
 
 from scripts.s3_server import S3Server
 
@@ -62,14 +64,14 @@ def idle_group(config, group: str, versions: int) -> None:
     with CommitLogWriter(lakehouse, group) as writer:
         for _ in range(versions):
             transaction = time_ordered_id()
-            writer.submit(harness.half_rows([transaction], group, TOPIC)
+            writer.submit(support.half_rows([transaction], group, TOPIC)
                           + [end_record(group, transaction, LocalTransactionState.ROLLBACK_MESSAGE)]).result()
 
 
 def checker_requests(requests: dict, figures: dict, args: argparse.Namespace) -> dict:
-    """The checker's ``requests`` over one run of :func:`harness.streaming_triggers` (its warm-up round too),
+    """The checker's ``requests`` over one run of :func:`support.streaming_triggers` (its warm-up round too),
     per trigger and per million transactions delivered, with their cost."""
-    return {"checker_requests": harness.request_cost(requests, (args.rounds + 1) * args.transactions),
+    return {"checker_requests": support.request_cost(requests, (args.rounds + 1) * args.transactions),
             "checker_requests_per_trigger": round(requests["total"] / figures["triggers"], 1)}
 
 
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds per run (after one warm-up round)")
     parser.add_argument("--transactions", type=int, default=200, help="transactions per round (two commits)")
     parser.add_argument("--object-store", action="store_true", help="both lakehouses on a loopback S3 server")
-    parser.add_argument("--storage-latency-ms", type=float, default=0, help=harness.LATENCY_HELP)
+    parser.add_argument("--storage-latency-ms", type=float, default=0, help=support.LATENCY_HELP)
     parser.add_argument("--results", default=None)
     args = harness.parse_args(parser, argv, "groups", TINY)
     suffix = (f"-s3-{args.storage_latency_ms:g}ms" if args.storage_latency_ms
@@ -100,17 +102,17 @@ def main(argv: list[str] | None = None) -> dict:
     store = None
 
     workdir = tempfile.mkdtemp(prefix="bench-groups-")
-    with contextlib.ExitStack() as stack, harness.spark_session("bench-groups") as spark:
+    with contextlib.ExitStack() as stack, support.spark_session("bench-groups") as spark:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         if args.storage_latency_ms:
-            store = stack.enter_context(harness.LatencyStore(args.storage_latency_ms, workdir))
+            store = stack.enter_context(support.LatencyStore(args.storage_latency_ms, workdir))
             report["storage"] = store.settings()
-            harness.reach_object_store(spark, store.storage("checker"))
+            support.reach_object_store(spark, store.storage("checker"))
             roots, storage = {name: store.new_root() for name in ("one", "many")}, store.direct
         elif args.object_store:
             server = stack.enter_context(S3Server(f"{workdir}/s3"))
             server.create_bucket(BUCKET)
-            harness.reach_object_store(spark, server.storage_options)
+            support.reach_object_store(spark, server.storage_options)
             roots, storage = {name: f"s3://{BUCKET}/{name}-{uuid.uuid4().hex[:8]}" for name in ("one", "many")}, \
                 server.storage_options
         else:
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
         for run in range(args.runs):
             for name, config in configs.items():
                 before = None if store is None else store.counts("checker")
-                figures = harness.streaming_triggers(spark, config, BUSY_GROUP, TOPIC, args.rounds, args.transactions,
+                figures = support.streaming_triggers(spark, config, BUSY_GROUP, TOPIC, args.rounds, args.transactions,
                                                      **routes)
                 if store is not None:
                     figures.update(checker_requests(store.requests_since("checker", before), figures, args))
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{kind.replace('_', ' '):>20} {summary['one'][kind]:>8} {summary['many'][kind]:>10} {ratios[kind]:>6}")
     print(f"target: with records at most {TARGET_RATIO}x: {'met' if report['within_target'] else 'MISSED'}")
     if store is not None:
-        print(f"the checker's requests behind {args.storage_latency_ms:g} ms ({harness.S3_PRICES}):")
+        print(f"the checker's requests behind {args.storage_latency_ms:g} ms ({support.S3_PRICES}):")
         for name, figures in runs.items():
             for run in figures:
                 print(f"  {name:>4}: {run['checker_requests_per_trigger']} a trigger, "

@@ -9,7 +9,7 @@ version 0, below the workload's, whose commit versions start at 1), batch ids be
 workload's, time-ordered transaction ids from 30 days ago, every one committed.
 
 The same workload then runs through both with ``run_batch`` (the checker's batch logic, as
-tests/support/batches.py drives it): ``--workload`` HALF records in one commit-log commit and their
+support/batches.py drives it): ``--workload`` HALF records in one commit-log commit and their
 COMMIT ENDs in the next, one batch over both, then one heartbeat-only batch; ``--repeats``
 times, A and B alternating (in an order that flips every round) so that a change in machine
 load hits both alike. ``pending_from`` is carried from batch to batch as the streaming checker
@@ -34,6 +34,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from bench import harness
+
+import support
 
 WORKLOADS = {"small": 100, "default": 500}
 TOPIC = "BENCH_HISTORY"
@@ -74,7 +76,7 @@ def build_history(spark, lakehouse: str, n: int, appends: int) -> dict:
         F.col("id").cast("string").alias("keys"),
         F.lit(None).cast("string").alias("tags"),
         F.create_map().cast("map<string,string>").alias("properties"),
-        F.lit(harness.BODY).alias("body"),
+        F.lit(support.BODY).alias("body"),
         F.timestamp_millis(ms).alias("born_timestamp"),
         F.timestamp_millis(ms).alias("stored_timestamp"),
         F.timestamp_millis(ms + 50).alias("resolved_at"),
@@ -98,7 +100,7 @@ def build_history(spark, lakehouse: str, n: int, appends: int) -> dict:
                            (f"topics/{TOPIC}", topic, Lakehouse(lakehouse).topic(TOPIC)),
                            ("system/check_requests", checks, Lakehouse(lakehouse).path(CHECK_REQUESTS))]:
         df.write.format("delta").mode("append").save(path)
-        files[name] = harness.table_shape(path)["active_files"]
+        files[name] = support.table_shape(path)["active_files"]
     return {"seconds": round(time.perf_counter() - started, 1), "files": files,
             "history_batch_ids": f"0..{appends - 1}"}
 
@@ -112,8 +114,8 @@ def run_workload(drivers: dict, workload: int, repeats: int) -> dict:
             from coordinator.producer.transaction_producer import time_ordered_id
 
             ids = [time_ordered_id() for _ in range(workload)]
-            driver.write(harness.half_rows(ids, GROUP, TOPIC))
-            driver.write(harness.commit_rows(ids, GROUP))
+            driver.write(support.half_rows(ids, GROUP, TOPIC))
+            driver.write(support.commit_rows(ids, GROUP))
             summary, seconds = driver.run()
             assert summary.delivered == workload and summary.pending == 0, summary
             heartbeat, heartbeat_seconds = driver.run()
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
     from coordinator.lakehouse import init_lakehouse
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-history-")
-    with harness.spark_session("bench-history") as spark:
+    with support.spark_session("bench-history") as spark:
         try:
             lakehouses = {"empty": os.path.join(workdir, "A-empty"), "history": os.path.join(workdir, "B-history")}
             for path in lakehouses.values():
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
                   "(as after maintenance)", flush=True)
             report["build"] = build_history(spark, lakehouses["history"], args.history, args.appends)
             print(f"  built in {report['build']['seconds']} s; files: {report['build']['files']}", flush=True)
-            drivers = {name: harness.BatchDriver(spark, CoordinatorConfig(lakehouse=path), GROUP, first_batch_id=args.appends,
+            drivers = {name: support.BatchDriver(spark, CoordinatorConfig(lakehouse=path), GROUP, first_batch_id=args.appends,
                                                   pending_from=args.history if name == "history" else 0)
                        for name, path in lakehouses.items()}
             timings = run_workload(drivers, workload, args.repeats)

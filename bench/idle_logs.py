@@ -33,6 +33,8 @@ from pathlib import Path
 
 from bench import harness
 
+import support
+
 from coordinator import Message
 from coordinator.checker.source import CommitLogReader
 from coordinator.doorbells import QUIET_AFTER_S
@@ -53,7 +55,7 @@ class Source:
         self.reader = CommitLogReader(lakehouse, {})
         self.offset = self.reader.initialOffset()
         self.triggers = 0
-        self.following = harness.Periodically(self._trigger, trigger_s)
+        self.following = support.Periodically(self._trigger, trigger_s)
 
     def _trigger(self) -> None:
         _, self.offset = self.reader.read(self.offset)
@@ -69,7 +71,7 @@ class BusyWriter:
     def __init__(self, lakehouse: Lakehouse, group: str, every_s: float):
         self.group, self.commits = group, 0
         self.log = CommitLogWriter(lakehouse, group)
-        self.writing = harness.Periodically(self._commit, every_s)
+        self.writing = support.Periodically(self._commit, every_s)
 
     def _commit(self) -> None:
         self.log.submit(half_records(self.group, uuid.uuid4().hex, [Message("IDLE_LOGS", b"busy")])).result()
@@ -102,7 +104,7 @@ def measure(store, root: str, groups: list[str], busy: list[str], args) -> tuple
 
     time.sleep(args.warmup_s)
     if source.reader.watch is not None and args.warmup_s >= QUIET_AFTER_S:  # until every idle group sleeps
-        harness.wait_until(lambda: len(source.reader.watch.asleep()) >= len(groups) - len(busy), 600,
+        support.wait_until(lambda: len(source.reader.watch.asleep()) >= len(groups) - len(busy), 600,
                            "the idle groups to fall asleep", poll_s=0.5)
     before, triggers, committed, started = store.counts("checker"), source.triggers, commits(), time.monotonic()
     time.sleep(args.seconds)
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup-s", type=float, default=QUIET_AFTER_S + 5, help="before counting: idle groups sleep")
     parser.add_argument("--seconds", type=float, default=30.0, help="requests counted this long on each lakehouse")
     parser.add_argument("--wakes", type=int, default=5, help="long-idle groups given a record, one after another")
-    parser.add_argument("--storage-latency-ms", type=float, default=25.0, help=harness.LATENCY_HELP)
+    parser.add_argument("--storage-latency-ms", type=float, default=25.0, help=support.LATENCY_HELP)
     parser.add_argument("--results", default=None)
     args = harness.parse_args(parser, argv, "idle_logs", TINY)
     results = Path(args.results or harness.RESULTS / f"idle-logs-s3-{args.storage_latency_ms:g}ms.json")
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     idle = [f"idle-{index:04d}" for index in range(args.idle)]
     workdir = tempfile.mkdtemp(prefix="bench-idle-logs-")
     try:
-        with harness.LatencyStore(args.storage_latency_ms, workdir) as store:
+        with support.LatencyStore(args.storage_latency_ms, workdir) as store:
             report["storage"] = store.settings()
             roots = {"busy": store.new_root(), "mixed": store.new_root()}
             make_lakehouse(roots["busy"], store.direct, busy)

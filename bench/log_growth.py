@@ -5,7 +5,7 @@ The real checker job (``spark-submit jobs/checker.py``), its scheduled maintenan
 ``--retention-hours``, ``--log-retention-hours``; no ``txcoord maintain`` anywhere), while one producer offers
 ``--rate`` transactions per second for ``--minutes``. With ``--storage-latency-ms N`` the lakehouse is on the
 loopback S3 server, the checker (its maintenance too) and the producer each behind a proxy adding N ms to every
-request (``harness.LatencyStore``); else on the local disk.
+request (``support.LatencyStore``); else on the local disk.
 
 Every ``--sample-every`` seconds, each commit log's ``_delta_log``: bytes, JSON commits and checkpoints (the
 files themselves: the S3 server keeps each object as a file under its data directory). Reported per log: its
@@ -39,6 +39,8 @@ from typing import Optional
 
 from bench import harness
 
+import support
+
 TOPIC = "BENCH_LOG_GROWTH"
 GROUP = "bench-log-growth"
 #: ``--tiny``: 20 s at 10 txn/s, maintenance every 3 s, the first sample at 6 s.
@@ -62,7 +64,7 @@ class LogSampler(threading.Thread):
         groups = os.path.join(self.local_root, "groups")
         at_s = round(time.monotonic() - self.t0, 1)
         for group in sorted(os.listdir(groups)) if os.path.isdir(groups) else []:
-            size = harness.delta_log_size(os.path.join(groups, group, "commit_log"))
+            size = support.delta_log_size(os.path.join(groups, group, "commit_log"))
             if size is not None:
                 self.samples.append({"at_s": at_s, "log": f"groups/{group}/commit_log", **size})
 
@@ -161,7 +163,7 @@ def lakehouse_for(latency_ms: float):
         if not latency_ms:
             yield None, None, None
             return
-        with harness.LatencyStore(latency_ms, workdir) as store:
+        with support.LatencyStore(latency_ms, workdir) as store:
             lakehouse = store.new_lakehouse()
             yield lakehouse, os.path.join(workdir, "s3", store.bucket, lakehouse.root.split("/", 3)[3]), store
 
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--retention-hours", type=int, default=1, help="maintenance_retention_hours")
     parser.add_argument("--log-retention-hours", type=float, default=0.05, help="maintenance_log_retention_hours")
     parser.add_argument("--sample-every", type=float, default=15, help="seconds between two samples of each _delta_log")
-    parser.add_argument("--storage-latency-ms", type=float, default=0, help=harness.LATENCY_HELP)
+    parser.add_argument("--storage-latency-ms", type=float, default=0, help=support.LATENCY_HELP)
     parser.add_argument("--trigger-ms", type=int, default=CoordinatorConfig().trigger_interval_ms)
     parser.add_argument("--drain", type=float, default=600, help="seconds to wait for the last deliveries")
     parser.add_argument("--startup-timeout", type=float, default=300)
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "maintenance_retention_hours": args.retention_hours,
                 "maintenance_log_retention_hours": args.log_retention_hours}
     with lakehouse_for(args.storage_latency_ms) as (object_store, object_dir, store):
-        directory, checker = harness.checker_on_fresh_lakehouse(
+        directory, checker = support.checker_on_fresh_lakehouse(
             None, "log-growth", args.trigger_ms, object_store,
             checker_storage=None if store is None else store.storage("checker"), **settings)
         lakehouse = checker.lakehouse
@@ -210,8 +212,8 @@ def main(argv: list[str] | None = None) -> dict:
             sampler.start()
             config = CoordinatorConfig(lakehouse=lakehouse.root,
                                        storage=lakehouse.storage if store is None else store.storage("producer"))
-            with TransactionProducer(GROUP, harness.Commits(), config) as producer:
-                sender = harness.SteadySender(producer, TOPIC, args.rate, seconds, args.threads)
+            with TransactionProducer(GROUP, support.Commits(), config) as producer:
+                sender = support.SteadySender(producer, TOPIC, args.rate, seconds, args.threads)
                 send_seconds = sender.run()
             end_wall = time.time()
             sampler.stop()
@@ -219,13 +221,13 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  sent {len(wanted)} in {send_seconds:.1f} s ({len(wanted) / send_seconds:.1f} txn/s, "
                   f"{sender.errors} errors, {sender.unsent} unsent); waiting for delivery...", flush=True)
             drained_after = wait_delivered(lakehouse, wanted, args.drain)
-            batches = [b for b in harness.recorded_batches(lakehouse, t0_wall) if b["started_at"] <= end_wall]
+            batches = [b for b in support.recorded_batches(lakehouse, t0_wall) if b["started_at"] <= end_wall]
         finally:
             if sampler is not None and sampler.is_alive():
                 sampler.stop()
             exit_code = checker.stop()
         rows = read_table(lakehouse.topic(TOPIC), ["transaction_id"], storage=lakehouse.storage).column(0).to_pylist()
-        counts = harness.tally_deliveries(wanted, rows).counts()
+        counts = support.tally_deliveries(wanted, rows).counts()
         runs = maintenance_runs(checker.log_path)
         logs = log_figures(sampler.samples, args.first_minutes * 60)
         report.update({

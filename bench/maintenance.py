@@ -12,7 +12,7 @@ written the same way, in a process of its own with its own code first on ``PYTHO
 this tree's over the reference's.
 
     python -m bench.maintenance --storage-latency-ms 25 --reference-commit caa078b
-    python -m bench.maintenance --tiny       # 40 versions, a checkpoint at 25, at 5 ms, against HEAD (tests/test_bench.py)
+    python -m bench.maintenance --tiny       # 40 versions, a checkpoint at 25, at 5 ms, against HEAD (bench/tests/test_bench.py)
 """
 
 from __future__ import annotations
@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
 
     from bench import harness
+
+    import support
     from bench.drain import Tree, reference_tree, reference_worktree
 
     args = harness.parse_args(parser, argv, "maintenance", TINY)
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = harness.start_report("maintenance", vars(args))
     with contextlib.ExitStack() as stack:
         workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-maintenance-"))
-        store = stack.enter_context(harness.LatencyStore(args.storage_latency_ms, workdir, parties=("maintenance",),
+        store = stack.enter_context(support.LatencyStore(args.storage_latency_ms, workdir, parties=("maintenance",),
                                                          request_logs=workdir))
         report["storage"] = store.settings()
         trees = [reference_tree(stack.enter_context(reference_worktree(args.reference_commit))), Tree("this", HERE.parent)]

@@ -26,7 +26,7 @@ reference one group's instances are held to.
 With ``--object-store`` every lakehouse (the floor's too) is a prefix of a bucket on a real
 S3-compatible server on loopback (``scripts/s3_server.py``, started for the run): what object
 storage costs a producer, beside the local-disk figures. With ``--storage-latency-ms N`` (N > 0) the
-same server sits behind the storage-fault proxy (``bench.harness.LatencyStore``), N ms added to every
+same server sits behind the storage-fault proxy (``support.LatencyStore``), N ms added to every
 request, as an object store's round trip: each configuration then also reports the producers' requests
 by kind (counted by the proxy, from the producers' opening to their closing), per commit-log version
 and per million transactions, their cost at S3's list prices, and the conditional PUTs refused
@@ -51,6 +51,7 @@ from typing import Optional
 
 import psutil
 from bench import harness
+import support
 
 from deltalake import write_deltalake
 
@@ -61,7 +62,7 @@ from coordinator.producer.commit_log import half_records, records_to_arrow
 from coordinator.tables import COMMIT_LOG
 
 RESULTS = harness.RESULTS
-BODY = harness.BODY
+BODY = support.BODY
 FLOOR_WARMUP = 20
 #: A DeltaTable kept open gets slower with every commit it has seen (delta-rs 1.6.6: an append's p50 went
 #: from 22 ms after 100 commits to 175 ms after 1,000 here), so the floor reopens it, untimed: its best case.
@@ -81,7 +82,7 @@ class CpuSamples:
 
     def __init__(self) -> None:
         self._samples: list[tuple[float, float, float]] = []  # (time.time(), busy seconds, total seconds)
-        self._sampling = harness.Periodically(self._sample, CPU_SAMPLE_S)
+        self._sampling = support.Periodically(self._sample, CPU_SAMPLE_S)
 
     def __enter__(self) -> "CpuSamples":
         self._sampling.__enter__()
@@ -127,9 +128,9 @@ class Places:
                  request_logs: Optional[str] = None):
         self._stack = contextlib.ExitStack()
         self.storage: dict[str, str] = {}
-        self.store: Optional[harness.LatencyStore] = None
+        self.store: Optional[support.LatencyStore] = None
         if latency_ms:
-            self.store = self._stack.enter_context(harness.LatencyStore(
+            self.store = self._stack.enter_context(support.LatencyStore(
                 latency_ms, self._stack.enter_context(tempfile.TemporaryDirectory()), parties, request_logs))
         elif object_store:
             from scripts.s3_server import S3Server
@@ -191,7 +192,7 @@ def producer_requests(requests: Optional[dict], transactions: int, versions: int
     version, per million transactions and their cost, and the conditional PUTs refused per version."""
     if requests is None:
         return {}
-    cost = harness.request_cost(requests, transactions)
+    cost = support.request_cost(requests, transactions)
     return {"requests": requests,
             "requests_per_version": round(requests["total"] / versions, 2) if versions else None,
             "lost_races_per_version": round(requests["conditional_put_refused"] / versions, 2) if versions else None,
@@ -202,7 +203,7 @@ def producer_requests(requests: Optional[dict], transactions: int, versions: int
 def send_for(lakehouse: str, storage: dict[str, str], threads: int, seconds: float, messages_per_txn: int,
              group: str = GROUP, ready=None) -> tuple[list[float], float, float]:
     """Send from ``threads`` threads of one producer of ``group`` for ``seconds``, from when every process of
-    the run is ready (``ready``: the barrier of :class:`harness.StartedTogether`, passed once the producer is
+    the run is ready (``ready``: the barrier of :class:`support.StartedTogether`, passed once the producer is
     open; ``None`` for a single process); return the send latencies, when sending started and when the last
     send finished (``time.time()``)."""
     config = CoordinatorConfig(lakehouse=lakehouse, storage=storage)
@@ -250,7 +251,7 @@ def run(places: Places, threads: int, seconds: float, messages_per_txn: int, flo
         else:
             # Every process starts (imports, opens the log) before any sends.
             groups = [f"{GROUP}-{index}" if group_each else GROUP for index in range(processes)]
-            with harness.StartedTogether(send_for, [(lakehouse, storage, threads, seconds, messages_per_txn, group)
+            with support.StartedTogether(send_for, [(lakehouse, storage, threads, seconds, messages_per_txn, group)
                                                     for group in groups]) as together:
                 shares = together.results()
             latencies = [latency for share, _, _ in shares for latency in share]
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--floor-appends", type=int, default=200, help="bare delta-rs appends for the floor")
     parser.add_argument("--object-store", action="store_true",
                         help="every lakehouse on a loopback S3 server (scripts/s3_server.py) instead of a local disk")
-    parser.add_argument("--storage-latency-ms", type=float, default=0, help=harness.LATENCY_HELP)
+    parser.add_argument("--storage-latency-ms", type=float, default=0, help=support.LATENCY_HELP)
     parser.add_argument("--results", default=None,
                         help="default: bench/results/producer.json (producer-s3.json, producer-s3-<N>ms.json)")
     args = harness.parse_args(parser, argv, "producer", TINY)
@@ -349,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{'':>44} {r['processes']:>5} {r['groups']:>6} {ratios['txn_per_s']!s:>7} "
                   f"{ratios['send_p99']!s:>6} {r['fewest_vs_mean']:>11}")
     if places.store is not None:
-        print(f"\nbehind {args.storage_latency_ms:g} ms a request; the producers' requests ({harness.S3_PRICES}):")
+        print(f"\nbehind {args.storage_latency_ms:g} ms a request; the producers' requests ({support.S3_PRICES}):")
         print(f"{'procs':>5} {'threads':>7} {'fewest txns':>11} {'req/version':>11} {'lost races/v':>12} "
               f"{'req per 1M txn':>14} {'USD per 1M txn':>14}")
         for r in runs + curve:

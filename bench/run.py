@@ -8,7 +8,7 @@
     python -m bench.run --tiny    # each of those with --tiny: the smallest run that goes through all of it,
                                   # in seconds (e2e's with --observed, from two producer processes
                                   # in two groups); its figures mean nothing
-                                  # (tests/test_bench.py runs them)
+                                  # (bench/tests/test_bench.py runs them)
 
 Each benchmark writes its own JSON under ``bench/results/`` (``*-quick.json`` for the quick
 versions, ``*-tiny.json`` for the tiny ones), or beside ``--results``; this script writes ``run.json``

@@ -8,7 +8,7 @@ The real checker job (``spark-submit jobs/checker.py``, the product's default tr
 that falls behind still stops then, and the sends it never started are reported as ``unsent``). Meanwhile:
 
 - every ``--kill-every`` seconds of sending, the checker job's whole process group gets SIGKILL, as a
-  crash (``harness.CheckerJob.kill``), and a new run starts at once, as a supervisor restarts a crashed
+  crash (``support.CheckerJob.kill``), and a new run starts at once, as a supervisor restarts a crashed
   service (it takes the lease over as soon as it finds the killed run's process gone). A run is killed
   only once it has finished a batch (a restart that outlasts the period skips the kills that fell due).
   Each restart is timed from the kill to the new run taking the lease, to the end of its first batch
@@ -18,17 +18,17 @@ that falls behind still stops then, and the sends it never started are reported 
   not the producer's); the default log retention, six minutes (with a commit log's two minutes of
   tombstones), lets the logs level off within the first window, so that the second one, which the verdict
   compares with the last, is at its level. Each run's peak RSS (``wait4``) is kept;
-- a thread follows the topic table's log every 2 s (``harness.TopicFollower``: log cleanup removes old
+- a thread follows the topic table's log every 2 s (``support.TopicFollower``: log cleanup removes old
   versions, so they cannot all be read at the end) and takes each delivered transaction's commit→visible
   latency as ``bench/e2e.py`` does: the commit timestamp of the topic version that delivered it minus the
   time its send returned;
-- every ``--memory-every`` seconds, the RSS of the checker job's whole process tree (``harness.process_tree_rss``:
+- every ``--memory-every`` seconds, the RSS of the checker job's whole process tree (``support.process_tree_rss``:
   its JVM, its Python driver, streaming source runner and Python workers, summed, and their PSS; after a
   kill, the new run's tree) and of this process (the producer; it also follows the topic and keeps each
   transaction's latency, 4 bytes); every ``--log-every`` seconds, the size of the commit log's
   ``_delta_log`` (bytes and files), which the appender's checkpoints make grow between maintenance runs;
 - at each window's end, a memory sample counted in it (so every window has one) and the shape of the
-  commit log, every system table, the group's check requests and the topic (``harness.table_shape``): the
+  commit log, every system table, the group's check requests and the topic (``support.table_shape``): the
   version, the ``_delta_log``'s bytes and files (JSON commits and checkpoints), active data files and
   Parquet files on disk.
 
@@ -55,7 +55,7 @@ lakehouse's disk has less than ``--min-free-gib`` free, sending stops early, and
 
     python -m bench.soak                       # 60 min at 1,000 txn/s: a kill every 10 min, maintenance every 5
     python -m bench.soak --minutes 3 --rate 200 --kill-every 60 --window-minutes 1
-    python -m bench.soak --tiny                # 18 s at 10 txn/s, a kill at 8 s, 6-s windows (tests/test_bench.py)
+    python -m bench.soak --tiny                # 18 s at 10 txn/s, a kill at 8 s, 6-s windows (bench/tests/test_bench.py)
 
 Prints a table per window and the verdict, and writes ``bench/results/soak.json`` (``--results`` to change).
 """
@@ -76,6 +76,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from bench import harness
+
+import support
 
 TOPIC = "BENCH_SOAK"
 GROUP = "bench-soak"
@@ -161,7 +163,7 @@ class Supervisor(threading.Thread):
     ``until_s``, and starts a new one at once, as a supervisor restarts a crashed service; a run is killed
     only once it has finished a batch. ``current`` is the running checker."""
 
-    def __init__(self, checker: harness.CheckerJob, directory: str, every_s: float, until_s: float, t0: float,
+    def __init__(self, checker: support.CheckerJob, directory: str, every_s: float, until_s: float, t0: float,
                  startup_timeout_s: float):
         super().__init__(name="checker-supervisor", daemon=True)
         self.current = checker
@@ -187,10 +189,10 @@ class Supervisor(threading.Thread):
         """Kill the current run, start the next, wait for its first finished batch; whether it ran one.
         Read from the lakehouse: the lease names the new run's process, ``system/metrics`` records its batches."""
         killed = self.current
-        killed_batches = len(harness.recorded_batches(killed.lakehouse, killed.started_wall))
+        killed_batches = len(support.recorded_batches(killed.lakehouse, killed.started_wall))
         killed_at, killed_wall = time.monotonic(), time.time()
         exit_code = killed.kill()
-        self.current = harness.CheckerJob(killed.config_path, killed.lakehouse,
+        self.current = support.CheckerJob(killed.config_path, killed.lakehouse,
                                           os.path.join(self.directory, f"checker-{n + 1}.log"))
         record = {"at_s": round(killed_at - self.t0, 1), "killed_run_s": round(killed_at - killed.started_at, 1),
                   "killed_run_batches": killed_batches, "killed_exit_code": exit_code,
@@ -221,13 +223,13 @@ class Latencies(threading.Thread):
 
     :meth:`sent` (the sender's ``on_sent``) keeps each transaction until delivered, and its id in
     ``sent_path`` (for the counts at the end); every ``FOLLOW_EVERY_S`` the thread reads the topic versions
-    written since (:class:`harness.TopicFollower`) and records, for each transaction delivered, its
+    written since (:class:`support.TopicFollower`) and records, for each transaction delivered, its
     version's commit timestamp minus the time its send returned, in the window of that send.
     """
 
     def __init__(self, lakehouse: str, t0_wall: float, window_s: float, windows: int, sent_path: str):
         super().__init__(name="latencies", daemon=True)
-        self.follower = harness.TopicFollower(lakehouse, TOPIC)
+        self.follower = support.TopicFollower(lakehouse, TOPIC)
         self.t0_wall, self.window_s, self.windows = t0_wall, window_s, windows
         self.sent_path = sent_path
         self._sent_file = open(sent_path, "w")
@@ -307,7 +309,7 @@ class Monitor(threading.Thread):
 
     def sample_memory(self, at_s: Optional[float] = None) -> None:
         """One memory sample, at ``at_s`` (default: now)."""
-        tree = harness.process_tree_rss(self.supervisor.current.process.pid) or {
+        tree = support.process_tree_rss(self.supervisor.current.process.pid) or {
             "total_mib": 0.0, "total_pss_mib": 0.0, "jvm_mib": 0.0, "other_mib": 0.0, "processes": 0}
         self.samples.append({"at_s": self.now_s() if at_s is None else at_s,
                              "checker_run": len(self.supervisor.restarts) + 1,
@@ -317,7 +319,7 @@ class Monitor(threading.Thread):
                              "producer_mib": round(self.this_process.memory_info().rss / 2**20, 1)})
 
     def sample_log(self) -> None:
-        size = harness.delta_log_size(self.commit_log)
+        size = support.delta_log_size(self.commit_log)
         if size is not None:
             self.log_samples.append({"at_s": self.now_s(), "log_bytes": size["log_bytes"], "log_files": size["log_files"]})
         free = shutil.disk_usage(self.lakehouse).free
@@ -395,16 +397,16 @@ def shapes(tables: dict[str, str]) -> dict:
 
 
 def shape(path: str, attempts: int = 3) -> dict:
-    """:func:`harness.table_shape`, tried again on an error: listing a log while a writer adds to it may
+    """:func:`support.table_shape`, tried again on an error: listing a log while a writer adds to it may
     see a gap between versions, which delta-rs refuses. If every attempt fails, the ``_delta_log``'s size
     alone, with the last ``error``."""
     for attempt in range(attempts):
         try:
-            return harness.table_shape(path)
+            return support.table_shape(path)
         except Exception as exc:  # DeltaError: "Expected contiguous commit files, but found gap"
             error = f"{type(exc).__name__}: {str(exc)[:300]}"
             time.sleep(0.5)
-    log = harness.delta_log_size(path)
+    log = support.delta_log_size(path)
     return {"exists": log is not None, "version": None, **(log or {}), "active_files": None,
             "parquet_files_on_disk": None, "error": error}
 
@@ -417,7 +419,7 @@ def topic_counts(lakehouse: str, sent_path: str) -> dict:
     sent = set(Path(sent_path).read_text().split())
     rows = (read_table(place.topic(TOPIC), ["transaction_id"]).column("transaction_id").to_pylist()
             if place.exists(f"topics/{TOPIC}") else [])
-    counts = harness.tally_deliveries(sent, rows).counts()
+    counts = support.tally_deliveries(sent, rows).counts()
     # This producer only commits: a delivered transaction it never sent was never committed.
     return {"lost": counts["lost"], "duplicated": counts["duplicated"], "not_committed": counts["unexpected"],
             "topic_rows": len(rows)}
@@ -445,7 +447,7 @@ def ms(seconds: Optional[float]) -> Optional[float]:
 
 
 def window_figures(window_s: float, send_seconds: float, latencies: Latencies, monitor: Monitor,
-                   supervisor: Supervisor, maintainer: Maintainer, sampler: harness.LagSampler,
+                   supervisor: Supervisor, maintainer: Maintainer, sampler: support.LagSampler,
                    metrics: list[dict], start_wall: datetime) -> list[dict]:
     windows = []
     for w in range(latencies.windows):
@@ -604,7 +606,7 @@ def main(argv: list[str] | None = None) -> dict:
     seconds = args.minutes * 60
     window_s = args.window_minutes * 60
     windows = max(1, math.ceil(round(seconds / window_s, 6)))
-    lakehouse, checker = harness.checker_on_fresh_lakehouse(args.lakehouse, "soak", args.trigger_ms)
+    lakehouse, checker = support.checker_on_fresh_lakehouse(args.lakehouse, "soak", args.trigger_ms)
     tables = table_paths(lakehouse)
     sent_path = os.path.join(lakehouse, "sent-transaction-ids.txt")
     sampler = maintainer = supervisor = latencies = monitor = None
@@ -617,7 +619,7 @@ def main(argv: list[str] | None = None) -> dict:
         report["shape_start"] = shapes(tables)
         t0, t0_wall = time.monotonic(), time.time()
         start_wall = datetime.now(timezone.utc)
-        sampler = harness.LagSampler(checker, t0)  # the lag is read from the lakehouse: any run's
+        sampler = support.LagSampler(checker, t0)  # the lag is read from the lakehouse: any run's
         maintainer = Maintainer(checker.config_path, os.path.join(lakehouse, "maintenance.log"), args.maintenance_every,
                                 args.retention_hours, args.log_retention_hours, t0)
         supervisor = Supervisor(checker, lakehouse, args.kill_every, seconds, t0, args.startup_timeout)
@@ -627,8 +629,8 @@ def main(argv: list[str] | None = None) -> dict:
         for thread in (sampler, maintainer, supervisor, latencies, monitor):
             thread.start()
         config = CoordinatorConfig(lakehouse=lakehouse)
-        with TransactionProducer(GROUP, harness.Commits(), config) as producer:
-            sender = harness.SteadySender(producer, TOPIC, args.rate, seconds, args.threads, on_sent=latencies.sent)
+        with TransactionProducer(GROUP, support.Commits(), config) as producer:
+            sender = support.SteadySender(producer, TOPIC, args.rate, seconds, args.threads, on_sent=latencies.sent)
             monitor.halt_sending = sender.halt
             if monitor.aborted:
                 sender.halt()

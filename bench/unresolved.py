@@ -3,7 +3,7 @@ check requests takes, and the checker's peak memory.
 
 The halves (no END: their producer "crashed"), 200-byte bodies, go into the commit log in
 ``--commits`` commits. One ``run_batch`` (the checker's batch logic, driven as
-tests/support/batches.py drives it) ingests them before they are due; the next one runs with a clock
+support/batches.py drives it) ingests them before they are due; the next one runs with a clock
 past their immunity (``--immunity-s``, set through ``transaction_timeout_ms``), so every one of
 them is due in that round. A third round, still inside the check interval, shows what the
 pending set costs when nothing is due. The batch clock is explicit, so nothing sleeps.
@@ -13,7 +13,7 @@ peak RSS (``VmHWM``, reset just before the round); this Python process's peak RS
 
     python -m bench.unresolved                  # 100,000 halves
     python -m bench.unresolved --halves 10000
-    python -m bench.unresolved --tiny           # 20 halves, for the tests (tests/test_bench.py)
+    python -m bench.unresolved --tiny           # 20 halves, for the tests (bench/tests/test_bench.py)
 
 Prints a table and writes ``bench/results/unresolved.json`` (``--results`` to change).
 """
@@ -30,6 +30,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from bench import harness
+
+import support
 
 TOPIC = "BENCH_UNRESOLVED"
 GROUP = "bench-unresolved"
@@ -79,14 +81,14 @@ def main(argv: list[str] | None = None) -> dict:
     # find nothing due.
     config = CoordinatorConfig(lakehouse=lakehouse, transaction_timeout_ms=args.immunity_s * 1000,
                                transaction_check_interval_ms=(args.immunity_s + 60) * 1000)
-    with harness.spark_session("bench-unresolved") as spark:
+    with support.spark_session("bench-unresolved") as spark:
         try:
-            driver = harness.BatchDriver(spark, config, GROUP)
+            driver = support.BatchDriver(spark, config, GROUP)
             started = time.perf_counter()
             per_commit = -(-args.halves // args.commits)
             for low in range(0, args.halves, per_commit):
                 ids = [time_ordered_id() for _ in range(min(per_commit, args.halves - low))]
-                driver.write(harness.half_rows(ids, GROUP, TOPIC))
+                driver.write(support.half_rows(ids, GROUP, TOPIC))
             report["write_s"] = round(time.perf_counter() - started, 1)
             print(f"{args.halves:,} halves written in {args.commits} commits ({report['write_s']} s)", flush=True)
 
@@ -95,13 +97,13 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  ingest round: {ingest_s * 1000:.0f} ms, {ingest.halves} halves, {ingest.checks} checks", flush=True)
 
             due_at = datetime.now(timezone.utc) + timedelta(seconds=args.immunity_s + 1)
-            before = harness.jvm_memory(spark)
-            reset = harness.reset_peak_rss(before["pid"])
+            before = support.jvm_memory(spark)
+            reset = support.reset_peak_rss(before["pid"])
             heap = HeapSampler(spark)
             heap.start()
             due, due_s = driver.run(now=due_at)
             heap_peak = heap.stop()
-            after = harness.jvm_memory(spark)
+            after = support.jvm_memory(spark)
             print(f"  due round: {due_s * 1000:.0f} ms, {due.checks} check requests", flush=True)
 
             quiet, quiet_s = driver.run(now=due_at + timedelta(seconds=1))

@@ -30,7 +30,7 @@ from coordinator.spark import spark_submit
 from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
 from coordinator.ops.status import read_metrics
 from coordinator.tables import DISCARDED, OP
-from tests.support import Job, free_port, wait_until
+from support import Job, free_port, wait_until
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                             LocalTransactionState.UNKNOW)

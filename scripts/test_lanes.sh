@@ -4,7 +4,7 @@
 # time, so four at once keep two cores busy):
 #   slow  the end-to-end tests that start Spark jobs of their own and the benchmarks' tiny runs; those on
 #         the S3 server first (its build, which `make test` starts first, is done by then), those sharing
-#         the installed wheel and its demo last (made once for both workers: tests/conftest.py);
+#         the installed wheel and its demo last (made once for both workers: support/fixtures.py);
 #   fast  everything else, each worker with its one shared Spark session.
 # Each lane's output is printed when both have ended, then each lane's time; the exit status is non-zero
 # if any lane failed.

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from tests.support import wait_until
+from support import wait_until
 from coordinator.appender import CommitBackoff, DeltaAppender, check_writable, file_stats
 from coordinator.exceptions import UnsupportedTableError
 from coordinator.retries import storage_request_counts

@@ -9,7 +9,7 @@ from coordinator.lakehouse import Lakehouse, create_table
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
 from coordinator.ops.catalog import lakehouse_tables, register_tables, topic_table_name
 from coordinator.tables import SYSTEM_TABLES, TOPIC
-from tests.support import end_record, half_record
+from support import end_record, half_record
 
 
 def test_topic_names_become_sql_names():

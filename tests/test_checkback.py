@@ -10,8 +10,8 @@ from coordinator import CoordinatorConfig, LocalTransactionState, TransactionPro
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 from coordinator.producer.checkback import CheckBackWorker
 from coordinator.producer.commit_log import CommitLogWriter
-from tests.support import wait_until
-from tests.support.producer_side import RecordingListener, append_check_request, commit_log_rows
+from support import wait_until
+from support.producer_side import RecordingListener, append_check_request, commit_log_rows
 
 
 @pytest.fixture

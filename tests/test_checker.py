@@ -17,8 +17,8 @@ from coordinator.lakehouse import Lakehouse, read_table, table_dataset
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
 from coordinator.validation import MAX_BODY_BYTES
 from coordinator.tables import CHECK_REQUESTS, HALF, OP, REJECTED
-from tests.support import end_record, half_record
-from tests.support.batches import stored_time
+from support import end_record, half_record
+from support.batches import stored_time
 
 SECOND = dt.timedelta(seconds=1)
 

@@ -13,8 +13,8 @@ from coordinator.checker.memory import CheckerMemory
 from coordinator.checker.rebuild import rebuild_memory
 from coordinator.checker.unresolved import rebuild_in_spark, unresolved_range_rows
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
-from tests.support import end_record, half_record
-from tests.support.batches import stored_time
+from support import end_record, half_record
+from support.batches import stored_time
 
 SECOND = dt.timedelta(seconds=1)
 

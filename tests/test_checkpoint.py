@@ -16,8 +16,8 @@ from coordinator.control.progress import BatchRecord, CheckerProgress, Checkpoin
 from coordinator.exceptions import CheckpointMismatchError, OutdatedLakehouseError
 from coordinator.lakehouse import SHARED_LOG_KEY, Lakehouse, create_group_tables, create_table, read_table
 from coordinator.tables import COMMIT_LOG, OP, REJECTED
-from tests.support import end_record, half_record, wait_until
-from tests.support.lakehouse import append_rows
+from support import end_record, half_record, wait_until
+from support.lakehouse import append_rows
 
 RECORD = "/lh/system/_checker_progress.json"
 LOG = "groups/g/commit_log"

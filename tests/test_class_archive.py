@@ -15,7 +15,7 @@ from typing import Optional
 import pytest
 
 from coordinator.spark import class_archive, jars, submit
-from tests.support import CheckerJob, Job, first_batch_after, wait_until, write_config
+from support import CheckerJob, Job, first_batch_after, wait_until, write_config
 
 
 def mapped_files(pid: int) -> set[str]:

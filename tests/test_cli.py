@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import OPERATORS_LOG_KEY, Lakehouse, read_table
 from coordinator.tables import COMMIT_LOG, SYSTEM_TABLES
-from tests import REPO_ROOT
+from support import REPO_ROOT
 
 
 def txcoord(*args: str, env: dict | None = None, cwd=REPO_ROOT, input: str | None = None) -> subprocess.CompletedProcess:

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from tests import REPO_ROOT
-from tests.support import without_txcoord_settings
+from support import REPO_ROOT
+from support import without_txcoord_settings
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from coordinator.exceptions import ProducerStateError
 from coordinator.producer import commit_log
 from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.protocol import LocalTransactionState
-from tests.support.producer_side import commit_log_rows, commit_log_version
+from support.producer_side import commit_log_rows, commit_log_version
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import threading
 from coordinator.checker.source import CommitLogReader
 from coordinator.commit_logs import CommitLogs, Layout
 from coordinator.lakehouse import SHARED_LOG_KEY
-from tests.support import half_record
-from tests.support.batches import ManualChecker
+from support import half_record
+from support.batches import ManualChecker
 
 LOG = "groups/g/commit_log"
 
@@ -68,7 +68,7 @@ def test_new_versions_are_probed_in_rounds_on_object_storage_and_one_by_one_on_a
 def test_on_s3_one_listing_finds_a_logs_new_versions_whatever_their_number(s3_server):
     import uuid
 
-    from bench.storage_faults import FaultProxyProcess
+    from support.faults import FaultProxyProcess
     from coordinator.checker.segment import committed_run
     from coordinator.lakehouse import Lakehouse, create_table
     from coordinator.producer.commit_log import records_to_arrow

@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.support import end_record, half_record
-from tests.support.batches import ManualChecker
-from tests.support.poisons import PoisonedLog
-from tests.support.servers import require_s3_server
+from support import end_record, half_record
+from support.batches import ManualChecker
+from support.poisons import PoisonedLog
+from support.servers import require_s3_server
 from coordinator.lakehouse import Lakehouse, delta_log_file, read_table
 from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.tables import COMMIT_LOG, COMMITS_READ

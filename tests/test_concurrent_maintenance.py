@@ -9,7 +9,7 @@ from deltalake import DeltaTable
 
 from coordinator.lakehouse import Lakehouse
 from coordinator.tables import HALF, OP
-from tests.support import end_record, half_record
+from support import end_record, half_record
 
 
 def test_a_batch_after_property_changes_on_its_tables_still_writes_every_row_once(checker, caplog):

@@ -12,10 +12,10 @@ from coordinator.checker.metrics import CheckerMetrics
 from coordinator.exceptions import ConfigError
 from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.web import OPERATOR, VIEWER, ConsoleUsers, console_server
-from tests.support import end_record, half_record
-from tests.support.console_client import ConsoleSession, running_console, signed_in
-from tests.support.lakehouse import metrics_row
-from tests.support.producer_side import commit_log_version
+from support import end_record, half_record
+from support.console_client import ConsoleSession, running_console, signed_in
+from support.lakehouse import metrics_row
+from support.producer_side import commit_log_version
 from tests.test_cli import txcoord
 
 PASSWORDS = {"alice": "alice-operates-the-lakehouse", "victor": "victor-only-looks-around"}

@@ -34,9 +34,9 @@ from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.ops.status import read_metrics
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
-from tests import REPO_ROOT
-from tests.support import end_record, half_record
-from tests.support.producer_side import commit_log_version
+from support import REPO_ROOT
+from support import end_record, half_record
+from support.producer_side import commit_log_version
 from tests.test_cli import txcoord
 
 CHROMIUM = "/usr/bin/chromium"

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support import end_record, half_record
+from support import end_record, half_record
 from coordinator.checker.batch import Written, apply, decide
 from coordinator.checker.context import BatchContext, BatchRecords, shaped
 from coordinator.checker.delivery import deliver, op_rows

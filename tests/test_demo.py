@@ -23,10 +23,10 @@ import pytest
 from coordinator.demo.story import DemoError, Job, Resolution, Tally, invariant_failures, report
 from coordinator.demo.services import (CREDITS, MIN_ORDERS, ORDER_TOPIC, Fate, Order, OrderListener, OrderStore,
                                        make_orders, order_id_of, points_for)
-from tests import REPO_ROOT
+from support import REPO_ROOT
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP
-from tests.support import DEMO_ORDERS as ORDERS, without_txcoord_settings
+from support import DEMO_ORDERS as ORDERS, without_txcoord_settings
 
 CHECK_MAX = 3  # the demo's transaction_check_max
 PLAN = {order.order_id: order for order in make_orders(ORDERS)}

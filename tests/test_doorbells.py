@@ -14,7 +14,7 @@ from coordinator.producer.commit_log import CommitLogWriter, half_records
 from coordinator.producer.message import Message
 from coordinator.storage import FileStore, Listing
 from coordinator.tables import COMMIT_LOG
-from tests.support import Clock, wait_until
+from support import Clock, wait_until
 
 
 def test_a_doorbell_is_named_after_its_group_and_no_other_file_is_one():
@@ -126,7 +126,7 @@ def test_a_group_never_sleeps_past_a_commit_it_did_not_ring_for():
 def test_on_s3_a_trigger_probes_the_busy_groups_and_those_that_rang_not_every_quiet_one(s3_server):
     import uuid
 
-    from bench.storage_faults import FaultProxyProcess
+    from support.faults import FaultProxyProcess
 
     quiet_groups = [f"quiet-{index:02d}" for index in range(40)]
     direct = Lakehouse(f"s3://lakehouse/{uuid.uuid4().hex}", s3_server.storage_options)

@@ -22,14 +22,14 @@ from deltalake import DeltaTable
 from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
 from coordinator.checker.query import CheckerQuery
 from coordinator.spark import spark_submit
-from tests import REPO_ROOT
+from support import REPO_ROOT
 from coordinator.control.lease import CheckerLease
 from coordinator.exceptions import CheckerAlreadyRunningError
 from coordinator.commit_logs import CommitLogs
 from coordinator.lakehouse import Lakehouse, create_group_tables, read_table
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF
-from tests.support import Commits, Job, child_environment, first_batch_after, half_record, wait_until
-from tests.support.batches import stored_time
+from support import Commits, Job, child_environment, first_batch_after, half_record, wait_until
+from support.batches import stored_time
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                             LocalTransactionState.UNKNOW)
@@ -120,7 +120,7 @@ def test_streaming_checker_heartbeat_fires_checks_with_no_new_records(spark, con
     try:
         with pytest.raises(CheckerAlreadyRunningError, match="another checker holds"):
             CheckerQuery(spark, config).start(wait_for_lease=False)  # one active checker per lakehouse
-        from tests.support.lakehouse import append_rows
+        from support.lakehouse import append_rows
 
         lakehouse = Lakehouse(config.lakehouse)
         create_group_tables(lakehouse, "g")

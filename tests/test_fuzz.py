@@ -21,8 +21,8 @@ from coordinator.producer.message import Message
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
 from coordinator.validation import MAX_BODY_BYTES, validate_topic
 
-from tests.support import end_record, half_record
-from tests.support.batches import ManualChecker
+from support import end_record, half_record
+from support.batches import ManualChecker
 
 HOSTILE_TOPICS = ["T", "../T", "a/b", "/etc", ".", "..", "", " ", "T\n", "%|_-", "_-", "A%2F%2E%2E", "x" * 128, "ÄRGER", "T\x00", None]
 HOSTILE_IMMUNITY = ["5", "0", "-1", " 5", "５", "abc", "99999999999", "", None]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pyarrow.compute as pc
 import pytest
 
-from tests.support import Clock, end_record, half_record
-from tests.support.producer_side import RecordingListener
+from support import Clock, end_record, half_record
+from support.producer_side import RecordingListener
 from coordinator import CoordinatorConfig, Message, TransactionProducer
 from coordinator.commit_logs import LOGS_PER_GROUP, CommitLogRef, CommitLogs, Layout
 from coordinator.control.instances import ProducerInstances

@@ -12,9 +12,9 @@ import uuid
 import pyarrow.compute as pc
 import pytest
 
-from tests.support import end_record, half_record
-from tests.support.batches import ManualChecker, stored_time
-from tests.support.poisons import INSTANCE_POISONS, POISONS, PoisonedLog
+from support import end_record, half_record
+from support.batches import ManualChecker, stored_time
+from support.poisons import INSTANCE_POISONS, POISONS, PoisonedLog
 from coordinator.lakehouse import Lakehouse, read_table
 
 HOSTILE = "mallory"
@@ -130,10 +130,10 @@ def test_the_operator_tools_read_past_a_poisoned_log(batches, config, tmp_path, 
     assert "log unreadable" in out and "rejected       1 record(s)" in out
 
 
-def test_the_e2e_benchmarks_poisoning_tenant_counts_what_the_checker_refused(batches, config):
-    from bench.e2e import _PoisoningTenant
+def test_the_poisoning_tenant_counts_what_the_checker_refused(batches, config):
+    from support.poisons import PoisoningTenant
 
-    tenant = _PoisoningTenant(Lakehouse(config.lakehouse))
+    tenant = PoisoningTenant(Lakehouse(config.lakehouse), "mallory", every_s=3.0)
     tenant.start()
     tenant.stop()  # after its first round
     assert len(tenant.written) >= len(POISONS) and tenant.refused(Lakehouse(config.lakehouse)) == 0

@@ -20,8 +20,8 @@ import pytest
 from deltalake import DeltaTable
 
 from coordinator.lakehouse import read_table
-from tests.support import run_checked as run, user_environment
-from tests.support.console_client import signed_in
+from support import run_checked as run, user_environment
+from support.console_client import signed_in
 
 pytestmark = pytest.mark.slow
 

@@ -122,22 +122,23 @@ def imports_of(path: Path) -> set[str]:
     return imported
 
 
-def test_tests_take_their_support_from_tests_support():
-    """Test support lives in ``tests/support/`` (fixtures alone in conftest), below the benchmarks: only the
-    benchmarks' own tests import ``bench.harness``, and the support imports nothing of ``bench``."""
-    tests_dir = PACKAGE_DIR.parent / "tests"
-    for path in tests_dir.rglob("*.py"):
-        imported, name = imports_of(path), path.relative_to(tests_dir).as_posix()
-        assert "tests.conftest" not in imported, name
-        if name.startswith("support/"):
-            assert not any(m.split(".")[0] == "bench" for m in imported), name
-        elif not name.startswith("test_bench"):
-            assert not any(m.startswith("bench.harness") for m in imported), name
+def test_tests_and_benchmarks_share_one_home_of_support_and_never_import_each_other():
+    """Test support has one home, ``support/`` (its fixtures the plugin ``support.fixtures``), which ``tests/``,
+    ``bench/`` (the benchmarks, the chaos harness and their own tests) and ``scripts/`` import: ``tests/``
+    imports nothing of ``bench``, ``bench/`` nothing of ``tests``, and ``support/`` neither."""
+    root = PACKAGE_DIR.parent
+    trees = {"tests": {"bench"}, "bench": {"tests"}, "support": {"bench", "tests"}, "scripts": {"bench", "tests"}}
+    for tree, forbidden in trees.items():
+        files = list((root / tree).rglob("*.py"))
+        assert files, tree
+        for path in files:
+            imported = imports_of(path)
+            assert not {m.split(".")[0] for m in imported} & forbidden, path.relative_to(root).as_posix()
 
 
 def test_test_support_loads_neither_the_product_nor_pytest():
-    # The benchmarks reach it through bench.harness; the modules that do load them are imported by name.
-    modules = loaded_after("import tests.support")
+    # The modules that do load them (support.batches, support.lakehouse, ...) are imported by name.
+    modules = loaded_after("import support")
     assert not {m.split(".")[0] for m in modules} & {"coordinator", "pyarrow", "deltalake", "pytest", *SPARK_MODULES}
 
 

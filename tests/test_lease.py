@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.support import Clock, wait_until
+from support import Clock, wait_until
 from coordinator.control.lease import CheckerLease, standby_checkers
 from coordinator.control.processes import process_gone
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError

@@ -19,8 +19,8 @@ from coordinator.lakehouse import Lakehouse, checkpoints, create_group_tables, r
 from coordinator.ops.maintenance import LOG_RETENTION_PROPERTY, maintain, maintained_tables
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.tables import COMMIT_LOG
-from tests.support import end_record, half_record
-from tests.support.lakehouse import append_rows
+from support import end_record, half_record
+from support.lakehouse import append_rows
 from tests.test_checkpoint import commit_and_await_delivery
 
 #: The commit log of group ``g``, which the tests' records (``half_record``, ``end_record``) come from.

@@ -13,8 +13,8 @@ from coordinator.checker.metrics import CheckerMetrics
 from coordinator.checker.query import CheckerQuery
 from coordinator.lakehouse import Lakehouse, create_group_tables, read_table
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, HALF, METRICS, OP, REJECTED
-from tests.support import end_record, half_record, wait_until
-from tests.support.lakehouse import append_rows, metrics_row
+from support import end_record, half_record, wait_until
+from support.lakehouse import append_rows, metrics_row
 
 
 def test_the_streaming_checker_records_each_batch_with_its_decisions(spark, config):

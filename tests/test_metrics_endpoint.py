@@ -13,7 +13,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import ConfigError
 from coordinator.lakehouse import Lakehouse
 from coordinator.producer.commit_log import CommitLogWriter
-from tests.support import end_record, half_record, wait_until
+from support import end_record, half_record, wait_until
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from tests import REPO_ROOT
+from support import REPO_ROOT
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 #: Plots each notebook must draw.

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from coordinator import LocalTransactionState, Message, TransactionListener, TransactionProducer
-from tests import REPO_ROOT
+from support import REPO_ROOT
 from coordinator.cli import main
 from coordinator.commit_logs import CommitLogRef
 from coordinator.config import CoordinatorConfig
@@ -26,8 +26,8 @@ from coordinator.lakehouse import Lakehouse, open_table, read_table
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, HALF, OP
-from tests.support import Clock, DEMO_ORDERS, end_record, half_record, without_txcoord_settings
-from tests.support.lakehouse import SteadyProducer, append_rows
+from support import Clock, DEMO_ORDERS, end_record, half_record, without_txcoord_settings
+from support.lakehouse import SteadyProducer, append_rows
 from tests.test_notebooks import PLOTS, run_notebook
 
 
@@ -221,7 +221,7 @@ def test_a_checkpoint_file_is_one_put_that_the_store_refuses_over_an_existing_fi
     a write whose reply was lost, sent again and refused by its own first attempt's file, is done."""
     from py4j.protocol import Py4JJavaError
 
-    from bench.storage_faults import FaultProxyProcess
+    from support.faults import FaultProxyProcess
     from coordinator.spark import object_store_conf
 
     jvm = spark.sparkContext._jvm

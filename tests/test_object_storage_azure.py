@@ -23,10 +23,10 @@ from coordinator.lakehouse import Lakehouse, delta_log_file, open_table, read_ta
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.storage import FileStore
 from coordinator.tables import CHECK_REQUESTS, OP
-from tests.support import Clock, half_record, wait_until
-from tests.support.batches import ManualChecker
-from tests.support.checker import CheckerJob, write_config
-from tests.support.lakehouse import SteadyProducer
+from support import Clock, half_record, wait_until
+from support.batches import ManualChecker
+from support.checker import CheckerJob, write_config
+from support.lakehouse import SteadyProducer
 from tests.test_object_storage import race
 # The S3 tests' own bodies, run here on Azure (named so that pytest does not collect them twice).
 from tests.test_object_storage import test_a_file_is_created_once_and_replaced_only_at_the_version_read as files_as_on_s3

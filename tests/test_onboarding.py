@@ -8,7 +8,7 @@ from coordinator import LocalTransactionState, Message, TransactionListener, Tra
 from coordinator.checker.query import CheckerQuery
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse
-from tests.support import wait_until
+from support import wait_until
 from tests.test_cli import txcoord
 
 

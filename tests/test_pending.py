@@ -12,8 +12,8 @@ from coordinator.cli import main
 from coordinator.control.instances import ProducerInstances
 from coordinator.ops.pending import pending_transactions
 from coordinator.schedule import CHECK, DISCARD, EXPIRED, clock_time, clock_us, next_step
-from tests.support import end_record, half_record
-from tests.support.batches import stored_time
+from support import end_record, half_record
+from support.batches import stored_time
 
 SECOND = dt.timedelta(seconds=1)
 

@@ -24,14 +24,14 @@ from coordinator.ops.catalog import register_tables
 from coordinator.ops.pending import pending_transactions
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS, OPERATOR_CHECK_PREFIX
 from coordinator.schedule import clock_us, next_step
-from tests.support import end_record, half_record
+from support import end_record, half_record
 
 SECOND = dt.timedelta(seconds=1)
 STATES = ["COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW"]
 
 
 class ChaosRun:
-    """Seeded random traffic and failures around a :class:`tests.support.batches.ManualChecker`."""
+    """Seeded random traffic and failures around a :class:`support.batches.ManualChecker`."""
 
     def __init__(self, checker, seed: int, monkeypatch) -> None:
         self.checker, self.rng, self.monkeypatch = checker, random.Random(seed), monkeypatch

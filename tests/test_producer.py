@@ -6,7 +6,7 @@ import threading
 from datetime import timezone
 
 import pytest
-from tests.support.producer_side import RecordingListener, commit_log_rows, commit_log_version
+from support.producer_side import RecordingListener, commit_log_rows, commit_log_version
 
 from coordinator import (CoordinatorConfig, LocalTransactionState, Message, SendStatus, TransactionListener,
                          TransactionProducer)

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from tests.support.producer_side import append_from_process, commit_log_rows, send_from_process
+from support.producer_side import append_from_process, commit_log_rows, send_from_process
 
 
 @pytest.fixture

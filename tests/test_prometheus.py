@@ -15,8 +15,8 @@ import pytest
 from coordinator.checker.query import CheckerQuery
 from coordinator.lakehouse import Lakehouse
 from coordinator.producer.commit_log import CommitLogWriter
-from tests import REPO_ROOT
-from tests.support import end_record, half_record, wait_until
+from support import REPO_ROOT
+from support import end_record, half_record, wait_until
 from tests.test_cli import txcoord
 
 RULES = REPO_ROOT / "coordinator" / "resources" / "txcoord-alerts.yml"

@@ -15,9 +15,9 @@ from coordinator.checker.segment import Segment, grown_to
 from coordinator.control.lease import CheckerLease
 from coordinator.control.progress import CheckerProgress, Epoch, Progress
 from coordinator.lakehouse import Lakehouse
-from tests import REPO_ROOT
-from tests.support import end_record, half_record, wait_until
-from tests.support.batches import ManualChecker
+from support import REPO_ROOT
+from support import end_record, half_record, wait_until
+from support.batches import ManualChecker
 
 LOG = "groups/g/commit_log"
 
@@ -92,7 +92,7 @@ def test_a_start_reads_its_first_batch_ahead_before_the_lease_but_a_standby_does
 
 
 def test_a_failed_read_ahead_costs_nothing_but_its_time(caplog):
-    from tests.support import free_port
+    from support import free_port
 
     # A storage the worker cannot reach: it fails (bytes it could read but not parse would be refused, not fail).
     lakehouse = Lakehouse("s3://lakehouse/lh", {"aws_endpoint": f"http://127.0.0.1:{free_port()}", "aws_region": "us-east-1",

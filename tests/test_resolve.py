@@ -12,8 +12,8 @@ from coordinator.lakehouse import topic_names
 from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.ops.resolve import resolve_transaction
 from coordinator.protocol import LocalTransactionState
-from tests.support import end_record, half_record
-from tests.support.producer_side import commit_log_version
+from support import end_record, half_record
+from support.producer_side import commit_log_version
 
 OPERATORS_LOG = "operators/commit_log"  # where `txcoord resolve` writes its decisions
 

@@ -14,8 +14,8 @@ from deltalake import DeltaTable
 from coordinator.control.instances import FORGET_AFTER_S, ProducerInstances
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.tables import CHECK_REQUESTS
-from tests.support import Clock, half_record, wait_until
-from tests.support.producer_side import commit_log_rows
+from support import Clock, half_record, wait_until
+from support.producer_side import commit_log_rows
 
 UTC = dt.timezone.utc
 

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from tests.support import end_record, half_record
-from tests.support.lakehouse import SteadyProducer
-from tests.support.poisons import POISONS, PoisonedLog
+from support import end_record, half_record
+from support.lakehouse import SteadyProducer
+from support.poisons import POISONS, PoisonedLog
 from coordinator.checker.exporter import CheckerExporter
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
@@ -27,8 +27,8 @@ from coordinator.producer.commit_log import CommitLogWriter
 HOSTILE = "mallory"
 #: Long enough that no run in these tests is due by the clock: each is started by run_soon().
 NEVER_DUE_MS = 3_600_000
-#: The maintenance process, compacting commit logs at any age (tests/support/eager_maintenance_worker.py).
-EAGER_WORKER = [sys.executable, "-m", "tests.support.eager_maintenance_worker"]
+#: The maintenance process, compacting commit logs at any age (support/eager_maintenance_worker.py).
+EAGER_WORKER = [sys.executable, "-m", "support.eager_maintenance_worker"]
 
 
 def scheduled(config: CoordinatorConfig, holding=lambda: True, **kwargs) -> tuple[ScheduledMaintenance, queue.Queue]:

@@ -12,7 +12,7 @@ import threading
 import pytest
 from pyspark.sql.streaming import StreamingQueryListener
 
-from tests.support import end_record, half_record, wait_until
+from support import end_record, half_record, wait_until
 from coordinator.checker import CHECKER_NAME
 from coordinator.checker.query import CheckerQuery, checkpoint_location
 from coordinator.checker import rehearsal

@@ -18,9 +18,9 @@ from coordinator.exceptions import LakehouseNotFoundError
 from coordinator.lakehouse import OPERATORS_LOG_KEY, Lakehouse
 from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.ops.status import read_status
-from tests.support import end_record, half_record
-from tests.support.batches import stored_time
-from tests.support.lakehouse import metrics_row
+from support import end_record, half_record
+from support.batches import stored_time
+from support.lakehouse import metrics_row
 from tests.test_lease import held_by_a_child
 
 

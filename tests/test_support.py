@@ -1,4 +1,4 @@
-"""``tests.support``: what the tests, the benchmarks and the chaos harness share, each piece doing what their
+"""``support``: what the tests, the benchmarks and the chaos harness share, each piece doing what their
 verdicts and figures rely on."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from deltalake import write_deltalake
 
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 from coordinator.tables import METRICS
-from tests import support
-from tests.support.lakehouse import append_rows, metrics_row
+import support
+from support.lakehouse import append_rows, metrics_row
 
 UTC = dt.timezone.utc
 #: A process that takes a lakehouse's checker lease (or, with "wait", stands by for it) and sleeps.

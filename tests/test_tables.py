@@ -15,7 +15,7 @@ from deltalake import DeltaTable, write_deltalake
 from coordinator.exceptions import InvalidArgumentError
 from coordinator.lakehouse import Lakehouse, create_group_tables, init_lakehouse, read_table
 from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, GROUP_CHECK_REQUESTS, SYSTEM_TABLES, TOPIC, TableDef
-from tests.support.lakehouse import append_rows
+from support.lakehouse import append_rows
 
 NOW = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.timezone.utc)
 SAMPLE = {"string": "s", "int": 1, "long": 2, "boolean": True, "binary": b"\x00\x01", "timestamp": NOW,
@@ -86,7 +86,7 @@ def test_both_engines_read_and_write(spark, tmp_path, table):
 
 
 def test_topic_schema_matches_what_the_checker_writes(spark, checker):
-    from tests.support import end_record, half_record
+    from support import end_record, half_record
 
     checker.write(half_record("t"))
     checker.write(end_record("t"))

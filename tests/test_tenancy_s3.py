@@ -24,9 +24,9 @@ from coordinator.exceptions import AccessDeniedError
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.tables import REJECTED
-from tests.support import end_record, half_record, wait_until
-from tests.support.producer_side import RecordingListener
-from tests.support.servers import require_s3_server
+from support import end_record, half_record, wait_until
+from support.producer_side import RecordingListener
+from support.servers import require_s3_server
 from tests.test_cli import txcoord
 
 pytestmark = pytest.mark.object_store
@@ -206,7 +206,7 @@ def test_the_console_shows_and_does_only_what_each_users_account_may(spark, tena
     from coordinator.ops.audit import outcome, transaction_timeline
     from coordinator.ops.pending import pending_transactions
     from coordinator.web import OPERATOR, VIEWER, ConsoleUsers
-    from tests.support.console_client import running_console, signed_in
+    from support.console_client import running_console, signed_in
 
     users = ConsoleUsers(tmp_path / "console-users.toml")
     password = "a-password-long-enough"

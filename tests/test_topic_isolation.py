@@ -15,8 +15,8 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import write_deltalake
 
-from tests.support import end_record, half_record
-from tests.support.batches import stored_time
+from support import end_record, half_record
+from support.batches import stored_time
 from coordinator.ops.pending import pending_transactions
 
 SECOND = dt.timedelta(seconds=1)

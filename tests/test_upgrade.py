@@ -24,8 +24,8 @@ from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import OutdatedLakehouseError
 from coordinator.lakehouse import SHARED_LOG_KEY, Lakehouse, read_table
 from coordinator.tables import COMMIT_LOG, REJECTED
-from tests.support import end_record, half_record, wait_until
-from tests.support.lakehouse import append_rows
+from support import end_record, half_record, wait_until
+from support.lakehouse import append_rows
 from tests.test_cli import txcoord
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lakehouse_before_tenancy.tar.gz"

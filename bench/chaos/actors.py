@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from deltalake.exceptions import DeltaError
 
-from bench import harness
+import support
 from bench.chaos.options import CONFIG_NAME, FORGED_GROUP, KIND_WEIGHTS, POISON_GROUP, SETTINGS
 from bench.chaos.producer import AUDIT_TOPIC, KINDS, ORDER_TOPIC, Store, group_of
 from coordinator.commit_logs import CommitLogs
@@ -49,18 +49,18 @@ print(json.dumps([dataclasses.asdict(r) for r in maintain(lakehouse, tables=tabl
 
 
 class Checker:
-    """The real checker job (:class:`bench.harness.CheckerJob`), started, SIGKILLed and restarted; each run
+    """The real checker job (:class:`support.CheckerJob`), started, SIGKILLed and restarted; each run
     logs to its own file, ``<name>-<run>.log``."""
 
     def __init__(self, root: Path, config_path: Path, lakehouse: Lakehouse, name: str = "checker") -> None:
         self.root, self.config_path, self.lakehouse, self.name = root, config_path, lakehouse, name
-        self.job: Optional[harness.CheckerJob] = None  # the current run
+        self.job: Optional[support.CheckerJob] = None  # the current run
         self.starts = 0
         self.failures: list[str] = []
 
     def start(self) -> None:
         self.starts += 1
-        self.job = harness.CheckerJob(str(self.config_path), self.lakehouse, str(self.root / f"{self.name}-{self.starts}.log"),
+        self.job = support.CheckerJob(str(self.config_path), self.lakehouse, str(self.root / f"{self.name}-{self.starts}.log"),
                                       cwd=self.root)
 
     @property
@@ -101,7 +101,7 @@ class Producer:
         self._argv = [sys.executable, "-m", "bench.chaos.producer", "--config", str(config_path), "--index", str(index),
                       "--plan", str(self.plan_file), "--db", str(self.db), "--start-at", repr(start_at),
                       "--send-seconds", repr(send_seconds), "--done-file", str(self.done_file)]
-        self.child = harness.Job(self._argv, root / f"producer-{index}.log", env=harness.child_environment(os.environ))
+        self.child = support.Job(self._argv, root / f"producer-{index}.log", env=support.child_environment(os.environ))
         self.restarts = 0
         self.failures: list[str] = []
 
@@ -198,7 +198,7 @@ class Maintenance:
                     .discover()), f"topics/{ORDER_TOPIC}", f"topics/{AUDIT_TOPIC}"]
         result = subprocess.run([sys.executable, "-c", _MAINTAIN, str(self.config_path), json.dumps(tables),
                                  str(self.retention_hours)],
-                                capture_output=True, text=True, env=harness.child_environment(os.environ))
+                                capture_output=True, text=True, env=support.child_environment(os.environ))
         self.runs += 1
         if result.returncode != 0:
             self.errors.append(f"exit {result.returncode}: {result.stderr.strip()[-1500:]}")

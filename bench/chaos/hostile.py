@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Optional
 
-from bench import harness
+import support
 from bench.chaos.actors import table_rows
 from bench.chaos.options import FORGED_GROUP
 from bench.chaos.producer import AUDIT_TOPIC, KIND_UNKNOWN_FOREVER, ORDER_TOPIC, plan_id_of
@@ -114,9 +114,9 @@ class HostileWriter:
 
 def _half(**overrides) -> dict:
     """A HALF record of the forging group; ``overrides`` replace any column (``transaction_id=None``: none)."""
-    return harness.half_record(uuid.uuid4().hex, FORGED_GROUP, ORDER_TOPIC, b"forged", keys="forged") | overrides
+    return support.half_record(uuid.uuid4().hex, FORGED_GROUP, ORDER_TOPIC, b"forged", keys="forged") | overrides
 
 
 def _end(**overrides) -> dict:
     """A COMMIT END record of the forging group, of a new transaction id unless ``overrides`` say otherwise."""
-    return harness.end_record(uuid.uuid4().hex, group=FORGED_GROUP) | overrides
+    return support.end_record(uuid.uuid4().hex, group=FORGED_GROUP) | overrides

@@ -16,7 +16,7 @@ __all__ = ["CONFIG_NAME", "FORGED_GROUP", "KIND_WEIGHTS", "OBJECT_STORE_BUCKET",
 
 #: The bucket of ``--object-store`` runs.
 OBJECT_STORE_BUCKET = "chaos"
-#: ``--storage-faults``: each request's chance of each fault (bench/storage_faults.py), about one in
+#: ``--storage-faults``: each request's chance of each fault (support/faults.py), about one in
 #: twenty faulty in all, and a delayed request's wait.
 STORAGE_FAULT_RATES = {"slowdown": 0.02, "error": 0.01, "delay": 0.005, "reset": 0.01, "drop_reply": 0.01}
 STORAGE_FAULT_DELAY_S = 1.0
@@ -89,12 +89,12 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
     parser.add_argument("--object-store", action="store_true",
                         help="the lakehouse on a loopback S3 server (scripts/s3_server.py); --lakehouse keeps the logs")
     parser.add_argument("--storage-faults", action="store_true",
-                        help="with --object-store: every request through bench/storage_faults.py, which answers "
+                        help="with --object-store: every request through support/faults.py, which answers "
                              "503 and 500, delays, resets connections and drops replies after the write, at random "
                              f"(seeded by --seed; rates {STORAGE_FAULT_RATES}) until the kills are done")
     parser.add_argument("--poison", action="store_true",
                         help="a poisoning tenant writes, into its own prefix, every kind of bytes the checker must "
-                             f"refuse (tests/support/poisons.py), every {POISON_EVERY_S:g} s while the producers send")
+                             f"refuse (support/poisons.py), every {POISON_EVERY_S:g} s while the producers send")
     args = harness.parse_args(parser, argv, "chaos", TINY)
     if args.storage_faults and not args.object_store:
         parser.error("--storage-faults needs --object-store: the faults are those of an S3 server's")

@@ -1,5 +1,5 @@
 """The poisoning tenant of a chaos run (``--poison``): a group that writes, into its own prefix, every kind of
-bytes the checker must refuse (:mod:`tests.support.poisons`), round after round while the honest groups send.
+bytes the checker must refuse (:mod:`support.poisons`), round after round while the honest groups send.
 Each poison must end in ``system/rejected`` with its reason, and cost nobody else anything."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Optional
 
 from bench.chaos.options import POISON_GROUP
 from bench.chaos.producer import ORDER_TOPIC
-from tests.support.poisons import INSTANCE_POISONS, POISONS, PoisonedLog
+from support.poisons import INSTANCE_POISONS, POISONS, PoisonedLog
 from coordinator.lakehouse import Lakehouse
 
 __all__ = ["Poisoner", "Poisoning"]

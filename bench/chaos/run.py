@@ -18,6 +18,8 @@ from typing import Optional
 from deltalake.exceptions import DeltaError
 
 from bench import harness
+
+import support
 from bench.chaos.actors import (LOOK_EVERY_S, Checker, Maintenance, Operator, Producer, make_plan, plan_producer_kills,
                                 prepare)
 from bench.chaos.hostile import HostileWriter
@@ -27,7 +29,7 @@ from bench.chaos.options import (OBJECT_STORE_BUCKET, POISON_EVERY_S, SETTINGS, 
 from bench.chaos.producer import group_of
 from bench.chaos.report import print_report
 from bench.chaos.verify import EXAMPLES, verify
-from bench.storage_faults import FaultProxyProcess
+from support.faults import FaultProxyProcess
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse
 from scripts.s3_server import S3Server
@@ -214,7 +216,7 @@ class Run:
     def _batches_since(self, since: float, last_read: list[dict]) -> list[dict]:
         """The batches ``system/metrics`` recorded since ``since``; ``last_read`` if the table cannot be read now."""
         try:
-            return harness.recorded_batches(self.lakehouse, since)
+            return support.recorded_batches(self.lakehouse, since)
         except Exception as error:  # under storage faults a read may fail after its retries: read again next time
             print(f"  (reading system/metrics failed, retrying: {error})", flush=True)
             return last_read

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Sequence
 
-from bench import harness
+import support
 from bench.chaos.actors import Producer, table_rows
 from bench.chaos.hostile import BadInput
 from bench.chaos.poison import Poisoning
@@ -162,7 +162,7 @@ def _deliveries(findings: Findings, truth: GroundTruth, topic_rows: list[dict]) 
     intact; nothing else."""
     committed = {msg_id for msg_id, message in truth.messages.items()
                  if truth.status.get(message["transaction_id"]) == COMMITTED}
-    deliveries = harness.tally_deliveries(committed, (row["msg_id"] for row in topic_rows))
+    deliveries = support.tally_deliveries(committed, (row["msg_id"] for row in topic_rows))
     for msg_id, extra in deliveries.duplicated.items():
         findings.violation("duplicated", f"msg_id {msg_id} is {extra + 1} times in the topics")
     for transaction_id, missing in Counter(truth.messages[msg_id]["transaction_id"] for msg_id in deliveries.lost).items():

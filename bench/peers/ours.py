@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import harness
+import support
 from bench.peers import workload
 from bench.peers.servers import TRANSACTION_CHECK_INTERVAL_MS, TRANSACTION_TIMEOUT_MS
 from bench.peers.workload import COMMIT, ROLLBACK, UNKNOWN, Plan
@@ -87,12 +87,12 @@ def _send_all(producer, recorder: _Recorder, topic: str) -> float:
         with lock:
             recorder.transaction_ids[result.transaction_id] = k
 
-    return harness.send_on_schedule(send_one, plan.transactions, plan.rate, plan.threads)
+    return support.send_on_schedule(send_one, plan.transactions, plan.rate, plan.threads)
 
 
 def _record_deliveries(recorder: _Recorder, lakehouse: str, topic: str) -> int:
     """Fill first-seen times and delivery counts from the topic table; returns how many transactions it holds."""
-    found = harness.deliveries(lakehouse, topic)
+    found = support.deliveries(lakehouse, topic)
     for transaction_id, delivery in found.items():
         index = recorder.transaction_ids.get(transaction_id)
         if index is not None:
@@ -133,10 +133,10 @@ def run(phases: dict[str, tuple[Plan, str]], workdir: Path, drain_s: float, grac
 
     lakehouse = str(workdir / "lakehouse")
     init_lakehouse(lakehouse)
-    config_path = harness.write_config(lakehouse, trigger_interval_ms=TRIGGER_INTERVAL_MS,
+    config_path = support.write_config(lakehouse, trigger_interval_ms=TRIGGER_INTERVAL_MS,
                                         transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
                                         transaction_check_interval_ms=TRANSACTION_CHECK_INTERVAL_MS)
-    checker = harness.CheckerJob(config_path, lakehouse, str(workdir / "checker.log"))
+    checker = support.CheckerJob(config_path, lakehouse, str(workdir / "checker.log"))
     results = {}
     try:
         checker_start_s = checker.wait_ready(300)

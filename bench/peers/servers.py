@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from bench import harness
+import support
 from bench.peers.install import KAFKA, ROCKETMQ, System
 
 #: The check-back settings shared with our checker (bench/peers/ours.py): immunity 6 s (both
@@ -46,10 +46,10 @@ def java(system: System, main_class: str, *args: str, heap: str = "512m", cwd: P
             "-cp", system.classpath, main_class, *args]
 
 
-def start_server(name: str, argv: list[str], workdir: Path, port: int, started: list[harness.Job]) -> harness.Job:
+def start_server(name: str, argv: list[str], workdir: Path, port: int, started: list[support.Job]) -> support.Job:
     """A Java server process in ``workdir`` (its output in ``<name>.log`` there), added to ``started`` at once
     (to be stopped whatever happens), returned once it listens on ``port``."""
-    server = harness.Job(argv, workdir / f"{name}.log", cwd=workdir).start()
+    server = support.Job(argv, workdir / f"{name}.log", cwd=workdir).start()
     started.append(server)
     server.wait_for(lambda: _listening(port), f"{name} listening on {port}", 120, poll_s=0.3)
     return server
@@ -68,7 +68,7 @@ class RocketMQServer:
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
-        self.namesrv_port, self.broker_port = harness.free_port(), harness.free_port()
+        self.namesrv_port, self.broker_port = support.free_port(), support.free_port()
         self.namesrv_address = f"127.0.0.1:{self.namesrv_port}"
         self.broker_address = f"127.0.0.1:{self.broker_port}"
         self.settings = {
@@ -78,7 +78,7 @@ class RocketMQServer:
             "brokerRole": "ASYNC_MASTER", "flushDiskType": "ASYNC_FLUSH", "autoCreateTopicEnable": "false",
             "transactionTimeOut": TRANSACTION_TIMEOUT_MS, "transactionCheckInterval": TRANSACTION_CHECK_INTERVAL_MS,
         }
-        self.servers: list[harness.Job] = []
+        self.servers: list[support.Job] = []
 
     def __enter__(self) -> "RocketMQServer":
         (self.workdir / "namesrv.conf").write_text(f"listenPort={self.namesrv_port}\n")
@@ -121,7 +121,7 @@ class KafkaServer:
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
-        self.port, self.controller_port = harness.free_port(), harness.free_port()
+        self.port, self.controller_port = support.free_port(), support.free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.settings = {
             "process.roles": "broker,controller", "node.id": 1,
@@ -134,7 +134,7 @@ class KafkaServer:
             "offsets.topic.replication.factor": 1, "transaction.state.log.replication.factor": 1,
             "transaction.state.log.min.isr": 1, "group.initial.rebalance.delay.ms": 0,
         }
-        self.server: Optional[harness.Job] = None
+        self.server: Optional[support.Job] = None
 
     def __enter__(self) -> "KafkaServer":
         config = self.workdir / "server.properties"
@@ -146,7 +146,7 @@ class KafkaServer:
         formatted = subprocess.run(format_storage, cwd=self.workdir, capture_output=True, text=True)
         if formatted.returncode != 0:
             raise RuntimeError(f"kafka-storage format failed:\n{formatted.stdout[-2000:]}{formatted.stderr[-2000:]}")
-        started: list[harness.Job] = []
+        started: list[support.Job] = []
         try:
             self.server = start_server("kafka", java(KAFKA, "kafka.Kafka", str(config), heap="1g", cwd=self.workdir),
                                        self.workdir, self.port, started)

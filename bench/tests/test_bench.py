@@ -7,12 +7,12 @@ cannot rot unnoticed. Where each runs is a matter of CI time (two cores):
 - ``producer`` starts no JVM: a subprocess, among the fast tests;
 - ``history``, ``unresolved``, ``batch_cost`` and ``groups`` drive the checker's logic in a Spark session of their
   own: in their own process, each would spend 10-35 s starting and warming up a JVM, so they run in
-  process, in this worker's shared session (``harness.spark_session`` leaves it running);
+  process, in this worker's shared session (``support.spark_session`` leaves it running);
 - ``cold_start``, ``e2e`` and ``soak`` start the checker job (``spark-submit``, about 20 s to its
   first batch): one slow test runs the three through ``bench/run.py --tiny``;
 - ``failover`` (a chaos run per mode) and ``bench/peers`` on our side are slow tests of their own;
-  ``tests/test_chaos.py`` runs ``python -m bench.chaos --tiny`` (and a larger run on the S3 server); RocketMQ and
-  Kafka need ``PEERS_TESTS=1`` (``tests/test_bench_peers.py``).
+  ``bench/tests/test_chaos.py`` runs ``python -m bench.chaos --tiny`` (and a larger run on the S3 server); RocketMQ and
+  Kafka need ``PEERS_TESTS=1`` (``bench/tests/test_bench_peers.py``).
 
 The slow ones are marked ``benchmark`` too: ``make test`` runs them in the lane of the S3 tests,
 while the S3 server is still being built.
@@ -29,9 +29,10 @@ from pathlib import Path
 
 import pytest
 
-from tests import REPO_ROOT
-from tests.support import without_txcoord_settings
-from tests.support.servers import require_s3_server
+from support import REPO_ROOT
+from support import without_txcoord_settings
+import support
+from support.servers import require_s3_server
 
 pytestmark = pytest.mark.benchmark
 
@@ -155,15 +156,15 @@ def test_request_cost_prices_each_kind_at_s3s_list_prices_per_million_transactio
     requests = {"GET": 1000, "HEAD": 1000, "LIST": 1000, "PUT": 1000, "COPY": 0, "POST": 0, "DELETE": 1000,
                 "OTHER": 0, "total": 5000, "conditional_put_refused": 0}
 
-    cost = harness.request_cost(requests, transactions=500_000)
-    idle = harness.idle_cost_per_day(requests, seconds=86_400 / 2)
+    cost = support.request_cost(requests, transactions=500_000)
+    idle = support.idle_cost_per_day(requests, seconds=86_400 / 2)
 
     assert cost["per_million_transactions"]["total"] == 10_000
     # Per million transactions: twice the requests, so twice (GET + HEAD at $0.0004, LIST + PUT at $0.005, DELETE free).
     assert cost["usd_per_million_transactions"] == pytest.approx(2 * (2 * 0.0004 + 2 * 0.005))
     assert idle["per_day"]["total"] == 10_000 and idle["requests_per_s"] == round(5000 / 43_200, 2)
     assert idle["usd_per_day"] == pytest.approx(cost["usd_per_million_transactions"])
-    assert harness.request_cost(requests, transactions=0)["usd_per_million_transactions"] is None
+    assert support.request_cost(requests, transactions=0)["usd_per_million_transactions"] is None
 
 
 def test_make_bench_runs_end_to_end_at_25_ms_a_request_and_its_headline_prices_both_parties():
@@ -245,12 +246,12 @@ def test_poisoning_tenant_behind_a_storage_latency_writes_through_a_proxy_of_its
     latency take minutes): one round of every poison, each at the log's next version, through the tenant's own proxy
     at the run's latency, and none through the checker's."""
     require_s3_server()
-    from tests.support.poisons import POISONS
+    from support.poisons import POISONS, PoisoningTenant
     from coordinator.lakehouse import Lakehouse
 
-    with harness.LatencyStore(5, str(tmp_path), ("checker", e2e.POISONER)) as store:
+    with support.LatencyStore(5, str(tmp_path), ("checker", e2e.POISONER)) as store:
         lakehouse = store.new_lakehouse()
-        tenant = e2e._PoisoningTenant(Lakehouse(lakehouse.root, store.storage(e2e.POISONER)))
+        tenant = PoisoningTenant(Lakehouse(lakehouse.root, store.storage(e2e.POISONER)), e2e.POISON_GROUP, e2e.POISON_EVERY_S)
         before = {party: store.counts(party) for party in store.parties}
         tenant.start()
         tenant.stop()  # at the end of its first round

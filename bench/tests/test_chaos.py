@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from tests.support.poisons import INSTANCE_POISONS, POISONS
-from tests.support.servers import require_s3_server
-from tests import REPO_ROOT
+from support.poisons import INSTANCE_POISONS, POISONS
+from support.servers import require_s3_server
+from support import REPO_ROOT
 
 
 #: ``python -m bench.chaos --tiny``, and a larger run with the lakehouse on a loopback S3 server reached through the

@@ -1,5 +1,6 @@
 """Bytes a hostile group may write in its own prefix (docs/design.md#hostile-input), each with the reason the
-checker must refuse it for: what the tests and the chaos harness's poisoning tenant write.
+checker must refuse it for: what the tests, the benchmarks and the chaos harness's poisoning tenant write
+(:class:`PoisoningTenant`, round after round).
 
 A :class:`PoisonedLog` writes raw versions into a group's commit log through :class:`FileStore` (a local disk
 or S3, created only if absent, as any writer of the log must), and raw files into its ``_producers/``.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -29,7 +31,7 @@ from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES
 from coordinator.names import NAME_PATTERN
 from coordinator.tables import COMMIT_LOG
 
-__all__ = ["INSTANCE_POISONS", "POISONS", "Poison", "PoisonedLog"]
+__all__ = ["INSTANCE_POISONS", "POISONS", "Poison", "PoisonedLog", "PoisoningTenant"]
 
 
 class PoisonedLog:
@@ -128,3 +130,41 @@ INSTANCE_POISONS = {
     "an instance record that is not JSON": (lambda group: b"{nope", "not JSON"),
     "an instance record too large to be one": (lambda group: b" " * 5000, "at most 4096"),
 }
+
+
+class PoisoningTenant(threading.Thread):
+    """Writes every poison of :data:`POISONS` into ``group``'s prefix, again every ``every_s`` seconds, until
+    stopped; what it wrote, by log and version.
+
+    Example::
+
+        tenant = PoisoningTenant(Lakehouse("lakehouse"), "mallory", every_s=3.0)
+        tenant.start(); ...; tenant.stop()
+        tenant.refused(Lakehouse("lakehouse")) == len(tenant.written)  # every poison refused with its reason
+    """
+
+    def __init__(self, lakehouse: Lakehouse, group: str, every_s: float) -> None:
+        """``lakehouse`` as the tenant reaches it (behind a latency, through its own proxy, say)."""
+        super().__init__(name="poisoning-tenant", daemon=True)
+        self.log = PoisonedLog(lakehouse, group)
+        self.every_s = every_s
+        self.written: list[tuple[str, int, str]] = []  # (what, version, the reason expected)
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            for what, poison in POISONS.items():
+                self.written.append((what, poison.write(self.log), poison.reason))
+            if self._stop_event.wait(self.every_s):
+                return
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+    def refused(self, lakehouse: Lakehouse) -> int:
+        """How many of the poisons written ``system/rejected`` refused, each at its version with its reason."""
+        rows = lakehouse.read("system/rejected", ["commit_log", "commit_version", "reason"]).to_pylist()
+        reasons = {(row["commit_log"], row["commit_version"]): row["reason"] for row in rows}
+        return sum(1 for _, version, expected in self.written
+                   if expected in (reasons.get((self.log.key, version)) or ""))

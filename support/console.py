@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from bench.harness.report import ROOT
-from tests.support.processes import Job
+from support.environment import REPO_ROOT
+from support.processes import Job
 
 __all__ = ["ConsoleBrowser", "ConsoleJob", "MetricsScraper"]
 
@@ -49,7 +49,7 @@ class ConsoleJob(Job):
         self.username, self.password = self.USERNAME, secrets.token_urlsafe(18)
         added = subprocess.run([*txcoord, "console-user", "add", self.username, "--role", "viewer", "--password-stdin",
                                 "--config", config_path, "--users", self.users_path],
-                               input=self.password + "\n", text=True, capture_output=True, cwd=ROOT)
+                               input=self.password + "\n", text=True, capture_output=True, cwd=REPO_ROOT)
         if added.returncode != 0:
             raise RuntimeError(f"txcoord console-user add exited with {added.returncode}: {added.stderr.strip()}")
         super().__init__([*txcoord, "console", "--config", config_path, "--users", self.users_path, "--port", "0",

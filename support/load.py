@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from tests.support.records import BODY
+from support.records import BODY
 
 __all__ = ["PROCESS_START_TIMEOUT_S", "SteadySender", "SteadyShares", "StartedTogether", "send_on_schedule",
            "steady_share"]
@@ -189,7 +189,7 @@ def steady_share(root: str, storage: dict[str, str], group: str, topic: str, rat
     (``errors``) and never started (``unsent``), when sending started (``started_at``, ``time.time()``) and its
     ``send_seconds``; :class:`SteadyShares` puts the processes' together."""
     from coordinator import CoordinatorConfig, TransactionProducer
-    from tests.support.listeners import Commits
+    from support.listeners import Commits
 
     with TransactionProducer(group, Commits(), CoordinatorConfig(lakehouse=root, storage=storage)) as producer:
         sender = SteadySender(producer, topic, rate, seconds, threads)

@@ -46,9 +46,9 @@ Example::
         proxy.counts()  # {"requests": 120, "forwarded": 118, "injected": {"slowdown": 2, ...},
                         #  "by_kind": {"GET": 40, "LIST": 12, "PUT": 60, ...}, ...}
 
-    python -m bench.storage_faults --upstream http://127.0.0.1:9000 --seed 1 \\
+    python -m support.faults --upstream http://127.0.0.1:9000 --seed 1 \\
         --rates slowdown=0.02,error=0.01,delay=0.01,reset=0.01,drop_reply=0.01 --methods PUT
-    python -m bench.storage_faults --upstream http://127.0.0.1:9000 --latency-ms 25   # no faults, 25 ms a request
+    python -m support.faults --upstream http://127.0.0.1:9000 --latency-ms 25   # no faults, 25 ms a request
     # storage-faults: listening on http://127.0.0.1:41235      (the counts as JSON on SIGTERM)
 """
 

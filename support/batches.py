@@ -13,8 +13,8 @@ from deltalake import DeltaTable
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.tables import COMMIT_LOG
-from tests.support.lakehouse import append_rows
-from tests.support.records import half_record
+from support.lakehouse import append_rows
+from support.records import half_record
 
 __all__ = ["ManualChecker", "stored_time"]
 

@@ -7,7 +7,7 @@ __all__ = ["Commits"]
 
 class Commits:
     """A no-op local transaction that commits (so the coordinator's own cost is what is measured). Its class
-    is made when called: importing :mod:`tests.support` loads nothing of the product."""
+    is made when called: importing :mod:`support` loads nothing of the product."""
 
     def __new__(cls):
         from coordinator import LocalTransactionState, TransactionListener

@@ -1,5 +1,5 @@
 """A benchmark's lakehouse on object storage at a chosen latency: the loopback S3 server behind one
-storage-fault proxy per party of the run (``bench/storage_faults.py``, no faults, ``latency_ms`` added
+storage-fault proxy per party of the run (``support/faults.py``, no faults, ``latency_ms`` added
 to every request), and what each party's requests would cost on S3.
 
 Each party (``producer``, ``checker``) reaches the server through a proxy of its own, so each one's
@@ -25,7 +25,7 @@ import os
 import uuid
 from typing import Iterable, Mapping, Optional
 
-from bench.storage_faults import REQUEST_KINDS, FaultProxyProcess
+from support.faults import REQUEST_KINDS, FaultProxyProcess
 
 __all__ = ["LATENCY_HELP", "LatencyStore", "S3_PRICES", "S3_PRICES_USD_PER_1000", "idle_cost_per_day",
            "request_cost", "requests_between"]
@@ -81,7 +81,7 @@ class LatencyStore:
         self._stack.close()
 
     def request_log(self, party: str) -> Optional[str]:
-        """The file ``party``'s proxy logs each request to (``bench.storage_faults``), if ``request_logs`` was given."""
+        """The file ``party``'s proxy logs each request to (``support.faults``), if ``request_logs`` was given."""
         return None if self.request_logs is None else os.path.join(self.request_logs, f"{party}-requests.jsonl")
 
     def storage(self, party: str) -> dict[str, str]:
@@ -89,7 +89,7 @@ class LatencyStore:
         return self._proxies[party].storage_options(self.direct)
 
     def counts(self, party: str) -> dict:
-        """``party``'s proxy's counts now (``bench.storage_faults.FaultProxy.counts``)."""
+        """``party``'s proxy's counts now (``support.faults.FaultProxy.counts``)."""
         return self._proxies[party].counts()
 
     def requests_since(self, party: str, before: Mapping) -> dict[str, int]:
@@ -111,7 +111,7 @@ class LatencyStore:
 
     def settings(self) -> dict:
         """What a report says about this store."""
-        return {"latency_ms": self.latency_ms, "server": "versitygw on loopback behind bench/storage_faults.py",
+        return {"latency_ms": self.latency_ms, "server": "versitygw on loopback behind support/faults.py",
                 "proxies": list(self.parties), "prices": S3_PRICES}
 
 

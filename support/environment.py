@@ -7,7 +7,10 @@ import os
 import subprocess
 from pathlib import Path
 
-__all__ = ["DEMO_ORDERS", "run_checked", "user_environment", "without_txcoord_settings"]
+__all__ = ["DEMO_ORDERS", "REPO_ROOT", "run_checked", "user_environment", "without_txcoord_settings"]
+
+#: The checkout the tests and benchmarks run from (its jobs/, bench/, scripts/ and notebooks/ are not in the package).
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 #: The orders of the run's one demo (the ``demo`` fixture).
 DEMO_ORDERS = 12

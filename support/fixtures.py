@@ -1,7 +1,8 @@
-"""Shared fixtures: one Spark session for the whole suite, a fresh lakehouse per test (on a local disk, the
+"""The pytest fixtures of ``tests/`` and ``bench/tests/`` (a plugin the checkout's ``conftest.py`` loads): one Spark
+session for the whole suite, a fresh lakehouse per test (on a local disk, the
 S3 server or Azurite), the checker's batch logic driven batch by batch with an explicit clock (so timing
 rules are tested without sleeping), and the installed wheel and its demo. What they are made of, and every
-other helper, is in ``tests/support/``."""
+other helper, is in the rest of :mod:`support`."""
 
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 from coordinator.ops import maintenance
 from coordinator.spark import jars
-from tests import REPO_ROOT
-from tests.support.batches import ManualChecker
-from tests.support.environment import DEMO_ORDERS, run_checked, user_environment
-from tests.support.servers import require_azurite, require_s3_server
+from support.environment import REPO_ROOT
+from support.batches import ManualChecker
+from support.environment import DEMO_ORDERS, run_checked, user_environment
+from support.servers import require_azurite, require_s3_server
 
 
 @pytest.fixture(scope="session")

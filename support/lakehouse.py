@@ -10,7 +10,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from coordinator.tables import METRICS, TableDef
-from tests.support.records import half_record
+from support.records import half_record
 
 __all__ = ["SteadyProducer", "append_rows", "metrics_row"]
 

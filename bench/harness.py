@@ -1,5 +1,6 @@
 """A benchmark's report: its envelope (time, machine, load average), the ``--tiny`` option, and the
-statistics every report quotes.
+statistics every report quotes (from :mod:`support.quantiles`, which the benchmarks share with the tests).
+What else the benchmarks and the chaos harness use to run the product lives in :mod:`support`.
 
 Other engineers share this machine: every report records ``os.getloadavg()`` at start and end, and a
 loaded machine is flagged at start, because its figures mean little.
@@ -11,15 +12,18 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping, Optional
 
+from support import REPO_ROOT
+from support.quantiles import median, percentile
+
 __all__ = ["RESULTS", "ROOT", "TINY_HELP", "finish_report", "machine", "median", "parse_args", "percentile", "start_report"]
 
-ROOT = Path(__file__).resolve().parents[2]
+#: The checkout the benchmarks run from.
+ROOT = REPO_ROOT
 RESULTS = ROOT / "bench" / "results"
 #: Above this 1-minute load average (on this 2-core machine) the figures are not worth much.
 LOAD_WARNING = 1.5
@@ -60,7 +64,7 @@ def finish_report(report: dict, path: Path) -> dict:
 
 
 TINY_HELP = ("the smallest run that still goes through the whole benchmark, in seconds, for the tests "
-             "(tests/test_bench.py): its figures mean nothing; options given explicitly still win")
+             "(bench/tests/test_bench.py): its figures mean nothing; options given explicitly still win")
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Optional[list[str]], benchmark: str,
@@ -80,15 +84,3 @@ def parse_args(parser: argparse.ArgumentParser, argv: Optional[list[str]], bench
         parser.set_defaults(**tiny, results=str(RESULTS / f"{benchmark}-tiny.json"))
     return parser.parse_args(argv)
 
-
-def percentile(values: list[float], q: float) -> Optional[float]:
-    """The ``q`` quantile by nearest rank (``None`` for no values)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def median(values: list[float]) -> Optional[float]:
-    """The median (``None`` for no values)."""
-    return statistics.median(values) if values else None

@@ -1,5 +1,5 @@
 """The scheduled maintenance's worker process, compacting commit logs as the ``commit_logs_compacted_eagerly``
-fixture (tests/conftest.py) has maintenance do in the tests' own process."""
+fixture (support/fixtures.py) has maintenance do in the tests' own process."""
 
 from datetime import timedelta
 

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Optional, TypeVar, Union
 
-from tests import REPO_ROOT
-from tests.support.waiting import wait_until
+from support.environment import REPO_ROOT
+from support.waiting import wait_until
 
 T = TypeVar("T")
 

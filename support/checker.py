@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional, Union
 
-from tests import REPO_ROOT
-from tests.support.deltalog import latest_version
-from tests.support.processes import Job, child_environment
+from support.environment import REPO_ROOT
+from support.deltalog import latest_version
+from support.processes import Job, child_environment
 
 if TYPE_CHECKING:
     from coordinator.control.progress import Progress

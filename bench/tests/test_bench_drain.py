@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from bench import drain
-from tests import REPO_ROOT
+from support import REPO_ROOT
 
 
 

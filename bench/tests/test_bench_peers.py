@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from tests import REPO_ROOT
+from support import REPO_ROOT
 from bench.peers import run as peers
 from bench.peers import workload
 from bench.peers.workload import COMMIT, ROLLBACK, UNKNOWN, Plan

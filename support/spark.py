@@ -9,10 +9,10 @@ import dataclasses
 import time
 from typing import Iterator, Mapping, Optional
 
-from bench.harness.report import median
-from tests.support.processes import proc_status
-from tests.support.records import commit_rows, half_rows
-from tests.support.waiting import wait_until
+from support.quantiles import median
+from support.processes import proc_status
+from support.records import commit_rows, half_rows
+from support.waiting import wait_until
 
 __all__ = ["BatchDriver", "jvm_memory", "reach_object_store", "spark_session", "streaming_triggers"]
 
