@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JARS := .cache/spark-jars.stamp
 
-.PHONY: setup lock demo test test-under-load system-packages s3-server azurite chaos cluster bench peers clean
+.PHONY: setup lock demo test test-bench test-under-load system-packages s3-server azurite chaos cluster bench peers clean
 
 setup: $(INSTALLED) $(JARS)
 
@@ -38,20 +38,32 @@ lock:
 demo: setup
 	$(PY) -m coordinator demo
 
-# The S3 server of the object-storage tests is built from source once per machine (cached in txcoord's cache,
-# ~/.cache/txcoord/s3: about a minute and a half of both cores), and Azurite, the Azure Storage emulator, installed
-# from npm once (~/.cache/txcoord/azurite: about half a minute), both from the start (the scripts need only Python's stdlib); then the
-# tests in two lanes at once (scripts/test_lanes.sh), each lane's time and its slowest tests printed.
+# The product's tests (tests/). The S3 server of the object-storage tests is built from source once per machine
+# (cached in txcoord's cache, ~/.cache/txcoord/s3: about a minute and a half of both cores), and Azurite, the
+# Azure Storage emulator, installed from npm once (~/.cache/txcoord/azurite: about half a minute), both from the
+# start (the scripts need only Python's stdlib); then the tests in two lanes at once (scripts/test_lanes.sh),
+# each lane's time and its slowest tests printed. CI runs `make test-bench` after it.
 test: system-packages
 	@mkdir -p .cache; start=$$(date +%s); \
 	$(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
 	$(PYTHON) scripts/azurite.py install > .cache/azurite-install.log 2>&1 & azurite=$$!; \
 	$(MAKE) --no-print-directory setup || { kill $$build $$azurite 2>/dev/null; exit 1; }; \
 	echo "--- setup took $$(( $$(date +%s) - start )) s"; \
-	bash scripts/test_lanes.sh; status=$$?; \
+	bash scripts/test_lanes.sh tests; status=$$?; \
 	wait $$build || { echo "--- the S3 server's build failed:"; cat .cache/s3-build.log; status=1; }; \
 	wait $$azurite || { echo "--- Azurite's install failed:"; cat .cache/azurite-install.log; status=1; }; \
 	echo "--- make test took $$(( $$(date +%s) - start )) s"; exit $$status
+
+# The benchmarks' and the chaos harness's own tests (bench/tests/): every benchmark's tiny run, the chaos runs
+# (local disk, and the S3 server with storage faults), the verdict's and the reports' logic. Same lanes as
+# `make test`; CI runs it second (.ci/run).
+test-bench: system-packages
+	@mkdir -p .cache; start=$$(date +%s); \
+	$(MAKE) --no-print-directory setup || exit 1; \
+	$(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 || { echo "--- the S3 server's build failed:"; \
+	  cat .cache/s3-build.log; exit 1; }; \
+	bash scripts/test_lanes.sh bench/tests; status=$$?; \
+	echo "--- make test-bench took $$(( $$(date +%s) - start )) s"; exit $$status
 
 # Three consecutive fresh-clone CI runs (`CI=true bash .ci/run`) beside two CPU-bound processes
 # (stress-ng, installed when missing): the suite must not depend on a quiet machine. About an hour.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make test`'s pytest runs, after setup: two lanes at once, each on two workers that steal each other's
+# The pytest runs of `make test` (tests/) and `make test-bench` (bench/tests/), after setup, over the directory
+# given (default tests/): two lanes at once, each on two workers that steal each other's
 # tests when done with their own (the tests wait on Spark triggers, JVM starts and subprocesses much of the
 # time, so four at once keep two cores busy):
 #   slow  the end-to-end tests that start Spark jobs of their own and the benchmarks' tiny runs; those on
@@ -11,7 +12,8 @@
 set -u
 cd "$(dirname "$0")/.."
 python=.venv/bin/python
-logs=.cache/lanes
+tree=${1:-tests}
+logs=.cache/lanes/$(echo "$tree" | tr / -)
 mkdir -p "$logs"
 started=$(date +%s)
 
@@ -24,8 +26,8 @@ lane() {
 }
 
 lanes=(slow fast)
-lane slow -m slow -n 2 --dist worksteal & slow=$!
-lane fast -m "not slow" -n 2 --dist worksteal & fast=$!
+lane slow "$tree" -m slow -n 2 --dist worksteal & slow=$!
+lane fast "$tree" -m "not slow" -n 2 --dist worksteal & fast=$!
 wait $slow $fast
 
 status=0
