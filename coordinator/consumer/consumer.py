@@ -169,6 +169,7 @@ class TopicConsumer:
         self._thread: Optional[threading.Thread] = None
         self._workers: Optional[Workers] = None
         self._shares_per_topic = 0
+        self._steps = 0  # rounds of the loop so far: a test moving the clock waits for the next ones
         #: The error that stopped this consumer, if one did (also logged); ``close()`` raises it.
         self.failure: Optional[BaseException] = None
 
@@ -279,6 +280,7 @@ class TopicConsumer:
         self._read()
         self._dispatch()
         self._save_due()
+        self._steps += 1
 
     def _drain(self) -> None:
         """Closing: the calls under way finish (or time out), then every share is saved and given up."""
