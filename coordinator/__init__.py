@@ -1,14 +1,16 @@
 """Transactional messages on Delta Lake, coordinated by Spark Structured Streaming.
 
-What a producer needs, importable without pyspark and starting no JVM::
+What a producer and a consumer need, importable without pyspark and starting no JVM::
 
     from coordinator import (CoordinatorConfig, LocalTransactionState, Message,
                              TransactionListener, TransactionProducer)
+    from coordinator import ConsumeResult, MessageListener, TopicConsumer
 
 The package by role:
 
 - :mod:`coordinator.protocol`: the protocol's words (record kinds, states, outcomes, limits), both sides;
 - :mod:`coordinator.producer`: producers and check-back (delta-rs, no JVM);
+- :mod:`coordinator.consumer`: consumer groups handing committed messages to listeners (no JVM);
 - :mod:`coordinator.checker`: the checker, a Structured Streaming job (Spark only);
 - :mod:`coordinator.control`: the checker's lease and progress record, read by operator tools (no JVM);
 - :mod:`coordinator.ops` and :mod:`coordinator.cli`: operator tools and the ``txcoord`` command (no JVM);
@@ -21,23 +23,32 @@ from coordinator.config import CoordinatorConfig
 from coordinator.protocol import LocalTransactionState
 
 _PRODUCER_SIDE = {"Message", "SendStatus", "TransactionListener", "TransactionProducer", "TransactionSendResult"}
+_CONSUMER_SIDE = {"ConsumeResult", "ConsumedMessage", "MessageListener", "TopicConsumer"}
 
 
 def __getattr__(name: str):
-    # Every module of the package imports this one first: the producer side is loaded only when
-    # asked for, so that the checker, which never imports it, does not load it either.
+    # Every module of the package imports this one first: the producer and consumer sides are loaded
+    # only when asked for, so that the checker, which never imports them, does not load them either.
     if name in _PRODUCER_SIDE:
         import coordinator.producer
 
         return getattr(coordinator.producer, name)
+    if name in _CONSUMER_SIDE:
+        import coordinator.consumer
+
+        return getattr(coordinator.consumer, name)
     raise AttributeError(f"module 'coordinator' has no attribute {name!r}")
 
 
 __all__ = [
+    "ConsumeResult",
+    "ConsumedMessage",
     "CoordinatorConfig",
     "LocalTransactionState",
     "Message",
+    "MessageListener",
     "SendStatus",
+    "TopicConsumer",
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",

@@ -8,6 +8,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -15,7 +16,8 @@ from coordinator.exceptions import ConfigError
 from coordinator.grants import TopicGrants
 from coordinator.storage import is_object_store
 
-__all__ = ["CoordinatorConfig", "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "EXIT_USAGE"]
+__all__ = ["CoordinatorConfig", "DEFAULT_CONFIG_PATH", "DEFAULT_RETRY_DELAYS_MS", "ENV_PREFIX", "EXIT_USAGE",
+           "START_CHOICES", "parse_start_time"]
 
 DEFAULT_CONFIG_PATH = Path("conf") / "coordinator.toml"
 ENV_PREFIX = "TXCOORD_"
@@ -23,6 +25,11 @@ ENV_PREFIX = "TXCOORD_"
 EXIT_USAGE = 2
 #: The values of ``rebuild_in_spark``.
 REBUILD_CHOICES = ("auto", "always", "never")
+#: Where a consumer group reading a topic for the first time starts, besides an ISO time.
+START_CHOICES = ("earliest", "latest")
+#: RocketMQ's retry ladder (messageDelayLevel 3 to 18): the delay before each attempt after a failed one.
+DEFAULT_RETRY_DELAYS_MS = (10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000, 420_000, 480_000,
+                           540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000)
 #: The integer settings that may be below 1 (each one's least value); every other is at least 1.
 _LEAST = {"maintenance_interval_ms": 0, "metrics_record_interval_ms": 0}
 
@@ -78,6 +85,26 @@ class CoordinatorConfig:
     #: That maintenance's log retention (``txcoord maintain --log-retention-hours``, fractions allowed); None,
     #: the default: each table keeps its own (Delta's default: 30 days).
     maintenance_log_retention_hours: Optional[float] = None
+    #: Where a consumer group starts on a topic it has never read (:mod:`coordinator.consumer`): ``earliest``
+    #: (the default: every message the topic holds), ``latest`` (only what arrives after) or an ISO time with its
+    #: zone (the first version committed at or after it). Fixed once, at the group's first start on the topic.
+    consumer_start_from: str = "earliest"
+    #: The delay before each new attempt of a message that failed, in order; the last one repeats.
+    consumer_retry_delays_ms: tuple[int, ...] = DEFAULT_RETRY_DELAYS_MS
+    #: Attempts of one message (the first included) before it moves to the group's dead letters.
+    consumer_max_attempts: int = 16
+    #: A listener call running longer counts as failed; its thread is abandoned, another takes its place.
+    consumer_timeout_ms: int = 900_000
+    #: Each consumer instance announces itself this often; one silent for two heartbeats is taken for dead.
+    consumer_heartbeat_ms: int = 2000
+    #: Listener calls one consumer instance runs at once (messages of different keys).
+    consumer_threads: int = 8
+    #: How often a consumer looks for new versions of its topics.
+    consumer_poll_interval_ms: int = 100
+    #: A share's progress is saved at most this often while messages succeed (a failure is saved at once).
+    consumer_commit_interval_ms: int = 5000
+    #: Messages one share reads ahead of its oldest unfinished one.
+    consumer_max_buffered: int = 1000
 
     def __post_init__(self) -> None:
         if not isinstance(self.lakehouse, str) or not self.lakehouse.strip():
@@ -105,6 +132,7 @@ class CoordinatorConfig:
         if hours is not None and (isinstance(hours, bool) or not isinstance(hours, (int, float))
                                   or not (math.isfinite(hours) and hours > 0)):
             raise ConfigError(f"maintenance_log_retention_hours must be a positive number of hours, got {hours!r}")
+        _check_consumer_settings(self)
         for f in dataclasses.fields(self):
             if f.type != "int":
                 continue
@@ -145,6 +173,8 @@ class CoordinatorConfig:
             variable = ENV_PREFIX + name.upper()
             if variable in environ and f.type in ("int", "str", "Optional[int]", "Optional[float]"):  # [storage]: AWS_* instead
                 values[name] = _parse_env(variable, environ[variable], f.type.removeprefix("Optional[").rstrip("]"))
+            elif variable in environ and f.type == "tuple[int, ...]":  # a list: comma-separated integers
+                values[name] = tuple(_parse_env(variable, item, "int") for item in environ[variable].split(","))
         return cls(**values)
 
     def replace(self, **changes: Any) -> "CoordinatorConfig":
@@ -155,6 +185,34 @@ class CoordinatorConfig:
             fast = config.replace(transaction_timeout_ms=500)
         """
         return dataclasses.replace(self, **changes)
+
+
+def _check_consumer_settings(config: CoordinatorConfig) -> None:
+    start = config.consumer_start_from
+    if not isinstance(start, str) or (start not in START_CHOICES and parse_start_time(start) is None):
+        raise ConfigError(f"consumer_start_from must be earliest, latest or an ISO time with its zone "
+                          f"(2025-06-01T00:00:00+00:00), got {start!r}")
+    delays = config.consumer_retry_delays_ms
+    if isinstance(delays, (str, bytes)) or not isinstance(delays, (list, tuple)) or not delays or not all(
+            isinstance(delay, int) and not isinstance(delay, bool) and delay >= 0 for delay in delays):
+        raise ConfigError(f"consumer_retry_delays_ms must be a non-empty list of milliseconds (each at least 0), "
+                          f"got {delays!r}")
+    object.__setattr__(config, "consumer_retry_delays_ms", tuple(delays))
+
+
+def parse_start_time(text: str) -> Optional[datetime]:
+    """``text`` as an ISO time with its zone (``consumer_start_from``, ``--to``), or ``None``.
+
+    Example::
+
+        parse_start_time("2025-06-01T00:00:00Z")  # datetime(2025, 6, 1, tzinfo=timezone.utc)
+        parse_start_time("2025-06-01")            # None: no zone
+    """
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except (ValueError, AttributeError):
+        return None
+    return when if when.tzinfo is not None else None
 
 
 def _setting(value: Any) -> str:

@@ -1,11 +1,11 @@
 """Every error the coordinator raises. All derive from :class:`CoordinatorError`."""
 
 __all__ = ["AccessDeniedError", "CheckerAlreadyRunningError", "CheckerStateError", "CheckpointMismatchError",
-           "ConfigError", "CoordinatorError", "CorruptInputError", "FileTooLargeError", "HalfNotStoredError",
-           "HalfOutcomeUnknownError", "IncompleteListenerError", "InvalidArgumentError", "LakehouseNotFoundError",
-           "LeaseLostError", "MessageValidationError", "OutdatedLakehouseError", "ProducerStateError",
-           "SparkSetupError", "StopRequested", "StorageUnavailableError", "UnsupportedTableError",
-           "WriteOutcomeUnknownError", "one_line"]
+           "ConfigError", "ConsumerStateError", "CoordinatorError", "CorruptInputError", "FileTooLargeError",
+           "HalfNotStoredError", "HalfOutcomeUnknownError", "IncompleteListenerError", "InvalidArgumentError",
+           "LakehouseNotFoundError", "LeaseLostError", "MessageValidationError", "OutdatedLakehouseError",
+           "PositionGoneError", "ProducerStateError", "SparkSetupError", "StopRequested", "StorageUnavailableError",
+           "UnsupportedTableError", "WriteOutcomeUnknownError", "one_line"]
 
 
 class CoordinatorError(Exception):
@@ -56,6 +56,16 @@ class HalfOutcomeUnknownError(CoordinatorError):
 
 class ProducerStateError(CoordinatorError):
     """The producer was used before ``start()`` or after ``shutdown()``."""
+
+
+class ConsumerStateError(CoordinatorError):
+    """A consumer was started again after ``close()``, or an operator acted on a consumer group whose
+    instances are live where it must be stopped (``txcoord consumer-groups reset``)."""
+
+
+class PositionGoneError(CoordinatorError):
+    """A consumer group's position in a topic is a version the topic's log no longer holds (log cleanup,
+    vacuum): its messages cannot be read. ``txcoord consumer-groups reset`` moves the group on."""
 
 
 class LakehouseNotFoundError(CoordinatorError):

@@ -310,3 +310,43 @@ METRICS = TableDef(
 #: a group's tables when it is added (``txcoord add-group``) or first sends.
 SYSTEM_TABLES = (HALF, OP, CHECK_REQUESTS, DISCARDED, REJECTED, UNDELIVERED, COMMITS_READ, METRICS)
 
+
+#: A consumer group's dead letters (``consumers/<GROUP>/dead_letters``), written by the group's instances only:
+#: one row each time a message used up ``consumer_max_attempts``, with the message, its last error and how many
+#: attempts it had. ``dead_letter_id`` (``<topic>.<share>.<n>``: the share's n-th dead letter) is what an
+#: operator's action names; a message redriven and dead again gets a new row and a new id.
+DEAD_LETTERS = TableDef(
+    "consumers/<GROUP>/dead_letters",
+    (
+        ("dead_letter_id", "string"),
+        *TOPIC.columns[:-1],  # the message as its topic holds it, less the checker's batch id
+        ("topic_version", "long"),  # the topic table's version the message arrived in (-1: a redrive)
+        ("share", "int"),
+        ("attempts", "int"),
+        ("last_error", "string"),
+        ("dead_at", "timestamp"),
+        ("consumer_instance", "string"),
+    ),
+)
+
+#: What operators did to a consumer group (``consumers/<GROUP>/operator_actions``), written by operators only
+#: (``txcoord dead-letters``, ``txcoord consumer-groups reset``): who (``operator``) did what, when and why. A
+#: ``REDRIVE`` or ``DISCARD`` closes the dead letter it names; a ``RESET`` names the topic and where it went.
+CONSUMER_ACTIONS = TableDef(
+    "consumers/<GROUP>/operator_actions",
+    (
+        ("action_id", "string"),
+        ("action", "string"),
+        ("dead_letter_id", "string"),
+        ("msg_id", "string"),
+        ("topic", "string"),
+        ("detail", "string"),
+        ("operator", "string"),
+        ("acted_at", "timestamp"),
+    ),
+)
+
+#: Messages operators redrive to a consumer group (``consumers/<GROUP>/redrive``), written by operators only: a
+#: topic's rows (``topic`` the original one), consumed by the group like one more topic of its own
+#: (RocketMQ's ``%RETRY%<group>``), attempts counted afresh.
+REDRIVE = TableDef("consumers/<GROUP>/redrive", TOPIC.columns)

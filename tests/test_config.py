@@ -109,3 +109,34 @@ def test_topic_grants_are_read_from_their_table_and_off_without_it(tmp_path):
 
     assert config.topic_grants == {"order_group": ("ORDER_TOPIC", "AUDIT_*"), "quiet_group": ()}
     assert CoordinatorConfig.load(write_toml(tmp_path, ""), environ={}).topic_grants is None
+
+
+def test_consumer_defaults_start_at_the_earliest_and_retry_on_rocketmqs_ladder():
+    config = CoordinatorConfig()
+    assert config.consumer_start_from == "earliest"
+    assert config.consumer_max_attempts == 16
+    assert config.consumer_retry_delays_ms[:3] == (10_000, 30_000, 60_000)
+    assert config.consumer_retry_delays_ms[-1] == 7_200_000 and len(config.consumer_retry_delays_ms) == 16
+
+
+def test_consumer_settings_from_the_file_and_the_environment(tmp_path):
+    path = write_toml(tmp_path, 'consumer_start_from = "2025-06-01T00:00:00+00:00"\n'
+                                "consumer_retry_delays_ms = [1000, 5000]\n")
+    config = CoordinatorConfig.load(path, environ={"TXCOORD_CONSUMER_MAX_ATTEMPTS": "4"})
+    assert config.consumer_retry_delays_ms == (1000, 5000) and config.consumer_max_attempts == 4
+    config = CoordinatorConfig.load(path, environ={"TXCOORD_CONSUMER_RETRY_DELAYS_MS": "10, 20"})
+    assert config.consumer_retry_delays_ms == (10, 20)
+
+
+@pytest.mark.parametrize("text", [
+    'consumer_start_from = "yesterday"\n',
+    'consumer_start_from = "2025-06-01T00:00:00"\n',  # no zone: whose midnight?
+    "consumer_retry_delays_ms = []\n",
+    "consumer_retry_delays_ms = [1000, -1]\n",
+    'consumer_retry_delays_ms = "1000"\n',
+    "consumer_max_attempts = 0\n",
+    "consumer_timeout_ms = 0\n",
+])
+def test_bad_consumer_settings_are_refused(tmp_path, text):
+    with pytest.raises(ConfigError):
+        CoordinatorConfig.load(write_toml(tmp_path, text), environ={})

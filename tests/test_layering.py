@@ -45,11 +45,20 @@ def test_producer_side_never_imports_pyspark():
     assert not any(m.startswith(("coordinator.checker", "coordinator.ops", "coordinator.demo")) for m in modules)
 
 
+def test_consumer_side_never_imports_pyspark_nor_the_checker_or_operator_tools():
+    modules = loaded_after("from coordinator import TopicConsumer, MessageListener, ConsumeResult, CoordinatorConfig\n"
+                           + "".join(f"import {m}\n" for m in modules_of("coordinator.consumer")))
+    assert "coordinator.consumer.consumer" in modules
+    assert spark_loaded(modules) == []
+    assert not any(m.startswith(("coordinator.checker", "coordinator.ops", "coordinator.cli", "coordinator.web",
+                                 "coordinator.demo")) for m in modules)
+
+
 def test_checker_never_imports_producer_side_or_operator_tools():
     modules = loaded_after("".join(f"import {m}\n" for m in modules_of("coordinator.checker")))
     assert "coordinator.checker.query" in modules and "pyspark" in modules
-    assert not any(m.startswith(("coordinator.producer", "coordinator.ops", "coordinator.cli", "coordinator.demo",
-                                 "coordinator.web")) for m in modules)
+    assert not any(m.startswith(("coordinator.producer", "coordinator.consumer", "coordinator.ops", "coordinator.cli",
+                                 "coordinator.demo", "coordinator.web")) for m in modules)
 
 
 def test_the_web_console_starts_no_jvm_and_only_the_console_extra_brings_its_framework():

@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
-from coordinator.cli import output
+from coordinator.cli import consumers, output
 from coordinator.config import EXIT_USAGE, CoordinatorConfig
 from coordinator.exceptions import (AccessDeniedError, ConfigError, InvalidArgumentError, LakehouseNotFoundError,
                                     OutdatedLakehouseError, SparkSetupError, StorageUnavailableError)
@@ -187,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true",
                      help="print the outcome as one JSON document (the running commentary goes to stderr)")
     run.set_defaults(run=run_demo)
+    consumers.register(commands)
     return parser
 
 

@@ -16,9 +16,9 @@ Example::
 
 import importlib
 
-from coordinator.lakehouse.paths import (GROUPS_KEY, LAYOUT_KEY, LEASE_KEY, OPERATORS_LOG_KEY, PROGRESS_KEY, SHARED_LOG_KEY,
-                                         STANDBYS_KEY, Lakehouse, delta_checkpoint_file, delta_log_file, group_key,
-                                         group_of_key, require_lakehouse, topic_names)
+from coordinator.lakehouse.paths import (CONSUMERS_KEY, GROUPS_KEY, LAYOUT_KEY, LEASE_KEY, OPERATORS_LOG_KEY,
+                                         PROGRESS_KEY, SHARED_LOG_KEY, STANDBYS_KEY, Lakehouse, delta_checkpoint_file,
+                                         delta_log_file, group_key, group_of_key, require_lakehouse, topic_names)
 
 # The rest is imported when first used: Spark's Python workers for the checker's streaming source need
 # only the paths, and delta-rs with pyarrow's compute functions would lengthen each worker's start.
@@ -33,7 +33,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'coordinator.lakehouse' has no attribute {name!r}")
 
 
-__all__ = ["GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY", "SHARED_LOG_KEY",
-           "STANDBYS_KEY", "create_group_tables", "create_table", "created_unless_exists", "delta_checkpoint_file",
-           "delta_log_file", "group_key", "group_of_key", "init_lakehouse", "listing_retried", "open_table", "read_table",
+__all__ = ["CONSUMERS_KEY", "GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY",
+           "SHARED_LOG_KEY", "STANDBYS_KEY", "create_group_tables", "create_table", "created_unless_exists",
+           "delta_checkpoint_file", "delta_log_file", "group_key", "group_of_key", "init_lakehouse", "listing_retried", "open_table", "read_table",
            "require_lakehouse", "table_dataset", "topic_names", "transaction_ids_in"]

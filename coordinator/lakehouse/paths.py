@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     import pyarrow.compute as pc
     from deltalake import DeltaTable
 
-__all__ = ["GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY", "SHARED_LOG_KEY",
-           "STANDBYS_KEY", "group_key", "group_of_key", "require_lakehouse", "topic_names"]
+__all__ = ["CONSUMERS_KEY", "GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY",
+           "SHARED_LOG_KEY", "STANDBYS_KEY", "group_key", "group_of_key", "require_lakehouse", "topic_names"]
 
 
 #: The checker's lease (:mod:`coordinator.control.lease`), its progress record
@@ -31,6 +31,9 @@ PROGRESS_KEY = "system/_checker_progress.json"
 LAYOUT_KEY = "system/_layout.json"
 #: Each producer group's own prefix: its commit log, its check requests and its instances' announcements.
 GROUPS_KEY = "groups"
+#: Each consumer group's own prefix (:mod:`coordinator.consumer`): its grant, instances, share claims,
+#: progress, dead letters, and the operators' actions on it.
+CONSUMERS_KEY = "consumers"
 #: The operators' decisions (``txcoord resolve``): a commit log only operators may write.
 OPERATORS_LOG_KEY = "operators/commit_log"
 #: The one commit log every group shared before each had its own (:mod:`coordinator.commit_logs`).
@@ -150,6 +153,24 @@ class Lakehouse:
     def check_requests(self, group: str) -> str:
         """The check requests the checker sends ``group``: only that group reads them (they carry bodies)."""
         return self._join(*self.group_dir(group).split("/"), "check_requests")
+
+    def consumer_dir(self, group: str) -> str:
+        """The key (relative to the root) of everything consumer group ``group`` owns: ``consumers/<group>``.
+
+        Example::
+
+            Lakehouse("lh").consumer_dir("credits")  # 'consumers/credits'
+        """
+        return f"{CONSUMERS_KEY}/{group_key(group)}"
+
+    def consumer_table(self, group: str, name: str) -> str:
+        """The Delta table ``name`` (``dead_letters``, ``operator_actions``, ``redrive``) of consumer group ``group``.
+
+        Example::
+
+            Lakehouse("/lh").consumer_table("credits", "dead_letters")  # '/lh/consumers/credits/dead_letters'
+        """
+        return self._join(*self.consumer_dir(group).split("/"), name)
 
     @property
     def operators_log(self) -> str:

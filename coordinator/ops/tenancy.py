@@ -26,12 +26,13 @@ from coordinator.control.lease import CheckerLease
 from coordinator.control.progress import CheckerProgress
 from coordinator.doorbells import doorbell_key
 from coordinator.exceptions import InvalidArgumentError, MessageValidationError, OutdatedLakehouseError
-from coordinator.lakehouse import (GROUPS_KEY, OPERATORS_LOG_KEY, SHARED_LOG_KEY, Lakehouse, create_group_tables,
+from coordinator.lakehouse import (CONSUMERS_KEY, GROUPS_KEY, OPERATORS_LOG_KEY, SHARED_LOG_KEY, Lakehouse, create_group_tables,
                                    group_key, init_lakehouse, open_table, read_table)
 from coordinator.names import validate_name
 from coordinator.tables import HALF
 
-__all__ = ["ANALYSTS", "CHECKER", "OPERATORS", "Grant", "Upgrade", "access_plan", "add_group", "group_principal",
+__all__ = ["ANALYSTS", "CHECKER", "OPERATORS", "Grant", "Upgrade", "access_plan", "add_group", "consumer_principal",
+           "group_principal",
            "merged_policy", "s3_bucket_policy", "statement_id", "upgrade"]
 
 log = logging.getLogger("coordinator.ops")
@@ -42,6 +43,16 @@ CHECKER, OPERATORS, ANALYSTS = "checker", "operators", "analysts"
 def group_principal(group: str) -> str:
     """How :func:`access_plan` names the principal of producer group ``group``."""
     return f"group {group}"
+
+
+def consumer_principal(group: str) -> str:
+    """How :func:`access_plan` names the principal of consumer group ``group``.
+
+    Example::
+
+        consumer_principal("credits")  # 'consumer credits'
+    """
+    return f"consumer {group}"
 
 
 @dataclass(frozen=True)
@@ -57,7 +68,7 @@ class Grant:
     exact: bool = False
 
 
-def access_plan(groups: Iterable[str]) -> list[Grant]:
+def access_plan(groups: Iterable[str], consumer_groups: Optional[Mapping[str, Sequence[str]]] = None) -> list[Grant]:
     """Every grant the lakehouse needs, for its checker, operators, analysts and each of ``groups``.
 
     * the **checker** reads and writes everything (it also runs ``txcoord maintain``);
@@ -66,7 +77,12 @@ def access_plan(groups: Iterable[str]) -> list[Grant]:
     * **analysts** read the topics and the checker's tables (the audit trail);
     * each **group** writes its own commit logs, its instances' announcements and its doorbell
       (:mod:`coordinator.doorbells`), and reads its own check requests: nothing of another group,
-      nothing of the checker's.
+      nothing of the checker's;
+    * each **consumer group** of ``consumer_groups`` (group -> the topics or patterns its grant names)
+      reads those topics and its own prefix ``consumers/<group>/``, and writes there its instances'
+      records, share claims, progress and dead letters; never its grant, the operators' actions on it or
+      its redrive table, which **operators** write (they read every consumer group's prefix, and write
+      its progress for a reset).
 
     Example::
 
@@ -87,10 +103,25 @@ def access_plan(groups: Iterable[str]) -> list[Grant]:
                  Grant(group_principal(group), ("read", "write", "delete"), f"{directory}/_producers/"),
                  Grant(group_principal(group), ("read",), f"{directory}/check_requests/"),
                  Grant(group_principal(group), ("read", "write"), doorbell_key(group), exact=True)]
+    if consumer_groups:
+        plan += [Grant(OPERATORS, ("read",), f"{CONSUMERS_KEY}/"),
+                 Grant(OPERATORS, ("read", "write"), f"{CONSUMERS_KEY}/*/_grant.json", exact=True),
+                 Grant(OPERATORS, ("read", "write", "delete"), f"{CONSUMERS_KEY}/*/progress/"),
+                 Grant(OPERATORS, ("read", "write"), f"{CONSUMERS_KEY}/*/operator_actions/"),
+                 Grant(OPERATORS, ("read", "write"), f"{CONSUMERS_KEY}/*/redrive/")]
+    for group, topics in sorted((consumer_groups or {}).items()):
+        directory, principal = f"{CONSUMERS_KEY}/{group_key(group)}", consumer_principal(group)
+        plan += [Grant(principal, ("read",), f"topics/{topic}/") for topic in topics]
+        plan += [Grant(principal, ("read",), f"{directory}/"),
+                 Grant(principal, ("read", "write", "delete"), f"{directory}/_instances/"),
+                 Grant(principal, ("read", "write", "delete"), f"{directory}/shares/"),
+                 Grant(principal, ("read", "write"), f"{directory}/progress/"),
+                 Grant(principal, ("read", "write"), f"{directory}/dead_letters/")]
     return plan
 
 
-def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]], refuse_overwrites: bool = True) -> dict:
+def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]], refuse_overwrites: bool = True,
+                     consumer_groups: Optional[Mapping[str, Sequence[str]]] = None) -> dict:
     """An S3 bucket policy granting :func:`access_plan` on the lakehouse at ``root``
     (``s3://bucket/prefix``) to the accounts of each principal: ``accounts`` maps a principal of the
     plan (``checker``, ``operators``, ``analysts``, ``group <name>``) to its account names or ARNs.
@@ -118,7 +149,7 @@ def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]], refuse_ov
     bucket, _, prefix = root.removeprefix("s3://").partition("/")
     base = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
     groups = [principal.removeprefix("group ") for principal in accounts if principal.startswith("group ")]
-    plan = access_plan(groups)
+    plan = access_plan(groups, consumer_groups)
     statements = []
     for principal in dict.fromkeys(grant.principal for grant in plan):
         names = list(accounts.get(principal, ()))
@@ -134,6 +165,8 @@ def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]], refuse_ov
         listed = [f"{base}{grant.prefix}*" for grant in grants if not grant.exact]
         if any(grant.prefix.startswith(f"{GROUPS_KEY}/*/") for grant in grants):  # finding the groups lists their parent
             listed.append(f"{base}{GROUPS_KEY}/")
+        if any(grant.prefix.startswith(f"{CONSUMERS_KEY}/*/") for grant in grants):
+            listed.append(f"{base}{CONSUMERS_KEY}/")
         own.append({"Effect": "Allow", "Principal": {"AWS": names}, "Action": ["s3:ListBucket"],
                     "Resource": [f"arn:aws:s3:::{bucket}"], "Condition": {"StringLike": {"s3:prefix": listed}}})
         logs = [grant.prefix.rstrip("/") for grant in grants if "write" in grant.access
@@ -156,6 +189,8 @@ def statement_id(principal: str, number: int) -> str:
     """
     if principal.startswith("group "):
         return f"TxcoordGroup{principal.removeprefix('group ').encode().hex()}S{number}"
+    if principal.startswith("consumer "):
+        return f"TxcoordConsumer{principal.removeprefix('consumer ').encode().hex()}S{number}"
     return f"Txcoord{principal.capitalize()}S{number}"
 
 

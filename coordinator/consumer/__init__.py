@@ -1,0 +1,20 @@
+"""The consumer side: a consumer group's instances handing committed messages to a listener, with no JVM.
+
+:mod:`.listener` and :mod:`.message` are what users write and receive, :mod:`.consumer` the
+:class:`TopicConsumer` (shares, order, retries, dead letters), :mod:`.group` the group's records in its own
+prefix (``consumers/<group>/``), :mod:`.topic_log` reading a topic's versions as files, :mod:`.workers` the
+threads listener calls run on. Never imports pyspark and starts no JVM.
+
+Example::
+
+    from coordinator import ConsumeResult, MessageListener, TopicConsumer
+
+    with TopicConsumer("credits", ["ORDER_TOPIC"], Credits(), config):
+        ...
+"""
+
+from coordinator.consumer.consumer import TopicConsumer
+from coordinator.consumer.listener import ConsumeResult, MessageListener
+from coordinator.consumer.message import ConsumedMessage
+
+__all__ = ["ConsumeResult", "ConsumedMessage", "MessageListener", "TopicConsumer"]

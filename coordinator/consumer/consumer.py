@@ -1,0 +1,568 @@
+"""The topic consumer: a consumer group's instance, handing each committed message to a listener.
+
+Each topic is split into a fixed number of *shares* (the group's grant says how many) by a stable hash of a
+message's ``keys`` (of its ``msg_id`` when it has none): the messages of one key are always in one share.
+Every instance announces itself (:class:`~coordinator.consumer.group.ConsumerInstances`) and, every half
+heartbeat, works out which shares it should hold by rendezvous hashing over the live instances of its group;
+it takes a share with a claim written conditionally, so one share is handled by one instance at a time, and
+gives up the shares another live instance should hold once its calls under way in them end. An instance
+whose own record it could not renew for a heartbeat and a half stops starting calls: the others may take it
+for dead soon after.
+
+Within a share, messages are taken in the topic's order (its versions in order, ``queue_offset`` within
+each; :mod:`.topic_log`): a message starts only once every earlier message of its key is handled, so the
+messages of one key are handled one after another, in order, across all instances; other keys' messages run
+at once, up to ``consumer_threads`` calls. A failure (``FAILURE``, an exception, an answer that is not a
+:class:`ConsumeResult`, a call past ``consumer_timeout_ms``) delivers the message again after the next delay
+of ``consumer_retry_delays_ms``, its key's later messages waiting; after ``consumer_max_attempts`` attempts it
+moves to the group's dead letters and its key goes on.
+
+Each share's progress (:class:`~coordinator.consumer.group.ShareProgress`) is saved, conditionally, at most
+every ``consumer_commit_interval_ms`` while messages succeed, at once after a failure, and when the share is
+given up or the consumer closes: a crash delivers again what was handled since the last save, never skips.
+
+Example::
+
+    with TopicConsumer("credits", ["ORDER_TOPIC"], Credits(), config) as consumer:
+        ...   # consuming in the background until the block exits
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import pyarrow as pa
+
+from coordinator.config import CoordinatorConfig, parse_start_time
+from coordinator.consumer.group import REDRIVE_SOURCE, ConsumerGroup, ShareProgress, rendezvous_owner, share_of
+from coordinator.consumer.listener import ConsumeResult, MessageListener
+from coordinator.consumer.message import ConsumedMessage
+from coordinator.consumer.topic_log import TopicLog
+from coordinator.consumer.workers import Task, Workers
+from coordinator.exceptions import ConsumerStateError, CoordinatorError, InvalidArgumentError, one_line
+from coordinator.lakehouse import Lakehouse
+from coordinator.names import validate_name
+from coordinator.tables import DEAD_LETTERS
+
+__all__ = ["TopicConsumer", "retry_delay_ms"]
+
+_log = logging.getLogger("coordinator.consumer")
+
+#: An instance that could not renew its record for this many heartbeats stops starting calls.
+_FENCE_HEARTBEATS = 1.5
+
+
+def retry_delay_ms(delays: Sequence[int], failed_attempts: int) -> int:
+    """The delay before the attempt that follows ``failed_attempts`` failed ones: the ladder's entry, its last
+    one repeating.
+
+    Example::
+
+        retry_delay_ms((10_000, 30_000), 1)  # 10000
+        retry_delay_ms((10_000, 30_000), 5)  # 30000
+    """
+    return delays[min(failed_attempts, len(delays)) - 1]
+
+
+@dataclass
+class _Pending:
+    """A message of a share not handled yet, with its retry state."""
+
+    row: dict
+    version: int
+    offset: int
+    lane: str
+    attempts: int = 0
+    due_ms: int = 0
+    error: Optional[str] = None
+    dead: bool = False
+    inflight: bool = False
+
+
+class _Share:
+    """A share this instance holds: what it has read of the share's messages and what is left to handle."""
+
+    def __init__(self, source: str, number: int, log: TopicLog, progress: ShareProgress, file_version: Optional[str],
+                 now: float):
+        self.source, self.number, self.log = source, number, log
+        self.floor = progress.floor
+        self.done = {version: set(offsets) for version, offsets in progress.done.items()}
+        self.unread_retries = dict(progress.retrying)
+        self.dead_letters = progress.dead_letters
+        self.next_read = progress.version
+        self.pending: list[_Pending] = []
+        self.file_version = file_version
+        self.dirty = file_version is None
+        self.saved_at = now
+        self.releasing = False
+        self.failure: Optional[str] = None
+
+    @property
+    def watermark(self) -> int:
+        return self.pending[0].version if self.pending else self.next_read
+
+    def progress(self) -> ShareProgress:
+        watermark = self.watermark
+        for version in [version for version in self.done if version < watermark]:
+            del self.done[version]
+        retrying = dict(self.unread_retries)
+        retrying |= {p.offset: {"attempts": p.attempts, "due_ms": p.due_ms, "error": p.error, "dead": p.dead}
+                     for p in self.pending if p.attempts}
+        return ShareProgress(watermark, self.floor, {v: sorted(o) for v, o in self.done.items() if o}, retrying,
+                             self.dead_letters)
+
+    def handled(self, pending: _Pending) -> None:
+        self.pending.remove(pending)
+        self.done.setdefault(pending.version, set()).add(pending.offset)
+        self.dirty = True
+
+
+class TopicConsumer:
+    """An instance of consumer group ``group`` handing the messages of ``topics`` to ``listener`` (see the
+    module's docstring). ``start()`` begins consuming in background threads; ``close()`` lets the calls under
+    way finish, saves progress, gives up its shares and joins every thread it started (a call abandoned past
+    its deadline excepted). Also a context manager.
+
+    ``clock`` (epoch seconds) is what every deadline, delay and heartbeat is measured with: tests move it by hand.
+
+    Example::
+
+        consumer = TopicConsumer("credits", ["ORDER_TOPIC"], Credits(), CoordinatorConfig.load())
+        consumer.start()
+        try:
+            ...
+        finally:
+            consumer.close()
+    """
+
+    def __init__(self, group: str, topics: Sequence[str], listener: MessageListener, config: CoordinatorConfig, *,
+                 clock: Callable[[], float] = time.time):
+        self.group = validate_name("consumer group", group)
+        if isinstance(topics, str) or not isinstance(topics, Sequence) or not topics:
+            raise InvalidArgumentError(f"topics must be a non-empty list of topic names, got {topics!r}")
+        self.topics = tuple(dict.fromkeys(validate_name("topic", topic) for topic in topics))
+        if not isinstance(listener, MessageListener):
+            raise InvalidArgumentError(f"listener must be a MessageListener, got {type(listener).__name__}")
+        self.listener, self.config, self.clock = listener, config, clock
+        #: This instance of the group, as its record and claims name it (``consumers/<group>/_instances``).
+        self.instance_id = uuid.uuid4().hex
+        self.lakehouse = Lakehouse.of(config)
+        self._group = ConsumerGroup(self.lakehouse, self.group, clock=clock)
+        self._state = "created"
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._halted = False
+        self._shares: dict[tuple[str, int], _Share] = {}
+        self._logs: dict[str, TopicLog] = {}
+        self._inflight: dict[int, tuple[Task, float]] = {}
+        self._finished: list[tuple[Task, Any, Optional[BaseException]]] = []
+        self._announced_at = float("-inf")
+        self._rebalanced_at = float("-inf")
+        self._dead_letters = None
+        self._thread: Optional[threading.Thread] = None
+        self._workers: Optional[Workers] = None
+        self._shares_per_topic = 0
+        self._steps = 0  # rounds of the loop so far: a test moving the clock waits for the next ones
+        #: The error that stopped this consumer, if one did (also logged); ``close()`` raises it.
+        self.failure: Optional[BaseException] = None
+
+    def start(self) -> "TopicConsumer":
+        """Check the group's grant, announce this instance and start consuming in the background. Idempotent;
+        returns ``self``. Raises :class:`~coordinator.exceptions.AccessDeniedError` naming the grant when the
+        group may not read one of its topics, :class:`ConsumerStateError` after :meth:`close`.
+
+        Example::
+
+            consumer = TopicConsumer("credits", ["ORDER_TOPIC"], Credits(), config).start()
+        """
+        with self._lock:
+            if self._state == "running":
+                return self
+            if self._state == "closed":
+                raise ConsumerStateError(f"consumer of group {self.group!r} was closed; create a new one")
+            grant = self._group.require_grant(self.topics)
+            self._shares_per_topic = grant.shares
+            for source in (*self.topics, REDRIVE_SOURCE):
+                key = (f"topics/{source}" if source != REDRIVE_SOURCE
+                       else f"{self.lakehouse.consumer_dir(self.group)}/redrive")
+                self._logs[source] = TopicLog(self.lakehouse.files, key)
+            self._announce()
+            self._workers = Workers(self.config.consumer_threads, self._on_finished, name=f"consumer-{self.group}")
+            self._thread = threading.Thread(target=self._run, name=f"consumer-{self.group}", daemon=True)
+            self._state = "running"
+            self._thread.start()
+        _log.info("consumer started group=%s instance=%s topics=%s shares=%d", self.group, self.instance_id,
+                  ",".join(self.topics), self._shares_per_topic)
+        return self
+
+    def close(self) -> None:
+        """Stop starting calls, let those under way finish (each within ``consumer_timeout_ms``), save every
+        share's progress, give up the shares, withdraw this instance and join the threads. Idempotent. Raises
+        the error that stopped the consumer, if one did.
+
+        Example::
+
+            consumer.close()
+        """
+        with self._lock:
+            if self._state != "running":
+                self._state = "closed"
+                return
+            self._state = "closed"
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join()
+        self._workers.close()
+        if self._dead_letters is not None:
+            self._dead_letters.close()
+        _log.info("consumer closed group=%s instance=%s", self.group, self.instance_id)
+        if self.failure is not None:
+            raise ConsumerStateError(f"consumer of group {self.group!r} stopped: {one_line(self.failure)}") \
+                from self.failure
+
+    def __enter__(self) -> "TopicConsumer":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def shares(self) -> list[tuple[str, int]]:
+        """The (topic, share) pairs this instance holds now (the group's redrive table as ``~redrive``).
+
+        Example::
+
+            consumer.shares  # [('ORDER_TOPIC', 0), ('ORDER_TOPIC', 5), ...]
+        """
+        with self._lock:
+            return sorted(self._shares)
+
+    def _halt(self) -> None:
+        """Stop at once, saving nothing and withdrawing nothing: what ``kill -9`` leaves behind (for tests)."""
+        self._halted = True
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join()
+        with self._lock:
+            self._state = "closed"
+
+    # The background loop: every step below runs on its thread alone, so a share's state needs no lock.
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._step()
+                self._wake.wait(self.config.consumer_poll_interval_ms / 1000)
+                self._wake.clear()
+            if not self._halted:
+                self._drain()
+        except BaseException as error:  # whatever stops the loop stops this consumer, said once, loudly
+            self.failure = error
+            _log.error("consumer of group %s stopped: %s", self.group, one_line(error), exc_info=error)
+            self._stop_delivering()
+
+    def _step(self) -> None:
+        now = self.clock()
+        heartbeat_s = self.config.consumer_heartbeat_ms / 1000
+        if now - self._announced_at >= heartbeat_s:
+            self._announce()
+        if now - self._rebalanced_at >= heartbeat_s / 2:
+            self._rebalance()
+        self._take_finished()
+        self._expire()
+        self._read()
+        self._dispatch()
+        self._save_due()
+        self._steps += 1
+
+    def _drain(self) -> None:
+        """Closing: the calls under way finish (or time out), then every share is saved and given up."""
+        for share in self._shares.values():
+            share.releasing = True
+        while self._inflight:
+            self._take_finished()
+            self._expire()
+            self._wake.wait(self.config.consumer_poll_interval_ms / 1000)
+            self._wake.clear()
+        self._take_finished()
+        for share in list(self._shares.values()):
+            self._give_up(share)
+        try:
+            self._group.instances.withdraw(self.group, self.instance_id)
+        except CoordinatorError as error:
+            _log.warning("consumer %s could not withdraw its record: %s", self.instance_id, one_line(error))
+
+    def _announce(self) -> None:
+        try:
+            self._group.instances.announce(self.group, self.instance_id, self.config.consumer_heartbeat_ms / 1000)
+        except CoordinatorError as error:
+            _log.warning("consumer %s could not renew its record: %s", self.instance_id, one_line(error))
+            return
+        self._announced_at = self.clock()
+
+    @property
+    def _fenced(self) -> bool:
+        return self.clock() - self._announced_at > _FENCE_HEARTBEATS * self.config.consumer_heartbeat_ms / 1000
+
+    def _rebalance(self) -> None:
+        self._rebalanced_at = self.clock()
+        try:
+            live = {record.instance_id for record in self._group.instances.live(self.group)}
+        except CoordinatorError as error:
+            _log.warning("consumer %s could not survey its group: %s", self.instance_id, one_line(error))
+            return
+        for key, share in list(self._shares.items()):
+            if share.releasing:
+                continue
+            if rendezvous_owner(self.group, key[0], key[1], live) != self.instance_id:
+                share.releasing = True  # another live instance should hold it: handed over once its calls end
+            elif self._group.share_owner(*key) != self.instance_id:
+                self._lose(share, "its claim names another instance")
+        if self._fenced or self.instance_id not in live:
+            return
+        for source in self._logs:
+            for number in range(self._shares_per_topic):
+                if (source, number) in self._shares:
+                    continue
+                if rendezvous_owner(self.group, source, number, live) == self.instance_id:
+                    self._take(source, number, live)
+
+    def _take(self, source: str, number: int, live: set[str]) -> None:
+        try:
+            if self._group.claim_share(source, number, self.instance_id, live) is None:
+                return  # its holder is live and lets go once it sees it should
+            progress, version = self._group.progress(source, number)
+            if progress is None:
+                progress = ShareProgress(self._group.start_version(source, lambda: self._start_version(source)))
+        except CoordinatorError as error:
+            _log.error("consumer %s cannot take share %d of %s: %s", self.instance_id, number, source,
+                       one_line(error))
+            return
+        with self._lock:
+            self._shares[source, number] = _Share(source, number, self._logs[source], progress, version, self.clock())
+        _log.info("consumer %s took share %d of %s at version %d", self.instance_id, number, source, progress.version)
+
+    def _start_version(self, source: str) -> int:
+        log, start = self._logs[source], self.config.consumer_start_from
+        if source == REDRIVE_SOURCE or start == "earliest":
+            return log.earliest()
+        if start == "latest":
+            return log.latest() + 1
+        return log.first_at(int(parse_start_time(start).timestamp() * 1000))
+
+    def _lose(self, share: _Share, why: str) -> None:
+        """Drop ``share`` without saving: another instance holds it now."""
+        _log.warning("consumer %s lost share %d of %s: %s", self.instance_id, share.number, share.source, why)
+        with self._lock:
+            self._shares.pop((share.source, share.number), None)
+
+    def _give_up(self, share: _Share) -> None:
+        """Save ``share``'s progress and release its claim (it has no call under way)."""
+        if share.dirty and not self._save(share):
+            return
+        try:
+            self._group.release_share(share.source, share.number, self.instance_id)
+        except CoordinatorError as error:
+            _log.warning("consumer %s could not release share %d of %s: %s", self.instance_id, share.number,
+                         share.source, one_line(error))
+        with self._lock:
+            self._shares.pop((share.source, share.number), None)
+
+    def _read(self) -> None:
+        latest = {}
+        for share in list(self._shares.values()):
+            if share.releasing:
+                continue
+            try:
+                if share.source not in latest:
+                    latest[share.source] = share.log.latest()
+                self._fill(share, latest[share.source])
+                share.failure = None
+            except CoordinatorError as error:
+                if share.failure != one_line(error):
+                    _log.error("consumer %s cannot read share %d of %s: %s", self.instance_id, share.number,
+                               share.source, one_line(error))
+                share.failure = one_line(error)
+
+    def _fill(self, share: _Share, latest: int) -> None:
+        while len(share.pending) < self.config.consumer_max_buffered and share.next_read <= latest:
+            version = share.next_read
+            done = share.done.get(version, ())
+            for row in share.log.rows(version):
+                if share_of(row["keys"], row["msg_id"], self._shares_per_topic) != share.number:
+                    continue
+                offset = row["queue_offset"]
+                if offset < share.floor or offset in done:
+                    continue
+                pending = _Pending(row, version, offset, row["keys"] or f"\0{row['msg_id']}")
+                retry = share.unread_retries.pop(offset, None)
+                if retry is not None:
+                    pending.attempts, pending.due_ms = retry["attempts"], retry["due_ms"]
+                    pending.error, pending.dead = retry["error"], retry.get("dead", False)
+                share.pending.append(pending)
+            share.next_read += 1
+            share.dirty = True
+
+    def _dispatch(self) -> None:
+        if self._fenced:
+            return
+        now_ms = int(self.clock() * 1000)
+        for share in list(self._shares.values()):
+            if share.releasing:
+                continue
+            dying, blocked = [], set()
+            for pending in share.pending:
+                if pending.lane in blocked:
+                    continue
+                blocked.add(pending.lane)  # its key's later messages wait for this one
+                if pending.inflight:
+                    continue
+                if pending.dead:  # out of attempts before a crash: its dead letter is still to write
+                    dying.append(pending)
+                elif pending.due_ms <= now_ms:
+                    if not self._workers.idle:
+                        break
+                    self._deliver(share, pending)
+            for pending in dying:
+                self._bury(share, pending)
+
+    def _deliver(self, share: _Share, pending: _Pending) -> None:
+        pending.inflight = True
+        message = _message(pending, share.source, pending.attempts + 1)
+        task = Task(lambda: self.listener.consume(message), payload=(share, pending))
+        self._inflight[id(task)] = (task, self.clock() + self.config.consumer_timeout_ms / 1000)
+        self._workers.submit(task)
+
+    def _on_finished(self, task: Task, result: Any, error: Optional[BaseException]) -> None:
+        with self._lock:
+            self._finished.append((task, result, error))
+        self._wake.set()
+
+    def _take_finished(self) -> None:
+        with self._lock:
+            finished, self._finished = self._finished, []
+        for task, result, error in finished:
+            if self._inflight.pop(id(task), None) is None:
+                continue  # timed out already
+            if error is not None:
+                self._settle(task, f"the listener raised {one_line(error)}")
+            elif result is ConsumeResult.SUCCESS:
+                self._settle(task, None)
+            elif result is ConsumeResult.FAILURE:
+                self._settle(task, "the listener returned FAILURE")
+            else:
+                self._settle(task, f"the listener returned {result!r} ({type(result).__name__}), not a ConsumeResult")
+
+    def _expire(self) -> None:
+        now = self.clock()
+        for key, (task, deadline) in list(self._inflight.items()):
+            if now > deadline:
+                del self._inflight[key]
+                self._workers.abandon(task)
+                _log.warning("consumer %s abandoned a listener call past %d ms (thread %s)", self.instance_id,
+                             self.config.consumer_timeout_ms, task.thread.name if task.thread else "?")
+                self._settle(task, f"the listener did not answer within consumer_timeout_ms "
+                                   f"({self.config.consumer_timeout_ms} ms)")
+
+    def _settle(self, task: Task, error: Optional[str]) -> None:
+        share, pending = task.payload
+        pending.inflight = False
+        if self._shares.get((share.source, share.number)) is not share:
+            return  # lost meanwhile: its new holder delivers it again
+        if error is None:
+            share.handled(pending)
+            return
+        pending.attempts += 1
+        pending.error = error
+        _log.info("consumer %s: message %s of %s failed (attempt %d): %s", self.instance_id, pending.row["msg_id"],
+                  share.source, pending.attempts, error)
+        if pending.attempts >= self.config.consumer_max_attempts:
+            pending.dead = True
+        else:
+            pending.due_ms = int(self.clock() * 1000) + retry_delay_ms(self.config.consumer_retry_delays_ms,
+                                                                       pending.attempts)
+        share.dirty = True
+        if self._save(share) and pending.dead:
+            self._bury(share, pending)
+
+    def _bury(self, share: _Share, pending: _Pending) -> None:
+        """Move ``pending``, out of attempts, to the group's dead letters; its key goes on."""
+        number = share.dead_letters + 1
+        try:
+            self._dead_letter_appender().append(
+                _dead_letter_row(pending, share, number, self.instance_id, self.clock()),
+                app_transaction=(f"txcoord-consumer.{share.source}.{share.number}", number))
+        except CoordinatorError as error:
+            _log.error("consumer %s could not write a dead letter for %s: %s", self.instance_id,
+                       pending.row["msg_id"], one_line(error))
+            return
+        _log.warning("consumer %s: message %s of %s is a dead letter after %d attempts: %s", self.instance_id,
+                     pending.row["msg_id"], share.source, pending.attempts, pending.error)
+        share.dead_letters = number
+        share.handled(pending)
+        self._save(share)
+
+    def _dead_letter_appender(self):
+        if self._dead_letters is None:
+            from coordinator.appender import DeltaAppender
+            from coordinator.lakehouse import create_table
+
+            path = self.lakehouse.consumer_table(self.group, "dead_letters")
+            create_table(DEAD_LETTERS, path, self.lakehouse.storage)
+            self._dead_letters = DeltaAppender(path, storage=self.lakehouse.storage)
+        return self._dead_letters
+
+    def _save_due(self) -> None:
+        now = self.clock()
+        for share in list(self._shares.values()):
+            inflight = any(pending.inflight for pending in share.pending)
+            if share.releasing and not inflight:
+                self._give_up(share)
+            elif share.dirty and now - share.saved_at >= self.config.consumer_commit_interval_ms / 1000:
+                self._save(share)
+
+    def _save(self, share: _Share) -> bool:
+        try:
+            version = self._group.save_progress(share.source, share.number, share.progress(), share.file_version,
+                                                self.instance_id)
+        except CoordinatorError as error:
+            _log.warning("consumer %s could not save share %d of %s: %s", self.instance_id, share.number,
+                         share.source, one_line(error))
+            return False
+        if version is None:
+            self._lose(share, "its progress was written by another instance")
+            return False
+        share.file_version, share.dirty, share.saved_at = version, False, self.clock()
+        return True
+
+    def _stop_delivering(self) -> None:
+        with self._lock:
+            self._shares.clear()
+
+
+def _message(pending: _Pending, source: str, attempt: int) -> ConsumedMessage:
+    row = pending.row
+    return ConsumedMessage(topic=row["topic"], msg_id=row["msg_id"], transaction_id=row["transaction_id"],
+                           keys=row["keys"], tags=row["tags"], properties=dict(row["properties"] or {}),
+                           body=row["body"] or b"", queue_offset=pending.offset,
+                           commit_timestamp=row["commit_timestamp"], delivery_attempt=attempt,
+                           born_timestamp=row["born_timestamp"],
+                           topic_version=-1 if source == REDRIVE_SOURCE else pending.version)
+
+
+def _dead_letter_row(pending: _Pending, share: _Share, number: int, instance_id: str, now: float) -> pa.Table:
+    row = {name: pending.row.get(name) for name, _ in DEAD_LETTERS.columns}
+    if row["properties"] is not None:
+        row["properties"] = list(row["properties"].items())
+    row |= {"dead_letter_id": f"{share.source}.{share.number}.{number}",
+            "topic_version": -1 if share.source == REDRIVE_SOURCE else pending.version, "share": share.number,
+            "attempts": pending.attempts, "last_error": pending.error, "consumer_instance": instance_id,
+            "dead_at": dt.datetime.fromtimestamp(now, dt.timezone.utc)}
+    return pa.Table.from_pylist([row], schema=DEAD_LETTERS.arrow_schema())

@@ -1,0 +1,147 @@
+"""Reading a topic's Delta table version by version, as files, with no JVM and no snapshot.
+
+The checker appends each batch's messages for a topic as one commit (one data file, its rows in
+``queue_offset`` order; :mod:`coordinator.checker.delivery`), so the topic's delivery order is its
+versions in order, and ``queue_offset`` within a version. ``queue_offset`` alone is not that order: a
+message withheld while its topic could not be written lands in a later version than messages with higher
+offsets. A consumer reads a version's commit file (``_delta_log/<version>.json``), then the data files it
+added with new data (a compaction's, ``dataChange=false``, are skipped, as Delta's change feed skips them),
+each straight from the storage; how far the table has grown is found by probing the next commit file, one
+request per poll, as the checker finds new commit-log versions.
+
+A version that log cleanup has removed cannot be read: :class:`~coordinator.exceptions.PositionGoneError`
+says so, and ``txcoord consumer-groups reset`` moves the group past it.
+
+Example::
+
+    log = TopicLog(Lakehouse("lakehouse").files, "topics/ORDER_TOPIC")
+    log.latest()                               # 41
+    [row["queue_offset"] for row in log.rows(41)]   # [977, 978, 979]
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from typing import Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from coordinator.exceptions import CorruptInputError, FileTooLargeError, PositionGoneError
+from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, added_files, commit_actions
+from coordinator.storage import FileStore, read_all
+
+__all__ = ["CACHED_VERSIONS", "TopicLog"]
+
+#: Versions whose rows a log keeps, for the shares that read them one after another.
+CACHED_VERSIONS = 16
+_COMMIT = re.compile(r"(\d{20})\.json")
+
+
+class TopicLog:
+    """The versions of the Delta table at key ``table`` of ``files`` (a topic, or a group's redrive table)."""
+
+    def __init__(self, files: FileStore, table: str):
+        self.files = files
+        self.table = table.rstrip("/")
+        self._latest: Optional[int] = None
+        self._cache: OrderedDict[int, list[dict]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def listed(self) -> dict[int, int]:
+        """Every commit version in the table's log now, with when it was written (epoch milliseconds).
+
+        Example::
+
+            TopicLog(files, "topics/T").listed()  # {0: 1717000000000, 1: 1717000000500}
+        """
+        listed = self.files.modified(f"{self.table}/_delta_log")
+        versions = {}
+        for key, modified in listed.items():
+            match = _COMMIT.fullmatch(key.rsplit("/", 1)[-1])
+            if match:
+                versions[int(match.group(1))] = modified
+        return versions
+
+    def latest(self) -> int:
+        """The table's newest version (-1: no table yet): listed once, then found by probing the next commit file.
+
+        Example::
+
+            TopicLog(files, "topics/T").latest()  # 41
+        """
+        with self._lock:
+            if self._latest is None or self._latest < 0:
+                self._latest = max(self.listed(), default=-1)
+            while self.files.exists(f"{self.table}/_delta_log/{self._latest + 1:020d}.json"):
+                self._latest += 1
+            return self._latest
+
+    def earliest(self) -> int:
+        """The oldest version whose commit the log still holds (0 until log cleanup removes some).
+
+        Example::
+
+            TopicLog(files, "topics/T").earliest()  # 0
+        """
+        return min(self.listed(), default=0)
+
+    def first_at(self, when_ms: int) -> int:
+        """The first version committed at or after ``when_ms`` (epoch milliseconds); one past the newest if none.
+
+        Example::
+
+            TopicLog(files, "topics/T").first_at(1717000000000)  # 12
+        """
+        listed = self.listed()
+        later = [version for version, modified in listed.items() if modified >= when_ms]
+        return min(later) if later else max(listed, default=-1) + 1
+
+    def rows(self, version: int) -> list[dict]:
+        """The messages version ``version`` added, in ``queue_offset`` order, each a dict of the topic's columns
+        (``properties`` a dict). Raises :class:`PositionGoneError` if the log no longer holds the version.
+
+        Example::
+
+            TopicLog(files, "topics/T").rows(3)[0]["msg_id"]  # '9f2c…'
+        """
+        with self._lock:
+            cached = self._cache.get(version)
+            if cached is not None:
+                self._cache.move_to_end(version)
+                return cached
+        rows = self._read(version)
+        with self._lock:
+            self._cache[version] = rows
+            while len(self._cache) > CACHED_VERSIONS:
+                self._cache.popitem(last=False)
+        return rows
+
+    def _read(self, version: int) -> list[dict]:
+        key = f"{self.table}/_delta_log/{version:020d}.json"
+        try:
+            commit = self.files.read(key, max_bytes=MAX_COMMIT_FILE_BYTES)
+        except FileTooLargeError as error:
+            raise CorruptInputError(f"{self.table} version {version}: {error}") from None
+        if commit is None:
+            raise PositionGoneError(f"{self.table} no longer holds version {version} (its log was cleaned up past "
+                                    "it): `txcoord consumer-groups reset` moves the group to a version it holds")
+        paths = []
+        for added in added_files(commit_actions(commit.data)):
+            if added.path is None:
+                raise CorruptInputError(f"{self.table} version {version}: {added.refusal}")
+            paths.append(added.path)
+
+        def read_file(path: str) -> pa.Table:
+            found = self.files.read(f"{self.table}/{path}")
+            if found is None:
+                raise PositionGoneError(f"{self.table} version {version}: its data file {path} is gone (vacuumed)")
+            return pq.read_table(pa.BufferReader(found.data))
+
+        tables = read_all(read_file, paths, remote=self.files.remote)
+        if not tables:
+            return []
+        table = pa.concat_tables(tables, promote_options="default").sort_by("queue_offset")
+        return table.to_pylist(maps_as_pydicts="strict")

@@ -1,0 +1,251 @@
+"""TopicConsumer against real Delta topics, with no JVM: delivery, order, shares, failover, retries, dead
+letters, timeouts. Every deadline runs on a clock the test moves (support/clock.py); the test waits only
+for what the consumer's threads do, never for time to pass."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from coordinator import ConsumeResult, ConsumedMessage, CoordinatorConfig, MessageListener, TopicConsumer
+from coordinator.consumer.group import ConsumerGroup, share_of
+from coordinator.exceptions import AccessDeniedError, IncompleteListenerError, MessageValidationError
+from coordinator.lakehouse import Lakehouse, read_table
+from support.clock import Clock
+from support.consumers import RecordingListener, TopicFeed, grant
+from support.waiting import wait_until
+
+
+@pytest.fixture
+def settings(tmp_path) -> CoordinatorConfig:
+    return CoordinatorConfig(lakehouse=str(tmp_path / "lakehouse"), consumer_heartbeat_ms=1000,
+                             consumer_poll_interval_ms=5, consumer_commit_interval_ms=1000,
+                             consumer_retry_delays_ms=(10_000, 30_000), consumer_max_attempts=3,
+                             consumer_timeout_ms=60_000, consumer_threads=4)
+
+
+@pytest.fixture
+def feed(settings):
+    feed = TopicFeed(settings)
+    yield feed
+    feed.close()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def handled_count(listener, count):
+    return lambda: len(listener.handled) >= count
+
+
+def test_one_instance_consumes_every_message_once_in_order_of_each_key(settings, feed, clock):
+    grant(settings, "credits", ["ORDERS"])
+    sent = [("k1", b"a1"), ("k2", b"b1"), (None, b"n1"), ("k1", b"a2")]
+    feed.deliver("ORDERS", sent)
+    feed.deliver("ORDERS", [("k2", b"b2"), ("k1", b"a3")])
+    listener = RecordingListener()
+    with TopicConsumer("credits", ["ORDERS"], listener, settings, clock=clock):
+        wait_until(handled_count(listener, 6), 30, "six messages handled")
+    assert sorted(listener.bodies()) == [b"a1", b"a2", b"a3", b"b1", b"b2", b"n1"]
+    by_key = {}
+    for message in listener.handled:
+        by_key.setdefault(message.keys, []).append(message.body)
+    assert by_key["k1"] == [b"a1", b"a2", b"a3"] and by_key["k2"] == [b"b1", b"b2"]
+    first = next(m for m in listener.handled if m.body == b"a1")
+    assert isinstance(first, ConsumedMessage)
+    assert (first.topic, first.keys, first.delivery_attempt, first.topic_version) == ("ORDERS", "k1", 1, 0)
+    assert first.properties == {"p": "v"} and first.queue_offset == 0 and first.commit_timestamp is not None
+    # Closed, it saved its place: a new instance of the group hands nothing again, and takes what is new.
+    feed.deliver("ORDERS", [("k3", b"c1")])
+    again = RecordingListener()
+    with TopicConsumer("credits", ["ORDERS"], again, settings, clock=clock):
+        wait_until(handled_count(again, 1), 30, "the new message")
+    assert again.bodies() == [b"c1"]
+
+
+def test_a_group_not_granted_a_topic_is_refused_naming_the_grant(settings, feed):
+    feed.deliver("ORDERS", [("k", b"x")])
+    with pytest.raises(AccessDeniedError, match=r"no grant.*txcoord add-consumer-group credits --topics ORDERS"):
+        TopicConsumer("credits", ["ORDERS"], RecordingListener(), settings).start()
+    grant(settings, "credits", ["AUDIT_*"])
+    with pytest.raises(AccessDeniedError, match=r"may not read topic 'ORDERS'.*_grant.json\) names AUDIT_\*"):
+        TopicConsumer("credits", ["AUDIT_EU", "ORDERS"], RecordingListener(), settings).start()
+    assert not Lakehouse.of(settings).files.list("consumers/credits/_instances")
+
+
+def test_bad_names_and_listeners_are_refused_at_the_edge(settings):
+    with pytest.raises(MessageValidationError, match="consumer group"):
+        TopicConsumer("a/b", ["T"], RecordingListener(), settings)
+    with pytest.raises(MessageValidationError, match="topic"):
+        TopicConsumer("g", ["T.x"], RecordingListener(), settings)
+
+    class Lazy(MessageListener):
+        pass
+
+    with pytest.raises(IncompleteListenerError):
+        Lazy()
+
+
+def retry_state(settings, group, topic, message, shares=4):
+    """The saved retry state of ``message`` (a ConsumedMessage), or None."""
+    progress, _ = ConsumerGroup(Lakehouse.of(settings), group).progress(topic, share_of(message.keys, message.msg_id, shares))
+    return None if progress is None else progress.retrying.get(message.queue_offset)
+
+
+def calls(listener, body):
+    with listener.lock:
+        return [m for m in listener.handled if m.body == body]
+
+
+def test_a_failure_is_delivered_again_after_its_delay_its_key_waiting_other_keys_going_on(settings, feed, clock):
+    grant(settings, "credits", ["ORDERS"])
+    feed.deliver("ORDERS", [("K", b"x"), ("K", b"y"), ("J", b"z")])
+    answers = {b"x": [ConsumeResult.FAILURE, RuntimeError("db down")]}
+
+    def answer(message):
+        pending = answers.get(message.body)
+        outcome = pending.pop(0) if pending else ConsumeResult.SUCCESS
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    listener = RecordingListener(answer)
+    consumer = TopicConsumer("credits", ["ORDERS"], listener, settings, clock=clock).start()
+    wait_until(lambda: calls(listener, b"z"), 30, "the other key's message")
+    x = wait_until(lambda: calls(listener, b"x"), 30, "x's first attempt")[0]
+    state = wait_until(lambda: retry_state(settings, "credits", "ORDERS", x), 30, "x's failure saved")
+    assert state["attempts"] == 1 and state["error"] == "the listener returned FAILURE"
+    assert state["due_ms"] == int(clock.now * 1000) + 10_000
+    assert calls(listener, b"y") == []  # its key waits for x
+    clock.now += 10
+    wait_until(lambda: (retry_state(settings, "credits", "ORDERS", x) or {}).get("attempts") == 2, 30, "x's second")
+    assert retry_state(settings, "credits", "ORDERS", x)["error"] == "the listener raised RuntimeError: db down"
+    consumer.close()
+    # The attempts are saved: another instance goes on counting, after the ladder's next delay (30 s).
+    listener2 = RecordingListener(answer)
+    with TopicConsumer("credits", ["ORDERS"], listener2, settings, clock=clock):
+        clock.now += 29
+        clock.now += 1.5
+        wait_until(lambda: calls(listener2, b"y"), 30, "y, once x succeeded")
+    assert [m.delivery_attempt for m in calls(listener, b"x") + calls(listener2, b"x")] == [1, 2, 3]
+    assert [m.body for m in listener2.handled] == [b"x", b"y"]
+
+
+def test_after_its_last_attempt_a_message_is_a_dead_letter_and_its_key_goes_on(settings, feed, clock):
+    grant(settings, "credits", ["ORDERS"])
+    feed.deliver("ORDERS", [("K", b"poison"), ("K", b"next")])
+    listener = RecordingListener(lambda m: ConsumeResult.FAILURE if m.body == b"poison" else ConsumeResult.SUCCESS)
+    with TopicConsumer("credits", ["ORDERS"], listener, settings, clock=clock):
+        poison = wait_until(lambda: calls(listener, b"poison"), 30, "the first attempt")[0]
+        for attempts, delay in ((1, 10), (2, 30)):
+            wait_until(lambda: (retry_state(settings, "credits", "ORDERS", poison) or {}).get("attempts") == attempts,
+                       30, f"attempt {attempts} saved")
+            clock.now += delay
+        wait_until(lambda: calls(listener, b"next"), 30, "the key's next message")
+    assert [m.delivery_attempt for m in calls(listener, b"poison")] == [1, 2, 3]
+    dead = read_table(Lakehouse.of(settings).consumer_table("credits", "dead_letters")).to_pylist()
+    assert [(d["msg_id"], d["attempts"], d["last_error"], d["body"]) for d in dead] == [
+        (poison.msg_id, 3, "the listener returned FAILURE", b"poison")]
+    assert dead[0]["dead_letter_id"].startswith("ORDERS.") and dead[0]["topic_version"] == 0
+    assert retry_state(settings, "credits", "ORDERS", poison) is None
+
+
+def test_a_listener_answering_something_else_fails_its_message_with_the_reason(settings, feed, clock):
+    grant(settings, "credits", ["ORDERS"])
+    feed.deliver("ORDERS", [("K", b"x")])
+    listener = RecordingListener(lambda m: True)
+    with TopicConsumer("credits", ["ORDERS"], listener, settings, clock=clock):
+        x = wait_until(lambda: calls(listener, b"x"), 30, "x")[0]
+        state = wait_until(lambda: retry_state(settings, "credits", "ORDERS", x), 30, "x's failure saved")
+    assert state["error"] == "the listener returned True (bool), not a ConsumeResult"
+
+
+def test_a_hung_call_times_out_its_thread_is_replaced_and_the_others_go_on(settings, feed, clock):
+    settings = settings.replace(consumer_threads=1)
+    grant(settings, "credits", ["ORDERS"])
+    feed.deliver("ORDERS", [("K", b"hang")])
+    release = threading.Event()
+    listener = RecordingListener(lambda m: release.wait(60) and ConsumeResult.SUCCESS if m.body == b"hang"
+                                 else ConsumeResult.SUCCESS)
+    try:
+        with TopicConsumer("credits", ["ORDERS"], listener, settings, clock=clock) as consumer:
+            hung = wait_until(lambda: calls(listener, b"hang"), 30, "the call that hangs")[0]
+            feed.deliver("ORDERS", [("J", b"other")])
+            wait_until(lambda: consumer_read(consumer, 2), 30, "the other message read")
+            assert calls(listener, b"other") == []  # its one thread is taken
+            clock.now += 61
+            state = wait_until(lambda: retry_state(settings, "credits", "ORDERS", hung), 30, "the timeout saved")
+            assert state["error"] == "the listener did not answer within consumer_timeout_ms (60000 ms)"
+            wait_until(lambda: calls(listener, b"other"), 30, "the other key, on the new thread")
+    finally:
+        release.set()
+
+
+def consumer_read(consumer, count):
+    """Whether ``consumer`` has read ``count`` messages of its shares (handled or not)."""
+    return sum(len(share.pending) + sum(map(len, share.done.values())) for share in list(consumer._shares.values())) >= count
+
+
+def tick(clock, consumers, seconds=0.5):
+    """Move the clock, then wait until each consumer has gone twice round its loop at the new time."""
+    before = [consumer._steps for consumer in consumers]
+    clock.now += seconds
+    wait_until(lambda: all(c._steps >= b + 2 for c, b in zip(consumers, before)), 30, "the consumers' next rounds",
+               poll_s=0.005)
+
+
+def wait_split(clock, consumers, total):
+    """Move the clock half a heartbeat at a time until ``consumers`` hold ``total`` shares between them, each some."""
+    for _ in range(20):
+        held = [set(consumer.shares) for consumer in consumers]
+        if all(held) and sum(map(len, held)) == total and len(set().union(*held)) == total:
+            return held
+        tick(clock, consumers)
+    raise AssertionError(f"the shares were not split: {held}")
+
+
+def test_two_instances_split_the_shares_and_a_dead_ones_move_to_the_live_one(settings, feed, clock):
+    settings = settings.replace(consumer_commit_interval_ms=3_600_000)  # saved only when handed over
+    grant(settings, "credits", ["ORDERS"], shares=4)
+    a_listener, b_listener = RecordingListener(), RecordingListener()
+    a = TopicConsumer("credits", ["ORDERS"], a_listener, settings, clock=clock).start()
+    b = TopicConsumer("credits", ["ORDERS"], b_listener, settings, clock=clock).start()
+    try:
+        held_a, held_b = wait_split(clock, [a, b], 8)  # four shares of the topic, four of the redrive table
+        keys = [f"key-{n}" for n in range(40)]
+        feed.deliver("ORDERS", [(key, key.encode()) for key in keys])
+        wait_until(lambda: len(a_listener.handled) + len(b_listener.handled) >= 40, 30, "every message")
+        assert sorted(a_listener.bodies() + b_listener.bodies()) == sorted(key.encode() for key in keys)
+        assert {share_of(m.keys, m.msg_id, 4) for m in a_listener.handled} <= {n for _, n in held_a}
+        a._halt()  # kill -9: nothing saved, nothing withdrawn
+        before = len(b_listener.handled)
+        clock.now += 2.5  # two heartbeats and a half: a is taken for dead
+        wait_until(lambda: len(set(b.shares)) == 8, 30, "b holding every share")
+        # What a handled and never saved is delivered again, by b; b's own messages are not.
+        wait_until(lambda: len(b_listener.handled) >= before + len(a_listener.handled), 30, "a's messages again")
+        assert sorted(b_listener.bodies()[before:]) == sorted(a_listener.bodies())
+    finally:
+        b.close()
+
+
+def test_a_keys_messages_stay_in_order_when_its_share_moves_between_instances(settings, feed, clock):
+    grant(settings, "credits", ["ORDERS"], shares=2)
+    a_listener, b_listener = RecordingListener(), RecordingListener()
+    sent = [f"m{n}".encode() for n in range(9)]
+    feed.deliver("ORDERS", [("K", body) for body in sent[:3]])
+    a = TopicConsumer("credits", ["ORDERS"], a_listener, settings, clock=clock).start()
+    wait_until(handled_count(a_listener, 3), 30, "a's first three")
+    b = TopicConsumer("credits", ["ORDERS"], b_listener, settings, clock=clock).start()
+    try:
+        feed.deliver("ORDERS", [("K", body) for body in sent[3:6]])
+        wait_split(clock, [a, b], 4)
+        feed.deliver("ORDERS", [("K", body) for body in sent[6:]])
+        a.close()  # b takes every share, from where a saved them
+        tick(clock, [b])
+        wait_until(lambda: len(a_listener.handled) + len(b_listener.handled) >= 9, 30, "every message of the key")
+        assert a_listener.bodies() + b_listener.bodies() == sent
+    finally:
+        b.close()
