@@ -99,9 +99,10 @@ MESSAGE_FIELDS = tuple(name for name, _ in _MESSAGE
 #: straight from the log (``coordinator.checker.segment``); the change data feed stays on for other readers.
 #: Producers commit to it many times a second and maintenance compacts its files as often, so its
 #: checkpoints come every 1,000 commits (not Delta's 100) and keep a removed file's tombstone for 2
-#: minutes (not a week): otherwise every checkpoint carries a week of compactions' tombstones (tens of
-#: thousands within minutes at 1,000 txn/s: docs/performance.md#figures-quoted-elsewhere-before); with 10
-#: minutes, each checkpoint of a log taking 27 commits a second at 25 ms a request still grew for 10 minutes. The checker never reads
+#: minutes (not a week): every checkpoint carries the compactions' tombstones of that retention, which grew
+#: each checkpoint for a week, and with 10 minutes still for 10 minutes
+#: (docs/performance.md#figures-quoted-elsewhere-before,
+#: docs/performance.md#the-checkers-own-maintenance-is-each-commit-logs-_delta_log-bounded). The checker never reads
 #: a commit log through a snapshot, and maintenance vacuums it by listing (``coordinator.ops.maintenance``).
 #: No writer cleans its log after a commit: only maintenance does, once the checker no longer needs a commit.
 COMMIT_LOG = TableDef(

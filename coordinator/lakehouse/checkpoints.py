@@ -4,8 +4,8 @@ A checkpoint is a table's state at a version in one Parquet file: its protocol a
 files it holds (``add``), the files removed within their retention (``remove``) and each
 application's last transaction (``txn``). delta-rs's ``create_checkpoint`` rebuilds the state
 from scratch: it loads the previous checkpoint and replays every commit since on a runtime of
-several hundred threads, then writes the whole state. A producer at 1,000 txn/s checkpoints its
-commit log every ~17 s, and on two cores that CPU made the checker's slowest batches
+several hundred threads, then writes the whole state. A busy producer checkpoints its commit log
+often, and on two cores that CPU made the checker's slowest batches
 (docs/performance.md#figures-quoted-elsewhere-before). The state changes little between two checkpoints: this module
 takes the previous checkpoint's rows, drops the files removed since and the tombstones and
 transactions superseded or expired, adds the commits' own actions, and writes the result in the

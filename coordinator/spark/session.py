@@ -244,9 +244,10 @@ def write_checkpoints_in_place(spark, location: str) -> Optional[str]:
     the manager's class, or None when they will be written the default way.
 
     Spark's default writes each checkpoint file to a temporary file and renames it: on S3 a copy and a
-    delete, 25 requests one after another for each of a micro-batch's two checkpoint files. An upload makes
-    a file appear whole or not at all, so writing in place is as safe: in 3 requests with txcoord's manager
-    (Spark's existence check, then one conditional PUT), in about 10 with Spark's.
+    delete, many requests one after another for each of a micro-batch's two checkpoint files. An upload makes
+    a file appear whole or not at all, so writing in place is as safe, in a fraction of the requests: with
+    txcoord's manager Spark's existence check, then one conditional PUT
+    (docs/performance.md#the-checker-at-500-txns-25-ms-a-request-issue-45-point-3).
     A query with a checkpoint elsewhere (a local directory) must not start while this is set: either manager
     refuses a filesystem other than S3.
 
