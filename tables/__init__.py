@@ -92,6 +92,18 @@ _MESSAGE = (
 MESSAGE_FIELDS = tuple(name for name, _ in _MESSAGE
                        if name not in ("transaction_id", "producer_group", "message_index", "message_count"))
 
+
+def _message_columns(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The columns of :data:`_MESSAGE` that ``names`` names, in their order there: every table spells a
+    message's columns as the commit log does."""
+    return tuple(column for column in _MESSAGE if column[0] in names)
+
+
+#: Whose a row is: its transaction and the producer group that sent it.
+_TRANSACTION = _message_columns(("transaction_id", "producer_group"))
+#: The message itself (:data:`MESSAGE_FIELDS`).
+_MESSAGE_OWN = _message_columns(MESSAGE_FIELDS)
+
 #: Everything a producer group sends: HALF records (prepared messages) and END records
 #: (the outcome of a local transaction, from the producer or answering a check), in the group's
 #: own log; operators' decisions go to ``operators/commit_log``, of the same schema
@@ -137,8 +149,7 @@ OP = TableDef(
     "system/op",
     (
         ("half_offset", "long"),
-        ("transaction_id", "string"),
-        ("producer_group", "string"),
+        *_TRANSACTION,
         ("outcome", "string"),
         ("resolved_at", "timestamp"),
         ("end_record_id", "string"),
@@ -156,18 +167,11 @@ GROUP_CHECK_REQUESTS = TableDef(
     "groups/<GROUP>/check_requests",
     (
         ("check_id", "string"),
-        ("transaction_id", "string"),
-        ("producer_group", "string"),
+        *_TRANSACTION,
         ("check_times", "int"),
         ("requested_at", "timestamp"),
         ("half_offset", "long"),
-        ("msg_id", "string"),
-        ("topic", "string"),
-        ("keys", "string"),
-        ("tags", "string"),
-        ("properties", "map<string,string>"),
-        ("body", "binary"),
-        ("born_timestamp", "timestamp"),
+        *_MESSAGE_OWN,
         ("batch_id", "long"),
         # The live producer instance of the group this check is addressed to; null: any of them.
         ("producer_instance", "string"),
@@ -185,16 +189,9 @@ MESSAGE_CONTENT = ("keys", "tags", "properties", "body")
 DISCARDED = TableDef(
     "system/discarded",
     (
-        ("transaction_id", "string"),
-        ("producer_group", "string"),
+        *_TRANSACTION,
         ("half_offset", "long"),
-        ("msg_id", "string"),
-        ("topic", "string"),
-        ("keys", "string"),
-        ("tags", "string"),
-        ("properties", "map<string,string>"),
-        ("body", "binary"),
-        ("born_timestamp", "timestamp"),
+        *_MESSAGE_OWN,
         ("stored_timestamp", "timestamp"),
         ("check_times", "int"),
         ("reason", "string"),
@@ -209,10 +206,7 @@ REJECTED = TableDef(
     (
         ("record_id", "string"),
         ("kind", "string"),
-        ("transaction_id", "string"),
-        ("producer_group", "string"),
-        ("msg_id", "string"),
-        ("topic", "string"),
+        *_message_columns(("transaction_id", "producer_group", "msg_id", "topic")),
         ("state", "string"),
         ("check_id", "string"),
         ("reason", "string"),
@@ -247,14 +241,8 @@ COMMITS_READ = TableDef(
 TOPIC = TableDef(
     "topics/<TOPIC>",
     (
-        ("transaction_id", "string"),
-        ("msg_id", "string"),
-        ("topic", "string"),
-        ("keys", "string"),
-        ("tags", "string"),
-        ("properties", "map<string,string>"),
-        ("body", "binary"),
-        ("born_timestamp", "timestamp"),
+        *_message_columns(("transaction_id",)),
+        *_MESSAGE_OWN,
         ("commit_timestamp", "timestamp"),
         ("queue_offset", "long"),
         ("batch_id", "long"),
