@@ -204,7 +204,7 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
     checked = check_commits(lakehouse.files, name) if _is_commit_log(name) else {}
     # A checkpoint at the head first, from the commits just checked: each load of the table below (the guards,
     # vacuum, compaction) then reads the commits after it, not all of those since the last one (a busy commit
-    # log's read seven times a run).
+    # log's, once for each load).
     _attempt(result, "first checkpoint", lambda: write_delta_checkpoint(lakehouse.path(name), _head(lakehouse, name),
                                                                    lakehouse.storage, commits=checked), None)
     table = lakehouse.table(name)
@@ -227,7 +227,7 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
             max_concurrent_tasks=None if lakehouse.is_local else CONCURRENT_READS), {})
         result.files_compacted = metrics.get("numFilesRemoved", 0)
     # Carried forward from the previous checkpoint where it can be: delta-rs rebuilds a commit log's state
-    # from every commit since, a second of CPU on a busy log (see lakehouse.checkpoints). The version it is
+    # from every commit since, costly on a busy log (see lakehouse.checkpoints). The version it is
     # at is found by existence checks past the one read before the compaction, not by loading the table again.
     _attempt(result, "checkpoint", lambda: write_delta_checkpoint(
         lakehouse.path(name), versions_written(lakehouse.files, name, table.version() + 1) - 1, lakehouse.storage), None)
