@@ -1,4 +1,4 @@
-"""Check, the last step of a batch's *decide* phase (docs/design.md#a-batchs-steps): find unresolved halves
+"""Check, a step of a batch's *decide* phase (docs/design.md#a-batchs-steps): find unresolved halves
 that are due, ask their producer group, or give up.
 
 The pending set is the half queue less the op queue, kept in memory (:mod:`.memory`), plus the
