@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 
 from coordinator.exceptions import InvalidArgumentError, UnsupportedTableError
 from coordinator.lakehouse import delta_log_file, open_table
-from coordinator.lakehouse.checkpoints import last_checkpoint, write_checkpoint
+from coordinator.lakehouse.checkpoints import last_delta_checkpoint, write_delta_checkpoint
 from coordinator.lakehouse.deltalog import commit_actions
 from coordinator.retries import note_commit_race_lost
 from coordinator.storage import CONCURRENT_READS, FileStore, Versioned, is_object_store, read_all
@@ -496,7 +496,8 @@ class DeltaAppender:
                 version = self._known + 1
                 if not newest_checkpoint_known:
                     newest_checkpoint_known = True
-                    checkpoint = last_checkpoint(self._files) if checkpoint_read is None else checkpoint_read.result()
+                    checkpoint = (last_delta_checkpoint(self._files) if checkpoint_read is None
+                                  else checkpoint_read.result())
                     if checkpoint is not None and checkpoint >= version:
                         # Versions this far back may have been cleaned from the log, so never created again: read
                         # up to the checkpoint while the log holds them (from its snapshot once it does not).
@@ -518,9 +519,9 @@ class DeltaAppender:
     def _read_last_checkpoint(self) -> "Future[Optional[int]]":
         """``_last_checkpoint``'s version, being read: on object storage beside the caller's next request."""
         if self._reads is not None:
-            return self._reads.submit(last_checkpoint, self._files)
+            return self._reads.submit(last_delta_checkpoint, self._files)
         read: Future = Future()
-        read.set_result(last_checkpoint(self._files))
+        read.set_result(last_delta_checkpoint(self._files))
         return read
 
     def _note_race_lost(self, version: int, races_lost: int, delay_s: float) -> None:
@@ -618,6 +619,6 @@ class DeltaAppender:
                     _log.warning("compaction of %s's own appends failed: %s", self.path, error)
                 continue
             try:
-                write_checkpoint(self.path, chore, self.storage)
+                write_delta_checkpoint(self.path, chore, self.storage)
             except Exception as error:  # the next interval's checkpoint covers this one
                 _log.warning("checkpoint of %s at version %d failed: %s", self.path, chore, error)

@@ -4,7 +4,7 @@ RocketMQ's rule, timed by the checker's batch clock (the latest commit time amon
 records, :mod:`coordinator.checker.context`): a first check once the transaction's immunity has
 passed since its half entered the commit log, then one every ``transaction_check_interval_ms``
 after the last check request became visible; after ``transaction_check_max`` checks, or once older
-than ``file_reserved_time_hours``, a discard. The checker decides by it (:mod:`coordinator.checker.check`)
+than ``file_reserved_time_hours``, a discard. The checker acts by it (:mod:`coordinator.checker.check`)
 and ``txcoord pending`` reports by it (:mod:`coordinator.ops.pending`), so the two cannot disagree.
 
 Example::
@@ -21,7 +21,8 @@ from typing import Optional
 
 from coordinator.config import CoordinatorConfig
 
-__all__ = ["CHECK", "DELIVER", "DISCARD", "EXPIRED", "Step", "clock_time", "clock_us", "decide", "next_step", "next_step_at"]
+__all__ = ["CHECK", "DELIVER", "DISCARD", "EXPIRED", "Step", "check_or_discard", "clock_time", "clock_us", "next_step",
+           "next_step_at"]
 
 CHECK = "check"
 DISCARD = "discard"
@@ -58,13 +59,13 @@ def next_step_at(config: CoordinatorConfig, stored_us: int, immunity_ms: int, la
     return min(due, _expiry_us(config, stored_us) + 1)
 
 
-def decide(config: CoordinatorConfig, now_us: int, stored_us: int, checks: int) -> Step:
+def check_or_discard(config: CoordinatorConfig, now_us: int, stored_us: int, checks: int) -> Step:
     """What the checker does at batch clock ``now_us`` with a transaction whose step is due
     (``now_us >= next_step_at(...)``) and that has had ``checks`` checks.
 
     Example::
 
-        decide(config, now_us, t0, checks=config.transaction_check_max).action  # 'discard'
+        check_or_discard(config, now_us, t0, checks=config.transaction_check_max).action  # 'discard'
     """
     if now_us > _expiry_us(config, stored_us):
         return Step(DISCARD, now_us, EXPIRED)
@@ -83,7 +84,7 @@ def next_step(config: CoordinatorConfig, stored_us: int, immunity_ms: int, check
         next_step(config, t0, 6000, checks=0, last_check_us=None)  # Step('check', t0 + 6 s)
     """
     at_us = next_step_at(config, stored_us, immunity_ms, last_check_us)
-    return replace(decide(config, max(at_us, now_us), stored_us, checks), at_us=at_us)
+    return replace(check_or_discard(config, max(at_us, now_us), stored_us, checks), at_us=at_us)
 
 
 def clock_us(moment: dt.datetime) -> int:

@@ -24,21 +24,18 @@ From Python::
 
 from __future__ import annotations
 
-import argparse
-import fcntl
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
 
 try:
-    from scripts.loopback import LoopbackServer, tool_cache
+    from scripts.loopback import LoopbackServer, install_once, required_tool, server_command, tool_cache
 except ImportError:  # run as a script (python scripts/azurite.py install): its directory is on the path
-    from loopback import LoopbackServer, tool_cache
+    from loopback import LoopbackServer, install_once, required_tool, server_command, tool_cache
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIR = PROJECT_ROOT / "scripts" / "azurite"
@@ -60,26 +57,24 @@ def installed() -> bool:
 def install(quiet: bool = False) -> Path:
     """Azurite's ``azurite-blob``, installed into the cache first if it is not there as the lock pins it.
     An install already under way in another process (``make test`` starts one early) is waited for."""
-    if installed():
-        return BINARY
-    npm = shutil.which("npm")
-    if npm is None:
-        raise SystemExit("installing Azurite needs npm (sudo apt-get install nodejs npm); none is on PATH")
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(CACHE_DIR.parent / ".azurite-install.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not installed():
-            if not quiet:
-                print(f"installing Azurite ({PACKAGE_DIR / 'package.json'}) into {CACHE_DIR}: about half a minute, once",
-                      file=sys.stderr, flush=True)
-            for name in ("package.json", "package-lock.json"):
-                shutil.copyfile(PACKAGE_DIR / name, CACHE_DIR / name)
-            # ci: exactly the lock, hashes checked. No install scripts: Azurite needs none (one dependency's
-            # only prints), and a script is code run at install time.
-            subprocess.run([npm, "ci", "--ignore-scripts", "--omit=dev", "--no-audit", "--no-fund", "--loglevel=error"],
-                           cwd=CACHE_DIR, check=True, stdout=subprocess.DEVNULL if quiet else None)
-            STAMP.touch()
+    if not installed():
+        npm = required_tool("npm", "installing Azurite needs npm (sudo apt-get install nodejs npm)")
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        install_once(CACHE_DIR.parent / ".azurite-install.lock", installed, lambda: _npm_ci(npm, quiet))
     return BINARY
+
+
+def _npm_ci(npm: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"installing Azurite ({PACKAGE_DIR / 'package.json'}) into {CACHE_DIR}: about half a minute, once",
+              file=sys.stderr, flush=True)
+    for name in ("package.json", "package-lock.json"):
+        shutil.copyfile(PACKAGE_DIR / name, CACHE_DIR / name)
+    # ci: exactly the lock, hashes checked. No install scripts: Azurite needs none (one dependency's
+    # only prints), and a script is code run at install time.
+    subprocess.run([npm, "ci", "--ignore-scripts", "--omit=dev", "--no-audit", "--no-fund", "--loglevel=error"],
+                   cwd=CACHE_DIR, check=True, stdout=subprocess.DEVNULL if quiet else None)
+    STAMP.touch()
 
 
 class Azurite(LoopbackServer):
@@ -133,30 +128,18 @@ class Azurite(LoopbackServer):
         filesystem.create_dir(container)
 
 
+def _described(azurite: Azurite, data: Path, containers: list[str]) -> list[str]:
+    return [f"Azurite's Blob service on {azurite.endpoint}, keeping {data}; a lakehouse there "
+            f"is {azurite.location(containers[0] if containers else 'CONTAINER', 'PREFIX')} with [storage]:",
+            *(f'  {name} = "{value}"' for name, value in azurite.storage_options.items())]
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("install", help="install Azurite into the cache (a no-op when it is there)")
-    run = commands.add_parser("run", help="serve a directory until interrupted")
-    run.add_argument("--data", required=True, help="the directory Azurite keeps its blobs in")
-    run.add_argument("--port", type=int, default=10000)
-    run.add_argument("--container", action="append", default=[], help="a container to create (repeatable)")
-    args = parser.parse_args(argv)
-    if args.command == "install":
-        print(install())
-        return 0
-    with Azurite(args.data, port=args.port) as azurite:
-        for container in args.container:
-            azurite.create_container(container)
-        print(f"Azurite's Blob service on {azurite.endpoint}, keeping {Path(args.data).resolve()}; a lakehouse there "
-              f"is {azurite.location(args.container[0] if args.container else 'CONTAINER', 'PREFIX')} with [storage]:")
-        for name, value in azurite.storage_options.items():
-            print(f'  {name} = "{value}"')
-        try:
-            signal.pause()
-        except KeyboardInterrupt:
-            pass
-    return 0
+    return server_command(argv, __doc__.split("\n\n")[0], Azurite,
+                          install=("install", "install Azurite into the cache (a no-op when it is there)", install),
+                          data_help="the directory Azurite keeps its blobs in", port=10000,
+                          made=("--container", "a container to create (repeatable)"), make=Azurite.create_container,
+                          describe=_described)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """A storage server of the tests run as a process on a free loopback port: started, awaited until it
-listens, stopped with its whole process group (a server's children go with it); and where such a
-server is installed (:func:`tool_cache`). Standard library only.
+listens, stopped with its whole process group (a server's children go with it); where such a server is
+installed (:func:`tool_cache`), how it is installed once per machine (:func:`install_once`), and the command
+line of each server's script (:func:`server_command`). Standard library only.
 
 Example::
 
@@ -14,13 +15,16 @@ Example::
 
 from __future__ import annotations
 
+import argparse
+import fcntl
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 _READY_TIMEOUT_S = 30.0
 
@@ -37,6 +41,27 @@ def tool_cache(tool: str, version: str) -> Path:
     """
     root = os.environ.get("TXCOORD_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "txcoord"
     return Path(root) / tool / version
+
+
+def required_tool(tool: str, doing: str) -> str:
+    """The path of ``tool``; else exit saying that ``doing`` needs it (``doing`` names the tool and where to get
+    it, as in "building the S3 server needs Go (https://go.dev/dl/)")."""
+    path = shutil.which(tool)
+    if path is None:
+        raise SystemExit(f"{doing}; none is on PATH")
+    return path
+
+
+def install_once(lock: Path, done: Callable[[], bool], install: Callable[[], None]) -> None:
+    """Run ``install`` unless ``done()`` says it has been: an install already under way in another process
+    (``make test`` starts one early) holds ``lock``, and is waited for, not repeated."""
+    if done():
+        return
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if not done():
+            install()
 
 
 class LoopbackServer:
@@ -82,6 +107,45 @@ class LoopbackServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def server_command(argv: Optional[list[str]], description: str, server: Callable[..., "LoopbackServer"], *,
+                   install: tuple[str, str, Callable[[], Path]], data_help: str, port: int,
+                   made: tuple[str, str], make: Callable[["LoopbackServer", str], None],
+                   describe: Callable[["LoopbackServer", Path, list[str]], list[str]]) -> int:
+    """A server script's command line: ``install`` (its command, its help, the function returning the
+    installed binary), and ``run``, which serves a directory (``--data``) on ``--port`` until interrupted,
+    having made each of ``made``'s option (a bucket, a container: repeatable) with ``make``, and printed
+    ``describe``'s lines.
+
+    Example::
+
+        sys.exit(server_command(None, "My server.", MyServer, install=("install", "install it", install),
+                                data_help="its directory", port=9000, made=("--bucket", "a bucket to create"),
+                                make=MyServer.create_bucket, describe=lambda server, data, made: [server.endpoint]))
+    """
+    parser = argparse.ArgumentParser(description=description)
+    commands = parser.add_subparsers(dest="command", required=True)
+    install_command, install_help, installed = install
+    commands.add_parser(install_command, help=install_help)
+    run = commands.add_parser("run", help="serve a directory until interrupted")
+    run.add_argument("--data", required=True, help=data_help)
+    run.add_argument("--port", type=int, default=port)
+    run.add_argument(made[0], action="append", default=[], dest="made", help=made[1])
+    args = parser.parse_args(argv)
+    if args.command == install_command:
+        print(installed())
+        return 0
+    with server(args.data, port=args.port) as running:
+        for name in args.made:
+            make(running, name)
+        for line in describe(running, Path(args.data).resolve(), args.made):
+            print(line)
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+    return 0
 
 
 def free_port() -> int:

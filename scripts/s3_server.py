@@ -28,11 +28,7 @@ user whose requests a bucket policy naming its account grants (or not), as S3 do
 
 from __future__ import annotations
 
-import argparse
-import fcntl
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,9 +36,9 @@ from pathlib import Path
 from typing import Optional
 
 try:
-    from scripts.loopback import LoopbackServer, tool_cache
+    from scripts.loopback import LoopbackServer, install_once, required_tool, server_command, tool_cache
 except ImportError:  # run as a script (python scripts/s3_server.py build): its directory is on the path
-    from loopback import LoopbackServer, tool_cache
+    from loopback import LoopbackServer, install_once, required_tool, server_command, tool_cache
 
 #: The one version the Go module proxy lists; built from source, so the pin is the module version.
 VERSITYGW_MODULE = "github.com/versity/versitygw/cmd/versitygw@v1.8.0"
@@ -56,16 +52,9 @@ REGION = "us-east-1"
 def build(quiet: bool = False) -> Path:
     """The server's binary, built into the cache first if it is not there yet. A build already
     under way in another process (``make test`` starts one early) is waited for, not repeated."""
-    if BINARY.exists():
-        return BINARY
-    go = shutil.which("go")
-    if go is None:
-        raise SystemExit("building the S3 server needs Go (https://go.dev/dl/); none is on PATH")
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(CACHE_DIR / ".build.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not BINARY.exists():
-            _go_install(go, quiet)
+    if not BINARY.exists():
+        go = required_tool("go", "building the S3 server needs Go (https://go.dev/dl/)")
+        install_once(CACHE_DIR / ".build.lock", BINARY.exists, lambda: _go_install(go, quiet))
     return BINARY
 
 
@@ -145,29 +134,17 @@ class S3Server(LoopbackServer):
         filesystem.create_dir(bucket)
 
 
+def _described(server: S3Server, data: Path, buckets: list[str]) -> list[str]:
+    return [f"S3 server on {server.endpoint}, serving {data}; for txcoord, export:",
+            *(f"  export {name}={value}" for name, value in server.environment.items())]
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build", help="build the server into the cache (a no-op when it is there)")
-    run = commands.add_parser("run", help="serve a directory until interrupted")
-    run.add_argument("--data", required=True, help="the directory served: one subdirectory per bucket")
-    run.add_argument("--port", type=int, default=9000)
-    run.add_argument("--bucket", action="append", default=[], help="a bucket to create (repeatable)")
-    args = parser.parse_args(argv)
-    if args.command == "build":
-        print(build())
-        return 0
-    with S3Server(args.data, port=args.port) as server:
-        for bucket in args.bucket:
-            server.create_bucket(bucket)
-        print(f"S3 server on {server.endpoint}, serving {Path(args.data).resolve()}; for txcoord, export:")
-        for name, value in server.environment.items():
-            print(f"  export {name}={value}")
-        try:
-            signal.pause()
-        except KeyboardInterrupt:
-            pass
-    return 0
+    return server_command(argv, __doc__.split("\n\n")[0], S3Server,
+                          install=("build", "build the server into the cache (a no-op when it is there)", build),
+                          data_help="the directory served: one subdirectory per bucket", port=9000,
+                          made=("--bucket", "a bucket to create (repeatable)"), make=S3Server.create_bucket,
+                          describe=_described)
 
 
 if __name__ == "__main__":

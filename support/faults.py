@@ -321,7 +321,7 @@ class FaultProxy:
                                                f"optionally \"method\" and \"path_contains\": {error!r}"}, status=400)
         return web.json_response(self.counts())
 
-    def _decide(self, method: str, target: str, kind_of_request: str) -> Optional[str]:
+    def _fault_for(self, method: str, target: str, kind_of_request: str) -> Optional[str]:
         """This request's fault, counted with the request; the schedule is drawn even when a queued
         fault wins, so that queueing one does not shift the schedule's later draws."""
         with self._lock:
@@ -353,8 +353,8 @@ class FaultProxy:
         return response
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
-        kind = self._decide(request.method, request.path + (f"?{request.query_string}" if request.query_string else ""),
-                            request_kind(request.method, request.query, request.headers))
+        kind = self._fault_for(request.method, request.path + (f"?{request.query_string}" if request.query_string else ""),
+                               request_kind(request.method, request.query, request.headers))
         # The whole request is read first: a fault then hits a request fully sent, awaiting its reply.
         body = await request.read()
         if kind is not None:

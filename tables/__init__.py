@@ -92,6 +92,18 @@ _MESSAGE = (
 MESSAGE_FIELDS = tuple(name for name, _ in _MESSAGE
                        if name not in ("transaction_id", "producer_group", "message_index", "message_count"))
 
+
+def _message_columns(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The columns of :data:`_MESSAGE` that ``names`` names, in their order there: every table spells a
+    message's columns as the commit log does."""
+    return tuple(column for column in _MESSAGE if column[0] in names)
+
+
+#: Whose a row is: its transaction and the producer group that sent it.
+_TRANSACTION = _message_columns(("transaction_id", "producer_group"))
+#: The message itself (:data:`MESSAGE_FIELDS`).
+_MESSAGE_OWN = _message_columns(MESSAGE_FIELDS)
+
 #: Everything a producer group sends: HALF records (prepared messages) and END records
 #: (the outcome of a local transaction, from the producer or answering a check), in the group's
 #: own log; operators' decisions go to ``operators/commit_log``, of the same schema
@@ -99,9 +111,10 @@ MESSAGE_FIELDS = tuple(name for name, _ in _MESSAGE
 #: straight from the log (``coordinator.checker.segment``); the change data feed stays on for other readers.
 #: Producers commit to it many times a second and maintenance compacts its files as often, so its
 #: checkpoints come every 1,000 commits (not Delta's 100) and keep a removed file's tombstone for 2
-#: minutes (not a week): otherwise every checkpoint carries a week of compactions' tombstones (tens of
-#: thousands within minutes at 1,000 txn/s: docs/performance.md#figures-quoted-elsewhere-before); with 10
-#: minutes, each checkpoint of a log taking 27 commits a second at 25 ms a request still grew for 10 minutes. The checker never reads
+#: minutes (not a week): every checkpoint carries the compactions' tombstones of that retention, which grew
+#: each checkpoint for a week, and with 10 minutes still for 10 minutes
+#: (docs/performance.md#figures-quoted-elsewhere-before,
+#: docs/performance.md#the-checkers-own-maintenance-is-each-commit-logs-_delta_log-bounded). The checker never reads
 #: a commit log through a snapshot, and maintenance vacuums it by listing (``coordinator.ops.maintenance``).
 #: No writer cleans its log after a commit: only maintenance does, once the checker no longer needs a commit.
 COMMIT_LOG = TableDef(
@@ -136,8 +149,7 @@ OP = TableDef(
     "system/op",
     (
         ("half_offset", "long"),
-        ("transaction_id", "string"),
-        ("producer_group", "string"),
+        *_TRANSACTION,
         ("outcome", "string"),
         ("resolved_at", "timestamp"),
         ("end_record_id", "string"),
@@ -155,18 +167,11 @@ GROUP_CHECK_REQUESTS = TableDef(
     "groups/<GROUP>/check_requests",
     (
         ("check_id", "string"),
-        ("transaction_id", "string"),
-        ("producer_group", "string"),
+        *_TRANSACTION,
         ("check_times", "int"),
         ("requested_at", "timestamp"),
         ("half_offset", "long"),
-        ("msg_id", "string"),
-        ("topic", "string"),
-        ("keys", "string"),
-        ("tags", "string"),
-        ("properties", "map<string,string>"),
-        ("body", "binary"),
-        ("born_timestamp", "timestamp"),
+        *_MESSAGE_OWN,
         ("batch_id", "long"),
         # The live producer instance of the group this check is addressed to; null: any of them.
         ("producer_instance", "string"),
@@ -184,16 +189,9 @@ MESSAGE_CONTENT = ("keys", "tags", "properties", "body")
 DISCARDED = TableDef(
     "system/discarded",
     (
-        ("transaction_id", "string"),
-        ("producer_group", "string"),
+        *_TRANSACTION,
         ("half_offset", "long"),
-        ("msg_id", "string"),
-        ("topic", "string"),
-        ("keys", "string"),
-        ("tags", "string"),
-        ("properties", "map<string,string>"),
-        ("body", "binary"),
-        ("born_timestamp", "timestamp"),
+        *_MESSAGE_OWN,
         ("stored_timestamp", "timestamp"),
         ("check_times", "int"),
         ("reason", "string"),
@@ -208,10 +206,7 @@ REJECTED = TableDef(
     (
         ("record_id", "string"),
         ("kind", "string"),
-        ("transaction_id", "string"),
-        ("producer_group", "string"),
-        ("msg_id", "string"),
-        ("topic", "string"),
+        *_message_columns(("transaction_id", "producer_group", "msg_id", "topic")),
         ("state", "string"),
         ("check_id", "string"),
         ("reason", "string"),
@@ -246,14 +241,8 @@ COMMITS_READ = TableDef(
 TOPIC = TableDef(
     "topics/<TOPIC>",
     (
-        ("transaction_id", "string"),
-        ("msg_id", "string"),
-        ("topic", "string"),
-        ("keys", "string"),
-        ("tags", "string"),
-        ("properties", "map<string,string>"),
-        ("body", "binary"),
-        ("born_timestamp", "timestamp"),
+        *_message_columns(("transaction_id",)),
+        *_MESSAGE_OWN,
         ("commit_timestamp", "timestamp"),
         ("queue_offset", "long"),
         ("batch_id", "long"),

@@ -21,7 +21,7 @@ from coordinator.producer.commit_log import CommitLogWriter
 from coordinator.tables import COMMIT_LOG
 from support import end_record, half_record
 from support.lakehouse import append_rows
-from tests.test_checkpoint import commit_and_await_delivery
+from tests.test_streaming_checkpoint import commit_and_await_delivery
 
 #: The commit log of group ``g``, which the tests' records (``half_record``, ``end_record``) come from.
 LOG = "groups/g/commit_log"

@@ -17,7 +17,7 @@ from coordinator.cli import main
 from coordinator.commit_logs import CommitLogRef
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
-from coordinator.control.progress import CheckerProgress, CheckpointState
+from coordinator.control.progress import CheckerProgress, StreamingCheckpoint
 from coordinator.exceptions import AccessDeniedError, CheckerAlreadyRunningError, InvalidArgumentError, LeaseLostError
 from coordinator.lakehouse import Lakehouse, delta_log_file, open_table, read_table
 from coordinator.producer.commit_log import CommitLogWriter
@@ -147,7 +147,7 @@ def test_the_checker_job_keeps_its_checkpoint_in_the_container_and_delivers_each
                                                          "refused" if order == "refused" else "paid")
                 checker.wait_for(lambda: _delivered(azure_lakehouse) == run, f"run {run}'s delivery", 300)
                 assert checker.stop() == 0, checker.tail()
-            state = CheckpointState.read(checkpoint, azure_lakehouse.storage)
+            state = StreamingCheckpoint.read(checkpoint, azure_lakehouse.storage)
             assert state.exists and state.last_planned_batch is not None  # in the container, written by ABFS
             assert state.checkpoint_id == CheckerProgress(azure_lakehouse).load().epoch.checkpoint_id
     finally:

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from coordinator import CoordinatorConfig, LocalTransactionState, Message, TransactionListener, TransactionProducer
+from coordinator.demo.services import sqlite_connection, sqlite_transaction
 from coordinator.exceptions import HalfNotStoredError, HalfOutcomeUnknownError
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
@@ -55,6 +56,9 @@ KIND_RAISES = "listener_raises"  # execute_local_transaction raises inside the S
 KIND_MULTI = "multi_topic_commit"  # three messages in two topics, one local transaction
 KINDS = (KIND_COMMIT, KIND_ROLLBACK, KIND_UNKNOWN_COMMIT, KIND_UNKNOWN_ROLLBACK, KIND_UNKNOWN_FOREVER, KIND_RAISES,
          KIND_MULTI)
+
+#: How long a connection waits for another's lock: the harness's threads and processes share one database.
+_LOCK_TIMEOUT_S = 60
 
 ORDER_TOPIC = "CHAOS_ORDERS"
 AUDIT_TOPIC = "CHAOS_AUDIT"
@@ -111,22 +115,11 @@ class Store:
         self.path = path
 
     def connect(self) -> sqlite3.Connection:
-        # isolation_level=None: transactions are exactly the BEGIN...COMMIT blocks below.
-        db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        return db
+        return sqlite_connection(self.path, _LOCK_TIMEOUT_S)
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One SQLite transaction: committed when the block ends, rolled back on any exception."""
-        with contextlib.closing(self.connect()) as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+    def transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """One SQLite transaction (:func:`coordinator.demo.services.sqlite_transaction`)."""
+        return sqlite_transaction(self.path, _LOCK_TIMEOUT_S)
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[sqlite3.Connection]:

@@ -1,4 +1,4 @@
-"""Check, the last step of a batch's *decide* phase (docs/design.md#a-batchs-steps): find unresolved halves
+"""Check, a step of a batch's *decide* phase (docs/design.md#a-batchs-steps): find unresolved halves
 that are due, ask their producer group, or give up.
 
 The pending set is the half queue less the op queue, kept in memory (:mod:`.memory`), plus the
@@ -24,7 +24,7 @@ from coordinator.checker.context import BatchContext
 from coordinator.checker.memory import CheckerMemory, TrackedTransaction
 from coordinator.control.instances import GroupSurvey, ProducerInstance, ProducerInstances, RefusedRecord
 from coordinator.protocol import Outcome
-from coordinator.schedule import DISCARD, decide
+from coordinator.schedule import DISCARD, check_or_discard
 from coordinator.tables import MESSAGE_FIELDS
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def find_due(ctx: BatchContext, memory: CheckerMemory, arriving: list[TrackedTra
     for pending in sorted(candidates, key=lambda p: p.offsets[0]):
         if pending.transaction_id in resolved_now:
             continue
-        step = decide(config, now, pending.stored_us, pending.checks)
+        step = check_or_discard(config, now, pending.stored_us, pending.checks)
         if step.action == DISCARD:
             given_up[pending.transaction_id] = step.reason
         else:

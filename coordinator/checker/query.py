@@ -29,12 +29,12 @@ from coordinator.checker.source import CommitLogSource, segments
 from coordinator.commit_logs import CommitLogs
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
-from coordinator.control.progress import BatchRecord, CheckerProgress, CheckpointState, Progress
+from coordinator.control.progress import BatchRecord, CheckerProgress, Progress, StreamingCheckpoint
 from coordinator.exceptions import (CheckpointMismatchError, CoordinatorError, LeaseLostError, StopRequested,
                                     StorageUnavailableError)
 from coordinator.jobs.runtime import BatchGate
 from coordinator.lakehouse import Lakehouse, init_lakehouse
-from coordinator.spark.session import CHECKPOINT_MANAGER_SETTING, hadoop_location, write_checkpoints_in_place
+from coordinator.spark.session import CHECKPOINT_MANAGER_SETTING, hadoop_location, write_streaming_checkpoints_in_place
 
 __all__ = ["CheckerQuery", "checkpoint_location"]
 
@@ -115,7 +115,7 @@ class CheckerQuery:
             rehearsal.abandon()
         self.exporter.holding_lease(True)
         try:
-            checkpoint = CheckpointState.read(checkpoint_location(self.config), self.lakehouse.storage)
+            checkpoint = StreamingCheckpoint.read(checkpoint_location(self.config), self.lakehouse.storage)
             self._progress = self.progress_store.begin(checkpoint)
             if self.read_ahead.reading_from != self._progress.next_versions:  # not read before the lease
                 self.read_ahead.read_from(self._progress.next_versions)
@@ -190,7 +190,7 @@ class CheckerQuery:
 
     def _start_query(self, starting_versions: dict[str, int]) -> StreamingQuery:
         # Set only while this query runs: the rehearsal's checkpoint, in a local directory, is written the default way.
-        self._checkpoint_manager = write_checkpoints_in_place(self.spark, checkpoint_location(self.config))
+        self._checkpoint_manager = write_streaming_checkpoints_in_place(self.spark, checkpoint_location(self.config))
         if self._checkpoint_manager is not None:
             log.info("checkpoint files written in place on S3 (%s)", self._checkpoint_manager)
         records = self._commit_log_reader().option("startingVersions", json.dumps(starting_versions)).load()
@@ -244,7 +244,7 @@ class CheckerQuery:
         """
         progress = self._progress
         if progress.epoch.checkpoint_id is None:  # the first batch of a new epoch: its checkpoint now exists
-            checkpoint_id = CheckpointState.read(checkpoint_location(self.config), self.lakehouse.storage).checkpoint_id
+            checkpoint_id = StreamingCheckpoint.read(checkpoint_location(self.config), self.lakehouse.storage).checkpoint_id
             progress = self.progress_store.adopt(progress, checkpoint_id)
         batch_id = progress.epoch.first_batch_id + stream_batch_id
         if progress.last_batch is not None and progress.last_batch.batch_id == batch_id:

@@ -100,7 +100,8 @@ def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_
     """
     keys = sorted(set(starts) | {ref.key for ref in CommitLogs(lakehouse).discover(layout, known=starts, watch=watch)})
     ends = {key: starts.get(key, 0) for key in keys}
-    files = lakehouse.files  # one client for every log: an S3 client takes 4 ms to build
+    # One client for every log: building one per log cost each trigger (docs/performance.md#many-producer-groups).
+    files = lakehouse.files
     if watch is not None:  # the groups it probes; the logs of no group when it listed
         keys = [key for key in keys
                 if (group := CommitLogRef(key).group) in watch.probing or (group is None and watch.listed)]
@@ -193,9 +194,8 @@ def _listed_run(files: FileStore, key: str, start: int, limit: int) -> Optional[
     return found
 
 
-#: Logs probed at once. On S3 a probe is a request: on loopback, 50 groups' probes take 25 ms one after
-#: the other and 21 ms at once, but a HEAD to AWS S3 takes 10 to 30 ms, so 50 in a row would add a
-#: second to every trigger.
+#: Logs probed at once. On S3 a probe is a request, and against AWS S3 a round trip long enough that many
+#: groups' probes one after the other would add seconds to every trigger (docs/performance.md#many-producer-groups).
 _CONCURRENT_PROBES = 16
 
 

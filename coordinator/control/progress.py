@@ -1,6 +1,6 @@
-"""What the checker has done, kept in the lakehouse so that a lost checkpoint is noticed and repaired.
+"""What the checker has done, kept in the lakehouse so that a lost streaming checkpoint is noticed and repaired.
 
-Spark's checkpoint says which commit-log versions the checker has read; the
+Spark's streaming checkpoint says which commit-log versions the checker has read; the
 lakehouse says what it wrote. They must agree. ``system/_checker_progress.json``
 ties them together:
 
@@ -12,8 +12,8 @@ ties them together:
 A record written before each group had its own commit log names versions of the one shared log
 (``system/commit_log``); it is read as such, for ``txcoord upgrade``.
 
-On start, :func:`verify_checkpoint` compares the checkpoint with this record and
-refuses a checkpoint that is missing, belongs to another query, or is older than
+On start, :func:`verify_streaming_checkpoint` compares the streaming checkpoint with this record and
+refuses one that is missing, belongs to another query, or is older than
 the lakehouse. :func:`CheckerProgress.next_epoch` is the recovery path: replay the
 last recorded batch exactly (its writes are idempotent) and start a new checkpoint
 at the first versions after it, with batch ids that keep increasing.
@@ -34,12 +34,12 @@ from coordinator.exceptions import CheckpointMismatchError, LeaseLostError, Writ
 from coordinator.lakehouse import PROGRESS_KEY, SHARED_LOG_KEY, Lakehouse
 from coordinator.storage import FileStore
 
-__all__ = ["BatchRecord", "CheckerProgress", "CheckpointState", "Epoch", "Progress", "verify_checkpoint"]
+__all__ = ["BatchRecord", "CheckerProgress", "Epoch", "Progress", "StreamingCheckpoint", "verify_streaming_checkpoint"]
 
 
 @dataclass(frozen=True)
 class Epoch:
-    """One checkpoint's life on the lakehouse.
+    """One streaming checkpoint's life on the lakehouse.
 
     ``checkpoint_id`` is the streaming query's id (the checkpoint's ``metadata`` file),
     ``None`` until the epoch's query first starts; ``starting_versions`` the first version of
@@ -114,7 +114,7 @@ def _progress_of(raw: dict) -> Progress:
 
 
 @dataclass(frozen=True)
-class CheckpointState:
+class StreamingCheckpoint:
     """What a streaming checkpoint directory holds: its query id and its highest batch ids."""
 
     exists: bool
@@ -124,13 +124,13 @@ class CheckpointState:
     outdated_offsets: bool = False
 
     @classmethod
-    def read(cls, location: str, storage: Optional[Mapping[str, str]] = None) -> "CheckpointState":
+    def read(cls, location: str, storage: Optional[Mapping[str, str]] = None) -> "StreamingCheckpoint":
         """Inspect the checkpoint at ``location`` (a directory, or object storage reached with
         ``storage``) without starting Spark.
 
         Example::
 
-            CheckpointState.read("lakehouse/system/_checkpoints/checker").checkpoint_id
+            StreamingCheckpoint.read("lakehouse/system/_checkpoints/checker").checkpoint_id
         """
         files = FileStore.at(location, storage)
         metadata = files.read("metadata")
@@ -205,11 +205,11 @@ class CheckerProgress:
             self._version = current.version
         self._unconfirmed = None
 
-    def begin(self, checkpoint: CheckpointState) -> Progress:
+    def begin(self, checkpoint: StreamingCheckpoint) -> Progress:
         """Check ``checkpoint`` against the record and return the progress to run with.
 
         A first run starts epoch 0 at version 0 of every log. Raises :class:`CheckpointMismatchError`
-        when the checkpoint is missing, foreign or stale (see :func:`verify_checkpoint`).
+        when the checkpoint is missing, foreign or stale (see :func:`verify_streaming_checkpoint`).
         """
         progress = self.load()
         if progress is None:
@@ -217,7 +217,7 @@ class CheckerProgress:
                                       checkpoint_id=checkpoint.checkpoint_id))
             self.save(progress)
             return progress
-        verify_checkpoint(progress, checkpoint, self.path)
+        verify_streaming_checkpoint(progress, checkpoint, self.path)
         return progress
 
     def adopt(self, progress: Progress, checkpoint_id: str) -> Progress:
@@ -240,12 +240,12 @@ class CheckerProgress:
         return following
 
 
-def verify_checkpoint(progress: Progress, checkpoint: CheckpointState, record_path: str) -> None:
+def verify_streaming_checkpoint(progress: Progress, checkpoint: StreamingCheckpoint, record_path: str) -> None:
     """Raise :class:`CheckpointMismatchError` unless ``checkpoint`` is the one ``progress`` was made with.
 
     Example::
 
-        verify_checkpoint(progress, CheckpointState.read(location), progress_path)
+        verify_streaming_checkpoint(progress, StreamingCheckpoint.read(location), progress_path)
     """
     epoch, last = progress.epoch, progress.last_batch
     recovery = "run the checker once with --recover-checkpoint to continue after the last recorded batch (see README)"

@@ -197,29 +197,15 @@ class OrderStore:
                    )"""
             )
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """A connection inside one SQLite transaction: committed on success, rolled back on any exception.
+    def transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """A connection inside one SQLite transaction (:func:`sqlite_transaction`).
 
         Example::
 
             with store.transaction() as db:
                 db.execute("DELETE FROM orders")
         """
-        # isolation_level=None: we issue BEGIN ourselves, so the transaction's bounds are exactly the block's.
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
-            # WAL lets check-back reads run while an order is being written.
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-        finally:
-            db.close()
+        return sqlite_transaction(self.path, timeout_s=30)
 
     @staticmethod
     def insert(db: sqlite3.Connection, order: Order, status: str) -> None:
@@ -249,6 +235,46 @@ class OrderStore:
         """
         with contextlib.closing(sqlite3.connect(self.path, timeout=30)) as db:
             return [row[0] for row in db.execute("SELECT order_id FROM orders WHERE status = ? ORDER BY order_id", (status,))]
+
+
+def sqlite_connection(path: str, timeout_s: float) -> sqlite3.Connection:
+    """A connection to the SQLite database at ``path``, waiting up to ``timeout_s`` for a lock, in WAL mode (so
+    check-back reads run while a local transaction writes), with no transaction of its own: its transactions
+    are exactly the ``BEGIN`` … ``COMMIT`` its user issues.
+
+    Example::
+
+        with contextlib.closing(sqlite_connection("orders.db", timeout_s=30)) as db:
+            db.execute("SELECT count(*) FROM orders").fetchone()
+    """
+    db = sqlite3.connect(path, timeout=timeout_s, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+@contextlib.contextmanager
+def sqlite_transaction(path: str, timeout_s: float) -> Iterator[sqlite3.Connection]:
+    """A connection (:func:`sqlite_connection`) inside one SQLite transaction: committed when the block ends,
+    rolled back on any exception. A service's local transaction, as the demo's and the chaos harness's
+    producers run theirs.
+
+    Example::
+
+        with sqlite_transaction("orders.db", timeout_s=30) as db:
+            db.execute("DELETE FROM orders")
+    """
+    with contextlib.closing(sqlite_connection(path, timeout_s)) as db:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
 
 class OrderListener(TransactionListener):

@@ -8,7 +8,7 @@ request (standing by too, or the query failing as the stop signal arrived), 1 th
 failed, 2 bad arguments or configuration, or a Spark that cannot start with Delta, 3 another checker
 is running on the same lakehouse (only with ``--exit-if-running``, or with ``--recover-checkpoint``,
 which does not stand by), 4 the checkpoint is missing, foreign or older than the lakehouse (run once
-with ``--recover-checkpoint``, see docs/operations.md#checkpoints-and-recovery).
+with ``--recover-checkpoint``, see docs/operations.md#streaming-checkpoints-and-recovery).
 
 Example::
 

@@ -8,14 +8,15 @@ run (the first: that long after the lease was taken), so more logs never mean mo
 
 Off the batches' path: the tables are maintained by processes of their own (fresh interpreters, at a lower
 priority), each one table at a time, started for each run and ended after it: on object storage
-:data:`PROCESSES_ON_OBJECT_STORAGE` at once, since a table's steps wait on requests one after another (at 25 ms
-a request, eleven tables took 80 s one after another), on a local disk one. It holds no GIL of the driver's,
-none of its memory (a busy commit log's vacuum lists hundreds of thousands of files), and a crash of its
-own (delta-rs has died of SIGSEGV on a hostile log before) costs the table it was on, which is reported
-failed; a new process takes the next. A table that cannot be maintained is reported, with the reason,
-and the others are still maintained. The lease is looked at again before each table: a checker that lost
-it stops maintaining at once. Each run's outcome is logged (a line per failed table, one per run) and
-counted (``txcoord_maintenance_*``, :class:`~coordinator.checker.exporter.CheckerExporter`).
+:data:`PROCESSES_ON_OBJECT_STORAGE` at once, since a table's steps wait on requests one after another and a run of
+every table one after another took minutes
+(docs/performance.md#the-checkers-own-maintenance-is-each-commit-logs-_delta_log-bounded), on a local disk one. It
+holds no GIL of the driver's, none of its memory (a busy commit log's vacuum lists every file the log holds), and
+a crash of its own (delta-rs has died of SIGSEGV on a hostile log before) costs the table it was on, which is
+reported failed; a new process takes the next. A table that cannot be maintained is reported, with the reason, and
+the others are still maintained. The lease is looked at again before each table: a checker that lost it stops
+maintaining at once. Each run's outcome is logged (a line per failed table, one per run) and counted
+(``txcoord_maintenance_*``, :class:`~coordinator.checker.exporter.CheckerExporter`).
 
 Stopping is immediate: :meth:`ScheduledMaintenance.close` kills the processes mid-table and reaps them. Every
 step of maintenance is safe to cut short: a compaction, a property change or a checkpoint lands whole or

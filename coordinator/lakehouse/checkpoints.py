@@ -4,8 +4,8 @@ A checkpoint is a table's state at a version in one Parquet file: its protocol a
 files it holds (``add``), the files removed within their retention (``remove``) and each
 application's last transaction (``txn``). delta-rs's ``create_checkpoint`` rebuilds the state
 from scratch: it loads the previous checkpoint and replays every commit since on a runtime of
-several hundred threads, then writes the whole state. A producer at 1,000 txn/s checkpoints its
-commit log every ~17 s, and on two cores that CPU made the checker's slowest batches
+several hundred threads, then writes the whole state. A busy producer checkpoints its commit log
+often, and on two cores that CPU made the checker's slowest batches
 (docs/performance.md#figures-quoted-elsewhere-before). The state changes little between two checkpoints: this module
 takes the previous checkpoint's rows, drops the files removed since and the tombstones and
 transactions superseded or expired, adds the commits' own actions, and writes the result in the
@@ -20,7 +20,7 @@ domain change, say).
 
 Example::
 
-    write_checkpoint("lakehouse/groups/order_group/commit_log", 2000)
+    write_delta_checkpoint("lakehouse/groups/order_group/commit_log", 2000)
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from coordinator.lakehouse.deltalog import commit_actions
 from coordinator.lakehouse.paths import delta_checkpoint_file, delta_log_file
 from coordinator.storage import FileStore, read_all
 
-__all__ = ["last_checkpoint", "write_checkpoint"]
+__all__ = ["last_delta_checkpoint", "write_delta_checkpoint"]
 
 _log = logging.getLogger("coordinator.lakehouse.checkpoints")
 
@@ -55,7 +55,7 @@ _CARRIED_COLUMNS = {"add", "remove", "txn", "metaData", "protocol", "domainMetad
 _DERIVED_FIELDS = {"stats_parsed", "partitionValues_parsed"}
 
 
-def write_checkpoint(path: str, version: int, storage: Optional[Mapping[str, str]] = None,
+def write_delta_checkpoint(path: str, version: int, storage: Optional[Mapping[str, str]] = None,
                      now_ms: Optional[int] = None, commits: Optional[Mapping[int, bytes]] = None) -> bool:
     """Write the checkpoint of the Delta table at ``path`` (a directory, or an object-store URI reached
     with ``storage``) at ``version``: carried forward from the previous one when it can be (see the
@@ -67,10 +67,10 @@ def write_checkpoint(path: str, version: int, storage: Optional[Mapping[str, str
 
     Example::
 
-        write_checkpoint("lakehouse/system/op", 300)   # True: from the checkpoint at 200
+        write_delta_checkpoint("lakehouse/system/op", 300)   # True: from the checkpoint at 200
     """
     files = FileStore.at(path, storage)
-    previous = last_checkpoint(files)
+    previous = last_delta_checkpoint(files)
     if previous is not None and previous >= version:
         return False
     state = _carried_forward(files, previous, version, time.time() * 1000 if now_ms is None else now_ms, commits or {})
@@ -81,7 +81,7 @@ def write_checkpoint(path: str, version: int, storage: Optional[Mapping[str, str
     pq.write_table(state, encoded, compression="snappy")
     content = encoded.getvalue().to_pybytes()
     files.put(delta_checkpoint_file(version), content)
-    newest = last_checkpoint(files)
+    newest = last_delta_checkpoint(files)
     if newest is None or newest < version:  # never point readers back to an older checkpoint
         files.put(_LAST_CHECKPOINT, json.dumps({
             "version": version, "size": state.num_rows, "sizeInBytes": len(content),
@@ -89,13 +89,13 @@ def write_checkpoint(path: str, version: int, storage: Optional[Mapping[str, str
     return True
 
 
-def last_checkpoint(files: FileStore) -> Optional[int]:
+def last_delta_checkpoint(files: FileStore) -> Optional[int]:
     """The version of the table's newest checkpoint, as its ``_delta_log/_last_checkpoint`` records it
     (``files`` at the table's root); ``None`` if it records none or cannot be read.
 
     Example::
 
-        last_checkpoint(FileStore.at("lakehouse/system/op"))   # 200
+        last_delta_checkpoint(FileStore.at("lakehouse/system/op"))   # 200
     """
     pointer = files.read(_LAST_CHECKPOINT)
     if pointer is None:

@@ -58,7 +58,7 @@ from coordinator.commit_logs import CommitLogRef, CommitLogs, versions_written
 from coordinator.control.progress import CheckerProgress
 from coordinator.exceptions import InvalidArgumentError, one_line
 from coordinator.lakehouse import Lakehouse, listing_retried
-from coordinator.lakehouse.checkpoints import last_checkpoint, write_checkpoint
+from coordinator.lakehouse.checkpoints import last_delta_checkpoint, write_delta_checkpoint
 from coordinator.lakehouse.deltalog import check_commits
 from coordinator.lakehouse.delta import DEFAULT_DELETED_FILE_RETENTION, parse_interval
 from coordinator.storage import CONCURRENT_READS, FileStore
@@ -204,8 +204,8 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
     checked = check_commits(lakehouse.files, name) if _is_commit_log(name) else {}
     # A checkpoint at the head first, from the commits just checked: each load of the table below (the guards,
     # vacuum, compaction) then reads the commits after it, not all of those since the last one (a busy commit
-    # log's read seven times a run).
-    _attempt(result, "first checkpoint", lambda: write_checkpoint(lakehouse.path(name), _head(lakehouse, name),
+    # log's, once for each load).
+    _attempt(result, "first checkpoint", lambda: write_delta_checkpoint(lakehouse.path(name), _head(lakehouse, name),
                                                                    lakehouse.storage, commits=checked), None)
     table = lakehouse.table(name)
     result.files_before = len(table.file_uris())
@@ -227,9 +227,9 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
             max_concurrent_tasks=None if lakehouse.is_local else CONCURRENT_READS), {})
         result.files_compacted = metrics.get("numFilesRemoved", 0)
     # Carried forward from the previous checkpoint where it can be: delta-rs rebuilds a commit log's state
-    # from every commit since, a second of CPU on a busy log (see lakehouse.checkpoints). The version it is
+    # from every commit since, costly on a busy log (see lakehouse.checkpoints). The version it is
     # at is found by existence checks past the one read before the compaction, not by loading the table again.
-    _attempt(result, "checkpoint", lambda: write_checkpoint(
+    _attempt(result, "checkpoint", lambda: write_delta_checkpoint(
         lakehouse.path(name), versions_written(lakehouse.files, name, table.version() + 1) - 1, lakehouse.storage), None)
     still_needed = _commit_still_needed(lakehouse, name) if _is_commit_log(name) else None
     final = lakehouse.table(name)
@@ -243,7 +243,8 @@ def _maintain_table(lakehouse: Lakehouse, name: str, retention_hours: int, log_r
 
 def _head(lakehouse: Lakehouse, name: str) -> int:
     """Table ``name``'s latest version, found by existence checks past its newest checkpoint."""
-    return versions_written(lakehouse.files, name, last_checkpoint(FileStore.at(lakehouse.path(name), lakehouse.storage)) or 0) - 1
+    newest = last_delta_checkpoint(FileStore.at(lakehouse.path(name), lakehouse.storage))
+    return versions_written(lakehouse.files, name, newest or 0) - 1
 
 
 def _compact_commit_log(lakehouse: Lakehouse, name: str) -> int:
@@ -262,7 +263,7 @@ def _commit_log_appender(lakehouse: Lakehouse, name: str) -> DeltaAppender:
     """An appender for maintenance's own commits to commit log ``name``. It waits at most
     :data:`RACE_BACKOFF_MAX_S` after a race lost to the log's writer: a writer that always has its next commit
     in flight wins every round it is in, and a longer wait only gives it more versions to be read through
-    (at 25 ms a request, the doubling backoff's waits were a third of a maintenance run)."""
+    (docs/performance.md#the-checkers-own-maintenance-is-each-commit-logs-_delta_log-bounded)."""
     return DeltaAppender(lakehouse.key_path(name), checkpoints=False, storage=lakehouse.storage,
                          backoff=CommitBackoff(max_s=RACE_BACKOFF_MAX_S))
 

@@ -54,8 +54,8 @@ def record_identity(archive: Path) -> None:
 
 
 def remove_stale_archives() -> None:
-    """Delete the archives (160 MB each) whose JVM or Spark installation is gone or has changed since;
-    those of other installations still in place stay."""
+    """Delete the archives (large: docs/performance.md#figures-quoted-elsewhere-before) whose JVM or Spark
+    installation is gone or has changed since; those of other installations still in place stay."""
     for archive in _archive_dir().glob("classes-*.jsa"):
         try:
             identity = json.loads(archive.with_suffix(".json").read_text())

@@ -55,7 +55,8 @@ _S3A_SDK_MODULES = ("s3", "s3-transfer-manager", "sts")
 #: renames it, a copy and a delete on S3). Its jar holds only that class and a committer, and only the jar is
 #: pinned (its Maven dependencies are the cloud connectors, unused). Spark publishes it up to 4.1.2; its
 #: classes extend Spark 4.2's unchanged ones. The checker falls back on it when txcoord's own manager, one
-#: conditional PUT a file, could not be compiled (:func:`~coordinator.spark.session.write_checkpoints_in_place`).
+#: conditional PUT a file, could not be compiled
+#: (:func:`~coordinator.spark.session.write_streaming_checkpoints_in_place`).
 CHECKPOINT_MANAGER_PACKAGE = "org.apache.spark:spark-hadoop-cloud_2.13:4.1.2"
 #: Left out of the resolution: the SDK's bundle (above); the Azure SDK that only hadoop-azure's WASB driver used,
 #: which 3.5.0 has replaced by a stub that refuses ``wasb://``; Hadoop's shaded Guava, which Spark's

@@ -28,11 +28,11 @@ if TYPE_CHECKING:
     from coordinator.lakehouse import Lakehouse
 
 __all__ = ["abfs_conf", "get_spark", "hadoop_location", "lakehouse_spark", "launch_jars", "object_store_conf", "read_spark_defaults",
-           "spark_defaults_file", "write_checkpoints_in_place"]
+           "spark_defaults_file", "write_streaming_checkpoints_in_place"]
 
 #: The Spark setting that names the class writing streaming checkpoints, and the ones that write them in place
-#: on S3 (:func:`write_checkpoints_in_place`), the first that loads: txcoord's own, one conditional PUT a file,
-#: then Spark's, which checks for the file and its parent before its upload.
+#: on S3 (:func:`write_streaming_checkpoints_in_place`), the first that loads: txcoord's own, one conditional PUT a
+#: file, then Spark's, which checks for the file and its parent before its upload.
 CHECKPOINT_MANAGER_SETTING = "spark.sql.streaming.checkpointFileManagerClass"
 IN_PLACE_CHECKPOINT_MANAGERS = (CONDITIONAL_PUT_CHECKPOINT_MANAGER,
                                 "org.apache.spark.internal.io.cloud.AbortableStreamBasedCheckpointFileManager")
@@ -238,21 +238,22 @@ def lakehouse_spark(app_name: str, lakehouse: "Lakehouse", conf: Optional[Mappin
     return get_spark(app_name, settings)
 
 
-def write_checkpoints_in_place(spark, location: str) -> Optional[str]:
+def write_streaming_checkpoints_in_place(spark, location: str) -> Optional[str]:
     """Have the streaming queries ``spark`` starts from now on write their checkpoint files in place, when
     ``location`` (a checkpoint's) is on S3 and one of :data:`IN_PLACE_CHECKPOINT_MANAGERS` is on the classpath;
     the manager's class, or None when they will be written the default way.
 
     Spark's default writes each checkpoint file to a temporary file and renames it: on S3 a copy and a
-    delete, 25 requests one after another for each of a micro-batch's two checkpoint files. An upload makes
-    a file appear whole or not at all, so writing in place is as safe: in 3 requests with txcoord's manager
-    (Spark's existence check, then one conditional PUT), in about 10 with Spark's.
+    delete, many requests one after another for each of a micro-batch's two checkpoint files. An upload makes
+    a file appear whole or not at all, so writing in place is as safe, in a fraction of the requests: with
+    txcoord's manager Spark's existence check, then one conditional PUT
+    (docs/performance.md#the-checker-at-500-txns-25-ms-a-request-issue-45-point-3).
     A query with a checkpoint elsewhere (a local directory) must not start while this is set: either manager
     refuses a filesystem other than S3.
 
     Example::
 
-        write_checkpoints_in_place(spark, "s3://bucket/lakehouse/system/_checkpoints/checker")
+        write_streaming_checkpoints_in_place(spark, "s3://bucket/lakehouse/system/_checkpoints/checker")
         # 'io.txcoord.spark.ConditionalPutCheckpointFileManager'
     """
     if urlparse(location).scheme not in S3_SCHEMES:

@@ -12,7 +12,8 @@ from deltalake import DeltaTable
 from coordinator.checker.query import CheckerQuery
 from coordinator.checker.query import checkpoint_location
 from coordinator.commit_logs import CommitLogs
-from coordinator.control.progress import BatchRecord, CheckerProgress, CheckpointState, Epoch, Progress, verify_checkpoint
+from coordinator.control.progress import (BatchRecord, CheckerProgress, Epoch, Progress, StreamingCheckpoint,
+                                         verify_streaming_checkpoint)
 from coordinator.exceptions import CheckpointMismatchError, OutdatedLakehouseError
 from coordinator.lakehouse import SHARED_LOG_KEY, Lakehouse, create_group_tables, create_table, read_table
 from coordinator.tables import COMMIT_LOG, OP, REJECTED
@@ -30,20 +31,21 @@ def progress(checkpoint_id="q1", first_batch_id=0, last_batch_id=None) -> Progre
 
 
 def test_the_checkpoint_the_lakehouse_was_served_by_is_accepted():
-    verify_checkpoint(progress(last_batch_id=7), CheckpointState(True, "q1", last_planned_batch=7), RECORD)
-    verify_checkpoint(progress(last_batch_id=7), CheckpointState(True, "q1", last_planned_batch=8), RECORD)
-    verify_checkpoint(progress(checkpoint_id=None), CheckpointState(False), RECORD)  # a new epoch, not started
+    verify_streaming_checkpoint(progress(last_batch_id=7), StreamingCheckpoint(True, "q1", last_planned_batch=7), RECORD)
+    verify_streaming_checkpoint(progress(last_batch_id=7), StreamingCheckpoint(True, "q1", last_planned_batch=8), RECORD)
+    # A new epoch, not started:
+    verify_streaming_checkpoint(progress(checkpoint_id=None), StreamingCheckpoint(False), RECORD)
 
 
 @pytest.mark.parametrize("checkpoint, problem", [
-    (CheckpointState(False), "checkpoint is missing"),
-    (CheckpointState(True, "q2", last_planned_batch=9), "belongs to query q2, not to q1"),
-    (CheckpointState(True, "q1", last_planned_batch=5), "stops at batch 5, older than batch 7"),
-    (CheckpointState(True, "q1", last_planned_batch=None), "stops at batch none"),
+    (StreamingCheckpoint(False), "checkpoint is missing"),
+    (StreamingCheckpoint(True, "q2", last_planned_batch=9), "belongs to query q2, not to q1"),
+    (StreamingCheckpoint(True, "q1", last_planned_batch=5), "stops at batch 5, older than batch 7"),
+    (StreamingCheckpoint(True, "q1", last_planned_batch=None), "stops at batch none"),
 ])
 def test_a_missing_foreign_or_stale_checkpoint_is_refused_with_the_way_out(checkpoint, problem):
     with pytest.raises(CheckpointMismatchError, match=problem) as refused:
-        verify_checkpoint(progress(last_batch_id=7), checkpoint, RECORD)
+        verify_streaming_checkpoint(progress(last_batch_id=7), checkpoint, RECORD)
     assert "--recover-checkpoint" in str(refused.value)
 
 
@@ -54,18 +56,18 @@ def test_a_checkpoint_of_an_earlier_source_is_read_as_such_and_refused_with_the_
     (tmp_path / "metadata").write_text('{"id":"q1"}')
     (tmp_path / "offsets" / "7").write_text('v1\n{"batchWatermarkMs":0}\n'
                                              '{"sourceVersion":1,"reservoirId":"r","reservoirVersion":12,"index":-1}\n')
-    checkpoint = CheckpointState.read(str(tmp_path))
+    checkpoint = StreamingCheckpoint.read(str(tmp_path))
     assert (checkpoint.checkpoint_id, checkpoint.last_planned_batch, checkpoint.outdated_offsets) == ("q1", 7, True)
     with pytest.raises(CheckpointMismatchError, match="change feed.*--recover-checkpoint"):
-        verify_checkpoint(progress(last_batch_id=7), checkpoint, RECORD)
+        verify_streaming_checkpoint(progress(last_batch_id=7), checkpoint, RECORD)
     (tmp_path / "offsets" / "8").write_text('v1\n{"batchWatermarkMs":0}\n{"version":13,"clock_us":5}\n')
-    checkpoint = CheckpointState.read(str(tmp_path))
+    checkpoint = StreamingCheckpoint.read(str(tmp_path))
     assert (checkpoint.last_planned_batch, checkpoint.outdated_offsets) == (8, True)
     with pytest.raises(CheckpointMismatchError, match="one commit log shared by every group.*--recover-checkpoint"):
-        verify_checkpoint(progress(last_batch_id=7), checkpoint, RECORD)
+        verify_streaming_checkpoint(progress(last_batch_id=7), checkpoint, RECORD)
     (tmp_path / "offsets" / "9").write_text('v1\n{"batchWatermarkMs":0}\n{"versions":{"%s":13},"clock_us":5}\n' % LOG)
-    assert not CheckpointState.read(str(tmp_path)).outdated_offsets
-    verify_checkpoint(progress(last_batch_id=7), CheckpointState.read(str(tmp_path)), RECORD)
+    assert not StreamingCheckpoint.read(str(tmp_path)).outdated_offsets
+    verify_streaming_checkpoint(progress(last_batch_id=7), StreamingCheckpoint.read(str(tmp_path)), RECORD)
 
 
 def test_a_progress_record_of_the_shared_commit_log_is_read_as_such_and_refused_at_start_with_the_way_out(spark, config):
@@ -101,7 +103,7 @@ def test_a_progress_record_of_the_shared_commit_log_is_read_as_such_and_refused_
     with open(os.path.join(location, "offsets", "7"), "w") as offsets:
         offsets.write('v1\n{"batchWatermarkMs":0}\n{"version":35,"clock_us":10}\n')
     with pytest.raises(CheckpointMismatchError, match="one commit log shared by every group.*--recover-checkpoint"):
-        CheckerProgress(lakehouse).begin(CheckpointState.read(location))
+        CheckerProgress(lakehouse).begin(StreamingCheckpoint.read(location))
 
 
 def test_batch_ids_of_a_later_epoch_continue_from_the_last_recorded_batch(tmp_path):
@@ -111,7 +113,8 @@ def test_batch_ids_of_a_later_epoch_continue_from_the_last_recorded_batch(tmp_pa
     assert following.epoch == Epoch(number=1, first_batch_id=8, starting_versions={LOG: 5}, checkpoint_id=None)
     assert store.load() == following
     with pytest.raises(CheckpointMismatchError, match="stops at batch 9, older than batch 10"):
-        verify_checkpoint(progress(first_batch_id=8, last_batch_id=10), CheckpointState(True, "q1", 1), RECORD)
+        verify_streaming_checkpoint(progress(first_batch_id=8, last_batch_id=10), StreamingCheckpoint(True, "q1", 1),
+                                    RECORD)
 
 
 def delivered(lakehouse: str, topic: str = "T") -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 from deltalake import DeltaTable
 
 from coordinator.appender import DeltaAppender
-from coordinator.lakehouse.checkpoints import write_checkpoint
+from coordinator.lakehouse.checkpoints import write_delta_checkpoint
 
 SCHEMA = pa.schema([("id", pa.string()), ("n", pa.int64())])
 MINUTE_MS = 60_000
@@ -73,7 +73,7 @@ def test_a_carried_checkpoint_holds_what_delta_rs_rebuilds(table, tmp_path):
     shutil.copytree(table, rebuilt)
     DeltaTable(rebuilt).create_checkpoint()
 
-    assert write_checkpoint(table, 10) is True
+    assert write_delta_checkpoint(table, 10) is True
 
     ours = state(checkpoint(table, 10))
     assert ours == state(checkpoint(rebuilt, 10))
@@ -84,14 +84,14 @@ def test_a_carried_checkpoint_holds_what_delta_rs_rebuilds(table, tmp_path):
 
 def test_delta_rs_reads_the_table_from_a_carried_checkpoint_alone(table):
     expected = DeltaTable(table).to_pyarrow_table().sort_by("id")
-    write_checkpoint(table, 10)
+    write_delta_checkpoint(table, 10)
     without_commits_up_to(table, 10)
     assert DeltaTable(table).to_pyarrow_table().sort_by("id") == expected
     assert DeltaTable(table).transaction_version("checker") == 5
 
 
 def test_spark_reads_the_table_from_a_carried_checkpoint_alone(table, spark):
-    write_checkpoint(table, 10)
+    write_delta_checkpoint(table, 10)
     with DeltaAppender(table, checkpoints=False) as appender:
         appender.append(rows("d0"))
     without_commits_up_to(table, 10)
@@ -101,11 +101,11 @@ def test_spark_reads_the_table_from_a_carried_checkpoint_alone(table, spark):
 
 def test_tombstones_past_their_retention_are_left_out(table):
     removed_ms = max(remove["deletionTimestamp"] for remove in logged_removes(table))
-    write_checkpoint(table, 10, now_ms=removed_ms + 9 * MINUTE_MS)  # within the table's 10 minutes
+    write_delta_checkpoint(table, 10, now_ms=removed_ms + 9 * MINUTE_MS)  # within the table's 10 minutes
     assert len(state(checkpoint(table, 10))["remove"]) == 6
     with DeltaAppender(table, checkpoints=False) as appender:
         appender.append(rows("d0"))
-    assert write_checkpoint(table, 11, now_ms=removed_ms + 11 * MINUTE_MS) is True  # from 10's, now expired
+    assert write_delta_checkpoint(table, 11, now_ms=removed_ms + 11 * MINUTE_MS) is True  # from 10's, now expired
     assert state(checkpoint(table, 11))["remove"] == []
     assert len(state(checkpoint(table, 11))["add"]) == 5
 
@@ -123,7 +123,7 @@ def logged_removes(path):
 def test_what_cannot_be_carried_is_rebuilt_by_delta_rs(table, tmp_path):
     with DeltaAppender(table, checkpoints=False) as appender:
         assert appender.set_properties({"delta.checkpointInterval": "7"}) == 11
-    assert write_checkpoint(table, 11) is False  # a metadata change since the checkpoint at 4
+    assert write_delta_checkpoint(table, 11) is False  # a metadata change since the checkpoint at 4
     assert last_checkpoint(table)["version"] == 11
     assert dict(state(checkpoint(table, 11))["metaData"][0]["configuration"])["delta.checkpointInterval"] == "7"
 
@@ -131,12 +131,12 @@ def test_what_cannot_be_carried_is_rebuilt_by_delta_rs(table, tmp_path):
     DeltaTable.create(fresh, schema=SCHEMA)
     with DeltaAppender(fresh, checkpoints=False) as appender:
         appender.append(rows("x"))
-    assert write_checkpoint(fresh, 1) is False  # no checkpoint to carry forward
+    assert write_delta_checkpoint(fresh, 1) is False  # no checkpoint to carry forward
     assert last_checkpoint(fresh)["version"] == 1
 
 
 def test_a_version_at_or_before_the_newest_checkpoint_is_left_alone(table):
-    write_checkpoint(table, 10)
-    assert write_checkpoint(table, 8) is False
+    write_delta_checkpoint(table, 10)
+    assert write_delta_checkpoint(table, 8) is False
     assert not os.path.exists(os.path.join(table, "_delta_log", f"{8:020d}.checkpoint.parquet"))
     assert last_checkpoint(table)["version"] == 10
