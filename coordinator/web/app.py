@@ -30,14 +30,13 @@ from flask_wtf.csrf import CSRFError, CSRFProtect
 from wtforms import BooleanField, PasswordField, StringField, TextAreaField
 from wtforms.validators import DataRequired, Length
 
-from coordinator.cli.output import duration
 from coordinator.commit_logs import CommitLogs
 from coordinator.config import CoordinatorConfig
+from coordinator.durations import format_duration, parse_duration
 from coordinator.exceptions import AccessDeniedError, InvalidArgumentError, LakehouseNotFoundError
 from coordinator.lakehouse import Lakehouse, require_lakehouse
 from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.ops.discarded import discarded_transactions
-from coordinator.durations import parse_duration
 from coordinator.ops.pending import pending_transactions
 from coordinator.ops.resolve import preview_resolution, resolve_transaction
 from coordinator.ops.status import read_status
@@ -141,7 +140,7 @@ def create_app(config: CoordinatorConfig, users: ConsoleUsers, refresh_s: int = 
         return {"user": user() if current_user.is_authenticated else None, "logout_form": LogoutForm(),
                 "lakehouse": config.lakehouse, "refresh_s": refresh_s}
 
-    app.jinja_env.filters["duration"] = duration
+    app.jinja_env.filters["duration"] = format_duration
     app.jinja_env.filters["excerpt"] = _excerpt
     app.jinja_env.filters["utc"] = lambda t: t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if t else "–"
 
