@@ -1,6 +1,6 @@
 """The package's layers (docs/design.md#layers and docs/layout.md): who may import whom, and which
-parts start no JVM. Each rule is checked in a fresh interpreter, so nothing this suite has
-already imported can hide a violation."""
+parts start no JVM. The floors are checked in the source, every import of it; what a part loads, in a
+fresh interpreter, so nothing this suite has already imported can hide a violation."""
 
 from __future__ import annotations
 
