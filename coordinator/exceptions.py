@@ -1,4 +1,22 @@
-"""Every error the coordinator raises. All derive from :class:`CoordinatorError`."""
+"""Every error the coordinator raises. All derive from :class:`CoordinatorError`, and each says what a
+caller may do about it in two attributes (docs/producer.md#errors):
+
+- ``retriable``: the same call, made again as it was, may succeed (the cause passes: the storage
+  throttled, failed or timed out); otherwise it fails the same way until something is changed;
+- ``outcome_unknown``: what the call was to write may or may not have been written, so the caller
+  must assume neither (:class:`HalfOutcomeUnknownError`, :class:`WriteOutcomeUnknownError`).
+
+Each class sets both; an error whose cause decides sets ``retriable`` for itself
+(:class:`HalfNotStoredError`: a storage that failed for a while, yes; one that refused, no).
+
+Example::
+
+    try:
+        producer.send_message_in_transaction(msg, order)
+    except CoordinatorError as error:
+        if error.outcome_unknown: ...  # look it up (``error.transaction_id``) before saying either way
+        elif error.retriable: ...      # send again, later
+"""
 
 __all__ = ["AccessDeniedError", "CheckerAlreadyRunningError", "CheckerStateError", "CheckpointMismatchError",
            "ConfigError", "ConsumerStateError", "CoordinatorError", "CorruptInputError", "FileTooLargeError",
@@ -10,6 +28,11 @@ __all__ = ["AccessDeniedError", "CheckerAlreadyRunningError", "CheckerStateError
 
 class CoordinatorError(Exception):
     """Base class of every error raised by the coordinator."""
+
+    #: Whether the same call, made again as it was, may succeed.
+    retriable: bool = False
+    #: Whether what the call was to write may or may not have been written.
+    outcome_unknown: bool = False
 
 
 class ConfigError(CoordinatorError, ValueError):
@@ -35,8 +58,14 @@ class IncompleteListenerError(CoordinatorError, TypeError):
 class HalfNotStoredError(CoordinatorError):
     """The half message could not be made durable in the commit log.
 
-    The local transaction was not run; the send counts as ``ROLLBACK_MESSAGE``.
+    The local transaction was not run; the send counts as ``ROLLBACK_MESSAGE``. ``retriable`` is its
+    cause's: true when the storage failed for a while (:class:`StorageUnavailableError`), false when it
+    refused (:class:`AccessDeniedError`) or the commit log is not a table this producer can append to.
     """
+
+    def __init__(self, message: str, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
 
 
 class HalfOutcomeUnknownError(CoordinatorError):
@@ -46,8 +75,12 @@ class HalfOutcomeUnknownError(CoordinatorError):
     The local transaction was not run. If the half was stored, the checker will check back once its
     immunity is over: the listener's ``check_local_transaction`` then answers for a local
     transaction that never ran (roll back). ``transaction_id`` says which transaction to look for
-    (``txcoord inspect``).
+    (``txcoord inspect``). Retriable: a new send is a new transaction, and this one, if stored, is
+    rolled back.
     """
+
+    retriable = True
+    outcome_unknown = True
 
     def __init__(self, message: str, transaction_id: str) -> None:
         super().__init__(message)
@@ -101,12 +134,18 @@ class StorageUnavailableError(CoordinatorError):
     """The storage failed a request on every attempt (throttling, server errors, timeouts, lost
     connections) until the retries' bound (the ``[storage]`` settings ``max_retries`` and
     ``retry_timeout``) ran out. A write it names may have happened or not (see
-    :class:`WriteOutcomeUnknownError`); nothing else was done."""
+    :class:`WriteOutcomeUnknownError`); nothing else was done. Retriable."""
+
+    retriable = True
 
 
 class WriteOutcomeUnknownError(StorageUnavailableError):
     """A conditional write (a Delta commit, the lease, the progress record) whose outcome the
-    storage never told: it may have been made. Whoever reads the file next learns which."""
+    storage never told: it may have been made. Whoever reads the file next learns which. Retriable, as
+    its base class: the storage may answer the next time; but read the file before writing again, or
+    what was written may be written twice."""
+
+    outcome_unknown = True
 
 
 class SparkSetupError(CoordinatorError):

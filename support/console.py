@@ -18,7 +18,7 @@ from support.processes import Job
 
 __all__ = ["ConsoleBrowser", "ConsoleJob", "MetricsScraper"]
 
-#: What ``txcoord console`` prints once it listens (coordinator/cli/commands.py).
+#: What ``txcoord console`` prints once it listens (coordinator/cli/console.py).
 CONSOLE_LINE = re.compile(rb"txcoord console: (http://\S+/) ")
 _CSRF_INPUT = re.compile(r'<input[^>]*\bname="csrf_token"[^>]*>')
 _VALUE = re.compile(r'\bvalue="([^"]*)"')

@@ -1,6 +1,6 @@
 """The package's layers (docs/design.md#layers and docs/layout.md): who may import whom, and which
-parts start no JVM. Each rule is checked in a fresh interpreter, so nothing this suite has
-already imported can hide a violation."""
+parts start no JVM. The floors are checked in the source, every import of it; what a part loads, in a
+fresh interpreter, so nothing this suite has already imported can hide a violation."""
 
 from __future__ import annotations
 
@@ -35,6 +35,75 @@ def loaded_after(code: str) -> set[str]:
 
 def spark_loaded(modules: set[str]) -> list[str]:
     return sorted(m for m in modules if m.split(".")[0] in SPARK_MODULES)
+
+
+#: The package's floors, lowest first (docs/design.md#layers). A module may import its own part and the
+#: parts on lower floors: never a part on its own floor (the producer side and the checker never import
+#: each other, nor the jobs and the console) nor one above.
+FLOORS = (
+    ("shared",),
+    ("control",),
+    ("spark",),
+    ("producer", "checker", "consumer"),
+    ("ops",),
+    ("jobs", "web"),
+    ("demo",),
+    ("cli",),
+    ("front doors",),
+)
+#: The vocabulary and shared plumbing: the top-level modules and packages of the first floor.
+SHARED = {"appender", "commit_logs", "config", "doorbells", "durations", "exceptions", "grants", "lakehouse", "logs",
+          "names", "protocol", "resources", "retries", "schedule", "storage", "tables", "validation"}
+FLOOR_OF = {part: number for number, parts in enumerate(FLOORS) for part in parts}
+
+
+def part_of(module: str) -> str:
+    """The part of the package ``module`` (``coordinator.…``) belongs to: a name in :data:`FLOORS`."""
+    if module in ("coordinator", "coordinator.__main__"):
+        return "front doors"  # the producer's names re-exported, and ``python -m coordinator``
+    top = module.split(".")[1]
+    return "shared" if top in SHARED else top
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of the package (its table definitions, installed as ``coordinator.tables``, included), by name."""
+    tables_dir = Path(tables.__file__).parent
+    files = {path: ("coordinator", *path.relative_to(PACKAGE_DIR).with_suffix("").parts)
+             for path in PACKAGE_DIR.rglob("*.py")}
+    files |= {path: ("coordinator", "tables", *path.relative_to(tables_dir).with_suffix("").parts)
+              for path in tables_dir.rglob("*.py")}
+    return {".".join(parts[:-1] if parts[-1] == "__init__" else parts): path for path, parts in files.items()}
+
+
+def package_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules a file imports, anywhere in it: ``from a import b`` is ``a.b`` when that is a
+    module, else ``a``."""
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported |= {f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                         for alias in node.names}
+    return {name for name in imported if name.split(".")[0] == "coordinator"}
+
+
+def test_every_module_of_the_package_is_on_a_floor():
+    unplaced = sorted({part_of(module) for module in package_modules()} - set(FLOOR_OF))
+    assert unplaced == [], "place each in FLOORS and in docs/design.md#layers"
+
+
+def test_no_import_runs_up_the_floors_or_across_one():
+    """Checked in the source, so an import inside a function, made only when it runs, counts too."""
+    modules = package_modules()
+    wrong = []
+    for module, path in sorted(modules.items()):
+        importer = part_of(module)
+        for imported in sorted(package_imports(path, modules)):
+            target = part_of(imported)
+            if target != importer and FLOOR_OF[target] >= FLOOR_OF[importer]:
+                wrong.append(f"{module} ({importer}) imports {imported} ({target})")
+    assert wrong == []
 
 
 def test_producer_side_never_imports_pyspark():

@@ -101,6 +101,8 @@ def test_a_send_the_storage_never_confirms_says_so_and_the_producer_goes_on(s3_s
         with pytest.raises(HalfOutcomeUnknownError, match="never confirmed whether") as unknown:
             producer.send_message_in_transaction(Message("ORDERS", b"first"))
         assert isinstance(unknown.value.__cause__, WriteOutcomeUnknownError)
+        assert unknown.value.outcome_unknown and unknown.value.__cause__.outcome_unknown
+        assert unknown.value.retriable  # and the next send below succeeds
         assert proxy.counts()["queued"] == 0
         sent = producer.send_message_in_transaction(Message("ORDERS", b"second"))
 
@@ -117,8 +119,9 @@ def test_a_send_the_storage_refuses_past_the_bound_says_nothing_was_stored(s3_se
     with TransactionProducer("g", Commits(), config) as producer:
         for _ in range(4):
             proxy.inject_next("slowdown", method="PUT", path_contains="/part-")  # the data file, never written
-        with pytest.raises(HalfNotStoredError, match="could not be stored"):
+        with pytest.raises(HalfNotStoredError, match="could not be stored") as not_stored:
             producer.send_message_in_transaction(Message("ORDERS", b"refused"))
+        assert not_stored.value.retriable and not not_stored.value.outcome_unknown  # the storage failed a while
         sent = producer.send_message_in_transaction(Message("ORDERS", b"after"))
 
     assert {r["transaction_id"] for r in log_rows(direct)} == {sent.transaction_id}

@@ -3,6 +3,7 @@
 import logging
 import shutil
 import threading
+from concurrent.futures import Future
 from datetime import timezone
 
 import pytest
@@ -10,8 +11,9 @@ from support.producer_side import RecordingListener, commit_log_rows, commit_log
 
 from coordinator import (CoordinatorConfig, LocalTransactionState, Message, SendStatus, TransactionListener,
                          TransactionProducer)
-from coordinator.exceptions import (CoordinatorError, HalfNotStoredError, IncompleteListenerError, MessageValidationError,
-                                    ProducerStateError)
+from coordinator.exceptions import (AccessDeniedError, CoordinatorError, HalfNotStoredError, HalfOutcomeUnknownError,
+                                    IncompleteListenerError, MessageValidationError, ProducerStateError,
+                                    StorageUnavailableError, WriteOutcomeUnknownError)
 from coordinator.lakehouse import Lakehouse
 
 
@@ -86,6 +88,34 @@ def test_half_write_failure_raises_and_skips_the_local_transaction(lakehouse):
             producer.send_message_in_transaction(Message("ORDER_TOPIC", b"x"))
     assert raised.value.__cause__ is not None
     assert "local transaction was not run" in str(raised.value)
+    assert (raised.value.retriable, raised.value.outcome_unknown) == (False, False)  # a file is no table, again
+    assert listener.executed == []
+
+
+@pytest.mark.parametrize("failure, raised, retriable, outcome_unknown", [
+    (StorageUnavailableError("503 Service Unavailable on every attempt"), HalfNotStoredError, True, False),
+    (AccessDeniedError("403 Forbidden"), HalfNotStoredError, False, False),
+    (WriteOutcomeUnknownError("the commit's reply lost on every attempt"), HalfOutcomeUnknownError, True, True),
+])
+def test_a_failed_half_says_whether_to_send_again_and_whether_it_may_be_stored(lakehouse, failure, raised, retriable,
+                                                                              outcome_unknown):
+    """The storage's own failures are provoked in tests/test_object_storage_faults.py; here, each cause's answer."""
+    listener = RecordingListener()
+    with producer_for(lakehouse, listener) as producer:
+        writer_submit = producer._writer.submit
+
+        def failing_submit(records):
+            if records[0]["kind"] != "HALF":
+                return writer_submit(records)
+            failed = Future()
+            failed.set_exception(failure)
+            return failed
+
+        producer._writer.submit = failing_submit
+        with pytest.raises(raised) as error:
+            producer.send_message_in_transaction(Message("ORDER_TOPIC", b"x"))
+    assert (error.value.retriable, error.value.outcome_unknown) == (retriable, outcome_unknown)
+    assert error.value.__cause__ is failure
     assert listener.executed == []
 
 

@@ -21,6 +21,7 @@ from coordinator.checker import CHECKER_NAME
 from coordinator.checker.batch import BatchRunner, batch_clock, run_batch
 from coordinator.checker.epochs import begin_next_epoch
 from coordinator.checker.exporter import CheckerExporter
+from coordinator.checker.gate import BatchGate
 from coordinator.checker.metrics import CheckerMetrics
 from coordinator.checker.readahead import ReadAhead
 from coordinator.checker.rehearsal import Rehearsal
@@ -32,7 +33,6 @@ from coordinator.control.lease import CheckerLease
 from coordinator.control.progress import BatchRecord, CheckerProgress, Progress, StreamingCheckpoint
 from coordinator.exceptions import (CheckpointMismatchError, CoordinatorError, LeaseLostError, StopRequested,
                                     StorageUnavailableError)
-from coordinator.jobs.runtime import BatchGate
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 from coordinator.spark.session import CHECKPOINT_MANAGER_SETTING, hadoop_location, write_streaming_checkpoints_in_place
 

@@ -20,12 +20,13 @@ import sys
 from datetime import datetime, timezone
 
 from coordinator.cli import output
+from coordinator.cli.options import EXIT_OK, common_options
 from coordinator.config import EXIT_USAGE, CoordinatorConfig
+from coordinator.durations import format_duration
 from coordinator.exceptions import ConsumerStateError, InvalidArgumentError
 
 __all__ = ["register"]
 
-EXIT_OK = 0
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -43,28 +44,28 @@ def register(commands: argparse._SubParsersAction) -> None:
     add.add_argument("--shares", type=int, default=None,
                      help="how many shares each topic is split into: the most instances that share a topic's work "
                           "(default 16; fixed once the group has progress)")
-    _common(add)
+    common_options(add)
     add.set_defaults(run=run_add_consumer_group)
 
     groups = commands.add_parser("consumer-groups", help="describe a consumer group, or reset its position")
     actions = groups.add_subparsers(dest="action", required=True, metavar="ACTION")
     describe = actions.add_parser("describe", help="per topic: position, lag, retries; live instances; dead letters")
     describe.add_argument("group", metavar="GROUP")
-    _common(describe)
+    common_options(describe)
     describe.set_defaults(run=run_describe, command="consumer-groups describe")
     reset = actions.add_parser("reset", help="move a stopped group's position in a topic")
     reset.add_argument("group", metavar="GROUP")
     reset.add_argument("--topic", required=True, metavar="T")
     reset.add_argument("--to", required=True, metavar="WHERE",
                        help="earliest, latest, an ISO time with its zone, or a queue offset")
-    _common(reset)
+    common_options(reset)
     reset.set_defaults(run=run_reset, command="consumer-groups reset")
 
     dead = commands.add_parser("dead-letters", help="list, redrive or discard a consumer group's dead letters")
     verbs = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
     listed = verbs.add_parser("list", help="the open dead letters, oldest first")
     listed.add_argument("group", metavar="GROUP")
-    _common(listed)
+    common_options(listed)
     listed.set_defaults(run=run_dead_letters_list, command="dead-letters list")
     for verb, text in (("redrive", "deliver them to the group's listener again, attempts counted afresh"),
                        ("discard", "close them for good")):
@@ -74,13 +75,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         chosen.add_argument("--msg-id", action="append", dest="msg_ids", metavar="ID", help="repeatable")
         chosen.add_argument("--all", action="store_true", help="every open dead letter of the group")
         command.add_argument("--reason", default="", help="why, for the record")
-        _common(command)
+        common_options(command)
         command.set_defaults(run=run_dead_letters_act, verb=verb, command=f"dead-letters {verb}")
-
-
-def _common(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--config", default=None, help="coordinator TOML file (default: conf/coordinator.toml)")
-    command.add_argument("--json", action="store_true", help="print one JSON document instead of text")
 
 
 def run_add_consumer_group(args: argparse.Namespace) -> int:
@@ -131,7 +127,7 @@ def run_describe(args: argparse.Namespace) -> int:
           f"{' '.join(described.live_instances)}; {described.open_dead_letters} open dead letter(s)")
     for topic in described.topics:
         print(f"  {topic.topic}: position version {topic.position} of {topic.latest_version}, lag "
-              f"{topic.lag_messages} message(s), {output.duration(topic.lag_seconds)}; {topic.retrying} retrying")
+              f"{topic.lag_messages} message(s), {format_duration(topic.lag_seconds)}; {topic.retrying} retrying")
     return EXIT_OK
 
 

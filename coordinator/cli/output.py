@@ -6,6 +6,11 @@ from __future__ import annotations
 import json
 from typing import Optional
 
+from coordinator.durations import format_duration
+
+__all__ = ["console", "print_grants", "print_json", "print_maintenance", "print_pending", "print_spark_setup",
+           "print_status", "print_timeline"]
+
 _UNFOLDED = 10_000  # console width when not writing to a terminal
 
 
@@ -23,44 +28,34 @@ def console(stderr: bool = False):
     return console if console.is_terminal else Console(highlight=False, stderr=stderr, width=_UNFOLDED)
 
 
-def duration(value: float) -> str:
-    """A duration for people: '850 ms', '12.3 s', '4 min 05 s', '3 h 20 min'."""
-    if value < 1:
-        return f"{value * 1000:.0f} ms"
-    if value < 60:
-        return f"{value:.1f} s"
-    if value < 3600:
-        return f"{value // 60:.0f} min {value % 60:02.0f} s"
-    return f"{value // 3600:.0f} h {value % 3600 // 60:02.0f} min"
-
-
 def print_status(status) -> None:
     """``txcoord status``: one line per fact of a :class:`~coordinator.ops.status.Status`."""
     if status.checker_alive:
-        checker = f"[green]alive[/green]: {status.checker_holder}, lease renewed {duration(status.lease_renewed_age_s)} ago"
+        checker = (f"[green]alive[/green]: {status.checker_holder}, lease renewed "
+                   f"{format_duration(status.lease_renewed_age_s)} ago")
     elif status.checker_process_gone:
         checker = (f"[red]not running[/red]: {status.checker_holder} is gone (lease renewed "
-                   f"{duration(status.lease_renewed_age_s)} ago)")
+                   f"{format_duration(status.lease_renewed_age_s)} ago)")
     elif status.checker_holder:
         checker = (f"[red]not running[/red]: the lease of {status.checker_holder} expired "
-                   f"{duration(status.lease_renewed_age_s)} ago")
+                   f"{format_duration(status.lease_renewed_age_s)} ago")
     else:
         checker = "[red]not running[/red] (no lease)"
     if status.last_batch_id is None:
         last_batch = "none recorded"
     else:
-        last_batch = (f"#{status.last_batch_id}, finished {duration(status.last_batch_age_s)} ago, "
-                      f"took {duration(status.last_batch_duration_ms / 1000)}")
+        last_batch = (f"#{status.last_batch_id}, finished {format_duration(status.last_batch_age_s)} ago, "
+                      f"took {format_duration(status.last_batch_duration_ms / 1000)}")
     if status.lag_versions is None:
         lag = f"unknown ({status.commit_log_versions} commit-log version(s) written)"
     elif status.lag_versions == 0:
         lag = f"none: read all {status.commit_log_versions} commit-log version(s)"
     else:
         lag = (f"{status.lag_versions} of {status.commit_log_versions} commit-log version(s) unread, the oldest "
-               f"written {duration(status.lag_s)} ago")
+               f"written {format_duration(status.lag_s)} ago")
     pending = f"{status.pending_transactions} transaction(s)"
     if status.oldest_pending_age_s is not None:
-        pending += f", oldest {duration(status.oldest_pending_age_s)}"
+        pending += f", oldest {format_duration(status.oldest_pending_age_s)}"
     out = console()
     for key, value in [
         ("lakehouse", status.lakehouse),
@@ -156,8 +151,9 @@ def print_pending(transactions, now) -> None:
         table.add_column(column, no_wrap=True)
     for t in transactions:
         wait = (t.next_step_at - now).total_seconds()
-        when = f"in {duration(wait)}" if wait > 0 else f"due {duration(-wait)} ago" if wait < 0 else "due now"
-        table.add_row(t.transaction_id, t.producer_group, duration(t.age_s), str(t.checks),
+        when = (f"in {format_duration(wait)}" if wait > 0 else f"due {format_duration(-wait)} ago" if wait < 0
+                else "due now")
+        table.add_row(t.transaction_id, t.producer_group, format_duration(t.age_s), str(t.checks),
                       f"{t.next_step}: withheld" if t.withheld else f"{t.next_step} {when}",
                       t.addressed_to or ("any instance" if t.checks else "-"), ", ".join(t.topics))
     out.print(table)

@@ -26,9 +26,10 @@ from typing import Optional
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from coordinator.jobs.runtime import BatchGate, start_job
+from coordinator.checker.gate import BatchGate
 from coordinator.config import CoordinatorConfig
 from coordinator.demo.services import CREDITS, ORDER_TOPIC
+from coordinator.jobs.runtime import start_job
 from coordinator.lakehouse import Lakehouse, create_table
 
 

@@ -24,8 +24,8 @@ from typing import Any, Optional, Sequence
 from coordinator.config import CoordinatorConfig
 from coordinator.commit_logs import CommitLogRef
 from coordinator.control.instances import ProducerInstances
-from coordinator.exceptions import (AccessDeniedError, HalfNotStoredError, HalfOutcomeUnknownError, MessageValidationError,
-                                    ProducerStateError, WriteOutcomeUnknownError)
+from coordinator.exceptions import (AccessDeniedError, CoordinatorError, HalfNotStoredError, HalfOutcomeUnknownError,
+                                    MessageValidationError, ProducerStateError, WriteOutcomeUnknownError)
 from coordinator.grants import TopicGrants
 from coordinator.lakehouse import Lakehouse
 from coordinator.producer.checkback import CheckBackWorker
@@ -154,7 +154,8 @@ class TransactionProducer:
         (nothing stored, local transaction not run) or :class:`HalfOutcomeUnknownError` (the
         storage never said whether the half was stored; local transaction not run; its
         ``transaction_id`` names it). A storage that fails for a while is retried first, within
-        the ``[storage]`` settings ``max_retries`` and ``retry_timeout``.
+        the ``[storage]`` settings ``max_retries`` and ``retry_timeout``; each error's ``retriable``
+        and ``outcome_unknown`` say what the caller may do (docs/producer.md#errors).
 
         Example::
 
@@ -206,7 +207,8 @@ class TransactionProducer:
             _log.error("half not stored transaction_id=%s group=%s: %s", transaction_id, self.group, error, extra=extra)
             raise HalfNotStoredError(
                 f"transaction {transaction_id}: the half message(s) could not be stored; "
-                f"the local transaction was not run (state ROLLBACK_MESSAGE)"
+                f"the local transaction was not run (state ROLLBACK_MESSAGE)",
+                retriable=isinstance(error, CoordinatorError) and error.retriable,
             ) from error
         _log.debug("half stored transaction_id=%s messages=%d version=%d", transaction_id, len(msgs), version, extra=extra)
 

@@ -6,7 +6,8 @@ the lakehouse as the signed-in user (their own storage credentials if the users 
 some, else the console's): a refusal by the storage is shown as such, naming the path. Ending a
 transaction goes through :func:`coordinator.ops.resolve.resolve_transaction`, as ``txcoord
 resolve`` does: an END in the operators' commit log carrying who and why; the checker stays the
-only writer of its tables.
+only writer of its tables. Each page is a view function of this module, registered by :func:`create_app`
+under its own name.
 
 Example::
 
@@ -21,23 +22,23 @@ import functools
 import logging
 import secrets
 import socket
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from flask import Flask, Response, abort, flash, redirect, render_template, request, url_for
+from flask import Flask, Response, abort, current_app, flash, redirect, render_template, request, url_for
 from flask_login import LoginManager, UserMixin, current_user, login_required, login_user, logout_user
 from flask_wtf import FlaskForm
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from wtforms import BooleanField, PasswordField, StringField, TextAreaField
 from wtforms.validators import DataRequired, Length
 
-from coordinator.cli.output import duration
 from coordinator.commit_logs import CommitLogs
 from coordinator.config import CoordinatorConfig
+from coordinator.durations import format_duration, parse_duration
 from coordinator.exceptions import AccessDeniedError, InvalidArgumentError, LakehouseNotFoundError
 from coordinator.lakehouse import Lakehouse, require_lakehouse
 from coordinator.ops.audit import outcome, transaction_timeline
 from coordinator.ops.discarded import discarded_transactions
-from coordinator.durations import parse_duration
 from coordinator.ops.pending import pending_transactions
 from coordinator.ops.resolve import preview_resolution, resolve_transaction
 from coordinator.ops.status import read_status
@@ -82,6 +83,24 @@ class LogoutForm(FlaskForm):
     pass
 
 
+@dataclass
+class _Console:
+    """What one app's views share: whose lakehouse, who may sign in, the clock, and the batches read so far."""
+
+    config: CoordinatorConfig
+    users: ConsoleUsers
+    refresh_s: int
+    clock: Callable[[], dt.datetime]
+    host: str = field(default_factory=socket.gethostname)
+    recent: dict[tuple, RecentBatches] = field(default_factory=dict)
+
+
+#: Where an app keeps its :class:`_Console` (``app.extensions``).
+_CONSOLE = "txcoord_console"
+#: The views, as :func:`_route` collects them for :func:`create_app`: (rule, view, methods).
+_ROUTES: list[tuple[str, Callable, tuple[str, ...]]] = []
+
+
 def create_app(config: CoordinatorConfig, users: ConsoleUsers, refresh_s: int = 5,
                clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(UTC)) -> Flask:
     """The console for ``config``'s lakehouse, signing in ``users``; pages that follow live state
@@ -100,193 +119,227 @@ def create_app(config: CoordinatorConfig, users: ConsoleUsers, refresh_s: int = 
         PERMANENT_SESSION_LIFETIME=dt.timedelta(hours=8),
         WTF_CSRF_TIME_LIMIT=None,  # a token lives as long as its session
     )
+    app.extensions[_CONSOLE] = _Console(config, users, refresh_s, clock)
     CSRFProtect(app)
     logins = LoginManager(app)
     logins.login_view = "login"
     logins.login_message = "Sign in to use the console."
     logins.login_message_category = "info"
-    host = socket.gethostname()
-    recent: dict[tuple, RecentBatches] = {}
-
-    def recent_batches(cfg: CoordinatorConfig) -> RecentBatches:
-        """One in-memory window of batches per storage account the users read with."""
-        key = tuple(sorted(cfg.storage.items()))
-        if key not in recent:
-            recent[key] = RecentBatches(require_lakehouse(Lakehouse.of(cfg)))
-        return recent[key]
-
-    @logins.user_loader
-    def load_user(name: str) -> Optional[_SignedIn]:
-        user = users.get(name)
-        return _SignedIn(user) if user else None
-
-    def user() -> ConsoleUser:
-        return current_user.user
-
-    def user_config() -> CoordinatorConfig:
-        """The configuration with the signed-in user's own storage credentials, if they have any."""
-        own = user().storage
-        return config.replace(storage={**config.storage, **own}) if own else config
-
-    def operator_only(view):
-        @functools.wraps(view)
-        def checked(*args, **kwargs):
-            if not user().is_operator:
-                abort(403, description=f"{user().name} is a viewer: ending a transaction takes the operator role")
-            return view(*args, **kwargs)
-        return checked
-
-    @app.context_processor
-    def common() -> dict:
-        return {"user": user() if current_user.is_authenticated else None, "logout_form": LogoutForm(),
-                "lakehouse": config.lakehouse, "refresh_s": refresh_s}
-
-    app.jinja_env.filters["duration"] = duration
+    logins.user_loader(_load_user)
+    app.context_processor(_common)
+    app.jinja_env.filters["duration"] = format_duration
     app.jinja_env.filters["excerpt"] = _excerpt
     app.jinja_env.filters["utc"] = lambda t: t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if t else "–"
+    app.after_request(_protect)
+    for error, handler in _ERROR_PAGES.items():
+        app.register_error_handler(error, handler)
+    for rule, view, methods in _ROUTES:
+        app.add_url_rule(rule, view_func=view, methods=methods)
+    return app
 
-    @app.after_request
-    def protect(response: Response) -> Response:
-        response.headers["X-Frame-Options"] = "DENY"
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Content-Security-Policy"] = ("default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; "
-                                                       "form-action 'self'; frame-ancestors 'none'")
-        response.headers["Cache-Control"] = "no-store"
-        return response
 
-    @app.errorhandler(AccessDeniedError)
-    def denied(error: AccessDeniedError):
-        return render_template("error.html", title="Refused by the storage", message=str(error)), 403
+def _console() -> _Console:
+    return current_app.extensions[_CONSOLE]
 
-    @app.errorhandler(LakehouseNotFoundError)
-    def no_lakehouse(error: LakehouseNotFoundError):
-        return render_template("error.html", title="No lakehouse", message=str(error)), 503
 
-    @app.errorhandler(CSRFError)
-    def forged(error: CSRFError):
-        log.warning("refused a %s to %s without a valid CSRF token (%s)", request.method, request.path, error.description)
-        return render_template("error.html", title="Refused", message="This form did not come from this console's page "
-                               f"(or your session ended): {error.description} Reload the page and try again."), 400
+def _load_user(name: str) -> Optional[_SignedIn]:
+    user = _console().users.get(name)
+    return _SignedIn(user) if user else None
 
-    @app.errorhandler(403)
-    def forbidden(error):
-        return render_template("error.html", title="Not allowed", message=error.description), 403
 
-    @app.route("/login", methods=["GET", "POST"])
-    def login():
-        form = LoginForm()
-        if form.validate_on_submit():
-            found = users.authenticate(form.username.data, form.password.data)
-            if found is None:
-                log.warning("console sign-in refused for %r from %s", form.username.data, request.remote_addr)
-                flash("Unknown user or wrong password.", "error")
-                return render_template("login.html", form=form), 401
-            login_user(_SignedIn(found))
-            log.info("console: %s (%s) signed in from %s", found.name, found.role, request.remote_addr)
-            target = request.args.get("next", "")
-            return redirect(target if target.startswith("/") and not target.startswith("//") else url_for("overview"))
-        return render_template("login.html", form=form)
+def _user() -> ConsoleUser:
+    return current_user.user
 
-    @app.post("/logout")
-    @login_required
-    def logout():
-        if LogoutForm().validate_on_submit():
-            log.info("console: %s signed out", user().name)
-            logout_user()
-        return redirect(url_for("login"))
 
-    @app.get("/")
-    @login_required
-    def overview():
-        status = read_status(user_config(), now=clock())
-        minutes = _window(request.args.get("minutes"))
-        return render_template("overview.html", status=status, minutes=minutes, windows=_CHART_WINDOWS_MIN)
+def _user_config() -> CoordinatorConfig:
+    """The configuration with the signed-in user's own storage credentials, if they have any."""
+    config, own = _console().config, _user().storage
+    return config.replace(storage={**config.storage, **own}) if own else config
 
-    @app.get("/charts/<name>.svg")
-    @login_required
-    def chart(name: str):
-        now = clock()
-        minutes = _window(request.args.get("minutes"))
-        since = now - dt.timedelta(minutes=minutes)
-        rows = recent_batches(user_config()).since(since, now)
-        if name == "throughput":
-            svg = charts.throughput_chart(rows, since, now, bucket_s=max(1, minutes * 60 // 90))
-        elif name == "latency":
-            svg = charts.latency_chart(rows, since, now)
-        elif name == "batches":
-            svg = charts.batches_chart(rows, since, now)
-        else:
-            abort(404)
-        return Response(svg, mimetype="image/svg+xml")
 
-    @app.get("/pending")
-    @login_required
-    def pending():
-        cfg = user_config()
-        group = request.args.get("group") or None
-        older_than = request.args.get("older_than", "")
+def _recent_batches(config: CoordinatorConfig) -> RecentBatches:
+    """One in-memory window of batches per storage account the users read with."""
+    recent = _console().recent
+    key = tuple(sorted(config.storage.items()))
+    if key not in recent:
+        recent[key] = RecentBatches(require_lakehouse(Lakehouse.of(config)))
+    return recent[key]
+
+
+def _operator_only(view):
+    @functools.wraps(view)
+    def checked(*args, **kwargs):
+        if not _user().is_operator:
+            abort(403, description=f"{_user().name} is a viewer: ending a transaction takes the operator role")
+        return view(*args, **kwargs)
+    return checked
+
+
+def _common() -> dict:
+    console = _console()
+    return {"user": _user() if current_user.is_authenticated else None, "logout_form": LogoutForm(),
+            "lakehouse": console.config.lakehouse, "refresh_s": console.refresh_s}
+
+
+def _protect(response: Response) -> Response:
+    response.headers["X-Frame-Options"] = "DENY"
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Content-Security-Policy"] = ("default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; "
+                                                   "form-action 'self'; frame-ancestors 'none'")
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def _denied(error: AccessDeniedError):
+    return render_template("error.html", title="Refused by the storage", message=str(error)), 403
+
+
+def _no_lakehouse(error: LakehouseNotFoundError):
+    return render_template("error.html", title="No lakehouse", message=str(error)), 503
+
+
+def _forged(error: CSRFError):
+    log.warning("refused a %s to %s without a valid CSRF token (%s)", request.method, request.path, error.description)
+    return render_template("error.html", title="Refused", message="This form did not come from this console's page "
+                           f"(or your session ended): {error.description} Reload the page and try again."), 400
+
+
+def _forbidden(error):
+    return render_template("error.html", title="Not allowed", message=error.description), 403
+
+
+_ERROR_PAGES = {AccessDeniedError: _denied, LakehouseNotFoundError: _no_lakehouse, CSRFError: _forged, 403: _forbidden}
+
+
+def _route(rule: str, methods: tuple[str, ...] = ("GET",)):
+    """Collect the view below for :func:`create_app`, under its own name as the endpoint (``url_for("overview")``)."""
+    def collected(view: Callable) -> Callable:
+        _ROUTES.append((rule, view, methods))
+        return view
+    return collected
+
+
+@_route("/login", methods=("GET", "POST"))
+def login():
+    form = LoginForm()
+    if form.validate_on_submit():
+        found = _console().users.authenticate(form.username.data, form.password.data)
+        if found is None:
+            log.warning("console sign-in refused for %r from %s", form.username.data, request.remote_addr)
+            flash("Unknown user or wrong password.", "error")
+            return render_template("login.html", form=form), 401
+        login_user(_SignedIn(found))
+        log.info("console: %s (%s) signed in from %s", found.name, found.role, request.remote_addr)
+        target = request.args.get("next", "")
+        return redirect(target if target.startswith("/") and not target.startswith("//") else url_for("overview"))
+    return render_template("login.html", form=form)
+
+
+@_route("/logout", methods=("POST",))
+@login_required
+def logout():
+    if LogoutForm().validate_on_submit():
+        log.info("console: %s signed out", _user().name)
+        logout_user()
+    return redirect(url_for("login"))
+
+
+@_route("/")
+@login_required
+def overview():
+    status = read_status(_user_config(), now=_console().clock())
+    minutes = _window(request.args.get("minutes"))
+    return render_template("overview.html", status=status, minutes=minutes, windows=_CHART_WINDOWS_MIN)
+
+
+@_route("/charts/<name>.svg")
+@login_required
+def chart(name: str):
+    now = _console().clock()
+    minutes = _window(request.args.get("minutes"))
+    since = now - dt.timedelta(minutes=minutes)
+    rows = _recent_batches(_user_config()).since(since, now)
+    if name == "throughput":
+        svg = charts.throughput_chart(rows, since, now, bucket_s=max(1, minutes * 60 // 90))
+    elif name == "latency":
+        svg = charts.latency_chart(rows, since, now)
+    elif name == "batches":
+        svg = charts.batches_chart(rows, since, now)
+    else:
+        abort(404)
+    return Response(svg, mimetype="image/svg+xml")
+
+
+@_route("/pending")
+@login_required
+def pending():
+    config = _user_config()
+    group = request.args.get("group") or None
+    older_than = request.args.get("older_than", "")
+    try:
+        older_than_s = parse_duration(older_than) if older_than else 0.0
+    except InvalidArgumentError as error:
+        flash(str(error), "error")
+        older_than, older_than_s = "", 0.0
+    now = _console().clock()
+    transactions = pending_transactions(config, older_than_s=older_than_s, group=group, now=now)
+    return render_template("pending.html", transactions=transactions, now=now, group=group or "",
+                           groups=_groups(config, transactions), older_than=older_than, age_filters=AGE_FILTERS)
+
+
+@_route("/discarded")
+@login_required
+def discarded():
+    config = _user_config()
+    group = request.args.get("group") or None
+    transactions = discarded_transactions(config, group=group)
+    return render_template("discarded.html", transactions=transactions, group=group or "",
+                           groups=_groups(config, transactions))
+
+
+@_route("/find")
+@login_required
+def find():
+    transaction_id = (request.args.get("transaction_id") or "").strip()
+    return redirect(url_for("transaction", transaction_id=transaction_id) if transaction_id else url_for("overview"))
+
+
+@_route("/transactions/<transaction_id>")
+@login_required
+def transaction(transaction_id: str):
+    events = transaction_timeline(Lakehouse.of(_user_config()), transaction_id)
+    if not events:
+        return render_template("error.html", title="Unknown transaction",
+                               message=f"No table knows transaction {transaction_id}."), 404
+    ended = outcome(events)
+    return render_template("transaction.html", transaction_id=transaction_id, events=events, outcome=ended,
+                           discarded=any(e.step == "discarded" for e in events))
+
+
+@_route("/transactions/<transaction_id>/<decision>", methods=("GET", "POST"))
+@login_required
+@_operator_only
+def resolve(transaction_id: str, decision: str):
+    if decision not in _DECISIONS:
+        abort(404)
+    config = _user_config()
+    form = ResolveForm()
+    try:
+        preview = preview_resolution(config, transaction_id, _DECISIONS[decision])
+    except InvalidArgumentError as error:
+        return render_template("error.html", title=f"Cannot {decision} {transaction_id}", message=str(error)), 409
+    if form.validate_on_submit():
+        operator = f"{_user().name} (txcoord console on {_console().host})"
         try:
-            older_than_s = parse_duration(older_than) if older_than else 0.0
+            record = resolve_transaction(config, transaction_id, _DECISIONS[decision], form.reason.data, operator=operator)
         except InvalidArgumentError as error:
             flash(str(error), "error")
-            older_than, older_than_s = "", 0.0
-        now = clock()
-        transactions = pending_transactions(cfg, older_than_s=older_than_s, group=group, now=now)
-        return render_template("pending.html", transactions=transactions, now=now, group=group or "",
-                               groups=_groups(cfg, transactions), older_than=older_than, age_filters=AGE_FILTERS)
-
-    @app.get("/discarded")
-    @login_required
-    def discarded():
-        cfg = user_config()
-        group = request.args.get("group") or None
-        transactions = discarded_transactions(cfg, group=group)
-        return render_template("discarded.html", transactions=transactions, group=group or "",
-                               groups=_groups(cfg, transactions))
-
-    @app.get("/find")
-    @login_required
-    def find():
-        transaction_id = (request.args.get("transaction_id") or "").strip()
-        return redirect(url_for("transaction", transaction_id=transaction_id) if transaction_id else url_for("overview"))
-
-    @app.get("/transactions/<transaction_id>")
-    @login_required
-    def transaction(transaction_id: str):
-        events = transaction_timeline(Lakehouse.of(user_config()), transaction_id)
-        if not events:
-            return render_template("error.html", title="Unknown transaction",
-                                   message=f"No table knows transaction {transaction_id}."), 404
-        ended = outcome(events)
-        return render_template("transaction.html", transaction_id=transaction_id, events=events, outcome=ended,
-                               discarded=any(e.step == "discarded" for e in events))
-
-    @app.route("/transactions/<transaction_id>/<decision>", methods=["GET", "POST"])
-    @login_required
-    @operator_only
-    def resolve(transaction_id: str, decision: str):
-        if decision not in _DECISIONS:
-            abort(404)
-        cfg = user_config()
-        form = ResolveForm()
-        try:
-            preview = preview_resolution(cfg, transaction_id, _DECISIONS[decision])
-        except InvalidArgumentError as error:
-            return render_template("error.html", title=f"Cannot {decision} {transaction_id}", message=str(error)), 409
-        if form.validate_on_submit():
-            operator = f"{user().name} (txcoord console on {host})"
-            try:
-                record = resolve_transaction(cfg, transaction_id, _DECISIONS[decision], form.reason.data, operator=operator)
-            except InvalidArgumentError as error:
-                flash(str(error), "error")
-            else:
-                log.info("console: %s sent %s of transaction %s (%s): %s", user().name, record["state"], transaction_id,
-                         record["check_id"], form.reason.data.strip())
-                flash(f"{record['state']} sent as {record['check_id']}: the checker applies it at its next batch.", "ok")
-                return redirect(url_for("transaction", transaction_id=transaction_id))
-        return render_template("resolve.html", preview=preview, decision=decision, form=form), 422 if form.errors else 200
-
-    return app
+        else:
+            log.info("console: %s sent %s of transaction %s (%s): %s", _user().name, record["state"], transaction_id,
+                     record["check_id"], form.reason.data.strip())
+            flash(f"{record['state']} sent as {record['check_id']}: the checker applies it at its next batch.", "ok")
+            return redirect(url_for("transaction", transaction_id=transaction_id))
+    return render_template("resolve.html", preview=preview, decision=decision, form=form), 422 if form.errors else 200
 
 
 def _excerpt(body: Optional[bytes], limit: int = 160) -> str:
