@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
 from typing import Callable, Iterable, Optional, Union
 
-from coordinator.control.instances import GroupSurvey, ProducerInstances
+from coordinator.control.instances import GroupSurvey, ProducerInstances, claim_owner
 from coordinator.control.processes import process_gone
 from coordinator.exceptions import AccessDeniedError, CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse
@@ -295,7 +295,7 @@ class ConsumerGroup:
             return None  # no claim of anyone's, but not to be overwritten blindly: an operator looks
         if current is None:
             return self.files.create(key, claim)
-        owner = _claim_owner(current.data)
+        owner = claim_owner(current.data)
         if owner == instance_id:
             return current.version
         if owner in live:
@@ -313,7 +313,7 @@ class ConsumerGroup:
             current = self.files.read(self._claim_key(topic, share), max_bytes=4096)
         except FileTooLargeError:
             return None
-        return None if current is None else _claim_owner(current.data)
+        return None if current is None else claim_owner(current.data)
 
     def release_share(self, topic: str, share: int, instance_id: str) -> None:
         """Give up ``instance_id``'s claim of ``share`` of ``topic``, unless another instance holds it now.
@@ -413,11 +413,3 @@ class ConsumerGroup:
         except CorruptInputError:
             return None
 
-
-def _claim_owner(data: bytes) -> Optional[str]:
-    """The instance a claim names; ``None`` for bytes that are no claim."""
-    try:
-        owner = json.loads(data).get("instance_id")
-    except (ValueError, RecursionError, AttributeError):
-        return None
-    return owner if isinstance(owner, str) else None

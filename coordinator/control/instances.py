@@ -52,7 +52,7 @@ from coordinator.exceptions import CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse
 from coordinator.storage import read_all
 
-__all__ = ["FORGET_AFTER_S", "GroupSurvey", "LIVE_FOR_HEARTBEATS", "MAX_RECORDS_READ", "MAX_RECORD_BYTES",
+__all__ = ["FORGET_AFTER_S", "GroupSurvey", "claim_owner", "LIVE_FOR_HEARTBEATS", "MAX_RECORDS_READ", "MAX_RECORD_BYTES",
            "ProducerInstance", "ProducerInstances", "RefusedRecord"]
 
 #: An instance is live while its record is at most this many of its heartbeats old.
@@ -178,7 +178,7 @@ class ProducerInstances:
             if current is None:
                 won = self.files.create(key, claim) is not None
             else:
-                owner = _claim_owner(current.data)
+                owner = claim_owner(current.data)
                 if owner == instance_id:
                     won = True
                 elif owner in live:
@@ -201,7 +201,7 @@ class ProducerInstances:
             current = self.files.read(key, max_bytes=MAX_RECORD_BYTES)
         except FileTooLargeError:
             return
-        if current is not None and _claim_owner(current.data) == instance_id:
+        if current is not None and claim_owner(current.data) == instance_id:
             self.files.delete(key)
 
     def _records(self, group: str) -> tuple[list[ProducerInstance], list[RefusedRecord]]:
@@ -236,8 +236,14 @@ class ProducerInstances:
         return f"{self._group_dir(group)}/commit_log.{number}.claim"
 
 
-def _claim_owner(data: bytes) -> Optional[str]:
-    """The instance a claim names; ``None`` for bytes that are no claim."""
+def claim_owner(data: bytes) -> Optional[str]:
+    """The instance a claim names (a producer's commit log's, a consumer's share's); ``None`` for bytes that are
+    no claim.
+
+    Example::
+
+        claim_owner(b'{"instance_id": "3f2a"}')  # '3f2a'
+    """
     try:
         owner = json.loads(data).get("instance_id")
     except (ValueError, RecursionError, AttributeError):
