@@ -183,6 +183,27 @@ def test_delta_appends_a_messages_rows_once(tmp_path):
     assert table.transaction_version("txcoord-consumer.credits.m1") == 0
 
 
+def test_delta_a_delivery_racing_another_of_the_same_message_appends_nothing(tmp_path):
+    """The other delivery commits between this one's check and its write: this commit conflicts, nothing twice."""
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+    path = str(tmp_path / "ledger")
+
+    class Raced(DeltaTableListener):
+        def rows(self, message):
+            if message.body == b"raced":  # the other delivery of the same message, committing first
+                write_deltalake(path, pa.table({"msg_id": [message.msg_id], "body": [b"other"]}), mode="append",
+                                commit_properties=CommitProperties(app_transactions=[
+                                    Transaction(f"txcoord-consumer.credits.{message.msg_id}", 0)]))
+            return pa.table({"msg_id": [message.msg_id], "body": [message.body]})
+
+    listener = Raced(path, group="credits")
+    listener.consume(message("m0"))
+    assert listener.consume(message("m1", b"raced")) is ConsumeResult.SUCCESS
+    assert sorted(DeltaTable(path).to_pyarrow_table().to_pylist(), key=lambda row: row["msg_id"]) == [{"msg_id": "m0", "body": b"x"},
+                                                               {"msg_id": "m1", "body": b"other"}]
+
+
 # kill -9 at every point of a message's handling, in a consumer process restarted after each kill.
 
 BODIES = [f"m{n}".encode() for n in range(6)]

@@ -251,15 +251,16 @@ class DeltaTableListener(MessageListener):
     (:func:`delta_app_id`: the group and the message id) the table's latest version holds; otherwise it appends
     the message's rows with that application transaction in the same commit (delta-rs's ``write_deltalake``
     with ``CommitProperties(app_transactions=...)``), creating the table at the first write. The commit is
-    atomic: after a crash either the rows and the id are in the table or neither is. Two deliveries of one
-    message at once: delta-rs refuses the second commit naming the same application id, whose retry then
-    finds it.
+    atomic: after a crash either the rows and the id are in the table or neither is. The check and the write
+    share one snapshot: a delivery of the same message committing in between makes this commit conflict, and
+    it then finds the id and appends nothing.
 
     Why one application id per message and not the share's position as the version: messages of one share
     finish out of order (other keys run at once, a failed one is retried after later ones succeeded, a dead
     letter is redriven long after), so a position already recorded says nothing of a lower one: skipping
     by position would lose messages. Each id costs a ``txn`` action in the table's log; the table property
-    ``delta.setTransactionRetentionDuration`` bounds them, and is then how long a duplicate is recognised.
+    ``delta.setTransactionRetentionDuration`` lets checkpoints drop old ones (where the checkpointing writer
+    honours it), and is then how long a duplicate is recognised.
 
     Example::
 
@@ -313,18 +314,25 @@ class DeltaTableListener(MessageListener):
 
             listener.consume(message)   # ConsumeResult.SUCCESS; again: SUCCESS, no second row
         """
-        from deltalake import CommitProperties, Transaction, write_deltalake
+        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
         from deltalake.exceptions import CommitFailedError
 
-        if self.applied(message.msg_id):
+        app_id = delta_app_id(self.group, message.msg_id)
+        # The check and the write share one snapshot: a delivery committing the same id after it makes this
+        # commit conflict (delta-rs compares the app ids of commits since the snapshot), never append twice.
+        table = DeltaTable(self.table_uri, storage_options=self.storage_options) if self._exists() else None
+        if table is not None and table.transaction_version(app_id) is not None:
             return ConsumeResult.SUCCESS
         data = self.rows(message)
-        properties = CommitProperties(app_transactions=[Transaction(delta_app_id(self.group, message.msg_id), 0)])
+        properties = CommitProperties(app_transactions=[Transaction(app_id, 0)])
         # The table's first commit is made by one thread of this process: others would fail to create it.
-        with self._create_lock if not self._exists() else contextlib.nullcontext():
+        with self._create_lock if table is None else contextlib.nullcontext():
             try:
-                write_deltalake(self.table_uri, data, mode="append", commit_properties=properties,
-                                storage_options=self.storage_options)
+                if table is None:
+                    write_deltalake(self.table_uri, data, mode="append", commit_properties=properties,
+                                    storage_options=self.storage_options)
+                else:
+                    write_deltalake(table, data, mode="append", commit_properties=properties)
             except CommitFailedError:
                 if not self.applied(message.msg_id):
                     raise  # another conflict than the same message committed by another delivery
