@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import re
 import threading
 from typing import Any, Callable, Optional
@@ -35,6 +36,8 @@ from coordinator.consumer.message import ConsumedMessage
 from coordinator.exceptions import IncompleteListenerError, InvalidArgumentError
 
 __all__ = ["DeltaTableListener", "TransactionalListener", "delta_app_id"]
+
+_log = logging.getLogger("coordinator.consumer")
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -132,6 +135,8 @@ class TransactionalListener(MessageListener):
             try:
                 if not self._record(cursor, message):
                     connection.rollback()
+                    _log.info("message %s of %s was applied for group %s already: skipped", message.msg_id,
+                              message.topic, self.group)
                     return ConsumeResult.SUCCESS
                 self.apply(message, cursor)
             finally:
@@ -322,6 +327,8 @@ class DeltaTableListener(MessageListener):
         # commit conflict (delta-rs compares the app ids of commits since the snapshot), never append twice.
         table = DeltaTable(self.table_uri, storage_options=self.storage_options) if self._exists() else None
         if table is not None and table.transaction_version(app_id) is not None:
+            _log.info("message %s of %s was applied for group %s already: skipped", message.msg_id, message.topic,
+                      self.group)
             return ConsumeResult.SUCCESS
         data = self.rows(message)
         properties = CommitProperties(app_transactions=[Transaction(app_id, 0)])
