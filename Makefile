@@ -85,6 +85,8 @@ system-packages:
 	  (sudo apt-get install prometheus): skipped without it)
 	@$(call apt-install,chromium chromium-driver,chromium chromedriver,tests/test_console_browser.py needs Chromium \
 	  and its driver (sudo apt-get install chromium chromium-driver): skipped without them)
+	@$(call apt-install,postgresql,pg_ctlcluster,tests/test_exactly_once.py needs PostgreSQL's server \
+	  (sudo apt-get install postgresql): its PostgreSQL tests are skipped without it)
 
 # $(call apt-install,PACKAGES,COMMANDS,MESSAGE): install Debian's PACKAGES unless every one of COMMANDS is
 # on the PATH, if root (apt-get update only when the first try fails); else print MESSAGE.

@@ -4,7 +4,7 @@ What a producer and a consumer need, importable without pyspark and starting no 
 
     from coordinator import (CoordinatorConfig, LocalTransactionState, Message,
                              TransactionListener, TransactionProducer)
-    from coordinator import ConsumeResult, MessageListener, TopicConsumer
+    from coordinator import ConsumeResult, MessageListener, TopicConsumer, TransactionalListener
 
 The package by role:
 
@@ -23,7 +23,8 @@ from coordinator.config import CoordinatorConfig
 from coordinator.protocol import LocalTransactionState
 
 _PRODUCER_SIDE = {"Message", "SendStatus", "TransactionListener", "TransactionProducer", "TransactionSendResult"}
-_CONSUMER_SIDE = {"ConsumeResult", "ConsumedMessage", "MessageListener", "TopicConsumer"}
+_CONSUMER_SIDE = {"ConsumeResult", "ConsumedMessage", "DeltaTableListener", "MessageListener", "TopicConsumer",
+                  "TransactionalListener"}
 
 
 def __getattr__(name: str):
@@ -44,11 +45,13 @@ __all__ = [
     "ConsumeResult",
     "ConsumedMessage",
     "CoordinatorConfig",
+    "DeltaTableListener",
     "LocalTransactionState",
     "Message",
     "MessageListener",
     "SendStatus",
     "TopicConsumer",
+    "TransactionalListener",
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",

@@ -109,6 +109,18 @@ def azure_lakehouse(azurite) -> Lakehouse:
     return lakehouse
 
 
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server (Debian's) on loopback for the session (:class:`support.postgres.PostgresServer`);
+    yields it (``.dsn``). Skips when no server is installed."""
+    from support.postgres import PostgresServer, postgres_bin
+
+    if postgres_bin() is None:
+        pytest.skip("no PostgreSQL server (initdb, postgres): sudo apt-get install postgresql, or make system-packages")
+    with PostgresServer() as server:
+        yield server
+
+
 @contextlib.contextmanager
 def once_for_all_workers(tmp_path_factory, name: str) -> Iterator[tuple[Path, bool]]:
     """A directory ``name`` shared by every worker of this run (``pytest -n``), held under a lock: yields it

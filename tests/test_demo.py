@@ -1,4 +1,5 @@
-"""``python -m coordinator demo`` end to end: the real checker job, the credits job, SQLite.
+"""``python -m coordinator demo`` end to end: the real checker job, the credits service (a consumer group, no
+Spark, killed -9 once mid-story), SQLite.
 
 One demo run (12 orders, every fate at least once; the ``demo`` fixture of
 ``conftest.py``) is shared by the tests marked ``slow`` (about two minutes; they
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -21,12 +21,11 @@ from pathlib import Path
 import pytest
 
 from coordinator.demo.story import DemoError, Job, Resolution, Tally, invariant_failures, report
-from coordinator.demo.services import (CREDITS, MIN_ORDERS, ORDER_TOPIC, Fate, Order, OrderListener, OrderStore,
-                                       make_orders, order_id_of, points_for)
-from support import REPO_ROOT
+from coordinator.demo.services import (CREDITS_GROUP, MIN_ORDERS, ORDER_TOPIC, CreditStore, Fate, Order,
+                                       OrderListener, OrderStore, make_orders, order_id_of, points_for)
 from coordinator.lakehouse import Lakehouse, read_table
 from coordinator.tables import CHECK_REQUESTS, DISCARDED, HALF, OP
-from support import DEMO_ORDERS as ORDERS, without_txcoord_settings
+from support import DEMO_ORDERS as ORDERS
 
 CHECK_MAX = 3  # the demo's transaction_check_max
 PLAN = {order.order_id: order for order in make_orders(ORDERS)}
@@ -45,6 +44,10 @@ def order_of_transaction(demo) -> dict[str, int]:
 def confirmed_in_sqlite(lakehouse: Path, status: str = "confirmed") -> list[int]:
     with sqlite3.connect(lakehouse / "orders.db") as db:
         return sorted(r[0] for r in db.execute("SELECT order_id FROM orders WHERE status = ?", (status,)))
+
+
+def credits_in_sqlite(lakehouse: Path) -> list[dict]:
+    return CreditStore(str(lakehouse / "credits.db")).credits()
 
 
 def test_every_plan_walks_every_path_and_is_reproducible():
@@ -117,6 +120,8 @@ def test_demo_exits_zero_and_reports_its_outcome_as_json(demo):
     assert outcome["invariant_holds"] and outcome["failures"] == [] and outcome["orders_sent"] == ORDERS
     confirmed = len(confirmed_in_sqlite(lakehouse))
     assert outcome["confirmed_orders"] == outcome["messages_in_topic"] == outcome["credits_granted"] == confirmed
+    assert outcome["credits_service_killed"] == 1
+    assert "killed the credits service (exit -9)" in result.stderr and "restarted it" in result.stderr
     assert outcome["discarded"] == sum(1 for o in PLAN.values() if o.fate is Fate.STUCK)
 
 
@@ -125,7 +130,7 @@ def test_orders_in_sqlite_equal_messages_in_topic_equal_credits(demo):
     lakehouse, _, _ = demo
     confirmed = confirmed_in_sqlite(lakehouse)
     in_topic = sorted(order_id_of(r["body"]) for r in rows(Lakehouse(lakehouse).topic(ORDER_TOPIC), "body"))
-    credited = sorted(r["order_id"] for r in rows(Lakehouse(lakehouse).path(CREDITS), "order_id"))
+    credited = sorted(r["order_id"] for r in credits_in_sqlite(lakehouse))
     # Lists, not sets: a duplicate delivery or a double credit must show.
     assert confirmed == in_topic == credited
     assert confirmed == sorted(o.order_id for o in PLAN.values() if o.fate.expected_outcome == "COMMIT")
@@ -162,26 +167,38 @@ def test_stuck_orders_are_checked_the_maximum_times_then_discarded(demo, order_o
 @pytest.mark.slow
 def test_credits_follow_the_points_rule(demo):
     lakehouse, _, _ = demo
-    credits = {r["order_id"]: r["points"] for r in rows(Lakehouse(lakehouse).path(CREDITS), "order_id", "points")}
+    credits = {r["order_id"]: r["points"] for r in credits_in_sqlite(lakehouse)}
     assert credits and credits == {i: points_for(PLAN[i].amount) for i in credits}
 
 
 @pytest.mark.slow
-def test_replaying_the_whole_topic_grants_nothing_twice(demo):
-    """The credits job run standalone, from a lost checkpoint: every order is read again, none is credited again."""
+def test_replaying_the_whole_topic_grants_nothing_twice(demo, tmp_path):
+    """The credits group reset to the earliest message: every order is delivered again, none is credited again."""
+    from coordinator.config import CoordinatorConfig
+    from coordinator.consumer import TopicConsumer
+    from coordinator.demo.credits import CreditsListener
+    from coordinator.ops.consumer_groups import reset_consumer_group
+    from support import wait_until
+
     lakehouse, _, _ = demo
-    before = sorted((r["order_id"], r["points"]) for r in rows(Lakehouse(lakehouse).path(CREDITS), "order_id", "points"))
-    shutil.rmtree(lakehouse / "services" / "_checkpoints" / "credits")
+    copy = tmp_path / "lakehouse"
+    shutil.copytree(lakehouse, copy)
+    config = CoordinatorConfig(lakehouse=str(copy))
+    before = sorted((r["order_id"], r["points"]) for r in credits_in_sqlite(copy))
+    reset_consumer_group(config, CREDITS_GROUP, ORDER_TOPIC, "earliest", operator="tester")
+    delivered = []
 
-    result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "jobs" / "credits.py"), "--config", str(lakehouse / "demo.toml"),
-         "--until-idle", "3"],
-        capture_output=True, text=True, cwd=lakehouse, env=without_txcoord_settings(), timeout=300,
-    )
+    class Counting(CreditsListener):
+        def consume(self, message):
+            delivered.append(message.msg_id)
+            return super().consume(message)
 
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f", {len(before)} in total" in result.stderr  # the replay did read every order again
-    assert sorted((r["order_id"], r["points"]) for r in rows(Lakehouse(lakehouse).path(CREDITS), "order_id", "points")) == before
+    listener = Counting(str(copy / "credits.db"))
+    with TopicConsumer(CREDITS_GROUP, [ORDER_TOPIC], listener, config):
+        wait_until(lambda: len(delivered) >= len(before), 120, "every order delivered again")
+    listener.close()
+    assert len(set(delivered)) == len(before)
+    assert sorted((r["order_id"], r["points"]) for r in credits_in_sqlite(copy)) == before
 
 
 def test_the_verdict_separates_a_broken_invariant_from_a_failed_job():

@@ -21,6 +21,7 @@ from coordinator.commit_logs import CommitLogRef
 from coordinator.config import CoordinatorConfig
 from coordinator.control.lease import CheckerLease
 from coordinator.control.progress import BatchRecord, CheckerProgress, Epoch, Progress
+from coordinator.demo.services import CreditStore
 from coordinator.exceptions import CheckerAlreadyRunningError, LeaseLostError
 from coordinator.lakehouse import Lakehouse, open_table, read_table
 from coordinator.producer.commit_log import CommitLogWriter
@@ -324,8 +325,8 @@ def test_maintenance_beside_writers_on_object_storage_loses_and_duplicates_nothi
 
 @pytest.mark.slow
 def test_the_demo_runs_on_object_storage_and_every_notebook_reads_it(s3_server, tmp_path, monkeypatch):
-    """The whole story on the bucket: producers, ``spark-submit`` of the checker job and the credits job
-    (S3A), check-back, then the three notebooks (Spark SQL, time travel, a stream; delta-rs reads)."""
+    """The whole story on the bucket: producers, ``spark-submit`` of the checker job (S3A), the credits service (a
+    consumer group, killed -9 once), check-back, then the three notebooks (Spark SQL, time travel, a stream; delta-rs reads)."""
     for variable, value in s3_server.environment.items():  # how the demo, its jobs and the notebooks reach it
         monkeypatch.setenv(variable, value)
     location = f"s3://lakehouse/demo-{uuid.uuid4().hex}"
@@ -340,9 +341,10 @@ def test_the_demo_runs_on_object_storage_and_every_notebook_reads_it(s3_server, 
     assert outcome["invariant_holds"] and outcome["committed_by_check_back"] >= 1 and outcome["discarded"] >= 1
     lakehouse = Lakehouse(location)
     assert lakehouse.read("topics/ORDER_TOPIC").num_rows == outcome["confirmed_orders"] == outcome["credits_granted"]
-    assert lakehouse.read("services/credits").num_rows == outcome["credits_granted"]
+    assert len(CreditStore(str(directory / "credits.db")).credits()) == outcome["credits_granted"]
+    assert outcome["credits_service_killed"] == 1 and lakehouse.files.list("consumers/credits/progress/ORDER_TOPIC")
     assert sorted(path.name for path in directory.iterdir()) == [  # nothing of the lakehouse on the local disk
-        "checker.log", "credits.log", "demo.toml", "orders.db", "producer.log"]
+        "checker.log", "credits.db", "credits.log", "demo.toml", "orders.db", "producer.log"]
     for name in sorted(PLOTS):
         run_notebook(name, directory / "demo.toml", monkeypatch)
 

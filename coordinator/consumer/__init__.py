@@ -1,6 +1,7 @@
 """The consumer side: a consumer group's instances handing committed messages to a listener, with no JVM.
 
-:mod:`.listener` and :mod:`.message` are what users write and receive, :mod:`.consumer` the
+:mod:`.listener` and :mod:`.message` are what users write and receive, :mod:`.exactly_once` listeners that
+apply their effect exactly once (a DB-API database, a Delta table), :mod:`.consumer` the
 :class:`TopicConsumer` (shares, order, retries, dead letters), :mod:`.group` the group's records in its own
 prefix (``consumers/<group>/``), :mod:`.topic_log` reading a topic's versions as files, :mod:`.workers` the
 threads listener calls run on. Never imports pyspark and starts no JVM.
@@ -14,7 +15,9 @@ Example::
 """
 
 from coordinator.consumer.consumer import TopicConsumer
+from coordinator.consumer.exactly_once import DeltaTableListener, TransactionalListener
 from coordinator.consumer.listener import ConsumeResult, MessageListener
 from coordinator.consumer.message import ConsumedMessage
 
-__all__ = ["ConsumeResult", "ConsumedMessage", "MessageListener", "TopicConsumer"]
+__all__ = ["ConsumeResult", "ConsumedMessage", "DeltaTableListener", "MessageListener", "TopicConsumer",
+           "TransactionalListener"]

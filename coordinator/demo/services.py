@@ -5,8 +5,9 @@ on ``ORDER_TOPIC`` with a transactional message. Each demo order has a *fate*,
 fixed in advance from its index, that decides how its local transaction goes —
 so every path of the protocol is walked, the same way on every run.
 
-The credits service itself is a Spark job (:mod:`coordinator.demo.credits`); only its table
-and its points rule live here, so the demo can read its results without a JVM.
+The credits service grants points in its own SQLite database (:class:`CreditStore`) from a consumer
+group, with no Spark (:mod:`coordinator.demo.credits`); its database and points rule live here, so the
+demo reads its results directly.
 
 Example::
 
@@ -30,7 +31,6 @@ from typing import Any, Iterator, Optional
 from coordinator.producer.listener import TransactionListener
 from coordinator.producer.message import Message
 from coordinator.protocol import LocalTransactionState, Outcome
-from coordinator.tables import TableDef
 
 ORDER_TOPIC = "ORDER_TOPIC"
 ORDER_GROUP = "order_group"
@@ -40,20 +40,8 @@ DEFAULT_SEED = 7
 CONFIRMED = "confirmed"
 MANUAL_REVIEW = "manual_review"
 
-#: Loyalty points granted per committed order, one row per order (:mod:`coordinator.demo.credits` writes it).
-CREDITS = TableDef(
-    "services/credits",
-    (
-        ("order_id", "long"),
-        ("customer", "string"),
-        ("points", "long"),
-        ("msg_id", "string"),
-        ("transaction_id", "string"),
-        ("queue_offset", "long"),
-        ("granted_at", "timestamp"),
-        ("batch_id", "long"),
-    ),
-)
+#: The credits service's consumer group (:mod:`coordinator.demo.credits`).
+CREDITS_GROUP = "credits"
 
 
 class Fate(enum.Enum):
@@ -326,3 +314,43 @@ def order_id_of(body: bytes) -> int:
         order_id_of(b'{"order_id": 7, "customer": "ada", "amount": 9.5}')  # 7
     """
     return int(json.loads(body)["order_id"])
+
+
+class CreditStore:
+    """The credits service's SQLite database: one row per credit granted (no key of its own, so a credit
+    granted twice shows as two rows), beside the exactly-once listener's record table.
+
+    Example::
+
+        store = CreditStore("demo-lakehouse/credits.db")
+        store.create()
+        store.credits()   # [{'order_id': 7, 'customer': 'ada', 'points': 12}, ...]
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def create(self) -> None:
+        """Create the credits table if absent.
+
+        Example::
+
+            CreditStore("credits.db").create()
+        """
+        with contextlib.closing(sqlite3.connect(self.path, timeout=30)) as db, db:
+            db.execute("CREATE TABLE IF NOT EXISTS credits (order_id INTEGER NOT NULL, customer TEXT NOT NULL, "
+                       "points INTEGER NOT NULL, msg_id TEXT NOT NULL, queue_offset INTEGER NOT NULL)")
+
+    def credits(self) -> list[dict]:
+        """Every credit granted, in the order granted; ``[]`` before the service made its table.
+
+        Example::
+
+            sum(c["points"] for c in store.credits())   # 1234
+        """
+        with contextlib.closing(sqlite3.connect(self.path, timeout=30)) as db:
+            try:
+                rows = db.execute("SELECT order_id, customer, points FROM credits ORDER BY rowid").fetchall()
+            except sqlite3.OperationalError:  # no table yet: the service has not started
+                return []
+        return [{"order_id": order_id, "customer": customer, "points": points} for order_id, customer, points in rows]

@@ -2,13 +2,14 @@
 
 An order service (SQLite) sends orders in transactions; the real checker
 (``spark-submit`` of :mod:`coordinator.jobs.checker`) resolves them; the credits service
-(:mod:`coordinator.demo.credits`) grants loyalty points from ``topics/ORDER_TOPIC``.
-Some orders commit, some roll back, some lose their second phase and are
-repaired by check-back, some stay undecidable and are discarded. At the end the
-demo proves: confirmed orders in SQLite = messages in the topic = credits granted.
+(:mod:`coordinator.demo.credits`, a consumer group with no Spark) grants loyalty points in its own SQLite
+database, exactly once per order. Some orders commit, some roll back, some lose their second phase and are
+repaired by check-back, some stay undecidable and are discarded; the credits service is killed (``kill -9``)
+once mid-story and restarted. At the end the demo proves: confirmed orders in SQLite = messages in the topic
+= credits granted.
 
 This process runs the producer and reads tables with delta-rs: it starts no JVM
-itself; the two Spark jobs are subprocesses.
+itself; the checker (the one Spark job) and the credits service are subprocesses.
 
 Example::
 
@@ -35,12 +36,13 @@ from coordinator.spark import spark_job_environment, spark_submit
 from coordinator.config import CoordinatorConfig
 from coordinator.demo.services import (
     CONFIRMED,
-    CREDITS,
+    CREDITS_GROUP,
     DEFAULT_SEED,
     MANUAL_REVIEW,
     ORDER_GROUP,
     ORDER_TOPIC,
     Fate,
+    CreditStore,
     Order,
     OrderListener,
     OrderStore,
@@ -101,6 +103,10 @@ class DemoPaths:
         return self.root / "credits.log"
 
     @property
+    def credits_db(self) -> Path:
+        return self.root / "credits.db"
+
+    @property
     def producer_log(self) -> Path:
         return self.root / "producer.log"
 
@@ -132,7 +138,7 @@ def write_demo_config(paths: DemoPaths, object_store: Optional[str] = None) -> C
         write_demo_config(paths).transaction_check_max  # 3
     """
     # A JSON string is a valid TOML basic string: quotes and backslashes in the path stay safe.
-    lines = ["# Written by `python -m coordinator demo`; read by the checker and the credits job.",
+    lines = ["# Written by `python -m coordinator demo`; read by the checker and the credits service.",
              f"lakehouse = {json.dumps(object_store or str(paths.root))}"]
     lines += [f"{key} = {value}" for key, value in DEMO_SETTINGS.items()]
     paths.config.write_text("\n".join(lines) + "\n")
@@ -170,7 +176,8 @@ def job_environment() -> dict[str, str]:
 
 
 class Job:
-    """A Spark job in a subprocess, its output in a log file.
+    """A job (the checker on Spark, the credits service) in a subprocess, its output in a log file (appended to:
+    a restarted job's follows its first run's).
 
     Example::
 
@@ -188,7 +195,8 @@ class Job:
         self._signalled = False
 
     def start(self) -> "Job":
-        with open(self.log_path, "wb") as log:
+        self._signalled = False
+        with open(self.log_path, "ab") as log:
             # The child keeps its own copy of the descriptor; ours can close at once.
             self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd,
                                             env=job_environment(), stdin=subprocess.DEVNULL)
@@ -206,6 +214,16 @@ class Job:
         if self.process.poll() is None and not self._signalled:
             self._signalled = True
             self.process.send_signal(signal.SIGTERM)
+
+    def kill(self) -> int:
+        """``kill -9``, as a crash: nothing finished, nothing saved; waits for it; its exit code (-9).
+
+        Example::
+
+            credits.kill(); credits.start()   # restarted, as a supervisor would
+        """
+        self.process.kill()
+        return self.process.wait()
 
     def stop(self, timeout_s: float = _STOP_TIMEOUT_S) -> int:
         """Ask the job to stop (SIGTERM), wait for it, kill it after ``timeout_s``; return its exit code."""
@@ -238,9 +256,10 @@ def checker_job(paths: DemoPaths) -> Job:
 
 
 def credits_job(paths: DemoPaths) -> Job:
-    """The credits service: ``python -m coordinator.demo.credits --config <demo toml>`` (graceful on SIGTERM)."""
-    return Job("credits", [sys.executable, "-m", "coordinator.demo.credits", "--config", str(paths.config)],
-               paths.credits_log, cwd=paths.root)
+    """The credits service: ``python -m coordinator.demo.credits --config <demo toml> --db <credits.db>``, no
+    Spark (graceful on SIGTERM)."""
+    return Job("credits", [sys.executable, "-m", "coordinator.demo.credits", "--config", str(paths.config),
+                           "--db", str(paths.credits_db)], paths.credits_log, cwd=paths.root)
 
 
 def send_orders(producer, orders: list[Order], threads: int) -> tuple[dict[str, Order], list[Order]]:
@@ -305,7 +324,8 @@ def read_rows(lakehouse: Lakehouse, table: Union[TableDef, str], columns: list[s
     return lakehouse.read(table, columns).to_pylist()
 
 
-def read_tally(config: CoordinatorConfig, store: OrderStore, sent: dict[str, Order]) -> Tally:
+def read_tally(config: CoordinatorConfig, store: OrderStore, sent: dict[str, Order],
+               credit_store: Optional[CreditStore] = None) -> Tally:
     """Read the coordinator's tables, the topic, the credits and SQLite (no JVM: delta-rs and sqlite3)."""
     lakehouse = Lakehouse.of(config)
     tally = Tally()
@@ -318,7 +338,7 @@ def read_tally(config: CoordinatorConfig, store: OrderStore, sent: dict[str, Ord
         [(outcome, by_check)] = found if len(found) == 1 else [("CONFLICT", False)]
         tally.resolutions[order_id] = Resolution(outcome, by_check)
     tally.topic_order_ids = [order_id_of(row["body"]) for row in read_rows(lakehouse, f"topics/{ORDER_TOPIC}", ["body"])]
-    credits = read_rows(lakehouse, CREDITS, ["order_id", "points"])
+    credits = credit_store.credits() if credit_store is not None else []
     tally.credit_order_ids = [row["order_id"] for row in credits]
     tally.points = sum(row["points"] for row in credits)
     checks = Counter(row["transaction_id"] for row in read_rows(lakehouse, CHECK_REQUESTS, ["transaction_id"]))
@@ -401,6 +421,28 @@ def invariant_failures(tally: Tally, sent: dict[str, Order]) -> list[str]:
     return failures
 
 
+def crash_credits_mid_story(credits: Job, read: Callable[[], Tally], jobs: list[Job], started: float,
+                            timeout_s: float, out: Out) -> bool:
+    """Once the credits service has granted its first credit, ``kill -9`` it and start it again, as a
+    supervisor would: what it handled and had not saved is delivered again, and granted nothing twice.
+
+    Raises :class:`DemoError` as soon as a job dies; ``False`` (no crash) if no credit comes in time.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not read().credit_order_ids:
+        for job in jobs:
+            job.ensure_running()
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    granted = len(read().credit_order_ids)
+    code = credits.kill()
+    credits.start()
+    out(f"[{time.monotonic() - started:4.0f} s] killed the credits service (exit {code}) after {granted} credit(s); "
+        f"restarted it (pid {credits.process.pid}): what it had not saved is delivered again, granted once")
+    return True
+
+
 def fate_mismatches(tally: Tally, orders: list[Order]) -> list[str]:
     """Orders that ended otherwise than their fate requires (e.g. a stuck order rolled back)."""
     return [
@@ -460,6 +502,7 @@ def run_demo(lakehouse: str = DEFAULT_LAKEHOUSE, orders: int = DEFAULT_ORDERS, t
         sys.exit(run_demo("demo-lakehouse", orders=12))
         sys.exit(run_demo("demo-run", orders=12, object_store="s3://bucket/demo-1"))
     """
+    from coordinator.ops.consumer_groups import add_consumer_group
     from coordinator.producer.transaction_producer import TransactionProducer
 
     started = time.monotonic()
@@ -469,6 +512,7 @@ def run_demo(lakehouse: str = DEFAULT_LAKEHOUSE, orders: int = DEFAULT_ORDERS, t
     config = write_demo_config(paths, object_store)
     store = OrderStore(str(paths.orders_db))
     store.create()
+    credit_store = CreditStore(str(paths.credits_db))
     plan = make_orders(orders, seed)
     _log_producer_to(paths.producer_log)
     out(f"demo lakehouse: {config.lakehouse}" + (f" (config, SQLite and logs in {paths.root})" if object_store else ""))
@@ -478,16 +522,20 @@ def run_demo(lakehouse: str = DEFAULT_LAKEHOUSE, orders: int = DEFAULT_ORDERS, t
     jobs: list[Job] = []
     producer = None
     failures: list[str] = []
+    credits_killed = 0
     try:
+        add_consumer_group(config, CREDITS_GROUP, [ORDER_TOPIC], operator="demo")
         jobs = [checker_job(paths).start(), credits_job(paths).start()]
         out(f"started the checker (spark-submit, pid {jobs[0].process.pid}, log {paths.checker_log.name}) "
-            f"and the credits service (pid {jobs[1].process.pid}, log {paths.credits_log.name})")
+            f"and the credits service (consumer group {CREDITS_GROUP}, no Spark, pid {jobs[1].process.pid}, "
+            f"log {paths.credits_log.name})")
         producer = TransactionProducer(ORDER_GROUP, OrderListener(store), config).start()
         sent, not_sent = send_orders(producer, plan, threads)
         out(f"[{time.monotonic() - started:4.0f} s] sent {len(sent)} orders from {threads} threads"
             + (f"; {len(not_sent)} could not be sent" if not_sent else ""))
         out("their messages stay invisible until the checker (a Spark job, still starting) resolves them")
-        read = functools.partial(read_tally, config, store, sent)
+        read = functools.partial(read_tally, config, store, sent, credit_store)
+        credits_killed = int(crash_credits_mid_story(jobs[1], read, jobs, started, timeout_s, out))
         if not wait_until_settled(read, jobs, len(sent), started, timeout_s, out):
             failures.append(f"timed out after {timeout_s:.0f} s waiting for every order to be resolved and credited")
         producer.shutdown()  # no more check-back answers: nothing is left to ask about
@@ -501,15 +549,16 @@ def run_demo(lakehouse: str = DEFAULT_LAKEHOUSE, orders: int = DEFAULT_ORDERS, t
         _stop_quietly(jobs)
 
     out("")
-    tally = read_tally(config, store, sent)
+    tally = read_tally(config, store, sent, credit_store)
     if on_outcome is not None:
-        on_outcome(outcome(tally, sent, not_sent, failures))
+        on_outcome(outcome(tally, sent, not_sent, failures, credits_killed))
     return report(tally, plan, sent, not_sent, config, failures, out,
                   f"logs: {paths.checker_log}, {paths.credits_log}, {paths.producer_log}; "
                   f"finished in {time.monotonic() - started:.0f} s")
 
 
-def outcome(tally: Tally, sent: dict[str, Order], not_sent: list[Order], failures: list[str]) -> dict:
+def outcome(tally: Tally, sent: dict[str, Order], not_sent: list[Order], failures: list[str],
+            credits_killed: int = 0) -> dict:
     """The demo's result as figures, for ``txcoord demo --json``.
 
     Example::
@@ -530,6 +579,7 @@ def outcome(tally: Tally, sent: dict[str, Order], not_sent: list[Order], failure
         "confirmed_orders": len(tally.confirmed),
         "messages_in_topic": len(tally.topic_order_ids),
         "credits_granted": len(tally.credit_order_ids),
+        "credits_service_killed": credits_killed,
         "invariant_holds": not broken,
         "failures": broken + failures,
     }

@@ -196,10 +196,6 @@ class Lakehouse:
         """The checker's streaming checkpoint: inside the lakehouse it serves."""
         return self._join("system", "_checkpoints", "checker")
 
-    def service_checkpoint(self, service: str) -> str:
-        """The streaming checkpoint of a consuming service's query (the demo's ``credits``)."""
-        return self._join("services", "_checkpoints", service)
-
     def table(self, table: Union[TableDef, str], version: Optional[int] = None) -> DeltaTable:
         """The Delta table ``table`` (see :meth:`path`), opened with this lakehouse's storage settings."""
         from coordinator.lakehouse.delta import open_table

@@ -26,7 +26,7 @@ from coordinator.spark.session import LAUNCH_SETTINGS, launch_jars, read_spark_d
 __all__ = ["JOBS", "job_script", "spark_job_environment", "spark_submit", "submit_properties"]
 
 #: The Spark jobs this package ships, by name: the module whose file ``spark-submit`` runs.
-JOBS = {"checker": "coordinator.jobs.checker", "credits": "coordinator.demo.credits"}
+JOBS = {"checker": "coordinator.jobs.checker"}
 
 
 def job_script(name: str) -> Path:
