@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from coordinator import ConsumeResult, ConsumedMessage, CoordinatorConfig, MessageListener, TopicConsumer
-from coordinator.consumer.group import ConsumerGroup, share_of
+from coordinator.consumer.group import REDRIVE_SOURCE, ConsumerGroup, rendezvous_owner, share_of
 from coordinator.exceptions import AccessDeniedError, IncompleteListenerError, MessageValidationError
 from coordinator.lakehouse import Lakehouse, read_table
 from support.clock import Clock
@@ -197,24 +197,38 @@ def tick(clock, consumers, seconds=0.5):
                poll_s=0.005)
 
 
-def wait_split(clock, consumers, total):
-    """Move the clock half a heartbeat at a time until ``consumers`` hold ``total`` shares between them, each some."""
+def rendezvous_split(consumers, shares):
+    """The shares rendezvous hashing gives each of ``consumers`` while they are their group's live instances."""
+    live = {consumer.instance_id for consumer in consumers}
+    return [{(source, n) for source in ("ORDERS", REDRIVE_SOURCE) for n in range(shares)
+             if rendezvous_owner(consumer.group, source, n, live) == consumer.instance_id} for consumer in consumers]
+
+
+def wait_split(clock, consumers, shares):
+    """Move the clock half a heartbeat at a time until each of ``consumers`` holds exactly the shares rendezvous
+    hashing gives it. Hashing may give one instance every share: waiting for each to hold some would then
+    never end, and waiting for that alone could pass while a share is still being handed over."""
+    expected = rendezvous_split(consumers, shares)
     for _ in range(20):
         held = [set(consumer.shares) for consumer in consumers]
-        if all(held) and sum(map(len, held)) == total and len(set().union(*held)) == total:
+        if held == expected:
             return held
         tick(clock, consumers)
-    raise AssertionError(f"the shares were not split: {held}")
+    raise AssertionError(f"the shares were not split as rendezvous hashing says: held {held}, expected {expected}")
 
 
 def test_two_instances_split_the_shares_and_a_dead_ones_move_to_the_live_one(settings, feed, clock):
     settings = settings.replace(consumer_commit_interval_ms=3_600_000)  # saved only when handed over
     grant(settings, "credits", ["ORDERS"], shares=4)
     a_listener, b_listener = RecordingListener(), RecordingListener()
-    a = TopicConsumer("credits", ["ORDERS"], a_listener, settings, clock=clock).start()
-    b = TopicConsumer("credits", ["ORDERS"], b_listener, settings, clock=clock).start()
+    a = TopicConsumer("credits", ["ORDERS"], a_listener, settings, clock=clock)
+    b = TopicConsumer("credits", ["ORDERS"], b_listener, settings, clock=clock)
+    while not all(rendezvous_split([a, b], 4)):  # hashing may give one instance every share: each needs some here
+        b = TopicConsumer("credits", ["ORDERS"], b_listener, settings, clock=clock)
+    a.start()
+    b.start()
     try:
-        held_a, held_b = wait_split(clock, [a, b], 8)  # four shares of the topic, four of the redrive table
+        held_a, held_b = wait_split(clock, [a, b], 4)  # four shares of the topic, four of the redrive table
         keys = [f"key-{n}" for n in range(40)]
         feed.deliver("ORDERS", [(key, key.encode()) for key in keys])
         wait_until(lambda: len(a_listener.handled) + len(b_listener.handled) >= 40, 30, "every message")
@@ -241,7 +255,7 @@ def test_a_keys_messages_stay_in_order_when_its_share_moves_between_instances(se
     b = TopicConsumer("credits", ["ORDERS"], b_listener, settings, clock=clock).start()
     try:
         feed.deliver("ORDERS", [("K", body) for body in sent[3:6]])
-        wait_split(clock, [a, b], 4)
+        wait_split(clock, [a, b], 2)
         feed.deliver("ORDERS", [("K", body) for body in sent[6:]])
         a.close()  # b takes every share, from where a saved them
         tick(clock, [b])

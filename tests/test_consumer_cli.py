@@ -96,6 +96,25 @@ def test_dead_letters_listed_redriven_discarded_and_the_group_described_and_rese
     feed.close()
 
 
+def test_grants_lists_the_consumer_groups_beside_the_producer_groups(settings, capsys):
+    config, toml = settings
+    assert txcoord(capsys, "add-group", "order_group", "--config", toml)[0] == 0
+    for group, topics in (("credits", ["ORDERS"]), ("audit", ["ORDERS", "AUDIT_*"])):
+        assert txcoord(capsys, "add-consumer-group", group, "--topics", *topics, "--config", toml)[0] == 0
+    Lakehouse.of(config).files.put("consumers/broken/_grant.json", b"not a grant")
+    code, out, err = txcoord(capsys, "grants", "--json", "--config", toml)
+    assert code == 0 and "left out: consumers/broken/_grant.json is not consumer group 'broken''s grant" in err
+    grants = {(g["principal"], g["prefix"], tuple(g["access"])) for g in json.loads(out)["grants"]}
+    assert ("group order_group", "groups/order_group/_producers/", ("read", "write", "delete")) in grants
+    assert ("consumer credits", "topics/ORDERS/", ("read",)) in grants
+    assert ("consumer audit", "topics/AUDIT_*/", ("read",)) in grants
+    assert ("consumer audit", "consumers/audit/shares/", ("read", "write", "delete")) in grants
+    assert ("operators", "consumers/*/progress/", ("read", "write", "delete")) in grants
+    assert not any(principal == "consumer broken" for principal, _, _ in grants)
+    code, out, _ = txcoord(capsys, "grants", "--config", toml)
+    assert code == 0 and "consumer credits" in out and "group order_group" in out
+
+
 def _open(capsys, toml):
     code, out, _ = txcoord(capsys, "dead-letters", "list", "credits", "--json", "--config", toml)
     assert code == 0

@@ -121,7 +121,7 @@ def run_add_group(args: argparse.Namespace) -> int:
 
 def _add_grants(commands) -> None:
     grants = commands.add_parser("grants", help="print what each principal (checker, operators, analysts, every "
-                                                "group) may read and write")
+                                                "producer and consumer group) may read and write")
     _grant_options(grants)
     common_options(grants)
     grants.set_defaults(run=run_grants)
@@ -141,12 +141,19 @@ def run_grants(args: argparse.Namespace) -> int:
 def _print_grants(args: argparse.Namespace, config: CoordinatorConfig, only: Optional[set[str]],
                   created: list[str]) -> int:
     from coordinator.commit_logs import CommitLogs
+    from coordinator.ops.consumer_groups import consumer_group_grants
     from coordinator.ops.tenancy import access_plan, merged_policy, s3_bucket_policy
 
     lakehouse = Lakehouse.of(config)
-    plan = [grant for grant in access_plan(CommitLogs(lakehouse).groups()) if only is None or grant.principal in only]
+    consumer_grants, refused = consumer_group_grants(lakehouse)
+    for reason in refused:  # one unreadable grant does not hide the others' grants
+        print(f"txcoord {args.command}: left out: {reason}", file=sys.stderr)
+    consumer_groups = {grant.group: grant.topics for grant in consumer_grants}
+    plan = [grant for grant in access_plan(CommitLogs(lakehouse).groups(), consumer_groups)
+            if only is None or grant.principal in only]
     accounts = _accounts(args.account)
-    policy = (s3_bucket_policy(lakehouse.root, accounts, refuse_overwrites=not args.allow_overwrites)
+    policy = (s3_bucket_policy(lakehouse.root, accounts, refuse_overwrites=not args.allow_overwrites,
+                               consumer_groups=consumer_groups)
               if accounts and not lakehouse.is_local else None)
     if args.merge_into and policy is None:
         print(f"txcoord {args.command}: --merge-into merges the policy --account makes for a lakehouse on S3",

@@ -29,13 +29,13 @@ from coordinator.config import CoordinatorConfig, parse_start_time
 from coordinator.consumer.group import (DEFAULT_SHARES, MAX_SHARES, REDRIVE_SOURCE, ConsumerGroup, GroupGrant,
                                         ShareProgress, share_of)
 from coordinator.consumer.topic_log import TopicLog
-from coordinator.exceptions import ConsumerStateError, InvalidArgumentError, MessageValidationError
-from coordinator.lakehouse import Lakehouse, create_table, read_table
+from coordinator.exceptions import ConsumerStateError, CorruptInputError, InvalidArgumentError, MessageValidationError
+from coordinator.lakehouse import CONSUMERS_KEY, Lakehouse, create_table, group_of_key, read_table
 from coordinator.names import NAME_MAX_LENGTH, validate_name
 from coordinator.tables import CONSUMER_ACTIONS, DEAD_LETTERS, REDRIVE
 
-__all__ = ["GroupDescription", "TopicPosition", "add_consumer_group", "describe_consumer_group", "discard_dead_letters",
-           "open_dead_letters", "redrive_dead_letters", "reset_consumer_group"]
+__all__ = ["GroupDescription", "TopicPosition", "add_consumer_group", "consumer_group_grants", "describe_consumer_group",
+           "discard_dead_letters", "open_dead_letters", "redrive_dead_letters", "reset_consumer_group"]
 
 _PATTERN = re.compile(r"[A-Za-z0-9_*?\[\]-]+")
 
@@ -72,6 +72,27 @@ def add_consumer_group(config: CoordinatorConfig, group: str, topics: Sequence[s
         raise InvalidArgumentError(f"shares must be 1 to {MAX_SHARES}, got {shares}")
     create_table(CONSUMER_ACTIONS, lakehouse.consumer_table(group, "operator_actions"), lakehouse.storage)
     return records.write_grant(topics, shares, _operator(operator))
+
+
+def consumer_group_grants(lakehouse: Lakehouse) -> tuple[list[GroupGrant], list[str]]:
+    """The grants of the consumer groups under ``consumers/``, by group, and why each grant that could not be
+    read was refused (a directory without a grant is no group yet, and is passed over).
+
+    Example::
+
+        grants, refused = consumer_group_grants(Lakehouse.of(config))
+        {grant.group: grant.topics for grant in grants}  # {'credits': ('ORDER_TOPIC',)}
+    """
+    grants, refused = [], []
+    for name in sorted(group_of_key(key) for key in lakehouse.files.directories(CONSUMERS_KEY)):
+        try:
+            grant = ConsumerGroup(lakehouse, name).grant()
+        except CorruptInputError as error:
+            refused.append(str(error))
+            continue
+        if grant is not None:
+            grants.append(grant)
+    return grants, refused
 
 
 @dataclass(frozen=True)
