@@ -161,6 +161,7 @@ class TopicConsumer:
         self._halted = False
         self._shares: dict[tuple[str, int], _Share] = {}
         self._logs: dict[str, TopicLog] = {}
+        self._probed_at: dict[str, float] = {}  # time.monotonic() of each source's last probe
         self._inflight: dict[int, tuple[Task, float]] = {}
         self._finished: list[tuple[Task, Any, Optional[BaseException]]] = []
         self._announced_at = float("-inf")
@@ -382,7 +383,7 @@ class TopicConsumer:
                 continue
             try:
                 if share.source not in latest:
-                    latest[share.source] = share.log.latest()
+                    latest[share.source] = self._latest(share.source)
                 self._fill(share, latest[share.source])
                 share.failure = None
             except CoordinatorError as error:
@@ -391,13 +392,24 @@ class TopicConsumer:
                                share.source, one_line(error))
                 share.failure = one_line(error)
 
+    def _latest(self, source: str) -> int:
+        """How far ``source`` has grown: probed (a request) only once one of its shares has read all it knew of,
+        and at most every poll interval: a busy loop steps once per finished call, and a probe each time would cost
+        a request per step."""
+        log, now = self._logs[source], time.monotonic()
+        known = log.known
+        caught_up = known is None or any(share.next_read > known for (name, _), share in self._shares.items()
+                                         if name == source and not share.releasing)
+        if caught_up and now - self._probed_at.get(source, float("-inf")) >= self.config.consumer_poll_interval_ms / 1000:
+            self._probed_at[source] = now
+            return log.latest()
+        return known
+
     def _fill(self, share: _Share, latest: int) -> None:
         while len(share.pending) < self.config.consumer_max_buffered and share.next_read <= latest:
             version = share.next_read
             done = share.done.get(version, ())
-            for row in share.log.rows(version):
-                if share_of(row["keys"], row["msg_id"], self._shares_per_topic) != share.number:
-                    continue
+            for row in share.log.split(version, self._shares_per_topic, share_of)[share.number]:
                 offset = row["queue_offset"]
                 if offset < share.floor or offset in done:
                     continue
@@ -522,8 +534,7 @@ class TopicConsumer:
     def _save_due(self) -> None:
         now = self.clock()
         for share in list(self._shares.values()):
-            inflight = any(pending.inflight for pending in share.pending)
-            if share.releasing and not inflight:
+            if share.releasing and not any(pending.inflight for pending in share.pending):
                 self._give_up(share)
             elif share.dirty and now - share.saved_at >= self.config.consumer_commit_interval_ms / 1000:
                 self._save(share)

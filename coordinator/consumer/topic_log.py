@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import threading
 from collections import OrderedDict
@@ -48,7 +49,13 @@ class TopicLog:
         self.table = table.rstrip("/")
         self._latest: Optional[int] = None
         self._cache: OrderedDict[int, list[dict]] = OrderedDict()
+        self._split: OrderedDict[tuple[int, int], list[list[dict]]] = OrderedDict()
         self._lock = threading.Lock()
+
+    @property
+    def known(self) -> Optional[int]:
+        """The newest version the last :meth:`latest` found (``None`` before one), with no request."""
+        return self._latest
 
     def listed(self) -> dict[int, int]:
         """Every commit version in the table's log now, with when it was written (epoch milliseconds).
@@ -119,6 +126,28 @@ class TopicLog:
                 self._cache.popitem(last=False)
         return rows
 
+    def split(self, version: int, shares: int, share_of) -> list[list[dict]]:
+        """:meth:`rows` of ``version`` split into ``shares`` lists by ``share_of(keys, msg_id, shares)``: every
+        share of a version reads its own list, the hash made once per message, not once per share.
+
+        Example::
+
+            TopicLog(files, "topics/T").split(3, 16, share_of)[5]   # the rows of share 5, in queue_offset order
+        """
+        with self._lock:
+            cached = self._split.get((version, shares))
+            if cached is not None:
+                self._split.move_to_end((version, shares))
+                return cached
+        split: list[list[dict]] = [[] for _ in range(shares)]
+        for row in self.rows(version):
+            split[share_of(row["keys"], row["msg_id"], shares)].append(row)
+        with self._lock:
+            self._split[version, shares] = split
+            while len(self._split) > CACHED_VERSIONS:
+                self._split.popitem(last=False)
+        return split
+
     def _read(self, version: int) -> list[dict]:
         key = f"{self.table}/_delta_log/{version:020d}.json"
         try:
@@ -144,4 +173,35 @@ class TopicLog:
         if not tables:
             return []
         table = pa.concat_tables(tables, promote_options="default").sort_by("queue_offset")
-        return table.to_pylist(maps_as_pydicts="strict")
+        return _pylist(table)
+
+
+_UNIT_US = {"s": 1_000_000, "ms": 1000, "us": 1}
+
+
+def _pylist(table: pa.Table) -> list[dict]:
+    """``table.to_pylist(maps_as_pydicts="strict")``, column by column: pyarrow makes each timestamp a datetime
+    several times slower than a timedelta added to the epoch, and a topic has two a row."""
+    columns = []
+    for name in table.column_names:
+        column = table.column(name).combine_chunks()
+        kind = column.type
+        if pa.types.is_timestamp(kind) and kind.unit in _UNIT_US and column.null_count < len(column):
+            first = next(value for value in column if value.is_valid).as_py()
+            epoch = dt.datetime(1970, 1, 1, tzinfo=first.tzinfo)
+            scale = _UNIT_US[kind.unit]
+            columns.append([None if value is None else epoch + dt.timedelta(microseconds=value * scale)
+                            for value in column.cast(pa.int64()).to_pylist()])
+        elif pa.types.is_map(kind):
+            columns.append([None if pairs is None else _strict_dict(pairs) for pairs in column.to_pylist()])
+        else:
+            columns.append(column.to_pylist())
+    names = table.column_names
+    return [dict(zip(names, values)) for values in zip(*columns)]
+
+
+def _strict_dict(pairs: list[tuple]) -> dict:
+    converted = dict(pairs)
+    if len(converted) != len(pairs):  # as maps_as_pydicts="strict" refuses a map with a key twice
+        raise KeyError("Converting to Python dictionary is not supported when duplicate keys are present")
+    return converted
