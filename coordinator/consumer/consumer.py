@@ -48,6 +48,7 @@ from coordinator.consumer.workers import Task, Workers
 from coordinator.exceptions import ConsumerStateError, CoordinatorError, InvalidArgumentError, one_line
 from coordinator.lakehouse import Lakehouse
 from coordinator.names import validate_name
+from coordinator.storage import read_all
 from coordinator.tables import DEAD_LETTERS
 
 __all__ = ["TopicConsumer", "retry_delay_ms"]
@@ -319,12 +320,19 @@ class TopicConsumer:
         except CoordinatorError as error:
             _log.warning("consumer %s could not survey its group: %s", self.instance_id, one_line(error))
             return
+        kept = []
         for key, share in list(self._shares.items()):
             if share.releasing:
                 continue
             if rendezvous_owner(self.group, key[0], key[1], live) != self.instance_id:
                 share.releasing = True  # another live instance should hold it: handed over once its calls end
-            elif self._group.share_owner(*key) != self.instance_id:
+            else:
+                kept.append(share)
+        # At once on object storage: one after another, a round trip each, they held up every delivery.
+        owners = read_all(lambda share: self._group.share_owner(share.source, share.number), kept,
+                          remote=self.lakehouse.files.remote)
+        for share, owner in zip(kept, owners):
+            if owner != self.instance_id:
                 self._lose(share, "its claim names another instance")
         if self._fenced or self.instance_id not in live:
             return
@@ -533,11 +541,14 @@ class TopicConsumer:
 
     def _save_due(self) -> None:
         now = self.clock()
+        due = []
         for share in list(self._shares.values()):
             if share.releasing and not any(pending.inflight for pending in share.pending):
                 self._give_up(share)
             elif share.dirty and now - share.saved_at >= self.config.consumer_commit_interval_ms / 1000:
-                self._save(share)
+                due.append(share)
+        # Each share's own record, written at once on object storage (as the claims are read in _rebalance).
+        read_all(self._save, due, remote=self.lakehouse.files.remote)
 
     def _save(self, share: _Share) -> bool:
         try:
