@@ -36,8 +36,12 @@ from coordinator.storage import FileStore, read_all
 
 __all__ = ["CACHED_VERSIONS", "TopicLog"]
 
-#: Versions whose rows a log keeps, for the shares that read them one after another.
+#: Versions whose rows a log keeps, for the shares that read them one after another: at least this many, and
+#: more while they hold at most CACHED_ROWS rows, since each share reads ahead until it holds
+#: ``consumer_max_buffered`` messages, over more versions the smaller they are, and a version evicted before the
+#: last share read it is read and converted again.
 CACHED_VERSIONS = 16
+CACHED_ROWS = 100_000
 _COMMIT = re.compile(r"(\d{20})\.json")
 
 
@@ -50,6 +54,7 @@ class TopicLog:
         self._latest: Optional[int] = None
         self._cache: OrderedDict[int, list[dict]] = OrderedDict()
         self._split: OrderedDict[tuple[int, int], list[list[dict]]] = OrderedDict()
+        self._cached_rows = self._split_rows = 0
         self._lock = threading.Lock()
 
     @property
@@ -122,8 +127,9 @@ class TopicLog:
         rows = self._read(version)
         with self._lock:
             self._cache[version] = rows
-            while len(self._cache) > CACHED_VERSIONS:
-                self._cache.popitem(last=False)
+            self._cached_rows += len(rows)
+            while len(self._cache) > CACHED_VERSIONS and self._cached_rows > CACHED_ROWS:
+                self._cached_rows -= len(self._cache.popitem(last=False)[1])
         return rows
 
     def split(self, version: int, shares: int, share_of) -> list[list[dict]]:
@@ -144,8 +150,9 @@ class TopicLog:
             split[share_of(row["keys"], row["msg_id"], shares)].append(row)
         with self._lock:
             self._split[version, shares] = split
-            while len(self._split) > CACHED_VERSIONS:
-                self._split.popitem(last=False)
+            self._split_rows += sum(map(len, split))
+            while len(self._split) > CACHED_VERSIONS and self._split_rows > CACHED_ROWS:
+                self._split_rows -= sum(map(len, self._split.popitem(last=False)[1]))
         return split
 
     def _read(self, version: int) -> list[dict]:
