@@ -50,12 +50,13 @@ class TopicFeed:
                       key=lambda row: row["queue_offset"])
         data = pa.Table.from_pylist(rows, schema=TOPIC.arrow_schema())
         path = self.lakehouse.topic(topic)
-        created = created_unless_exists(path, None, lambda: write_deltalake(
-            path, data, mode="append", commit_properties=CommitProperties(
+        storage = self.lakehouse.storage or None
+        created = created_unless_exists(path, storage, lambda: write_deltalake(
+            path, data, mode="append", storage_options=storage, commit_properties=CommitProperties(
                 app_transactions=[Transaction("txcoord-checker", self.batch_id)])))
         if not created:
             if topic not in self._appenders:
-                self._appenders[topic] = DeltaAppender(path)
+                self._appenders[topic] = DeltaAppender(path, storage=storage)
             self._appenders[topic].append(data, app_transaction=("txcoord-checker", self.batch_id))
         return ids
 

@@ -513,3 +513,55 @@ def test_peers_tiny_run_on_our_side_delivers_every_commit_once_and_checks_every_
         assert figures["unknown_checked"] == figures["unknown_delivered"] == unknowns > 0
         assert figures["rolled_back_delivered"] == figures["duplicate_deliveries"] == 0
     assert report["ratios"] == {}  # no peer ran: nothing to compare with
+
+
+# ---------------------------------------------------------------------------------------------
+# The consumer (bench/consume.py)
+
+
+def assert_consume_throughput(report: dict) -> None:
+    figures = report["throughput"]
+    for run in (figures["one_process"], figures["two_processes"]):
+        # Every message handled at least once, however many instances shared them.
+        assert run["distinct"] == figures["messages"] and run["handled"] >= run["distinct"]
+        assert run["messages_per_s"] > 0 and sum(run["by_process"]) == run["handled"]
+    assert len(figures["two_processes"]["by_process"]) == 2
+    assert figures["two_processes_speedup"] == round(
+        figures["two_processes"]["messages_per_s"] / figures["one_process"]["messages_per_s"], 2)
+
+
+@pytest.mark.slow
+def test_consume_tiny_run_handles_every_message_and_says_each_figure_against_its_target(tmp_path):
+    """``bench/consume.py --tiny`` on a local disk: throughput from one process and two, commit→handled beside the
+    real checker job and a real producer, failover after a kill -9 (about 90 s)."""
+    report = run_tiny("consume", tmp_path / "consume.json", timeout=900)
+
+    assert_envelope(report, "consume")
+    assert report["storage"] == "local disk" and "idle" not in report
+    assert_consume_throughput(report)
+    latency = report["latency"]
+    assert latency["sent"] > 0 and latency["handled"] == latency["visible"] == latency["sent"]
+    assert latency["all_handled"] and latency["checker_exit_code"] is not None
+    for q in ("p50", "p99"):
+        assert latency[f"handled_over_visible_{q}_ms"] == round(
+            latency[f"commit_to_handled_{q}_ms"] - latency[f"commit_to_visible_{q}_ms"], 1)
+    failover = report["failover"]
+    assert failover["victim_shares"] > 0 and failover["failover_s"] is not None
+    assert failover["holds_all_after_s"] <= failover["failover_s"]
+    assert {v["figure"] for v in report["verdicts"]} >= {"one process, messages/s", "failover after kill -9, s"}
+    assert all(v["met"] in (True, False) for v in report["verdicts"])
+
+
+def test_consume_tiny_run_behind_a_storage_latency_counts_the_idle_consumers_requests(tmp_path):
+    """The latency path (a few seconds, no checker): the idle consumer's requests, through its own proxy."""
+    require_s3_server()
+    report = run_tiny("consume", tmp_path / "consume-s3.json", "--storage-latency-ms", "5", "--only", "idle",
+                      timeout=600)
+
+    assert_envelope(report, "consume")
+    assert report["storage"]["latency_ms"] == 5
+    idle = report["idle"]
+    assert idle["requests"]["total"] == sum(idle["requests"][kind] for kind in ("GET", "HEAD", "LIST", "PUT", "COPY",
+                                                                                "POST", "DELETE", "OTHER"))
+    assert idle["requests_per_s"] > 0 and idle["usd_per_day"] >= 0
+    assert [v["figure"] for v in report["verdicts"]] == ["idle consumer, requests/s", "idle consumer, $ a day"]

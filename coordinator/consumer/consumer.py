@@ -48,6 +48,7 @@ from coordinator.consumer.workers import Task, Workers
 from coordinator.exceptions import ConsumerStateError, CoordinatorError, InvalidArgumentError, one_line
 from coordinator.lakehouse import Lakehouse
 from coordinator.names import validate_name
+from coordinator.storage import read_all
 from coordinator.tables import DEAD_LETTERS
 
 __all__ = ["TopicConsumer", "retry_delay_ms"]
@@ -161,6 +162,7 @@ class TopicConsumer:
         self._halted = False
         self._shares: dict[tuple[str, int], _Share] = {}
         self._logs: dict[str, TopicLog] = {}
+        self._probed_at: dict[str, float] = {}  # time.monotonic() of each source's last probe
         self._inflight: dict[int, tuple[Task, float]] = {}
         self._finished: list[tuple[Task, Any, Optional[BaseException]]] = []
         self._announced_at = float("-inf")
@@ -318,12 +320,19 @@ class TopicConsumer:
         except CoordinatorError as error:
             _log.warning("consumer %s could not survey its group: %s", self.instance_id, one_line(error))
             return
+        kept = []
         for key, share in list(self._shares.items()):
             if share.releasing:
                 continue
             if rendezvous_owner(self.group, key[0], key[1], live) != self.instance_id:
                 share.releasing = True  # another live instance should hold it: handed over once its calls end
-            elif self._group.share_owner(*key) != self.instance_id:
+            else:
+                kept.append(share)
+        # At once on object storage: one after another, a round trip each, they held up every delivery.
+        owners = read_all(lambda share: self._group.share_owner(share.source, share.number), kept,
+                          remote=self.lakehouse.files.remote)
+        for share, owner in zip(kept, owners):
+            if owner != self.instance_id:
                 self._lose(share, "its claim names another instance")
         if self._fenced or self.instance_id not in live:
             return
@@ -382,7 +391,7 @@ class TopicConsumer:
                 continue
             try:
                 if share.source not in latest:
-                    latest[share.source] = share.log.latest()
+                    latest[share.source] = self._latest(share.source)
                 self._fill(share, latest[share.source])
                 share.failure = None
             except CoordinatorError as error:
@@ -391,13 +400,24 @@ class TopicConsumer:
                                share.source, one_line(error))
                 share.failure = one_line(error)
 
+    def _latest(self, source: str) -> int:
+        """How far ``source`` has grown: probed (a request) only once one of its shares has read all it knew of,
+        and at most every poll interval: a busy loop steps once per finished call, and a probe each time would cost
+        a request per step."""
+        log, now = self._logs[source], time.monotonic()
+        known = log.known
+        caught_up = known is None or any(share.next_read > known for (name, _), share in self._shares.items()
+                                         if name == source and not share.releasing)
+        if caught_up and now - self._probed_at.get(source, float("-inf")) >= self.config.consumer_poll_interval_ms / 1000:
+            self._probed_at[source] = now
+            return log.latest()
+        return known
+
     def _fill(self, share: _Share, latest: int) -> None:
         while len(share.pending) < self.config.consumer_max_buffered and share.next_read <= latest:
             version = share.next_read
             done = share.done.get(version, ())
-            for row in share.log.rows(version):
-                if share_of(row["keys"], row["msg_id"], self._shares_per_topic) != share.number:
-                    continue
+            for row in share.log.split(version, self._shares_per_topic, share_of)[share.number]:
                 offset = row["queue_offset"]
                 if offset < share.floor or offset in done:
                     continue
@@ -521,12 +541,14 @@ class TopicConsumer:
 
     def _save_due(self) -> None:
         now = self.clock()
+        due = []
         for share in list(self._shares.values()):
-            inflight = any(pending.inflight for pending in share.pending)
-            if share.releasing and not inflight:
+            if share.releasing and not any(pending.inflight for pending in share.pending):
                 self._give_up(share)
             elif share.dirty and now - share.saved_at >= self.config.consumer_commit_interval_ms / 1000:
-                self._save(share)
+                due.append(share)
+        # Each share's own record, written at once on object storage (as the claims are read in _rebalance).
+        read_all(self._save, due, remote=self.lakehouse.files.remote)
 
     def _save(self, share: _Share) -> bool:
         try:

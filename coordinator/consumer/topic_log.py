@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import threading
 from collections import OrderedDict
@@ -35,8 +36,12 @@ from coordinator.storage import FileStore, read_all
 
 __all__ = ["CACHED_VERSIONS", "TopicLog"]
 
-#: Versions whose rows a log keeps, for the shares that read them one after another.
+#: Versions whose rows a log keeps, for the shares that read them one after another: at least this many, and
+#: more while they hold at most CACHED_ROWS rows, since each share reads ahead until it holds
+#: ``consumer_max_buffered`` messages, over more versions the smaller they are, and a version evicted before the
+#: last share read it is read and converted again.
 CACHED_VERSIONS = 16
+CACHED_ROWS = 100_000
 _COMMIT = re.compile(r"(\d{20})\.json")
 
 
@@ -48,7 +53,14 @@ class TopicLog:
         self.table = table.rstrip("/")
         self._latest: Optional[int] = None
         self._cache: OrderedDict[int, list[dict]] = OrderedDict()
+        self._split: OrderedDict[tuple[int, int], list[list[dict]]] = OrderedDict()
+        self._cached_rows = self._split_rows = 0
         self._lock = threading.Lock()
+
+    @property
+    def known(self) -> Optional[int]:
+        """The newest version the last :meth:`latest` found (``None`` before one), with no request."""
+        return self._latest
 
     def listed(self) -> dict[int, int]:
         """Every commit version in the table's log now, with when it was written (epoch milliseconds).
@@ -115,9 +127,33 @@ class TopicLog:
         rows = self._read(version)
         with self._lock:
             self._cache[version] = rows
-            while len(self._cache) > CACHED_VERSIONS:
-                self._cache.popitem(last=False)
+            self._cached_rows += len(rows)
+            while len(self._cache) > CACHED_VERSIONS and self._cached_rows > CACHED_ROWS:
+                self._cached_rows -= len(self._cache.popitem(last=False)[1])
         return rows
+
+    def split(self, version: int, shares: int, share_of) -> list[list[dict]]:
+        """:meth:`rows` of ``version`` split into ``shares`` lists by ``share_of(keys, msg_id, shares)``: every
+        share of a version reads its own list, the hash made once per message, not once per share.
+
+        Example::
+
+            TopicLog(files, "topics/T").split(3, 16, share_of)[5]   # the rows of share 5, in queue_offset order
+        """
+        with self._lock:
+            cached = self._split.get((version, shares))
+            if cached is not None:
+                self._split.move_to_end((version, shares))
+                return cached
+        split: list[list[dict]] = [[] for _ in range(shares)]
+        for row in self.rows(version):
+            split[share_of(row["keys"], row["msg_id"], shares)].append(row)
+        with self._lock:
+            self._split[version, shares] = split
+            self._split_rows += sum(map(len, split))
+            while len(self._split) > CACHED_VERSIONS and self._split_rows > CACHED_ROWS:
+                self._split_rows -= sum(map(len, self._split.popitem(last=False)[1]))
+        return split
 
     def _read(self, version: int) -> list[dict]:
         key = f"{self.table}/_delta_log/{version:020d}.json"
@@ -144,4 +180,35 @@ class TopicLog:
         if not tables:
             return []
         table = pa.concat_tables(tables, promote_options="default").sort_by("queue_offset")
-        return table.to_pylist(maps_as_pydicts="strict")
+        return _pylist(table)
+
+
+_UNIT_US = {"s": 1_000_000, "ms": 1000, "us": 1}
+
+
+def _pylist(table: pa.Table) -> list[dict]:
+    """``table.to_pylist(maps_as_pydicts="strict")``, column by column: pyarrow makes each timestamp a datetime
+    several times slower than a timedelta added to the epoch, and a topic has two a row."""
+    columns = []
+    for name in table.column_names:
+        column = table.column(name).combine_chunks()
+        kind = column.type
+        if pa.types.is_timestamp(kind) and kind.unit in _UNIT_US and column.null_count < len(column):
+            first = next(value for value in column if value.is_valid).as_py()
+            epoch = dt.datetime(1970, 1, 1, tzinfo=first.tzinfo)
+            scale = _UNIT_US[kind.unit]
+            columns.append([None if value is None else epoch + dt.timedelta(microseconds=value * scale)
+                            for value in column.cast(pa.int64()).to_pylist()])
+        elif pa.types.is_map(kind):
+            columns.append([None if pairs is None else _strict_dict(pairs) for pairs in column.to_pylist()])
+        else:
+            columns.append(column.to_pylist())
+    names = table.column_names
+    return [dict(zip(names, values)) for values in zip(*columns)]
+
+
+def _strict_dict(pairs: list[tuple]) -> dict:
+    converted = dict(pairs)
+    if len(converted) != len(pairs):  # as maps_as_pydicts="strict" refuses a map with a key twice
+        raise KeyError("Converting to Python dictionary is not supported when duplicate keys are present")
+    return converted
