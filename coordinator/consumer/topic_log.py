@@ -210,5 +210,5 @@ def _pylist(table: pa.Table) -> list[dict]:
 def _strict_dict(pairs: list[tuple]) -> dict:
     converted = dict(pairs)
     if len(converted) != len(pairs):  # as maps_as_pydicts="strict" refuses a map with a key twice
-        raise KeyError("Converting to Python dictionary is not supported when duplicate keys are present")
+        raise CorruptInputError("a message's properties hold a key twice")
     return converted
