@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -134,9 +135,11 @@ class CheckBackWorker:
         if self._thread is None:
             return
         self._stopping.set()
-        self._thread.join()
-        self._instances.withdraw(self.group, self.instance_id)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        # The pool is shut down even if the withdrawal fails: no check may outlive stop(). Last to first.
+        with contextlib.ExitStack() as steps:
+            steps.callback(self._pool.shutdown, wait=True, cancel_futures=True)
+            steps.callback(self._instances.withdraw, self.group, self.instance_id)
+            self._thread.join()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
