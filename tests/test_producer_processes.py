@@ -83,8 +83,8 @@ CLOSED = f"{TRANSACTIONS // 4} checked back"
 
 
 def test_a_producer_process_that_sent_from_threads_and_answered_checks_exits_0(tmp_path):
-    """Issue 53: such a process exited 134 (SIGABRT, ``terminate called without an active exception``) in 2 runs
-    of 4 once its producer was closed."""
+    """Issue 53: a process of this shape, its producer closed, exited 134 (SIGABRT, ``terminate called without an
+    active exception``) in 2 runs of 4."""
     runs = 10
     statuses = exit_statuses([str(tmp_path / f"lakehouse-{run}") for run in range(runs)], {}, tmp_path)
     assert statuses == [(0, CLOSED)] * runs, statuses
