@@ -444,7 +444,9 @@ class DeltaAppender:
         """Commit ``files`` (add actions of the snapshot) rewritten as one file; ``None`` on a conflict."""
         # Read side by side on object storage: a compaction of a busy log reads thousands of small files.
         contents = read_all(lambda f: self._files.read(f["path"]).data, files, remote=self._files.remote)
-        data = pa.concat_tables([pq.read_table(pa.BufferReader(content)) for content in contents])
+        # Each on this thread alone, as a checkpoint is read (coordinator.lakehouse.checkpoints).
+        data = pa.concat_tables([pq.ParquetFile(pa.BufferReader(content)).read(use_threads=False)
+                                 for content in contents])
         data = data.cast(self._schema)
         add = self._write_file(data, data_change=False)
         now_ms = int(time.time() * 1000)

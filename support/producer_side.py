@@ -1,14 +1,19 @@
 """Helpers for the producer-side tests: read the lakehouse with delta-rs, record listener calls.
 
-Also holds the entry point of the multi-process test: ``spawn`` children import it by name.
+Also holds the entry points of the multi-process tests: ``spawn`` children import it by name, and
+``python -m support.producer_side`` runs a producer process whose exit status is tested
+(:func:`send_and_answer_checks`).
 """
 
 from __future__ import annotations
 
+import json
+import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
+from typing import Mapping, Optional, Sequence
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -18,15 +23,18 @@ from coordinator.commit_logs import CommitLogs
 from coordinator.lakehouse import Lakehouse, create_table
 from coordinator.producer.commit_log import CommitLogWriter, half_records
 from coordinator.tables import GROUP_CHECK_REQUESTS
+from support.waiting import wait_until
 
 
-def commit_log_rows(lakehouse: str, group: str = "order_group") -> list[dict]:
+def commit_log_rows(lakehouse: str, group: str = "order_group",
+                    storage: Optional[Mapping[str, str]] = None) -> list[dict]:
     """Every row of ``group``'s commit logs, each with the ``_commit_version`` it was written in and the
-    ``commit_log`` (its key) it was written to."""
+    ``commit_log`` (its key) it was written to; ``storage``: the object store's settings, if on one."""
     rows = []
-    for ref in CommitLogs(Lakehouse(lakehouse)).discover():
+    for ref in CommitLogs(Lakehouse(lakehouse, storage)).discover():
         if ref.group == group:
-            table = DeltaTable(Lakehouse(lakehouse).key_path(ref.key))
+            table = DeltaTable(Lakehouse(lakehouse).key_path(ref.key),
+                               storage_options=dict(storage) if storage else None)
             changes = pa.RecordBatchReader.from_stream(table.load_cdf(starting_version=0)).read_all()
             rows += [{**row, "commit_log": ref.key} for row in changes.to_pylist()]
     return rows
@@ -39,8 +47,25 @@ def commit_log_version(lakehouse: str, log: str = "groups/order_group/commit_log
 
 def append_check_request(lakehouse: str, **overrides) -> dict:
     """Append one check request to its group's table, the way the checker writes it; return the row."""
+    row = check_request(**overrides)
+    append_check_requests(lakehouse, [row])
+    return row
+
+
+def append_check_requests(lakehouse: str, rows: Sequence[dict], storage: Optional[Mapping[str, str]] = None) -> None:
+    """Append ``rows`` (:func:`check_request`) to the first one's group's table in one commit, as a round of the
+    checker's does."""
+    path = Lakehouse(lakehouse).check_requests(rows[0]["producer_group"])
+    options = dict(storage) if storage else None
+    create_table(GROUP_CHECK_REQUESTS, path, storage)
+    write_deltalake(path, pa.Table.from_pylist(list(rows), schema=GROUP_CHECK_REQUESTS.arrow_schema()), mode="append",
+                    storage_options=options)
+
+
+def check_request(**overrides) -> dict:
+    """A check request as the checker writes it (of a made-up transaction of ``order_group``), with ``overrides``."""
     now = datetime.now(timezone.utc)
-    row = {
+    return {
         "check_id": uuid.uuid4().hex,
         "transaction_id": uuid.uuid4().hex,
         "producer_group": "order_group",
@@ -57,10 +82,6 @@ def append_check_request(lakehouse: str, **overrides) -> dict:
         "batch_id": 3,
         **overrides,
     }
-    path = Lakehouse(lakehouse).check_requests(row["producer_group"])
-    create_table(GROUP_CHECK_REQUESTS, path)
-    write_deltalake(path, pa.Table.from_pylist([row], schema=GROUP_CHECK_REQUESTS.arrow_schema()), mode="append")
-    return row
 
 
 class RecordingListener(TransactionListener):
@@ -123,3 +144,46 @@ def append_from_process(lakehouse: str, process_index: int, transactions: int) -
         list(senders.map(lambda transaction_id: writer.submit(half_records(
             "order_group", transaction_id, [Message("ORDER_TOPIC", transaction_id.encode())])).result(), ids))
     return ids
+
+
+class EveryFourthUnknown(TransactionListener):
+    """Leaves every fourth transaction (by its message's ``keys``, a number) ``UNKNOW``; answers every check
+    with a commit."""
+
+    def execute_local_transaction(self, msg, arg):
+        return LocalTransactionState.UNKNOW if int(msg.keys) % 4 == 0 else LocalTransactionState.COMMIT_MESSAGE
+
+    def check_local_transaction(self, msg):
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+def send_and_answer_checks(lakehouse: str, storage: Mapping[str, str], transactions: int, senders: int,
+                           ask: bool, timeout_s: float) -> None:
+    """Process-exit test child: send ``transactions`` from ``senders`` threads, every fourth left ``UNKNOW``,
+    then wait until a check of each of those is answered in the commit log, read with delta-rs beside the
+    producer, and close it. The checks are asked here, in one round written as the checker writes its, if
+    ``ask``; else a checker running beside asks them. The caller tests how the process exits."""
+    config = CoordinatorConfig(lakehouse=lakehouse, storage=storage)
+    with TransactionProducer("order_group", EveryFourthUnknown(), config) as producer:
+        with ThreadPoolExecutor(senders) as threads:
+            sent = list(threads.map(lambda index: producer.send_message_in_transaction(
+                Message("ORDER_TOPIC", b"order %d" % index, keys=str(index))), range(transactions)))
+        unknown = {result.transaction_id for result in sent
+                   if result.local_transaction_state is LocalTransactionState.UNKNOW}
+        print(f"{len(sent)} sent, {len(unknown)} UNKNOW", flush=True)
+        if ask:
+            append_check_requests(lakehouse, [check_request(transaction_id=transaction_id)
+                                              for transaction_id in unknown], storage)
+
+        def answered() -> bool:
+            rows = commit_log_rows(lakehouse, storage=storage)
+            return unknown <= {row["transaction_id"] for row in rows if row["check_id"] is not None}
+
+        wait_until(answered, timeout_s, "a check-back of every UNKNOW transaction")
+    print(f"{len(unknown)} checked back", flush=True)
+
+
+if __name__ == "__main__":
+    _lakehouse, _storage, _transactions, _senders, _asked_by, _timeout_s = sys.argv[1:]
+    send_and_answer_checks(_lakehouse, json.loads(_storage), int(_transactions), int(_senders), _asked_by == "here",
+                           float(_timeout_s))

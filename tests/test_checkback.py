@@ -11,7 +11,8 @@ from coordinator.lakehouse import Lakehouse, init_lakehouse
 from coordinator.producer.checkback import CheckBackWorker
 from coordinator.producer.commit_log import CommitLogWriter
 from support import wait_until
-from support.producer_side import RecordingListener, append_check_request, commit_log_rows
+from support.producer_side import (RecordingListener, append_check_request, append_check_requests, check_request,
+                                         commit_log_rows)
 
 
 @pytest.fixture
@@ -19,8 +20,8 @@ def lakehouse(tmp_path):
     return str(tmp_path / "lakehouse")
 
 
-def answers(lakehouse, check_id):
-    return [r for r in commit_log_rows(lakehouse) if r["kind"] == "END" and r["check_id"] == check_id]
+def answers(lakehouse, check_id, storage=None):
+    return [r for r in commit_log_rows(lakehouse, storage=storage) if r["kind"] == "END" and r["check_id"] == check_id]
 
 
 def checkback_threads(started_after: set[threading.Thread]) -> list[str]:
@@ -161,3 +162,25 @@ def test_a_worker_whose_unread_log_was_cleaned_up_starts_again_from_recent_reque
 
     assert end["transaction_id"] == missed["transaction_id"]
     assert [m.transaction_id for m in listener.checked] == [first["transaction_id"], missed["transaction_id"]]
+
+
+def test_on_object_storage_the_worker_reads_its_requests_through_no_filesystem_written_in_python(s3_lakehouse,
+                                                                                                monkeypatch):
+    """A pyarrow scan through a filesystem written in Python (delta-rs's default handler on object storage) leaves
+    pyarrow's threads releasing Python's buffers after it returned: a process exiting then aborts (exit 134)."""
+    import pyarrow.fs
+
+    def refused(handler):
+        raise AssertionError(f"a pyarrow filesystem written in Python: {handler!r}")
+
+    monkeypatch.setattr(pyarrow.fs, "PyFileSystem", refused)
+    root, storage = s3_lakehouse.root, s3_lakehouse.storage
+    first = check_request()
+    append_check_requests(root, [first], storage)  # read when the worker first finds the table
+    listener = RecordingListener()
+    with TransactionProducer("order_group", listener, CoordinatorConfig(lakehouse=root, storage=storage)):
+        wait_until(lambda: answers(root, first["check_id"], storage))
+        later = check_request()
+        append_check_requests(root, [later], storage)  # read from the table's change feed
+        wait_until(lambda: answers(root, later["check_id"], storage))
+    assert [m.transaction_id for m in listener.checked] == [first["transaction_id"], later["transaction_id"]]

@@ -3,14 +3,16 @@
 import logging
 import shutil
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timezone
 
 import pytest
-from support.producer_side import RecordingListener, commit_log_rows, commit_log_version
+from support import wait_until
+from support.producer_side import RecordingListener, append_check_request, commit_log_rows, commit_log_version
 
 from coordinator import (CoordinatorConfig, LocalTransactionState, Message, SendStatus, TransactionListener,
                          TransactionProducer)
+from coordinator.control.instances import ProducerInstances
 from coordinator.exceptions import (AccessDeniedError, CoordinatorError, HalfNotStoredError, HalfOutcomeUnknownError,
                                     IncompleteListenerError, MessageValidationError, ProducerStateError,
                                     StorageUnavailableError, WriteOutcomeUnknownError)
@@ -245,6 +247,49 @@ def test_context_manager_and_lifecycle(lakehouse):
     with pytest.raises(ProducerStateError):
         producer.start()
     assert len(rows_of(lakehouse, result.transaction_id, "END")) == 1
+
+
+def started_since(before: set[threading.Thread]) -> list[str]:
+    """The threads alive now that were not in ``before``, by name."""
+    return sorted(thread.name for thread in threading.enumerate() if thread not in before)
+
+
+def send_and_answer_a_check(lakehouse: str, producer: TransactionProducer) -> None:
+    """Sends from 8 threads and a check-back answered, so that every kind of thread the producer has runs."""
+    with ThreadPoolExecutor(8) as senders:
+        list(senders.map(lambda i: producer.send_message_in_transaction(Message("ORDER_TOPIC", b"%d" % i)), range(40)))
+    request = append_check_request(lakehouse)
+    wait_until(lambda: [r for r in commit_log_rows(lakehouse) if r["check_id"] == request["check_id"]])
+
+
+def test_shutdown_ends_every_thread_the_producer_started(lakehouse):
+    before = set(threading.enumerate())
+    with producer_for(lakehouse, RecordingListener()) as producer:
+        send_and_answer_a_check(lakehouse, producer)
+        running = started_since(before)
+    assert {"commit-log-writer", "commit-log-committer", "delta-chores", "checkback-follower-order_group"} <= set(running)
+    assert any(name.startswith("checkback-order_group_") for name in running)  # the check's pool
+    assert started_since(before) == []
+
+
+def test_a_step_of_shutdown_that_fails_leaves_no_thread_running_and_no_record_unwritten(lakehouse, monkeypatch):
+    def refused(*args):
+        raise PermissionError("the storage refuses the withdrawal")
+
+    def claims():
+        return [key for key in Lakehouse(lakehouse).files.list("groups/order_group/_producers") if key.endswith(".claim")]
+
+    monkeypatch.setattr(ProducerInstances, "withdraw", refused)
+    before = set(threading.enumerate())
+    producer = producer_for(lakehouse, RecordingListener()).start()
+    send_and_answer_a_check(lakehouse, producer)
+    result = producer.send_message_in_transaction(Message("ORDER_TOPIC", b"last"))  # its END is sent one-way
+    assert len(claims()) == 1
+    with pytest.raises(PermissionError, match="refuses the withdrawal"):
+        producer.shutdown()
+    assert started_since(before) == []
+    assert len(rows_of(lakehouse, result.transaction_id, "END")) == 1
+    assert claims() == []  # its commit log released for the group's next instance
 
 
 def test_start_creates_the_lakehouse(lakehouse):

@@ -24,7 +24,7 @@ from coordinator.lakehouse.paths import (CONSUMERS_KEY, GROUPS_KEY, LAYOUT_KEY, 
 # only the paths, and delta-rs with pyarrow's compute functions would lengthen each worker's start.
 _LAZY = {"create_table": "delta", "created_unless_exists": "delta", "listing_retried": "delta", "open_table": "delta",
          "create_group_tables": "provision", "init_lakehouse": "provision",
-         "read_table": "reads", "table_dataset": "reads", "transaction_ids_in": "reads"}
+         "query_snapshot": "reads", "read_table": "reads", "table_dataset": "reads", "transaction_ids_in": "reads"}
 
 
 def __getattr__(name: str):
@@ -35,5 +35,6 @@ def __getattr__(name: str):
 
 __all__ = ["CONSUMERS_KEY", "GROUPS_KEY", "LAYOUT_KEY", "LEASE_KEY", "Lakehouse", "OPERATORS_LOG_KEY", "PROGRESS_KEY",
            "SHARED_LOG_KEY", "STANDBYS_KEY", "create_group_tables", "create_table", "created_unless_exists",
-           "delta_checkpoint_file", "delta_log_file", "group_key", "group_of_key", "init_lakehouse", "listing_retried", "open_table", "read_table",
-           "require_lakehouse", "table_dataset", "topic_names", "transaction_ids_in"]
+           "delta_checkpoint_file", "delta_log_file", "group_key", "group_of_key", "init_lakehouse", "listing_retried",
+           "open_table", "query_snapshot", "read_table", "require_lakehouse", "table_dataset", "topic_names",
+           "transaction_ids_in"]

@@ -115,7 +115,9 @@ def _carried_forward(files: FileStore, previous: Optional[int], version: int, no
     stored = files.read(delta_checkpoint_file(previous))  # absent if in several parts
     if stored is None:
         return None
-    state = pq.read_table(pa.BufferReader(stored.data))
+    # On this thread alone: pyarrow's threads would release the bytes Python owns after the read returned, and
+    # one released as the process exits aborts it (coordinator.lakehouse.reads.query_snapshot).
+    state = pq.ParquetFile(pa.BufferReader(stored.data)).read(use_threads=False)
     if not _can_carry(state):
         return None
     changes = _changes(files, previous, version, read)

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 
 from coordinator.exceptions import OutdatedLakehouseError
 from coordinator.lakehouse.delta import open_table
@@ -18,7 +18,7 @@ from coordinator.storage import denied_as_error, is_object_store
 if TYPE_CHECKING:  # importing pyarrow.dataset imports pandas: a second of every checker worker's start
     import pyarrow.dataset as ds
 
-__all__ = ["read_table", "table_dataset", "transaction_ids_in"]
+__all__ = ["query_snapshot", "read_table", "table_dataset", "transaction_ids_in"]
 
 
 def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[pc.Expression] = None,
@@ -38,10 +38,31 @@ def read_table(path: str, columns: Optional[list[str]] = None, filter: Optional[
     """
     # Files are read through pyarrow's own filesystem, not delta-rs's default handler: with that one,
     # a process that has read Spark-written tables often aborts at exit with "terminate called
-    # without an active exception" (exit 134; deltalake 1.6.6, cf. delta-rs#2184).
+    # without an active exception" (exit 134; deltalake 1.6.6, cf. delta-rs#2184). On object storage
+    # that handler is still used: a process that must exit cleanly right after reads query_snapshot.
     dataset = table_dataset(path, storage, files, columns)[1]
     with denied_as_error(path):
         return dataset.to_table(columns=columns, filter=filter)
+
+
+def query_snapshot(table: DeltaTable, schema: pa.Schema, where: Optional[str] = None) -> pa.Table:
+    """The rows of ``table``'s snapshot that match the SQL predicate ``where`` (every row without one), in
+    ``schema`` (its columns, in its order), read by delta-rs's own engine.
+
+    Unlike :func:`read_table` on object storage, no pyarrow thread is handed a buffer Python owns: a
+    pyarrow scan through delta-rs's Python filesystem handler goes on releasing such buffers on pyarrow's
+    threads after it returned, and one released while the interpreter exits takes the GIL and aborts
+    the process (``terminate called without an active exception``, exit 134).
+
+    Example::
+
+        query_snapshot(open_table(path), GROUP_CHECK_REQUESTS.arrow_schema(), "requested_at >= '2026-11-28T10:00Z'")
+    """
+    sql = f"SELECT * FROM snapshot WHERE {where}" if where else "SELECT * FROM snapshot"
+    with denied_as_error(table.table_uri):
+        rows = pa.table(QueryBuilder().register("snapshot", table).execute(sql))
+    # delta-rs hands out view types, which arrow compute cannot compare with plain strings.
+    return rows.select(schema.names).cast(schema)
 
 
 def table_dataset(path: str, storage: Optional[Mapping[str, str]] = None, files: Optional[str] = None,

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -33,7 +34,7 @@ from coordinator.commit_logs import committed
 from coordinator.config import CoordinatorConfig
 from coordinator.control.instances import ProducerInstances
 from coordinator.exceptions import ProducerStateError
-from coordinator.lakehouse import Lakehouse, open_table, read_table
+from coordinator.lakehouse import Lakehouse, open_table, query_snapshot
 from coordinator.producer.commit_log import CommitLogWriter, end_record
 from coordinator.producer.listener import TransactionListener
 from coordinator.producer.message import Message
@@ -134,9 +135,11 @@ class CheckBackWorker:
         if self._thread is None:
             return
         self._stopping.set()
-        self._thread.join()
-        self._instances.withdraw(self.group, self.instance_id)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        # The pool is shut down even if the withdrawal fails: no check may outlive stop(). Last to first.
+        with contextlib.ExitStack() as steps:
+            steps.callback(self._pool.shutdown, wait=True, cancel_futures=True)
+            steps.callback(self._instances.withdraw, self.group, self.instance_id)
+            self._thread.join()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -171,7 +174,7 @@ class CheckBackWorker:
                 self._waited_for_table = True
                 return
             table = open_table(self.path, storage=self.storage)
-            self._dispatch(self._requests(every=self._waited_for_table))
+            self._dispatch(self._requests(table, every=self._waited_for_table))
             self._table, self._version, self._synced_at = table, table.version(), time.monotonic()
             return
         if (not committed(self._files, self._key, self._version + 1)
@@ -190,11 +193,14 @@ class CheckBackWorker:
         self._dispatch(changes.filter((pc.field("_change_type") == "insert") & self._ours()))
         self._version = latest
 
-    def _requests(self, every: bool) -> pa.Table:
-        """Ours: ``every`` one, or those requested within the last check interval."""
+    def _requests(self, table: DeltaTable, every: bool) -> pa.Table:
+        """Ours in ``table``'s snapshot: ``every`` one, or those requested within the last check interval."""
         cutoff = datetime.now(timezone.utc) - timedelta(milliseconds=self.config.transaction_check_interval_ms)
-        recent = pc.field("requested_at") >= pa.scalar(cutoff, type=pa.timestamp("us", tz="UTC"))
-        return read_table(self.path, filter=self._ours() if every else self._ours() & recent, storage=self.storage)
+        # Read by delta-rs's engine, not a pyarrow scan: on object storage that one's threads would still hold
+        # Python's buffers after close(), and abort the process if it exits then (query_snapshot).
+        requests = query_snapshot(table, GROUP_CHECK_REQUESTS.arrow_schema(),
+                                  None if every else f"requested_at >= '{cutoff.isoformat()}'")
+        return requests.filter(self._ours())
 
     def _dispatch(self, requests: pa.Table) -> None:
         for request in requests.select(GROUP_CHECK_REQUESTS.column_names).to_pylist():

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
@@ -123,6 +124,9 @@ class TransactionProducer:
     def shutdown(self) -> None:
         """Stop answering check-backs, write every pending record, close the commit log. Idempotent.
 
+        Every thread the producer started has ended when it returns, even if a step failed (its error
+        is raised once the other steps are done).
+
         Example::
 
             producer.shutdown()
@@ -131,9 +135,13 @@ class TransactionProducer:
             if self._state != "running":
                 return
             self._state = "stopped"
-        self._checkback.stop()
-        self._writer.close()
-        ProducerInstances(Lakehouse.of(self.config)).release_log(self.group, self.instance_id, self._writer.log)
+        # Each step runs whatever the one before it raised: a withdrawal the storage refused must not
+        # leave the writer's threads running, nor its records unwritten. Callbacks run last to first.
+        with contextlib.ExitStack() as steps:
+            steps.callback(ProducerInstances(Lakehouse.of(self.config)).release_log, self.group, self.instance_id,
+                           self._writer.log)
+            steps.callback(self._writer.close)
+            steps.callback(self._checkback.stop)
         _log.info("producer shut down group=%s", self.group)
 
     def __enter__(self) -> "TransactionProducer":
