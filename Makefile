@@ -5,12 +5,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 JARS := .cache/spark-jars.stamp
+# The checkout's own modules compiled to bytecode before the tests (only what changed since), for the same reason
+# as the install's --compile-bytecode: every test's subprocess would compile them again.
+COMPILE_CHECKOUT = $(PY) -m compileall -q -j 0 coordinator tables support bench tests jobs > /dev/null
 
 .PHONY: setup lock demo test test-bench test-under-load system-packages s3-server azurite chaos cluster bench peers clean
 
 setup: $(INSTALLED) $(JARS)
 
-# The exact versions requirements.lock pins (hash-checked), then this package in editable mode.
+# The exact versions requirements.lock pins (hash-checked), then this package in editable mode. Compiled to
+# bytecode at install, as pip does and uv does not by default: where PYTHONDONTWRITEBYTECODE is set (this build
+# machine's environment) no process would cache its imports, and every one compiled pyspark, pyarrow and pandas
+# again (docs/performance.md#the-test-suite).
 # uv installs as pip would, downloading and unpacking in parallel (a third of pip's time). Where the index's
 # replies cannot be cached (this build machine's), uv unpacks and builds pyspark's source distribution again at
 # every install and keeps each copy (0.5 to 1.4 GB; 2 GB a clean-clone `make test`, with the wheel's test):
@@ -18,7 +24,7 @@ setup: $(INSTALLED) $(JARS)
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==0.13.9
-	$(PY) -m uv pip install -q --python $(PY) -r requirements.lock
+	$(PY) -m uv pip install -q --compile-bytecode --python $(PY) -r requirements.lock
 	$(PY) -m uv pip install -q --python $(PY) --no-deps -e .
 	-$(PY) -m uv cache prune -q
 	touch $@
@@ -48,6 +54,7 @@ test: system-packages
 	$(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
 	$(PYTHON) scripts/azurite.py install > .cache/azurite-install.log 2>&1 & azurite=$$!; \
 	$(MAKE) --no-print-directory setup || { kill $$build $$azurite 2>/dev/null; exit 1; }; \
+	$(COMPILE_CHECKOUT); \
 	echo "--- setup took $$(( $$(date +%s) - start )) s"; \
 	bash scripts/test_lanes.sh tests; status=$$?; \
 	wait $$build || { echo "--- the S3 server's build failed:"; cat .cache/s3-build.log; status=1; }; \
@@ -62,6 +69,7 @@ test-bench: system-packages
 	$(MAKE) --no-print-directory setup || exit 1; \
 	$(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 || { echo "--- the S3 server's build failed:"; \
 	  cat .cache/s3-build.log; exit 1; }; \
+	$(COMPILE_CHECKOUT); \
 	bash scripts/test_lanes.sh bench/tests; status=$$?; \
 	echo "--- make test-bench took $$(( $$(date +%s) - start )) s"; exit $$status
 

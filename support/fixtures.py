@@ -151,7 +151,8 @@ def installed(tmp_path_factory) -> Path:
         run_checked([sys.executable, "-m", "uv", "build", "--quiet", "--out-dir", str(root / "dist"), str(REPO_ROOT)])
         [wheel] = (root / "dist").glob("txcoord-*.whl")
         run_checked([sys.executable, "-m", "uv", "venv", "--quiet", "--python", sys.executable, str(venv)])
-        run_checked([sys.executable, "-m", "uv", "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
+        run_checked([sys.executable, "-m", "uv", "pip", "install", "--quiet", "--compile-bytecode",  # as pip does
+                     "--python", str(venv / "bin" / "python"),
                      f"txcoord[spark,console] @ {wheel.as_uri()}", "--constraint", str(REPO_ROOT / "requirements.lock")])
         return venv
 
