@@ -181,6 +181,35 @@ def test_sends_arriving_within_the_commit_interval_share_the_next_commit(lakehou
     assert clock.sleeps == [pytest.approx(0.3)]  # the second commit waited out the whole interval
 
 
+def test_on_a_local_disk_the_next_batch_is_taken_once_the_commit_in_flight_landed(lakehouse, monkeypatch):
+    """One batch in flight on a local disk: the sends that arrive while a commit is in flight wait for it, and
+    then share the next commit."""
+    committing, release, prepared = threading.Event(), threading.Event(), threading.Event()
+    real_prepare, real_commit = DeltaAppender.prepare, DeltaAppender.commit
+
+    def prepare(appender, data, **options):
+        if committing.is_set():
+            prepared.set()
+        return real_prepare(appender, data, **options)
+
+    def commit(appender, ready):
+        if not committing.is_set():
+            committing.set()
+            release.wait(60)
+        return real_commit(appender, ready)
+
+    monkeypatch.setattr(DeltaAppender, "prepare", prepare)
+    monkeypatch.setattr(DeltaAppender, "commit", commit)
+    with CommitLogWriter(lakehouse, "order_group") as writer:
+        first = writer.submit(ends("first", 1))
+        assert committing.wait(60)
+        waiting = [writer.submit(ends(f"waiting{i}", 1)) for i in range(3)]
+        assert not prepared.wait(0.5), "a second batch was taken while a commit was in flight"
+        release.set()
+        assert first.result(timeout=60) == 1
+        assert [future.result(timeout=60) for future in waiting] == [2, 2, 2]
+
+
 def test_the_next_batchs_data_file_is_written_while_a_commit_is_in_flight_and_no_further(lakehouse, monkeypatch):
     """Two batches in flight: the one committing and the next, whose data file is written meanwhile; a third
     waits until the first is committed. Commits keep the order the batches were taken in."""
@@ -205,7 +234,7 @@ def test_the_next_batchs_data_file_is_written_while_a_commit_is_in_flight_and_no
 
     monkeypatch.setattr(DeltaAppender, "prepare", prepare)
     monkeypatch.setattr(DeltaAppender, "commit", commit)
-    with CommitLogWriter(lakehouse, "order_group") as writer:
+    with CommitLogWriter(lakehouse, "order_group", batches_in_flight=2) as writer:  # as on object storage
         a = writer.submit(ends("a", 1))
         assert committing.wait(60)
         b = writer.submit(ends("b", 1))

@@ -264,6 +264,26 @@ def test_the_checkers_python_workers_import_no_pandas_and_no_retry_library():
     assert "stamina" not in modules and "tenacity" not in modules
 
 
+def test_the_read_ahead_reads_a_new_log_without_importing_pandas(tmp_path):
+    # A commit that adds no records (the log's creation, a writer's compaction) was read as Schema.empty_table(),
+    # which imports pandas: in the read-ahead worker that was inside its first read of a backlog.
+    from coordinator.lakehouse import Lakehouse, init_lakehouse
+    from coordinator.producer.commit_log import CommitLogWriter, end_record
+    from coordinator.protocol import LocalTransactionState
+
+    lakehouse = Lakehouse(str(tmp_path))
+    init_lakehouse(lakehouse)
+    with CommitLogWriter(lakehouse, "g") as writer:
+        writer.submit([end_record("g", "t1", LocalTransactionState.COMMIT_MESSAGE)]).result(timeout=60)
+    modules = loaded_after(f"""
+from coordinator.checker.readahead import _read_after
+
+rows, index = _read_after({lakehouse.root!r}, {{}}, {{}}, 10)
+assert [entry[1] for entry in index if entry[0] == "groups/g/commit_log"] == [0, 1] and rows.num_rows == 1
+""")
+    assert "coordinator.checker.readahead" in modules and "pandas" not in modules
+
+
 def test_the_sources_rows_reach_spark_without_importing_pandas(tmp_path):
     # pyarrow imports pandas at its first conversion of Python objects (pa.array): in the source's runner
     # that was a second of every checker's first micro-batch, until the source built its row from bytes.

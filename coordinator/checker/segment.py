@@ -71,6 +71,10 @@ MAX_DATA_FILE_UNCOMPRESSED_BYTES = 4 * MAX_COMMIT_BODY_BYTES
 _REASON_CHARS = 512
 
 _COMMIT_LOG_SCHEMA = COMMIT_LOG.arrow_schema()
+#: A commit's records when it added none (the log's creation, a compaction). Not ``Schema.empty_table()``: that
+#: imports pandas, which the read-ahead worker otherwise never needs, inside its first read of a backlog
+#: (docs/performance.md#backlog-drain).
+_NO_RECORDS = pa.Table.from_batches([], schema=_COMMIT_LOG_SCHEMA)
 #: A checker record: a commit-log record, the log and version it entered with, when that version was
 #: committed, its commit's rank in the batch and the commit file's sha256 and size as read (null if it
 #: could not be read); or a clock tick. ``refusal`` is set on a record that cannot be read at all (a data
@@ -321,7 +325,7 @@ def _read_commit(store: FileStore, version: int) -> CommitRead:
         if refusal is not None:
             parts.append(_null_record())
             refusals.append(refusal[:_REASON_CHARS])
-    return CommitRead(commit.modified_ms, pa.concat_tables(parts) if parts else _COMMIT_LOG_SCHEMA.empty_table(),
+    return CommitRead(commit.modified_ms, pa.concat_tables(parts) if parts else _NO_RECORDS,
                       refusals, **digest)
 
 

@@ -45,9 +45,13 @@ _COLUMNS = frozenset(COMMIT_LOG.column_names)
 _CLOSE = object()
 #: The default shortest time between two commits of one writer (``CoordinatorConfig.commit_interval_ms``).
 DEFAULT_COMMIT_INTERVAL_MS = 10
-#: Batches of one writer between being taken and committed: the one committing, and the next one, whose
-#: data file is written meanwhile. More would make more, smaller commits for no more throughput.
+#: Batches of one writer between being taken and committed on object storage: the one committing, and the
+#: next one, whose data file is written meanwhile. More would make more, smaller commits for no more throughput.
 BATCHES_IN_FLIGHT = 2
+#: The same on a local disk, where a commit takes a fraction of a millisecond: a second batch buys no throughput
+#: there, and takes the first senders back while the rest are still resolving, in more and smaller commits that
+#: every reader of the log pays for (docs/performance.md#backlog-drain).
+LOCAL_BATCHES_IN_FLIGHT = 1
 #: A writer compacts the files of its own appends every this many of them (as often as the log is checkpointed:
 #: each checkpoint then lists about this many small files, not every one since the last maintenance run).
 COMPACT_OWN_APPENDS_EVERY = 1000
@@ -142,10 +146,11 @@ class CommitLogWriter:
     One background thread takes everything waiting (up to ``max_batch_rows`` and
     bodies of :data:`~coordinator.validation.MAX_COMMIT_BODY_BYTES` in all, never
     splitting a submit) and writes it as one data file; a second one commits those
-    files in the order they were taken, then resolves the submitters' futures. So the
-    next batch's data file is written while a commit is in flight (at most one batch
-    waits behind the commit in flight: on object storage a version costs two requests
-    in sequence, and the log takes one every request's round trip). The records of one
+    files in the order they were taken, then resolves the submitters' futures. So on
+    object storage the next batch's data file is written while a commit is in flight (at
+    most one batch waits behind the commit in flight: a version costs two requests in
+    sequence there, and the log takes one every request's round trip); on a local disk
+    one batch is in flight at a time (``batches_in_flight`` overrides either). The records of one
     :meth:`submit` always land in the same commit. A commit starts at least ``commit_interval_ms`` after the one
     before (as Kafka's ``linger.ms``): under load commits take longer than
     that anyway, and a lightly loaded producer makes few, larger commits instead
@@ -166,12 +171,16 @@ class CommitLogWriter:
     """
 
     def __init__(self, lakehouse: Union[str, Lakehouse], log: Union[str, CommitLogRef], max_batch_rows: int = 5000,
-                 commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS) -> None:
+                 commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS, batches_in_flight: Optional[int] = None) -> None:
         if max_batch_rows < 1:
             raise InvalidArgumentError(f"max_batch_rows must be at least 1, got {max_batch_rows}")
         if commit_interval_ms < 0:
             raise InvalidArgumentError(f"commit_interval_ms must not be negative, got {commit_interval_ms}")
+        if batches_in_flight is not None and batches_in_flight < 1:
+            raise InvalidArgumentError(f"batches_in_flight must be at least 1, got {batches_in_flight}")
         lakehouse = Lakehouse.at(lakehouse)
+        if batches_in_flight is None:
+            batches_in_flight = LOCAL_BATCHES_IN_FLIGHT if lakehouse.is_local else BATCHES_IN_FLIGHT
         self.log = log if isinstance(log, CommitLogRef) else CommitLogRef.of_group(log)
         self.path = lakehouse.key_path(self.log.key)
         below = [CommitLogRef.of_group(self.log.group, number) for number in range(self.log.number or 0)]
@@ -190,7 +199,7 @@ class CommitLogWriter:
         # On object storage the checker probes a quiet group's logs only when the group rings (coordinator.doorbells).
         self._doorbell = (Doorbell(lakehouse.files, self.log.group)
                           if self.log.group is not None and not lakehouse.is_local else None)
-        self._in_flight = threading.Semaphore(BATCHES_IN_FLIGHT)
+        self._in_flight = threading.Semaphore(batches_in_flight)
         self._prepared: queue.SimpleQueue = queue.SimpleQueue()  # (PreparedAppend, futures), in commit order
         self._thread = threading.Thread(target=self._run, name="commit-log-writer", daemon=True)
         self._committer = threading.Thread(target=self._commit_prepared, name="commit-log-committer", daemon=True)
