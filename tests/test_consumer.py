@@ -263,3 +263,20 @@ def test_a_keys_messages_stay_in_order_when_its_share_moves_between_instances(se
         assert a_listener.bodies() + b_listener.bodies() == sent
     finally:
         b.close()
+
+
+def test_on_object_storage_a_claim_written_after_the_survey_is_not_replaced(s3_lakehouse):
+    """Two instances starting together: each surveyed the group before the other announced itself, so each one's
+    live set holds only itself. A claim the other wrote since names an instance whose record is live now: it is
+    kept, not replaced (the benchmark on the S3 server saw each replace the other's fresh claims)."""
+    clock = Clock()
+    first, second = (ConsumerGroup(s3_lakehouse, "credits", clock=clock) for _ in range(2))
+    survey_of_second = {record.instance_id for record in second.instances.live("credits")} | {"b"}
+    first.instances.announce("credits", "a", heartbeat_s=1.0)
+    assert first.claim_share("ORDERS", 3, "a", live={"a"}) is not None
+    assert survey_of_second == {"b"}
+    assert second.claim_share("ORDERS", 3, "b", live=survey_of_second) is None
+    assert second.share_owner("ORDERS", 3) == "a"
+    clock.now += 2.5  # a's record is older than the liveness window now: its claim is free
+    assert second.claim_share("ORDERS", 3, "b", live={"b"}) is not None
+    assert second.share_owner("ORDERS", 3) == "b"

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
 from typing import Callable, Iterable, Optional, Union
 
-from coordinator.control.instances import GroupSurvey, ProducerInstances, claim_owner
+from coordinator.control.instances import GroupSurvey, ProducerInstance, ProducerInstances, claim_owner
 from coordinator.control.processes import process_gone
 from coordinator.exceptions import AccessDeniedError, CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse
@@ -191,15 +191,30 @@ class ConsumerInstances(ProducerInstances):
         live, stale = [], []
         records, refused = self._records(group)
         for record in sorted(records, key=lambda record: record.instance_id):
-            gone = process_gone(asdict(record))
-            if now - record.last_seen <= LIVE_FOR_HEARTBEATS * record.heartbeat_s and not gone:
+            if _is_live(record, now):
                 live.append(record)
             else:
                 stale.append(record)
         return GroupSurvey(live, stale, sorted(refused, key=lambda refusal: refusal.key))
 
+    def is_live(self, group: str, instance_id: str) -> bool:
+        """Whether ``instance_id``'s own record, read now, says it is live (as :meth:`survey` judges).
+
+        Example::
+
+            ConsumerInstances(lakehouse).is_live("credits", "9c1e…")  # True
+        """
+        record = self._read_record(group, self._key(group, instance_id))
+        if not isinstance(record, ProducerInstance):
+            return False
+        return _is_live(record, self.clock())
+
     def _group_dir(self, group: str) -> str:
         return f"{self.lakehouse.consumer_dir(group)}/_instances"
+
+
+def _is_live(record: ProducerInstance, now: float) -> bool:
+    return now - record.last_seen <= LIVE_FOR_HEARTBEATS * record.heartbeat_s and not process_gone(asdict(record))
 
 
 class ConsumerGroup:
@@ -280,8 +295,9 @@ class ConsumerGroup:
 
     def claim_share(self, topic: str, share: int, instance_id: str, live: set[str]) -> Optional[str]:
         """Take ``share`` of ``topic`` for ``instance_id``: created if no claim is there, kept if it names this
-        instance, replaced (conditionally) if it names one not in ``live`` or is no claim; the claim's version, or
-        ``None`` when another live instance holds it or won the race.
+        instance, replaced (conditionally) if it names one neither in ``live`` nor live by its record read after
+        the claim, or is no claim; the claim's version, or ``None`` when another live instance holds it or won the
+        race.
 
         Example::
 
@@ -299,6 +315,12 @@ class ConsumerGroup:
         if owner == instance_id:
             return current.version
         if owner in live:
+            return None
+        # ``live`` was surveyed before this claim was read: an instance announces itself before it claims, so
+        # a claim written since the survey names an instance whose record is live now (two instances starting
+        # together each saw only itself).
+        # A claim's bytes are untrusted: a name no instance could have is not looked up as a record key.
+        if owner is not None and 0 < len(owner) <= 256 and self.instances.is_live(self.group, owner):
             return None
         return self.files.replace(key, claim, current.version)
 
