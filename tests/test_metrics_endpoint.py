@@ -43,8 +43,11 @@ def test_the_checker_serves_its_metrics_and_they_move_as_transactions_flow(spark
                            end_record("paid", group="intruder"), end_record("open", "UNKNOW", check_id="open-1")]).result()
 
         def moved():
+            # A batch's samples are set one after another, so a scrape can fall between two of them: wait for the
+            # delivery and for the pending gauge the same batch sets after its counters (3 halves, then 1).
             now = scrape(port)
-            return now if now.get(("txcoord_messages_delivered_total", (("topic", "ORDERS"),))) == 1 else None
+            delivered = now.get(("txcoord_messages_delivered_total", (("topic", "ORDERS"),))) == 1
+            return now if delivered and now.get(("txcoord_pending_half_messages", (("topic", "ORDERS"),))) == 1 else None
 
         after = wait_until(moved, timeout_s=60)
         assert after[("txcoord_transactions_ended_total", (("outcome", "commit"),))] == 1
