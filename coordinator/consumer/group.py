@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
 from typing import Callable, Iterable, Optional, Union
 
-from coordinator.control.instances import GroupSurvey, ProducerInstance, ProducerInstances, claim_owner
+from coordinator.control.instances import GroupSurvey, ProducerInstance, ProducerInstances, claim_owner, json_object
 from coordinator.control.processes import process_gone
 from coordinator.exceptions import AccessDeniedError, CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse
@@ -133,12 +133,7 @@ class ShareProgress:
     @classmethod
     def parse(cls, data: bytes) -> "ShareProgress":
         """The record in ``data``, held to its shape: :class:`CorruptInputError` saying what is wrong."""
-        try:
-            raw = json.loads(data)
-        except (ValueError, RecursionError):
-            raise CorruptInputError("not JSON") from None
-        if not isinstance(raw, dict):
-            raise CorruptInputError("not a JSON object")
+        raw = json_object(data)
         for name in ("version", "floor", "dead_letters"):
             if not _is_int(raw.get(name)) or raw[name] < (-1 if name == "version" else 0):
                 raise CorruptInputError(f"{name} is not a whole number of the right sign: {raw.get(name)!r}"[:300])

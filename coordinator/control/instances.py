@@ -52,7 +52,7 @@ from coordinator.exceptions import CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse
 from coordinator.storage import read_all
 
-__all__ = ["FORGET_AFTER_S", "GroupSurvey", "claim_owner", "LIVE_FOR_HEARTBEATS", "MAX_RECORDS_READ", "MAX_RECORD_BYTES",
+__all__ = ["FORGET_AFTER_S", "GroupSurvey", "claim_owner", "json_object", "LIVE_FOR_HEARTBEATS", "MAX_RECORDS_READ", "MAX_RECORD_BYTES",
            "ProducerInstance", "ProducerInstances", "RefusedRecord"]
 
 #: An instance is live while its record is at most this many of its heartbeats old.
@@ -251,14 +251,26 @@ def claim_owner(data: bytes) -> Optional[str]:
     return owner if isinstance(owner, str) else None
 
 
-def _parsed(data: bytes, group: str, instance_id: str) -> ProducerInstance:
-    """The instance record in ``data``, held to its shape; :class:`CorruptInputError` saying what is wrong."""
+def json_object(data: bytes) -> dict:
+    """The JSON object a small record written by a group holds; :class:`CorruptInputError` for bytes that are
+    not one (the records are untrusted bytes).
+
+    Example::
+
+        json_object(b'{"instance_id": "3f2a"}')  # {'instance_id': '3f2a'}
+    """
     try:
         raw = json.loads(data)
     except (ValueError, RecursionError):
         raise CorruptInputError("not JSON") from None
     if not isinstance(raw, dict):
         raise CorruptInputError("not a JSON object")
+    return raw
+
+
+def _parsed(data: bytes, group: str, instance_id: str) -> ProducerInstance:
+    """The instance record in ``data``, held to its shape; :class:`CorruptInputError` saying what is wrong."""
+    raw = json_object(data)
     kinds = {"group": (str,), "instance_id": (str,), "host": (str,), "pid": (int,), "last_seen": (int, float),
              "heartbeat_s": (int, float), "pid_namespace": (str, type(None)), "started": (str, type(None))}
     optional = {"pid_namespace", "started"}  # not written by the first versions
