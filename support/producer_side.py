@@ -112,12 +112,15 @@ def _answer(answer):
     return answer
 
 
-def send_from_process(lakehouse: str, process_index: int, transactions: int) -> list[str]:
-    """Multi-process test child: send ``transactions`` transactions from 4 threads; return their ids."""
+def send_from_process(lakehouse: str, process_index: int, transactions: int, all_started) -> list[str]:
+    """Multi-process test child: send ``transactions`` transactions from 4 threads; return their ids.
+    ``all_started`` (a barrier of every process) is passed once this producer has started, so that every
+    process holds its commit log at once (one that closed first would free its log to a later one)."""
     config = CoordinatorConfig(lakehouse=lakehouse)
     ids: list[str] = []
     errors: list[BaseException] = []
     with TransactionProducer("order_group", RecordingListener(), config) as producer:
+        all_started.wait(120)
         def send_share(first: int) -> None:
             try:
                 for index in range(first, transactions, 4):

@@ -26,8 +26,10 @@ def lakehouse(tmp_path):
 
 def test_several_processes_of_a_group_each_append_to_a_commit_log_of_its_own(lakehouse):
     processes, transactions = 3, 150
-    with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        sent = pool.starmap(send_from_process, [(lakehouse, p, transactions) for p in range(processes)])
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, context.Pool(processes) as pool:
+        all_started = manager.Barrier(processes)
+        sent = pool.starmap(send_from_process, [(lakehouse, p, transactions, all_started) for p in range(processes)])
 
     sent_ids = [transaction_id for ids in sent for transaction_id in ids]
     assert len(sent_ids) == len(set(sent_ids)) == processes * transactions
