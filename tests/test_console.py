@@ -323,6 +323,14 @@ def test_consumer_groups_pages_show_what_describe_shows_and_only_operators_act_o
         assert "No open dead letter" in page and "fixed the listener" in page and "alice (txcoord console on" in page
 
         assert alice.post("/consumers/credits/dead-letters/explode", {"msg_id": "x"}, token=token).status_code == 404
+        # One group's corrupt record: its own page says why, the list names it and shows the others.
+        add_consumer_group(config, "audit", ["ORDERS"], shares=2, operator="platform@test")
+        Lakehouse.of(config).files.put("consumers/audit/progress/ORDERS/1.json", b"not a progress record")
+        broken = victor.get("/consumers/audit")
+        assert broken.status_code == 409 and "consumers/audit/progress/ORDERS/1.json is not a share&#39;s progress" in broken.text
+        listing = victor.get("/consumers")
+        assert listing.status_code == 200 and 'data-group="credits"' in listing.text and 'data-group="audit"' not in listing.text
+        assert "Left out: consumer group audit: consumers/audit/progress/ORDERS/1.json" in listing.text
         bad = victor.get("/consumers/no%20such%20group")
         assert bad.status_code == 400 and "consumer group" in bad.text
         assert victor.get("/consumers/nobody").status_code == 404

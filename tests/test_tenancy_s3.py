@@ -308,9 +308,25 @@ def test_a_consumer_group_reads_only_its_granted_topics_and_writes_only_its_own_
     assert len(open_dead_letters(operators, "credits")) == 1  # nothing closed
     assert ConsumerGroup(tenancy.lakehouse("operators"), "audit").progress("ledger", 0) == (None, None)
 
-    # The operators' account redrives it; credits' own account consumes the redrive.
+    # In the console, an operator with the group's own account is refused by the storage; with the operators'
+    # account, the redrive goes through, and credits' own account consumes it.
+    from coordinator.web import OPERATOR, ConsoleUsers
+    from support.console_client import running_console, signed_in
+
+    users, password = ConsoleUsers(tmp_path / "console-users.toml"), "a-password-long-enough"
+    for name, principal in (("alice", "operators"), ("olga", "consumer credits")):
+        users.add(name, OPERATOR, password, storage=tenancy.storage[principal])
     healed.add(b"poison")
-    assert [d["msg_id"] for d in redrive_dead_letters(operators, "credits", reason="fixed")] == [dead[0]["msg_id"]]
+    with running_console(tenancy.config("operators"), users.path) as url:
+        olga, alice = signed_in(url, "olga", password), signed_in(url, "alice", password)
+        assert f'data-msg-id="{dead[0]["msg_id"]}"' in olga.get("/consumers/credits").text  # its own: readable
+        refused = olga.post("/consumers/credits/dead-letters/redrive", {"msg_id": dead[0]["msg_id"]},
+                            token=olga.csrf_token("/consumers/credits"))
+        assert refused.status_code == 403 and "Refused by the storage" in refused.text and "consumers/credits/" in refused.text
+        assert len(open_dead_letters(operators, "credits")) == 1
+        done = alice.post("/consumers/credits/dead-letters/redrive", {"msg_id": dead[0]["msg_id"], "reason": "fixed"},
+                          token=alice.csrf_token("/consumers/credits"))
+        assert done.status_code == 302 and "1 dead letter(s) of credits redriven" in alice.get("/consumers/credits").text
     with TopicConsumer("credits", ["stock"], listener, credits_config):
         wait_until(lambda: listener.bodies().count(b"poison") == 2, 60, "the redriven message")
     assert open_dead_letters(operators, "credits") == []

@@ -146,12 +146,21 @@ def describe_consumer_group(config: CoordinatorConfig, group: str,
     now = now or dt.datetime.now(dt.timezone.utc)
     positions = []
     if grant is not None:
-        sources = sorted(set(lakehouse.files.directories(f"{records.directory}/progress"))
-                         | {t for t in lakehouse.files.directories("topics") if grant.refusal(t) is None})
-        for source in sources:
+        for source in _sources(lakehouse, records, grant):
             positions.append(_position(lakehouse, records, grant, source, now))
     live = [record.instance_id for record in records.instances.live(group)]
     return GroupDescription(group, positions, live, len(open_dead_letters(config, group)), grant)
+
+
+def _sources(lakehouse: Lakehouse, records: ConsumerGroup, grant: GroupGrant) -> list[str]:
+    """What :func:`describe_consumer_group` reports on: each source with progress, and each granted topic with a
+    table. ``topics/`` is listed only for a grant with patterns: the group's own account may list its topics alone."""
+    found = set(lakehouse.files.directories(f"{records.directory}/progress"))
+    named = [topic for topic in grant.topics if not any(c in topic for c in "*?[")]
+    found |= {topic for topic in named if lakehouse.files.directories(f"topics/{topic}")}
+    if len(named) < len(grant.topics):
+        found |= {topic for topic in lakehouse.files.directories("topics") if grant.refusal(topic) is None}
+    return sorted(found)
 
 
 def _position(lakehouse: Lakehouse, records: ConsumerGroup, grant: GroupGrant, source: str,

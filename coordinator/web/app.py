@@ -377,8 +377,12 @@ def resolve(transaction_id: str, decision: str):
 def consumer_groups():
     config = _user_config()
     grants, refused = consumer_group_grants(Lakehouse.of(config))
-    now = _console().clock()
-    groups = [describe_consumer_group(config, grant.group, now) for grant in grants]
+    now, groups = _console().clock(), []
+    for grant in grants:  # one group's corrupt record costs that group's row alone
+        try:
+            groups.append(describe_consumer_group(config, grant.group, now))
+        except CorruptInputError as error:
+            refused.append(f"consumer group {grant.group}: {error}")
     return render_template("consumer_groups.html", groups=groups, refused=refused)
 
 
