@@ -10,8 +10,8 @@ resolve`` does: an END in the operators' commit log carrying who and why; the ch
 only writer of its tables. A consumer group's page shows what ``txcoord consumer-groups describe`` shows
 (:func:`coordinator.ops.consumer_groups.describe_consumer_group`) and its open dead letters; redriving or
 discarding them goes through the functions ``txcoord dead-letters`` calls, recorded in the group's
-``operator_actions`` with the console user's name. Each page is a view function of this module, registered by :func:`create_app`
-under its own name.
+``operator_actions`` with the console user's name. Each page is a view function of this module,
+registered by :func:`create_app` under its own name.
 
 Example::
 
