@@ -82,10 +82,14 @@ class S3Server(LoopbackServer):
     name = "the S3 server"
 
     def __init__(self, data_dir: str | os.PathLike, port: Optional[int] = None, log_file: Optional[str] = None,
-                 with_accounts: bool = False):
+                 with_accounts: bool = False, sidecar: bool = False):
         super().__init__(port, log_file)
         self.data_dir = Path(data_dir)
         self.accounts_dir = self.data_dir.parent / f"{self.data_dir.name}-accounts" if with_accounts else None
+        # Metadata (a bucket's policy among it) in files of their own rather than in extended attributes: ext4 keeps
+        # at most a block (4 KB) of those per file, less than the policy of a lakehouse with a few consumer groups.
+        # (Not named after the data directory: versitygw refuses one whose path merely begins with the data's.)
+        self.sidecar_dir = self.data_dir.parent / f"metadata-of-{self.data_dir.name}" if sidecar else None
         self.endpoint = f"http://127.0.0.1:{self.port}"
 
     @property
@@ -121,8 +125,12 @@ class S3Server(LoopbackServer):
         if self.accounts_dir is not None:
             self.accounts_dir.mkdir(parents=True, exist_ok=True)
             accounts = ["--iam-dir", str(self.accounts_dir)]
+        sidecar = []
+        if self.sidecar_dir is not None:
+            self.sidecar_dir.mkdir(parents=True, exist_ok=True)
+            sidecar = ["--sidecar", str(self.sidecar_dir)]
         self.launch([str(binary), "--access", ACCESS_KEY, "--secret", SECRET_KEY, "--region", REGION,
-                     "--port", f"127.0.0.1:{self.port}", *accounts, "--quiet", "posix", str(self.data_dir)])
+                     "--port", f"127.0.0.1:{self.port}", *accounts, "--quiet", "posix", *sidecar, str(self.data_dir)])
         return self
 
     def create_bucket(self, bucket: str) -> None:

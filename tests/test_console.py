@@ -20,7 +20,8 @@ from tests.test_cli import txcoord
 
 PASSWORDS = {"alice": "alice-operates-the-lakehouse", "victor": "victor-only-looks-around"}
 OPERATORS_LOG = "operators/commit_log"
-PAGES = ["/", "/pending", "/discarded", "/transactions/t1", "/transactions/t1/commit", "/charts/throughput.svg"]
+PAGES = ["/", "/pending", "/discarded", "/transactions/t1", "/transactions/t1/commit", "/charts/throughput.svg",
+         "/consumers", "/consumers/credits"]
 
 
 @pytest.fixture
@@ -259,3 +260,83 @@ def test_the_charts_window_is_topped_up_with_new_batches_and_survives_compaction
     record(5, 1)
     assert recent.since(now - dt.timedelta(minutes=30), now).num_rows == 4  # each batch once
     assert finished_times(recent) == sorted(finished_times(recent))
+
+
+def test_consumer_groups_pages_show_what_describe_shows_and_only_operators_act_on_dead_letters(config, users_file):
+    """The consumer pages read through ``describe_consumer_group`` and ``open_dead_letters``, as the CLI does; a
+    viewer's POST is refused by the console itself, an operator's redrive and discard are recorded with their name."""
+    from coordinator import ConsumeResult, TopicConsumer
+    from coordinator.lakehouse import Lakehouse, read_table
+    from coordinator.ops.consumer_groups import add_consumer_group, describe_consumer_group, open_dead_letters
+    from support.consumers import RecordingListener, TopicFeed
+    from support.waiting import wait_until
+
+    config = config.replace(consumer_max_attempts=1, consumer_poll_interval_ms=5, consumer_heartbeat_ms=60_000)
+    add_consumer_group(config, "credits", ["ORDERS"], shares=2, operator="platform@test")
+    feed = TopicFeed(config)
+    feed.deliver("ORDERS", [("K1", b"bad one"), ("K2", b"bad two"), ("K3", b"good")])
+    listener = RecordingListener(lambda m: ConsumeResult.SUCCESS if m.body == b"good" else ConsumeResult.FAILURE)
+    with TopicConsumer("credits", ["ORDERS"], listener, config):
+        dead = wait_until(lambda: len(open_dead_letters(config, "credits")) == 2 and open_dead_letters(config, "credits"),
+                          30, "two dead letters")
+    feed.deliver("ORDERS", [("K4", b"waiting")])
+    feed.close()
+    by_body = {d["body"]: d["msg_id"] for d in dead}
+    described = describe_consumer_group(config, "credits")
+    [orders] = [t for t in described.topics if t.topic == "ORDERS"]
+    assert orders.lag_messages == 1 and described.open_dead_letters == 2  # what the pages must show
+
+    with running_console(config, users_file) as url:
+        victor, alice = signed_in(url, "victor", PASSWORDS["victor"]), signed_in(url, "alice", PASSWORDS["alice"])
+        listing = victor.get("/consumers").text
+        assert 'data-group="credits" data-topic="ORDERS"' in listing and 'href="/consumers/credits"' in listing
+        row = listing[listing.index('data-topic="ORDERS"'):]
+        assert '"num lag-messages">1<' in row and '"num dead-letters"><span class="badge overdue">2<' in row
+
+        page = victor.get("/consumers/credits").text
+        assert all(f'data-msg-id="{msg_id}"' in page for msg_id in by_body.values()) and "bad one" in page
+        assert 'name="msg_id"' not in page and "Redrive chosen" not in page  # a viewer is offered no action
+        token = victor.csrf_token("/consumers/credits")
+        refused = victor.post("/consumers/credits/dead-letters/discard", {"msg_id": by_body[b"bad one"]}, token=token)
+        assert refused.status_code == 403 and "operator role" in refused.text
+        assert len(open_dead_letters(config, "credits")) == 2  # nothing done
+
+        page = alice.get("/consumers/credits").text
+        assert page.count('name="msg_id"') == 2 and "Redrive chosen" in page
+        token = alice.csrf_token("/consumers/credits")
+        for form, said in (({}, "Tick the dead letters to redrive first"),
+                           ({"msg_id": "no-such-message"}, "no open dead letter of message(s) no-such-message"),
+                           ({"msg_id": by_body[b"bad one"], "reason": "x" * 5000}, "Field cannot be longer than")):
+            answer = alice.post("/consumers/credits/dead-letters/redrive", form, token=token)
+            assert answer.status_code == 302 and said in alice.get("/consumers/credits").text, said
+        assert len(open_dead_letters(config, "credits")) == 2
+        assert alice.post("/consumers/credits/dead-letters/redrive", {"msg_id": by_body[b"bad one"]}, token="").status_code == 400
+        done = alice.post("/consumers/credits/dead-letters/redrive",
+                          {"msg_id": by_body[b"bad one"], "reason": "fixed the listener"}, token=token)
+        assert done.status_code == 302 and done.headers["Location"] == "/consumers/credits"
+        page = alice.get("/consumers/credits").text
+        assert "1 dead letter(s) of credits redriven" in page
+        assert alice.post("/consumers/credits/dead-letters/discard", {"msg_id": by_body[b"bad two"]},
+                          token=token).status_code == 302
+        assert open_dead_letters(config, "credits") == []
+        page = victor.get("/consumers/credits").text
+        assert "No open dead letter" in page and "fixed the listener" in page and "alice (txcoord console on" in page
+
+        assert alice.post("/consumers/credits/dead-letters/explode", {"msg_id": "x"}, token=token).status_code == 404
+        # One group's corrupt record: its own page says why, the list names it and shows the others.
+        add_consumer_group(config, "audit", ["ORDERS"], shares=2, operator="platform@test")
+        Lakehouse.of(config).files.put("consumers/audit/progress/ORDERS/1.json", b"not a progress record")
+        broken = victor.get("/consumers/audit")
+        assert broken.status_code == 409 and "consumers/audit/progress/ORDERS/1.json is not a share&#39;s progress" in broken.text
+        listing = victor.get("/consumers")
+        assert listing.status_code == 200 and 'data-group="credits"' in listing.text and 'data-group="audit"' not in listing.text
+        assert "Left out: consumer group audit: consumers/audit/progress/ORDERS/1.json" in listing.text
+        bad = victor.get("/consumers/no%20such%20group")
+        assert bad.status_code == 400 and "consumer group" in bad.text
+        assert victor.get("/consumers/nobody").status_code == 404
+    actions = read_table(Lakehouse.of(config).consumer_table("credits", "operator_actions")).to_pylist()
+    assert sorted((a["action"], a["msg_id"], a["detail"]) for a in actions) == [
+        ("DISCARD", by_body[b"bad two"], None), ("REDRIVE", by_body[b"bad one"], "fixed the listener")]
+    assert all(a["operator"] == f"alice (txcoord console on {socket.gethostname()})" for a in actions)
+    redriven = read_table(Lakehouse.of(config).consumer_table("credits", "redrive")).to_pylist()
+    assert [r["body"] for r in redriven] == [b"bad one"]  # delivered to the group again when it runs

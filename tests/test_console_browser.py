@@ -343,3 +343,67 @@ def test_operators_follow_and_end_transactions_in_a_browser_while_traffic_flows(
         assert len(shop_delivered) == len(set(shop_delivered)) > 0  # the traffic went on all along, once each
     finally:
         checker.stop()
+
+
+def test_an_operator_redrives_and_discards_dead_letters_in_a_browser_and_a_viewer_only_sees_them(console_config,
+                                                                                                  console, browser):
+    """No checker needed: a consumer group's dead letters, made by a real consumer whose listener fails."""
+    import re
+
+    from coordinator import ConsumeResult, TopicConsumer
+    from coordinator.ops.consumer_groups import add_consumer_group, open_dead_letters, operator_actions
+    from support.consumers import RecordingListener, TopicFeed
+    from support.waiting import wait_until
+
+    config = CoordinatorConfig.load(console_config).replace(consumer_max_attempts=1, consumer_poll_interval_ms=5,
+                                                            consumer_heartbeat_ms=60_000)
+    add_consumer_group(config, "credits", ["ORDERS"], shares=2, operator="platform@test")
+    feed = TopicFeed(config)
+    feed.deliver("ORDERS", [("K1", b'{"order": 1}'), ("K2", b'{"order": 2}')])
+    feed.close()
+    with TopicConsumer("credits", ["ORDERS"], RecordingListener(lambda m: ConsumeResult.FAILURE), config):
+        dead = wait_until(lambda: len(open_dead_letters(config, "credits")) == 2 and open_dead_letters(config, "credits"),
+                          30, "two dead letters")
+    first, second = sorted(dead, key=lambda d: d["keys"])
+    driver = browser
+
+    driver.get(console + "/consumers")
+    sign_in(driver, "alice", PASSWORDS["alice"])
+    until(driver, lambda d: d.current_url.endswith("/consumers"), "not signed in")
+    row = 'tr[data-group="credits"][data-topic="ORDERS"]'
+    assert text_of(driver, f"{row} .lag-messages") == "0" and text_of(driver, f"{row} .dead-letters") == "2"
+    screenshot(driver, "consumers")
+    act(driver, lambda d: d.find_element(By.LINK_TEXT, "credits").click(), "no link to the group")
+    until(driver, lambda d: d.current_url.endswith("/consumers/credits"), "the group's page did not open")
+    assert {r.get_attribute("data-msg-id") for r in driver.find_elements(By.CSS_SELECTOR, "table#dead-letters tbody tr")} \
+        == {first["msg_id"], second["msg_id"]}
+    driver.find_element(By.CSS_SELECTOR, f'input[name="msg_id"][value="{first["msg_id"]}"]').click()
+    driver.find_element(By.NAME, "reason").send_keys("credits service fixed")
+    driver.find_element(By.XPATH, "//button[text()='Redrive chosen']").click()
+    until(driver, lambda d: "1 dead letter(s) of credits redriven" in text_of(d, ".flash.ok"), "no redrive")
+    assert [r.get_attribute("data-msg-id") for r in driver.find_elements(
+        By.CSS_SELECTOR, "table#dead-letters tbody tr")] == [second["msg_id"]]
+    screenshot(driver, "consumer-group")
+    driver.find_element(By.CSS_SELECTOR, f'input[name="msg_id"][value="{second["msg_id"]}"]').click()
+    driver.find_element(By.XPATH, "//button[text()='Discard chosen']").click()
+    until(driver, lambda d: "1 dead letter(s) of credits discarded for good" in text_of(d, ".flash.ok"), "no discard")
+    assert "No open dead letter" in text_of(driver, "table#dead-letters")
+    assert text_of(driver, "table#actions").count("alice (txcoord console on") == 2
+    assert open_dead_letters(config, "credits") == []
+    assert sorted((a["action"], a["msg_id"]) for a in operator_actions(config, "credits")) == [
+        ("DISCARD", second["msg_id"]), ("REDRIVE", first["msg_id"])]
+    act(driver, lambda d: d.find_element(By.XPATH, "//header//button[text()='Sign out']").click(), "no sign-out")
+    until(driver, lambda d: "/login" in d.current_url, "not signed out")
+
+    # A viewer sees the group and its actions, with nothing to tick or press; the console refuses a viewer's POST.
+    driver.get(console + "/consumers/credits")
+    sign_in(driver, "victor", PASSWORDS["victor"])
+    until(driver, lambda d: d.current_url.endswith("/consumers/credits"), "viewer: no group page")
+    assert "credits service fixed" in text_of(driver, "table#actions")
+    assert not driver.find_elements(By.NAME, "msg_id") and not driver.find_elements(By.CSS_SELECTOR, "#dead-letter-actions")
+    cookies = {c["name"]: c["value"] for c in driver.get_cookies()}
+    token = re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', driver.page_source).group(1)
+    refused = requests.post(console + "/consumers/credits/dead-letters/redrive", cookies=cookies, timeout=30,
+                            data={"csrf_token": token, "msg_id": second["msg_id"]}, allow_redirects=False)
+    assert refused.status_code == 403 and "operator role" in refused.text
+    assert len(operator_actions(config, "credits")) == 2  # nothing more done

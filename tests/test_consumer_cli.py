@@ -113,6 +113,29 @@ def test_grants_lists_the_consumer_groups_beside_the_producer_groups(settings, c
     assert not any(principal == "consumer broken" for principal, _, _ in grants)
     code, out, _ = txcoord(capsys, "grants", "--config", toml)
     assert code == 0 and "consumer credits" in out and "group order_group" in out
+    # --account names a consumer group's principal consumer:GROUP; one the lakehouse lacks is refused, not ignored.
+    code, _, err = txcoord(capsys, "grants", "--config", toml, "--account", "consumer:nobody=svc-x")
+    assert code == 2 and "no 'consumer nobody'" in err and "txcoord add-consumer-group nobody" in err
+    code, _, err = txcoord(capsys, "add-consumer-group", "credits", "--topics", "ORDERS", "--config", toml,
+                           "--account", "consumer:credits=svc-credits")
+    assert code == 2 and "is a local directory" in err  # a bucket policy is for S3 (tests/test_tenancy_s3.py)
+
+
+def test_a_consumer_groups_bucket_policy_grants_its_topics_and_refuses_what_s3_cannot_match():
+    from coordinator.exceptions import InvalidArgumentError
+    from coordinator.ops.tenancy import s3_bucket_policy
+
+    policy = s3_bucket_policy("s3://b/lh", {"consumer credits": ["svc-credits"]},
+                              consumer_groups={"credits": ("ORDERS", "AUDIT_*"), "audit": ("LEDGER",)})
+    statements = policy["Statement"]
+    assert statements and all(s["Sid"].startswith("TxcoordConsumer") and s["Principal"] == {"AWS": ["svc-credits"]}
+                              for s in statements)
+    resources = {r for s in statements for r in s["Resource"]}
+    assert {"arn:aws:s3:::b/lh/topics/ORDERS/*", "arn:aws:s3:::b/lh/topics/AUDIT_*/*",
+            "arn:aws:s3:::b/lh/consumers/credits/progress/*"} <= resources
+    assert not any("LEDGER" in r or "consumers/audit" in r for r in resources)  # another group's: not credits'
+    with pytest.raises(InvalidArgumentError, match=r"no \[\.\.\.\]"):
+        s3_bucket_policy("s3://b/lh", {"consumer credits": ["svc-credits"]}, consumer_groups={"credits": ("ORDER_[AB]",)})
 
 
 def _open(capsys, toml):

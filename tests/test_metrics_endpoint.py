@@ -115,3 +115,57 @@ def test_latencies_counted_a_batch_at_a_time_are_served_as_prometheus_clients_hi
     assert served[("txcoord_commit_to_visible_seconds_count", (("topic", "ORDERS"),))] == 8
     assert served[("txcoord_commit_to_visible_seconds_bucket", (("le", "0.1"), ("topic", "ORDERS")))] == 3
     assert samples(exporter.registry, "txcoord_half_to_end_seconds_count") == {("txcoord_half_to_end_seconds_count", ()): 0}
+
+
+def test_the_endpoint_serves_each_consumer_groups_lag_retries_and_dead_letters_as_describe_shows_them(config):
+    """Served by the checker's exporter (the checker job registers them), computed at each scrape; one group whose
+    records cannot be read is left out and counted, the others are served."""
+    import datetime as dt
+
+    from coordinator import ConsumeResult, TopicConsumer
+    from coordinator.checker.exporter import CheckerExporter
+    from coordinator.jobs.consumer_metrics import watch_consumer_groups
+    from coordinator.lakehouse import read_table
+    from coordinator.ops.consumer_groups import add_consumer_group, describe_consumer_group
+    from support.consumers import RecordingListener, TopicFeed
+
+    config = config.replace(consumer_max_attempts=1, consumer_poll_interval_ms=5, consumer_heartbeat_ms=60_000)
+    for group in ("credits", "audit"):
+        add_consumer_group(config, group, ["ORDERS"], shares=2, operator="platform@test")
+    feed = TopicFeed(config)
+    feed.deliver("ORDERS", [("K1", b"bad"), ("K2", b"good"), (None, b"good too")])
+    committed = min(read_table(Lakehouse.of(config).topic("ORDERS"), ["commit_timestamp"]).column(0).to_pylist())
+    now = committed + dt.timedelta(seconds=42)
+    exporter = CheckerExporter()
+    watch_consumer_groups(exporter.registry, config, clock=lambda: now)
+    port = exporter.serve("127.0.0.1", 0)
+    try:
+        def sample(name: str, group: str, topic: str | None = "ORDERS") -> float | None:
+            labels = (("group", group),) + ((("topic", topic),) if topic else ())
+            return scrape(port).get((f"txcoord_consumer_{name}", tuple(sorted(labels))))
+
+        for group in ("credits", "audit"):
+            assert sample("lag_messages", group) == 3 and sample("lag_seconds", group) == 42
+            assert sample("dead_letters", group, None) == 0 and sample("live_instances", group, None) == 0
+        listener = RecordingListener(lambda m: ConsumeResult.FAILURE if m.body == b"bad" else ConsumeResult.SUCCESS)
+        with TopicConsumer("credits", ["ORDERS"], listener, config):
+            wait_until(lambda: sample("dead_letters", "credits", None) == 1, 30, "the dead letter served")
+            assert sample("live_instances", "credits", None) == 1
+        served = scrape(port)
+        described = describe_consumer_group(config, "credits", now)
+        [orders] = [t for t in described.topics if t.topic == "ORDERS"]
+        assert served[("txcoord_consumer_lag_messages", (("group", "credits"), ("topic", "ORDERS")))] == orders.lag_messages == 0
+        assert served[("txcoord_consumer_lag_seconds", (("group", "credits"), ("topic", "ORDERS")))] == 0
+        assert served[("txcoord_consumer_retrying_messages", (("group", "credits"), ("topic", "ORDERS")))] == 0
+        assert served[("txcoord_consumer_live_instances", (("group", "credits"),))] == 0
+        assert sample("lag_messages", "audit") == 3  # another group's lag is its own
+        assert served[("txcoord_consumer_groups_unreadable", ())] == 0
+
+        Lakehouse.of(config).files.put("consumers/audit/progress/ORDERS/0.json", b"not a progress record")
+        broken = scrape(port)
+        assert broken[("txcoord_consumer_groups_unreadable", ())] == 1
+        assert ("txcoord_consumer_lag_messages", (("group", "audit"), ("topic", "ORDERS"))) not in broken
+        assert broken[("txcoord_consumer_dead_letters", (("group", "credits"),))] == 1  # the others still served
+    finally:
+        exporter.close()
+        feed.close()

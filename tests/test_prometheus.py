@@ -117,3 +117,38 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def test_prometheus_scrapes_the_consumer_groups_lag_and_fires_on_a_dead_letter_until_it_is_discarded(config, tmp_path):
+    """The consumer groups' metrics as the checker job serves them (its exporter, no Spark needed for them)."""
+    from coordinator import ConsumeResult, TopicConsumer
+    from coordinator.checker.exporter import CheckerExporter
+    from coordinator.jobs.consumer_metrics import watch_consumer_groups
+    from coordinator.ops.consumer_groups import add_consumer_group, discard_dead_letters
+    from support.consumers import RecordingListener, TopicFeed
+
+    config = config.replace(consumer_max_attempts=1, consumer_poll_interval_ms=5, consumer_heartbeat_ms=60_000)
+    add_consumer_group(config, "credits", ["ORDERS"], shares=2, operator="platform@test")
+    feed = TopicFeed(config)
+    feed.deliver("ORDERS", [("K1", b"bad"), ("K2", b"good")])
+    feed.close()
+    exporter = CheckerExporter()
+    watch_consumer_groups(exporter.registry, config)
+    prometheus = None
+    try:
+        prometheus = Prometheus(tmp_path, f"127.0.0.1:{exporter.serve('127.0.0.1', 0)}")
+        lag = 'txcoord_consumer_lag_messages{group="credits", topic="ORDERS"}'
+        wait_until(lambda: prometheus.value(lag) == 2, timeout_s=60)
+        assert prometheus.value('txcoord_consumer_dead_letters{group="credits"}') == 0
+        assert prometheus.alert_state("TxcoordConsumerDeadLetters") is None
+        listener = RecordingListener(lambda m: ConsumeResult.FAILURE if m.body == b"bad" else ConsumeResult.SUCCESS)
+        with TopicConsumer("credits", ["ORDERS"], listener, config):
+            wait_until(lambda: prometheus.alert_state("TxcoordConsumerDeadLetters") == "firing", timeout_s=60)
+        wait_until(lambda: prometheus.value(lag) == 0, timeout_s=60)  # progress saved as the consumer closed
+        discard_dead_letters(config, "credits", reason="refunded by hand", operator="alice@test")
+        wait_until(lambda: prometheus.alert_state("TxcoordConsumerDeadLetters") is None, timeout_s=60)
+        assert prometheus.value('txcoord_consumer_dead_letters{group="credits"}') == 0
+    finally:
+        exporter.close()
+        if prometheus is not None:
+            prometheus.stop()

@@ -34,8 +34,12 @@ pytestmark = pytest.mark.object_store
 BUCKET = "tenancy"  # not the other tests' bucket: Spark's S3A keeps one client per bucket
 ROOT = f"s3://{BUCKET}/lh"
 ACCOUNTS = {"checker": "svc-checker", "operators": "ops-alice", "analysts": "analyst-bob",
-            "group order_group": "svc-orders", "group payment_group": "svc-payments"}
+            "group order_group": "svc-orders", "group payment_group": "svc-payments",
+            "consumer credits": "svc-credits", "consumer audit": "svc-audit"}
 GRANTS = {"order_group": ["orders"], "payment_group": ["payments"]}
+#: The consumer groups and the topics each may read (topics of their own: the other tests count what the
+#: producers' topics hold).
+CONSUMER_GRANTS = {"credits": ["stock"], "audit": ["ledger"]}
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                             LocalTransactionState.UNKNOW)
 
@@ -60,17 +64,21 @@ def tenancy(tmp_path_factory):
     from scripts.s3_server import S3Server
 
     work = tmp_path_factory.mktemp("s3-accounts")
-    with S3Server(work / "data", log_file=str(work / "server.log"), with_accounts=True) as server:
+    with S3Server(work / "data", log_file=str(work / "server.log"), with_accounts=True,
+                  sidecar=True) as server:  # the policy outgrows the 4 KB of extended attributes ext4 keeps
         server.create_bucket(BUCKET)
         tenancy = Tenancy(server)
         # The platform team, as the bucket's owner: the lakehouse, its groups, and the policy `txcoord grants` prints.
         owner = work / "owner.toml"
         owner.write_text(f'lakehouse = "{ROOT}"\n[storage]\n'
                          + "".join(f'{key} = "{value}"\n' for key, value in server.storage_options.items()))
-        for command in (["init"], *(["add-group", group] for group in GRANTS)):
+        for command in (["init"], *(["add-group", group] for group in GRANTS),
+                        *(["add-consumer-group", group, "--topics", *topics, "--shares", "2"]
+                          for group, topics in CONSUMER_GRANTS.items())):
             done = txcoord(*command, "--config", str(owner))
             assert done.returncode == 0, done.stderr
-        accounts = [f"--account={principal.removeprefix('group ')}={name}" for principal, name in ACCOUNTS.items()]
+        accounts = [f"--account={principal.removeprefix('group ').replace('consumer ', 'consumer:')}={name}"
+                    for principal, name in ACCOUNTS.items()]
         # versitygw refuses a policy naming s3:if-none-match (tests/test_commit_rewrites.py): the rest of it, here.
         granted = txcoord("grants", "--config", str(owner), "--json", "--allow-overwrites", *accounts)
         assert granted.returncode == 0, granted.stderr
@@ -241,3 +249,92 @@ def test_the_console_shows_and_does_only_what_each_users_account_may(spark, tena
         checker.stop()
     [end] = [e for e in transaction_timeline(tenancy.lakehouse("operators"), "console-pending") if e.step == "end request"]
     assert "from operator alice" in end.detail and end.detail.endswith(": cancelled by support")
+
+
+def test_a_consumer_group_reads_only_its_granted_topics_and_writes_only_its_own_records(tenancy, tmp_path):
+    """Each consumer group with its own account, under the policy `txcoord grants` printed: it consumes its topic
+    and writes its own progress and dead letters; an ungranted topic is refused naming the grant it lacks, by the
+    product and by the storage; another group's progress and dead letters, its own grant, the operators' actions
+    and its redrive table are the storage's to refuse."""
+    from coordinator import ConsumeResult, TopicConsumer
+    from coordinator.consumer.group import ConsumerGroup, ShareProgress
+    from coordinator.consumer.topic_log import TopicLog
+    from coordinator.lakehouse import create_table
+    from coordinator.ops.consumer_groups import discard_dead_letters, open_dead_letters, redrive_dead_letters
+    from coordinator.tables import DEAD_LETTERS
+    from support.consumers import RecordingListener, TopicFeed
+
+    feed = TopicFeed(tenancy.config("checker"))  # topics are the checker's to write
+    feed.deliver("stock", [("s-1", b"restocked"), ("s-2", b"poison")])
+    feed.deliver("ledger", [("l-1", b"entry")])
+    feed.close()
+    settings = {"consumer_max_attempts": 1, "consumer_poll_interval_ms": 20, "consumer_heartbeat_ms": 60_000}
+    credits_config = tenancy.config("consumer credits", **settings)
+    healed: set[bytes] = set()
+    listener = RecordingListener(lambda m: ConsumeResult.FAILURE if m.body == b"poison" and m.body not in healed
+                                 else ConsumeResult.SUCCESS)
+    operators = tenancy.config("operators")
+    with TopicConsumer("credits", ["stock"], listener, credits_config):
+        dead = wait_until(lambda: open_dead_letters(operators, "credits"), 60, "credits' dead letter")
+    assert sorted(listener.bodies()) == [b"poison", b"restocked"] and [d["body"] for d in dead] == [b"poison"]
+    progress, _ = ConsumerGroup(tenancy.lakehouse("operators"), "credits").progress("stock", 0)
+    assert progress is not None  # written by credits' own account
+
+    # An ungranted topic: refused by the product, naming the grant it lacks, before any read...
+    with pytest.raises(AccessDeniedError, match=r"may not read topic 'ledger': its grant \(consumers/credits/_grant.json\) "
+                                                r"names stock.*txcoord add-consumer-group credits --topics stock ledger"):
+        TopicConsumer("credits", ["ledger"], RecordingListener(), credits_config).start()
+    # ...and around the product, by the storage, under the policy `txcoord grants` printed.
+    credits = tenancy.lakehouse("consumer credits")
+    with pytest.raises(AccessDeniedError, match="topics/ledger"):
+        TopicLog(credits.files, "topics/ledger").rows(0)
+    with pytest.raises(AccessDeniedError, match="topics/ledger"):
+        credits.read("topics/ledger")
+
+    # Another group's progress and dead letters are not credits' to write; nor are its own grant, the operators'
+    # actions on it, or its redrive table.
+    audit = ConsumerGroup(credits, "audit")
+    with pytest.raises(AccessDeniedError, match="consumers/audit/progress/ledger/0.json"):
+        audit.save_progress("ledger", 0, ShareProgress(99), None, "forger")
+    with pytest.raises(AccessDeniedError, match="consumers/audit/dead_letters"):
+        create_table(DEAD_LETTERS, credits.consumer_table("audit", "dead_letters"), credits.storage)
+    with pytest.raises(AccessDeniedError, match="consumers/audit/dead_letters"):
+        credits.files.create("consumers/audit/dead_letters/_delta_log/00000000000000000000.json", b'{"commitInfo":{}}')
+    with pytest.raises(AccessDeniedError, match="consumers/credits/_grant.json"):
+        ConsumerGroup(credits, "credits").write_grant(["stock", "ledger"], 2, "credits itself")
+    for act in (discard_dead_letters, redrive_dead_letters):
+        with pytest.raises(AccessDeniedError, match="consumers/credits/(operator_actions|redrive)"):
+            act(credits_config, "credits", reason="by the group itself")
+    assert len(open_dead_letters(operators, "credits")) == 1  # nothing closed
+    assert ConsumerGroup(tenancy.lakehouse("operators"), "audit").progress("ledger", 0) == (None, None)
+
+    # In the console, an operator with the group's own account is refused by the storage; with the operators'
+    # account, the redrive goes through, and credits' own account consumes it.
+    from coordinator.web import OPERATOR, ConsoleUsers
+    from support.console_client import running_console, signed_in
+
+    users, password = ConsoleUsers(tmp_path / "console-users.toml"), "a-password-long-enough"
+    for name, principal in (("alice", "operators"), ("olga", "consumer credits")):
+        users.add(name, OPERATOR, password, storage=tenancy.storage[principal])
+    healed.add(b"poison")
+    with running_console(tenancy.config("operators"), users.path) as url:
+        olga, alice = signed_in(url, "olga", password), signed_in(url, "alice", password)
+        assert f'data-msg-id="{dead[0]["msg_id"]}"' in olga.get("/consumers/credits").text  # its own: readable
+        refused = olga.post("/consumers/credits/dead-letters/redrive", {"msg_id": dead[0]["msg_id"]},
+                            token=olga.csrf_token("/consumers/credits"))
+        assert refused.status_code == 403 and "Refused by the storage" in refused.text and "consumers/credits/" in refused.text
+        assert len(open_dead_letters(operators, "credits")) == 1
+        done = alice.post("/consumers/credits/dead-letters/redrive", {"msg_id": dead[0]["msg_id"], "reason": "fixed"},
+                          token=alice.csrf_token("/consumers/credits"))
+        assert done.status_code == 302 and "1 dead letter(s) of credits redriven" in alice.get("/consumers/credits").text
+    with TopicConsumer("credits", ["stock"], listener, credits_config):
+        wait_until(lambda: listener.bodies().count(b"poison") == 2, 60, "the redriven message")
+    assert open_dead_letters(operators, "credits") == []
+
+    # audit, with its own account, reads its topic, and not credits' records.
+    audit_config = tenancy.config("consumer audit", **settings)
+    entries = RecordingListener()
+    with TopicConsumer("audit", ["ledger"], entries, audit_config):
+        wait_until(lambda: entries.bodies() == [b"entry"], 60, "audit's entry")
+    with pytest.raises(AccessDeniedError, match="consumers/credits/progress"):
+        ConsumerGroup(tenancy.lakehouse("consumer audit"), "credits").progress("stock", 0)

@@ -15,7 +15,12 @@ from coordinator.config import EXIT_USAGE, CoordinatorConfig
 from coordinator.exceptions import ConfigError, InvalidArgumentError
 from coordinator.lakehouse import Lakehouse
 
-__all__ = ["register", "run_add_group", "run_alert_rules", "run_grants", "run_maintain", "run_upgrade"]
+__all__ = ["CONSUMER_ACCOUNT_PREFIX", "grant_options", "print_grants_of", "register", "run_add_group", "run_alert_rules",
+           "run_grants", "run_maintain", "run_upgrade"]
+
+#: How ``--account`` names a consumer group's principal: ``consumer:GROUP=ACCOUNT`` (a bare name is a producer
+#: group's; ``:`` is in no group's name).
+CONSUMER_ACCOUNT_PREFIX = "consumer:"
 
 
 def register(commands) -> None:
@@ -96,7 +101,7 @@ def _add_add_group(commands) -> None:
     add_group = commands.add_parser("add-group", help="create what a producer group needs (a running checker takes it "
                                                       "in) and print the grants to give its principal")
     add_group.add_argument("group", metavar="GROUP")
-    _grant_options(add_group)
+    grant_options(add_group)
     common_options(add_group)
     add_group.set_defaults(run=run_add_group)
 
@@ -116,13 +121,13 @@ def run_add_group(args: argparse.Namespace) -> int:
     except InvalidArgumentError as error:
         print(f"txcoord add-group: {error}", file=sys.stderr)
         return EXIT_USAGE
-    return _print_grants(args, config, {group_principal(args.group)}, created)
+    return print_grants_of(args, config, {group_principal(args.group)}, created)
 
 
 def _add_grants(commands) -> None:
     grants = commands.add_parser("grants", help="print what each principal (checker, operators, analysts, every "
                                                 "producer and consumer group) may read and write")
-    _grant_options(grants)
+    grant_options(grants)
     common_options(grants)
     grants.set_defaults(run=run_grants)
 
@@ -135,11 +140,18 @@ def run_grants(args: argparse.Namespace) -> int:
 
         $ txcoord grants --config conf/coordinator.toml --account checker=svc-checker --account operators=alice
     """
-    return _print_grants(args, CoordinatorConfig.load(args.config), None, [])
+    return print_grants_of(args, CoordinatorConfig.load(args.config), None, [])
 
 
-def _print_grants(args: argparse.Namespace, config: CoordinatorConfig, only: Optional[set[str]],
-                  created: list[str]) -> int:
+def print_grants_of(args: argparse.Namespace, config: CoordinatorConfig, only: Optional[set[str]],
+                    created: list[str], described: Optional[dict] = None) -> int:
+    """Print the grants of the principals in ``only`` (``None``: every one) and, with ``--account``, the bucket
+    policy giving them; ``described`` (JSON-ready) leads ``--json``'s object. The exit status.
+
+    Example::
+
+        print_grants_of(args, config, {consumer_principal("credits")}, [])
+    """
     from coordinator.commit_logs import CommitLogs
     from coordinator.ops.consumer_groups import consumer_group_grants
     from coordinator.ops.tenancy import access_plan, merged_policy, s3_bucket_policy
@@ -149,12 +161,16 @@ def _print_grants(args: argparse.Namespace, config: CoordinatorConfig, only: Opt
     for reason in refused:  # one unreadable grant does not hide the others' grants
         print(f"txcoord {args.command}: left out: {reason}", file=sys.stderr)
     consumer_groups = {grant.group: grant.topics for grant in consumer_grants}
-    plan = [grant for grant in access_plan(CommitLogs(lakehouse).groups(), consumer_groups)
-            if only is None or grant.principal in only]
-    accounts = _accounts(args.account)
-    policy = (s3_bucket_policy(lakehouse.root, accounts, refuse_overwrites=not args.allow_overwrites,
-                               consumer_groups=consumer_groups)
-              if accounts and not lakehouse.is_local else None)
+    everyone = access_plan(CommitLogs(lakehouse).groups(), consumer_groups)
+    plan = [grant for grant in everyone if only is None or grant.principal in only]
+    accounts = _accounts(args.account, {grant.principal for grant in everyone})
+    try:
+        policy = (s3_bucket_policy(lakehouse.root, accounts, refuse_overwrites=not args.allow_overwrites,
+                                   consumer_groups=consumer_groups)
+                  if accounts and not lakehouse.is_local else None)
+    except InvalidArgumentError as error:
+        print(f"txcoord {args.command}: {error}", file=sys.stderr)
+        return EXIT_USAGE
     if args.merge_into and policy is None:
         print(f"txcoord {args.command}: --merge-into merges the policy --account makes for a lakehouse on S3",
               file=sys.stderr)
@@ -171,31 +187,42 @@ def _print_grants(args: argparse.Namespace, config: CoordinatorConfig, only: Opt
               "(see docs/operations.md#tenancy for its permissions)", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
-        output.print_json({"lakehouse": lakehouse.root, "created": created,
+        output.print_json({**(described or {}), "lakehouse": lakehouse.root, "created": created,
                            "grants": [dataclasses.asdict(grant) for grant in plan], "s3_bucket_policy": policy})
     else:
         output.print_grants(lakehouse.root, plan, created, policy)
     return EXIT_OK
 
 
-def _accounts(pairs: Optional[list[str]]) -> dict[str, list[str]]:
-    from coordinator.ops.tenancy import ANALYSTS, CHECKER, OPERATORS, group_principal
+def _accounts(pairs: Optional[list[str]], known: set[str]) -> dict[str, list[str]]:
+    """``--account``'s PRINCIPAL=ACCOUNT pairs by principal of the plan; :class:`ConfigError` for a malformed pair
+    or a principal the lakehouse does not have (its policy would grant that account nothing)."""
+    from coordinator.ops.tenancy import ANALYSTS, CHECKER, OPERATORS, consumer_principal, group_principal
 
     accounts: dict[str, list[str]] = {}
     for pair in pairs or ():
         principal, _, account = pair.partition("=")
         if not account or not principal:
             raise ConfigError(f"--account takes PRINCIPAL=ACCOUNT, got {pair!r}")
-        if principal not in (CHECKER, OPERATORS, ANALYSTS):
+        if principal.startswith(CONSUMER_ACCOUNT_PREFIX):
+            principal = consumer_principal(principal.removeprefix(CONSUMER_ACCOUNT_PREFIX))
+        elif principal not in (CHECKER, OPERATORS, ANALYSTS):
             principal = group_principal(principal)
+        if principal not in known:
+            kind, _, name = principal.partition(" ")
+            raise ConfigError(f"--account {pair}: the lakehouse has no {principal!r}: " + (
+                f"`txcoord add-consumer-group {name} --topics ...` adds it" if kind == "consumer" else
+                f"`txcoord add-group {name}` adds it" if kind == "group" else "no such principal"))
         accounts.setdefault(principal, []).append(account)
     return accounts
 
 
-def _grant_options(command: argparse.ArgumentParser) -> None:
+def grant_options(command: argparse.ArgumentParser) -> None:
+    """``--account``, ``--allow-overwrites`` and ``--merge-into``, on ``command`` (which prints grants)."""
     command.add_argument("--account", action="append", metavar="PRINCIPAL=ACCOUNT",
                          help="for a lakehouse on S3, also print a bucket policy giving ACCOUNT the grants of PRINCIPAL "
-                              "(checker, operators, analysts or a group's name; repeatable)")
+                              f"(checker, operators, analysts, a producer group's name, or {CONSUMER_ACCOUNT_PREFIX}"
+                              "GROUP for a consumer group; repeatable)")
     command.add_argument("--allow-overwrites", action="store_true",
                          help="with --account: leave out the statements refusing an overwrite of a commit (a PUT "
                               "without If-None-Match), for an S3-compatible server that refuses a policy naming the "

@@ -2,7 +2,7 @@
 
 ::
 
-    txcoord add-consumer-group GROUP --topics T [T ...] [--shares N]   # grant a consumer group its topics
+    txcoord add-consumer-group GROUP --topics T [T ...] [--shares N] [--account consumer:GROUP=ACCOUNT]
     txcoord consumer-groups describe GROUP                             # position, lag, instances, retries, dead letters
     txcoord consumer-groups reset GROUP --topic T --to earliest|latest|TIME|OFFSET   # with every instance stopped
     txcoord dead-letters list GROUP
@@ -20,6 +20,7 @@ import sys
 from datetime import datetime, timezone
 
 from coordinator.cli import output
+from coordinator.cli.administration import grant_options, print_grants_of
 from coordinator.cli.options import EXIT_OK, common_options
 from coordinator.config import EXIT_USAGE, CoordinatorConfig
 from coordinator.durations import format_duration
@@ -44,6 +45,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     add.add_argument("--shares", type=int, default=None,
                      help="how many shares each topic is split into: the most instances that share a topic's work "
                           "(default 16; fixed once the group has progress)")
+    grant_options(add)
     common_options(add)
     add.set_defaults(run=run_add_consumer_group)
 
@@ -81,15 +83,15 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run_add_consumer_group(args: argparse.Namespace) -> int:
     """Grant a consumer group its topics (:func:`coordinator.ops.consumer_groups.add_consumer_group`) and print the
-    grants its principal needs.
+    grants its principal needs; with ``--account consumer:GROUP=ACCOUNT`` on S3, the bucket policy giving them.
 
     Example::
 
-        $ txcoord add-consumer-group credits --topics ORDER_TOPIC --config conf/coordinator.toml
+        $ txcoord add-consumer-group credits --topics ORDER_TOPIC --config conf/coordinator.toml \\
+              --account consumer:credits=svc-credits
     """
-    from coordinator.lakehouse import Lakehouse
     from coordinator.ops.consumer_groups import add_consumer_group
-    from coordinator.ops.tenancy import consumer_principal, access_plan
+    from coordinator.ops.tenancy import consumer_principal
 
     config = CoordinatorConfig.load(args.config)
     try:
@@ -97,15 +99,12 @@ def run_add_consumer_group(args: argparse.Namespace) -> int:
     except InvalidArgumentError as error:
         print(f"txcoord add-consumer-group: {error}", file=sys.stderr)
         return EXIT_USAGE
-    plan = [g for g in access_plan([], {grant.group: grant.topics}) if g.principal == consumer_principal(grant.group)]
-    if args.json:
-        output.print_json({"group": grant.group, "topics": list(grant.topics), "shares": grant.shares,
-                           "granted_by": grant.granted_by, "grants": [g.__dict__ for g in plan]})
-    else:
+    if not args.json:
         print(f"consumer group {grant.group} may read {', '.join(grant.topics)} ({grant.shares} shares a topic); "
               f"granted by {grant.granted_by}")
-        output.print_grants(Lakehouse.of(config).root, plan, [], None)
-    return EXIT_OK
+    return print_grants_of(args, config, {consumer_principal(grant.group)}, [],
+                           {"group": grant.group, "topics": list(grant.topics), "shares": grant.shares,
+                            "granted_by": grant.granted_by})
 
 
 def run_describe(args: argparse.Namespace) -> int:

@@ -82,6 +82,10 @@ def run(args: argparse.Namespace, prog: str) -> int:
             if isinstance(error, CheckpointMismatchError):
                 return EXIT_CHECKPOINT_MISMATCH
             return 0 if job.stop_requested.is_set() else EXIT_ALREADY_RUNNING
+        if checker.metrics_port is not None:
+            from coordinator.jobs.consumer_metrics import watch_consumer_groups
+
+            watch_consumer_groups(checker.exporter.registry, job.config)
         maintenance = _scheduled_maintenance(job.config, checker)
         while not job.stop_requested.is_set():
             try:

@@ -32,10 +32,10 @@ from coordinator.consumer.topic_log import TopicLog
 from coordinator.exceptions import ConsumerStateError, CorruptInputError, InvalidArgumentError, MessageValidationError
 from coordinator.lakehouse import CONSUMERS_KEY, Lakehouse, create_table, group_of_key, read_table
 from coordinator.names import NAME_MAX_LENGTH, validate_name
-from coordinator.tables import CONSUMER_ACTIONS, DEAD_LETTERS, REDRIVE
+from coordinator.tables import CONSUMER_ACTIONS, REDRIVE
 
 __all__ = ["GroupDescription", "TopicPosition", "add_consumer_group", "consumer_group_grants", "describe_consumer_group",
-           "discard_dead_letters", "open_dead_letters", "redrive_dead_letters", "reset_consumer_group"]
+           "discard_dead_letters", "open_dead_letters", "operator_actions", "redrive_dead_letters", "reset_consumer_group"]
 
 _PATTERN = re.compile(r"[A-Za-z0-9_*?\[\]-]+")
 
@@ -146,12 +146,21 @@ def describe_consumer_group(config: CoordinatorConfig, group: str,
     now = now or dt.datetime.now(dt.timezone.utc)
     positions = []
     if grant is not None:
-        sources = sorted(set(lakehouse.files.directories(f"{records.directory}/progress"))
-                         | {t for t in lakehouse.files.directories("topics") if grant.refusal(t) is None})
-        for source in sources:
+        for source in _sources(lakehouse, records, grant):
             positions.append(_position(lakehouse, records, grant, source, now))
     live = [record.instance_id for record in records.instances.live(group)]
     return GroupDescription(group, positions, live, len(open_dead_letters(config, group)), grant)
+
+
+def _sources(lakehouse: Lakehouse, records: ConsumerGroup, grant: GroupGrant) -> list[str]:
+    """What :func:`describe_consumer_group` reports on: each source with progress, and each granted topic with a
+    table. ``topics/`` is listed only for a grant with patterns: the group's own account may list its topics alone."""
+    found = set(lakehouse.files.directories(f"{records.directory}/progress"))
+    named = [topic for topic in grant.topics if not any(c in topic for c in "*?[")]
+    found |= {topic for topic in named if lakehouse.files.directories(f"topics/{topic}")}
+    if len(named) < len(grant.topics):
+        found |= {topic for topic in lakehouse.files.directories("topics") if grant.refusal(topic) is None}
+    return sorted(found)
 
 
 def _position(lakehouse: Lakehouse, records: ConsumerGroup, grant: GroupGrant, source: str,
@@ -247,6 +256,21 @@ def open_dead_letters(config: CoordinatorConfig, group: str) -> list[dict]:
     return sorted((d for d in dead if d["dead_letter_id"] not in closed), key=lambda d: (d["dead_at"], d["dead_letter_id"]))
 
 
+def operator_actions(config: CoordinatorConfig, group: str, limit: int = 50) -> list[dict]:
+    """The ``limit`` latest actions operators took on ``group`` (redrives, discards, resets), newest first, each a
+    dict of ``consumers/<group>/operator_actions``'s columns: who did what, when, and why.
+
+    Example::
+
+        [(a["action"], a["operator"]) for a in operator_actions(config, "credits")]  # [('REDRIVE', 'alice@ops')]
+    """
+    lakehouse = Lakehouse.of(config)
+    if not lakehouse.exists(f"{lakehouse.consumer_dir(group)}/operator_actions"):
+        return []
+    rows = read_table(lakehouse.consumer_table(group, "operator_actions"), storage=lakehouse.storage).to_pylist()
+    return sorted(rows, key=lambda a: (a["acted_at"], a["action_id"]), reverse=True)[:limit]
+
+
 def redrive_dead_letters(config: CoordinatorConfig, group: str, msg_ids: Optional[Iterable[str]] = None,
                          operator: Optional[str] = None, reason: str = "") -> list[dict]:
     """Deliver ``group``'s open dead letters of ``msg_ids`` (``None``: all) to its listener again, attempts counted
@@ -308,9 +332,12 @@ def _closing(action: str, dead: dict, reason: str) -> dict:
 
 
 def _actions(lakehouse: Lakehouse, group: str) -> pa.Table:
-    path = lakehouse.consumer_table(group, "operator_actions")
-    create_table(CONSUMER_ACTIONS, path, lakehouse.storage)
-    return read_table(path, ["dead_letter_id", "action"], storage=lakehouse.storage)
+    """The operators' actions on ``group`` (none while their table is absent: a read creates nothing, so that a
+    viewer's account, which may not write it, reads the dead letters too)."""
+    if not lakehouse.exists(f"{lakehouse.consumer_dir(group)}/operator_actions"):
+        return CONSUMER_ACTIONS.arrow_schema().empty_table().select(["dead_letter_id", "action"])
+    return read_table(lakehouse.consumer_table(group, "operator_actions"), ["dead_letter_id", "action"],
+                      storage=lakehouse.storage)
 
 
 def _record_actions(lakehouse: Lakehouse, group: str, actions: list[dict], operator: str) -> None:

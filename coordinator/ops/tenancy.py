@@ -149,6 +149,11 @@ def s3_bucket_policy(root: str, accounts: Mapping[str, Sequence[str]], refuse_ov
     bucket, _, prefix = root.removeprefix("s3://").partition("/")
     base = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
     groups = [principal.removeprefix("group ") for principal in accounts if principal.startswith("group ")]
+    for group, topics in sorted((consumer_groups or {}).items()):
+        if accounts.get(consumer_principal(group)) and any(c in topic for topic in topics for c in "[]"):
+            raise InvalidArgumentError(f"consumer group {group!r}'s grant names {', '.join(topics)}: a bucket policy "
+                                       "matches keys with * and ? only, no [...]; grant it its topics by name or with "
+                                       "* and ? (`txcoord add-consumer-group`)")
     plan = access_plan(groups, consumer_groups)
     statements = []
     for principal in dict.fromkeys(grant.principal for grant in plan):

@@ -1,7 +1,8 @@
 """The operators' web console, ``txcoord console`` (needs ``pip install 'txcoord[console]'``).
 
 Pages: the checker's health and charts, pending transactions, discarded ones, each transaction's
-timeline, and ending a transaction by hand (operators only). See docs/operations.md#web-console.
+timeline, and ending a transaction by hand (operators only); consumer groups, their lag and dead letters,
+and redriving or discarding those (operators only). See docs/operations.md#web-console.
 
 Example::
 

@@ -1,4 +1,5 @@
-"""The console's web application (Flask): pages, login, and the one action, ending a transaction by hand.
+"""The console's web application (Flask): pages, login, and the operators' actions: ending a transaction by
+hand, and redriving or discarding a consumer group's dead letters.
 
 Every page needs a signed-in user (a session cookie from ``/login``); every form carries a CSRF
 token (Flask-WTF), the session cookie is ``SameSite=Strict`` and no page may be framed. Pages read
@@ -6,8 +7,11 @@ the lakehouse as the signed-in user (their own storage credentials if the users 
 some, else the console's): a refusal by the storage is shown as such, naming the path. Ending a
 transaction goes through :func:`coordinator.ops.resolve.resolve_transaction`, as ``txcoord
 resolve`` does: an END in the operators' commit log carrying who and why; the checker stays the
-only writer of its tables. Each page is a view function of this module, registered by :func:`create_app`
-under its own name.
+only writer of its tables. A consumer group's page shows what ``txcoord consumer-groups describe`` shows
+(:func:`coordinator.ops.consumer_groups.describe_consumer_group`) and its open dead letters; redriving or
+discarding them goes through the functions ``txcoord dead-letters`` calls, recorded in the group's
+``operator_actions`` with the console user's name. Each page is a view function of this module,
+registered by :func:`create_app` under its own name.
 
 Example::
 
@@ -35,9 +39,13 @@ from wtforms.validators import DataRequired, Length
 from coordinator.commit_logs import CommitLogs
 from coordinator.config import CoordinatorConfig
 from coordinator.durations import format_duration, parse_duration
-from coordinator.exceptions import AccessDeniedError, InvalidArgumentError, LakehouseNotFoundError
+from coordinator.exceptions import (AccessDeniedError, CorruptInputError, InvalidArgumentError, LakehouseNotFoundError,
+                                    MessageValidationError)
 from coordinator.lakehouse import Lakehouse, require_lakehouse
+from coordinator.names import validate_name
 from coordinator.ops.audit import outcome, transaction_timeline
+from coordinator.ops.consumer_groups import (consumer_group_grants, describe_consumer_group, discard_dead_letters,
+                                             open_dead_letters, operator_actions, redrive_dead_letters)
 from coordinator.ops.discarded import discarded_transactions
 from coordinator.ops.pending import pending_transactions
 from coordinator.ops.resolve import preview_resolution, resolve_transaction
@@ -54,6 +62,9 @@ log = logging.getLogger("coordinator.web")
 UTC = dt.timezone.utc
 #: The decisions a form may ask for, by the name in its URL.
 _DECISIONS = {"commit": LocalTransactionState.COMMIT_MESSAGE, "rollback": LocalTransactionState.ROLLBACK_MESSAGE}
+#: What an operator may do with dead letters, by the name in its URL, and how the outcome is said.
+_DEAD_LETTER_ACTIONS = {"redrive": (redrive_dead_letters, "redriven: delivered to the group's listener again"),
+                        "discard": (discard_dead_letters, "discarded for good")}
 #: The age filters offered on the pending page (any other ``older_than`` in the URL works too).
 AGE_FILTERS = ("", "1m", "10m", "1h", "1d")
 _CHART_WINDOWS_MIN = (5, 15, 60)
@@ -81,6 +92,12 @@ class ResolveForm(FlaskForm):
 
 class LogoutForm(FlaskForm):
     pass
+
+
+class DeadLettersForm(FlaskForm):
+    """Redrive or discard the dead letters whose ``msg_id`` boxes are ticked (the ``msg_id`` fields of the form)."""
+
+    reason = TextAreaField("Reason (kept with the action)", validators=[Length(max=MAX_REASON_LENGTH)])
 
 
 @dataclass
@@ -166,13 +183,21 @@ def _recent_batches(config: CoordinatorConfig) -> RecentBatches:
     return recent[key]
 
 
-def _operator_only(view):
-    @functools.wraps(view)
-    def checked(*args, **kwargs):
-        if not _user().is_operator:
-            abort(403, description=f"{_user().name} is a viewer: ending a transaction takes the operator role")
-        return view(*args, **kwargs)
-    return checked
+def _operator_only(action: str):
+    """Refuse the view below (403) to a viewer, saying that ``action`` takes the operator role."""
+    def guarded(view):
+        @functools.wraps(view)
+        def checked(*args, **kwargs):
+            if not _user().is_operator:
+                abort(403, description=f"{_user().name} is a viewer: {action} takes the operator role")
+            return view(*args, **kwargs)
+        return checked
+    return guarded
+
+
+def _operator_name() -> str:
+    """Who an operator's action is recorded as: the signed-in user, and this console's host."""
+    return f"{_user().name} (txcoord console on {_console().host})"
 
 
 def _common() -> dict:
@@ -208,7 +233,12 @@ def _forbidden(error):
     return render_template("error.html", title="Not allowed", message=error.description), 403
 
 
-_ERROR_PAGES = {AccessDeniedError: _denied, LakehouseNotFoundError: _no_lakehouse, CSRFError: _forged, 403: _forbidden}
+def _bad_request(error):
+    return render_template("error.html", title="Bad request", message=error.description), 400
+
+
+_ERROR_PAGES = {AccessDeniedError: _denied, LakehouseNotFoundError: _no_lakehouse, CSRFError: _forged, 403: _forbidden,
+                400: _bad_request}
 
 
 def _route(rule: str, methods: tuple[str, ...] = ("GET",)):
@@ -318,7 +348,7 @@ def transaction(transaction_id: str):
 
 @_route("/transactions/<transaction_id>/<decision>", methods=("GET", "POST"))
 @login_required
-@_operator_only
+@_operator_only("ending a transaction")
 def resolve(transaction_id: str, decision: str):
     if decision not in _DECISIONS:
         abort(404)
@@ -329,9 +359,9 @@ def resolve(transaction_id: str, decision: str):
     except InvalidArgumentError as error:
         return render_template("error.html", title=f"Cannot {decision} {transaction_id}", message=str(error)), 409
     if form.validate_on_submit():
-        operator = f"{_user().name} (txcoord console on {_console().host})"
         try:
-            record = resolve_transaction(config, transaction_id, _DECISIONS[decision], form.reason.data, operator=operator)
+            record = resolve_transaction(config, transaction_id, _DECISIONS[decision], form.reason.data,
+                                         operator=_operator_name())
         except InvalidArgumentError as error:
             flash(str(error), "error")
         else:
@@ -340,6 +370,71 @@ def resolve(transaction_id: str, decision: str):
             flash(f"{record['state']} sent as {record['check_id']}: the checker applies it at its next batch.", "ok")
             return redirect(url_for("transaction", transaction_id=transaction_id))
     return render_template("resolve.html", preview=preview, decision=decision, form=form), 422 if form.errors else 200
+
+
+@_route("/consumers")
+@login_required
+def consumer_groups():
+    config = _user_config()
+    grants, refused = consumer_group_grants(Lakehouse.of(config))
+    now, groups = _console().clock(), []
+    for grant in grants:  # one group's corrupt record costs that group's row alone
+        try:
+            groups.append(describe_consumer_group(config, grant.group, now))
+        except CorruptInputError as error:
+            refused.append(f"consumer group {grant.group}: {error}")
+    return render_template("consumer_groups.html", groups=groups, refused=refused)
+
+
+@_route("/consumers/<group>")
+@login_required
+def consumer_group(group: str):
+    config = _user_config()
+    _require_group_name(group)
+    try:
+        described = describe_consumer_group(config, group, _console().clock())
+    except CorruptInputError as error:
+        return render_template("error.html", title=f"Consumer group {group} cannot be read", message=str(error)), 409
+    if described.grant is None and not described.topics and not described.open_dead_letters:
+        return render_template("error.html", title="Unknown consumer group",
+                               message=f"No consumer group {group} (`txcoord add-consumer-group` adds one)."), 404
+    return render_template("consumer_group.html", described=described, dead=open_dead_letters(config, group),
+                           actions=operator_actions(config, group), form=DeadLettersForm())
+
+
+@_route("/consumers/<group>/dead-letters/<action>", methods=("POST",))
+@login_required
+@_operator_only("redriving or discarding dead letters")
+def dead_letters(group: str, action: str):
+    if action not in _DEAD_LETTER_ACTIONS:
+        abort(404)
+    _require_group_name(group)
+    act, done_text = _DEAD_LETTER_ACTIONS[action]
+    form, msg_ids = DeadLettersForm(), request.form.getlist("msg_id")
+    reason = (form.reason.data or "").strip()
+    if not form.validate_on_submit():
+        flash(" ".join(f"{field}: {', '.join(errors)}" for field, errors in form.errors.items()), "error")
+    elif not msg_ids:
+        flash(f"Tick the dead letters to {action} first: nothing was done.", "error")
+    else:
+        try:
+            done = act(_user_config(), group, msg_ids, operator=_operator_name(), reason=reason)
+        except InvalidArgumentError as error:
+            flash(f"Nothing was done: {error}", "error")
+        else:
+            log.info("console: %s did %s of %d dead letter(s) of consumer group %s: %s", _user().name, action,
+                     len(done), group, reason)
+            flash(f"{len(done)} dead letter(s) of {group} {done_text}.", "ok")
+    return redirect(url_for("consumer_group", group=group))
+
+
+def _require_group_name(group: str) -> None:
+    """A consumer group's name from a URL, held to the name rule (400 saying why otherwise)."""
+    try:
+        validate_name("consumer group", group)
+    except MessageValidationError as error:
+        abort(400, description=str(error))
+
 
 
 def _excerpt(body: Optional[bytes], limit: int = 160) -> str:
