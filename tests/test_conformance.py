@@ -7,7 +7,13 @@ import base64
 import json
 import subprocess
 import sys
+import time
 
+import pytest
+
+from coordinator.conformance.cases import CASES
+from coordinator.conformance.client import ClientProcess, Deadline
+from coordinator.exceptions import CaseFailedError
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 
 DRIVER = [sys.executable, "-m", "coordinator.conformance.python_client"]
@@ -55,3 +61,87 @@ def test_the_python_driver_answers_each_op_of_the_line_protocol(tmp_path):
     assert {r["transaction_id"] for r in rows} == {sent["transaction_id"]}
     assert [r["state"] for r in rows if r["kind"] == "END"] == ["ROLLBACK_MESSAGE"]
     assert {r["body"] for r in rows if r["kind"] == "HALF"} == {b"hello"}
+
+
+def conformance(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coordinator", "conformance", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=900)
+
+
+def case_lines(stdout: str) -> dict[str, str]:
+    """The kit's verdicts: case name -> ``PASS`` or the ``FAIL`` line's reason."""
+    verdicts = {}
+    for line in stdout.splitlines():
+        if line.startswith("PASS "):
+            verdicts[line.split()[1]] = "PASS"
+        elif line.startswith("FAIL "):
+            name, _, reason = line[5:].partition(": ")
+            verdicts[name] = reason
+    return verdicts
+
+
+@pytest.mark.slow
+def test_the_python_producer_passes_every_case_of_the_kit(tmp_path):
+    started = time.monotonic()
+    done = conformance("--producer", " ".join(DRIVER), "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
+    print(f"the kit took {time.monotonic() - started:.0f} s")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert case_lines(done.stdout) == {name: "PASS" for name in CASES}
+    assert done.stdout.splitlines()[-1] == f"{len(CASES)} of {len(CASES)} cases passed"
+
+
+#: A client that commits whatever its local transaction was told to return: the kit must catch it.
+LYING_CLIENT = """
+from coordinator.conformance import python_client
+from coordinator.protocol import LocalTransactionState
+
+
+class Lying(python_client.ScriptedListener):
+    def execute_local_transaction(self, msg, arg):
+        super().execute_local_transaction(msg, arg)
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+python_client.ScriptedListener = Lying
+raise SystemExit(python_client.main())
+"""
+
+
+@pytest.mark.slow
+def test_the_kit_fails_a_client_that_commits_what_it_should_roll_back(tmp_path):
+    script = tmp_path / "lying_client.py"
+    script.write_text(LYING_CLIENT)
+    done = conformance("--producer", f"{sys.executable} {script}", "--case", "commit", "--case", "rollback",
+                       "--case-timeout", "30", "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    verdicts = case_lines(done.stdout)
+    assert verdicts["commit"] == "PASS" and list(verdicts) == ["commit", "rollback"]
+    assert verdicts["rollback"].startswith("send replied local_state 'COMMIT_MESSAGE', the listener returned "
+                                           "ROLLBACK_MESSAGE"), verdicts
+    assert done.stdout.splitlines()[-1] == "1 of 2 cases passed; failed: rollback"
+
+
+def test_an_unknown_case_is_a_usage_error_before_any_checker_starts(tmp_path):
+    done = conformance("--producer", "true", "--case", "no_such_case", "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
+    assert done.returncode == 2
+    assert "no case no_such_case; the cases: commit, rollback" in done.stderr
+    assert not (tmp_path / "kit").exists()
+    assert conformance("--producer", "true", "--case", "grant", cwd=tmp_path).stderr.endswith(
+        "case(s) grant need --object-store\n")
+    listed = conformance("--list", cwd=tmp_path)
+    assert listed.returncode == 0 and listed.stdout.split()[:len(CASES)] == list(CASES)
+
+
+@pytest.mark.parametrize("command, reason", [
+    ("echo hello; cat > /dev/null", "the client printed a line that is not a JSON object: 'hello'"),
+    ("exit 3", "the client exited with code 3 before the reply to 'start'"),
+    ("cat > /dev/null", "timed out waiting for the reply to 'start'"),
+    ("echo '" + json.dumps({"reply": "start", "ok": False, "error": "AccessDeniedError", "message": "no"}) + "'; "
+     "cat > /dev/null", "start failed: AccessDeniedError: no"),
+])
+def test_a_client_that_breaks_the_line_protocol_fails_the_case_with_the_reason(tmp_path, command, reason):
+    with ClientProcess(command, tmp_path / "client", Deadline(2.0)) as client:
+        with pytest.raises(CaseFailedError) as failed:
+            client.start(tmp_path / "coordinator.toml", "g")
+    assert str(failed.value).startswith(reason)
+    assert client.process.returncode is not None  # none outlives its case

@@ -118,8 +118,13 @@ class ClientProcess:
         try:
             self.process.stdin.write((json.dumps(op) + "\n").encode())
             self.process.stdin.flush()
-        except (BrokenPipeError, OSError) as error:
-            raise CaseFailedError(f"the client's stdin is closed ({error}): it exited with code {self.process.poll()}")
+        except OSError:  # its stdin closed: it has exited, or is exiting
+            try:
+                code = self.process.wait(max(self.deadline.left(), 1.0))
+            except subprocess.TimeoutExpired:
+                code = "none yet"
+            raise CaseFailedError(f"the client exited with code {code} before the reply to {op['op']!r}; "
+                                  f"its stderr: {self.stderr_path}") from None
 
     def request(self, op: dict) -> dict:
         """Write ``op`` and return its reply (for a ``send``, the reply naming its request)."""
