@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from coordinator.conformance.cases import CASES
+from coordinator.conformance.cases import CASES, OBJECT_STORE_CASES
 from coordinator.conformance.client import ClientProcess, Deadline
 from coordinator.exceptions import CaseFailedError
 from coordinator.lakehouse import Lakehouse, init_lakehouse
@@ -88,6 +88,22 @@ def test_the_python_producer_passes_every_case_of_the_kit(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert case_lines(done.stdout) == {name: "PASS" for name in CASES}
     assert done.stdout.splitlines()[-1] == f"{len(CASES)} of {len(CASES)} cases passed"
+
+
+@pytest.mark.slow
+@pytest.mark.object_store
+def test_the_python_producer_passes_every_case_of_the_kit_on_the_s3_server_with_the_grant_case(tmp_path):
+    from support.servers import require_s3_server
+
+    require_s3_server()
+    started = time.monotonic()
+    done = conformance("--producer", " ".join(DRIVER), "--object-store", "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
+    print(f"the kit on the S3 server took {time.monotonic() - started:.0f} s")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert case_lines(done.stdout) == {name: "PASS" for name in [*CASES, *OBJECT_STORE_CASES]}
+    # The refusal came from the storage, at the first write as group B with group A's account.
+    stderr = (tmp_path / "kit" / "grant" / "client-1" / "client.stderr").read_text()
+    assert "AccessDeniedError" in stderr and "groups/conformance_grant_b/_producers/" in stderr
 
 
 #: A client that commits whatever its local transaction was told to return: the kit must catch it.

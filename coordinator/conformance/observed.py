@@ -48,6 +48,10 @@ class Observed:
         """The halves the checker accepted from ``group`` (``system/half``)."""
         return self._rows(self.lakehouse.path(HALF), "producer_group", group)
 
+    def log_records(self, group: str) -> list[dict]:
+        """The records of ``group``'s first commit log, as stored (none if it does not exist)."""
+        return self._rows(self.lakehouse.commit_log(group))
+
     def rejected(self, transaction_id: Optional[str] = None) -> list[dict]:
         """``system/rejected``: every row, or those naming ``transaction_id``."""
         column = None if transaction_id is None else "transaction_id"
