@@ -152,7 +152,7 @@ def test_an_unknown_case_is_a_usage_error_before_any_checker_starts(tmp_path):
     ("echo hello; cat > /dev/null", "the client printed a line that is not a JSON object: 'hello'"),
     ("exit 3", "the client exited with code 3 before the reply to 'start'"),
     ("cat > /dev/null", "timed out waiting for the reply to 'start'"),
-    ("echo '" + json.dumps({"reply": "start", "ok": False, "error": "AccessDeniedError", "message": "no"}) + "'; "
+    ("read -r op; echo '" + json.dumps({"reply": "start", "ok": False, "error": "AccessDeniedError", "message": "no"}) + "'; "
      "cat > /dev/null", "start failed: AccessDeniedError: no"),
 ])
 def test_a_client_that_breaks_the_line_protocol_fails_the_case_with_the_reason(tmp_path, command, reason):
