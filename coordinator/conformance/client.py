@@ -68,7 +68,9 @@ class ClientProcess:
         self._bad: list[str] = []
         self._changed = threading.Condition()
         with open(self.stderr_path, "ab") as stderr:
-            self.process = subprocess.Popen(["sh", "-c", command], cwd=directory, stdin=subprocess.PIPE,
+            # No TXCOORD_* variable: the client's settings are the kit's TOML alone, as the checker's are.
+            env = {key: value for key, value in os.environ.items() if not key.startswith("TXCOORD_")}
+            self.process = subprocess.Popen(["sh", "-c", command], cwd=directory, stdin=subprocess.PIPE, env=env,
                                             stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
         self._reader = threading.Thread(target=self._read, name="conformance-client-stdout", daemon=True)
         self._reader.start()
