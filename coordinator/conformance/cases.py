@@ -78,6 +78,9 @@ def expect_nothing_delivered(run: Run, transaction_id: str, topics: Iterable[str
 
 def case_commit(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
     client = started(run, new_client, "commit")
+    unknown = client.request({"op": "conformance_no_such_op"})
+    expect((unknown.get("ok"), unknown.get("error")) == (False, "UnknownOp"),
+           f"an unknown op got {unknown}; expected ok false, error UnknownOp")
     messages = [message(TOPIC, b"conformance: commit", keys="order-1", tags="created", properties={"origin": "kit"})]
     sent = client.send(messages, COMMIT, check_state=ROLLBACK)
     expect_outcome(run, deadline, sent["transaction_id"], "COMMIT", by_check=False)

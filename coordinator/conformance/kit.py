@@ -30,7 +30,7 @@ KIT_SETTINGS = {
     "transaction_timeout_ms": 1500,
     "transaction_check_interval_ms": 1000,
     "transaction_check_max": 60,
-    "producer_heartbeat_ms": 500,
+    "producer_heartbeat_ms": 1000,
     "trigger_interval_ms": 100,
     "metrics_record_interval_ms": 0,
     "maintenance_interval_ms": 0,
@@ -189,11 +189,12 @@ def run_kit(options: KitOptions, out: Out = print) -> int:
         checker = Checker(run)
         stack.callback(checker.stop)
         out(f"checker up in {checker.wait_ready():.0f} s (spark-submit, pid {checker.process.pid})")
-        failed = []
+        started, failed = time.monotonic(), []
         for name, case in cases.items():
             reason = run_case(run, name, case) if checker.alive() else f"the checker exited; see {checker.log_path}"
             out(f"PASS {name}" if reason is None else f"FAIL {name}: {reason}")
             if reason is not None:
                 failed.append(name)
-        out(f"{len(cases) - len(failed)} of {len(cases)} cases passed" + (f"; failed: {', '.join(failed)}" if failed else ""))
+        out(f"{len(cases) - len(failed)} of {len(cases)} cases passed in {time.monotonic() - started:.0f} s"
+            + (f"; failed: {', '.join(failed)}" if failed else ""))
         return 1 if failed else 0
