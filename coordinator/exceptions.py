@@ -18,8 +18,8 @@ Example::
         elif error.retriable: ...      # send again, later
 """
 
-__all__ = ["AccessDeniedError", "CheckerAlreadyRunningError", "CheckerStateError", "CheckpointMismatchError",
-           "ConfigError", "ConsumerStateError", "CoordinatorError", "CorruptInputError", "FileTooLargeError",
+__all__ = ["AccessDeniedError", "CaseFailedError", "CheckerAlreadyRunningError", "CheckerStateError", "CheckpointMismatchError",
+           "ConfigError", "ConformanceKitError", "ConsumerStateError", "CoordinatorError", "CorruptInputError", "FileTooLargeError",
            "HalfNotStoredError", "HalfOutcomeUnknownError", "IncompleteListenerError", "InvalidArgumentError",
            "LakehouseNotFoundError", "LeaseLostError", "MessageValidationError", "OutdatedLakehouseError",
            "PositionGoneError", "ProducerStateError", "SparkSetupError", "StopRequested", "StorageUnavailableError",
@@ -177,6 +177,16 @@ class CheckerStateError(CoordinatorError, RuntimeError):
 class StopRequested(CoordinatorError):
     """Raised inside a Spark job's batch that starts after stop was asked: it is neither processed
     nor committed, so the next run of the query replays it."""
+
+
+class ConformanceKitError(CoordinatorError):
+    """``txcoord conformance`` cannot run (its checker did not start, a case it does not have, no S3 server):
+    no case was judged."""
+
+
+class CaseFailedError(CoordinatorError):
+    """A case of the conformance kit failed: the client under test or the checker's tables disagree with the
+    client protocol; the message says how, as the case's ``FAIL`` line prints it."""
 
 
 def one_line(error: BaseException, limit: int = 300) -> str:

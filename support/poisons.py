@@ -2,8 +2,9 @@
 checker must refuse it for: what the tests, the benchmarks and the chaos harness's poisoning tenant write
 (:class:`PoisoningTenant`, round after round).
 
-A :class:`PoisonedLog` writes raw versions into a group's commit log through :class:`FileStore` (a local disk
-or S3, created only if absent, as any writer of the log must), and raw files into its ``_producers/``.
+A :class:`PoisonedLog` (the conformance kit's :class:`~coordinator.conformance.malformed.RawCommitLog`) writes raw
+versions into a group's commit log through :class:`FileStore` (a local disk or S3, created only if absent, as any
+writer of the log must), and raw files into its ``_producers/``.
 
 Example::
 
@@ -14,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import io
 import json
 import threading
 import uuid
@@ -22,63 +22,17 @@ from dataclasses import dataclass
 from typing import Callable
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from coordinator.checker.segment import MAX_DATA_FILE_ROWS
-from coordinator.commit_logs import versions_written
-from coordinator.lakehouse import Lakehouse, create_table, delta_log_file
+from coordinator.conformance.malformed import RawCommitLog
+from coordinator.lakehouse import Lakehouse
 from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES
 from coordinator.names import NAME_PATTERN
 from coordinator.tables import COMMIT_LOG
 
 __all__ = ["INSTANCE_POISONS", "POISONS", "Poison", "PoisonedLog", "PoisoningTenant"]
 
-
-class PoisonedLog:
-    """Group ``group``'s commit log, written raw: any bytes at all, each as the log's next version."""
-
-    def __init__(self, lakehouse: Lakehouse, group: str) -> None:
-        self.lakehouse, self.group = lakehouse, group
-        self.key = f"{lakehouse.group_dir(group)}/commit_log"
-        create_table(COMMIT_LOG, lakehouse.key_path(self.key), lakehouse.storage)
-        self.files = lakehouse.files
-        self._known = 0  # versions the log has at least: the search for the next one starts there, as a writer's does
-
-    def commit(self, data: bytes) -> int:
-        """``data`` as the log's next version (the next free one: created only if absent); that version."""
-        version = versions_written(self.files, self.key, known=self._known)
-        while self.files.create(f"{self.key}/{delta_log_file(version)}", data) is None:
-            version += 1
-        self._known = version + 1
-        return version
-
-    def add(self, path: str) -> int:
-        """A commit adding ``path`` (as written, unencoded) with new data; its version."""
-        return self.commit(json.dumps({"add": {"path": path, "size": 1, "partitionValues": {}, "modificationTime": 0,
-                                               "dataChange": True}}).encode())
-
-    def data_file(self, data: bytes) -> str:
-        """``data`` as a new file of the log's directory; its path there."""
-        name = f"part-{uuid.uuid4().hex}.parquet"
-        self.files.put(f"{self.key}/{name}", data)
-        return name
-
-    def parquet(self, table: pa.Table) -> str:
-        buffer = io.BytesIO()
-        pq.write_table(table, buffer)
-        return self.data_file(buffer.getvalue())
-
-    def records(self, *rows: dict) -> int:
-        """A well-formed commit of ``rows`` (commit-log records, missing columns null); its version."""
-        columns = {name: [row.get(name) for row in rows] for name in COMMIT_LOG.column_names}
-        columns["properties"] = [list((value or {}).items()) for value in columns["properties"]]
-        return self.add(self.parquet(pa.table(columns, schema=COMMIT_LOG.arrow_schema())))
-
-    def instance_record(self, name: str, data: bytes) -> str:
-        """``data`` as ``_producers/<name>`` of the group; its key."""
-        key = f"{self.lakehouse.group_dir(self.group)}/_producers/{name}"
-        self.files.put(key, data)
-        return key
+PoisonedLog = RawCommitLog
 
 
 @dataclass(frozen=True)

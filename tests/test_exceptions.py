@@ -35,6 +35,8 @@ EXPECTED = {
     "UnsupportedTableError": (False, False),
     "CheckerStateError": (False, False),
     "StopRequested": (False, False),
+    "ConformanceKitError": (False, False),
+    "CaseFailedError": (False, False),
 }
 PUBLIC_ERRORS = [name for name in exceptions.__all__ if isinstance(getattr(exceptions, name), type)]
 

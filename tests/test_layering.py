@@ -46,7 +46,7 @@ FLOORS = (
     ("spark",),
     ("producer", "checker", "consumer"),
     ("ops",),
-    ("jobs", "web"),
+    ("jobs", "web", "conformance"),
     ("demo",),
     ("cli",),
     ("front doors",),

@@ -14,6 +14,7 @@ Subcommands (each reads ``--config``, default ``conf/coordinator.toml``)::
     txcoord inspect TRANSACTION_ID    # one transaction's timeline, from every table
     txcoord maintain [--retention-hours H] [--log-retention-hours H] [--table NAME]   # compact, checkpoint, vacuum
     txcoord demo [--lakehouse DIR] [--orders N] [--object-store S3_URL]   # the order/credits story, end to end
+    txcoord conformance --producer COMMAND [--case NAME] [--object-store]   # a client under test, case by case
     txcoord alert-rules               # the Prometheus alert rules for the checker's metrics (no --config)
     txcoord console [--port N] [--host H] [--users FILE]   # the operators' web console (needs txcoord[console])
     txcoord console-user add|remove|list [NAME] [--role viewer|operator]   # who may sign in to it
@@ -33,7 +34,7 @@ import argparse
 import sys
 from typing import Optional
 
-from coordinator.cli import administration, console, consumers, demo, startup, transactions
+from coordinator.cli import administration, conformance, console, consumers, demo, startup, transactions
 from coordinator.cli.options import EXIT_FAILED, EXIT_OK
 from coordinator.config import EXIT_USAGE
 from coordinator.exceptions import (AccessDeniedError, ConfigError, LakehouseNotFoundError, OutdatedLakehouseError,
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     consumers.register(commands)
     console.register(commands)
     demo.register(commands)
+    conformance.register(commands)
     return parser
 
 

@@ -1,0 +1,200 @@
+"""``txcoord conformance``: one real checker on a fresh lakehouse, then each case against the client under
+test, one ``PASS``/``FAIL`` line each and a summary (docs/protocol.md#the-conformance-kit).
+
+Example::
+
+    code = run_kit(KitOptions(command=".venv/bin/python -m coordinator.conformance.python_client"))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Mapping, Optional
+
+from coordinator.conformance.client import ClientProcess, Deadline
+from coordinator.conformance.observed import Observed
+from coordinator.exceptions import CaseFailedError, ConformanceKitError
+from coordinator.lakehouse import Lakehouse, init_lakehouse
+
+__all__ = ["KIT_SETTINGS", "KitOptions", "Run", "run_kit"]
+
+#: The checker's and the clients' timings: short, so that a check comes within seconds.
+KIT_SETTINGS = {
+    "transaction_timeout_ms": 1500,
+    "transaction_check_interval_ms": 1000,
+    "transaction_check_max": 60,
+    "producer_heartbeat_ms": 1000,
+    "trigger_interval_ms": 100,
+    "metrics_record_interval_ms": 0,
+    "maintenance_interval_ms": 0,
+}
+CHECKER_START_TIMEOUT_S = 300.0
+_STOP_TIMEOUT_S = 60.0
+
+Out = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class KitOptions:
+    """What ``txcoord conformance`` was asked: the client's ``command``, the ``cases`` to run (all if empty)."""
+
+    command: str
+    cases: tuple[str, ...] = ()
+    case_timeout_s: float = 60.0
+    workdir: Optional[str] = None
+    object_store: bool = False
+
+
+@dataclass
+class Run:
+    """One run of the kit: where things are, and how a case starts a client."""
+
+    command: str
+    workdir: Path
+    lakehouse: Lakehouse
+    config: Path
+    case_timeout_s: float
+    object_store: Optional[object] = None  # the S3 server's accounts (coordinator.conformance.s3), if any
+    observed: Observed = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.observed = Observed(self.lakehouse)
+
+    @contextlib.contextmanager
+    def clients(self, case: str, deadline: Deadline) -> Iterator[Callable[[], ClientProcess]]:
+        """A factory of the case's client processes (each in ``<workdir>/<case>/client-<n>``); none outlives it."""
+        started: list[ClientProcess] = []
+
+        def new_client() -> ClientProcess:
+            started.append(ClientProcess(self.command, self.workdir / case / f"client-{len(started) + 1}", deadline))
+            return started[-1]
+
+        try:
+            yield new_client
+        finally:
+            for client in started:
+                client.close()
+
+
+def write_config(path: Path, lakehouse: Lakehouse, storage: Optional[Mapping[str, str]] = None,
+                 settings: Mapping[str, object] = KIT_SETTINGS) -> Path:
+    """A coordinator TOML for ``lakehouse`` with ``settings``, ``storage`` as its ``[storage]`` table (default: the
+    lakehouse's own). A JSON string is a valid TOML basic string: quotes and backslashes stay safe."""
+    lines = ["# Written by `txcoord conformance`; read by its checker and by the client under test.",
+             f"lakehouse = {json.dumps(lakehouse.root)}", *(f"{key} = {value}" for key, value in settings.items())]
+    storage = lakehouse.storage if storage is None else storage
+    if storage:
+        lines += ["", "[storage]", *(f"{key} = {json.dumps(value)}" for key, value in storage.items())]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class Checker:
+    """The real checker (``spark-submit`` of the checker job, as deployed) on the run's TOML, its output in
+    ``<workdir>/checker.log``."""
+
+    def __init__(self, run: Run):
+        from coordinator.spark import spark_job_environment, spark_submit
+
+        argv, _ = spark_submit("checker", "--config", str(run.config))
+        if not Path(argv[0]).exists():
+            raise ConformanceKitError(f"{argv[0]} not found: the kit needs pyspark beside txcoord (`pip install 'txcoord[spark]'`)")
+        env = {key: value for key, value in spark_job_environment().items() if not key.startswith("TXCOORD_")}
+        self.log_path = run.workdir / "checker.log"
+        self.run = run
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=run.workdir,
+                                            env=env | {"PYTHONUNBUFFERED": "1"}, stdin=subprocess.DEVNULL)
+
+    def wait_ready(self, timeout_s: float = CHECKER_START_TIMEOUT_S) -> float:
+        """Wait for its first batch (its progress record); the seconds it took."""
+        from coordinator.control.progress import CheckerProgress
+
+        started, progress = time.monotonic(), CheckerProgress(self.run.lakehouse)
+        while progress.load() is None:
+            if self.process.poll() is not None:
+                raise ConformanceKitError(f"the checker exited with code {self.process.returncode}; see {self.log_path}")
+            if time.monotonic() - started > timeout_s:
+                raise ConformanceKitError(f"the checker made no batch within {timeout_s:.0f} s; see {self.log_path}")
+            time.sleep(0.5)
+        return time.monotonic() - started
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM (it finishes its batch), killed after a minute."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def run_case(run: Run, name: str, case: Callable[[Run, Deadline, Callable[[], ClientProcess]], None]) -> Optional[str]:
+    """Run one case within its timeout; ``None`` if it passed, else why it failed."""
+    deadline = Deadline(run.case_timeout_s)
+    try:
+        with run.clients(name, deadline) as new_client:
+            case(run, deadline, new_client)
+    except CaseFailedError as failure:
+        return str(failure)
+    except Exception as error:  # a case that breaks is a failed case, never the end of the run
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def prepare(options: KitOptions, stack: contextlib.ExitStack, out: Out) -> Run:
+    """The run's directory, its fresh lakehouse (on the S3 server with ``object_store``) and its TOML."""
+    workdir = Path(options.workdir or tempfile.mkdtemp(prefix="txcoord-conformance-")).resolve()
+    if options.workdir and workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    accounts = None
+    if options.object_store:
+        from coordinator.conformance.s3 import S3Accounts
+
+        accounts = stack.enter_context(S3Accounts(workdir / "s3"))
+        lakehouse = accounts.lakehouse
+    else:
+        lakehouse = Lakehouse(str(workdir / "lakehouse"))
+    init_lakehouse(lakehouse)
+    run = Run(options.command, workdir, lakehouse, write_config(workdir / "coordinator.toml", lakehouse),
+              options.case_timeout_s, accounts)
+    if accounts is not None:
+        accounts.provision(run)
+    out(f"lakehouse {lakehouse.root}; working directory {workdir} (the checker's log, each client's stderr)")
+    return run
+
+
+def run_kit(options: KitOptions, out: Out = print) -> int:
+    """Run the chosen cases; 0 only if every one passed.
+
+    Raises :class:`ConformanceKitError` if the run cannot start (no checker, unknown case).
+    """
+    from coordinator.conformance.cases import chosen_cases
+
+    cases = chosen_cases(options.cases, options.object_store)
+    with contextlib.ExitStack() as stack:
+        run = prepare(options, stack, out)
+        checker = Checker(run)
+        stack.callback(checker.stop)
+        out(f"checker up in {checker.wait_ready():.0f} s (spark-submit, pid {checker.process.pid})")
+        started, failed = time.monotonic(), []
+        for name, case in cases.items():
+            reason = run_case(run, name, case) if checker.alive() else f"the checker exited; see {checker.log_path}"
+            out(f"PASS {name}" if reason is None else f"FAIL {name}: {reason}")
+            if reason is not None:
+                failed.append(name)
+        out(f"{len(cases) - len(failed)} of {len(cases)} cases passed in {time.monotonic() - started:.0f} s"
+            + (f"; failed: {', '.join(failed)}" if failed else ""))
+        return 1 if failed else 0

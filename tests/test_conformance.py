@@ -1,0 +1,164 @@
+"""The conformance kit (docs/protocol.md#the-conformance-kit): the Python producer's driver answers the line
+protocol, and the kit, run against it with a real checker, passes every case."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from coordinator.conformance.cases import CASES, OBJECT_STORE_CASES
+from coordinator.conformance.client import ClientProcess, Deadline
+from coordinator.exceptions import CaseFailedError
+from coordinator.lakehouse import Lakehouse, init_lakehouse
+
+DRIVER = [sys.executable, "-m", "coordinator.conformance.python_client"]
+
+
+def drive(ops: list[dict], cwd) -> tuple[list[dict], int]:
+    """Run the driver over ``ops`` (a garbage line second); its stdout's JSON lines and its exit code."""
+    lines = [json.dumps(ops[0]), "not json", *map(json.dumps, ops[1:])]
+    done = subprocess.run(DRIVER, input="\n".join(lines) + "\n", capture_output=True, text=True, cwd=cwd, timeout=120)
+    return [json.loads(line) for line in done.stdout.splitlines()], done.returncode
+
+
+def test_the_python_driver_answers_each_op_of_the_line_protocol(tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    init_lakehouse(lakehouse)
+    config = tmp_path / "coordinator.toml"
+    config.write_text(f"lakehouse = {json.dumps(lakehouse.root)}\n")
+    body = base64.b64encode(b"hello").decode()
+    message = {"topic": "T", "body": body, "keys": "k1", "tags": None, "properties": {"p": "v"}}
+    replies, code = drive([
+        {"op": "frobnicate"},
+        {"op": "start", "config": str(config), "group": "g"},
+        {"op": "send", "request": "r1", "messages": [message, message | {"topic": "U"}], "local_state": "ROLLBACK_MESSAGE",
+         "check_state": "COMMIT_MESSAGE"},
+        {"op": "send", "request": "r2", "messages": [message | {"topic": "a/../b"}], "local_state": "COMMIT_MESSAGE",
+         "check_state": "UNKNOW"},
+        {"op": "answer", "transaction_id": "t", "state": "COMMIT_MESSAGE"},
+        {"op": "stop"},
+    ], tmp_path)
+
+    assert code == 0
+    unknown, garbage, started, sent, refused, answered, stopped = replies
+    assert unknown == {"reply": "frobnicate", "ok": False, "error": "UnknownOp", "message": "unknown op 'frobnicate'"}
+    assert garbage["ok"] is False and garbage["error"] == "BadRequest"
+    assert started["reply"] == "start" and started["ok"] and len(started["instance_id"]) == 32
+    assert sent | {"transaction_id": None, "msg_ids": None} == {
+        "reply": "send", "request": "r1", "ok": True, "send_status": "SEND_OK", "transaction_id": None,
+        "msg_ids": None, "local_state": "ROLLBACK_MESSAGE"}
+    assert refused | {"message": None} == {"reply": "send", "request": "r2", "ok": False,
+                                           "error": "MessageValidationError", "retriable": False, "message": None}
+    assert (answered, stopped) == ({"reply": "answer", "ok": True}, {"reply": "stop", "ok": True})
+    rows = lakehouse.read("groups/g/commit_log").to_pylist()
+    halves = sorted((r["topic"], r["msg_id"]) for r in rows if r["kind"] == "HALF")
+    assert halves == sorted(zip(["T", "U"], sent["msg_ids"]))
+    assert {r["transaction_id"] for r in rows} == {sent["transaction_id"]}
+    assert [r["state"] for r in rows if r["kind"] == "END"] == ["ROLLBACK_MESSAGE"]
+    assert {r["body"] for r in rows if r["kind"] == "HALF"} == {b"hello"}
+
+
+def conformance(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coordinator", "conformance", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=900)
+
+
+def case_lines(stdout: str) -> dict[str, str]:
+    """The kit's verdicts: case name -> ``PASS`` or the ``FAIL`` line's reason."""
+    verdicts = {}
+    for line in stdout.splitlines():
+        if line.startswith("PASS "):
+            verdicts[line.split()[1]] = "PASS"
+        elif line.startswith("FAIL "):
+            name, _, reason = line[5:].partition(": ")
+            verdicts[name] = reason
+    return verdicts
+
+
+@pytest.mark.slow
+def test_the_python_producer_passes_every_case_of_the_kit(tmp_path):
+    started = time.monotonic()
+    done = conformance("--producer", " ".join(DRIVER), "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
+    print(f"the kit took {time.monotonic() - started:.0f} s")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert case_lines(done.stdout) == {name: "PASS" for name in CASES}
+    assert re.fullmatch(rf"{len(CASES)} of {len(CASES)} cases passed in \d+ s", done.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.object_store
+def test_the_python_producer_passes_every_case_of_the_kit_on_the_s3_server_with_the_grant_case(tmp_path):
+    from support.servers import require_s3_server
+
+    require_s3_server()
+    started = time.monotonic()
+    done = conformance("--producer", " ".join(DRIVER), "--object-store", "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
+    print(f"the kit on the S3 server took {time.monotonic() - started:.0f} s")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert case_lines(done.stdout) == {name: "PASS" for name in [*CASES, *OBJECT_STORE_CASES]}
+    # The refusal came from the storage, at the first write as group B with group A's account.
+    stderr = (tmp_path / "kit" / "grant" / "client-1" / "client.stderr").read_text()
+    assert "AccessDeniedError" in stderr and "groups/conformance_grant_b/_producers/" in stderr
+
+
+#: A client that commits whatever its local transaction was told to return: the kit must catch it.
+LYING_CLIENT = """
+from coordinator.conformance import python_client
+from coordinator.protocol import LocalTransactionState
+
+
+class Lying(python_client.ScriptedListener):
+    def execute_local_transaction(self, msg, arg):
+        super().execute_local_transaction(msg, arg)
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+python_client.ScriptedListener = Lying
+raise SystemExit(python_client.main())
+"""
+
+
+@pytest.mark.slow
+def test_the_kit_fails_a_client_that_commits_what_it_should_roll_back(tmp_path):
+    script = tmp_path / "lying_client.py"
+    script.write_text(LYING_CLIENT)
+    done = conformance("--producer", f"{sys.executable} {script}", "--case", "commit", "--case", "rollback",
+                       "--case-timeout", "30", "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    verdicts = case_lines(done.stdout)
+    assert verdicts["commit"] == "PASS" and list(verdicts) == ["commit", "rollback"]
+    assert verdicts["rollback"].startswith("send replied local_state 'COMMIT_MESSAGE', the listener returned "
+                                           "ROLLBACK_MESSAGE"), verdicts
+    assert re.fullmatch(r"1 of 2 cases passed in \d+ s; failed: rollback", done.stdout.splitlines()[-1])
+
+
+def test_an_unknown_case_is_a_usage_error_before_any_checker_starts(tmp_path):
+    done = conformance("--producer", "true", "--case", "no_such_case", "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
+    assert done.returncode == 2
+    assert "no case no_such_case; the cases: commit, rollback" in done.stderr
+    assert not (tmp_path / "kit").exists()
+    assert conformance("--producer", "true", "--case", "grant", cwd=tmp_path).stderr.endswith(
+        "case(s) grant need --object-store\n")
+    listed = conformance("--list", cwd=tmp_path)
+    assert listed.returncode == 0 and listed.stdout.split()[:len(CASES)] == list(CASES)
+
+
+@pytest.mark.parametrize("command, reason", [
+    ("echo hello; cat > /dev/null", "the client printed a line that is not a JSON object: 'hello'"),
+    ("exit 3", "the client exited with code 3 before the reply to 'start'"),
+    ("cat > /dev/null", "timed out waiting for the reply to 'start'"),
+    ("read -r op; echo '" + json.dumps({"reply": "start", "ok": False, "error": "AccessDeniedError", "message": "no"}) + "'; "
+     "cat > /dev/null", "start failed: AccessDeniedError: no"),
+])
+def test_a_client_that_breaks_the_line_protocol_fails_the_case_with_the_reason(tmp_path, command, reason):
+    with ClientProcess(command, tmp_path / "client", Deadline(2.0)) as client:
+        with pytest.raises(CaseFailedError) as failed:
+            client.start(tmp_path / "coordinator.toml", "g")
+    assert str(failed.value).startswith(reason)
+    assert client.process.returncode is not None  # none outlives its case
