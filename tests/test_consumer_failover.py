@@ -44,6 +44,15 @@ def keys_of_share(share, count):
     return [key for key in keys if share_of(key, "", SHARES) == share][:count]
 
 
+def wait_taken(clock, consumers, group, rounds=10):
+    """Move the clock half a heartbeat at a time until the last of ``consumers`` holds share 1 (a few looks)."""
+    for _ in range(rounds):
+        if ("ORDERS", 1) in consumers[-1].shares:
+            return
+        tick(clock, consumers)
+    raise AssertionError(f"share 1 not taken after {rounds} looks: its claim names {group.share_owner('ORDERS', 1)}")
+
+
 def test_a_share_whose_save_was_refused_is_released_and_taken_by_the_instance_hashing_names(settings, feed):
     """The stall of docs/known-limits.md: an instance whose progress write is refused (another instance held the
     share meanwhile: a double hold) drops the share. Its claim, left naming it, a live instance, was never
@@ -68,11 +77,7 @@ def test_a_share_whose_save_was_refused_is_released_and_taken_by_the_instance_ha
         assert other.save_progress("ORDERS", 1, ShareProgress(version=0), None, "the-other-instance") is not None
         b.start()
         # a hands share 1 over to b: its save is refused, it drops the share, and its claim must not stay.
-        for _ in range(10):
-            if ("ORDERS", 1) in b.shares:
-                break
-            tick(clock, [a, b])
-        assert ("ORDERS", 1) in b.shares, f"share 1's claim still names {other.share_owner('ORDERS', 1)}"
+        wait_taken(clock, [a, b], other)
         assert ("ORDERS", 1) not in a.shares
         later = keys_of_share(1, 5)[3:]
         feed.deliver("ORDERS", [(key, key.encode()) for key in later])
@@ -131,3 +136,31 @@ def test_a_share_with_few_messages_is_served_while_another_has_many(settings, fe
     finally:
         gate.set()
         consumer.close()
+
+
+def test_a_share_claimed_but_not_taken_is_released(settings, feed):
+    """An instance that claimed a share and could not read its progress (here a record that is not one) releases
+    the claim: once the record is mended and another instance is the one hashing names, that one takes the share.
+    A claim kept would name a live instance that does not handle the share, and bar it."""
+    clock = Clock()
+    grant(settings, "credits", ["ORDERS"], shares=SHARES)
+    a_listener, b_listener = RecordingListener(), RecordingListener()
+    a = TopicConsumer("credits", ["ORDERS"], a_listener, settings, clock=clock)
+    b = TopicConsumer("credits", ["ORDERS"], b_listener, settings, clock=clock)
+    while rendezvous_owner("credits", "ORDERS", 1, {a.instance_id, b.instance_id}) != b.instance_id:
+        b = TopicConsumer("credits", ["ORDERS"], b_listener, settings, clock=clock)
+    group = ConsumerGroup(Lakehouse.of(settings), "credits", clock=clock)
+    group.files.put("consumers/credits/progress/ORDERS/1.json", b"not a progress record")
+    a.start()
+    try:
+        tick(clock, [a])  # a claims share 1, cannot read its progress, and keeps trying at each look
+        assert ("ORDERS", 1) not in a.shares
+        group.overwrite_progress("ORDERS", 1, ShareProgress(version=0), "tester@test")  # an operator's reset
+        b.start()
+        wait_taken(clock, [a, b], group)
+        keys = keys_of_share(1, 2)
+        feed.deliver("ORDERS", [(key, key.encode()) for key in keys])
+        wait_until(lambda: len(b_listener.handled) >= 2, 60, "b handling share 1")
+    finally:
+        a.close()
+        b.close()

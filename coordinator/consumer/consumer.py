@@ -353,6 +353,7 @@ class TopicConsumer:
         read_all(lambda key: self._take(key[0], key[1], live), wanted, remote=self.lakehouse.files.remote)
 
     def _take(self, source: str, number: int, live: set[str]) -> None:
+        claim = None
         try:
             claim = self._group.claim_share(source, number, self.instance_id, live)
             if claim is None:
@@ -364,6 +365,8 @@ class TopicConsumer:
         except CoordinatorError as error:
             _log.error("consumer %s cannot take share %d of %s: %s", self.instance_id, number, source,
                        one_line(error))
+            if claim is not None:  # claimed, not taken: a claim kept would bar the instance hashing names next
+                self._release(source, number, claim)
             return
         share = _Share(source, number, self._logs[source], progress, version, self.clock())
         share.claim = claim
