@@ -59,7 +59,8 @@ def _consumer_rows(consumers: dict) -> list[tuple[str, object]]:
         return []
     return [("consumer processes / kills (SIGKILL) / restarts",
              f"{consumers['consumer_processes']} / {len(consumers['consumer_kills'])} / {consumers['consumer_restarts']}"),
-            ("consumer deliveries (delivered again)", f"{consumers['deliveries']} ({consumers['delivered_again']})"),
+            ("consumer deliveries (of messages applied, delivered again / of the failing kind, attempts)",
+             f"{consumers['deliveries']} ({consumers['delivered_again']} / {consumers['deliveries_of_failing']})"),
             ("consumer effects applied / dead letters", f"{consumers['applied']} / {consumers['dead_letters']}"),
             ("keys whose effects were in order (topic, key)", consumers["keys_in_order"])]
 
