@@ -475,6 +475,8 @@ class TopicConsumer:
             start = self._dispatch_from % len(shares)
             for turn in range(len(shares)):
                 share = shares[(start + turn) % len(shares)]
+                if self._shares.get((share.source, share.number)) is not share:
+                    continue  # lost while this round buried a dead letter (its save refused): its holder delivers
                 if not self._workers.idle:
                     if not first:
                         break
