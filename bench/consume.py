@@ -33,7 +33,9 @@ party goes through a proxy of its own adding N ms to every request: each consume
     python -m bench.consume --tiny                                 # every phase, small, for bench/tests/test_bench.py
 
 Prints each figure against its target (met / missed) and writes ``bench/results/consume.json``
-(``consume-s3-<N>ms.json`` with ``--storage-latency-ms N``; ``--results`` to change).
+(``consume-s3-<N>ms.json`` with ``--storage-latency-ms N``; ``--results`` to change). With
+``TXCOORD_BENCH_LOG=info`` (a logging level) in the environment, each consumer process logs to stderr: the shares it
+takes and loses, its warnings (how the failover phase's stall at 25 ms a request was found).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import multiprocessing
 import os
 import random
@@ -95,6 +98,9 @@ def instance(root: str, storage: dict, group: str, settings: dict, counter, shar
     from coordinator import CoordinatorConfig, ConsumeResult, MessageListener, TopicConsumer
     from coordinator.consumer.group import share_of
 
+    if os.environ.get("TXCOORD_BENCH_LOG"):  # the consumer's own log on stderr, for a run being diagnosed
+        logging.basicConfig(level=os.environ["TXCOORD_BENCH_LOG"].upper(),
+                            format=f"%(asctime)s {os.getpid()} %(name)s %(levelname)s %(message)s")
     config = CoordinatorConfig(lakehouse=root, storage=storage, **settings)
     handled = [0]
     per_share = [0] * len(by_share)

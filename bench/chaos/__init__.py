@@ -13,6 +13,8 @@ table maintenance (``coordinator.ops.maintenance.maintain``) at once, then:
 - SIGKILLs producer processes in the middle of their sends and group commits, and
   restarts them at once (a restarted producer skips what it already attempted); each kill is
   planned after a producer's n-th send and triggered by it, never by the clock;
+- runs a consumer group's processes (:mod:`bench.chaos.consumers`) on both topics, applying each message's
+  effect exactly once in SQLite, SIGKILLs them while they handle and restarts them at once;
 - appends hostile records to a forging group's own commit log: malformed ones, and forgeries (claiming
   another group, an operator's mark, a topic the group is not granted);
 - commits by hand, as an operator would (``txcoord resolve --commit``), the first transaction the
@@ -22,7 +24,8 @@ table maintenance (``coordinator.ops.maintenance.maintain``) at once, then:
 
 Once every half is resolved (or the timeout passes), it stops everything gracefully and
 checks, from the Delta tables and each producer's SQLite ground truth: every locally
-committed transaction's messages are in their topics exactly once; nothing else is in
+committed transaction's messages are in their topics exactly once, and applied by the consumer
+group exactly once, per key in the topic's order (or, of the kind its listener fails, one dead letter); nothing else is in
 any topic; every half is resolved or pending with fewer than ``transaction_check_max``
 checks, with the outcome its database dictates (a discarded one an operator committed:
 delivered exactly once, a DISCARD then a COMMIT op row per half); no check before immunity,
@@ -51,7 +54,8 @@ recognised own writes the processes logged; the verdict adds two counts: records
 
 The parts: :mod:`~bench.chaos.options` (the command line and the run's settings),
 :mod:`~bench.chaos.actors` (the checkers, producers, maintenance and the operator, as processes and
-threads), :mod:`~bench.chaos.hostile` (the forging writer), :mod:`~bench.chaos.run` (the run, from an
+threads), :mod:`~bench.chaos.consumer` and :mod:`~bench.chaos.consumers` (a consumer process; the group's
+processes, their kills and their verdict), :mod:`~bench.chaos.hostile` (the forging writer), :mod:`~bench.chaos.run` (the run, from an
 empty lakehouse to the report), :mod:`~bench.chaos.verify` (the invariants, from the tables and the
 producers' databases) and :mod:`~bench.chaos.report` (the printed report).
 """

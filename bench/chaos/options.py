@@ -38,10 +38,11 @@ FORGED_GROUP = "chaos_forged"
 POISON_GROUP = "chaos_poison"
 POISON_EVERY_S = 3.0
 #: ``--tiny``: a few transactions (every kind, and more than one of some) from two producers over 5 s, one
-#: checker and one producer kill. Its seed plans two transactions held for review, so the run goes through a
+#: checker, one producer and one consumer kill. Its seed plans two transactions held for review, so the run goes through a
 #: recovery (the operator commits the first discard) even when the producer kill cuts one of the two short.
 #: Its timeout leaves room for a machine whose two cores run other tests too.
-TINY = {"transactions": 10, "producers": 2, "checker_kills": 1, "producer_kills": 1, "seed": 15, "send_seconds": 5.0,
+TINY = {"transactions": 10, "producers": 2, "checker_kills": 1, "producer_kills": 1, "consumer_kills": 1, "seed": 15,
+        "send_seconds": 5.0,
         "maintenance_every": 5.0, "timeout": 600.0}
 
 
@@ -53,6 +54,8 @@ class Options:
     producers: int = 3
     checker_kills: int = 2
     producer_kills: int = 3
+    consumers: int = 2
+    consumer_kills: int = 2
     seed: int = 1
     lakehouse: str = "chaos-lakehouse"
     results: str = str(harness.RESULTS / "chaos.json")
@@ -74,6 +77,10 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
     parser.add_argument("--producers", type=int, default=defaults.producers, help="producer processes")
     parser.add_argument("--checker-kills", type=int, default=defaults.checker_kills)
     parser.add_argument("--producer-kills", type=int, default=defaults.producer_kills)
+    parser.add_argument("--consumers", type=int, default=defaults.consumers,
+                        help="processes of the consumer group (bench/chaos/consumer.py) on both topics; 0: none")
+    parser.add_argument("--consumer-kills", type=int, default=defaults.consumer_kills,
+                        help="kill -9 of a consumer process while it handles, each restarted at once")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seeds the plan and every random moment")
     parser.add_argument("--lakehouse", default=defaults.lakehouse, help="wiped and recreated (must be empty or a chaos run's)")
     parser.add_argument("--results", default=defaults.results, help="where to write the JSON report")
@@ -100,7 +107,9 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
         parser.error("--storage-faults needs --object-store: the faults are those of an S3 server's")
     if args.transactions < len(KINDS):
         parser.error(f"--transactions must be at least {len(KINDS)}, one of each kind")
-    if args.producers < 1 or args.checker_kills < 0 or args.producer_kills < 0:
+    if args.producers < 1 or args.checker_kills < 0 or args.producer_kills < 0 or args.consumer_kills < 0:
         parser.error("--producers must be at least 1, kill counts at least 0")
+    if args.consumers < 0 or (args.consumer_kills and not args.consumers):
+        parser.error("--consumers must be at least 0, and at least 1 with --consumer-kills")
     return Options(**{name: value for name, value in vars(args).items() if name != "tiny"})
 

@@ -73,6 +73,8 @@ HALF_OUTCOME_UNKNOWN = "HALF_OUTCOME_UNKNOWN"
 INTERRUPTED = "INTERRUPTED"
 
 SENDER_THREADS = 4
+#: Distinct message keys over a run.
+KEYS = 5
 
 
 def group_of(index: int) -> str:
@@ -91,6 +93,17 @@ def body_of(plan_id: str, message_index: int) -> bytes:
     return f"{plan_id}:{message_index}".encode()
 
 
+def key_of(plan_id: str) -> str:
+    """The ``keys`` of a planned transaction's messages: one of :data:`KEYS`, shared by many transactions of every
+    producer, so that the consumer group's per-key order (:mod:`bench.chaos.consumers`) is put to the test.
+
+    Example::
+
+        key_of("p1-00042")  # 'customer-2'
+    """
+    return f"customer-{int(plan_id.rsplit('-', 1)[1]) % KEYS}"
+
+
 def plan_id_of(body: bytes) -> str:
     return bytes(body).decode(errors="replace").rsplit(":", 1)[0]
 
@@ -104,7 +117,7 @@ class Planned:
 
     def messages(self) -> list[Message]:
         topics = MULTI_TOPICS if self.kind == KIND_MULTI else (ORDER_TOPIC,)
-        return [Message(topic, body_of(self.plan_id, index), keys=self.plan_id, tags=self.kind)
+        return [Message(topic, body_of(self.plan_id, index), keys=key_of(self.plan_id), tags=self.kind)
                 for index, topic in enumerate(topics)]
 
 
@@ -269,6 +282,15 @@ def send_plan(producer: TransactionProducer, store: Store, plan: list[Planned], 
         thread.join()
 
 
+def stopped_by_signals() -> threading.Event:
+    """A chaos process's start: warnings logged to its log (stderr), and an event SIGTERM or SIGINT sets."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    return stop
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
@@ -280,11 +302,7 @@ def main() -> int:
     parser.add_argument("--done-file", required=True, help="created once every planned send was attempted")
     parser.add_argument("--hold-after", type=int, help="start no send once this many are attempted (then wait for a kill)")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s")
-
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = stopped_by_signals()
     store = Store(args.db)
     store.create()
     store.mark_interrupted()

@@ -28,6 +28,7 @@ def print_report(report: dict) -> None:
              ("maintenance runs that reported the poisoned log and went on", did["maintenance_poisoned_failures"]),
              ("discarded, then committed by an operator (COMMITs accepted / refused as too late)",
               f"{did['operator_recoveries']} ({did['operator_commits_sent']} / {did['operator_commits_refused']})"),
+             *_consumer_rows(did.get("consumers") or {}),
              ("settled", did["settled"]),
              ("duration (s)", did["duration_s"])]
     if did["storage_faults"] is not None:
@@ -51,6 +52,17 @@ def print_report(report: dict) -> None:
         for example in examples:
             print(f"  {name}: {example}")
     print(f"violations: {report['violations']}")
+
+
+def _consumer_rows(consumers: dict) -> list[tuple[str, object]]:
+    if not consumers.get("consumer_processes"):
+        return []
+    return [("consumer processes / kills (SIGKILL) / restarts",
+             f"{consumers['consumer_processes']} / {len(consumers['consumer_kills'])} / {consumers['consumer_restarts']}"),
+            ("consumer deliveries (of messages applied, delivered again / of the failing kind, attempts)",
+             f"{consumers['deliveries']} ({consumers['delivered_again']} / {consumers['deliveries_of_failing']})"),
+            ("consumer effects applied / dead letters", f"{consumers['applied']} / {consumers['dead_letters']}"),
+            ("keys whose effects were in order (topic, key)", consumers["keys_in_order"])]
 
 
 def _print_rows(rows: list[tuple[str, object]]) -> None:

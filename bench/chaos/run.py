@@ -22,6 +22,7 @@ from bench import harness
 import support
 from bench.chaos.actors import (LOOK_EVERY_S, Checker, Maintenance, Operator, Producer, make_plan, plan_producer_kills,
                                 prepare)
+from bench.chaos.consumers import Consumers, kills_spread
 from bench.chaos.hostile import HostileWriter
 from bench.chaos.poison import Poisoner
 from bench.chaos.options import (OBJECT_STORE_BUCKET, POISON_EVERY_S, SETTINGS, STORAGE_FAULT_DELAY_S,
@@ -77,6 +78,8 @@ class Activity:
     duration_s: float = 0.0
     #: --storage-faults: the proxy's counts when the faults stopped (requests, forwarded, injected by kind).
     storage_faults: Optional[dict] = None
+    #: The consumer group's processes: kills, restarts, deliveries, effects applied, dead letters.
+    consumers: dict = field(default_factory=dict)
 
 
 class Run:
@@ -119,6 +122,9 @@ class Run:
         for producer, plan in zip(self.producers, self.plans):
             producer.plan_file.write_text(json.dumps(plan))
         self.lakehouse = Lakehouse.of(self.config)
+        # Its own random numbers: a run's plan and kills are those of the same seed without consumers.
+        self.consumers = Consumers(self.root, config_path, self.lakehouse, options.consumers, options.consumer_kills,
+                                   kills_spread(options.transactions), random.Random(options.seed + 1))
         self.checkers = [Checker(self.root, config_path, self.lakehouse)]
         if options.standby:
             self.checkers.append(Checker(self.root, config_path, self.lakehouse, name="standby"))
@@ -136,12 +142,13 @@ class Run:
                 checker.start()
             for producer in self.producers:
                 producer.start()
+            self.consumers.start()
             self.maintenance.start()
             self._chaos(checker_kill_after, blind_injection_at, deadline)
             if self.faults is not None:  # the storage heals: everything must go on, with no restart
                 self.faults.disable()
                 self.activity.storage_faults = self.faults.counts() | {"seen_in_logs": self._storage_log_lines()}
-            self.activity.settled = self._settle(deadline)
+            self.activity.settled = self._settle(deadline) and self.consumers.wait_caught_up(deadline)
         finally:
             stop_codes = self._stop_all()
         self.activity.duration_s = round(time.monotonic() - started, 1)
@@ -165,6 +172,7 @@ class Run:
         while time.monotonic() < deadline:
             now = time.monotonic()
             self._restart_failed_producers()
+            self.consumers.act(producers_done=all(p.done for p in self.producers))
             self.operator.act()
             for producer in self.producers:
                 if producer.child.running and producer.kill_near:
@@ -205,7 +213,8 @@ class Run:
                     checker.start()
             # Done once a checker is up again (it has finished a batch since it took the lease) and a standby, if
             # any, stands by: a checker still starting when stopped would die of the SIGTERM (exit 143).
-            if (not any(p.kill_after for p in self.producers) and not checker_kill_after and blind_injected and checker is not None
+            if (not any(p.kill_after for p in self.producers) and not checker_kill_after and not self.consumers.kills_left
+                    and blind_injected and checker is not None
                     and batches and killed_at is None and all(p.done for p in self.producers)
                     and all(self._is_up(c) for c in self.checkers)):
                 if not targeted_injected:
@@ -305,12 +314,13 @@ class Run:
     def _stop_all(self) -> dict:
         """SIGTERM whatever runs; return the exit codes (a process that was down already was reported then)."""
         self.maintenance.stop()
+        codes = self.consumers.stop()
         children = {f"producer-{p.index}": p.child for p in self.producers}
         children.update({checker.name: checker.job for checker in self.checkers})
         running = {name: child for name, child in children.items() if child is not None and child.running}
         for child in running.values():
             child.terminate()
-        return {name: child.wait(_STOP_TIMEOUT_S) for name, child in running.items()}
+        return codes | {name: child.wait(_STOP_TIMEOUT_S) for name, child in running.items()}
 
     def _report(self, stop_codes: dict) -> dict:
         activity = self.activity
@@ -323,6 +333,9 @@ class Run:
         activity.maintenance_steps_skipped = dict(self.maintenance.skipped)
         findings = verify(self.config, self.producers, self.hostile.injected, self.plans,
                           self.operator.recovered, self._poisonings())
+        consumer_found, consumer_examples, activity.consumers = self.consumers.verdict()
+        findings["found"] |= consumer_found
+        findings["examples"] |= consumer_examples
         activity.operator_recoveries = len(self.operator.recovered)
         activity.operator_commits_sent = self.operator.sent
         activity.operator_commits_refused = self.operator.refused
@@ -334,6 +347,7 @@ class Run:
         failures += [f"producer-{p.index}: {f}" for p in self.producers for f in p.failures]
         failures += [f"{name} exited with code {code} on SIGTERM" for name, code in stop_codes.items() if code != 0]
         failures += [f"maintenance: {error}" for error in self.maintenance.errors]
+        failures += self.consumers.failures
         found = findings["found"]
         found["process_failures"] = len(failures)
         found["not_settled"] = 0 if activity.settled else 1

@@ -1,5 +1,5 @@
-"""The chaos harness (``bench/chaos/``): real producer processes, the real checker, kill -9 of both, and
-every invariant checked afterwards (docs/design.md#invariants)."""
+"""The chaos harness (``bench/chaos/``): real producer processes, the real checker, a consumer group's processes,
+kill -9 of each, and every invariant checked afterwards (docs/design.md#invariants)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,12 @@ def test_the_chaos_run_kills_checker_and_producers_and_breaks_no_invariant(tmp_p
     assert len(report["did"]["checker_kills"]) == report["run"]["options"]["checker_kills"] >= 1
     assert len(report["did"]["producer_kills"]) >= 1
     assert report["did"]["bad_inputs"] and all(bad["reason"] for bad in report["did"]["bad_inputs"])
+    # The consumer group: killed -9 and restarted; every message applied once in order or a dead letter (found: 0).
+    consumers = report["did"]["consumers"]
+    assert len(consumers["consumer_kills"]) == report["run"]["options"]["consumer_kills"] >= 1
+    assert consumers["consumer_processes"] == 2 and consumers["applied"] >= 1 and not consumers["consumer_failures"]
+    if report["outcomes_by_kind"].get("unknown_then_commit", {}).get("COMMIT"):  # the kind the listener fails
+        assert consumers["dead_letters"] >= 1
     if mode == "local disk":  # every poison refused with its reason, at least one round of each kind
         assert report["did"]["poison_rounds"] >= 1 and all(p["reason"] for p in report["did"]["poisonings"])
         assert {p["what"] for p in report["did"]["poisonings"]} == set(POISONS) | set(INSTANCE_POISONS)

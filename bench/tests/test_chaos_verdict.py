@@ -107,3 +107,22 @@ def test_every_hostile_record_must_be_refused_with_its_reason():
 
     assert reasons == {"r2": "empty body"} and malformed.reason == "empty body" and forged.reason is None
     assert dict(findings.found) == {"forged_accepted": 1}
+
+
+def test_the_consumer_groups_verdict_finds_each_violation_and_none_where_it_kept_the_invariants():
+    """``bench/chaos/consumers.py``: missed, applied twice, out of a key's order, leaked, unaccounted dead letters."""
+    from bench.chaos.consumers import _account
+
+    topics = [{"msg_id": f"m{n}", "topic": "CHAOS_ORDERS", "keys": "customer-1", "tags": "commit"} for n in range(3)]
+    topics.append({"msg_id": "bad", "topic": "CHAOS_ORDERS", "keys": "customer-1", "tags": "unknown_then_commit"})
+    effects = [("m0", "CHAOS_ORDERS", "customer-1", 4, 10), ("m1", "CHAOS_ORDERS", "customer-1", 4, 11),
+               ("m2", "CHAOS_ORDERS", "customer-1", 5, 3)]  # version 5 after 4: in order, its offset lower
+    kept = _account({"topics": topics, "dead": [{"msg_id": "bad", "topic": "CHAOS_ORDERS"}], "effects": effects})
+    assert set(kept.values()) == {0}
+    broken = _account({"topics": topics, "dead": [{"msg_id": "m2", "topic": "CHAOS_ORDERS"}],
+                       "effects": [effects[1], effects[0], effects[1], ("bad", "CHAOS_ORDERS", "customer-1", 6, 1),
+                                   ("x", "CHAOS_ORDERS", None, 6, 2)]})
+    assert broken == {"consumer_missed": 2,  # m2 never applied, bad no dead letter
+                      "consumer_applied_twice": 1, "consumer_out_of_order": 2,  # m0 after m1, m1 again after m0
+                      "consumer_leaked": 2,  # bad (the failing kind) and x (in no topic) applied
+                      "dead_letter_unaccounted": 1}  # m2 is not of the failing kind

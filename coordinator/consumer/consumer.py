@@ -103,6 +103,7 @@ class _Share:
         self.saved_at = now
         self.releasing = False
         self.failure: Optional[str] = None
+        self.claim: Optional[str] = None  # the version of this instance's claim of the share
 
     @property
     def watermark(self) -> int:
@@ -161,6 +162,9 @@ class TopicConsumer:
         self._stopping = threading.Event()
         self._halted = False
         self._shares: dict[tuple[str, int], _Share] = {}
+        #: Claims of shares this instance dropped, still to release (a release refused by a failing storage is
+        #: tried again at each look): a claim left naming a live instance would stall its share.
+        self._unreleased: dict[tuple[str, int], str] = {}
         self._logs: dict[str, TopicLog] = {}
         self._probed_at: dict[str, float] = {}  # time.monotonic() of each source's last probe
         self._inflight: dict[int, tuple[Task, float]] = {}
@@ -171,6 +175,7 @@ class TopicConsumer:
         self._thread: Optional[threading.Thread] = None
         self._workers: Optional[Workers] = None
         self._shares_per_topic = 0
+        self._dispatch_from = 0  # the turn of the share the next round of deliveries begins with
         self._steps = 0  # rounds of the loop so far: a test moving the clock waits for the next ones
         #: The error that stopped this consumer, if one did (also logged); ``close()`` raises it.
         self.failure: Optional[BaseException] = None
@@ -277,6 +282,8 @@ class TopicConsumer:
             self._announce()
         if now - self._rebalanced_at >= heartbeat_s / 2:
             self._rebalance()
+            if self.clock() - self._announced_at >= heartbeat_s:
+                self._announce()  # a long look (shares taken, slow requests) must not cost this instance its record
         self._take_finished()
         self._expire()
         self._read()
@@ -320,6 +327,8 @@ class TopicConsumer:
         except CoordinatorError as error:
             _log.warning("consumer %s could not survey its group: %s", self.instance_id, one_line(error))
             return
+        for key, claim in list(self._unreleased.items()):
+            self._release(key[0], key[1], claim)
         kept = []
         for key, share in list(self._shares.items()):
             if share.releasing:
@@ -336,26 +345,33 @@ class TopicConsumer:
                 self._lose(share, "its claim names another instance")
         if self._fenced or self.instance_id not in live:
             return
-        for source in self._logs:
-            for number in range(self._shares_per_topic):
-                if (source, number) in self._shares:
-                    continue
-                if rendezvous_owner(self.group, source, number, live) == self.instance_id:
-                    self._take(source, number, live)
+        wanted = [(source, number) for source in self._logs for number in range(self._shares_per_topic)
+                  if (source, number) not in self._shares
+                  and rendezvous_owner(self.group, source, number, live) == self.instance_id]
+        # At once on object storage: a dead instance's shares taken one after another, a few round trips each,
+        # held up this loop (its heartbeat, its deliveries) for seconds at 25 ms a request.
+        read_all(lambda key: self._take(key[0], key[1], live), wanted, remote=self.lakehouse.files.remote)
 
     def _take(self, source: str, number: int, live: set[str]) -> None:
+        claim = None
         try:
-            if self._group.claim_share(source, number, self.instance_id, live) is None:
+            claim = self._group.claim_share(source, number, self.instance_id, live)
+            if claim is None:
                 return  # its holder is live and lets go once it sees it should
+            self._unreleased.pop((source, number), None)
             progress, version = self._group.progress(source, number)
             if progress is None:
                 progress = ShareProgress(self._group.start_version(source, lambda: self._start_version(source)))
         except CoordinatorError as error:
             _log.error("consumer %s cannot take share %d of %s: %s", self.instance_id, number, source,
                        one_line(error))
+            if claim is not None:  # claimed, not taken: a claim kept would bar the instance hashing names next
+                self._release(source, number, claim)
             return
+        share = _Share(source, number, self._logs[source], progress, version, self.clock())
+        share.claim = claim
         with self._lock:
-            self._shares[source, number] = _Share(source, number, self._logs[source], progress, version, self.clock())
+            self._shares[source, number] = share
         _log.info("consumer %s took share %d of %s at version %d", self.instance_id, number, source, progress.version)
 
     def _start_version(self, source: str) -> int:
@@ -366,23 +382,36 @@ class TopicConsumer:
             return log.latest() + 1
         return log.first_at(int(parse_start_time(start).timestamp() * 1000))
 
-    def _lose(self, share: _Share, why: str) -> None:
-        """Drop ``share`` without saving: another instance holds it now."""
+    def _lose(self, share: _Share, why: str, release: bool = False) -> None:
+        """Drop ``share`` without saving: another instance holds it now. With ``release`` (its progress was written
+        by another instance, its claim may still name this one), release the claim if it is still this instance's
+        own: else the claim would name a live instance that no longer handles the share, and the instance
+        rendezvous hashing names would never take it."""
         _log.warning("consumer %s lost share %d of %s: %s", self.instance_id, share.number, share.source, why)
         with self._lock:
             self._shares.pop((share.source, share.number), None)
+        if release:
+            self._release(share.source, share.number, share.claim)
+
+    def _release(self, source: str, number: int, claim: str) -> None:
+        """Release this instance's claim of share ``number`` of ``source``, at version ``claim``, if unchanged since;
+        tried again at the next look if the storage fails."""
+        try:
+            self._group.release_share(source, number, self.instance_id, claim)
+        except CoordinatorError as error:
+            _log.warning("consumer %s could not release share %d of %s: %s", self.instance_id, number, source,
+                         one_line(error))
+            self._unreleased[source, number] = claim
+            return
+        self._unreleased.pop((source, number), None)
 
     def _give_up(self, share: _Share) -> None:
         """Save ``share``'s progress and release its claim (it has no call under way)."""
         if share.dirty and not self._save(share):
             return
-        try:
-            self._group.release_share(share.source, share.number, self.instance_id)
-        except CoordinatorError as error:
-            _log.warning("consumer %s could not release share %d of %s: %s", self.instance_id, share.number,
-                         share.source, one_line(error))
         with self._lock:
             self._shares.pop((share.source, share.number), None)
+        self._release(share.source, share.number, share.claim)
 
     def _read(self) -> None:
         latest = {}
@@ -431,27 +460,53 @@ class TopicConsumer:
             share.dirty = True
 
     def _dispatch(self) -> None:
+        """Start the calls that may start: the shares taken in turn, from the one after the last round's last
+        served, each to an equal part of the free threads at most. In the shares' own order, the shares held
+        longest took every free thread while they had work, and shares taken over from a dead instance waited."""
         if self._fenced:
             return
         now_ms = int(self.clock() * 1000)
-        for share in list(self._shares.values()):
-            if share.releasing:
-                continue
-            dying, blocked = [], set()
-            for pending in share.pending:
-                if pending.lane in blocked:
-                    continue
-                blocked.add(pending.lane)  # its key's later messages wait for this one
-                if pending.inflight:
-                    continue
-                if pending.dead:  # out of attempts before a crash: its dead letter is still to write
-                    dying.append(pending)
-                elif pending.due_ms <= now_ms:
-                    if not self._workers.idle:
+        shares = [share for share in self._shares.values() if not share.releasing and share.pending]
+        if not shares:
+            return
+        first, started = True, 0
+        while first or (started and self._workers.idle):  # threads left by shares with less to start: again
+            part, started = max(1, -(-self._workers.idle // len(shares))), 0
+            start = self._dispatch_from % len(shares)
+            for turn in range(len(shares)):
+                share = shares[(start + turn) % len(shares)]
+                if self._shares.get((share.source, share.number)) is not share:
+                    continue  # lost while this round buried a dead letter (its save refused): its holder delivers
+                if not self._workers.idle:
+                    if not first:
                         break
-                    self._deliver(share, pending)
-            for pending in dying:
-                self._bury(share, pending)
+                    part = 0  # no thread left: the rest only bury their dead
+                count = self._dispatch_share(share, now_ms, part, bury=first)
+                started += count
+                if count and not self._workers.idle:
+                    self._dispatch_from = start + turn + 1
+            first = False
+
+    def _dispatch_share(self, share: _Share, now_ms: int, part: int, bury: bool) -> int:
+        """Start up to ``part`` of ``share``'s calls that may start; with ``bury``, bury its dead. How many
+        started."""
+        dying, blocked, started = [], set(), 0
+        for pending in share.pending:
+            if pending.lane in blocked:
+                continue
+            blocked.add(pending.lane)  # its key's later messages wait for this one
+            if pending.inflight:
+                continue
+            if pending.dead:  # out of attempts before a crash: its dead letter is still to write
+                dying.append(pending)
+            elif pending.due_ms <= now_ms:
+                if started >= part or not self._workers.idle:
+                    break
+                self._deliver(share, pending)
+                started += 1
+        for pending in dying if bury else ():
+            self._bury(share, pending)
+        return started
 
     def _deliver(self, share: _Share, pending: _Pending) -> None:
         pending.inflight = True
@@ -559,7 +614,7 @@ class TopicConsumer:
                          share.source, one_line(error))
             return False
         if version is None:
-            self._lose(share, "its progress was written by another instance")
+            self._lose(share, "its progress was written by another instance", release=True)
             return False
         share.file_version, share.dirty, share.saved_at = version, False, self.clock()
         return True

@@ -7,7 +7,9 @@ each one single-writer (:mod:`coordinator.storage`).
   (:class:`ConsumerInstances`, as producer instances announce themselves); live while at most
   :data:`LIVE_FOR_HEARTBEATS` heartbeats old and its process runs;
 * ``shares/<topic>/<share>.claim``: which instance handles a share now, taken by a conditional create, or a
-  conditional replace of a claim naming an instance that is not live (:meth:`ConsumerGroup.claim_share`);
+  conditional replace of a claim naming an instance that is not live or released by its instance
+  (:meth:`ConsumerGroup.claim_share`); given up by a conditional replace with a released claim
+  (:meth:`ConsumerGroup.release_share`), so that a release never removes a claim written since;
 * ``progress/<topic>/<share>.json``: the share's position and retry state (:class:`ShareProgress`), replaced
   only if unchanged since its holder read or wrote it, so an instance that lost its share cannot write over
   its successor's; ``progress/<topic>/_start.json``: where the group started on the topic, fixed once;
@@ -291,8 +293,8 @@ class ConsumerGroup:
     def claim_share(self, topic: str, share: int, instance_id: str, live: set[str]) -> Optional[str]:
         """Take ``share`` of ``topic`` for ``instance_id``: created if no claim is there, kept if it names this
         instance, replaced (conditionally) if it names one neither in ``live`` nor live by its record read after
-        the claim, or is no claim; the claim's version, or ``None`` when another live instance holds it or won the
-        race.
+        the claim, or is no claim (a released one: :meth:`release_share`); the claim's version, or ``None`` when
+        another live instance holds it or won the race.
 
         Example::
 
@@ -332,15 +334,20 @@ class ConsumerGroup:
             return None
         return None if current is None else claim_owner(current.data)
 
-    def release_share(self, topic: str, share: int, instance_id: str) -> None:
-        """Give up ``instance_id``'s claim of ``share`` of ``topic``, unless another instance holds it now.
+    def release_share(self, topic: str, share: int, instance_id: str, claim_version: str) -> bool:
+        """Give up ``instance_id``'s claim of ``share`` of ``topic``, the claim at ``claim_version`` (as
+        :meth:`claim_share` returned it): replaced by a released claim, which names no instance, only if it is
+        still at that version. A claim another instance wrote since is left alone (a delete cannot be made
+        conditional on object storage: a read, then a delete, could remove a claim written in between). Whether
+        the claim was released (``False``: it had changed or was gone).
 
         Example::
 
-            group.release_share("ORDER_TOPIC", 3, "9c1e…")
+            version = group.claim_share("ORDER_TOPIC", 3, "9c1e…", live={"9c1e…"})
+            group.release_share("ORDER_TOPIC", 3, "9c1e…", version)  # True
         """
-        if self.share_owner(topic, share) == instance_id:
-            self.files.delete(self._claim_key(topic, share))
+        released = json.dumps({"released_by": instance_id, "nonce": uuid.uuid4().hex}).encode()
+        return self.files.replace(self._claim_key(topic, share), released, claim_version) is not None
 
     def progress(self, topic: str, share: int) -> tuple[Optional[ShareProgress], Optional[str]]:
         """The progress of ``share`` of ``topic`` and its file's version (``(None, None)``: never saved);
