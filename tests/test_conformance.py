@@ -213,3 +213,21 @@ def test_the_slowest_cases_start_first_then_the_others_in_the_kits_order():
     assert sorted(order) == sorted(CASES) and order[:len(SLOWEST)] == list(SLOWEST)
     assert order[len(SLOWEST):] == [name for name in CASES if name not in SLOWEST]
     assert start_order(["commit", "late_end", "rollback"]) == ["late_end", "commit", "rollback"]
+
+
+def test_an_interrupted_run_ends_its_running_cases_at_once(tmp_path):
+    began = []
+
+    def waits(run, deadline, new_client):
+        began.append("waits")
+        deadline.wait_for(lambda: False, "what never comes")
+
+    def interrupt(line: str) -> None:
+        raise KeyboardInterrupt
+
+    cases = {"quick": lambda run, deadline, new_client: None, "waits": waits, "later": waits}
+    run = Run("true", tmp_path, Lakehouse(str(tmp_path / "lakehouse")), tmp_path / "coordinator.toml", 60.0)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_cases(run, _Checker(), cases, ["waits", "quick", "later"], 2, interrupt)
+    assert time.monotonic() - started < 10 and began[0] == "waits"  # the pool waited for them: ended, not timed out
