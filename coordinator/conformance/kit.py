@@ -188,14 +188,18 @@ def run_cases(run: Run, checker: Checker, cases: Mapping[str, Case], start_order
               out: Out) -> list[str]:
     """Run ``cases``, at most ``parallel`` at once, started in ``start_order``; each case's line printed in the
     case list's order, as soon as that case and every one before it are done. The failed cases' names."""
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     deadlines: dict[str, Deadline] = {}
+    interrupted = threading.Event()
 
     def judged(name: str) -> Optional[str]:
         if not checker.alive():
             return f"the checker exited; see {checker.log_path}"
         deadlines[name] = Deadline(run.case_timeout_s)  # a case's time starts when it starts, not when queued
+        if interrupted.is_set():  # started as the run was interrupted
+            deadlines[name].expire()
         return run_case(run, name, cases[name], deadlines[name])
 
     failed = []
@@ -208,6 +212,7 @@ def run_cases(run: Run, checker: Checker, cases: Mapping[str, Case], start_order
                 if reason is not None:
                     failed.append(name)
         except BaseException:  # interrupted (Ctrl-C): the cases not started never start, the others end now
+            interrupted.set()
             for verdict in verdicts.values():
                 verdict.cancel()
             for deadline in list(deadlines.values()):
