@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from coordinator.conformance.cases import CASES, OBJECT_STORE_CASES
+from coordinator.conformance.cases import CASES, OBJECT_STORE_CASES, SLOWEST, start_order
 from coordinator.conformance.client import ClientProcess, Deadline
+from coordinator.conformance.kit import Run, run_cases
 from coordinator.exceptions import CaseFailedError
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 
@@ -162,3 +163,71 @@ def test_a_client_that_breaks_the_line_protocol_fails_the_case_with_the_reason(t
             client.start(tmp_path / "coordinator.toml", "g")
     assert str(failed.value).startswith(reason)
     assert client.process.returncode is not None  # none outlives its case
+
+
+class _Checker:
+    log_path = "checker.log"
+
+    def __init__(self, alive: bool = True):
+        self._alive = alive
+
+    def alive(self) -> bool:
+        return self._alive
+
+
+def test_the_cases_run_concurrently_at_most_parallel_at_once_their_lines_in_the_kits_order(tmp_path):
+    import threading
+
+    lock, running, most, began = threading.Lock(), [0], [0], []
+
+    def case(name: str, seconds: float, fails: bool = False):
+        def run_it(run, deadline, new_client):
+            with lock:
+                began.append(name)
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            threading.Event().wait(seconds)
+            with lock:
+                running[0] -= 1
+            if fails:
+                raise CaseFailedError(f"{name} saw nothing")
+        return run_it
+
+    cases = {"a": case("a", 0.1), "b": case("b", 0.3, fails=True), "slow": case("slow", 0.6), "c": case("c", 0.1),
+             "d": case("d", 0.1)}
+    run = Run("true", tmp_path, Lakehouse(str(tmp_path / "lakehouse")), tmp_path / "coordinator.toml", 10.0)
+    lines: list[str] = []
+    started = time.monotonic()
+    failed = run_cases(run, _Checker(), cases, ["slow", "a", "b", "c", "d"], 2, lines.append)
+    took = time.monotonic() - started
+
+    assert lines == ["PASS a", "FAIL b: b saw nothing", "PASS slow", "PASS c", "PASS d"] and failed == ["b"]
+    assert most[0] == 2 and began[0] == "slow"
+    assert took < 0.6 + 0.3 + 0.1 + 0.1 + 0.1  # not one after another
+    assert run_cases(run, _Checker(alive=False), {"a": case("a", 0)}, ["a"], 2, lines.append) == ["a"]
+    assert lines[-1] == "FAIL a: the checker exited; see checker.log"
+
+
+def test_the_slowest_cases_start_first_then_the_others_in_the_kits_order():
+    order = start_order(CASES)
+    assert sorted(order) == sorted(CASES) and order[:len(SLOWEST)] == list(SLOWEST)
+    assert order[len(SLOWEST):] == [name for name in CASES if name not in SLOWEST]
+    assert start_order(["commit", "late_end", "rollback"]) == ["late_end", "commit", "rollback"]
+
+
+def test_an_interrupted_run_ends_its_running_cases_at_once(tmp_path):
+    began = []
+
+    def waits(run, deadline, new_client):
+        began.append("waits")
+        deadline.wait_for(lambda: False, "what never comes")
+
+    def interrupt(line: str) -> None:
+        raise KeyboardInterrupt
+
+    cases = {"quick": lambda run, deadline, new_client: None, "waits": waits, "later": waits}
+    run = Run("true", tmp_path, Lakehouse(str(tmp_path / "lakehouse")), tmp_path / "coordinator.toml", 60.0)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_cases(run, _Checker(), cases, ["waits", "quick", "later"], 2, interrupt)
+    assert time.monotonic() - started < 10 and began[0] == "waits"  # the pool waited for them: ended, not timed out

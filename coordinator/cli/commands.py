@@ -14,7 +14,7 @@ Subcommands (each reads ``--config``, default ``conf/coordinator.toml``)::
     txcoord inspect TRANSACTION_ID    # one transaction's timeline, from every table
     txcoord maintain [--retention-hours H] [--log-retention-hours H] [--table NAME]   # compact, checkpoint, vacuum
     txcoord demo [--lakehouse DIR] [--orders N] [--object-store S3_URL]   # the order/credits story, end to end
-    txcoord conformance --producer COMMAND [--case NAME] [--object-store]   # a client under test, case by case
+    txcoord conformance --producer COMMAND [--case NAME] [--object-store] [--parallel N]   # a client under test, its cases side by side
     txcoord alert-rules               # the Prometheus alert rules for the checker's metrics (no --config)
     txcoord console [--port N] [--host H] [--users FILE]   # the operators' web console (needs txcoord[console])
     txcoord console-user add|remove|list [NAME] [--role viewer|operator]   # who may sign in to it

@@ -14,7 +14,7 @@ __all__ = ["register", "run_conformance"]
 
 def register(commands) -> None:
     """``conformance``, on ``commands`` (the ``txcoord`` parser's sub-parsers)."""
-    run = commands.add_parser("conformance", help="run a real checker against a client under test, case by case "
+    run = commands.add_parser("conformance", help="run a real checker against a client under test, its cases side by side "
                                                   "(docs/protocol.md#the-conformance-kit)")
     run.add_argument("--producer", metavar="COMMAND",
                      help="the client under test, run with `sh -c` once per producer instance; it speaks the line "
@@ -23,6 +23,9 @@ def register(commands) -> None:
                      help="run this case only (repeatable; default: every case); --list names them")
     run.add_argument("--case-timeout", type=functools.partial(at_least, 1), default=60, metavar="SECONDS",
                      help="the longest a case may take, the checker's start aside (default: %(default)s)")
+    run.add_argument("--parallel", type=functools.partial(at_least, 1), default=None, metavar="N",
+                     help="run at most N cases at once, each with its own client processes and producer group "
+                          "(default: 12, every case of the kit at once; 1 runs them one after another)")
     run.add_argument("--workdir", metavar="DIR",
                      help="keep the lakehouse, the TOML and the logs here, wiped first (default: a new temporary "
                           "directory)")
@@ -36,7 +39,7 @@ def register(commands) -> None:
 def run_conformance(args: argparse.Namespace) -> int:
     """Run the kit (see :mod:`coordinator.conformance.kit`); 0 only if every case passed."""
     from coordinator.conformance.cases import CASES, OBJECT_STORE_CASES
-    from coordinator.conformance.kit import KitOptions, run_kit
+    from coordinator.conformance.kit import DEFAULT_PARALLEL, KitOptions, run_kit
     from coordinator.exceptions import ConformanceKitError
 
     if args.list:
@@ -46,7 +49,8 @@ def run_conformance(args: argparse.Namespace) -> int:
         print("txcoord conformance: --producer COMMAND is required", file=sys.stderr)
         return EXIT_USAGE
     options = KitOptions(command=args.producer, cases=tuple(args.case), case_timeout_s=float(args.case_timeout),
-                         workdir=args.workdir, object_store=args.object_store)
+                         workdir=args.workdir, object_store=args.object_store,
+                         parallel=DEFAULT_PARALLEL if args.parallel is None else args.parallel)
     try:
         return run_kit(options, out=functools.partial(print, flush=True))
     except ConformanceKitError as error:

@@ -2,6 +2,10 @@
 checker really did (:mod:`.observed`). A case uses a producer group of its own, ``conformance_<case>``; it
 raises :class:`~coordinator.conformance.client.CaseFailedError` with the reason when the client or the checker's
 tables disagree with the protocol.
+
+The cases run concurrently against one checker (:func:`~coordinator.conformance.kit.run_cases`): a case judges
+only its own transactions (by id: the topics are shared), its own group's halves, instance records and
+refusals (those of records stored under its group's directory), never a table as a whole.
 """
 
 from __future__ import annotations
@@ -10,15 +14,14 @@ from typing import Callable, Iterable, Optional
 
 from coordinator.conformance.client import ClientProcess, Deadline, message
 from coordinator.exceptions import CaseFailedError, ConformanceKitError
-from coordinator.conformance.kit import KIT_SETTINGS, Run
+from coordinator.conformance.kit import KIT_SETTINGS, Case, Run
 from coordinator.validation import MAX_BODY_BYTES
 
-__all__ = ["CASES", "OBJECT_STORE_CASES", "chosen_cases", "expect", "group_of"]
+__all__ = ["CASES", "OBJECT_STORE_CASES", "SLOWEST", "chosen_cases", "expect", "group_of", "start_order"]
 
 COMMIT, ROLLBACK, UNKNOW, HANG = "COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW", "HANG"
 TOPIC, OTHER_TOPIC = "CONFORMANCE", "CONFORMANCE_AUDIT"
 LATE_END = "arrived after the immunity time: wait for check"
-Case = Callable[[Run, Deadline, Callable[[], ClientProcess]], None]
 
 
 def group_of(case: str) -> str:
@@ -275,3 +278,14 @@ def chosen_cases(names: Iterable[str], object_store: bool) -> dict[str, Case]:
         if wanted - set(available):
             raise ConformanceKitError(f"case(s) {', '.join(sorted(wanted - set(available)))} need --object-store")
     return {name: case for name, case in available.items() if wanted is None or name in wanted}
+
+
+#: The cases that wait longest (for immunities and checks), slowest first: started first when the cases run
+#: concurrently, so that the run ends with the quick ones, not with one of these alone.
+SLOWEST = ("late_end", "crash_after_half", "heartbeat_routing", "check_commit", "check_rollback")
+
+
+def start_order(cases: Iterable[str]) -> list[str]:
+    """``cases`` in the order to start them: :data:`SLOWEST` first, then the others in the kit's order."""
+    names = list(cases)
+    return sorted(names, key=lambda name: (SLOWEST.index(name) if name in SLOWEST else len(SLOWEST), names.index(name)))

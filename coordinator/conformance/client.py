@@ -36,6 +36,10 @@ class Deadline:
     def left(self) -> float:
         return max(0.0, self.at - self.clock())
 
+    def expire(self) -> None:
+        """End the case's time now (the kit interrupted): its next wait fails it, and its clients are closed."""
+        self.at = self.clock()
+
     def wait_for(self, condition: Callable[[], object], what: str, poll_s: float = 0.25) -> object:
         """Call ``condition`` until it returns something truthy (returned), or fail the case after the deadline."""
         while True:

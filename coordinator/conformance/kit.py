@@ -1,5 +1,6 @@
-"""``txcoord conformance``: one real checker on a fresh lakehouse, then each case against the client under
-test, one ``PASS``/``FAIL`` line each and a summary (docs/protocol.md#the-conformance-kit).
+"""``txcoord conformance``: one real checker on a fresh lakehouse, then the cases against the client under
+test, several at once (each with its own client processes and producer group), one ``PASS``/``FAIL`` line each
+in the case list's order and a summary (docs/protocol.md#the-conformance-kit).
 
 Example::
 
@@ -23,7 +24,7 @@ from coordinator.conformance.observed import Observed
 from coordinator.exceptions import CaseFailedError, ConformanceKitError
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 
-__all__ = ["KIT_SETTINGS", "KitOptions", "Run", "run_kit"]
+__all__ = ["Case", "DEFAULT_PARALLEL", "KIT_SETTINGS", "KitOptions", "Run", "run_cases", "run_kit"]
 
 #: The checker's and the clients' timings: short, so that a check comes within seconds.
 KIT_SETTINGS = {
@@ -36,9 +37,14 @@ KIT_SETTINGS = {
     "maintenance_interval_ms": 0,
 }
 CHECKER_START_TIMEOUT_S = 300.0
+#: Cases run at once by default: every case of the kit (12 with --object-store), even on CI's 2 cores, as each
+#: spends most of its time waiting for the checker (its first batch first), and the waits overlap; a bound all
+#: the same, on the client processes alive at once (docs/performance.md#conformance-kit).
+DEFAULT_PARALLEL = 12
 _STOP_TIMEOUT_S = 60.0
 
 Out = Callable[[str], None]
+Case = Callable[["Run", Deadline, Callable[[], ClientProcess]], None]
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class KitOptions:
     case_timeout_s: float = 60.0
     workdir: Optional[str] = None
     object_store: bool = False
+    parallel: int = DEFAULT_PARALLEL
 
 
 @dataclass
@@ -123,7 +130,7 @@ class Checker:
                 raise ConformanceKitError(f"the checker exited with code {self.process.returncode}; see {self.log_path}")
             if time.monotonic() - started > timeout_s:
                 raise ConformanceKitError(f"the checker made no batch within {timeout_s:.0f} s; see {self.log_path}")
-            time.sleep(0.5)
+            time.sleep(0.2)
         return time.monotonic() - started
 
     def alive(self) -> bool:
@@ -140,9 +147,10 @@ class Checker:
                 self.process.wait()
 
 
-def run_case(run: Run, name: str, case: Callable[[Run, Deadline, Callable[[], ClientProcess]], None]) -> Optional[str]:
-    """Run one case within its timeout; ``None`` if it passed, else why it failed."""
-    deadline = Deadline(run.case_timeout_s)
+def run_case(run: Run, name: str, case: Case, deadline: Optional[Deadline] = None) -> Optional[str]:
+    """Run one case within its timeout (``deadline``, by default one of ``run.case_timeout_s`` from now); ``None``
+    if it passed, else why it failed."""
+    deadline = deadline or Deadline(run.case_timeout_s)
     try:
         with run.clients(name, deadline) as new_client:
             case(run, deadline, new_client)
@@ -176,12 +184,49 @@ def prepare(options: KitOptions, stack: contextlib.ExitStack, out: Out) -> Run:
     return run
 
 
+def run_cases(run: Run, checker: Checker, cases: Mapping[str, Case], start_order: list[str], parallel: int,
+              out: Out) -> list[str]:
+    """Run ``cases``, at most ``parallel`` at once, started in ``start_order``; each case's line printed in the
+    case list's order, as soon as that case and every one before it are done. The failed cases' names."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    deadlines: dict[str, Deadline] = {}
+    interrupted = threading.Event()
+
+    def judged(name: str) -> Optional[str]:
+        if not checker.alive():
+            return f"the checker exited; see {checker.log_path}"
+        deadlines[name] = Deadline(run.case_timeout_s)  # a case's time starts when it starts, not when queued
+        if interrupted.is_set():  # started as the run was interrupted
+            deadlines[name].expire()
+        return run_case(run, name, cases[name], deadlines[name])
+
+    failed = []
+    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="conformance-case") as pool:
+        verdicts = {name: pool.submit(judged, name) for name in start_order}
+        try:
+            for name in cases:
+                reason = verdicts[name].result()
+                out(f"PASS {name}" if reason is None else f"FAIL {name}: {reason}")
+                if reason is not None:
+                    failed.append(name)
+        except BaseException:  # interrupted (Ctrl-C): the cases not started never start, the others end now
+            interrupted.set()
+            for verdict in verdicts.values():
+                verdict.cancel()
+            for deadline in list(deadlines.values()):
+                deadline.expire()
+            raise
+    return failed
+
+
 def run_kit(options: KitOptions, out: Out = print) -> int:
-    """Run the chosen cases; 0 only if every one passed.
+    """Run the chosen cases, ``options.parallel`` at once; 0 only if every one passed.
 
     Raises :class:`ConformanceKitError` if the run cannot start (no checker, unknown case).
     """
-    from coordinator.conformance.cases import chosen_cases
+    from coordinator.conformance.cases import chosen_cases, start_order
 
     cases = chosen_cases(options.cases, options.object_store)
     with contextlib.ExitStack() as stack:
@@ -189,12 +234,8 @@ def run_kit(options: KitOptions, out: Out = print) -> int:
         checker = Checker(run)
         stack.callback(checker.stop)
         out(f"checker up in {checker.wait_ready():.0f} s (spark-submit, pid {checker.process.pid})")
-        started, failed = time.monotonic(), []
-        for name, case in cases.items():
-            reason = run_case(run, name, case) if checker.alive() else f"the checker exited; see {checker.log_path}"
-            out(f"PASS {name}" if reason is None else f"FAIL {name}: {reason}")
-            if reason is not None:
-                failed.append(name)
+        started = time.monotonic()
+        failed = run_cases(run, checker, cases, start_order(cases), max(1, options.parallel), out)
         out(f"{len(cases) - len(failed)} of {len(cases)} cases passed in {time.monotonic() - started:.0f} s"
             + (f"; failed: {', '.join(failed)}" if failed else ""))
         return 1 if failed else 0
