@@ -35,7 +35,6 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
 
 from bench import harness
 

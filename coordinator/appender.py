@@ -134,10 +134,10 @@ def check_writable(protocol: dict, metadata: dict) -> None:
     constraints = sorted(key for key in metadata.get("configuration") or {} if key.startswith("delta.constraints."))
     if constraints:
         raise UnsupportedTableError(f"the table has check constraint(s) {', '.join(constraints)}")
-    for field in json.loads(metadata["schemaString"])["fields"]:
-        rules = {"delta.invariants", "delta.generationExpression"} & set(field.get("metadata") or {})
+    for column in json.loads(metadata["schemaString"])["fields"]:
+        rules = {"delta.invariants", "delta.generationExpression"} & set(column.get("metadata") or {})
         if rules:
-            raise UnsupportedTableError(f"column {field['name']!r} has {', '.join(sorted(rules))}")
+            raise UnsupportedTableError(f"column {column['name']!r} has {', '.join(sorted(rules))}")
 
 
 def file_stats(data: pa.Table) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from coordinator import ConsumeResult, CoordinatorConfig, TopicConsumer
 from coordinator.cli import main
-from coordinator.consumer.group import ConsumerGroup, share_of
+from coordinator.consumer.group import ConsumerGroup
 from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
 from support.clock import Clock
 from support.consumers import RecordingListener, TopicFeed

@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-from coordinator.spark import jars, own_classes
+from coordinator.spark import own_classes
 from coordinator.spark.session import launch_jars
 
 

@@ -11,7 +11,6 @@ import shutil
 from collections import Counter
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from deltalake import write_deltalake
 

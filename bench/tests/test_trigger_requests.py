@@ -16,8 +16,8 @@ def request(start_ms: float, end_ms: float, method: str, kind: str, path: str) -
 
 def test_a_trigger_runs_from_its_listing_to_its_commit_and_its_requests_are_told_apart(tmp_path):
     log = [
-        request(0, 25, "GET", "LIST", f"/bench?delimiter=/&list-type=2&prefix=lh/groups/"),  # a trigger with no batch
-        request(100, 125, "GET", "LIST", f"/bench?delimiter=/&list-type=2&prefix=lh/groups/"),
+        request(0, 25, "GET", "LIST", "/bench?delimiter=/&list-type=2&prefix=lh/groups/"),  # a trigger with no batch
+        request(100, 125, "GET", "LIST", "/bench?delimiter=/&list-type=2&prefix=lh/groups/"),
         request(125, 150, "HEAD", "HEAD", f"{ROOT}/groups/g/commit_log/_delta_log/00000000000000000007.json"),
         request(150, 175, "PUT", "PUT", f"{ROOT}/system/_checkpoints/checker/offsets/.5.ab12.tmp"),
         request(175, 200, "PUT", "COPY", f"{ROOT}/system/_checkpoints/checker/offsets/5"),
@@ -30,7 +30,7 @@ def test_a_trigger_runs_from_its_listing_to_its_commit_and_its_requests_are_told
         request(315, 340, "PUT", "PUT", f"{ROOT}/system/op/_delta_log/00000000000000000003.json"),
         request(340, 365, "DELETE", "DELETE", f"{ROOT}/system/_checkpoints/checker/offsets/1"),
         request(345, 370, "PUT", "COPY", f"{ROOT}/system/_checkpoints/checker/commits/5"),
-        request(400, 425, "GET", "LIST", f"/bench?delimiter=/&list-type=2&prefix=lh/groups/"),  # the next trigger's
+        request(400, 425, "GET", "LIST", "/bench?delimiter=/&list-type=2&prefix=lh/groups/"),  # the next trigger's
     ]
     path = tmp_path / "requests.jsonl"
     path.write_text("".join(json.dumps(r._asdict()) + "\n" for r in reversed(log)))

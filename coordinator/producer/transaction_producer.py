@@ -35,7 +35,6 @@ from coordinator.producer.listener import TransactionListener
 from coordinator.producer.message import Message, SendStatus, TransactionSendResult
 from coordinator.protocol import LocalTransactionState, MAX_COMMIT_BODY_BYTES
 from coordinator.names import validate_name
-from coordinator.protocol import MAX_COMMIT_BODY_BYTES
 
 __all__ = ["TransactionProducer", "time_ordered_id"]
 
