@@ -77,6 +77,11 @@ public final class Parquet {
                 .withWriteMode(ParquetFileWriter.Mode.OVERWRITE)
                 .withDictionaryEncoding(false)
                 .withPageWriteChecksumEnabled(false)
+                .withPageSize(64 * 1024)
+                .withDictionaryPageSize(64 * 1024)
+                .withRowGroupSize(64L * 1024 * 1024)
+                .withStatisticsTruncateLength(64)
+                .withColumnIndexTruncateLength(64)
                 .build()) {
             for (T row : rows) {
                 Group group = factory.newGroup();
