@@ -243,18 +243,35 @@ public final class DeltaLog {
         }
     }
 
+    /** A data file written and its commit's bytes built, not yet committed ({@link #prepare}). */
+    public static final class Prepared {
+        final byte[] content;
+        CompletableFuture<Long> checkpointRead;
+
+        Prepared(byte[] content, CompletableFuture<Long> checkpointRead) {
+            this.content = content;
+            this.checkpointRead = checkpointRead;
+        }
+    }
+
     /**
      * Appends {@code dataFile} (Parquet bytes holding {@code numRecords} rows) as the next version: steps 2 to 8.
      * Returns the version made.
      */
     public long append(byte[] dataFile, long numRecords) {
-        if (version < 0) {
-            load();
-        }
+        return commit(prepare(dataFile, numRecords));
+    }
+
+    /**
+     * Steps 2 and 3: writes the data file and builds the commit's bytes. Thread-safe, and may run while an
+     * earlier prepared commit of this log is being made ({@link #commit} takes them in turn).
+     */
+    public Prepared prepare(byte[] dataFile, long numRecords) {
         String path = "part-00000-" + UUID.randomUUID() + "-c000.snappy.parquet";
         long written = System.currentTimeMillis();
-        // On object storage, step 4's read of _last_checkpoint goes beside the data file's write: one round
-        // trip less per commit. It is still read after the previous commit landed and before this one's create.
+        // On object storage, step 4's read of _last_checkpoint goes beside the data file's write: one round trip
+        // less per commit. A checkpoint that appears meanwhile is found at the next commit, or by the lost race
+        // its commits cause; log cleanup removes only commits older than its retention (minutes at least).
         CompletableFuture<Long> checkpointRead = store.isLocal() ? null
                 : CompletableFuture.supplyAsync(this::lastCheckpoint, BESIDE);
         store.put(key + "/" + path, dataFile);
@@ -274,17 +291,26 @@ public final class DeltaLog {
         a.put("modificationTime", written);
         a.put("dataChange", true);
         a.put("stats", "{\"numRecords\":" + numRecords + "}");
-        byte[] content = (commitInfo + "\n" + add + "\n").getBytes(StandardCharsets.UTF_8);
+        return new Prepared((commitInfo + "\n" + add + "\n").getBytes(StandardCharsets.UTF_8), checkpointRead);
+    }
+
+    /** Steps 4 to 8 for a prepared commit: the version it got. One thread at a time. */
+    public long commit(Prepared prepared) {
+        if (version < 0) {
+            load();
+        }
+        byte[] content = prepared.content;
         int lost = 0;
         while (true) {
             long checkpoint; // step 4: never create a version below a checkpoint
-            if (checkpointRead != null) {
+            if (prepared.checkpointRead != null) {
                 try {
-                    checkpoint = checkpointRead.join();
+                    checkpoint = prepared.checkpointRead.join();
                 } catch (CompletionException e) {
                     throw e.getCause() instanceof RuntimeException cause ? cause : e;
+                } finally {
+                    prepared.checkpointRead = null;
                 }
-                checkpointRead = null;
             } else {
                 checkpoint = lastCheckpoint();
             }
