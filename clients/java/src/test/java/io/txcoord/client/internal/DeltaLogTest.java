@@ -94,6 +94,22 @@ class DeltaLogTest {
     }
 
     @Test
+    void readsTheProtocolFromACheckpointOnceLogCleanupRemovedTheCommits() throws Exception {
+        // A commit log of versions 0 to 3 that delta-rs checkpointed at 3, with commits 0 to 3 deleted since.
+        Path log = root.resolve("t/_delta_log");
+        Files.createDirectories(log);
+        for (String name : List.of("00000000000000000003.checkpoint.parquet", "_last_checkpoint")) {
+            try (var in = getClass().getResourceAsStream("/checkpointed-log/_delta_log/" + name)) {
+                Files.copy(in, log.resolve(name));
+            }
+        }
+        DeltaLog table = new DeltaLog(new LocalStore(root.toString()), "t");
+        table.load();
+        assertEquals(3, table.version());
+        assertEquals(4, table.append(file("after"), 1));
+    }
+
+    @Test
     void refusesATableABlindAppendDoesNotHonour() throws Exception {
         Path log = root.resolve("t/_delta_log");
         Files.createDirectories(log);
