@@ -330,7 +330,9 @@ public final class DeltaLog {
             long bound = Math.min(1_000_000, roundTripMicros << Math.min(lost, 20));
             lost++;
             sleepMicros(ThreadLocalRandom.current().nextLong(bound / 2, bound + 1));
-            version = next;
+            // Step 7.2: from the winner's commit up to the first missing one. A create refused as taken whose
+            // version does not exist after all (S3's 409 for a competing conditional write that failed too)
+            // leaves the version where it was: taking it as made would leave a gap in the log.
             catchUp();
         }
     }

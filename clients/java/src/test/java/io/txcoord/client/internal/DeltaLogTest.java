@@ -82,6 +82,26 @@ class DeltaLogTest {
     }
 
     @Test
+    void aCreateRefusedAsTakenThatWasNotMadeLeavesNoGap() throws Exception {
+        LocalStore local = new LocalStore(root.toString());
+        new DeltaLog(local, "t").createIfMissing(Records.SCHEMA_STRING, Records.CONFIGURATION);
+        java.util.concurrent.atomic.AtomicBoolean refused = new java.util.concurrent.atomic.AtomicBoolean();
+        ObjectStore store = (ObjectStore) java.lang.reflect.Proxy.newProxyInstance(getClass().getClassLoader(),
+                new Class<?>[]{ObjectStore.class}, (proxy, method, args) -> {
+                    // As S3's 409 for a competing conditional write: "taken", though nothing was written.
+                    if (method.getName().equals("create") && ((String) args[0]).endsWith("00000000000000000001.json")
+                            && refused.compareAndSet(false, true)) {
+                        return false;
+                    }
+                    return method.invoke(local, args);
+                });
+        DeltaLog log = new DeltaLog(store, "t");
+        assertEquals(1, log.append(file("a"), 1));
+        assertTrue(refused.get());
+        assertEquals(2, log.append(file("b"), 1));
+    }
+
+    @Test
     void neverCreatesAVersionBelowTheLastCheckpoint() throws Exception {
         LocalStore store = new LocalStore(root.toString());
         DeltaLog log = new DeltaLog(store, "t");
