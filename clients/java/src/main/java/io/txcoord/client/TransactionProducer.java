@@ -117,10 +117,12 @@ public class TransactionProducer implements AutoCloseable {
                 throw new ProducerStateError("producer " + group + " was shut down; create a new one");
             }
             ObjectStore opened = ObjectStore.open(config);
+            Instances registry = new Instances(opened, group, instanceId, config.getProducerHeartbeatMs() / 1000.0);
+            int claimed = -1;
             try {
-                Instances registry = new Instances(opened, group, instanceId, config.getProducerHeartbeatMs() / 1000.0);
                 registry.announce();
                 int number = registry.claimLog();
+                claimed = number;
                 CommitLogWriter logWriter;
                 try {
                     logWriter = openLog(opened, number);
@@ -131,6 +133,7 @@ public class TransactionProducer implements AutoCloseable {
                     LOG.warning("this instance shares group " + group + "'s first commit log: " + e.getMessage());
                     registry.releaseLog(number);
                     number = 0;
+                    claimed = -1;
                     logWriter = openLog(opened, 0);
                 }
                 CheckBackWorker worker = new CheckBackWorker(opened, group, instanceId, listener, logWriter, registry,
@@ -143,7 +146,17 @@ public class TransactionProducer implements AutoCloseable {
                 this.logNumber = number;
                 this.state = State.RUNNING;
             } catch (RuntimeException e) {
-                opened.close();
+                // A start that failed leaves no live record and no claim behind (the storage may refuse these too).
+                try {
+                    if (claimed >= 0) {
+                        registry.releaseLog(claimed);
+                    }
+                    registry.withdraw();
+                } catch (RuntimeException cleanup) {
+                    e.addSuppressed(cleanup);
+                } finally {
+                    opened.close();
+                }
                 throw e;
             }
         }

@@ -237,6 +237,19 @@ class ProducerTest {
     }
 
     @Test
+    void aStartThatFailsLeavesNoRecordAndNoClaim() throws Exception {
+        Path log = lakehouse.resolve("groups/order_group/commit_log/_delta_log");
+        Files.createDirectories(log);
+        Files.writeString(log.resolve("00000000000000000000.json"),
+                "{\"protocol\":{\"minReaderVersion\":3,\"minWriterVersion\":7,\"writerFeatures\":[\"deletionVectors\"]}}\n");
+        TransactionProducer producer = new TransactionProducer("order_group", new Listener(), config);
+        assertThrows(UnsupportedTableError.class, producer::start);
+        try (Stream<Path> left = Files.list(lakehouse.resolve("groups/order_group/_producers"))) {
+            assertEquals(List.of(), left.map(p -> p.getFileName().toString()).filter(n -> !n.startsWith(".")).toList());
+        }
+    }
+
+    @Test
     void theHeartbeatRenewsTheInstanceRecord() throws Exception {
         TransactionProducer producer = started(new Listener());
         Path record = lakehouse.resolve("groups/order_group/_producers/" + producer.getInstanceId() + ".json");
