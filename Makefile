@@ -53,13 +53,24 @@ test: system-packages
 	@mkdir -p .cache; start=$$(date +%s); \
 	$(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
 	$(PYTHON) scripts/azurite.py install > .cache/azurite-install.log 2>&1 & azurite=$$!; \
-	$(MAKE) --no-print-directory setup || { kill $$build $$azurite 2>/dev/null; exit 1; }; \
+	( $(JAVA_CLIENT_BUILD) ) > .cache/java-build.log 2>&1 & java=$$!; \
+	$(MAKE) --no-print-directory setup || { kill $$build $$azurite $$java 2>/dev/null; exit 1; }; \
 	$(COMPILE_CHECKOUT); \
 	echo "--- setup took $$(( $$(date +%s) - start )) s"; \
 	bash scripts/test_lanes.sh tests; status=$$?; \
 	wait $$build || { echo "--- the S3 server's build failed:"; cat .cache/s3-build.log; status=1; }; \
 	wait $$azurite || { echo "--- Azurite's install failed:"; cat .cache/azurite-install.log; status=1; }; \
+	if wait $$java; then echo "--- the Java client (clients/java): $$(grep -a 'Tests run:' .cache/java-build.log | tail -1 \
+	  | sed 's/.*Tests run/Tests run/') (.cache/java-build.log)"; \
+	else echo "--- the Java client's build or its JUnit tests failed:"; tail -n 80 .cache/java-build.log; status=1; fi; \
 	echo "--- make test took $$(( $$(date +%s) - start )) s"; exit $$status
+
+# The Java client (clients/java): its jar, runtime jars (target/lib) and JUnit tests, with Maven, under the lock
+# tests/test_java_client.py takes too (support/java_client.py), so that the two never build at once. Maven's
+# repository is cached per machine (~/.m2: about 66 MB, downloaded once in about 15 s); a warm build and its
+# tests take about 25 s of one core, in the background of the Python tests.
+JAVA_CLIENT_BUILD = if command -v mvn > /dev/null; then cd clients/java && flock target.lock mvn -B -ntp package; \
+	else echo "Tests run: none, Maven is missing (sudo apt-get install maven)"; fi
 
 # The benchmarks' and the chaos harness's own tests (bench/tests/): every benchmark's tiny run, the chaos runs
 # (local disk, and the S3 server with storage faults), the verdict's and the reports' logic. Same lanes as
@@ -84,9 +95,12 @@ test-under-load:
 #   Chromium, headless, and its driver: tests/test_console_browser.py
 #   Node.js and npm, which install and run Azurite: tests/test_object_storage_azure.py
 #   a JDK's javac, which compiles txcoord's checkpoint file manager for S3: tests/test_own_classes.py
+#   Maven, which builds the Java client: clients/java, tests/test_java_client.py
 system-packages:
 	@$(call apt-install,default-jdk-headless,javac,txcoord's checkpoint file manager for S3 needs a JDK's javac \
 	  (sudo apt-get install default-jdk-headless): the checker uses Spark's own without it)
+	@$(call apt-install,maven,mvn,the Java client (clients/java) builds with Maven (sudo apt-get install maven): \
+	  its build and tests/test_java_client.py are skipped without it)
 	@$(call apt-install,nodejs npm,node npm,tests/test_object_storage_azure.py needs Node.js and npm \
 	  (sudo apt-get install nodejs npm): skipped without them)
 	@$(call apt-install,prometheus,prometheus promtool,tests/test_prometheus.py needs Prometheus \
