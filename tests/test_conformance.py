@@ -122,8 +122,12 @@ def test_each_client_passes_every_case_of_the_kit_on_the_s3_server_with_the_gran
     assert "AccessDeniedError" in stderr and "groups/conformance_grant_b/_producers/" in stderr
 
 
-#: A client that commits whatever its local transaction was told to return: the kit must catch it.
-LYING_CLIENT = """
+#: A client with two defects the kit must catch: it commits whatever its local transaction was told to return,
+#: and it takes its next version from what it knew, never reading _last_checkpoint.
+BROKEN_CLIENT = """
+from concurrent.futures import Future
+
+from coordinator.appender import DeltaAppender
 from coordinator.conformance import python_client
 from coordinator.protocol import LocalTransactionState
 
@@ -134,23 +138,33 @@ class Lying(python_client.ScriptedListener):
         return LocalTransactionState.COMMIT_MESSAGE
 
 
+def no_checkpoint_read(self):
+    unread = Future()
+    unread.set_result(None)
+    return unread
+
+
 python_client.ScriptedListener = Lying
+DeltaAppender._read_last_checkpoint = no_checkpoint_read
 raise SystemExit(python_client.main())
 """
 
 
 @pytest.mark.slow
-def test_the_kit_fails_a_client_that_commits_what_it_should_roll_back(tmp_path):
-    script = tmp_path / "lying_client.py"
-    script.write_text(LYING_CLIENT)
+def test_the_kit_fails_a_client_that_commits_what_it_should_roll_back_or_writes_below_a_checkpoint(tmp_path):
+    script = tmp_path / "broken_client.py"
+    script.write_text(BROKEN_CLIENT)
     done = conformance("--producer", f"{sys.executable} {script}", "--case", "commit", "--case", "rollback",
-                       "--case-timeout", "30", "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
+                       "--case", "checkpointed_log", "--case-timeout", "30", "--workdir", str(tmp_path / "kit"),
+                       cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     verdicts = case_lines(done.stdout)
-    assert verdicts["commit"] == "PASS" and list(verdicts) == ["commit", "rollback"]
+    assert verdicts["commit"] == "PASS" and list(verdicts) == ["commit", "rollback", "checkpointed_log"]
     assert verdicts["rollback"].startswith("send replied local_state 'COMMIT_MESSAGE', the listener returned "
                                            "ROLLBACK_MESSAGE"), verdicts
-    assert re.fullmatch(r"1 of 2 cases passed in \d+ s; failed: rollback", done.stdout.splitlines()[-1])
+    # Its second send reported success; the checker never read the version it recreated below the checkpoint.
+    assert verdicts["checkpointed_log"].startswith("timed out waiting for system/op to decide"), verdicts
+    assert re.fullmatch(r"1 of 3 cases passed in \d+ s; failed: rollback, checkpointed_log", done.stdout.splitlines()[-1])
 
 
 def test_an_unknown_case_is_a_usage_error_before_any_checker_starts(tmp_path):

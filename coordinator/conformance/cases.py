@@ -243,6 +243,12 @@ def _malformed_neighbour(run: Run, deadline: Deadline, new_client: Callable[[], 
     case_malformed_neighbour(run, deadline, new_client)
 
 
+def _checkpointed_log(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
+    from coordinator.conformance.checkpointed import case_checkpointed_log
+
+    case_checkpointed_log(run, deadline, new_client)
+
+
 def _grant(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
     from coordinator.conformance.s3 import case_grant
 
@@ -261,6 +267,7 @@ CASES: dict[str, Case] = {
     "name_rule": case_name_rule,
     "heartbeat_routing": case_heartbeat_routing,
     "malformed_neighbour": _malformed_neighbour,
+    "checkpointed_log": _checkpointed_log,
 }
 #: The cases only a lakehouse on the S3 server, with an account per group, can run.
 OBJECT_STORE_CASES: dict[str, Case] = {"grant": _grant}
