@@ -58,7 +58,7 @@ _log = logging.getLogger("coordinator.consumer")
 
 #: An instance that could not renew its record for this many heartbeats stops starting calls.
 _FENCE_HEARTBEATS = 1.5
-#: A quiet table is probed at most every this many poll intervals; an absent one every _ABSENT_POLLS.
+#: A quiet table is probed at most every this many poll intervals; an absent redrive table every _ABSENT_POLLS.
 _IDLE_POLLS = 10
 _ABSENT_POLLS = 100
 #: How many versions past the furthest-behind share of a topic with room to read another share reads: within
@@ -174,6 +174,7 @@ class TopicConsumer:
         self._logs: dict[str, TopicLog] = {}
         self._probed_at: dict[str, float] = {}  # time.monotonic() of each source's last probe
         self._grew_at: dict[str, float] = {}  # time.monotonic() of the last probe that found a source grown
+        self._probe_due = float("inf")  # time.monotonic() when a source's next probe is due, if one is
         self._outstanding = 0  # runs handed to the workers and not reported back yet
         self._finished: deque[Run] = deque()  # appended by worker threads, taken by the loop
         self._announced_at = float("-inf")
@@ -275,7 +276,10 @@ class TopicConsumer:
         try:
             while not self._stopping.is_set():
                 self._step()
-                self._wake.wait(self.config.consumer_poll_interval_ms / 1000)
+                # Until the next probe is due, not a whole poll interval: a step woken early by a finished call
+                # skips a probe not yet due, and waiting a whole interval after it put the probe off by as much.
+                poll = self.config.consumer_poll_interval_ms / 1000
+                self._wake.wait(min(poll, max(0.0, self._probe_due - time.monotonic())))
                 self._wake.clear()
             if not self._halted:
                 self._drain()
@@ -426,6 +430,7 @@ class TopicConsumer:
             self._shares.pop((share.source, share.number), None)
 
     def _read(self) -> None:
+        self._probe_due = float("inf")
         latest, reading = {}, {}
         for share in self._shares.values():
             if not share.releasing and len(share.pending) < self.config.consumer_max_buffered:
@@ -456,21 +461,27 @@ class TopicConsumer:
         known = log.known
         caught_up = known is None or any(share.next_read > known for (name, _), share in self._shares.items()
                                          if name == source and not share.releasing)
-        if caught_up and now - self._probed_at.get(source, float("-inf")) >= self._probe_interval(source, now):
+        interval = self._probe_interval(source, now)
+        if caught_up and now - self._probed_at.get(source, float("-inf")) >= interval:
             self._probed_at[source] = now
             latest = log.latest()
             if latest != known:
                 self._grew_at[source] = now
+                interval = self._probe_interval(source, now)
+            self._probe_due = min(self._probe_due, now + interval)
             return latest
+        if caught_up:
+            self._probe_due = min(self._probe_due, self._probed_at[source] + interval)
         return known
 
     def _probe_interval(self, source: str, now: float) -> float:
         """The poll interval while ``source`` grows; once it is quiet, a quarter of the time since it last grew
         (a message after a quiet spell waits at most a quarter longer), up to :data:`_IDLE_POLLS` poll intervals;
-        :data:`_ABSENT_POLLS` while the table does not exist (the group's redrive table, until an operator first
-        redrives). Probing every poll interval was most of an idle consumer's requests (docs/performance.md)."""
+        :data:`_ABSENT_POLLS` while the group's redrive table does not exist (until an operator first redrives; a
+        topic that does not exist yet is probed as a quiet one: its first messages are not held up). Probing every
+        poll interval was most of an idle consumer's requests (docs/performance.md)."""
         poll = self.config.consumer_poll_interval_ms / 1000
-        if self._logs[source].known == -1:
+        if source == REDRIVE_SOURCE and self._logs[source].known == -1:
             return poll * _ABSENT_POLLS
         quiet = now - self._grew_at.get(source, now)
         return min(max(poll, quiet / 4), poll * _IDLE_POLLS)
