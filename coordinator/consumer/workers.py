@@ -12,7 +12,8 @@ stopped from outside: an abandoned thread is a daemon one, so it never keeps the
 
 Example::
 
-    workers = Workers(4, call=lambda payload, item: handle(item), ok=lambda result, error: error is None, done=print, clock=time.time)
+    workers = Workers(4, call=lambda payload, item: handle(item), ok=lambda result, error: error is None,
+                      done=print, clock=time.time)
     workers.submit(Run([1, 2, 3]))  # done(run) is called from the worker's thread once the run ends
     workers.close()                 # joins every thread but the abandoned ones
 """
@@ -48,8 +49,8 @@ class Run:
 
 
 class Workers:
-    """``size`` threads calling ``call(payload, item)`` for each item of each submitted :class:`Run`; ``done(run)`` reports
-    each run that ended (not an abandoned one). ``ok(result, error)`` says whether a call succeeded (a run stops
+    """``size`` threads calling ``call(payload, item)`` for each item of each submitted :class:`Run`; ``done(run)``
+    reports each run that ended (not an abandoned one). ``ok(result, error)`` says whether a call succeeded (a run stops
     at the first that did not); ``runnable(run)`` whether its next call may start."""
 
     def __init__(self, size: int, call: Callable[[Any, Any], Any], ok: Callable[[Any, Optional[BaseException]], bool],
