@@ -312,3 +312,26 @@ def test_on_object_storage_an_idle_instance_lists_its_group_rarely_and_reads_no_
             spent = requests_between(before, proxy.counts())
     assert 1 <= spent["LIST"] <= 2, spent  # was a listing at each of the ten looks
     assert spent["GET"] <= spent["LIST"], spent  # its own record per listing; was 8 claims at each look besides
+
+
+def test_closing_lets_the_call_under_way_finish_and_starts_none_handed_over_behind_it(settings, feed, clock):
+    """Every due key's messages are handed to the workers at once; closing starts none of those not started yet,
+    and the group's next instance delivers them, none lost, the finished one not again."""
+    settings = settings.replace(consumer_threads=1)
+    grant(settings, "credits", ["ORDERS"], shares=1)
+    feed.deliver("ORDERS", [(f"key-{n}", f"m{n}".encode()) for n in range(50)])
+    release = threading.Event()
+    listener = RecordingListener(lambda m: release.wait(60) and ConsumeResult.SUCCESS)
+    consumer = TopicConsumer("credits", ["ORDERS"], listener, settings, clock=clock).start()
+    wait_until(lambda: calls(listener, b"m0"), 30, "the first call")
+    wait_until(lambda: consumer_read(consumer, 50), 30, "all 50 read and handed over")
+    closing = threading.Thread(target=consumer.close)
+    closing.start()
+    wait_until(lambda: consumer._stopping.is_set(), 30, "the consumer closing")
+    release.set()
+    closing.join(30)
+    assert not closing.is_alive() and listener.bodies() == [b"m0"]
+    again = RecordingListener()
+    with TopicConsumer("credits", ["ORDERS"], again, settings, clock=clock):
+        wait_until(handled_count(again, 49), 30, "the 49 not started")
+    assert sorted(again.bodies()) == sorted(f"m{n}".encode() for n in range(1, 50))
