@@ -3,16 +3,17 @@
 Each topic is split into a fixed number of *shares* (the group's grant says how many) by a stable hash of a
 message's ``keys`` (of its ``msg_id`` when it has none): the messages of one key are always in one share.
 Every instance announces itself (:class:`~coordinator.consumer.group.ConsumerInstances`) and, every half
-heartbeat, works out which shares it should hold by rendezvous hashing over the live instances of its group;
-it takes a share with a claim written conditionally, so one share is handled by one instance at a time, and
-gives up the shares another live instance should hold once its calls under way in them end. An instance
-whose own record it could not renew for a heartbeat and a half stops starting calls: the others may take it
-for dead soon after.
+heartbeat, works out which shares it should hold by rendezvous hashing over the live instances of its group
+(listed only around membership changes and every few heartbeats: :meth:`TopicConsumer._survey`); it takes a
+share with a claim written conditionally, so one share is handled by one instance at a time, and gives up the
+shares another live instance should hold once its calls under way in them end. An instance whose own record it
+could not renew for a heartbeat and a half stops starting calls: the others may take it for dead soon after.
 
 Within a share, messages are taken in the topic's order (its versions in order, ``queue_offset`` within
 each; :mod:`.topic_log`): a message starts only once every earlier message of its key is handled, so the
-messages of one key are handled one after another, in order, across all instances; other keys' messages run
-at once, up to ``consumer_threads`` calls. A failure (``FAILURE``, an exception, an answer that is not a
+messages of one key are handled one after another, in order, across all instances (a key's due messages go to
+a worker thread together, as one run: :mod:`.workers`); other keys' messages run at once, up to
+``consumer_threads`` calls. A failure (``FAILURE``, an exception, an answer that is not a
 :class:`ConsumeResult`, a call past ``consumer_timeout_ms``) delivers the message again after the next delay
 of ``consumer_retry_delays_ms``, its key's later messages waiting; after ``consumer_max_attempts`` attempts it
 moves to the group's dead letters and its key goes on.
