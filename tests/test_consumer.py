@@ -11,7 +11,7 @@ import pytest
 from coordinator import ConsumeResult, ConsumedMessage, CoordinatorConfig, MessageListener, TopicConsumer
 from coordinator.consumer.group import REDRIVE_SOURCE, ConsumerGroup, rendezvous_owner, share_of
 from coordinator.exceptions import AccessDeniedError, IncompleteListenerError, MessageValidationError
-from coordinator.lakehouse import Lakehouse, read_table
+from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
 from support.clock import Clock
 from support.consumers import RecordingListener, TopicFeed, grant
 from support.waiting import wait_until
@@ -280,3 +280,58 @@ def test_on_object_storage_a_claim_written_after_the_survey_is_not_replaced(s3_l
     clock.now += 2.5  # a's record is older than the liveness window now: its claim is free
     assert second.claim_share("ORDERS", 3, "b", live={"b"}) is not None
     assert second.share_owner("ORDERS", 3) == "b"
+
+
+def test_on_object_storage_an_idle_instance_lists_its_group_rarely_and_reads_no_claim(s3_server):
+    """An idle instance's requests on S3 (issue 54: at most 4 a second, $0.25 a day): once its group is settled it
+    lists the group's records every five heartbeats, not at every look, and reads its claims only when the
+    live set changes, not each share's at every look."""
+    import uuid
+
+    from support.faults import FaultProxyProcess
+    from support.object_store import requests_between
+
+    root = f"s3://lakehouse/{uuid.uuid4().hex}"
+    direct = CoordinatorConfig(lakehouse=root, storage=s3_server.storage_options)
+    init_lakehouse(Lakehouse.of(direct))
+    feed = TopicFeed(direct)
+    feed.deliver("ORDERS", [("k", b"x")])
+    feed.close()
+    grant(direct, "credits", ["ORDERS"])
+    clock, listener = Clock(), RecordingListener()
+    with FaultProxyProcess(s3_server.endpoint) as proxy:
+        settings = direct.replace(storage=proxy.storage_options(s3_server.storage_options), consumer_heartbeat_ms=1000,
+                                  consumer_poll_interval_ms=5, consumer_commit_interval_ms=1000)
+        with TopicConsumer("credits", ["ORDERS"], listener, settings, clock=clock) as consumer:
+            wait_until(handled_count(listener, 1), 30, "the message")
+            for _ in range(6):  # three heartbeats: settled (two), the message's progress saved
+                tick(clock, [consumer])
+            before = proxy.counts()
+            for _ in range(10):  # five heartbeats, a look every half
+                tick(clock, [consumer])
+            spent = requests_between(before, proxy.counts())
+    assert 1 <= spent["LIST"] <= 2, spent  # was a listing at each of the ten looks
+    assert spent["GET"] <= spent["LIST"], spent  # its own record per listing; was 8 claims at each look besides
+
+
+def test_closing_lets_the_call_under_way_finish_and_starts_none_handed_over_behind_it(settings, feed, clock):
+    """Every due key's messages are handed to the workers at once; closing starts none of those not started yet,
+    and the group's next instance delivers them, none lost, the finished one not again."""
+    settings = settings.replace(consumer_threads=1)
+    grant(settings, "credits", ["ORDERS"], shares=1)
+    feed.deliver("ORDERS", [(f"key-{n}", f"m{n}".encode()) for n in range(50)])
+    release = threading.Event()
+    listener = RecordingListener(lambda m: release.wait(60) and ConsumeResult.SUCCESS)
+    consumer = TopicConsumer("credits", ["ORDERS"], listener, settings, clock=clock).start()
+    wait_until(lambda: calls(listener, b"m0"), 30, "the first call")
+    wait_until(lambda: consumer_read(consumer, 50), 30, "all 50 read and handed over")
+    closing = threading.Thread(target=consumer.close)
+    closing.start()
+    wait_until(lambda: consumer._stopping.is_set(), 30, "the consumer closing")
+    release.set()
+    closing.join(30)
+    assert not closing.is_alive() and listener.bodies() == [b"m0"]
+    again = RecordingListener()
+    with TopicConsumer("credits", ["ORDERS"], again, settings, clock=clock):
+        wait_until(handled_count(again, 49), 30, "the 49 not started")
+    assert sorted(again.bodies()) == sorted(f"m{n}".encode() for n in range(1, 50))

@@ -3,16 +3,17 @@
 Each topic is split into a fixed number of *shares* (the group's grant says how many) by a stable hash of a
 message's ``keys`` (of its ``msg_id`` when it has none): the messages of one key are always in one share.
 Every instance announces itself (:class:`~coordinator.consumer.group.ConsumerInstances`) and, every half
-heartbeat, works out which shares it should hold by rendezvous hashing over the live instances of its group;
-it takes a share with a claim written conditionally, so one share is handled by one instance at a time, and
-gives up the shares another live instance should hold once its calls under way in them end. An instance
-whose own record it could not renew for a heartbeat and a half stops starting calls: the others may take it
-for dead soon after.
+heartbeat, works out which shares it should hold by rendezvous hashing over the live instances of its group
+(listed only around membership changes and every few heartbeats: :meth:`TopicConsumer._survey`); it takes a
+share with a claim written conditionally, so one share is handled by one instance at a time, and gives up the
+shares another live instance should hold once its calls under way in them end. An instance whose own record it
+could not renew for a heartbeat and a half stops starting calls: the others may take it for dead soon after.
 
 Within a share, messages are taken in the topic's order (its versions in order, ``queue_offset`` within
 each; :mod:`.topic_log`): a message starts only once every earlier message of its key is handled, so the
-messages of one key are handled one after another, in order, across all instances; other keys' messages run
-at once, up to ``consumer_threads`` calls. A failure (``FAILURE``, an exception, an answer that is not a
+messages of one key are handled one after another, in order, across all instances (a key's due messages go to
+a worker thread together, as one run: :mod:`.workers`); other keys' messages run at once, up to
+``consumer_threads`` calls. A failure (``FAILURE``, an exception, an answer that is not a
 :class:`ConsumeResult`, a call past ``consumer_timeout_ms``) delivers the message again after the next delay
 of ``consumer_retry_delays_ms``, its key's later messages waiting; after ``consumer_max_attempts`` attempts it
 moves to the group's dead letters and its key goes on.
@@ -34,17 +35,19 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections import deque
+from itertools import zip_longest
 from typing import Any, Callable, Optional, Sequence
 
 import pyarrow as pa
 
 from coordinator.config import CoordinatorConfig, parse_start_time
-from coordinator.consumer.group import REDRIVE_SOURCE, ConsumerGroup, ShareProgress, rendezvous_owner, share_of
+from coordinator.consumer.group import (LIVE_FOR_HEARTBEATS, REDRIVE_SOURCE, ConsumerGroup, ShareProgress,
+                                        rendezvous_owner, share_of)
 from coordinator.consumer.listener import ConsumeResult, MessageListener
 from coordinator.consumer.message import ConsumedMessage
-from coordinator.consumer.topic_log import TopicLog
-from coordinator.consumer.workers import Task, Workers
+from coordinator.consumer.topic_log import CACHED_VERSIONS, TopicLog
+from coordinator.consumer.workers import Run, Workers
 from coordinator.exceptions import ConsumerStateError, CoordinatorError, InvalidArgumentError, one_line
 from coordinator.lakehouse import Lakehouse
 from coordinator.names import validate_name
@@ -57,6 +60,16 @@ _log = logging.getLogger("coordinator.consumer")
 
 #: An instance that could not renew its record for this many heartbeats stops starting calls.
 _FENCE_HEARTBEATS = 1.5
+#: A quiet table is probed at most every this many poll intervals; an absent redrive table every _ABSENT_POLLS.
+_IDLE_POLLS = 10
+_ABSENT_POLLS = 100
+#: How many versions past the furthest-behind share of a topic with room to read another share reads: within
+#: what the topic's log keeps of its versions (topic_log.CACHED_VERSIONS).
+_READ_AHEAD_VERSIONS = CACHED_VERSIONS // 2
+#: The group's instances are listed every look for this many heartbeats after a change, then every
+#: _SURVEY_HEARTBEATS (:meth:`TopicConsumer._survey`).
+_SETTLE_HEARTBEATS = 2
+_SURVEY_HEARTBEATS = 5
 
 
 def retry_delay_ms(delays: Sequence[int], failed_attempts: int) -> int:
@@ -71,19 +84,16 @@ def retry_delay_ms(delays: Sequence[int], failed_attempts: int) -> int:
     return delays[min(failed_attempts, len(delays)) - 1]
 
 
-@dataclass
 class _Pending:
-    """A message of a share not handled yet, with its retry state."""
+    """A message of a share not handled yet, with its retry state (slots: one is made per message read)."""
 
-    row: dict
-    version: int
-    offset: int
-    lane: str
-    attempts: int = 0
-    due_ms: int = 0
-    error: Optional[str] = None
-    dead: bool = False
-    inflight: bool = False
+    __slots__ = ("row", "version", "offset", "lane", "attempts", "due_ms", "error", "dead", "inflight")
+
+    def __init__(self, row: dict, version: int, offset: int, lane: str):
+        self.row, self.version, self.offset, self.lane = row, version, offset, lane
+        self.attempts = self.due_ms = 0
+        self.error: Optional[str] = None
+        self.dead = self.inflight = False
 
 
 class _Share:
@@ -97,7 +107,9 @@ class _Share:
         self.unread_retries = dict(progress.retrying)
         self.dead_letters = progress.dead_letters
         self.next_read = progress.version
-        self.pending: list[_Pending] = []
+        #: The messages read and not handled, in the topic's order (a dict as an ordered set: one is removed
+        #: in O(1) whichever finishes first).
+        self.pending: dict[_Pending, None] = {}
         self.file_version = file_version
         self.dirty = file_version is None
         self.saved_at = now
@@ -107,7 +119,7 @@ class _Share:
 
     @property
     def watermark(self) -> int:
-        return self.pending[0].version if self.pending else self.next_read
+        return next(iter(self.pending)).version if self.pending else self.next_read
 
     def progress(self) -> ShareProgress:
         watermark = self.watermark
@@ -120,7 +132,7 @@ class _Share:
                              self.dead_letters)
 
     def handled(self, pending: _Pending) -> None:
-        self.pending.remove(pending)
+        del self.pending[pending]
         self.done.setdefault(pending.version, set()).add(pending.offset)
         self.dirty = True
 
@@ -167,10 +179,14 @@ class TopicConsumer:
         self._unreleased: dict[tuple[str, int], str] = {}
         self._logs: dict[str, TopicLog] = {}
         self._probed_at: dict[str, float] = {}  # time.monotonic() of each source's last probe
-        self._inflight: dict[int, tuple[Task, float]] = {}
-        self._finished: list[tuple[Task, Any, Optional[BaseException]]] = []
+        self._grew_at: dict[str, float] = {}  # time.monotonic() of the last probe that found a source grown
+        self._probe_due = float("inf")  # time.monotonic() when a source's next probe is due, if one is
+        self._outstanding = 0  # runs handed to the workers and not reported back yet
+        self._finished: deque[Run] = deque()  # appended by worker threads, taken by the loop
         self._announced_at = float("-inf")
         self._rebalanced_at = float("-inf")
+        self._live: set[str] = set()  # the group's live instances, as the last look found them
+        self._settled_from = self._surveyed_at = float("-inf")  # when the live set last changed, was last listed
         self._dead_letters = None
         self._thread: Optional[threading.Thread] = None
         self._workers: Optional[Workers] = None
@@ -201,7 +217,8 @@ class TopicConsumer:
                        else f"{self.lakehouse.consumer_dir(self.group)}/redrive")
                 self._logs[source] = TopicLog(self.lakehouse.files, key)
             self._announce()
-            self._workers = Workers(self.config.consumer_threads, self._on_finished, name=f"consumer-{self.group}")
+            self._workers = Workers(self.config.consumer_threads, self._call, _succeeded, self._on_finished,
+                                    self.clock, self._runnable, name=f"consumer-{self.group}")
             self._thread = threading.Thread(target=self._run, name=f"consumer-{self.group}", daemon=True)
             self._state = "running"
             self._thread.start()
@@ -266,7 +283,10 @@ class TopicConsumer:
         try:
             while not self._stopping.is_set():
                 self._step()
-                self._wake.wait(self.config.consumer_poll_interval_ms / 1000)
+                # Until the next probe is due, not a whole poll interval: a step woken early by a finished call
+                # skips a probe not yet due, and waiting a whole interval after it put the probe off by as much.
+                poll = self.config.consumer_poll_interval_ms / 1000
+                self._wake.wait(min(poll, max(0.0, self._probe_due - time.monotonic())))
                 self._wake.clear()
             if not self._halted:
                 self._drain()
@@ -295,7 +315,7 @@ class TopicConsumer:
         """Closing: the calls under way finish (or time out), then every share is saved and given up."""
         for share in self._shares.values():
             share.releasing = True
-        while self._inflight:
+        while self._outstanding:
             self._take_finished()
             self._expire()
             self._wake.wait(self.config.consumer_poll_interval_ms / 1000)
@@ -321,14 +341,15 @@ class TopicConsumer:
         return self.clock() - self._announced_at > _FENCE_HEARTBEATS * self.config.consumer_heartbeat_ms / 1000
 
     def _rebalance(self) -> None:
-        self._rebalanced_at = self.clock()
+        self._rebalanced_at = now = self.clock()
         try:
-            live = {record.instance_id for record in self._group.instances.live(self.group)}
+            live = self._survey(now)
         except CoordinatorError as error:
             _log.warning("consumer %s could not survey its group: %s", self.instance_id, one_line(error))
             return
         for key, claim in list(self._unreleased.items()):
             self._release(key[0], key[1], claim)
+        changed, self._live = live != self._live, live
         kept = []
         for key, share in list(self._shares.items()):
             if share.releasing:
@@ -337,8 +358,11 @@ class TopicConsumer:
                 share.releasing = True  # another live instance should hold it: handed over once its calls end
             else:
                 kept.append(share)
-        # At once on object storage: one after another, a round trip each, they held up every delivery.
-        owners = read_all(lambda share: self._group.share_owner(share.source, share.number), kept,
+        # Read when the group's membership changed, when a share may have moved, not at every look: a GET a
+        # share every half heartbeat was most of an idle instance's requests; the conditional progress write and
+        # the fence catch a share taken over in between. At once on object storage: one after another, a round
+        # trip each, they held up every delivery.
+        owners = read_all(lambda share: self._group.share_owner(share.source, share.number), kept if changed else [],
                           remote=self.lakehouse.files.remote)
         for share, owner in zip(kept, owners):
             if owner != self.instance_id:
@@ -351,6 +375,28 @@ class TopicConsumer:
         # At once on object storage: a dead instance's shares taken one after another, a few round trips each,
         # held up this loop (its heartbeat, its deliveries) for seconds at 25 ms a request.
         read_all(lambda key: self._take(key[0], key[1], live), wanted, remote=self.lakehouse.files.remote)
+
+    def _survey(self, now: float) -> set[str]:
+        """The group's live instances. Listed (a LIST, and a GET a record) while the membership settles, for
+        :data:`_SETTLE_HEARTBEATS` heartbeats since this instance started or the live set last changed, and then
+        every :data:`_SURVEY_HEARTBEATS` heartbeats, when an instance that joined is found; in between, the records
+        of the instances known live are read again (a GET each), to find one dead as soon. A LIST every half
+        heartbeat cost an idle instance more than its heartbeat: on S3 a LIST is priced as 12.5 GETs."""
+        heartbeat_s = self.config.consumer_heartbeat_ms / 1000
+        if (now - self._settled_from < _SETTLE_HEARTBEATS * heartbeat_s
+                or now - self._surveyed_at >= _SURVEY_HEARTBEATS * heartbeat_s):
+            self._surveyed_at = now
+            live = {record.instance_id for record in self._group.instances.live(self.group)}
+        else:
+            others = sorted(self._live - {self.instance_id})
+            alive = read_all(lambda other: self._group.instances.is_live(self.group, other), others,
+                             remote=self.lakehouse.files.remote)
+            live = {other for other, is_live in zip(others, alive) if is_live}
+            if now - self._announced_at <= LIVE_FOR_HEARTBEATS * heartbeat_s:
+                live.add(self.instance_id)
+        if live != self._live:
+            self._settled_from = now
+        return live
 
     def _take(self, source: str, number: int, live: set[str]) -> None:
         claim = None
@@ -388,6 +434,7 @@ class TopicConsumer:
         own: else the claim would name a live instance that no longer handles the share, and the instance
         rendezvous hashing names would never take it."""
         _log.warning("consumer %s lost share %d of %s: %s", self.instance_id, share.number, share.source, why)
+        share.releasing = True  # its runs not started yet stop
         with self._lock:
             self._shares.pop((share.source, share.number), None)
         if release:
@@ -414,14 +461,22 @@ class TopicConsumer:
         self._release(share.source, share.number, share.claim)
 
     def _read(self) -> None:
-        latest = {}
+        self._probe_due = float("inf")
+        latest, reading = {}, {}
+        for share in self._shares.values():
+            if not share.releasing and len(share.pending) < self.config.consumer_max_buffered:
+                reading[share.source] = min(reading.get(share.source, share.next_read), share.next_read)
         for share in list(self._shares.values()):
             if share.releasing:
                 continue
             try:
                 if share.source not in latest:
                     latest[share.source] = self._latest(share.source)
-                self._fill(share, latest[share.source])
+                # Not far past the furthest-behind share that has room to read: the shares of a topic drifted
+                # apart (44 versions in 30 s, a 1,000,000-message topic) past the versions the log keeps, and each
+                # version was read and converted again for each share that came to it late.
+                ahead = reading.get(share.source, share.next_read) + _READ_AHEAD_VERSIONS - 1
+                self._fill(share, min(latest[share.source], ahead))
                 share.failure = None
             except CoordinatorError as error:
                 if share.failure != one_line(error):
@@ -431,126 +486,144 @@ class TopicConsumer:
 
     def _latest(self, source: str) -> int:
         """How far ``source`` has grown: probed (a request) only once one of its shares has read all it knew of,
-        and at most every poll interval: a busy loop steps once per finished call, and a probe each time would cost
-        a request per step."""
+        and at most every :meth:`_probe_interval`: a busy loop steps often, and a probe each time would cost a
+        request per step."""
         log, now = self._logs[source], time.monotonic()
         known = log.known
         caught_up = known is None or any(share.next_read > known for (name, _), share in self._shares.items()
                                          if name == source and not share.releasing)
-        if caught_up and now - self._probed_at.get(source, float("-inf")) >= self.config.consumer_poll_interval_ms / 1000:
+        interval = self._probe_interval(source, now)
+        if caught_up and now - self._probed_at.get(source, float("-inf")) >= interval:
             self._probed_at[source] = now
-            return log.latest()
+            latest = log.latest()
+            if latest != known:
+                self._grew_at[source] = now
+                interval = self._probe_interval(source, now)
+            self._probe_due = min(self._probe_due, now + interval)
+            return latest
+        if caught_up:
+            self._probe_due = min(self._probe_due, self._probed_at[source] + interval)
         return known
 
+    def _probe_interval(self, source: str, now: float) -> float:
+        """The poll interval while ``source`` grows; once it is quiet, a quarter of the time since it last grew
+        (a message after a quiet spell waits at most a quarter longer), up to :data:`_IDLE_POLLS` poll intervals;
+        :data:`_ABSENT_POLLS` while the group's redrive table does not exist (until an operator first redrives; a
+        topic that does not exist yet is probed as a quiet one: its first messages are not held up). Probing every
+        poll interval was most of an idle consumer's requests (docs/performance.md)."""
+        poll = self.config.consumer_poll_interval_ms / 1000
+        if source == REDRIVE_SOURCE and self._logs[source].known == -1:
+            return poll * _ABSENT_POLLS
+        quiet = now - self._grew_at.get(source, now)
+        return min(max(poll, quiet / 4), poll * _IDLE_POLLS)
+
     def _fill(self, share: _Share, latest: int) -> None:
-        while len(share.pending) < self.config.consumer_max_buffered and share.next_read <= latest:
+        pending, floor, retries = share.pending, share.floor, share.unread_retries
+        while len(pending) < self.config.consumer_max_buffered and share.next_read <= latest:
             version = share.next_read
             done = share.done.get(version, ())
             for row in share.log.split(version, self._shares_per_topic, share_of)[share.number]:
                 offset = row["queue_offset"]
-                if offset < share.floor or offset in done:
+                if offset < floor or offset in done:
                     continue
-                pending = _Pending(row, version, offset, row["keys"] or f"\0{row['msg_id']}")
-                retry = share.unread_retries.pop(offset, None)
+                message = _Pending(row, version, offset, row["keys"] or f"\0{row['msg_id']}")
+                retry = retries.pop(offset, None) if retries else None
                 if retry is not None:
-                    pending.attempts, pending.due_ms = retry["attempts"], retry["due_ms"]
-                    pending.error, pending.dead = retry["error"], retry.get("dead", False)
-                share.pending.append(pending)
+                    message.attempts, message.due_ms = retry["attempts"], retry["due_ms"]
+                    message.error, message.dead = retry["error"], retry.get("dead", False)
+                pending[message] = None
             share.next_read += 1
             share.dirty = True
 
     def _dispatch(self) -> None:
-        """Start the calls that may start: the shares taken in turn, from the one after the last round's last
-        served, each to an equal part of the free threads at most. In the shares' own order, the shares held
-        longest took every free thread while they had work, and shares taken over from a dead instance waited."""
+        """Hand the workers, for each key whose earlier messages are all handled, its messages that are due, as
+        one run (called in order, stopping at a failure): a hand-off per key, not per message. The shares' runs
+        are queued in turn, beginning with the share after the last round's first: in the shares' own order, the
+        runs of the shares held longest filled the queue, and shares taken over from a dead instance waited."""
         if self._fenced:
             return
         now_ms = int(self.clock() * 1000)
         shares = [share for share in self._shares.values() if not share.releasing and share.pending]
         if not shares:
             return
-        first, started = True, 0
-        while first or (started and self._workers.idle):  # threads left by shares with less to start: again
-            part, started = max(1, -(-self._workers.idle // len(shares))), 0
-            start = self._dispatch_from % len(shares)
-            for turn in range(len(shares)):
-                share = shares[(start + turn) % len(shares)]
+        start = self._dispatch_from % len(shares)
+        self._dispatch_from = start + 1
+        due = [(share, *self._due_runs(share, now_ms)) for share in shares[start:] + shares[:start]]
+        for turn in zip_longest(*(runs for _, runs, _ in due)):
+            for run in turn:
+                if run is not None:
+                    for pending in run.items:
+                        pending.inflight = True
+                    self._outstanding += 1
+                    self._workers.submit(run)
+        for share, _, dying in due:
+            for pending in dying:
                 if self._shares.get((share.source, share.number)) is not share:
-                    continue  # lost while this round buried a dead letter (its save refused): its holder delivers
-                if not self._workers.idle:
-                    if not first:
-                        break
-                    part = 0  # no thread left: the rest only bury their dead
-                count = self._dispatch_share(share, now_ms, part, bury=first)
-                started += count
-                if count and not self._workers.idle:
-                    self._dispatch_from = start + turn + 1
-            first = False
+                    break  # lost while an earlier dead letter was buried (its save refused): its holder delivers
+                self._bury(share, pending)
 
-    def _dispatch_share(self, share: _Share, now_ms: int, part: int, bury: bool) -> int:
-        """Start up to ``part`` of ``share``'s calls that may start; with ``bury``, bury its dead. How many
-        started."""
-        dying, blocked, started = [], set(), 0
+    def _due_runs(self, share: _Share, now_ms: int) -> tuple[list[Run], list[_Pending]]:
+        """``share``'s runs that may start (a key's due messages, in order, behind none of its earlier ones), and
+        its messages out of attempts before a crash whose dead letters are still to write."""
+        runs: dict[str, list[_Pending]] = {}
+        dying, blocked = [], set()
         for pending in share.pending:
-            if pending.lane in blocked:
+            lane = pending.lane
+            if lane in blocked:
                 continue
-            blocked.add(pending.lane)  # its key's later messages wait for this one
-            if pending.inflight:
+            if pending.inflight or pending.dead or pending.due_ms > now_ms:
+                blocked.add(lane)  # its key's later messages wait for this one
+                if pending.dead and not pending.inflight:
+                    dying.append(pending)
                 continue
-            if pending.dead:  # out of attempts before a crash: its dead letter is still to write
-                dying.append(pending)
-            elif pending.due_ms <= now_ms:
-                if started >= part or not self._workers.idle:
-                    break
-                self._deliver(share, pending)
-                started += 1
-        for pending in dying if bury else ():
-            self._bury(share, pending)
-        return started
+            runs.setdefault(lane, []).append(pending)
+        return [Run(run, share) for run in runs.values()], dying
 
-    def _deliver(self, share: _Share, pending: _Pending) -> None:
-        pending.inflight = True
-        message = _message(pending, share.source, pending.attempts + 1)
-        task = Task(lambda: self.listener.consume(message), payload=(share, pending))
-        self._inflight[id(task)] = (task, self.clock() + self.config.consumer_timeout_ms / 1000)
-        self._workers.submit(task)
+    def _call(self, share: _Share, pending: _Pending) -> Any:
+        """On a worker's thread: the listener's call for ``pending``."""
+        return self.listener.consume(_message(pending, share.source, pending.attempts + 1))
 
-    def _on_finished(self, task: Task, result: Any, error: Optional[BaseException]) -> None:
-        with self._lock:
-            self._finished.append((task, result, error))
-        self._wake.set()
+    def _runnable(self, run: Run) -> bool:
+        """On a worker's thread, before each call: whether it may start (not closing, the share still held, this
+        instance not fenced)."""
+        return not (run.payload.releasing or self._stopping.is_set() or self._fenced)
+
+    def _on_finished(self, run: Run) -> None:
+        self._finished.append(run)
+        # The loop wakes for a failure or a run handed back (to save or hand it again at once), and when the
+        # workers are about to run dry, not for every run: a wake per message was the hand-off's cost.
+        if len(run.outcomes) < len(run.items) or self._workers.queued < self.config.consumer_threads:
+            self._wake.set()
 
     def _take_finished(self) -> None:
-        with self._lock:
-            finished, self._finished = self._finished, []
-        for task, result, error in finished:
-            if self._inflight.pop(id(task), None) is None:
-                continue  # timed out already
-            if error is not None:
-                self._settle(task, f"the listener raised {one_line(error)}")
-            elif result is ConsumeResult.SUCCESS:
-                self._settle(task, None)
-            elif result is ConsumeResult.FAILURE:
-                self._settle(task, "the listener returned FAILURE")
-            else:
-                self._settle(task, f"the listener returned {result!r} ({type(result).__name__}), not a ConsumeResult")
+        finished = self._finished
+        while finished:
+            self._ended(finished.popleft())
 
     def _expire(self) -> None:
-        now = self.clock()
-        for key, (task, deadline) in list(self._inflight.items()):
-            if now > deadline:
-                del self._inflight[key]
-                self._workers.abandon(task)
-                _log.warning("consumer %s abandoned a listener call past %d ms (thread %s)", self.instance_id,
-                             self.config.consumer_timeout_ms, task.thread.name if task.thread else "?")
-                self._settle(task, f"the listener did not answer within consumer_timeout_ms "
-                                   f"({self.config.consumer_timeout_ms} ms)")
+        for run in self._workers.abandon_overdue(self.config.consumer_timeout_ms / 1000):
+            _log.warning("consumer %s abandoned a listener call past %d ms (thread %s)", self.instance_id,
+                         self.config.consumer_timeout_ms, run.thread.name if run.thread else "?")
+            self._ended(run)
 
-    def _settle(self, task: Task, error: Optional[str]) -> None:
-        share, pending = task.payload
-        pending.inflight = False
-        if self._shares.get((share.source, share.number)) is not share:
-            return  # lost meanwhile: its new holder delivers it again
+    def _ended(self, run: Run) -> None:
+        """A run reported back (or abandoned): settle each call it made, free what it did not start."""
+        self._outstanding -= 1
+        share = run.payload
+        held = self._shares.get((share.source, share.number)) is share
+        for pending, result, error in run.outcomes:
+            pending.inflight = False
+            if held:  # else lost meanwhile: its new holder delivers it again
+                self._settle(share, pending, _failure(result, error))
+        if run.abandoned:
+            run.current.inflight = False
+            if held:
+                self._settle(share, run.current, f"the listener did not answer within consumer_timeout_ms "
+                                                 f"({self.config.consumer_timeout_ms} ms)")
+        for pending in run.unstarted():
+            pending.inflight = False
+
+    def _settle(self, share: _Share, pending: _Pending, error: Optional[str]) -> None:
         if error is None:
             share.handled(pending)
             return
@@ -624,14 +697,33 @@ class TopicConsumer:
             self._shares.clear()
 
 
+def _succeeded(result: Any, error: Optional[BaseException]) -> bool:
+    return error is None and result is ConsumeResult.SUCCESS
+
+
+def _failure(result: Any, error: Optional[BaseException]) -> Optional[str]:
+    """Why a listener call failed, or ``None`` if it succeeded."""
+    if error is not None:
+        return f"the listener raised {one_line(error)}"
+    if result is ConsumeResult.SUCCESS:
+        return None
+    if result is ConsumeResult.FAILURE:
+        return "the listener returned FAILURE"
+    return f"the listener returned {result!r} ({type(result).__name__}), not a ConsumeResult"
+
+
 def _message(pending: _Pending, source: str, attempt: int) -> ConsumedMessage:
     row = pending.row
-    return ConsumedMessage(topic=row["topic"], msg_id=row["msg_id"], transaction_id=row["transaction_id"],
-                           keys=row["keys"], tags=row["tags"], properties=dict(row["properties"] or {}),
-                           body=row["body"] or b"", queue_offset=pending.offset,
-                           commit_timestamp=row["commit_timestamp"], delivery_attempt=attempt,
-                           born_timestamp=row["born_timestamp"],
-                           topic_version=-1 if source == REDRIVE_SOURCE else pending.version)
+    # Every field set at once: the frozen dataclass's __init__ sets each through object.__setattr__, 6 µs a
+    # message, the largest part of handing one to a listener that does nothing (docs/performance.md, consumers).
+    message = object.__new__(ConsumedMessage)
+    message.__dict__.update(topic=row["topic"], msg_id=row["msg_id"], transaction_id=row["transaction_id"],
+                            keys=row["keys"], tags=row["tags"], properties=dict(row["properties"] or {}),
+                            body=row["body"] or b"", queue_offset=pending.offset,
+                            commit_timestamp=row["commit_timestamp"], delivery_attempt=attempt,
+                            born_timestamp=row["born_timestamp"],
+                            topic_version=-1 if source == REDRIVE_SOURCE else pending.version)
+    return message
 
 
 def _dead_letter_row(pending: _Pending, share: _Share, number: int, instance_id: str, now: float) -> pa.Table:

@@ -78,14 +78,15 @@ class TopicLog:
         return versions
 
     def latest(self) -> int:
-        """The table's newest version (-1: no table yet): listed once, then found by probing the next commit file.
+        """The table's newest version (-1: no table yet): listed once, then found by probing the next commit file
+        (version 0 while there is no table: a HEAD, where listing again cost a LIST, 12.5 times the price on S3).
 
         Example::
 
             TopicLog(files, "topics/T").latest()  # 41
         """
         with self._lock:
-            if self._latest is None or self._latest < 0:
+            if self._latest is None:
                 self._latest = max(self.listed(), default=-1)
             while self.files.exists(f"{self.table}/_delta_log/{self._latest + 1:020d}.json"):
                 self._latest += 1
@@ -174,7 +175,9 @@ class TopicLog:
             found = self.files.read(f"{self.table}/{path}")
             if found is None:
                 raise PositionGoneError(f"{self.table} version {version}: its data file {path} is gone (vacuumed)")
-            return pq.read_table(pa.BufferReader(found.data))
+            # One file, one thread: read_table goes through the datasets layer and its thread pool, 2 to 40 times
+            # slower on a version's small file (docs/performance.md, consumers).
+            return pq.ParquetFile(pa.BufferReader(found.data)).read(use_threads=False)
 
         tables = read_all(read_file, paths, remote=self.files.remote)
         if not tables:

@@ -1,13 +1,20 @@
 """The threads that run a consumer's listener calls, where a call that hangs costs its thread, never the pool.
 
+Work is handed over a :class:`Run` at a time: messages of one key, called one after another in their order
+(a keyless message is a run of its own), so a thread takes many messages per hand-off and per wake, not one.
+A run stops at its first failed call (its key's later messages wait for the retry) and before any call once
+``runnable(run)`` says no more may start (the share is given up, the consumer closes): what it did not call is
+handed back, never started.
+
 A call past its deadline is *abandoned*: its message counts as failed, a new thread takes the hung one's
 place, and the hung one exits whenever its call returns, its answer ignored. A Python thread cannot be
 stopped from outside: an abandoned thread is a daemon one, so it never keeps the process from exiting.
 
 Example::
 
-    workers = Workers(4, run=lambda task: task(), done=print)
-    workers.submit(lambda: 42)      # done(task, result, error) is called from the worker's thread
+    workers = Workers(4, call=lambda payload, item: handle(item), ok=lambda result, error: error is None,
+                      done=print, clock=time.time)
+    workers.submit(Run([1, 2, 3]))  # done(run) is called from the worker's thread once the run ends
     workers.close()                 # joins every thread but the abandoned ones
 """
 
@@ -17,69 +24,84 @@ import queue
 import threading
 from typing import Any, Callable, Optional
 
-__all__ = ["Task", "Workers"]
+__all__ = ["Run", "Workers"]
 
 
-class Task:
-    """One listener call: what to run, and whether it was abandoned (its answer, if any, is then ignored)."""
+class Run:
+    """Items to call one after another; ``outcomes`` holds ``(item, result, error)`` for each call that ended,
+    in order, and ``current``/``started`` the call under way (``started`` by the workers' clock)."""
 
-    def __init__(self, call: Callable[[], Any], payload: Any = None):
-        self.call, self.payload = call, payload
-        self.abandoned = False
+    __slots__ = ("items", "payload", "outcomes", "current", "started", "thread", "abandoned")
+
+    def __init__(self, items: list, payload: Any = None):
+        self.items, self.payload = items, payload
+        self.outcomes: list[tuple[Any, Any, Optional[BaseException]]] = []
+        self.current: Any = None
+        self.started: Optional[float] = None
         self.thread: Optional[threading.Thread] = None
+        self.abandoned = False
+
+    def unstarted(self) -> list:
+        """The items no call was made for (the run stopped early), in order; the hung one of an abandoned run
+        excluded."""
+        called = len(self.outcomes) + (1 if self.abandoned else 0)
+        return self.items[called:]
 
 
 class Workers:
-    """``size`` threads running :class:`Task` calls; ``done(task, result, error)`` reports each finished one."""
+    """``size`` threads calling ``call(payload, item)`` for each item of each submitted :class:`Run`; ``done(run)``
+    reports each run that ended (not an abandoned one). ``ok(result, error)`` says whether a call succeeded (a run stops
+    at the first that did not); ``runnable(run)`` whether its next call may start."""
 
-    def __init__(self, size: int, done: Callable[[Task, Any, Optional[BaseException]], None], name: str = "consumer"):
-        self._size, self._done, self._name = size, done, name
-        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+    def __init__(self, size: int, call: Callable[[Any, Any], Any], ok: Callable[[Any, Optional[BaseException]], bool],
+                 done: Callable[["Run"], None], clock: Callable[[], float],
+                 runnable: Callable[["Run"], bool] = lambda run: True, name: str = "consumer"):
+        self._call, self._ok, self._done, self._clock, self._runnable = call, ok, done, clock, runnable
+        self._name = name
+        self._runs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._busy = 0
+        self._active: set[Run] = set()  # taken by a thread, not ended
         self._started = 0
         for _ in range(size):
             self._spawn()
 
+    def submit(self, run: Run) -> None:
+        """Run ``run`` on the next free thread.
+
+        Example::
+
+            workers.submit(Run([message_1, message_2], payload=share))
+        """
+        self._runs.put(run)
+
     @property
-    def idle(self) -> int:
-        """How many more calls could start now.
+    def queued(self) -> int:
+        """Runs submitted that no thread has taken yet (approximately, as threads take them)."""
+        return self._runs.qsize()
+
+    def abandon_overdue(self, deadline_s: float) -> list[Run]:
+        """Give up on each run whose call under way started more than ``deadline_s`` ago by the clock: its thread
+        is left to it (``run.current`` is the hung item), another takes its place. The runs given up.
 
         Example::
 
-            if workers.idle: workers.submit(task)
+            for run in workers.abandon_overdue(60.0): ...   # run.abandoned is True; the pool is whole again
         """
+        now = self._clock()
         with self._lock:
-            return self._size - self._busy
-
-    def submit(self, task: Task) -> None:
-        """Run ``task`` on the next free thread.
-
-        Example::
-
-            workers.submit(Task(lambda: listener.consume(message), payload=message))
-        """
-        with self._lock:
-            self._busy += 1
-        self._tasks.put(task)
-
-    def abandon(self, task: Task) -> None:
-        """Give up on ``task``, which runs past its deadline: its thread is left to it, another takes its place.
-
-        Example::
-
-            workers.abandon(task)   # task.abandoned is True; the pool is whole again
-        """
-        with self._lock:
-            task.abandoned = True
-            self._busy -= 1
-            if task.thread in self._threads:
-                self._threads.remove(task.thread)
-        self._spawn()
+            hung = [run for run in self._active if run.started is not None and now - run.started > deadline_s]
+            for run in hung:
+                run.abandoned = True
+                self._active.discard(run)
+                if run.thread in self._threads:
+                    self._threads.remove(run.thread)
+        for _ in hung:
+            self._spawn()
+        return hung
 
     def close(self) -> None:
-        """Stop the threads once the calls under way end, and join each (the abandoned ones excepted).
+        """Stop the threads once the runs under way end, and join each (the abandoned ones excepted).
 
         Example::
 
@@ -88,7 +110,7 @@ class Workers:
         with self._lock:
             threads = list(self._threads)
         for _ in threads:
-            self._tasks.put(None)
+            self._runs.put(None)
         for thread in threads:
             thread.join()
 
@@ -100,19 +122,32 @@ class Workers:
         thread.start()
 
     def _work(self) -> None:
+        me = threading.current_thread()
         while True:
-            task = self._tasks.get()
-            if task is None:
+            run = self._runs.get()
+            if run is None:
                 return
             with self._lock:
-                task.thread = threading.current_thread()
-            result, error = None, None
-            try:
-                result = task.call()
-            except BaseException as raised:  # the listener's failure is the message's, never the thread's
-                error = raised
+                run.thread = me
+                self._active.add(run)
+            for item in run.items:
+                if not self._runnable(run):
+                    break
+                # No lock: abandon_overdue acts only once ``started`` is set, and ``current`` is set before it.
+                run.current = item
+                run.started = self._clock()
+                result, error = None, None
+                try:
+                    result = self._call(run.payload, item)
+                except BaseException as raised:  # the listener's failure is the message's, never the thread's
+                    error = raised
+                with self._lock:
+                    if run.abandoned:
+                        return  # hung past its deadline, replaced: its answer counts for nothing
+                    run.current, run.started = None, None
+                    run.outcomes.append((item, result, error))
+                if not self._ok(result, error):
+                    break
             with self._lock:
-                if task.abandoned:
-                    return  # hung past its deadline, replaced: its answer counts for nothing
-                self._busy -= 1
-            self._done(task, result, error)
+                self._active.discard(run)
+            self._done(run)
