@@ -134,6 +134,50 @@ def test_producer_tiny_run_reports_every_configuration_with_consistent_counts(tm
                                                         "send_p99_ms": best["send_p99_ms"]}
 
 
+def test_java_producer_tiny_run_reports_both_clients_on_both_storages_verified_against_their_logs(tmp_path):
+    """``bench.java_producer --tiny``: the Java SendBench and the Python producer, one short run each on a local
+    disk and on the S3 server behind the latency proxy; each run's sends were read back from its commit log."""
+    from support.java_client import build_java_client
+
+    reason = build_java_client()
+    if reason is not None:
+        pytest.skip(reason)
+    require_s3_server()
+    report = run_tiny("java_producer", tmp_path / "java-producer.json", "--storage-latency-ms", "5", timeout=120)
+
+    assert_envelope(report, "java_producer")
+    for storage in ("local", "s3"):
+        runs = report[storage]["runs"]
+        assert sorted(r["client"] for r in runs) == ["java", "python"] and report[storage]["warmup_round"] == []
+        for run in runs:
+            assert run["verified"] is True and 0 < run["transactions"] <= run["sent_with_warmup"]
+            assert 0 < run["send_p50_ms"] <= run["send_p99_ms"] and run["commit_log_versions"] > 0
+        row = report[storage]["summary"]["4"]
+        assert row["java_over_python"]["txn_per_s"] == round(row["java"]["txn_per_s"] / row["python"]["txn_per_s"], 2)
+    assert report["s3"]["latency_ms"] == 5 and all(r["requests"]["PUT"] > 0 for r in report["s3"]["runs"])
+
+
+def test_java_producer_refuses_a_commit_log_that_lacks_what_a_client_said_it_sent(tmp_path):
+    """A fast but wrong client cannot win: a transaction without its END, or one reported that is not in the log."""
+    from bench import java_producer
+    from bench.producer import GROUP, Commits
+    from coordinator import CoordinatorConfig, Message, TransactionProducer
+    from coordinator.lakehouse import Lakehouse, create_table, init_lakehouse
+    from coordinator.tables import COMMIT_LOG
+
+    lakehouse = Lakehouse(str(tmp_path))
+    init_lakehouse(lakehouse)
+    create_table(COMMIT_LOG, lakehouse.commit_log(GROUP), lakehouse.storage)
+    with TransactionProducer(GROUP, Commits(), CoordinatorConfig(lakehouse=lakehouse.root)) as producer:
+        sent = [producer.send_message_in_transaction(Message("BENCH", b"x")).transaction_id for _ in range(3)]
+
+    assert java_producer.verify(lakehouse, sent)["transactions_in_log"] == 3
+    with pytest.raises(AssertionError, match="did not report"):
+        java_producer.verify(lakehouse, sent[:2])
+    with pytest.raises(AssertionError, match="lack exactly one HALF and one END"):
+        java_producer.verify(lakehouse, sent + ["0" * 32])
+
+
 def test_commit_api_tiny_run_times_every_method_and_finds_only_the_checked_transactions_idempotent(tmp_path):
     report = run_tiny("commit_api", tmp_path / "commit-api.json", timeout=120)
 

@@ -21,6 +21,7 @@ import software.amazon.awssdk.http.apache.ApacheHttpClient;
 import software.amazon.awssdk.regions.Region;
 import software.amazon.awssdk.services.s3.S3Client;
 import software.amazon.awssdk.services.s3.S3ClientBuilder;
+import software.amazon.awssdk.services.s3.S3Configuration;
 import software.amazon.awssdk.services.s3.model.GetObjectResponse;
 import software.amazon.awssdk.services.s3.model.ListObjectsV2Request;
 import software.amazon.awssdk.services.s3.model.ListObjectsV2Response;
@@ -37,7 +38,7 @@ import java.util.concurrent.ThreadLocalRandom;
 import java.util.function.Supplier;
 
 /**
- * A lakehouse on S3 or an S3-compatible server, through the AWS SDK v2 over the JDK's HTTP client. Create-if-absent
+ * A lakehouse on S3 or an S3-compatible server, through the AWS SDK v2 over Apache's HTTP client (the SDK's ApacheHttpClient). Create-if-absent
  * is {@code PutObject} with {@code If-None-Match: *} (a 412 or 409 means taken); replace-if-unchanged is
  * {@code If-Match: <ETag>}. The SDK's own retries are off: this class retries a failed request within
  * {@code [storage] max_retries} and {@code retry_timeout}, with jittered exponential backoff, so that it can tell
@@ -67,8 +68,13 @@ public final class S3Store implements ObjectStore {
                 .httpClientBuilder(ApacheHttpClient.builder().maxConnections(64)
                         .connectionTimeout(Duration.ofSeconds(5)).socketTimeout(Duration.ofSeconds(30)))
                 .overrideConfiguration(o -> o.retryStrategy(software.amazon.awssdk.awscore.retry.AwsRetryStrategy.doNotRetry()))
+                // A request's own cost is what a send waits for (docs/performance.md#java-client): no CRC32 checksum
+                // on a PUT or a GET (S3 requires one on none of the requests this client makes), no aws-chunked
+                // encoding of a body, and no `Expect: 100-continue` round of a PUT (the bodies are a few KiB).
                 .requestChecksumCalculation(RequestChecksumCalculation.WHEN_REQUIRED)
-                .responseChecksumValidation(ResponseChecksumValidation.WHEN_REQUIRED);
+                .responseChecksumValidation(ResponseChecksumValidation.WHEN_REQUIRED)
+                .serviceConfiguration(S3Configuration.builder().chunkedEncodingEnabled(false)
+                        .expectContinueEnabled(false).build());
         String region = first(storage, "aws_region", "region", "aws_default_region");
         if (region == null) {
             region = System.getenv().getOrDefault("AWS_REGION", System.getenv().getOrDefault("AWS_DEFAULT_REGION", "us-east-1"));
