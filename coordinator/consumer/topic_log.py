@@ -7,7 +7,9 @@ message withheld while its topic could not be written lands in a later version t
 offsets. A consumer reads a version's commit file (``_delta_log/<version>.json``), then the data files it
 added with new data (a compaction's, ``dataChange=false``, are skipped, as Delta's change feed skips them),
 each straight from the storage; how far the table has grown is found by probing the next commit file, one
-request per poll, as the checker finds new commit-log versions.
+request per poll, as the checker finds new commit-log versions. The probe is a GET (priced as a HEAD on S3), and
+the commit file it finds is kept for the read: on object storage the found version's data files are read at
+once beside the probe of the version after it, so a new version costs the reader two round trips, not four.
 
 A version that log cleanup has removed cannot be read: :class:`~coordinator.exceptions.PositionGoneError`
 says so, and ``txcoord consumer-groups reset`` moves the group past it.
@@ -42,6 +44,10 @@ __all__ = ["CACHED_VERSIONS", "TopicLog"]
 #: last share read it is read and converted again.
 CACHED_VERSIONS = 16
 CACHED_ROWS = 100_000
+#: Versions one :meth:`TopicLog.latest` reads the rows of beside the probe of the next (object storage only:
+#: on a local disk a read is no round trip); commit files it found and kept for :meth:`TopicLog.rows`.
+_READ_FOUND = 2
+_KEPT_COMMITS = 64
 _COMMIT = re.compile(r"(\d{20})\.json")
 
 
@@ -55,6 +61,9 @@ class TopicLog:
         self._cache: OrderedDict[int, list[dict]] = OrderedDict()
         self._split: OrderedDict[tuple[int, int], list[list[dict]]] = OrderedDict()
         self._cached_rows = self._split_rows = 0
+        self._commits: OrderedDict[int, Optional[bytes]] = OrderedDict()  # found by a probe, not read yet
+        #: Probes made (GETs of a next commit file), for tests that count a consumer's requests.
+        self.probes = 0
         self._lock = threading.Lock()
 
     @property
@@ -79,7 +88,10 @@ class TopicLog:
 
     def latest(self) -> int:
         """The table's newest version (-1: no table yet): listed once, then found by probing the next commit file
-        (version 0 while there is no table: a HEAD, where listing again cost a LIST, 12.5 times the price on S3).
+        (version 0 while there is no table: a GET, where listing again cost a LIST, 12.5 times the price on S3).
+        A commit file found is kept for :meth:`rows`; on object storage the rows of the first versions found are
+        read at once, beside the probe of the next version (a round trip each, one after another, was most of a
+        new message's wait at 25 ms a request).
 
         Example::
 
@@ -88,9 +100,41 @@ class TopicLog:
         with self._lock:
             if self._latest is None:
                 self._latest = max(self.listed(), default=-1)
-            while self.files.exists(f"{self.table}/_delta_log/{self._latest + 1:020d}.json"):
-                self._latest += 1
+            found = self._probe(self._latest + 1)
+            read_ahead = _READ_FOUND if self.files.remote else 0
+            while found is not False:
+                version = self._latest = self._latest + 1
+                if read_ahead and version not in self._cache and found is not None:
+                    read_ahead -= 1
+                    rows, found = read_all(lambda read: read(), [lambda: self._rows_or_none(version, found),
+                                                                 lambda: self._probe(version + 1)], remote=True)
+                    if rows is not None:  # else read again by rows(), which says what is wrong with it
+                        self._remember(version, rows)
+                    continue
+                self._keep(version, found)
+                found = self._probe(version + 1)
             return self._latest
+
+    def _probe(self, version: int) -> "bytes | None | bool":
+        """The commit file of ``version``: its bytes, ``None`` if it exists but is too large to keep, ``False`` if
+        there is none yet."""
+        self.probes += 1
+        try:
+            commit = self.files.read(f"{self.table}/_delta_log/{version:020d}.json", max_bytes=MAX_COMMIT_FILE_BYTES)
+        except FileTooLargeError:
+            return None
+        return False if commit is None else commit.data
+
+    def _keep(self, version: int, commit: Optional[bytes]) -> None:
+        self._commits[version] = commit
+        while len(self._commits) > _KEPT_COMMITS:
+            self._commits.popitem(last=False)
+
+    def _rows_or_none(self, version: int, commit: bytes) -> Optional[list[dict]]:
+        try:
+            return self._rows_of(version, commit)
+        except Exception:  # noqa: BLE001 - read again by rows(), on the reader's thread, where it is reported
+            return None
 
     def earliest(self) -> int:
         """The oldest version whose commit the log still holds (0 until log cleanup removes some).
@@ -125,13 +169,20 @@ class TopicLog:
             if cached is not None:
                 self._cache.move_to_end(version)
                 return cached
-        rows = self._read(version)
+            commit = self._commits.pop(version, None)
+        rows = self._read(version, commit)
         with self._lock:
-            self._cache[version] = rows
-            self._cached_rows += len(rows)
-            while len(self._cache) > CACHED_VERSIONS and self._cached_rows > CACHED_ROWS:
-                self._cached_rows -= len(self._cache.popitem(last=False)[1])
+            self._remember(version, rows)
         return rows
+
+    def _remember(self, version: int, rows: list[dict]) -> None:
+        """Cache ``rows`` of ``version`` (the lock held)."""
+        if version in self._cache:
+            return
+        self._cache[version] = rows
+        self._cached_rows += len(rows)
+        while len(self._cache) > CACHED_VERSIONS and self._cached_rows > CACHED_ROWS:
+            self._cached_rows -= len(self._cache.popitem(last=False)[1])
 
     def split(self, version: int, shares: int, share_of) -> list[list[dict]]:
         """:meth:`rows` of ``version`` split into ``shares`` lists by ``share_of(keys, msg_id, shares)``: every
@@ -156,17 +207,24 @@ class TopicLog:
                 self._split_rows -= sum(map(len, self._split.popitem(last=False)[1]))
         return split
 
-    def _read(self, version: int) -> list[dict]:
-        key = f"{self.table}/_delta_log/{version:020d}.json"
-        try:
-            commit = self.files.read(key, max_bytes=MAX_COMMIT_FILE_BYTES)
-        except FileTooLargeError as error:
-            raise CorruptInputError(f"{self.table} version {version}: {error}") from None
+    def _read(self, version: int, commit: Optional[bytes] = None) -> list[dict]:
+        """The rows of ``version``, from ``commit`` (its commit file, as a probe found it) or its file read now."""
         if commit is None:
-            raise PositionGoneError(f"{self.table} no longer holds version {version} (its log was cleaned up past "
-                                    "it): `txcoord consumer-groups reset` moves the group to a version it holds")
+            key = f"{self.table}/_delta_log/{version:020d}.json"
+            try:
+                found = self.files.read(key, max_bytes=MAX_COMMIT_FILE_BYTES)
+            except FileTooLargeError as error:
+                raise CorruptInputError(f"{self.table} version {version}: {error}") from None
+            if found is None:
+                raise PositionGoneError(f"{self.table} no longer holds version {version} (its log was cleaned up "
+                                        "past it): `txcoord consumer-groups reset` moves the group to a version it "
+                                        "holds")
+            commit = found.data
+        return self._rows_of(version, commit)
+
+    def _rows_of(self, version: int, commit: bytes) -> list[dict]:
         paths = []
-        for added in added_files(commit_actions(commit.data)):
+        for added in added_files(commit_actions(commit)):
             if added.path is None:
                 raise CorruptInputError(f"{self.table} version {version}: {added.refusal}")
             paths.append(added.path)
