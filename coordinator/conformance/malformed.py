@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from coordinator.commit_logs import versions_written
 from coordinator.conformance.client import ClientProcess, Deadline, message
+from coordinator.doorbells import Doorbell
 from coordinator.lakehouse import Lakehouse, create_table, delta_log_file
 from coordinator.tables import COMMIT_LOG
 
@@ -33,7 +34,11 @@ CASE = "malformed_neighbour"
 
 
 class RawCommitLog:
-    """Group ``group``'s first commit log, written raw: any bytes at all, each as the log's next version."""
+    """Group ``group``'s first commit log, written raw: any bytes at all, each as the log's next version.
+
+    On object storage it rings the group's doorbell after its commits, as every writer of the protocol does:
+    otherwise a group quiet for a while would have them read only at the checker's recheck, a minute later.
+    """
 
     def __init__(self, lakehouse: Lakehouse, group: str) -> None:
         self.lakehouse, self.group = lakehouse, group
@@ -41,6 +46,7 @@ class RawCommitLog:
         create_table(COMMIT_LOG, lakehouse.key_path(self.key), lakehouse.storage)
         self.files = lakehouse.files
         self._known = 0  # versions the log has at least: the search for the next one starts there, as a writer's does
+        self._doorbell = None if lakehouse.is_local else Doorbell(lakehouse.files, group)
 
     def commit(self, data: bytes) -> int:
         """``data`` as the log's next version (the next free one: created only if absent); that version."""
@@ -48,6 +54,8 @@ class RawCommitLog:
         while self.files.create(f"{self.key}/{delta_log_file(version)}", data) is None:
             version += 1
         self._known = version + 1
+        if self._doorbell is not None:
+            self._doorbell.landed()
         return version
 
     def add(self, path: str) -> int:
