@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 
 from coordinator.checker import CHECKER_NAME
 from coordinator.checker.check import Due, find_due
-from coordinator.checker.context import (COMMITS_PER_BATCH, OFFSETS_PER_COMMIT, BatchContext, BatchRecords, grouped,
-                                         shaped)
+from coordinator.checker.context import (COMMITS_PER_BATCH, OFFSETS_PER_COMMIT, BatchContext, BatchRecords, by_topic,
+                                         grouped, shaped)
 from coordinator.checker.delivery import Delivered, as_undelivered, deliver, op_rows
 from coordinator.checker.gather import Gathered, gather
 from coordinator.checker.ingest import ingest_halves, refuse_unknown_kinds
@@ -342,9 +342,9 @@ def _summary(ctx: BatchContext, records: BatchRecords, plan: BatchPlan, written:
         check_answers=plan.check_answers,
         half_to_end_s=plan.half_to_end_s,
         commit_to_visible_s={topic: _seconds_since(rows.column("commit_timestamp"))
-                             for topic, rows in _by_topic(delivered.written_now)},
+                             for topic, rows in by_topic(delivered.written_now)},
         pending_by_topic=dict(memory.pending_by_topic),
-        withheld_by_topic={topic: rows.num_rows for topic, rows in _by_topic(delivered.withheld)},
+        withheld_by_topic={topic: rows.num_rows for topic, rows in by_topic(delivered.withheld)},
         ended_by_topic=plan.ended_by_topic,
         pending_from=lowest if lowest is not None else max(pending_from, _next_offset(records, ctx.batch_id, shared_log)),
     )
@@ -361,12 +361,6 @@ def _ended_by_topic(ops: pa.Table, discarded: pa.Table, recovered: pa.Table) -> 
     counts = grouped(ended, ["outcome", "topic"]).aggregate([([], "count_all")])
     return dict(zip(zip(counts.column("outcome").to_pylist(), counts.column("topic").to_pylist()),
                     counts.column("count_all").to_pylist()))
-
-
-def _by_topic(rows: pa.Table):
-    """``rows`` by their ``topic`` column: (topic, rows) pairs, in topic order."""
-    for topic in sorted(set(rows.column("topic").to_pylist())):
-        yield topic, rows.filter(pc.equal(rows.column("topic"), topic))
 
 
 def _instance_rejections(refused: Mapping[str, list[RefusedRecord]], now_us: int) -> list[dict]:

@@ -13,7 +13,7 @@ enough that every later sequence is higher.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Iterator, Mapping, Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -106,7 +106,7 @@ def shaped(table: TableDef, columns: Mapping[str, object], num_rows: int, batch_
     for column in schema:
         value = columns.get(column.name)
         if column.name == "batch_id" and batch_id is not None:
-            value = [batch_id] * num_rows
+            value = pa.repeat(pa.scalar(batch_id, column.type), num_rows)
         if value is None:
             arrays.append(pa.nulls(num_rows, column.type))
         elif isinstance(value, (pa.Array, pa.ChunkedArray)):
@@ -115,8 +115,31 @@ def shaped(table: TableDef, columns: Mapping[str, object], num_rows: int, batch_
             arrays.append(pa.array(value, pa.int64()).cast(column.type))
         else:
             arrays.append(pa.array(value, column.type))
-    arrays = [array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array for array in arrays]
-    return pa.Table.from_arrays(arrays, schema=schema)
+    return pa.Table.from_arrays([_one_chunk(array) for array in arrays], schema=schema)
+
+
+def _one_chunk(array: Union[pa.Array, pa.ChunkedArray]) -> pa.Array:
+    """``array`` as one array: a chunked array of one chunk is that chunk, not a copy of it (combining copies
+    even a single chunk: every message body of a backlog's batch, once per shaping)."""
+    if isinstance(array, pa.Array):
+        return array
+    return array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
+
+
+def by_topic(rows: pa.Table) -> Iterator[tuple[str, pa.Table]]:
+    """``rows`` by their ``topic`` column: (topic, its rows) pairs, in topic order. Rows of one topic are
+    given whole: filtering them would copy every row, message bodies and all.
+
+    Example::
+
+        {topic: rows.num_rows for topic, rows in by_topic(deliveries)}
+    """
+    topics = sorted(pc.unique(rows.column("topic")).to_pylist())
+    if len(topics) == 1:
+        yield topics[0], rows
+        return
+    for topic in topics:
+        yield topic, rows.filter(pc.equal(rows.column("topic"), topic))
 
 
 def grouped(table: pa.Table, keys) -> pa.TableGroupBy:
