@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from coordinator.checker import CHECKER_NAME
 from coordinator.checker.check import Due, find_due
 from coordinator.checker.context import (COMMITS_PER_BATCH, OFFSETS_PER_COMMIT, BatchContext, BatchRecords, by_topic,
-                                         grouped, shaped)
+                                         grouped, kept, shaped)
 from coordinator.checker.delivery import Delivered, as_undelivered, deliver, op_rows
 from coordinator.checker.gather import Gathered, gather
 from coordinator.checker.ingest import ingest_halves, refuse_unknown_kinds
@@ -223,8 +223,8 @@ def decide(ctx: BatchContext, all_records: BatchRecords, memory: CheckerMemory, 
                                 decided_ops, ctx.batch_id)
     # A message withheld already (an operator's second COMMIT of a discarded transaction while the first
     # waits for its topic) is delivered once, as withheld.
-    deliveries = deliveries.filter(pc.invert(pc.is_in(deliveries.column("half_offset"),
-                                                      value_set=memory.undelivered.column("half_offset"))))
+    deliveries = kept(deliveries, pc.invert(pc.is_in(deliveries.column("half_offset"),
+                                                     value_set=memory.undelivered.column("half_offset"))))
     due = find_due(ctx, memory, arriving, arriving_rows, set(resolved_earlier), facts.surveys)
     rejected = (misattributed + refuse_unknown_kinds(records) + ingested.rejections + resolved.rejections
                 + recovered.rejections + _instance_rejections(due.refused_instances, ctx.now_us))
@@ -287,7 +287,7 @@ def write(ctx: BatchContext, writer: TableWriter, plan: BatchPlan, outstanding: 
 
     withheld = delivered.withheld_now.column("half_offset").combine_chunks()
     decided = plan.decided_ops
-    ops = pa.concat_tables([decided.filter(pc.invert(pc.is_in(decided.column("half_offset"), value_set=withheld))),
+    ops = pa.concat_tables([kept(decided, pc.invert(pc.is_in(decided.column("half_offset"), value_set=withheld))),
                             _table(OP, op_rows(delivered.settled), batch_id),
                             _rows_table(OP, due.discard_ops, batch_id)])
     if ops.num_rows:

@@ -126,6 +126,19 @@ def _one_chunk(array: Union[pa.Array, pa.ChunkedArray]) -> pa.Array:
     return array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
 
 
+def kept(table: pa.Table, mask: Union[pa.Array, pa.ChunkedArray]) -> pa.Table:
+    """``table.filter(mask)``: the rows ``mask`` marks True (null: dropped); ``table`` itself, uncopied, when it
+    keeps every row (a filter copies every row even then).
+
+    Example::
+
+        kept(halves, pc.is_null(reasons))
+    """
+    if mask.null_count == 0 and pc.all(mask).as_py():
+        return table
+    return table.filter(mask)
+
+
 def by_topic(rows: pa.Table) -> Iterator[tuple[str, pa.Table]]:
     """``rows`` by their ``topic`` column: (topic, its rows) pairs, in topic order. Rows of one topic are
     given whole: filtering them would copy every row, message bodies and all.
