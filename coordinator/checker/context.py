@@ -23,6 +23,9 @@ from coordinator.exceptions import CheckerStateError
 from coordinator.lakehouse import Lakehouse
 from coordinator.tables import TableDef
 
+__all__ = ["COMMITS_PER_BATCH", "OFFSETS_PER_COMMIT", "BatchContext", "BatchRecords", "by_topic", "grouped", "kept",
+           "shaped"]
+
 #: A batch reads fewer commits than this (``segment.MAX_VERSIONS_PER_BATCH``): see the module's docstring.
 COMMITS_PER_BATCH = 1 << 11
 #: A commit holds at most this many halves (the rest of a larger one is refused).
