@@ -89,12 +89,12 @@ def client_options(request) -> list[str]:
     13 JVMs, which two cores shared with the other tests' Spark jobs did not start in time."""
     if request.param == "python":
         return ["--producer", " ".join(DRIVER)]
-    from support.java_client import build_java_client, java_classpath
+    from support.java_client import JVM_OPTIONS, build_java_client, java_classpath
 
     reason = build_java_client()
     if reason:
         pytest.skip(reason)
-    return ["--producer", f"java -cp '{java_classpath()}' io.txcoord.client.conformance.ConformanceDriver",
+    return ["--producer", f"java {' '.join(JVM_OPTIONS)} -cp '{java_classpath()}' io.txcoord.client.conformance.ConformanceDriver",
             "--parallel", "4"]
 
 
