@@ -1,7 +1,7 @@
-"""The kit's case ``log_numbering`` (docs/protocol.md, "Where a client writes": a client creates every missing
+"""The kit's case ``log_numbering`` (docs/protocol.md, "Creating a commit log": a client creates every missing
 log of its group numbered below its own before it writes). Two other instances of the client's group are live
-and hold the group's logs 0 and 1, and neither has written yet: the client claims log 2 and must create log 1
-(its version 0) first. The checker finds a group's logs by looking for the next number, so a client that
+and hold the group's logs 0 and 1, and neither has written yet: the client claims log 2 and must create logs 0
+and 1 (as far as version 0) first. The checker finds a group's logs by looking for the next number, so a client that
 skips this leaves a gap that hides its own log: its messages are never delivered while its sends say stored.
 """
 

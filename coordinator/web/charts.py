@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import io
 from collections import defaultdict
-
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
