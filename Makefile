@@ -17,17 +17,21 @@ setup: $(INSTALLED) $(JARS)
 # bytecode at install, as pip does and uv does not by default: where PYTHONDONTWRITEBYTECODE is set (this build
 # machine's environment) no process would cache its imports, and every one compiled pyspark, pyarrow and pandas
 # again (docs/performance.md#the-test-suite).
-# uv installs as pip would, downloading and unpacking in parallel (a third of pip's time). Where the index's
-# replies cannot be cached (this build machine's), uv unpacks and builds pyspark's source distribution again at
-# every install and keeps each copy (0.5 to 1.4 GB; 2 GB a clean-clone `make test`, with the wheel's test):
-# the prune drops the copies no install refers to, and never fails the setup.
+# uv installs as pip would, downloading and unpacking in parallel (a third of pip's time). It installs from its
+# cache alone first (--offline; the lock's hashes are checked all the same), then from the index if the cache
+# lacks something: where the index's replies cannot be cached (this build machine's), uv asks again for each
+# one and downloads and builds pyspark's source distribution again at every install, keeping each copy; the
+# prune drops the copies no install refers to, and never fails the setup (docs/performance.md#the-test-suite).
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==0.13.9
-	$(PY) -m uv pip install -q --compile-bytecode --python $(PY) -r requirements.lock
-	$(PY) -m uv pip install -q --python $(PY) --no-deps -e .
+	$(call uv-cache-first,pip install -q --compile-bytecode --python $(PY) -r requirements.lock)
+	$(call uv-cache-first,pip install -q --python $(PY) --no-deps -e .)
 	-$(PY) -m uv cache prune -q
 	touch $@
+
+# $(call uv-cache-first,ARGS): `uv ARGS` from uv's cache alone, or, failing that, with the index.
+uv-cache-first = $(PY) -m uv $(1) --offline 2>/dev/null || $(PY) -m uv $(1)
 
 # The jars coordinator/spark/spark-jars.lock pins, downloaded at once and checked into the user's
 # cache (the first Spark session would fetch them otherwise): after this, no run needs the network.

@@ -90,7 +90,7 @@ START_TIMEOUT_S = 120
 
 
 def instance(root: str, storage: dict, group: str, settings: dict, counter, shares_held, holding, by_share, seen,
-             ready, go, stop, record_path: Optional[str]) -> None:
+             ready, go, stop, cpu, record_path: Optional[str]) -> None:
     """One ``TopicConsumer`` of ``group`` on :data:`TOPIC`, what its listener is handed counted into ``counter`` (and
     per share into ``by_share``, and marking each queue offset below ``len(seen)`` in ``seen``, shared by the instances, so
     that a message handled twice counts once); ``shares_held`` says how many of the topic's shares it holds and
@@ -134,12 +134,14 @@ def instance(root: str, storage: dict, group: str, settings: dict, counter, shar
                 records.append((transaction_id, at))
         counter.value = handled[0]
         by_share[:] = per_share
+        cpu.value = time.process_time() - cpu_at_go
 
     listener = Counting()
     consumer = TopicConsumer(group, [TOPIC], listener, config)
     ready.value = 1
     while not go.value:
         time.sleep(PUBLISH_S)
+    cpu_at_go = time.process_time()  # its imports and set-up are not the consuming's
     consumer.start()
     while not stop.value:
         time.sleep(PUBLISH_S)
@@ -168,11 +170,12 @@ class Instances:
         self.by_share = [context.Array("q", SHARES, lock=False) for _ in storages]
         self.holding = [context.Array("b", SHARES, lock=False) for _ in storages]
         self.ready = [context.RawValue("b", 0) for _ in storages]
+        self.cpu = [context.RawValue("d", 0.0) for _ in storages]
         self.records = [None if record_dir is None else os.path.join(record_dir, f"handled-{n}.json")
                         for n in range(len(storages))]
         self.processes = [context.Process(target=instance, daemon=True, args=(
             root, storage, group, settings or {}, self.counters[n], self.held[n], self.holding[n], self.by_share[n], self.seen, self.ready[n],
-            self.go_event, self.stop_event, self.records[n])) for n, storage in enumerate(storages)]
+            self.go_event, self.stop_event, self.cpu[n], self.records[n])) for n, storage in enumerate(storages)]
 
     def __enter__(self) -> "Instances":
         for process in self.processes:
@@ -225,6 +228,21 @@ class Instances:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the consumers hold {[held.value for held in self.held]} shares, not {shares}")
             time.sleep(0.05)
+
+    def wait_settled(self, timeout_s: float) -> Optional[tuple[float, int]]:
+        """When (``time.monotonic()``) every instance held a share or more and all of them together every share,
+        and how many messages had been handled by then; ``None`` on timeout or once every instance is gone."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(process.is_alive() for process in self.processes):
+            held = [h.value for h in self.held]
+            if all(held) and sum(held) == SHARES:
+                return time.monotonic(), self.handled()
+            time.sleep(PUBLISH_S / 2)
+        return None
+
+    def cpu_seconds(self) -> list[float]:
+        """Each instance's CPU time since ``go`` (user and system, all its threads) when it last published its count."""
+        return [round(cpu.value, 2) for cpu in self.cpu]
 
     def kill(self, n: int) -> None:
         self.processes[n].kill()
@@ -327,20 +345,40 @@ def throughput(storage: Storage, args: argparse.Namespace) -> dict:
         routes = [storage.route(lakehouse, party) for party in ("consumer", "consumer-2")[:processes]]
         with Instances(lakehouse.root, routes, group, offsets=args.messages) as instances:
             started = instances.go()
+            settled = instances.wait_settled(args.drain)
             done = instances.wait_distinct(args.drain + args.messages / 1000)
-            handled, distinct = instances.handled(), instances.distinct()
-        seconds = None if done is None else done - started
-        runs[processes] = {"processes": processes, "handled": handled, "distinct": distinct,
-                           "handled_twice": handled - distinct, "seconds": None if seconds is None else round(seconds, 2),
-                           "messages_per_s": None if seconds is None else round(args.messages / seconds),
-                           "by_process": [c.value for c in instances.counters]}
+            handled, distinct, cpu = instances.handled(), instances.distinct(), instances.cpu_seconds()
+        runs[processes] = _throughput_run(processes, args.messages, started, settled, done, handled, distinct, cpu)
+        runs[processes]["by_process"] = [c.value for c in instances.counters]
+        run = runs[processes]
         print(f"  {processes} process(es): {distinct:,} handled ({handled - distinct} twice) in "
-              f"{'(timed out)' if seconds is None else f'{seconds:.1f} s'}: {runs[processes]['messages_per_s']} messages/s",
-              flush=True)
-    one, two = runs[1]["messages_per_s"], runs[2]["messages_per_s"]
+              f"{'(timed out)' if done is None else str(run['seconds']) + ' s'}: {run['messages_per_s']} messages/s; "
+              f"settled after {run['settled_after_s']} s, {run['settled_messages_per_s']} messages/s from then; "
+              f"{run['cores_used']} cores used", flush=True)
     return {"messages": args.messages, "versions": args.versions, "feed_seconds": round(written_s, 1),
             "one_process": runs[1], "two_processes": runs[2],
-            "two_processes_speedup": None if not one or not two else round(two / one, 2)}
+            "two_processes_speedup": _ratio(runs[2]["messages_per_s"], runs[1]["messages_per_s"]),
+            "two_processes_settled_speedup": _ratio(runs[2]["settled_messages_per_s"],
+                                                    runs[1]["settled_messages_per_s"])}
+
+
+def _throughput_run(processes: int, messages: int, started: float, settled: Optional[tuple[float, int]],
+                    done: Optional[float], handled: int, distinct: int, cpu: list[float]) -> dict:
+    """One run's figures: the whole (from ``go`` to the last message, the group's start included) and the part
+    after the group settled (every share held: the rate its instances keep once started), and the cores its
+    processes used over the whole run (their CPU seconds over its seconds)."""
+    seconds = None if done is None else round(done - started, 2)
+    from_settled = None if done is None or settled is None or settled[0] >= done else done - settled[0]
+    return {"processes": processes, "handled": handled, "distinct": distinct, "handled_twice": handled - distinct,
+            "seconds": seconds,
+            "messages_per_s": None if seconds is None else round(messages / seconds),
+            "settled_after_s": None if settled is None else round(settled[0] - started, 2),
+            "settled_messages_per_s": None if from_settled is None else round((messages - settled[1]) / from_settled),
+            "cpu_seconds": cpu, "cores_used": None if not seconds else round(sum(cpu) / seconds, 2)}
+
+
+def _ratio(numerator: Optional[float], denominator: Optional[float]) -> Optional[float]:
+    return None if not numerator or not denominator else round(numerator / denominator, 2)
 
 
 def commit_to_handled(storage: Storage, args: argparse.Namespace) -> dict:
@@ -447,13 +485,7 @@ def failover(storage: Storage, args: argparse.Namespace) -> dict:
         instances.go()
         feeder.start()
         try:
-            # Settled: each holds a share or more, and together all of them.
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                held = [h.value for h in instances.held]
-                if all(held) and sum(held) == SHARES:
-                    break
-                time.sleep(0.1)
+            instances.wait_settled(120)
             time.sleep(args.failover_settle_seconds)
             held_before = [h.value for h in instances.held]
             victim_shares = [n for n in range(SHARES) if instances.holding[0][n]]

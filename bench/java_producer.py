@@ -4,6 +4,7 @@
                                                       # counted, local disk
                                                       # and the S3 server behind 25 ms a request
     python -m bench.java_producer --threads 16 64 --storage-latency-ms 0   # the S3 server with no added latency
+    python -m bench.java_producer --storages local --commit-interval-ms 2   # both clients' own capacity
     python -m bench.java_producer --tiny              # one short round of each, for the tests
 
 The load is bench/producer.py's: ``--threads`` threads of one producer, each sending one-message transactions
@@ -48,16 +49,14 @@ from bench.producer import BODY, GROUP, Commits, Places, percentile
 from coordinator import CoordinatorConfig, Message, TransactionProducer
 from coordinator.lakehouse import Lakehouse
 from support.checker import write_config
-from support.java_client import JAVA_CLIENT, build_java_client, java_classpath
+from support.java_client import JAVA_CLIENT, JVM_OPTIONS, build_java_client, java_classpath
 
 RESULTS = harness.RESULTS
 #: ``--tiny``: one short round of each client on each storage.
 TINY = {"seconds": 0.5, "warmup_seconds": 0.0, "rounds": 1, "warmup_round": 0, "threads": [4]}
 CLIENTS = ("java", "python")
 SEND_BENCH = JAVA_CLIENT / "examples" / "SendBench.java"
-#: The JVM's settings for a small, shared machine (docs/performance.md#java-client): the serial collector, and
-#: C1 alone, whose compiles finish within a warm-up where C2's compete with the sends for two cores.
-JAVA_OPTS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+JAVA_OPTS = " ".join(JVM_OPTIONS)
 
 
 def compile_send_bench(directory: str) -> str:
@@ -69,9 +68,9 @@ def compile_send_bench(directory: str) -> str:
 
 
 def run_java(lakehouse: Lakehouse, classpath: str, threads: int, seconds: float, warmup_s: float, workdir: str,
-             java_opts: list[str]) -> tuple[dict, list[str]]:
+             java_opts: list[str], commit_interval_ms: int) -> tuple[dict, list[str]]:
     """One SendBench run on ``lakehouse`` (its storage as the client reaches it); its figures and the ids it sent."""
-    config = write_config(lakehouse, workdir)
+    config = write_config(lakehouse, workdir, commit_interval_ms=commit_interval_ms)
     ids = os.path.join(workdir, "java-ids.txt")
     argv = ["java", *java_opts, "-cp", classpath, "SendBench", "--config", config, "--group", GROUP,
             "--threads", str(threads), "--seconds", str(seconds), "--warmup-seconds", str(warmup_s), "--ids", ids]
@@ -88,9 +87,10 @@ def run_java(lakehouse: Lakehouse, classpath: str, threads: int, seconds: float,
             Path(ids).read_text().split())
 
 
-def run_python(lakehouse: Lakehouse, threads: int, seconds: float, warmup_s: float) -> tuple[dict, list[str]]:
+def run_python(lakehouse: Lakehouse, threads: int, seconds: float, warmup_s: float,
+               commit_interval_ms: int) -> tuple[dict, list[str]]:
     """The same load from the Python producer in this process; its figures and the ids it sent."""
-    config = CoordinatorConfig(lakehouse=lakehouse.root, storage=lakehouse.storage)
+    config = CoordinatorConfig(lakehouse=lakehouse.root, storage=lakehouse.storage, commit_interval_ms=commit_interval_ms)
     sent: list[str] = []
     cpu_before = time.process_time()
     with TransactionProducer(GROUP, Commits(), config) as producer:
@@ -161,9 +161,9 @@ def one_run(places: Places, client: str, args: argparse.Namespace, threads: int,
         before = places.producer_counts()
         if client == "java":
             figures, sent = run_java(where, classpath, threads, args.seconds, args.warmup_seconds, workdir,
-                                     args.java_opts.split())
+                                     args.java_opts.split(), args.commit_interval_ms)
         else:
-            figures, sent = run_python(where, threads, args.seconds, args.warmup_seconds)
+            figures, sent = run_python(where, threads, args.seconds, args.warmup_seconds, args.commit_interval_ms)
         spent = None if before is None else places.store.requests_since("producer", before)
         # Read back straight, not through the proxy (its latency would only slow the check).
         direct = Lakehouse(where.root, places.store.direct) if places.store is not None else where
@@ -235,6 +235,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
     parser.add_argument("--java-opts", default=JAVA_OPTS,
                         help=f"options for SendBench's JVM, one string (default {JAVA_OPTS!r}; '' for the JVM's own; "
                              "give it as --java-opts=...)")
+    parser.add_argument("--commit-interval-ms", type=int, default=CoordinatorConfig().commit_interval_ms,
+                        help="both clients' commit_interval_ms (default: the product's); at 64 threads on a local disk "
+                             "the default bounds a client that is not CPU-bound (docs/performance.md#java-client)")
     parser.add_argument("--results", default=str(RESULTS / "java_producer.json"))
     args = harness.parse_args(parser, argv, "java_producer", TINY)
     reason = build_java_client()

@@ -8,7 +8,7 @@
 #         the installed wheel and its demo last (made once for both workers: support/fixtures.py);
 #   fast  everything else, each worker with its one shared Spark session.
 # Each lane's output is printed when both have ended, then each lane's time; the exit status is non-zero
-# if any lane failed.
+# if any lane failed. Every test's time is in the lane's JUnit report (.cache/lanes/<tree>/<lane>.xml).
 set -u
 cd "$(dirname "$0")/.."
 python=.venv/bin/python
@@ -21,7 +21,7 @@ lane() {
   local name=$1; shift
   local begun
   begun=$(date +%s)
-  "$python" -m pytest -q --durations=10 "$@" > "$logs/$name.log" 2>&1
+  "$python" -m pytest -q --durations=10 --junitxml="$logs/$name.xml" "$@" > "$logs/$name.log" 2>&1
   echo "$? $(( $(date +%s) - begun ))" > "$logs/$name.result"
 }
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
-__all__ = ["DEMO_ORDERS", "REPO_ROOT", "run_checked", "user_environment", "without_txcoord_settings"]
+__all__ = ["DEMO_ORDERS", "REPO_ROOT", "run_checked", "run_uv_cache_first", "user_environment", "without_txcoord_settings"]
 
 #: The checkout the tests and benchmarks run from (its jobs/, bench/, scripts/ and notebooks/ are not in the package).
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +27,13 @@ def run_checked(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     result = subprocess.run(argv, capture_output=True, text=True, timeout=600, **kwargs)
     assert result.returncode == 0, f"{argv}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result
+
+
+def run_uv_cache_first(*args: str) -> None:
+    """``uv ARGS`` from uv's cache alone, which ``make setup`` filled, or, failing that, with the index: as the
+    Makefile's setup does, and for the same reason (its comment)."""
+    if subprocess.run([sys.executable, "-m", "uv", *args, "--offline"], capture_output=True, timeout=600).returncode:
+        run_checked([sys.executable, "-m", "uv", *args])
 
 
 def user_environment(venv: Path) -> dict[str, str]:

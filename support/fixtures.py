@@ -26,7 +26,7 @@ from coordinator.ops import maintenance
 from coordinator.spark import jars
 from support.environment import REPO_ROOT
 from support.batches import ManualChecker
-from support.environment import DEMO_ORDERS, run_checked, user_environment
+from support.environment import DEMO_ORDERS, run_uv_cache_first, user_environment
 from support.servers import require_azurite, require_s3_server
 
 
@@ -148,13 +148,13 @@ def installed(tmp_path_factory) -> Path:
         venv = root / "venv"
         if made:
             return venv
-        run_checked([sys.executable, "-m", "uv", "build", "--quiet", "--out-dir", str(root / "dist"), str(REPO_ROOT)])
+        run_uv_cache_first("build", "--quiet", "--out-dir", str(root / "dist"), str(REPO_ROOT))
         [wheel] = (root / "dist").glob("txcoord-*.whl")
-        run_checked([sys.executable, "-m", "uv", "venv", "--quiet", "--python", sys.executable, str(venv)])
-        run_checked([sys.executable, "-m", "uv", "pip", "install", "--quiet", "--compile-bytecode",  # as pip does
-                     "--python", str(venv / "bin" / "python"),
-                     f"txcoord[spark,console] @ {wheel.as_uri()}", "--constraint", str(REPO_ROOT / "requirements.lock")])
+        run_uv_cache_first("venv", "--quiet", "--python", sys.executable, str(venv))
+        run_uv_cache_first("pip", "install", "--quiet", "--compile-bytecode", "--python", str(venv / "bin" / "python"),
+                           f"txcoord[spark,console] @ {wheel.as_uri()}", "--constraint", str(REPO_ROOT / "requirements.lock"))
         return venv
+
 
 
 @pytest.fixture(scope="session")

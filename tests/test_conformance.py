@@ -89,12 +89,12 @@ def client_options(request) -> list[str]:
     13 JVMs, which two cores shared with the other tests' Spark jobs did not start in time."""
     if request.param == "python":
         return ["--producer", " ".join(DRIVER)]
-    from support.java_client import build_java_client, java_classpath
+    from support.java_client import JVM_OPTIONS, build_java_client, java_classpath
 
     reason = build_java_client()
     if reason:
         pytest.skip(reason)
-    return ["--producer", f"java -cp '{java_classpath()}' io.txcoord.client.conformance.ConformanceDriver",
+    return ["--producer", f"java {' '.join(JVM_OPTIONS)} -cp '{java_classpath()}' io.txcoord.client.conformance.ConformanceDriver",
             "--parallel", "4"]
 
 
@@ -124,13 +124,15 @@ def test_each_client_passes_every_case_of_the_kit_on_the_s3_server_with_the_gran
     assert "AccessDeniedError" in stderr and "groups/conformance_grant_b/_producers/" in stderr
 
 
-#: A client with two defects the kit must catch: it commits whatever its local transaction was told to return,
-#: and it takes its next version from what it knew, never reading _last_checkpoint.
+#: A client with three defects the kit must catch: it commits whatever its local transaction was told to return,
+#: it takes its next version from what it knew, never reading _last_checkpoint, and it creates its own commit log
+#: but not the missing ones below it.
 BROKEN_CLIENT = """
 from concurrent.futures import Future
 
 from coordinator.appender import DeltaAppender
 from coordinator.conformance import python_client
+from coordinator.producer import commit_log
 from coordinator.protocol import LocalTransactionState
 
 
@@ -146,27 +148,37 @@ def no_checkpoint_read(self):
     return unread
 
 
+def own_log_only(create, logs, remote):  # the logs below its own, then its own
+    return created(create, logs[-1:], remote=remote)
+
+
 python_client.ScriptedListener = Lying
 DeltaAppender._read_last_checkpoint = no_checkpoint_read
+created, commit_log.read_all = commit_log.read_all, own_log_only
 raise SystemExit(python_client.main())
 """
 
 
 @pytest.mark.slow
-def test_the_kit_fails_a_client_that_commits_what_it_should_roll_back_or_writes_below_a_checkpoint(tmp_path):
+def test_the_kit_fails_a_client_that_commits_what_it_should_roll_back_writes_below_a_checkpoint_or_leaves_a_gap(
+        tmp_path):
     script = tmp_path / "broken_client.py"
     script.write_text(BROKEN_CLIENT)
     done = conformance("--producer", f"{sys.executable} {script}", "--case", "commit", "--case", "rollback",
-                       "--case", "checkpointed_log", "--case-timeout", "30", "--workdir", str(tmp_path / "kit"),
-                       cwd=tmp_path)
+                       "--case", "checkpointed_log", "--case", "log_numbering", "--case-timeout", "30",
+                       "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     verdicts = case_lines(done.stdout)
-    assert verdicts["commit"] == "PASS" and list(verdicts) == ["commit", "rollback", "checkpointed_log"]
+    assert verdicts["commit"] == "PASS" and list(verdicts) == ["commit", "rollback", "checkpointed_log", "log_numbering"]
     assert verdicts["rollback"].startswith("send replied local_state 'COMMIT_MESSAGE', the listener returned "
                                            "ROLLBACK_MESSAGE"), verdicts
     # Its second send reported success; the checker never read the version it recreated below the checkpoint.
     assert verdicts["checkpointed_log"].startswith("timed out waiting for system/op to decide"), verdicts
-    assert re.fullmatch(r"1 of 3 cases passed in \d+ s; failed: rollback, checkpointed_log", done.stdout.splitlines()[-1])
+    assert verdicts["log_numbering"].startswith("the client wrote its transaction ") and (
+        "groups/conformance_log_numbering/commit_log, groups/conformance_log_numbering/commit_log.1 missing"
+        in verdicts["log_numbering"]), verdicts
+    assert re.fullmatch(r"1 of 4 cases passed in \d+ s; failed: rollback, checkpointed_log, log_numbering",
+                        done.stdout.splitlines()[-1])
 
 
 def test_an_unknown_case_is_a_usage_error_before_any_checker_starts(tmp_path):

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from support import checker_on_fresh_lakehouse
-from support.java_client import JAVA_CLIENT, build_java_client, java_classpath
+from support.java_client import JAVA_CLIENT, JVM_OPTIONS, build_java_client, java_classpath
 from support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -39,7 +39,7 @@ def topic_rows(lakehouse, topic: str) -> list[dict]:
 
 def run_order_service(directory, java_client, tmp_path, group="order_group") -> list[dict]:
     service = subprocess.run(
-        ["java", "-cp", java_client, str(JAVA_CLIENT / "examples" / "OrderService.java"), "--config",
+        ["java", *JVM_OPTIONS, "-cp", java_client, str(JAVA_CLIENT / "examples" / "OrderService.java"), "--config",
          f"{directory}/bench.toml", "--group", group, "--orders", str(ORDERS), "--db", str(tmp_path / "orders-db"),
          "--wait-s", "180"],
         capture_output=True, text=True, timeout=300)

@@ -569,6 +569,9 @@ def assert_consume_throughput(report: dict) -> None:
         # Every message handled at least once, however many instances shared them.
         assert run["distinct"] == figures["messages"] and run["handled"] >= run["distinct"]
         assert run["messages_per_s"] > 0 and sum(run["by_process"]) == run["handled"]
+        assert len(run["cpu_seconds"]) == run["processes"] and all(cpu > 0 for cpu in run["cpu_seconds"])
+        assert run["cores_used"] == round(sum(run["cpu_seconds"]) / run["seconds"], 2)
+        assert run["settled_after_s"] is None or 0 <= run["settled_after_s"]
     assert len(figures["two_processes"]["by_process"]) == 2
     assert figures["two_processes_speedup"] == round(
         figures["two_processes"]["messages_per_s"] / figures["one_process"]["messages_per_s"], 2)

@@ -249,6 +249,12 @@ def _checkpointed_log(run: Run, deadline: Deadline, new_client: Callable[[], Cli
     case_checkpointed_log(run, deadline, new_client)
 
 
+def _log_numbering(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
+    from coordinator.conformance.numbering import case_log_numbering
+
+    case_log_numbering(run, deadline, new_client)
+
+
 def _grant(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
     from coordinator.conformance.s3 import case_grant
 
@@ -268,6 +274,7 @@ CASES: dict[str, Case] = {
     "heartbeat_routing": case_heartbeat_routing,
     "malformed_neighbour": _malformed_neighbour,
     "checkpointed_log": _checkpointed_log,
+    "log_numbering": _log_numbering,
 }
 #: The cases only a lakehouse on the S3 server, with an account per group, can run.
 OBJECT_STORE_CASES: dict[str, Case] = {"grant": _grant}

@@ -15,11 +15,12 @@ from __future__ import annotations
 import datetime as dt
 import io
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from matplotlib import rc_context
-from matplotlib.dates import DateFormatter
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["CHART_COLUMNS", "batches_chart", "latency_chart", "throughput_chart"]
 
@@ -68,6 +69,10 @@ def batches_chart(rows: pa.Table, since: dt.datetime, now: dt.datetime) -> bytes
 
 
 def _figure(title: str, unit: str, since: dt.datetime, now: dt.datetime):
+    # matplotlib is imported when a chart is drawn, not with the console: `txcoord console-user` needs none of it.
+    from matplotlib.dates import DateFormatter
+    from matplotlib.figure import Figure
+
     figure = Figure(figsize=(4.4, 2.6), dpi=100, layout="constrained")
     axes = figure.add_subplot()
     axes.set_title(title, fontsize=10, loc="left")
@@ -80,6 +85,8 @@ def _figure(title: str, unit: str, since: dt.datetime, now: dt.datetime):
 
 
 def _svg(figure: Figure, axes, has_data: bool) -> bytes:
+    from matplotlib import rc_context
+
     if has_data:
         axes.set_ylim(bottom=0)
         axes.legend(fontsize=7, loc="upper left")

@@ -77,23 +77,29 @@ public final class LocalStore implements ObjectStore {
         return Files.exists(path(key));
     }
 
-    private Path temporary(Path target) throws IOException {
+    /** What gives a temporary file, written whole, its final name. */
+    private interface Publish {
+        void to(Path target, Path temp) throws IOException;
+    }
+
+    /** Writes {@code data} to a temporary file beside {@code key}'s, then {@code publish}es it; the temporary
+     * file is gone afterwards, whatever happened. */
+    private void writeAndPublish(Path target, byte[] data, Publish publish) throws IOException {
         Files.createDirectories(target.getParent());
         Path temp = target.resolveSibling("." + target.getFileName() + "." + Long.toHexString(ThreadLocalRandom.current().nextLong()));
-        return temp;
+        try {
+            Files.write(temp, data, StandardOpenOption.CREATE_NEW, StandardOpenOption.WRITE);
+            publish.to(target, temp);
+        } finally {
+            Files.deleteIfExists(temp);
+        }
     }
 
     @Override
     public void put(String key, byte[] data) {
-        Path target = path(key);
         try {
-            Path temp = temporary(target);
-            try {
-                Files.write(temp, data, StandardOpenOption.CREATE_NEW, StandardOpenOption.WRITE);
-                Files.move(temp, target, StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
-            } finally {
-                Files.deleteIfExists(temp);
-            }
+            writeAndPublish(path(key), data, (target, temp) ->
+                    Files.move(temp, target, StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING));
         } catch (IOException e) {
             throw failure("writing", key, e);
         }
@@ -101,18 +107,11 @@ public final class LocalStore implements ObjectStore {
 
     @Override
     public boolean create(String key, byte[] data) {
-        Path target = path(key);
         try {
-            Path temp = temporary(target);
-            try {
-                Files.write(temp, data, StandardOpenOption.CREATE_NEW, StandardOpenOption.WRITE);
-                Files.createLink(target, temp);
-                return true;
-            } catch (FileAlreadyExistsException e) {
-                return false;
-            } finally {
-                Files.deleteIfExists(temp);
-            }
+            writeAndPublish(path(key), data, (target, temp) -> Files.createLink(target, temp));
+            return true;
+        } catch (FileAlreadyExistsException e) {
+            return false;
         } catch (IOException e) {
             throw failure("creating", key, e);
         }

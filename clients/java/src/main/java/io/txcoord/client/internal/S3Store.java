@@ -19,7 +19,10 @@ import software.amazon.awssdk.core.checksums.RequestChecksumCalculation;
 import software.amazon.awssdk.core.checksums.ResponseChecksumValidation;
 import software.amazon.awssdk.http.apache.ApacheHttpClient;
 import software.amazon.awssdk.regions.Region;
+import software.amazon.awssdk.endpoints.Endpoint;
 import software.amazon.awssdk.services.s3.S3Client;
+import software.amazon.awssdk.services.s3.endpoints.S3EndpointParams;
+import software.amazon.awssdk.services.s3.endpoints.S3EndpointProvider;
 import software.amazon.awssdk.services.s3.S3ClientBuilder;
 import software.amazon.awssdk.services.s3.S3Configuration;
 import software.amazon.awssdk.services.s3.model.GetObjectResponse;
@@ -34,6 +37,8 @@ import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.function.Supplier;
 
@@ -92,7 +97,24 @@ public final class S3Store implements ObjectStore {
             builder.forcePathStyle(!virtualHosted.equalsIgnoreCase("true"));
         }
         builder.credentialsProvider(credentials(storage));
+        builder.endpointProvider(new RulesOncePerBucket());
         this.s3 = builder.build();
+    }
+
+    /**
+     * S3's endpoint rules, evaluated once per bucket. The SDK evaluates them at every request, parsing the endpoint
+     * again and building an exception with its stack trace for each rule that does not match (aws-sdk-java-v2#5846):
+     * CPU a send waits for (docs/performance.md#java-client). For this client's requests (objects of one bucket, one
+     * configuration) they give one endpoint per bucket; a resolution that fails would fail again, so it is kept too.
+     */
+    private static final class RulesOncePerBucket implements S3EndpointProvider {
+        private final S3EndpointProvider rules = S3EndpointProvider.defaultProvider();
+        private final ConcurrentHashMap<String, CompletableFuture<Endpoint>> byBucket = new ConcurrentHashMap<>();
+
+        @Override
+        public CompletableFuture<Endpoint> resolveEndpoint(S3EndpointParams params) {
+            return byBucket.computeIfAbsent(String.valueOf(params.bucket()), bucket -> rules.resolveEndpoint(params));
+        }
     }
 
     private static String first(Map<String, String> storage, String... keys) {
