@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 
 from coordinator.checker import CHECKER_NAME
 from coordinator.checker.check import Due, find_due
-from coordinator.checker.context import (COMMITS_PER_BATCH, OFFSETS_PER_COMMIT, BatchContext, BatchRecords, grouped,
-                                         shaped)
+from coordinator.checker.context import (COMMITS_PER_BATCH, OFFSETS_PER_COMMIT, BatchContext, BatchRecords, by_topic,
+                                         grouped, kept, shaped)
 from coordinator.checker.delivery import Delivered, as_undelivered, deliver, op_rows
 from coordinator.checker.gather import Gathered, gather
 from coordinator.checker.ingest import ingest_halves, refuse_unknown_kinds
@@ -223,8 +223,8 @@ def decide(ctx: BatchContext, all_records: BatchRecords, memory: CheckerMemory, 
                                 decided_ops, ctx.batch_id)
     # A message withheld already (an operator's second COMMIT of a discarded transaction while the first
     # waits for its topic) is delivered once, as withheld.
-    deliveries = deliveries.filter(pc.invert(pc.is_in(deliveries.column("half_offset"),
-                                                      value_set=memory.undelivered.column("half_offset"))))
+    deliveries = kept(deliveries, pc.invert(pc.is_in(deliveries.column("half_offset"),
+                                                     value_set=memory.undelivered.column("half_offset"))))
     due = find_due(ctx, memory, arriving, arriving_rows, set(resolved_earlier), facts.surveys)
     rejected = (misattributed + refuse_unknown_kinds(records) + ingested.rejections + resolved.rejections
                 + recovered.rejections + _instance_rejections(due.refused_instances, ctx.now_us))
@@ -287,7 +287,7 @@ def write(ctx: BatchContext, writer: TableWriter, plan: BatchPlan, outstanding: 
 
     withheld = delivered.withheld_now.column("half_offset").combine_chunks()
     decided = plan.decided_ops
-    ops = pa.concat_tables([decided.filter(pc.invert(pc.is_in(decided.column("half_offset"), value_set=withheld))),
+    ops = pa.concat_tables([kept(decided, pc.invert(pc.is_in(decided.column("half_offset"), value_set=withheld))),
                             _table(OP, op_rows(delivered.settled), batch_id),
                             _rows_table(OP, due.discard_ops, batch_id)])
     if ops.num_rows:
@@ -342,9 +342,9 @@ def _summary(ctx: BatchContext, records: BatchRecords, plan: BatchPlan, written:
         check_answers=plan.check_answers,
         half_to_end_s=plan.half_to_end_s,
         commit_to_visible_s={topic: _seconds_since(rows.column("commit_timestamp"))
-                             for topic, rows in _by_topic(delivered.written_now)},
+                             for topic, rows in by_topic(delivered.written_now)},
         pending_by_topic=dict(memory.pending_by_topic),
-        withheld_by_topic={topic: rows.num_rows for topic, rows in _by_topic(delivered.withheld)},
+        withheld_by_topic={topic: rows.num_rows for topic, rows in by_topic(delivered.withheld)},
         ended_by_topic=plan.ended_by_topic,
         pending_from=lowest if lowest is not None else max(pending_from, _next_offset(records, ctx.batch_id, shared_log)),
     )
@@ -361,12 +361,6 @@ def _ended_by_topic(ops: pa.Table, discarded: pa.Table, recovered: pa.Table) -> 
     counts = grouped(ended, ["outcome", "topic"]).aggregate([([], "count_all")])
     return dict(zip(zip(counts.column("outcome").to_pylist(), counts.column("topic").to_pylist()),
                     counts.column("count_all").to_pylist()))
-
-
-def _by_topic(rows: pa.Table):
-    """``rows`` by their ``topic`` column: (topic, rows) pairs, in topic order."""
-    for topic in sorted(set(rows.column("topic").to_pylist())):
-        yield topic, rows.filter(pc.equal(rows.column("topic"), topic))
 
 
 def _instance_rejections(refused: Mapping[str, list[RefusedRecord]], now_us: int) -> list[dict]:

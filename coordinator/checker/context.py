@@ -13,7 +13,7 @@ enough that every later sequence is higher.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Iterator, Mapping, Optional, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,6 +22,9 @@ from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import CheckerStateError
 from coordinator.lakehouse import Lakehouse
 from coordinator.tables import TableDef
+
+__all__ = ["COMMITS_PER_BATCH", "OFFSETS_PER_COMMIT", "BatchContext", "BatchRecords", "by_topic", "grouped", "kept",
+           "shaped"]
 
 #: A batch reads fewer commits than this (``segment.MAX_VERSIONS_PER_BATCH``): see the module's docstring.
 COMMITS_PER_BATCH = 1 << 11
@@ -106,7 +109,7 @@ def shaped(table: TableDef, columns: Mapping[str, object], num_rows: int, batch_
     for column in schema:
         value = columns.get(column.name)
         if column.name == "batch_id" and batch_id is not None:
-            value = [batch_id] * num_rows
+            value = pa.repeat(pa.scalar(batch_id, column.type), num_rows)
         if value is None:
             arrays.append(pa.nulls(num_rows, column.type))
         elif isinstance(value, (pa.Array, pa.ChunkedArray)):
@@ -115,8 +118,44 @@ def shaped(table: TableDef, columns: Mapping[str, object], num_rows: int, batch_
             arrays.append(pa.array(value, pa.int64()).cast(column.type))
         else:
             arrays.append(pa.array(value, column.type))
-    arrays = [array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array for array in arrays]
-    return pa.Table.from_arrays(arrays, schema=schema)
+    return pa.Table.from_arrays([_one_chunk(array) for array in arrays], schema=schema)
+
+
+def _one_chunk(array: Union[pa.Array, pa.ChunkedArray]) -> pa.Array:
+    """``array`` as one array: a chunked array of one chunk is that chunk, not a copy of it (combining copies
+    even a single chunk: every message body of a backlog's batch, once per shaping)."""
+    if isinstance(array, pa.Array):
+        return array
+    return array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
+
+
+def kept(table: pa.Table, mask: Union[pa.Array, pa.ChunkedArray]) -> pa.Table:
+    """``table.filter(mask)``: the rows ``mask`` marks True (null: dropped); ``table`` itself, uncopied, when it
+    keeps every row (a filter copies every row even then).
+
+    Example::
+
+        kept(halves, pc.is_null(reasons))
+    """
+    if mask.null_count == 0 and pc.all(mask).as_py():
+        return table
+    return table.filter(mask)
+
+
+def by_topic(rows: pa.Table) -> Iterator[tuple[str, pa.Table]]:
+    """``rows`` by their ``topic`` column: (topic, its rows) pairs, in topic order. Rows of one topic are
+    given whole: filtering them would copy every row, message bodies and all.
+
+    Example::
+
+        {topic: rows.num_rows for topic, rows in by_topic(deliveries)}
+    """
+    topics = sorted(pc.unique(rows.column("topic")).to_pylist())
+    if len(topics) == 1:
+        yield topics[0], rows
+        return
+    for topic in topics:
+        yield topic, rows.filter(pc.equal(rows.column("topic"), topic))
 
 
 def grouped(table: pa.Table, keys) -> pa.TableGroupBy:

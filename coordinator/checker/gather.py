@@ -60,7 +60,8 @@ def _groups_with_checks_due(ctx: BatchContext, light: pa.Table, memory: CheckerM
     """The groups a check may go to in this batch: of the pending transactions due by its clock, and of its
     own halves whose immunity has passed by then (some of which the batch may resolve or refuse)."""
     groups = {pending.producer_group for pending in memory.due(ctx.now_us, ctx.config)}
-    halves = light.filter(pc.equal(light.column("kind"), RecordKind.HALF.value))
+    halves = light.select(["properties", "stored_us", "producer_group"]).filter(
+        pc.equal(light.column("kind"), RecordKind.HALF.value))  # only the columns judged: a filter copies each
     if halves.num_rows:
         written = immunity_values(halves.column("properties").combine_chunks())
         # Untrusted until ingest judges it: a value that is no small number counts as absent here.

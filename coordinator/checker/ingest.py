@@ -14,7 +14,7 @@ from typing import Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator.checker.context import OFFSETS_PER_COMMIT, BatchContext, BatchRecords, grouped, shaped
+from coordinator.checker.context import OFFSETS_PER_COMMIT, BatchContext, BatchRecords, grouped, kept, shaped
 from coordinator.checker.refusals import rejection
 from coordinator.checker.memory import Known
 from coordinator.grants import TopicGrants
@@ -65,7 +65,7 @@ def ingest_halves(ctx: BatchContext, records: BatchRecords, known: Mapping[str, 
     reasons = _grant_refusals(TopicGrants(ctx.config.topic_grants), halves, reasons)
     reasons = _transaction_refusals(halves, reasons, known)
     accepted = pc.is_null(reasons)
-    table = _half_rows(ctx, records, halves.filter(accepted))
+    table = _half_rows(ctx, records, kept(halves, accepted))
     refused = halves.append_column("reason", reasons).filter(pc.invert(accepted)).sort_by("row")
     return Ingested(table, [rejection(r, r["reason"]) for r in refused.to_pylist()])
 
@@ -87,7 +87,7 @@ def _numbered(halves: pa.Table) -> pa.Table:
 
 def _grant_refusals(grants: TopicGrants, halves: pa.Table, reasons: pa.Array) -> pa.Array:
     """``reasons``, with the grants' refusal for each record not refused yet whose group may not publish to its topic."""
-    unrefused = halves.filter(pc.is_null(reasons)).select(["producer_group", "topic"])
+    unrefused = kept(halves.select(["producer_group", "topic"]), pc.is_null(reasons))
     for pair in grouped(unrefused, ["producer_group", "topic"]).aggregate([]).to_pylist():
         refusal = grants.refusal(pair["producer_group"], pair["topic"])
         if refusal is not None:
@@ -103,7 +103,7 @@ def _transaction_refusals(halves: pa.Table, reasons: pa.Array, known: Mapping[st
     keyed = pa.table({"i": pa.array(range(halves.num_rows), pa.int64()),
                       **{name: halves.column(name) for name in ("transaction_id", "sequence", "message_index",
                                                                 "message_count", "producer_group")}})
-    named = keyed.filter(pc.is_valid(keyed.column("transaction_id")))
+    named = kept(keyed, pc.is_valid(keyed.column("transaction_id")))
     firsts = grouped(named, "transaction_id").aggregate([("sequence", "min")])
     commits = grouped(named, ["transaction_id", "sequence"]).aggregate([
         ("i", "count"), ("message_index", "count_distinct"), ("message_count", "max"), ("message_count", "min"),

@@ -415,19 +415,17 @@ def commits_read(records: pa.Table) -> pa.Table:
 
         commits_read(segment.records(lakehouse)).column("sha256")
     """
-    rank = records.column("commit_rank").combine_chunks()
-    read = pc.is_valid(records.column("commit_sha256").combine_chunks())
-    first_of_commit = _differs(rank)
     # Runs, not a grouping: grouping on the ids costs seconds for a backlog's batch, comparing neighbours does
-    # not; and each commit's own values are taken once per commit, not filtered from every record.
-    runs = records.select(["commit_rank", "transaction_id"]).filter(
-        pc.and_(read, pc.or_(first_of_commit, _differs(records.column("transaction_id").combine_chunks()))))
-    commits = records.select(["commit_rank", "commit_log", "commit_version", "commit_sha256", "commit_bytes",
-                              "stored_timestamp"]).filter(pc.and_(read, first_of_commit))
-    of = commits.take(pc.index_in(runs.column("commit_rank"), value_set=commits.column("commit_rank")))
-    return pa.table({"commit_log": of.column("commit_log"), "commit_version": of.column("commit_version"),
-                     "transaction_id": runs.column("transaction_id"), "sha256": of.column("commit_sha256"),
-                     "bytes": of.column("commit_bytes"), "stored_timestamp": of.column("stored_timestamp")})
+    # not. Every record carries its commit's own values, so a run's row is the record that begins it, taken as
+    # it is: one filter, no table of commits to look each run's commit up in.
+    begins_run = pc.or_(_differs(records.column("commit_rank").combine_chunks()),
+                        _differs(records.column("transaction_id").combine_chunks()))
+    kept = pc.and_(pc.is_valid(records.column("commit_sha256")), begins_run)
+    runs = records.select(["commit_log", "commit_version", "transaction_id", "commit_sha256", "commit_bytes",
+                           "stored_timestamp"])
+    if not pc.all(kept).as_py():  # in a backlog every record begins a run: kept whole, with no copy
+        runs = runs.filter(kept)
+    return runs.rename_columns(["commit_log", "commit_version", "transaction_id", "sha256", "bytes", "stored_timestamp"])
 
 
 def _differs(values: pa.Array) -> pa.Array:

@@ -71,7 +71,7 @@ def commit_actions(data: bytes) -> list[dict]:
             raise CorruptInputError(f"line {number} is not JSON: {_short(error)}") from None
         if not isinstance(action, dict):
             raise CorruptInputError(f"line {number} is not a JSON object")
-        if _depth(action) > MAX_ACTION_DEPTH:
+        if _may_nest_deeper(line) and _depth(action) > MAX_ACTION_DEPTH:
             raise CorruptInputError(f"line {number} nests deeper than {MAX_ACTION_DEPTH} levels")
         actions.append(action)
     return actions
@@ -121,6 +121,12 @@ def check_commits(files: FileStore, table: str) -> dict[int, bytes]:
 
     return {version: data for version, data in zip(commits, read_all(check, commits, remote=files.remote))
             if data is not None}
+
+
+def _may_nest_deeper(line: bytes) -> bool:
+    """Whether a JSON line could nest deeper than :data:`MAX_ACTION_DEPTH`: each level opens a bracket, so a line
+    of fewer opening brackets (those in strings counted too) cannot, and its parsed actions need no walk."""
+    return line.count(b"{") + line.count(b"[") > MAX_ACTION_DEPTH
 
 
 def _depth(value: object) -> int:
