@@ -312,8 +312,9 @@ def test_on_object_storage_an_idle_instance_lists_its_group_rarely_and_reads_no_
             spent = requests_between(before, proxy.counts())
             probes = sum(log.probes for log in consumer._logs.values()) - probes
     assert 1 <= spent["LIST"] <= 2, spent  # was a listing at each of the ten looks
-    # Its own record per listing, besides the tables' probes (a GET each); was 8 claims at each look besides.
-    assert spent["GET"] - probes <= spent["LIST"], (spent, probes)
+    # Its own record per listing, besides the tables' probes (a GET each), and one more for a listing made just before
+    # the counted looks whose record is read within them; was 8 claims at each look besides.
+    assert spent["GET"] - probes <= spent["LIST"] + 1, (spent, probes)
 
 
 def test_closing_lets_the_call_under_way_finish_and_starts_none_handed_over_behind_it(settings, feed, clock):
