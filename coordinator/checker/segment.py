@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from coordinator.checker.context import kept
 from coordinator.commit_logs import CommitLogRef, CommitLogs, Layout, committed
 from coordinator.doorbells import GroupWatch
 from coordinator.exceptions import CorruptInputError, FileTooLargeError
@@ -420,11 +421,9 @@ def commits_read(records: pa.Table) -> pa.Table:
     # it is: one filter, no table of commits to look each run's commit up in.
     begins_run = pc.or_(_differs(records.column("commit_rank").combine_chunks()),
                         _differs(records.column("transaction_id").combine_chunks()))
-    kept = pc.and_(pc.is_valid(records.column("commit_sha256")), begins_run)
-    runs = records.select(["commit_log", "commit_version", "transaction_id", "commit_sha256", "commit_bytes",
-                           "stored_timestamp"])
-    if not pc.all(kept).as_py():  # in a backlog every record begins a run: kept whole, with no copy
-        runs = runs.filter(kept)
+    runs = kept(records.select(["commit_log", "commit_version", "transaction_id", "commit_sha256", "commit_bytes",
+                                "stored_timestamp"]),  # in a backlog every record begins a run: no copy then
+                pc.and_(pc.is_valid(records.column("commit_sha256")), begins_run))
     return runs.rename_columns(["commit_log", "commit_version", "transaction_id", "sha256", "bytes", "stored_timestamp"])
 
 
