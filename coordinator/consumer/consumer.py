@@ -479,6 +479,9 @@ class TopicConsumer:
             try:
                 if share.source not in latest:
                     latest[share.source] = self._latest(share.source)
+                    first = reading.get(share.source)
+                    if first is not None:
+                        share.log.read_ahead(first, min(latest[share.source], first + _READ_AHEAD_VERSIONS - 1))
                 # Not far past the furthest-behind share that has room to read: the shares of a topic drifted
                 # apart (44 versions in 30 s, a 1,000,000-message topic) past the versions the log keeps, and each
                 # version was read and converted again for each share that came to it late.
@@ -536,7 +539,7 @@ class TopicConsumer:
         while len(pending) < self.config.consumer_max_buffered and share.next_read <= latest:
             version = share.next_read
             done = share.done.get(version, ())
-            for row in share.log.split(version, self._shares_per_topic, share_of)[share.number]:
+            for row in share.log.share_rows(version, share.number, self._shares_per_topic, share_of):
                 offset = row["queue_offset"]
                 if offset < floor or offset in done:
                     continue

@@ -38,10 +38,10 @@ from coordinator.storage import FileStore, read_all
 
 __all__ = ["CACHED_VERSIONS", "TopicLog"]
 
-#: Versions whose rows a log keeps, for the shares that read them one after another: at least this many, and
-#: more while they hold at most CACHED_ROWS rows, since each share reads ahead until it holds
-#: ``consumer_max_buffered`` messages, over more versions the smaller they are, and a version evicted before the
-#: last share read it is read and converted again.
+#: Versions a log keeps (as read, and the rows of the shares converted from them), for the shares that read them
+#: one after another: at least this many, and more while they hold at most CACHED_ROWS rows, since each share
+#: reads ahead until it holds ``consumer_max_buffered`` messages, over more versions the smaller they are, and a
+#: version evicted before the last share read it is read again.
 CACHED_VERSIONS = 16
 CACHED_ROWS = 100_000
 #: Versions one :meth:`TopicLog.latest` reads the rows of beside the probe of the next (object storage only:
@@ -58,9 +58,8 @@ class TopicLog:
         self.files = files
         self.table = table.rstrip("/")
         self._latest: Optional[int] = None
-        self._cache: OrderedDict[int, list[dict]] = OrderedDict()
-        self._split: OrderedDict[tuple[int, int], list[list[dict]]] = OrderedDict()
-        self._cached_rows = self._split_rows = 0
+        self._cache: OrderedDict[int, _Version] = OrderedDict()
+        self._cached_rows = 0
         self._commits: OrderedDict[int, Optional[bytes]] = OrderedDict()  # found by a probe, not read yet
         #: Probes made (GETs of a next commit file), for tests that count a consumer's requests.
         self.probes = 0
@@ -106,10 +105,10 @@ class TopicLog:
                 version = self._latest = self._latest + 1
                 if read_ahead and version not in self._cache and found is not None:
                     read_ahead -= 1
-                    rows, found = read_all(lambda read: read(), [lambda: self._rows_or_none(version, found),
-                                                                 lambda: self._probe(version + 1)], remote=True)
-                    if rows is not None:  # else read again by rows(), which says what is wrong with it
-                        self._remember(version, rows)
+                    table, found = read_all(lambda read: read(), [lambda: self._table_or_none(version, found),
+                                                                  lambda: self._probe(version + 1)], remote=True)
+                    if table is not None:  # else read again by rows(), which says what is wrong with it
+                        self._remember(version, _Version(table))
                     continue
                 self._keep(version, found)
                 found = self._probe(version + 1)
@@ -130,11 +129,31 @@ class TopicLog:
         while len(self._commits) > _KEPT_COMMITS:
             self._commits.popitem(last=False)
 
-    def _rows_or_none(self, version: int, commit: bytes) -> Optional[list[dict]]:
+    def _table_or_none(self, version: int, commit: Optional[bytes]) -> Optional[pa.Table]:
         try:
-            return self._rows_of(version, commit)
+            return self._read(version, commit)
         except Exception:  # noqa: BLE001 - read again by rows(), on the reader's thread, where it is reported
             return None
+
+    def read_ahead(self, first: int, last: int) -> None:
+        """On object storage, read the versions ``first`` to ``last`` not read yet, at once (a round trip or two
+        each, where one after another they were most of a consumer's time catching up); nothing on a local disk.
+        A version that cannot be read is left for :meth:`rows` to say why.
+
+        Example::
+
+            log.read_ahead(12, 19)   # versions 12 to 19 read, at most CONCURRENT_READS at once
+        """
+        if not self.files.remote:
+            return
+        with self._lock:
+            wanted = [(version, self._commits.pop(version, None)) for version in range(first, last + 1)
+                      if version not in self._cache]
+        tables = read_all(lambda item: self._table_or_none(*item), wanted, remote=True)
+        with self._lock:
+            for (version, _), table in zip(wanted, tables):
+                if table is not None:
+                    self._remember(version, _Version(table))
 
     def earliest(self) -> int:
         """The oldest version whose commit the log still holds (0 until log cleanup removes some).
@@ -164,51 +183,42 @@ class TopicLog:
 
             TopicLog(files, "topics/T").rows(3)[0]["msg_id"]  # '9f2c…'
         """
+        return self._version(version).rows()
+
+    def share_rows(self, version: int, number: int, shares: int, share_of) -> list[dict]:
+        """The :meth:`rows` of ``version`` in share ``number`` of ``shares`` by ``share_of(keys, msg_id, shares)``,
+        in ``queue_offset`` order. Only the rows of the shares asked for are converted, each once: an instance
+        holding half a topic's shares converts half of each version.
+
+        Example::
+
+            TopicLog(files, "topics/T").share_rows(3, 5, 16, share_of)   # the rows of share 5 of 16
+        """
+        return self._version(version).share_rows(number, shares, share_of)
+
+    def _version(self, version: int) -> "_Version":
         with self._lock:
             cached = self._cache.get(version)
             if cached is not None:
                 self._cache.move_to_end(version)
                 return cached
             commit = self._commits.pop(version, None)
-        rows = self._read(version, commit)
+        read = _Version(self._read(version, commit))
         with self._lock:
-            self._remember(version, rows)
-        return rows
+            self._remember(version, read)
+            return self._cache.get(version, read)
 
-    def _remember(self, version: int, rows: list[dict]) -> None:
-        """Cache ``rows`` of ``version`` (the lock held)."""
+    def _remember(self, version: int, read: "_Version") -> None:
+        """Cache ``read`` as ``version`` (the lock held)."""
         if version in self._cache:
             return
-        self._cache[version] = rows
-        self._cached_rows += len(rows)
+        self._cache[version] = read
+        self._cached_rows += read.table.num_rows
         while len(self._cache) > CACHED_VERSIONS and self._cached_rows > CACHED_ROWS:
-            self._cached_rows -= len(self._cache.popitem(last=False)[1])
+            self._cached_rows -= self._cache.popitem(last=False)[1].table.num_rows
 
-    def split(self, version: int, shares: int, share_of) -> list[list[dict]]:
-        """:meth:`rows` of ``version`` split into ``shares`` lists by ``share_of(keys, msg_id, shares)``: every
-        share of a version reads its own list, the hash made once per message, not once per share.
-
-        Example::
-
-            TopicLog(files, "topics/T").split(3, 16, share_of)[5]   # the rows of share 5, in queue_offset order
-        """
-        with self._lock:
-            cached = self._split.get((version, shares))
-            if cached is not None:
-                self._split.move_to_end((version, shares))
-                return cached
-        split: list[list[dict]] = [[] for _ in range(shares)]
-        for row in self.rows(version):
-            split[share_of(row["keys"], row["msg_id"], shares)].append(row)
-        with self._lock:
-            self._split[version, shares] = split
-            self._split_rows += sum(map(len, split))
-            while len(self._split) > CACHED_VERSIONS and self._split_rows > CACHED_ROWS:
-                self._split_rows -= sum(map(len, self._split.popitem(last=False)[1]))
-        return split
-
-    def _read(self, version: int, commit: Optional[bytes] = None) -> list[dict]:
-        """The rows of ``version``, from ``commit`` (its commit file, as a probe found it) or its file read now."""
+    def _read(self, version: int, commit: Optional[bytes] = None) -> pa.Table:
+        """The rows ``version`` added, from ``commit`` (its commit file, as a probe found it) or its file read now."""
         if commit is None:
             key = f"{self.table}/_delta_log/{version:020d}.json"
             try:
@@ -220,9 +230,9 @@ class TopicLog:
                                         "past it): `txcoord consumer-groups reset` moves the group to a version it "
                                         "holds")
             commit = found.data
-        return self._rows_of(version, commit)
+        return self._table_of(version, commit)
 
-    def _rows_of(self, version: int, commit: bytes) -> list[dict]:
+    def _table_of(self, version: int, commit: bytes) -> pa.Table:
         paths = []
         for added in added_files(commit_actions(commit)):
             if added.path is None:
@@ -239,9 +249,56 @@ class TopicLog:
 
         tables = read_all(read_file, paths, remote=self.files.remote)
         if not tables:
-            return []
-        table = pa.concat_tables(tables, promote_options="default").sort_by("queue_offset")
-        return _pylist(table)
+            return pa.table({"keys": pa.array([], pa.string()), "msg_id": pa.array([], pa.string()),
+                             "queue_offset": pa.array([], pa.int64())})
+        table = pa.concat_tables(tables, promote_options="default")
+        missing = _SHARED_COLUMNS.difference(table.column_names)
+        if missing:
+            raise CorruptInputError(f"{self.table} version {version}: no column {', '.join(sorted(missing))}")
+        return table.sort_by("queue_offset")
+
+
+#: The columns a version's rows are shared out and ordered by.
+_SHARED_COLUMNS = frozenset({"keys", "msg_id", "queue_offset"})
+
+
+class _Version:
+    """A version's rows as read, and converted to dicts only as asked: whole, or the rows of one share."""
+
+    __slots__ = ("table", "_rows", "_positions", "_share_rows")
+
+    def __init__(self, table: pa.Table):
+        self.table = table
+        self._rows: Optional[list[dict]] = None
+        self._positions: dict[int, list[list[int]]] = {}  # shares → each share's row positions
+        self._share_rows: dict[tuple[int, int], list[dict]] = {}
+
+    def rows(self) -> list[dict]:
+        if self._rows is None:
+            self._rows = _pylist(self.table)
+        return self._rows
+
+    def share_rows(self, number: int, shares: int, share_of) -> list[dict]:
+        # Set once, then only read: two threads converting one share at once agree, and one answer stays.
+        converted = self._share_rows.get((number, shares))
+        if converted is None:
+            positions = self._positions.get(shares)
+            if positions is None:
+                positions = [[] for _ in range(shares)]
+                table = self.table
+                for position, (keys, msg_id) in enumerate(zip(table.column("keys").to_pylist(),
+                                                                table.column("msg_id").to_pylist())):
+                    positions[share_of(keys, msg_id, shares)].append(position)
+                self._positions[shares] = positions
+            taken = positions[number]
+            if not taken:
+                converted = []
+            elif len(taken) == self.table.num_rows:
+                converted = self.rows()
+            else:
+                converted = _pylist(self.table.take(taken))
+            self._share_rows[number, shares] = converted
+        return converted
 
 
 _UNIT_US = {"s": 1_000_000, "ms": 1000, "us": 1}

@@ -10,6 +10,10 @@ A call past its deadline is *abandoned*: its message counts as failed, a new thr
 place, and the hung one exits whenever its call returns, its answer ignored. A Python thread cannot be
 stopped from outside: an abandoned thread is a daemon one, so it never keeps the process from exiting.
 
+The threads share no lock per call: whether a call's answer counts or its call was abandoned is decided by
+whichever of its thread and the abandoning loop first pops the call's one-item *ticket* (``list.pop`` is atomic).
+A lock taken around each call made eight threads convoy on it (docs/performance.md#the-consumer).
+
 Example::
 
     workers = Workers(4, call=lambda payload, item: handle(item), ok=lambda result, error: error is None,
@@ -31,7 +35,7 @@ class Run:
     """Items to call one after another; ``outcomes`` holds ``(item, result, error)`` for each call that ended,
     in order, and ``current``/``started`` the call under way (``started`` by the workers' clock)."""
 
-    __slots__ = ("items", "payload", "outcomes", "current", "started", "thread", "abandoned")
+    __slots__ = ("items", "payload", "outcomes", "current", "started", "thread", "abandoned", "ticket")
 
     def __init__(self, items: list, payload: Any = None):
         self.items, self.payload = items, payload
@@ -40,6 +44,7 @@ class Run:
         self.started: Optional[float] = None
         self.thread: Optional[threading.Thread] = None
         self.abandoned = False
+        self.ticket: list = []  # the call under way's item until its thread or the abandoning loop pops it
 
     def unstarted(self) -> list:
         """The items no call was made for (the run stopped early), in order; the hung one of an abandoned run
@@ -89,15 +94,27 @@ class Workers:
             for run in workers.abandon_overdue(60.0): ...   # run.abandoned is True; the pool is whole again
         """
         now = self._clock()
-        with self._lock:
-            hung = [run for run in self._active if run.started is not None and now - run.started > deadline_s]
-            for run in hung:
-                run.abandoned = True
-                self._active.discard(run)
-                if run.thread in self._threads:
-                    self._threads.remove(run.thread)
-        for _ in hung:
-            self._spawn()
+        hung = []
+        for run in list(self._active):
+            # The ticket before the start time: a call that ended and another that began between the two reads
+            # shows the new call's start (not overdue), never the old call's start with the new call's ticket.
+            ticket, started = run.ticket, run.started
+            if started is None or now - started <= deadline_s:
+                continue
+            try:
+                run.current = ticket.pop()
+            except IndexError:
+                continue  # its call just returned: the thread's answer counts
+            run.abandoned = True
+            self._active.discard(run)
+            hung.append(run)
+        if hung:
+            with self._lock:
+                for run in hung:
+                    if run.thread in self._threads:
+                        self._threads.remove(run.thread)
+            for _ in hung:
+                self._spawn()
         return hung
 
     def close(self) -> None:
@@ -122,32 +139,30 @@ class Workers:
         thread.start()
 
     def _work(self) -> None:
-        me = threading.current_thread()
+        me, active = threading.current_thread(), self._active
         while True:
             run = self._runs.get()
             if run is None:
                 return
-            with self._lock:
-                run.thread = me
-                self._active.add(run)
+            run.thread = me
+            active.add(run)
             for item in run.items:
                 if not self._runnable(run):
                     break
-                # No lock: abandon_overdue acts only once ``started`` is set, and ``current`` is set before it.
-                run.current = item
-                run.started = self._clock()
+                ticket = run.ticket = [item]
+                run.current, run.started = item, self._clock()
                 result, error = None, None
                 try:
                     result = self._call(run.payload, item)
                 except BaseException as raised:  # the listener's failure is the message's, never the thread's
                     error = raised
-                with self._lock:
-                    if run.abandoned:
-                        return  # hung past its deadline, replaced: its answer counts for nothing
-                    run.current, run.started = None, None
-                    run.outcomes.append((item, result, error))
+                try:
+                    ticket.pop()
+                except IndexError:
+                    return  # hung past its deadline, replaced: its answer counts for nothing
+                run.current, run.started = None, None
+                run.outcomes.append((item, result, error))
                 if not self._ok(result, error):
                     break
-            with self._lock:
-                self._active.discard(run)
+            active.discard(run)
             self._done(run)
