@@ -10,6 +10,7 @@ import pytest
 
 from coordinator import ConsumeResult, ConsumedMessage, CoordinatorConfig, MessageListener, TopicConsumer
 from coordinator.consumer.group import REDRIVE_SOURCE, ConsumerGroup, rendezvous_owner, share_of
+from coordinator.consumer.topic_log import TopicLog
 from coordinator.exceptions import AccessDeniedError, IncompleteListenerError, MessageValidationError
 from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
 from support.clock import Clock
@@ -64,6 +65,20 @@ def test_one_instance_consumes_every_message_once_in_order_of_each_key(settings,
     with TopicConsumer("credits", ["ORDERS"], again, settings, clock=clock):
         wait_until(handled_count(again, 1), 30, "the new message")
     assert again.bodies() == [b"c1"]
+
+
+def test_a_versions_shares_are_its_rows_split_by_key_each_in_offset_order(settings, feed):
+    messages = [(f"k{n % 7}", b"%d" % n) for n in range(60)] + [(None, b"keyless"), (None, b"keyless too")]
+    feed.deliver("ORDERS", messages, offsets=list(range(100, 38, -1)))  # written out of offset order
+    log = TopicLog(Lakehouse.of(settings).files, "topics/ORDERS")
+    shares = [log.share_rows(0, number, 4, share_of) for number in range(4)]
+    whole = log.rows(0)
+    assert [row["queue_offset"] for row in whole] == list(range(39, 101))
+    for number, rows in enumerate(shares):
+        assert [row["queue_offset"] for row in rows] == sorted(row["queue_offset"] for row in rows)
+        assert all(share_of(row["keys"], row["msg_id"], 4) == number for row in rows)
+    assert sorted((row["queue_offset"], row["msg_id"], row["body"]) for rows in shares for row in rows) == \
+        [(row["queue_offset"], row["msg_id"], row["body"]) for row in whole]
 
 
 def test_a_group_not_granted_a_topic_is_refused_naming_the_grant(settings, feed):
