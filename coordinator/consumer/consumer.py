@@ -481,7 +481,7 @@ class TopicConsumer:
                     latest[share.source] = self._latest(share.source)
                     first = reading.get(share.source)
                     if first is not None:
-                        share.log.read_ahead(first, min(latest[share.source], first + _READ_AHEAD_VERSIONS - 1))
+                        share.log.read_ahead(first, min(latest[share.source], first + 2 * _READ_AHEAD_VERSIONS - 1))
                 # Not far past the furthest-behind share that has room to read: the shares of a topic drifted
                 # apart (44 versions in 30 s, a 1,000,000-message topic) past the versions the log keeps, and each
                 # version was read and converted again for each share that came to it late.

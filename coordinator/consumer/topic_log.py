@@ -63,6 +63,7 @@ class TopicLog:
         self._commits: OrderedDict[int, Optional[bytes]] = OrderedDict()  # found by a probe, not read yet
         #: Probes made (GETs of a next commit file), for tests that count a consumer's requests.
         self.probes = 0
+        self._reading: dict[int, threading.Event] = {}  # versions read_ahead is reading: set once they are read
         self._lock = threading.Lock()
 
     @property
@@ -136,24 +137,40 @@ class TopicLog:
             return None
 
     def read_ahead(self, first: int, last: int) -> None:
-        """On object storage, read the versions ``first`` to ``last`` not read yet, at once (a round trip or two
-        each, where one after another they were most of a consumer's time catching up); nothing on a local disk.
-        A version that cannot be read is left for :meth:`rows` to say why.
+        """On object storage, start reading the versions ``first`` to ``last`` not read yet, at once and in the
+        background (a round trip or two each: one after another, between the reader's steps, they were most of a
+        consumer's time catching up); :meth:`rows` of one waits for it. Nothing on a local disk. A version that
+        cannot be read is left for :meth:`rows` to say why.
 
         Example::
 
-            log.read_ahead(12, 19)   # versions 12 to 19 read, at most CONCURRENT_READS at once
+            log.read_ahead(12, 19)   # versions 12 to 19 being read, at most CONCURRENT_READS at once
         """
         if not self.files.remote:
             return
         with self._lock:
             wanted = [(version, self._commits.pop(version, None)) for version in range(first, last + 1)
-                      if version not in self._cache]
-        tables = read_all(lambda item: self._table_or_none(*item), wanted, remote=True)
-        with self._lock:
-            for (version, _), table in zip(wanted, tables):
-                if table is not None:
-                    self._remember(version, _Version(table))
+                      if version not in self._cache and version not in self._reading]
+            if not wanted:
+                return
+            read = threading.Event()
+            for version, _ in wanted:
+                self._reading[version] = read
+        threading.Thread(target=self._read_in_background, args=(wanted, read), daemon=True,
+                         name=f"read-ahead-{self.table}").start()
+
+    def _read_in_background(self, wanted: list[tuple[int, Optional[bytes]]], read: threading.Event) -> None:
+        try:
+            tables = read_all(lambda item: self._table_or_none(*item), wanted, remote=True)
+            with self._lock:
+                for (version, _), table in zip(wanted, tables):
+                    if table is not None:
+                        self._remember(version, _Version(table))
+        finally:
+            with self._lock:
+                for version, _ in wanted:
+                    self._reading.pop(version, None)
+            read.set()
 
     def earliest(self) -> int:
         """The oldest version whose commit the log still holds (0 until log cleanup removes some).
@@ -197,6 +214,10 @@ class TopicLog:
         return self._version(version).share_rows(number, shares, share_of)
 
     def _version(self, version: int) -> "_Version":
+        with self._lock:
+            reading = self._reading.get(version)
+        if reading is not None:
+            reading.wait()
         with self._lock:
             cached = self._cache.get(version)
             if cached is not None:
