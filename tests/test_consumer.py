@@ -260,6 +260,27 @@ def test_two_instances_split_the_shares_and_a_dead_ones_move_to_the_live_one(set
         b.close()
 
 
+def test_an_instance_owed_shares_another_holds_takes_them_soon_after_they_are_let_go(settings):
+    grant(settings, "credits", ["ORDERS"], shares=4)
+    clock_a, clock_b = Clock(), Clock()  # one each: b looks only when its own clock moves
+    a = TopicConsumer("credits", ["ORDERS"], RecordingListener(), settings, clock=clock_a)
+    b = TopicConsumer("credits", ["ORDERS"], RecordingListener(), settings, clock=clock_b)
+    while not all(rendezvous_split([a, b], 4)):  # hashing may give one instance every share: b needs some here
+        b = TopicConsumer("credits", ["ORDERS"], RecordingListener(), settings, clock=clock_b)
+    expected_a, expected_b = rendezvous_split([a, b], 4)
+    with a:
+        wait_until(lambda: len(set(a.shares)) == 8, 30, "a, alone, holding every share")
+        clock_b.now = clock_a.now
+        with b:
+            tick(clock_b, [b], 0)  # b's first look: its shares are held by a, which is live
+            assert not set(b.shares)
+            tick(clock_a, [a])  # a's next look finds b, and a lets b's shares go
+            wait_until(lambda: set(a.shares) == expected_a, 30, "a letting b's shares go")
+            # Half a heartbeat (0.5 s) after its last look, b would look again; owed shares, it looks sooner.
+            tick(clock_b, [b], 0.05)  # ten poll intervals, a tenth of half a heartbeat
+            assert set(b.shares) == expected_b
+
+
 def test_a_keys_messages_stay_in_order_when_its_share_moves_between_instances(settings, feed, clock):
     grant(settings, "credits", ["ORDERS"], shares=2)
     a_listener, b_listener = RecordingListener(), RecordingListener()

@@ -77,6 +77,10 @@ _READ_AHEAD_VERSIONS = CACHED_VERSIONS // 2
 #: _SURVEY_HEARTBEATS (:meth:`TopicConsumer._survey`).
 _SETTLE_HEARTBEATS = 2
 _SURVEY_HEARTBEATS = 5
+#: An instance owed shares that a live instance still holds (it lets go once its look finds this one) looks
+#: again after this many poll intervals, not half a heartbeat: two instances started together settled 3 s
+#: after their start, one look of each, and now one look and this.
+_OWED_LOOK_POLLS = 2
 
 
 def retry_delay_ms(delays: Sequence[int], failed_attempts: int) -> int:
@@ -192,6 +196,7 @@ class TopicConsumer:
         self._finished: deque[Run] = deque()  # appended by worker threads, taken by the loop
         self._announced_at = float("-inf")
         self._rebalanced_at = float("-inf")
+        self._owed = False  # the last look found shares this instance should hold that a live one still held
         self._live: set[str] = set()  # the group's live instances, as the last look found them
         self._settled_from = self._surveyed_at = float("-inf")  # when the live set last changed, was last listed
         self._dead_letters = None
@@ -307,7 +312,10 @@ class TopicConsumer:
         heartbeat_s = self.config.consumer_heartbeat_ms / 1000
         if now - self._announced_at >= heartbeat_s:
             self._announce()
-        if now - self._rebalanced_at >= heartbeat_s / 2:
+        look_s = heartbeat_s / 2
+        if self._owed:
+            look_s = min(look_s, _OWED_LOOK_POLLS * self.config.consumer_poll_interval_ms / 1000)
+        if now - self._rebalanced_at >= look_s:
             self._rebalance()
             if self.clock() - self._announced_at >= heartbeat_s:
                 self._announce()  # a long look (shares taken, slow requests) must not cost this instance its record
@@ -381,7 +389,8 @@ class TopicConsumer:
                   and rendezvous_owner(self.group, source, number, live) == self.instance_id]
         # At once on object storage: a dead instance's shares taken one after another, a few round trips each,
         # held up this loop (its heartbeat, its deliveries) for seconds at 25 ms a request.
-        read_all(lambda key: self._take(key[0], key[1], live), wanted, remote=self.lakehouse.files.remote)
+        taken = read_all(lambda key: self._take(key[0], key[1], live), wanted, remote=self.lakehouse.files.remote)
+        self._owed = not all(taken)
 
     def _survey(self, now: float) -> set[str]:
         """The group's live instances. Listed (a LIST, and a GET a record) while the membership settles, for
@@ -405,12 +414,14 @@ class TopicConsumer:
             self._settled_from = now
         return live
 
-    def _take(self, source: str, number: int, live: set[str]) -> None:
+    def _take(self, source: str, number: int, live: set[str]) -> bool:
+        """Take share ``number`` of ``source``; whether it was not held by another live instance (taken, or
+        refused for a reason logged here)."""
         claim = None
         try:
             claim = self._group.claim_share(source, number, self.instance_id, live)
             if claim is None:
-                return  # its holder is live and lets go once it sees it should
+                return False  # its holder is live and lets go once it sees it should
             self._unreleased.pop((source, number), None)
             progress, version = self._group.progress(source, number)
             if progress is None:
@@ -420,12 +431,13 @@ class TopicConsumer:
                        one_line(error))
             if claim is not None:  # claimed, not taken: a claim kept would bar the instance hashing names next
                 self._release(source, number, claim)
-            return
+            return True
         share = _Share(source, number, self._logs[source], progress, version, self.clock())
         share.claim = claim
         with self._lock:
             self._shares[source, number] = share
         _log.info("consumer %s took share %d of %s at version %d", self.instance_id, number, source, progress.version)
+        return True
 
     def _start_version(self, source: str) -> int:
         log, start = self._logs[source], self.config.consumer_start_from
