@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from coordinator import ConsumeResult, ConsumedMessage, CoordinatorConfig, MessageListener, TopicConsumer
-from coordinator.consumer.group import REDRIVE_SOURCE, ConsumerGroup, rendezvous_owner, share_of
+from coordinator.consumer.group import REDRIVE_SOURCE, ConsumerGroup, share_of, share_owners
 from coordinator.consumer.topic_log import TopicLog
 from coordinator.exceptions import AccessDeniedError, IncompleteListenerError, MessageValidationError
 from coordinator.lakehouse import Lakehouse, init_lakehouse, read_table
@@ -212,24 +212,34 @@ def tick(clock, consumers, seconds=0.5):
                poll_s=0.005)
 
 
-def rendezvous_split(consumers, shares):
-    """The shares rendezvous hashing gives each of ``consumers`` while they are their group's live instances."""
+def shares_split(consumers, shares):
+    """The shares each of ``consumers`` should hold while they are their group's live instances."""
     live = {consumer.instance_id for consumer in consumers}
-    return [{(source, n) for source in ("ORDERS", REDRIVE_SOURCE) for n in range(shares)
-             if rendezvous_owner(consumer.group, source, n, live) == consumer.instance_id} for consumer in consumers]
+    owners = {source: share_owners(consumers[0].group, source, shares, live) for source in ("ORDERS", REDRIVE_SOURCE)}
+    return [{(source, n) for source in owners for n in range(shares) if owners[source][n] == consumer.instance_id}
+            for consumer in consumers]
 
 
 def wait_split(clock, consumers, shares):
-    """Move the clock half a heartbeat at a time until each of ``consumers`` holds exactly the shares rendezvous
-    hashing gives it. Hashing may give one instance every share: waiting for each to hold some would then
-    never end, and waiting for that alone could pass while a share is still being handed over."""
-    expected = rendezvous_split(consumers, shares)
+    """Move the clock half a heartbeat at a time until each of ``consumers`` holds exactly the shares it should:
+    waiting for each to hold some could pass while a share is still being handed over."""
+    expected = shares_split(consumers, shares)
     for _ in range(20):
         held = [set(consumer.shares) for consumer in consumers]
         if held == expected:
             return held
         tick(clock, consumers)
-    raise AssertionError(f"the shares were not split as rendezvous hashing says: held {held}, expected {expected}")
+    raise AssertionError(f"the shares were not split as share_owners says: held {held}, expected {expected}")
+
+
+@pytest.mark.parametrize("instances", [1, 2, 3, 5, 16, 20])
+def test_every_instance_works_out_the_same_owners_and_none_holds_more_than_its_part(instances):
+    live = [f"instance-{n}" for n in range(instances)]
+    owners = share_owners("credits", "ORDERS", 16, live)
+    assert share_owners("credits", "ORDERS", 16, reversed(live)) == owners
+    held = [owners.count(instance) for instance in live]
+    assert sum(held) == 16 and set(held) <= {16 // instances, -(-16 // instances)}
+    assert share_owners("credits", "ORDERS", 16, []) == [None] * 16
 
 
 def test_two_instances_split_the_shares_and_a_dead_ones_move_to_the_live_one(settings, feed, clock):
@@ -238,8 +248,6 @@ def test_two_instances_split_the_shares_and_a_dead_ones_move_to_the_live_one(set
     a_listener, b_listener = RecordingListener(), RecordingListener()
     a = TopicConsumer("credits", ["ORDERS"], a_listener, settings, clock=clock)
     b = TopicConsumer("credits", ["ORDERS"], b_listener, settings, clock=clock)
-    while not all(rendezvous_split([a, b], 4)):  # hashing may give one instance every share: each needs some here
-        b = TopicConsumer("credits", ["ORDERS"], b_listener, settings, clock=clock)
     a.start()
     b.start()
     try:
@@ -265,9 +273,7 @@ def test_an_instance_owed_shares_another_holds_takes_them_soon_after_they_are_le
     clock_a, clock_b = Clock(), Clock()  # one each: b looks only when its own clock moves
     a = TopicConsumer("credits", ["ORDERS"], RecordingListener(), settings, clock=clock_a)
     b = TopicConsumer("credits", ["ORDERS"], RecordingListener(), settings, clock=clock_b)
-    while not all(rendezvous_split([a, b], 4)):  # hashing may give one instance every share: b needs some here
-        b = TopicConsumer("credits", ["ORDERS"], RecordingListener(), settings, clock=clock_b)
-    expected_a, expected_b = rendezvous_split([a, b], 4)
+    expected_a, expected_b = shares_split([a, b], 4)
     with a:
         wait_until(lambda: len(set(a.shares)) == 8, 30, "a, alone, holding every share")
         clock_b.now = clock_a.now

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from coordinator import ConsumeResult, CoordinatorConfig, TopicConsumer
-from coordinator.consumer.group import ConsumerGroup, ShareProgress, rendezvous_owner, share_of
+from coordinator.consumer.group import ConsumerGroup, ShareProgress, share_of, share_owners
 from coordinator.lakehouse import Lakehouse
 from support.clock import Clock
 from support.consumers import RecordingListener, TopicFeed, grant
@@ -56,14 +56,14 @@ def wait_taken(clock, consumers, group, rounds=10):
 def test_a_share_whose_save_was_refused_is_released_and_taken_by_the_instance_hashing_names(settings, feed):
     """The stall of docs/known-limits.md: an instance whose progress write is refused (another instance held the
     share meanwhile: a double hold) drops the share. Its claim, left naming it, a live instance, was never
-    replaced by the instance rendezvous hashing names, and the share stalled until the first instance stopped."""
+    replaced by the instance the shares' hashing names, and the share stalled until the first instance stopped."""
     clock = Clock()
     grant(settings, "credits", ["ORDERS"], shares=SHARES)
     a_listener, b_listener = RecordingListener(), RecordingListener()
     a = TopicConsumer("credits", ["ORDERS"], a_listener, settings, clock=clock)
     b = TopicConsumer("credits", ["ORDERS"], b_listener, settings, clock=clock)
     live = {a.instance_id, b.instance_id}
-    while rendezvous_owner("credits", "ORDERS", 1, live) != b.instance_id:  # b is to take share 1 from a
+    while share_owners("credits", "ORDERS", SHARES, live)[1] != b.instance_id:  # b is to take share 1 from a
         b = TopicConsumer("credits", ["ORDERS"], b_listener, settings, clock=clock)
         live = {a.instance_id, b.instance_id}
     a.start()
@@ -147,7 +147,7 @@ def test_a_share_claimed_but_not_taken_is_released(settings, feed):
     a_listener, b_listener = RecordingListener(), RecordingListener()
     a = TopicConsumer("credits", ["ORDERS"], a_listener, settings, clock=clock)
     b = TopicConsumer("credits", ["ORDERS"], b_listener, settings, clock=clock)
-    while rendezvous_owner("credits", "ORDERS", 1, {a.instance_id, b.instance_id}) != b.instance_id:
+    while share_owners("credits", "ORDERS", SHARES, {a.instance_id, b.instance_id})[1] != b.instance_id:
         b = TopicConsumer("credits", ["ORDERS"], b_listener, settings, clock=clock)
     group = ConsumerGroup(Lakehouse.of(settings), "credits", clock=clock)
     group.files.put("consumers/credits/progress/ORDERS/1.json", b"not a progress record")

@@ -3,8 +3,9 @@
 Each topic is split into a fixed number of *shares* (the group's grant says how many) by a stable hash of a
 message's ``keys`` (of its ``msg_id`` when it has none): the messages of one key are always in one share.
 Every instance announces itself (:class:`~coordinator.consumer.group.ConsumerInstances`) and, every half
-heartbeat, works out which shares it should hold by rendezvous hashing over the live instances of its group
-(listed only around membership changes and every few heartbeats: :meth:`TopicConsumer._survey`); it takes a
+heartbeat, works out which shares it should hold by rendezvous hashing with bounded loads over the live
+instances of its group (listed only around membership changes and every few heartbeats:
+:meth:`TopicConsumer._survey`); it takes a
 share with a claim written conditionally, so one share is handled by one instance at a time, and gives up the
 shares another live instance should hold once its calls under way in them end. An instance whose own record it
 could not renew for a heartbeat and a half stops starting calls: the others may take it for dead soon after.
@@ -43,7 +44,7 @@ import pyarrow as pa
 
 from coordinator.config import CoordinatorConfig, parse_start_time
 from coordinator.consumer.group import (LIVE_FOR_HEARTBEATS, REDRIVE_SOURCE, ConsumerGroup, ShareProgress,
-                                        rendezvous_owner, share_of)
+                                        share_of, share_owners)
 from coordinator.consumer.listener import ConsumeResult, MessageListener
 from coordinator.consumer.message import ConsumedMessage
 from coordinator.consumer.topic_log import CACHED_VERSIONS, TopicLog
@@ -365,11 +366,12 @@ class TopicConsumer:
         for key, claim in list(self._unreleased.items()):
             self._release(key[0], key[1], claim)
         changed, self._live = live != self._live, live
+        holders = {source: share_owners(self.group, source, self._shares_per_topic, live) for source in self._logs}
         kept = []
         for key, share in list(self._shares.items()):
             if share.releasing:
                 continue
-            if rendezvous_owner(self.group, key[0], key[1], live) != self.instance_id:
+            if holders[key[0]][key[1]] != self.instance_id:
                 share.releasing = True  # another live instance should hold it: handed over once its calls end
             else:
                 kept.append(share)
@@ -386,7 +388,7 @@ class TopicConsumer:
             return
         wanted = [(source, number) for source in self._logs for number in range(self._shares_per_topic)
                   if (source, number) not in self._shares
-                  and rendezvous_owner(self.group, source, number, live) == self.instance_id]
+                  and holders[source][number] == self.instance_id]
         # At once on object storage: a dead instance's shares taken one after another, a few round trips each,
         # held up this loop (its heartbeat, its deliveries) for seconds at 25 ms a request.
         taken = read_all(lambda key: self._take(key[0], key[1], live), wanted, remote=self.lakehouse.files.remote)
@@ -451,7 +453,7 @@ class TopicConsumer:
         """Drop ``share`` without saving: another instance holds it now. With ``release`` (its progress was written
         by another instance, its claim may still name this one), release the claim if it is still this instance's
         own: else the claim would name a live instance that no longer handles the share, and the instance
-        rendezvous hashing names would never take it."""
+        the shares' hashing names would never take it."""
         _log.warning("consumer %s lost share %d of %s: %s", self.instance_id, share.number, share.source, why)
         share.releasing = True  # its runs not started yet stop
         with self._lock:

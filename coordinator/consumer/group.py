@@ -42,7 +42,7 @@ from coordinator.exceptions import AccessDeniedError, CorruptInputError, FileToo
 from coordinator.lakehouse import Lakehouse
 
 __all__ = ["DEFAULT_SHARES", "GRANT_FILE", "LIVE_FOR_HEARTBEATS", "MAX_SHARES", "REDRIVE_SOURCE", "ConsumerGroup",
-           "ConsumerInstances", "GroupGrant", "ShareProgress", "rendezvous_owner", "share_of"]
+           "ConsumerInstances", "GroupGrant", "ShareProgress", "share_of", "share_owners"]
 
 #: Shares a topic is split into when ``txcoord add-consumer-group`` is not told: the most instances of a group
 #: that can share one topic's work.
@@ -70,19 +70,36 @@ def share_of(keys: Optional[str], msg_id: str, shares: int) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") % shares
 
 
-def rendezvous_owner(group: str, topic: str, share: int, live: Iterable[str]) -> Optional[str]:
-    """Which of the ``live`` instances should hold ``share`` of ``topic`` (rendezvous hashing): every instance
-    computes the same answer from the same live set, and an instance joining or leaving moves only the
-    shares it gains or held. ``None`` when none is live.
+def share_owners(group: str, topic: str, shares: int, live: Iterable[str]) -> list[Optional[str]]:
+    """Which of the ``live`` instances should hold each of the ``shares`` of ``topic``: rendezvous hashing with
+    bounded loads. Shares in order, each goes to the instance its hash ranks first among those with room, where
+    each has room for ``shares // len(live)`` and ``shares % len(live)`` of them for one more: every instance
+    computes the same answer from the same live set, and each holds its part, give or take one (plain rendezvous
+    hashing spread them by chance: of two instances and 16 shares, one held 10 or more in 45 % of starts, and
+    the group went at the pace of the busier). ``None`` each when none is live.
 
     Example::
 
-        rendezvous_owner("credits", "ORDER_TOPIC", 3, ["a1", "b2"])  # 'b2'
+        share_owners("credits", "ORDER_TOPIC", 4, ["a1", "b2"])  # ['a1', 'b2', 'a1', 'b2']
     """
-    def weight(instance: str) -> bytes:
-        return hashlib.blake2b(f"{group}\0{topic}\0{share}\0{instance}".encode(), digest_size=8).digest()
+    instances = sorted(set(live))
+    if not instances:
+        return [None] * shares
+    part, one_more = divmod(shares, len(instances))
+    held: dict[str, int] = dict.fromkeys(instances, 0)
+    owners: list[Optional[str]] = []
+    for share in range(shares):
+        def weight(instance: str) -> bytes:
+            return hashlib.blake2b(f"{group}\0{topic}\0{share}\0{instance}".encode(), digest_size=8).digest()
 
-    return max(live, key=lambda instance: (weight(instance), instance), default=None)
+        with_room = [instance for instance in instances
+                     if held[instance] < part or (held[instance] == part and one_more)]
+        owner = max(with_room, key=lambda instance: (weight(instance), instance))
+        if held[owner] == part:
+            one_more -= 1
+        held[owner] += 1
+        owners.append(owner)
+    return owners
 
 
 @dataclass(frozen=True)
