@@ -227,7 +227,8 @@ def test_operators_follow_and_end_transactions_in_a_browser_while_traffic_flows(
                                    Select(d.find_element(By.ID, "older_than")).select_by_value("1h"),
                                    d.find_element(By.CSS_SELECTOR, "form.filters button").click()), "filters not set")
             until(driver, lambda d: "group=billing" in d.current_url and "older_than=1h" in d.current_url, "not filtered")
-            assert "No pending transaction of billing older than 1h" in text_of(driver, "table#pending")
+            until(driver, lambda d: "No pending transaction of billing older than 1h" in text_of(d, "table#pending"),
+                  "the filtered table is not empty")
             act(driver, lambda d: (Select(d.find_element(By.ID, "older_than")).select_by_value(""),
                                    d.find_element(By.CSS_SELECTOR, "form.filters button").click()), "age filter not unset")
             until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-transaction="waiting"]'),
@@ -305,8 +306,8 @@ def test_operators_follow_and_end_transactions_in_a_browser_while_traffic_flows(
             delivered = read_table(invoices, ["msg_id", "body"], pc.field("msg_id").isin(msg_ids)).to_pylist()
             assert Counter(row["msg_id"] for row in delivered) == Counter(msg_ids)
             assert sorted(row["body"] for row in delivered) == sorted(m["body"] for m in gone)
-            driver.get(console + "/discarded")
-            assert driver.find_elements(By.CSS_SELECTOR, 'tr[data-transaction="left"]')
+            driver.get(console + "/discarded")  # reloads itself: read between reloads
+            until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-transaction="left"]'), "no /discarded")
             assert not driver.find_elements(By.CSS_SELECTOR, 'tr[data-transaction="gone"]')
 
             # The overview, with a minute of traffic behind it.
@@ -326,8 +327,8 @@ def test_operators_follow_and_end_transactions_in_a_browser_while_traffic_flows(
             until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-transaction="left"]'), "viewer: no /discarded")
             assert "victor (viewer)" in text_of(driver, "header .who")
             assert not driver.find_elements(By.PARTIAL_LINK_TEXT, "by hand")
-            driver.get(console + "/transactions/left")
-            assert text_of(driver, "span#outcome") == "DISCARD"
+            driver.get(console + "/transactions/left")  # reloads itself while DISCARD: read between reloads
+            until(driver, lambda d: text_of(d, "span#outcome") == "DISCARD", "viewer: the outcome is not DISCARD")
             assert not driver.find_elements(By.ID, "actions") and not driver.find_elements(By.PARTIAL_LINK_TEXT, "by hand")
             driver.get(console + "/transactions/gone")
             assert any(step == "end request" and "from operator alice" in detail for step, detail in timeline(driver))
@@ -371,7 +372,8 @@ def test_an_operator_redrives_and_discards_dead_letters_in_a_browser_and_a_viewe
     sign_in(driver, "alice", PASSWORDS["alice"])
     until(driver, lambda d: d.current_url.endswith("/consumers"), "not signed in")
     row = 'tr[data-group="credits"][data-topic="ORDERS"]'
-    assert text_of(driver, f"{row} .lag-messages") == "0" and text_of(driver, f"{row} .dead-letters") == "2"
+    until(driver, lambda d: text_of(d, f"{row} .lag-messages") == "0" and text_of(d, f"{row} .dead-letters") == "2",
+          "the group's lag is not 0 or its dead letters not 2")
     screenshot(driver, "consumers")
     act(driver, lambda d: d.find_element(By.LINK_TEXT, "credits").click(), "no link to the group")
     until(driver, lambda d: d.current_url.endswith("/consumers/credits"), "the group's page did not open")
@@ -399,7 +401,7 @@ def test_an_operator_redrives_and_discards_dead_letters_in_a_browser_and_a_viewe
     driver.get(console + "/consumers/credits")
     sign_in(driver, "victor", PASSWORDS["victor"])
     until(driver, lambda d: d.current_url.endswith("/consumers/credits"), "viewer: no group page")
-    assert "credits service fixed" in text_of(driver, "table#actions")
+    until(driver, lambda d: "credits service fixed" in text_of(d, "table#actions"), "viewer: no operators' actions")
     assert not driver.find_elements(By.NAME, "msg_id") and not driver.find_elements(By.CSS_SELECTOR, "#dead-letter-actions")
     cookies = {c["name"]: c["value"] for c in driver.get_cookies()}
     token = re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', driver.page_source).group(1)
