@@ -281,7 +281,11 @@ def test_an_instance_owed_shares_another_holds_takes_them_soon_after_they_are_le
             tick(clock_b, [b], 0)  # b's first look: its shares are held by a, which is live
             assert not set(b.shares)
             tick(clock_a, [a])  # a's next look finds b, and a lets b's shares go
-            wait_until(lambda: set(a.shares) == expected_a, 30, "a letting b's shares go")
+            # a drops a share from its own set, then releases its claim: wait for the claims, which b reads.
+            group = ConsumerGroup(Lakehouse.of(settings), "credits")
+            wait_until(lambda: set(a.shares) == expected_a
+                       and all(group.share_owner(source, n) != a.instance_id for source, n in expected_b), 30,
+                       "a letting b's shares go")
             # Half a heartbeat (0.5 s) after its last look, b would look again; owed shares, it looks sooner.
             tick(clock_b, [b], 0.05)  # ten poll intervals, a tenth of half a heartbeat
             assert set(b.shares) == expected_b
