@@ -40,7 +40,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata as package_metadata
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -107,7 +107,7 @@ class PreparedAppend:
     commit: bytes  # the log entry
     data_file: str
     schema: pa.Schema
-    app_transaction: Optional[tuple[str, int]]
+    app_transactions: tuple[tuple[str, int], ...]
     #: ``_last_checkpoint``'s version, read while the data file was written.
     checkpoint_read: "Future[Optional[int]]"
     size_bytes: int = 0
@@ -281,25 +281,29 @@ class DeltaAppender:
         """The table's schema, as Arrow: what :meth:`append` accepts."""
         return self._schema
 
-    def append(self, data: pa.Table, *, app_transaction: Optional[tuple[str, int]] = None) -> Optional[int]:
+    def append(self, data: pa.Table, *, app_transaction: Optional[tuple[str, int]] = None,
+               app_transactions: Sequence[tuple[str, int]] = ()) -> Optional[int]:
         """Commit ``data`` (the table's columns, at least one row) as one new file; return its version.
 
         ``app_transaction=(app_id, version)`` records Delta's application transaction in the
         same commit, so the append is idempotent: if the log already records ``version`` or a
         later one for ``app_id`` (another writer made this append), nothing is written and
-        ``None`` is returned. What the log records is read from the table once, then kept up
-        to date from every commit this appender writes or reads past.
+        ``None`` is returned. ``app_transactions`` records several in the one commit, which is then
+        refused whole if the log records any of them (an action of several parts, each made once).
+        What the log records is read from the table once, then kept up to date from every commit
+        this appender writes or reads past.
 
         Example::
 
             version = appender.append(pa.Table.from_pylist(rows, schema=appender.schema))
         """
-        prepared = self.prepare(data, app_transaction=app_transaction)
+        prepared = self.prepare(data, app_transaction=app_transaction, app_transactions=app_transactions)
         return None if prepared is None else self.commit(prepared)
 
-    def prepare(self, data: pa.Table, *, app_transaction: Optional[tuple[str, int]] = None) -> Optional[PreparedAppend]:
+    def prepare(self, data: pa.Table, *, app_transaction: Optional[tuple[str, int]] = None,
+                app_transactions: Sequence[tuple[str, int]] = ()) -> Optional[PreparedAppend]:
         """The first half of :meth:`append`: write ``data``'s file and make its commit ready, without
-        committing; ``None`` if ``app_transaction`` is recorded already (nothing written). Pass the
+        committing; ``None`` if an application transaction it records is recorded already (nothing written). Pass the
         result to :meth:`commit`, in the order the commits should be made; another append's data file
         may be prepared while a commit is in flight.
 
@@ -310,9 +314,10 @@ class DeltaAppender:
         """
         if data.num_rows == 0:
             raise InvalidArgumentError("nothing to append")
-        if app_transaction is not None:
+        transactions = (*([app_transaction] if app_transaction is not None else []), *app_transactions)
+        if transactions:
             with self._lock:  # a replay is known before any file is written
-                if self._recorded(app_transaction[0]) >= app_transaction[1]:
+                if self._any_recorded(transactions):
                     return None
         if not data.schema.equals(self._schema):
             if data.schema.names != self._schema.names:
@@ -324,17 +329,16 @@ class DeltaAppender:
         now_ms = int(time.time() * 1000)
         actions = [{"commitInfo": {"timestamp": now_ms, "operation": "WRITE", "operationParameters": {"mode": "Append"},
                                    "isBlindAppend": True, "engineInfo": _ENGINE, "clientVersion": _ENGINE}}]
-        if app_transaction is not None:
-            app_id, app_version = app_transaction
-            actions.append({"txn": {"appId": app_id, "version": app_version, "lastUpdated": now_ms}})
+        actions += [{"txn": {"appId": app_id, "version": app_version, "lastUpdated": now_ms}}
+                    for app_id, app_version in transactions]
         actions.append({"add": add})
-        return PreparedAppend(_encoded(actions), add["path"], data.schema, app_transaction, checkpoint_read,
+        return PreparedAppend(_encoded(actions), add["path"], data.schema, transactions, checkpoint_read,
                               add["size"], add["modificationTime"])
 
     def commit(self, prepared: PreparedAppend) -> Optional[int]:
         """The second half of :meth:`append`: commit ``prepared`` at the next free version and return
         it; ``None`` (its data file deleted) if its application transaction was recorded meanwhile."""
-        version = self._commit(prepared.commit, prepared.schema, prepared.app_transaction,
+        version = self._commit(prepared.commit, prepared.schema, prepared.app_transactions,
                                checkpoint_read=prepared.checkpoint_read)
         if version is None:
             self._files.delete(prepared.data_file)
@@ -423,7 +427,7 @@ class DeltaAppender:
                                  "partitionColumns": list(metadata.partition_columns),
                                  "configuration": {**metadata.configuration, **properties},
                                  "createdTime": metadata.created_time}}]
-        return self._commit(_encoded(actions), self._schema, None, snapshot_loads=loads, metadata_change=True)
+        return self._commit(_encoded(actions), self._schema, (), snapshot_loads=loads, metadata_change=True)
 
     def close(self) -> None:
         """Finish the checkpoint in progress, if any, and stop. Idempotent."""
@@ -457,7 +461,7 @@ class DeltaAppender:
                                 "extendedFileMetadata": True, "partitionValues": {}, "size": f["size_bytes"]}}
                     for f in files]
         actions.append({"add": add})
-        version = self._commit(_encoded(actions), data.schema, None, frozenset(f["path"] for f in files), snapshot_loads)
+        version = self._commit(_encoded(actions), data.schema, (), frozenset(f["path"] for f in files), snapshot_loads)
         if version is None:
             self._files.delete(add["path"])
         return version
@@ -473,10 +477,10 @@ class DeltaAppender:
         return {"path": name, "partitionValues": {}, "size": len(content), "modificationTime": written_ms,
                 "dataChange": data_change, "stats": file_stats(data)}
 
-    def _commit(self, commit: bytes, schema: pa.Schema, app_transaction: Optional[tuple[str, int]],
+    def _commit(self, commit: bytes, schema: pa.Schema, app_transactions: tuple[tuple[str, int], ...],
                 removes: frozenset[str] = frozenset(), snapshot_loads: int = 0, metadata_change: bool = False,
                 checkpoint_read: "Optional[Future[Optional[int]]]" = None) -> Optional[int]:
-        """Commit ``commit`` at the next version; ``None`` if ``app_transaction`` is recorded already, or if
+        """Commit ``commit`` at the next version; ``None`` if one of ``app_transactions`` is recorded already, or if
         another commit removed one of the files in ``removes`` since the snapshot of load number
         ``snapshot_loads`` (or the table was loaded again since, which leaves that unknown), or, for a
         ``metadata_change``, if the table was loaded again since (which another metadata change does).
@@ -489,7 +493,7 @@ class DeltaAppender:
             while True:
                 if not schema.equals(self._schema):
                     raise UnsupportedTableError(f"the schema of {self.path} changed while appending")
-                if app_transaction is not None and self._recorded(app_transaction[0]) >= app_transaction[1]:
+                if self._any_recorded(app_transactions):
                     return None
                 if (removes or metadata_change) and self._loads != snapshot_loads:
                     return None
@@ -514,8 +518,8 @@ class DeltaAppender:
                     self._catch_up(version)
                     continue
                 self._known = version
-                if app_transaction is not None:
-                    self._app_versions[app_transaction[0]] = app_transaction[1]
+                for app_id, app_version in app_transactions:
+                    self._app_versions[app_id] = app_version
                 return version
 
     def _read_last_checkpoint(self) -> "Future[Optional[int]]":
@@ -589,6 +593,9 @@ class DeltaAppender:
                 self._removed.add(action["remove"]["path"])
         self._known = version
         return True
+
+    def _any_recorded(self, transactions: Sequence[tuple[str, int]]) -> bool:
+        return any(self._recorded(app_id) >= app_version for app_id, app_version in transactions)
 
     def _recorded(self, app_id: str) -> int:
         """The newest version of ``app_id``'s transaction in the log up to ``self._known``."""

@@ -17,7 +17,7 @@ from coordinator.grants import TopicGrants
 from coordinator.storage import is_object_store
 
 __all__ = ["CoordinatorConfig", "DEFAULT_CONFIG_PATH", "DEFAULT_RETRY_DELAYS_MS", "ENV_PREFIX", "EXIT_USAGE",
-           "START_CHOICES", "parse_start_time"]
+           "MAX_CONSUMER_BUFFERED", "POSITION_GONE_CHOICES", "START_CHOICES", "parse_start_time"]
 
 DEFAULT_CONFIG_PATH = Path("conf") / "coordinator.toml"
 ENV_PREFIX = "TXCOORD_"
@@ -27,6 +27,10 @@ EXIT_USAGE = 2
 REBUILD_CHOICES = ("auto", "always", "never")
 #: Where a consumer group reading a topic for the first time starts, besides an ISO time.
 START_CHOICES = ("earliest", "latest")
+#: What a consumer's share does when a version it needs is gone (``consumer_position_gone``).
+POSITION_GONE_CHOICES = ("earliest", "latest", "fail")
+#: The most messages a share may buffer (``consumer_max_buffered``): what bounds its progress record.
+MAX_CONSUMER_BUFFERED = 50_000
 #: RocketMQ's retry ladder (messageDelayLevel 3 to 18): the delay before each attempt after a failed one.
 DEFAULT_RETRY_DELAYS_MS = (10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000, 420_000, 480_000,
                            540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000)
@@ -104,8 +108,16 @@ class CoordinatorConfig:
     consumer_poll_interval_ms: int = 100
     #: A share's progress is saved at most this often while messages succeed (a failure is saved at once).
     consumer_commit_interval_ms: int = 5000
-    #: Messages one share reads ahead of its oldest unfinished one.
+    #: Messages one share reads ahead of its oldest unfinished one (at most MAX_CONSUMER_BUFFERED): its progress
+    #: record lists at most these.
     consumer_max_buffered: int = 1000
+    #: What a share does when a version it needs is gone (log cleanup, vacuum): ``earliest`` (the default) reads
+    #: what the topic still holds from its snapshot, from the batch it had reached; ``latest`` moves past every
+    #: message now; ``fail`` stops the share with the error (docs/consumer.md#positions-and-maintenance).
+    consumer_position_gone: str = "earliest"
+    #: A consumer process serves its own Prometheus metrics at ``http://metrics_host:consumer_metrics_port/metrics``
+    #: (0: any free port); None, the default: it serves none.
+    consumer_metrics_port: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.lakehouse, str) or not self.lakehouse.strip():
@@ -122,9 +134,10 @@ class CoordinatorConfig:
         object.__setattr__(self, "storage", {key: _setting(value) for key, value in self.storage.items()})
         if self.topic_grants is not None:
             object.__setattr__(self, "topic_grants", TopicGrants.parse(self.topic_grants))
-        if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int)
-                                              or not 0 <= self.metrics_port <= 65535):
-            raise ConfigError(f"metrics_port must be a TCP port (0 to 65535; 0: any free one), got {self.metrics_port!r}")
+        for name in ("metrics_port", "consumer_metrics_port"):
+            port = getattr(self, name)
+            if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
+                raise ConfigError(f"{name} must be a TCP port (0 to 65535; 0: any free one), got {port!r}")
         if not isinstance(self.metrics_host, str) or not self.metrics_host.strip():
             raise ConfigError(f"metrics_host must be a host name or address, got {self.metrics_host!r}")
         if self.rebuild_in_spark not in REBUILD_CHOICES:
@@ -199,6 +212,12 @@ def _check_consumer_settings(config: CoordinatorConfig) -> None:
         raise ConfigError(f"consumer_retry_delays_ms must be a non-empty list of milliseconds (each at least 0), "
                           f"got {delays!r}")
     object.__setattr__(config, "consumer_retry_delays_ms", tuple(delays))
+    if config.consumer_position_gone not in POSITION_GONE_CHOICES:
+        raise ConfigError(f"consumer_position_gone must be one of {', '.join(POSITION_GONE_CHOICES)}, "
+                          f"got {config.consumer_position_gone!r}")
+    buffered = config.consumer_max_buffered
+    if isinstance(buffered, bool) or not isinstance(buffered, int) or not 1 <= buffered <= MAX_CONSUMER_BUFFERED:
+        raise ConfigError(f"consumer_max_buffered must be 1 to {MAX_CONSUMER_BUFFERED}, got {buffered!r}")
 
 
 def parse_start_time(text: str) -> Optional[datetime]:

@@ -302,8 +302,9 @@ SYSTEM_TABLES = (HALF, OP, CHECK_REQUESTS, DISCARDED, REJECTED, UNDELIVERED, COM
 
 #: A consumer group's dead letters (``consumers/<GROUP>/dead_letters``), written by the group's instances only:
 #: one row each time a message used up ``consumer_max_attempts``, with the message, its last error and how many
-#: attempts it had. ``dead_letter_id`` (``<topic>.<share>.<n>``: the share's n-th dead letter) is what an
-#: operator's action names; a message redriven and dead again gets a new row and a new id.
+#: attempts it had. ``dead_letter_id`` (``<source>.<version>.<queue offset>.<msg id>.<epoch>``: where the message
+#: was read and the source's resets so far) is what an operator's action names; written once whoever writes it; a
+#: message redriven, or delivered again after a reset, and dead again gets a new row and a new id.
 DEAD_LETTERS = TableDef(
     "consumers/<GROUP>/dead_letters",
     (

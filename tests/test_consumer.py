@@ -18,12 +18,17 @@ from support.consumers import RecordingListener, TopicFeed, grant
 from support.waiting import wait_until
 
 
-@pytest.fixture
-def settings(tmp_path) -> CoordinatorConfig:
+def consumer_settings(tmp_path) -> CoordinatorConfig:
+    """A lakehouse in ``tmp_path`` and consumer settings fit for a clock a test moves: a heartbeat of 1 s."""
     return CoordinatorConfig(lakehouse=str(tmp_path / "lakehouse"), consumer_heartbeat_ms=1000,
                              consumer_poll_interval_ms=5, consumer_commit_interval_ms=1000,
                              consumer_retry_delays_ms=(10_000, 30_000), consumer_max_attempts=3,
                              consumer_timeout_ms=60_000, consumer_threads=4)
+
+
+@pytest.fixture
+def settings(tmp_path) -> CoordinatorConfig:
+    return consumer_settings(tmp_path)
 
 
 @pytest.fixture
@@ -107,7 +112,7 @@ def test_bad_names_and_listeners_are_refused_at_the_edge(settings):
 def retry_state(settings, group, topic, message, shares=4):
     """The saved retry state of ``message`` (a ConsumedMessage), or None."""
     progress, _ = ConsumerGroup(Lakehouse.of(settings), group).progress(topic, share_of(message.keys, message.msg_id, shares))
-    return None if progress is None else progress.retrying.get(message.queue_offset)
+    return None if progress is None else progress.retrying.get((message.topic_version, message.queue_offset))
 
 
 def calls(listener, body):
@@ -135,15 +140,14 @@ def test_a_failure_is_delivered_again_after_its_delay_its_key_waiting_other_keys
     assert state["attempts"] == 1 and state["error"] == "the listener returned FAILURE"
     assert state["due_ms"] == int(clock.now * 1000) + 10_000
     assert calls(listener, b"y") == []  # its key waits for x
-    clock.now += 10
+    tick(clock, [consumer], 10)
     wait_until(lambda: (retry_state(settings, "credits", "ORDERS", x) or {}).get("attempts") == 2, 30, "x's second")
     assert retry_state(settings, "credits", "ORDERS", x)["error"] == "the listener raised RuntimeError: db down"
     consumer.close()
     # The attempts are saved: another instance goes on counting, after the ladder's next delay (30 s).
     listener2 = RecordingListener(answer)
-    with TopicConsumer("credits", ["ORDERS"], listener2, settings, clock=clock):
-        clock.now += 29
-        clock.now += 1.5
+    with TopicConsumer("credits", ["ORDERS"], listener2, settings, clock=clock) as consumer2:
+        tick(clock, [consumer2], 30.5)
         wait_until(lambda: calls(listener2, b"y"), 30, "y, once x succeeded")
     assert [m.delivery_attempt for m in calls(listener, b"x") + calls(listener2, b"x")] == [1, 2, 3]
     assert [m.body for m in listener2.handled] == [b"x", b"y"]
@@ -153,18 +157,19 @@ def test_after_its_last_attempt_a_message_is_a_dead_letter_and_its_key_goes_on(s
     grant(settings, "credits", ["ORDERS"])
     feed.deliver("ORDERS", [("K", b"poison"), ("K", b"next")])
     listener = RecordingListener(lambda m: ConsumeResult.FAILURE if m.body == b"poison" else ConsumeResult.SUCCESS)
-    with TopicConsumer("credits", ["ORDERS"], listener, settings, clock=clock):
+    with TopicConsumer("credits", ["ORDERS"], listener, settings, clock=clock) as consumer:
         poison = wait_until(lambda: calls(listener, b"poison"), 30, "the first attempt")[0]
         for attempts, delay in ((1, 10), (2, 30)):
             wait_until(lambda: (retry_state(settings, "credits", "ORDERS", poison) or {}).get("attempts") == attempts,
                        30, f"attempt {attempts} saved")
-            clock.now += delay
+            tick(clock, [consumer], delay)
         wait_until(lambda: calls(listener, b"next"), 30, "the key's next message")
     assert [m.delivery_attempt for m in calls(listener, b"poison")] == [1, 2, 3]
     dead = read_table(Lakehouse.of(settings).consumer_table("credits", "dead_letters")).to_pylist()
     assert [(d["msg_id"], d["attempts"], d["last_error"], d["body"]) for d in dead] == [
         (poison.msg_id, 3, "the listener returned FAILURE", b"poison")]
-    assert dead[0]["dead_letter_id"].startswith("ORDERS.") and dead[0]["topic_version"] == 0
+    assert dead[0]["dead_letter_id"] == f"ORDERS.0.{poison.queue_offset}.{poison.msg_id}.0"
+    assert dead[0]["topic_version"] == 0
     assert retry_state(settings, "credits", "ORDERS", poison) is None
 
 
@@ -191,7 +196,7 @@ def test_a_hung_call_times_out_its_thread_is_replaced_and_the_others_go_on(setti
             feed.deliver("ORDERS", [("J", b"other")])
             wait_until(lambda: consumer_read(consumer, 2), 30, "the other message read")
             assert calls(listener, b"other") == []  # its one thread is taken
-            clock.now += 61
+            tick(clock, [consumer], 61)
             state = wait_until(lambda: retry_state(settings, "credits", "ORDERS", hung), 30, "the timeout saved")
             assert state["error"] == "the listener did not answer within consumer_timeout_ms (60000 ms)"
             wait_until(lambda: calls(listener, b"other"), 30, "the other key, on the new thread")
@@ -201,15 +206,22 @@ def test_a_hung_call_times_out_its_thread_is_replaced_and_the_others_go_on(setti
 
 def consumer_read(consumer, count):
     """Whether ``consumer`` has read ``count`` messages of its shares (handled or not)."""
-    return sum(len(share.pending) + sum(map(len, share.done.values())) for share in list(consumer._shares.values())) >= count
+    return sum(share.read_count for share in list(consumer._shares.values())) >= count
 
 
 def tick(clock, consumers, seconds=0.5):
-    """Move the clock, then wait until each consumer has gone twice round its loop at the new time."""
-    before = [consumer._steps for consumer in consumers]
-    clock.now += seconds
-    wait_until(lambda: all(c._steps >= b + 2 for c, b in zip(consumers, before)), 30, "the consumers' next rounds",
-               poll_s=0.005)
+    """Move the clock, half a heartbeat at a time at most, and after each move wait until each consumer has gone
+    twice round its loop at the new time (a longer jump is a pause to them: they stop until they prove their
+    hold on their shares again)."""
+    while True:
+        step = min(seconds, 0.5)
+        before = [consumer._steps for consumer in consumers]
+        clock.now += step
+        wait_until(lambda: all(c._steps >= b + 2 for c, b in zip(consumers, before)), 30,
+                   "the consumers' next rounds", poll_s=0.005)
+        seconds -= step
+        if seconds <= 0:
+            return
 
 
 def shares_split(consumers, shares):
@@ -259,7 +271,7 @@ def test_two_instances_split_the_shares_and_a_dead_ones_move_to_the_live_one(set
         assert {share_of(m.keys, m.msg_id, 4) for m in a_listener.handled} <= {n for _, n in held_a}
         a._halt()  # kill -9: nothing saved, nothing withdrawn
         before = len(b_listener.handled)
-        clock.now += 2.5  # two heartbeats and a half: a is taken for dead
+        tick(clock, [b], 2.5)  # two heartbeats and a half: a is taken for dead
         wait_until(lambda: len(set(b.shares)) == 8, 30, "b holding every share")
         # What a handled and never saved is delivered again, by b; b's own messages are not.
         wait_until(lambda: len(b_listener.handled) >= before + len(a_listener.handled), 30, "a's messages again")

@@ -153,9 +153,10 @@ def test_a_share_claimed_but_not_taken_is_released(settings, feed):
     group.files.put("consumers/credits/progress/ORDERS/1.json", b"not a progress record")
     a.start()
     try:
-        tick(clock, [a])  # a claims share 1, cannot read its progress, and keeps trying at each look
-        assert ("ORDERS", 1) not in a.shares
-        group.overwrite_progress("ORDERS", 1, ShareProgress(version=0), "tester@test")  # an operator's reset
+        tick(clock, [a])  # a claims share 1, cannot read its progress, and does not try it again
+        assert ("ORDERS", 1) not in a.shares and "ORDERS/1" in a.health().stopped_shares
+        group.files.put("consumers/credits/progress/ORDERS/1.json",  # mended, as an operator's reset would
+                        ShareProgress(version=0).to_json("tester@test", clock()))
         b.start()
         wait_taken(clock, [a, b], group)
         keys = keys_of_share(1, 2)

@@ -3,9 +3,7 @@ each one single-writer (:mod:`coordinator.storage`).
 
 * ``_grant.json``: the topics the group may read and how many shares each topic is split into, written by
   operators only (``txcoord add-consumer-group``); the storage lets the group read it, never write it;
-* ``_instances/<instance>.json``: each live instance's record, renewed every ``consumer_heartbeat_ms``
-  (:class:`ConsumerInstances`, as producer instances announce themselves); live while at most
-  :data:`LIVE_FOR_HEARTBEATS` heartbeats old and its process runs;
+* ``_instances/<instance>.json``: each live instance's record (:mod:`coordinator.consumer.instances`);
 * ``shares/<topic>/<share>.claim``: which instance handles a share now, taken by a conditional create, or a
   conditional replace of a claim naming an instance that is not live or released by its instance
   (:meth:`ConsumerGroup.claim_share`); given up by a conditional replace with a released claim
@@ -36,26 +34,22 @@ from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
 from typing import Callable, Iterable, Optional, Union
 
-from coordinator.control.instances import GroupSurvey, ProducerInstance, ProducerInstances, claim_owner, json_object
-from coordinator.control.processes import process_gone
+from coordinator.consumer.instances import ConsumerInstances
+from coordinator.control.instances import claim_owner, json_object
 from coordinator.exceptions import AccessDeniedError, CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse
 
-__all__ = ["DEFAULT_SHARES", "GRANT_FILE", "LIVE_FOR_HEARTBEATS", "MAX_SHARES", "REDRIVE_SOURCE", "ConsumerGroup",
-           "ConsumerInstances", "GroupGrant", "ShareProgress", "share_of", "share_owners"]
+__all__ = ["DEFAULT_SHARES", "GRANT_FILE", "MAX_ERROR_CHARS", "MAX_SHARES", "REDRIVE_SOURCE",
+           "ConsumerGroup", "GroupGrant", "ShareProgress", "dead_letter_id", "share_of", "share_owners"]
 
 #: Shares a topic is split into when ``txcoord add-consumer-group`` is not told: the most instances of a group
 #: that can share one topic's work.
 DEFAULT_SHARES = 16
 MAX_SHARES = 1024
 GRANT_FILE = "_grant.json"
-#: An instance is live while its record is at most this many heartbeats old: with the live instances looking
-#: every half heartbeat, a dead one's shares move within three heartbeats of its last.
-LIVE_FOR_HEARTBEATS = 2
 #: The name under ``progress/`` and ``shares/`` of the group's redrive table, consumed like a topic of its own
 #: (``~`` is in no topic's name).
 REDRIVE_SOURCE = "~redrive"
-_MAX_RECORD_BYTES = 1024 * 1024  # a progress record lists up to consumer_max_buffered offsets and retries
 
 
 def share_of(keys: Optional[str], msg_id: str, shares: int) -> int:
@@ -75,8 +69,8 @@ def share_owners(group: str, topic: str, shares: int, live: Iterable[str]) -> li
     bounded loads. Shares in order, each goes to the instance its hash ranks first among those with room, where
     each has room for ``shares // len(live)`` and ``shares % len(live)`` of them for one more: every instance
     computes the same answer from the same live set, and each holds its part, give or take one (plain rendezvous
-    hashing spread them by chance: of two instances and 16 shares, one held 10 or more in 45 % of starts, and
-    the group went at the pace of the busier). ``None`` each when none is live.
+    hashing spread them by chance, and the group went at the pace of the busiest: docs/performance.md#consumers).
+    ``None`` each when none is live.
 
     Example::
 
@@ -129,43 +123,135 @@ class GroupGrant:
 
 @dataclass
 class ShareProgress:
-    """A share's progress in one topic: every message of the share in versions before ``version`` is handled,
-    and so are those in ``done`` (version -> queue offsets) and those with a queue offset below ``floor`` (a
-    reset to an offset). ``retrying`` holds, by queue offset, each message that failed and is not handled yet:
-    ``attempts`` made, ``due_ms`` (epoch milliseconds) of the next, the ``error`` of the last, and ``dead``
-    once it used up its attempts (its dead letter being written). ``dead_letters``: how many this share wrote,
-    which numbers the next one."""
+    """A share's progress in one source (a topic, or the group's redrive table), as its record says.
+
+    The share's messages are read in the topic's order; ``(version, offset)`` is where the next read begins: every
+    message of the share before it was read, and is handled unless it is listed in ``unhandled`` (version ->
+    queue offsets: read and not handled yet, at most ``consumer_max_buffered`` of them). So the record lists what
+    is still to do, never what is done, and stays as small as that however far the share moves past a message
+    that keeps failing. ``retrying`` holds, by ``(version, queue offset)``, each unhandled message that failed:
+    ``attempts`` made, ``due_ms`` (epoch milliseconds) of the next, the ``error`` of the last (at most
+    :data:`MAX_ERROR_CHARS`), and ``dead`` once it used up its attempts (its dead letter being written).
+    Messages with a queue offset below ``floor`` count as handled (a reset to an offset). ``epoch`` counts the
+    operators' resets of the source: part of each dead letter's identity (:func:`dead_letter_id`).
+    ``topic_rows_before``: how many messages (of every share) the source holds in versions before ``version``,
+    when known: what the lag is counted from. ``batch``: the checker batch of the last version read. While
+    ``snapshot`` is set, version ``snapshot`` means the topic's snapshot at that version, read from checker batch
+    ``snapshot_from_batch`` on (``consumer_position_gone``: :mod:`coordinator.consumer.share`).
+
+    Records written before this form (``format`` 1: a watermark, and the offsets handled past it) are read as
+    ``version`` = the watermark with those offsets in ``skip``, and their retries keyed by offset alone
+    (version -1); written back in this form.
+    """
 
     version: int
+    offset: int = 0
     floor: int = 0
-    done: dict[int, list[int]] = field(default_factory=dict)
-    retrying: dict[int, dict] = field(default_factory=dict)
-    dead_letters: int = 0
+    unhandled: dict[int, list[int]] = field(default_factory=dict)
+    retrying: dict[tuple[int, int], dict] = field(default_factory=dict)
+    epoch: int = 0
+    topic_rows_before: Optional[int] = None
+    skip: dict[int, list[int]] = field(default_factory=dict)
+    snapshot: Optional[int] = None
+    snapshot_from_batch: Optional[int] = None
+    batch: Optional[int] = None
+
+    @property
+    def position(self) -> int:
+        """The oldest version with a message of the share not handled (or not read) yet."""
+        return min(self.unhandled, default=self.version)
 
     def to_json(self, writer: str, now: float) -> bytes:
         """The record's bytes, naming its writer and time (which makes every write's content unique)."""
-        record = asdict(self) | {"written_by": writer, "written_at": now, "nonce": uuid.uuid4().hex}
-        record["done"] = {str(version): offsets for version, offsets in self.done.items()}
-        record["retrying"] = {str(offset): retry for offset, retry in self.retrying.items()}
+        record = {"format": PROGRESS_FORMAT, "version": self.version, "offset": self.offset, "floor": self.floor,
+                  "epoch": self.epoch, "topic_rows_before": self.topic_rows_before, "batch": self.batch,
+                  "snapshot": self.snapshot, "snapshot_from_batch": self.snapshot_from_batch,
+                  "unhandled": {str(version): offsets for version, offsets in sorted(self.unhandled.items()) if offsets},
+                  "retrying": [{"version": version, "offset": offset, **retry}
+                               for (version, offset), retry in sorted(self.retrying.items())],
+                  "written_by": writer, "written_at": now, "nonce": uuid.uuid4().hex}
+        if self.skip:
+            record["skip"] = {str(version): offsets for version, offsets in self.skip.items()}
         return json.dumps(record, separators=(",", ":")).encode()
 
     @classmethod
     def parse(cls, data: bytes) -> "ShareProgress":
-        """The record in ``data``, held to its shape: :class:`CorruptInputError` saying what is wrong."""
+        """The record in ``data``, held to its shape: :class:`CorruptInputError` saying what is wrong.
+
+        Example::
+
+            ShareProgress.parse(b'{"format": 2, "version": 3, ...}').version  # 3
+        """
         raw = json_object(data)
-        for name in ("version", "floor", "dead_letters"):
-            if not _is_int(raw.get(name)) or raw[name] < (-1 if name == "version" else 0):
-                raise CorruptInputError(f"{name} is not a whole number of the right sign: {raw.get(name)!r}"[:300])
-        done, retrying = raw.get("done"), raw.get("retrying")
-        if not isinstance(done, dict) or not all(
-                _is_digits(version) and isinstance(offsets, list) and all(map(_is_int, offsets))
-                for version, offsets in done.items()):
-            raise CorruptInputError("done is not a map of versions to lists of queue offsets")
+        if raw.get("format", 1) == 1:
+            return cls._parse_first_format(raw)
+        if raw.get("format") != PROGRESS_FORMAT:
+            raise CorruptInputError(f"format {raw.get('format')!r} is not one this version reads ({PROGRESS_FORMAT})"[:300])
+        _require_counts(raw, ("version", "offset", "floor", "epoch"))
+        for name in ("topic_rows_before", "batch", "snapshot", "snapshot_from_batch"):
+            if raw.get(name) is not None and not (_is_int(raw[name]) and raw[name] >= 0):
+                raise CorruptInputError(f"{name} is not a whole number of the right sign: {raw[name]!r}"[:300])
+        unhandled, retrying = _offsets_by_version(raw.get("unhandled"), "unhandled"), raw.get("retrying")
+        if not isinstance(retrying, list) or not all(
+                isinstance(retry, dict) and _is_int(retry.get("version")) and _is_int(retry.get("offset"))
+                and _is_retry(retry) for retry in retrying):
+            raise CorruptInputError("retrying is not a list of {version, offset, attempts, due_ms, error, dead}")
+        return cls(raw["version"], raw["offset"], raw["floor"], unhandled,
+                   {(retry["version"], retry["offset"]): _retry_state(retry) for retry in retrying}, raw["epoch"],
+                   raw.get("topic_rows_before"), _offsets_by_version(raw.get("skip", {}), "skip"), raw.get("snapshot"),
+                   raw.get("snapshot_from_batch"), raw.get("batch"))
+
+    @classmethod
+    def _parse_first_format(cls, raw: dict) -> "ShareProgress":
+        _require_counts(raw, ("version", "floor"))
+        retrying = raw.get("retrying")
         if not isinstance(retrying, dict) or not all(_is_digits(offset) and _is_retry(retry)
                                                      for offset, retry in retrying.items()):
             raise CorruptInputError("retrying is not a map of queue offsets to {attempts, due_ms, error, dead}")
-        return cls(raw["version"], raw["floor"], {int(v): list(o) for v, o in done.items()},
-                   {int(offset): dict(retry) for offset, retry in retrying.items()}, raw["dead_letters"])
+        return cls(raw["version"], 0, raw["floor"],
+                   retrying={(-1, int(offset)): _retry_state(retry) for offset, retry in retrying.items()},
+                   skip=_offsets_by_version(raw.get("done"), "done"))
+
+
+#: The form of the progress records this version writes (:class:`ShareProgress`).
+PROGRESS_FORMAT = 2
+#: A failed message's error is kept to this many characters in its share's record.
+MAX_ERROR_CHARS = 500
+#: The largest progress record the group reads: what MAX_CONSUMER_BUFFERED messages, each failed with an error of
+#: MAX_ERROR_CHARS, take at most, so a record the group wrote is never refused by the group.
+MAX_PROGRESS_BYTES = 64 * 1024 * 1024
+
+
+def _require_counts(raw: dict, names: tuple[str, ...]) -> None:
+    for name in names:
+        if not _is_int(raw.get(name)) or raw[name] < (-1 if name == "version" else 0):
+            raise CorruptInputError(f"{name} is not a whole number of the right sign: {raw.get(name)!r}"[:300])
+
+
+def _offsets_by_version(value: object, name: str) -> dict[int, list[int]]:
+    if not isinstance(value, dict) or not all(
+            _is_digits(version) and isinstance(offsets, list) and all(map(_is_int, offsets))
+            for version, offsets in value.items()):
+        raise CorruptInputError(f"{name} is not a map of versions to lists of queue offsets")
+    return {int(version): list(offsets) for version, offsets in value.items()}
+
+
+def _retry_state(retry: dict) -> dict:
+    return {"attempts": retry["attempts"], "due_ms": retry["due_ms"], "error": retry["error"],
+            "dead": retry.get("dead", False)}
+
+
+def dead_letter_id(source: str, version: int, queue_offset: int, msg_id: str, epoch: int) -> str:
+    """The identity of the dead letter a message becomes: where it was read (``source``, its ``version`` there
+    and its queue offset), its id, and the source's ``epoch`` (resets so far). Written once whoever writes it
+    (a crash before its share's save, the share's next holder), and never the same for two deliveries: a reset
+    that delivers the message again starts a new epoch, and a redrive delivers it from another source version.
+
+    Example::
+
+        dead_letter_id("ORDER_TOPIC", 12, 977, "9f2c", 0)  # 'ORDER_TOPIC.12.977.9f2c.0'
+    """
+    return f"{source}.{version}.{queue_offset}.{msg_id}.{epoch}"
 
 
 def _is_int(value: object) -> bool:
@@ -180,55 +266,6 @@ def _is_retry(retry: object) -> bool:
     return (isinstance(retry, dict) and _is_int(retry.get("attempts")) and retry["attempts"] >= 0
             and _is_int(retry.get("due_ms")) and isinstance(retry.get("error"), (str, type(None)))
             and isinstance(retry.get("dead", False), bool))
-
-
-class ConsumerInstances(ProducerInstances):
-    """The instances of each consumer group (``consumers/<group>/_instances/``): records, heartbeats and
-    surveys as producer instances have (:class:`~coordinator.control.instances.ProducerInstances`), live while at
-    most :data:`LIVE_FOR_HEARTBEATS` heartbeats old.
-
-    Example::
-
-        instances = ConsumerInstances(Lakehouse("lakehouse"))
-        instances.announce("credits", "9c1e…", heartbeat_s=2.0)
-        [i.instance_id for i in instances.live("credits")]  # ['9c1e…']
-    """
-
-    def survey(self, group: str) -> GroupSurvey:
-        """The records of ``group``: live instances, stale records, files refused as records. Deletes nothing.
-
-        Example::
-
-            ConsumerInstances(lakehouse).survey("credits").live
-        """
-        now = self.clock()
-        live, stale = [], []
-        records, refused = self._records(group)
-        for record in sorted(records, key=lambda record: record.instance_id):
-            if _is_live(record, now):
-                live.append(record)
-            else:
-                stale.append(record)
-        return GroupSurvey(live, stale, sorted(refused, key=lambda refusal: refusal.key))
-
-    def is_live(self, group: str, instance_id: str) -> bool:
-        """Whether ``instance_id``'s own record, read now, says it is live (as :meth:`survey` judges).
-
-        Example::
-
-            ConsumerInstances(lakehouse).is_live("credits", "9c1e…")  # True
-        """
-        record = self._read_record(group, self._key(group, instance_id))
-        if not isinstance(record, ProducerInstance):
-            return False
-        return _is_live(record, self.clock())
-
-    def _group_dir(self, group: str) -> str:
-        return f"{self.lakehouse.consumer_dir(group)}/_instances"
-
-
-def _is_live(record: ProducerInstance, now: float) -> bool:
-    return now - record.last_seen <= LIVE_FOR_HEARTBEATS * record.heartbeat_s and not process_gone(asdict(record))
 
 
 class ConsumerGroup:
@@ -307,11 +344,15 @@ class ConsumerGroup:
                 raise AccessDeniedError(refusal)
         return grant
 
-    def claim_share(self, topic: str, share: int, instance_id: str, live: set[str]) -> Optional[str]:
+    def claim_share(self, topic: str, share: int, instance_id: str, live: set[str],
+                    decide_within_s: float = float("inf")) -> Optional[str]:
         """Take ``share`` of ``topic`` for ``instance_id``: created if no claim is there, kept if it names this
         instance, replaced (conditionally) if it names one neither in ``live`` nor live by its record read after
         the claim, or is no claim (a released one: :meth:`release_share`); the claim's version, or ``None`` when
-        another live instance holds it or won the race.
+        another live instance holds it or won the race. A claim naming another instance is replaced only within
+        ``decide_within_s`` of reading that instance's record: an instance back from a pause renews its record,
+        waits that long, and then reads its claims back (:mod:`coordinator.consumer.membership`), so a replace
+        decided on its record as it was before cannot land after it looked.
 
         Example::
 
@@ -334,8 +375,11 @@ class ConsumerGroup:
         # a claim written since the survey names an instance whose record is live now (two instances starting
         # together each saw only itself).
         # A claim's bytes are untrusted: a name no instance could have is not looked up as a record key.
+        decided = self.clock()
         if owner is not None and 0 < len(owner) <= 256 and self.instances.is_live(self.group, owner):
             return None
+        if self.clock() - decided > decide_within_s:
+            return None  # decided on a record read too long ago: looked at again next time
         return self.files.replace(key, claim, current.version)
 
     def share_owner(self, topic: str, share: int) -> Optional[str]:
@@ -350,6 +394,21 @@ class ConsumerGroup:
         except FileTooLargeError:
             return None
         return None if current is None else claim_owner(current.data)
+
+    def holds(self, topic: str, share: int, instance_id: str, claim_version: Optional[str]) -> bool:
+        """Whether ``instance_id``'s claim of ``share`` of ``topic`` is still the one at ``claim_version``: no
+        other instance replaced it since (a claim's every write has a new version).
+
+        Example::
+
+            group.holds("ORDER_TOPIC", 3, "9c1e…", version)  # True
+        """
+        try:
+            current = self.files.read(self._claim_key(topic, share), max_bytes=4096)
+        except FileTooLargeError:
+            return False
+        return (current is not None and current.version == claim_version
+                and claim_owner(current.data) == instance_id)
 
     def release_share(self, topic: str, share: int, instance_id: str, claim_version: str) -> bool:
         """Give up ``instance_id``'s claim of ``share`` of ``topic``, the claim at ``claim_version`` (as
@@ -377,17 +436,15 @@ class ConsumerGroup:
         """
         key = self._progress_key(topic, share)
         try:
-            found = self.files.read(key, max_bytes=_MAX_RECORD_BYTES)
-        except FileTooLargeError as error:
-            raise CorruptInputError(f"{key}: {error}") from None
-        if found is None:
-            return None, None
-        try:
+            found = self.files.read(key, max_bytes=MAX_PROGRESS_BYTES)
+            if found is None:
+                return None, None
             return ShareProgress.parse(found.data), found.version
-        except CorruptInputError as error:
-            raise CorruptInputError(f"{key} is not a share's progress ({error}): the group stops here; an operator "
-                                    f"moves it on with `txcoord consumer-groups reset {self.group} --topic "
-                                    f"{topic} --to ...`, which writes every share's progress anew") from None
+        except (CorruptInputError, FileTooLargeError) as error:
+            raise CorruptInputError(f"{key} is not a share's progress ({error}): the share stops here, the rest of "
+                                    f"the group goes on; an operator stops the group's instances and moves the "
+                                    f"topic on with `txcoord consumer-groups reset {self.group} --topic {topic} "
+                                    f"--to ...`, which writes every share's progress anew") from None
 
     def save_progress(self, topic: str, share: int, progress: ShareProgress, version: Optional[str],
                       writer: str) -> Optional[str]:
@@ -401,46 +458,63 @@ class ConsumerGroup:
         key, data = self._progress_key(topic, share), progress.to_json(writer, self.clock())
         return self.files.create(key, data) if version is None else self.files.replace(key, data, version)
 
-    def overwrite_progress(self, topic: str, share: int, progress: ShareProgress, writer: str) -> None:
-        """Write ``progress`` whatever was there: an operator's reset, with every instance stopped.
+    def start(self, topic: str, choose: Callable[[], int]) -> ShareProgress:
+        """The progress a share of ``topic`` with no record starts from: where the group started on the topic
+        (recorded by its first instance to read it, ``choose()`` made once, the same for every share and
+        instance afterwards), in the topic's current epoch (:meth:`reset_start`).
 
         Example::
 
-            group.overwrite_progress("ORDER_TOPIC", 3, ShareProgress(version=0), "alice@ops")
+            group.start("ORDER_TOPIC", lambda: 0).version  # 0, or what the first instance chose
         """
-        self.files.put(self._progress_key(topic, share), progress.to_json(writer, self.clock()))
-
-    def start_version(self, topic: str, choose: Callable[[], int]) -> int:
-        """Where the group started on ``topic``: recorded by its first instance to read the topic (``choose()``,
-        made once), the same for every share and instance afterwards.
-
-        Example::
-
-            group.start_version("ORDER_TOPIC", lambda: 0)  # 0, or what the first instance chose
-        """
-        key = f"{self.directory}/progress/{topic}/_start.json"
+        key = self._start_key(topic)
         found = self.files.read(key, max_bytes=4096)
         if found is None:
-            self.files.create(key, json.dumps({"version": choose(), "nonce": uuid.uuid4().hex}).encode())
+            self.files.create(key, json.dumps({"version": choose(), "epoch": 0, "nonce": uuid.uuid4().hex}).encode())
             found = self.files.read(key, max_bytes=4096)
         try:
-            version = json.loads(found.data)["version"]
-            if not _is_int(version) or version < 0:
+            raw = json.loads(found.data)
+            version, epoch = raw["version"], raw.get("epoch", 0)
+            if not (_is_int(version) and version >= 0 and _is_int(epoch) and epoch >= 0):
                 raise ValueError
-        except (ValueError, KeyError, TypeError, RecursionError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise CorruptInputError(f"{key} is not where the group started: `txcoord consumer-groups reset` "
                                     "writes it anew") from None
-        return version
+        return ShareProgress(version, epoch=epoch)
 
-    def set_start_version(self, topic: str, version: int) -> None:
-        """Record ``version`` as where the group starts on ``topic`` (an operator's reset).
+    def reset_start(self, topic: str, version: int, floor: int, writer: str) -> ShareProgress:
+        """An operator's reset, with every instance stopped: every share of ``topic`` starts again at ``version``
+        (messages below queue offset ``floor`` taken as handled), in a new epoch, so that a message delivered
+        again and dead again is a new dead letter. Returns the progress every share was given.
 
         Example::
 
-            group.set_start_version("ORDER_TOPIC", 0)
+            group.reset_start("ORDER_TOPIC", 0, 0, "alice@ops").epoch  # 1 after the first reset
         """
-        self.files.put(f"{self.directory}/progress/{topic}/_start.json",
-                       json.dumps({"version": version, "nonce": uuid.uuid4().hex}).encode())
+        try:
+            epoch = self.start(topic, lambda: version).epoch + 1
+        except CorruptInputError:
+            epoch = 1 + max((progress.epoch for progress in self._readable_progress(topic)), default=0)
+        start = ShareProgress(version, floor=floor, epoch=epoch)
+        self.files.put(self._start_key(topic),
+                       json.dumps({"version": version, "epoch": epoch, "nonce": uuid.uuid4().hex}).encode())
+        for number in range(self.grant().shares):
+            self.files.put(self._progress_key(topic, number), start.to_json(writer, self.clock()))
+        return start
+
+    def _readable_progress(self, topic: str) -> list[ShareProgress]:
+        found = []
+        for number in range(self.grant().shares):
+            try:
+                progress, _ = self.progress(topic, number)
+            except CorruptInputError:
+                continue
+            if progress is not None:
+                found.append(progress)
+        return found
+
+    def _start_key(self, topic: str) -> str:
+        return f"{self.directory}/progress/{topic}/_start.json"
 
     def _claim_key(self, topic: str, share: int) -> str:
         return f"{self.directory}/shares/{topic}/{share}.claim"

@@ -11,8 +11,10 @@ request per poll, as the checker finds new commit-log versions. The probe is a G
 the commit file it finds is kept for the read: on object storage the found version's data files are read at
 once beside the probe of the version after it, so a new version costs the reader two round trips, not four.
 
-A version that log cleanup has removed cannot be read: :class:`~coordinator.exceptions.PositionGoneError`
-says so, and ``txcoord consumer-groups reset`` moves the group past it.
+A version that log cleanup has removed, or whose data file vacuum removed, cannot be read:
+:class:`~coordinator.exceptions.PositionGoneError` says so. The table's snapshot at a version still holds its
+messages (:meth:`TopicLog.snapshot_share_rows`, read by delta-rs): what a share reads then
+(``consumer_position_gone``, :mod:`coordinator.consumer.share`).
 
 Example::
 
@@ -27,14 +29,18 @@ import datetime as dt
 import re
 import threading
 from collections import OrderedDict
-from typing import Optional
+from typing import Mapping, Optional
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from coordinator.exceptions import CorruptInputError, FileTooLargeError, PositionGoneError
-from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, added_files, commit_actions
+from coordinator.exceptions import CorruptInputError, FileTooLargeError, PositionGoneError, one_line
+from coordinator.lakehouse.delta import open_table
+from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, added_files, commit_actions, commit_record_count
+from coordinator.lakehouse.reads import query_snapshot
 from coordinator.storage import FileStore, read_all
+from coordinator.tables import TOPIC
 
 __all__ = ["CACHED_VERSIONS", "TopicLog"]
 
@@ -54,9 +60,11 @@ _COMMIT = re.compile(r"(\d{20})\.json")
 class TopicLog:
     """The versions of the Delta table at key ``table`` of ``files`` (a topic, or a group's redrive table)."""
 
-    def __init__(self, files: FileStore, table: str):
+    def __init__(self, files: FileStore, table: str, storage: Optional[Mapping[str, str]] = None):
         self.files = files
         self.table = table.rstrip("/")
+        self._storage = storage  # delta-rs's options for the table's store, for snapshot reads
+        self._snapshot: Optional[tuple[int, _Version]] = None  # the last snapshot read, by version
         self._latest: Optional[int] = None
         self._cache: OrderedDict[int, _Version] = OrderedDict()
         self._cached_rows = 0
@@ -212,6 +220,61 @@ class TopicLog:
             TopicLog(files, "topics/T").share_rows(3, 5, 16, share_of)   # the rows of share 5 of 16
         """
         return self._version(version).share_rows(number, shares, share_of)
+
+    def known_count(self, version: int) -> int:
+        """How many messages version ``version`` added, as far as known with no request: from its rows if read,
+        else from its commit's statistics (``numRecords``) if a probe found it; 0 if neither.
+
+        Example::
+
+            TopicLog(files, "topics/T").known_count(42)  # 250
+        """
+        with self._lock:
+            cached = self._cache.get(version)
+            if cached is not None:
+                return cached.table.num_rows
+            commit = self._commits.get(version)
+        return 0 if commit is None else commit_record_count(commit)
+
+    def row_count(self, version: int) -> int:
+        """How many messages version ``version`` added (read as :meth:`rows` reads it).
+
+        Example::
+
+            TopicLog(files, "topics/T").row_count(3)  # 250
+        """
+        return self._version(version).table.num_rows
+
+    def batch_of(self, version: int) -> Optional[int]:
+        """The checker batch that wrote version ``version`` (its rows' ``batch_id``), or ``None`` if none says.
+
+        Example::
+
+            TopicLog(files, "topics/T").batch_of(3)  # 1207
+        """
+        table = self._version(version).table
+        if "batch_id" not in table.column_names or table.num_rows == 0:
+            return None
+        return pc.max(table.column("batch_id")).as_py()
+
+    def snapshot_share_rows(self, version: int, number: int, shares: int, share_of) -> list[dict]:
+        """The rows of share ``number`` of ``shares`` in the table's snapshot at ``version``: every message the
+        table held then, whichever versions added them and however compaction rewrote their files, in
+        queue-offset order (a key's order). Read by delta-rs, once a version.
+
+        Example::
+
+            TopicLog(files, "topics/T", storage).snapshot_share_rows(41, 5, 16, share_of)
+        """
+        if self._snapshot is None or self._snapshot[0] != version:
+            try:
+                table = query_snapshot(open_table(self.files.location(self.table), version, self._storage),
+                                       TOPIC.arrow_schema())
+            except Exception as error:  # noqa: BLE001 - delta-rs's own errors: the snapshot is gone too
+                raise PositionGoneError(f"{self.table}: its snapshot at version {version} cannot be read "
+                                        f"({one_line(error)})") from None
+            self._snapshot = (version, _Version(table.sort_by("queue_offset")))
+        return self._snapshot[1].share_rows(number, shares, share_of)
 
     def _version(self, version: int) -> "_Version":
         with self._lock:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Any, Callable, Optional
 
 __all__ = ["Run", "Workers"]
@@ -117,8 +118,9 @@ class Workers:
                 self._spawn()
         return hung
 
-    def close(self) -> None:
-        """Stop the threads once the runs under way end, and join each (the abandoned ones excepted).
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Stop the threads once the runs under way end, and join each (the abandoned ones excepted), waiting at
+        most ``timeout`` seconds in all (``None``: as long as they take; a thread still running is a daemon one).
 
         Example::
 
@@ -128,8 +130,9 @@ class Workers:
             threads = list(self._threads)
         for _ in threads:
             self._runs.put(None)
+        deadline = None if timeout is None else time.monotonic() + timeout
         for thread in threads:
-            thread.join()
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _spawn(self) -> None:
         with self._lock:

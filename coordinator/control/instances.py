@@ -52,8 +52,9 @@ from coordinator.exceptions import CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse
 from coordinator.storage import read_all
 
-__all__ = ["FORGET_AFTER_S", "GroupSurvey", "claim_owner", "json_object", "LIVE_FOR_HEARTBEATS", "MAX_RECORDS_READ", "MAX_RECORD_BYTES",
-           "ProducerInstance", "ProducerInstances", "RefusedRecord"]
+__all__ = ["FORGET_AFTER_S", "GroupSurvey", "InstanceRecord", "InstanceRecords", "claim_owner", "json_object",
+           "LIVE_FOR_HEARTBEATS", "MAX_RECORDS_READ", "MAX_RECORD_BYTES", "ProducerInstance", "ProducerInstances",
+           "RefusedRecord"]
 
 #: An instance is live while its record is at most this many of its heartbeats old.
 LIVE_FOR_HEARTBEATS = 3
@@ -65,8 +66,8 @@ MAX_RECORD_BYTES = 4096
 
 
 @dataclass(frozen=True)
-class ProducerInstance:
-    """One producer instance's record."""
+class InstanceRecord:
+    """What an instance of a group (a producer's, a consumer's) says of itself in its record."""
 
     group: str
     instance_id: str
@@ -76,6 +77,11 @@ class ProducerInstance:
     started: Optional[str]
     last_seen: float  # seconds since the epoch
     heartbeat_s: float
+
+
+@dataclass(frozen=True)
+class ProducerInstance(InstanceRecord):
+    """One producer instance's record."""
 
     def renewed_recently(self, now: float) -> bool:
         """Whether it announced itself within its last three heartbeats before ``now``."""
@@ -100,8 +106,13 @@ class GroupSurvey:
     refused: list[RefusedRecord] = field(default_factory=list)  # by key: to be recorded, then removed
 
 
-class ProducerInstances:
-    """The producer instances of a lakehouse, by group (see the module's docstring)."""
+class InstanceRecords:
+    """The records instances of a kind keep of themselves, by group, each in a directory of its group's
+    (:meth:`_group_dir`) and parsed as :attr:`record_type`: the writing and reading every kind shares."""
+
+    record_type: type = InstanceRecord
+    #: What a record is called in a refusal's reason.
+    record_name = "an instance's record"
 
     def __init__(self, lakehouse: Union[str, Lakehouse], clock: Callable[[], float] = time.time):
         self.lakehouse = Lakehouse.at(lakehouse)
@@ -115,8 +126,44 @@ class ProducerInstances:
         self.files.put(self._key(group, instance_id), json.dumps(record).encode())
 
     def withdraw(self, group: str, instance_id: str) -> None:
-        """Remove ``instance_id``'s record: it shuts down and answers no more checks."""
+        """Remove ``instance_id``'s record: it shuts down."""
         self.files.delete(self._key(group, instance_id))
+
+    def _records(self, group: str) -> tuple[list[InstanceRecord], list[RefusedRecord]]:
+        """The group's records, the latest :data:`MAX_RECORDS_READ` written (read at once on object
+        storage), and the files refused as records."""
+        listed = {key: at for key, at in self.files.modified(self._group_dir(group)).items() if key.endswith(".json")}
+        keys = sorted(listed, key=lambda key: (-listed[key], key))[:MAX_RECORDS_READ]
+        reads = read_all(lambda key: self._read_record(group, key), keys, remote=not self.lakehouse.is_local)
+        records = [read for read in reads if isinstance(read, self.record_type)]
+        return records, [read for read in reads if isinstance(read, RefusedRecord)]
+
+    def _read_record(self, group: str, key: str) -> Union[InstanceRecord, RefusedRecord, None]:
+        """The record at ``key``; ``None`` if it was withdrawn meanwhile."""
+        try:
+            current = self.files.read(key, max_bytes=MAX_RECORD_BYTES)
+        except FileTooLargeError as error:
+            return RefusedRecord(key, f"not {self.record_name}: {error}")
+        if current is None:
+            return None
+        try:
+            fields = _parsed(current.data, group, unquote(key.rsplit("/", 1)[-1].removesuffix(".json")))
+        except CorruptInputError as error:
+            return RefusedRecord(key, f"not {self.record_name}: {error}"[:512])
+        return self.record_type(**fields)
+
+    def _group_dir(self, group: str) -> str:
+        raise NotImplementedError
+
+    def _key(self, group: str, instance_id: str) -> str:
+        return f"{self._group_dir(group)}/{quote(instance_id, safe='')}.json"
+
+
+class ProducerInstances(InstanceRecords):
+    """The producer instances of a lakehouse, by group (see the module's docstring)."""
+
+    record_type = ProducerInstance
+    record_name = "a producer instance's record"
 
     def survey(self, group: str) -> GroupSurvey:
         """Read the records of ``group``: its live instances, the stale records (see :meth:`forget`) and
@@ -204,33 +251,8 @@ class ProducerInstances:
         if current is not None and claim_owner(current.data) == instance_id:
             self.files.delete(key)
 
-    def _records(self, group: str) -> tuple[list[ProducerInstance], list[RefusedRecord]]:
-        """The group's records, the latest :data:`MAX_RECORDS_READ` written (read at once on object
-        storage), and the files refused as records."""
-        listed = {key: at for key, at in self.files.modified(self._group_dir(group)).items() if key.endswith(".json")}
-        keys = sorted(listed, key=lambda key: (-listed[key], key))[:MAX_RECORDS_READ]
-        reads = read_all(lambda key: self._read_record(group, key), keys, remote=not self.lakehouse.is_local)
-        records = [read for read in reads if isinstance(read, ProducerInstance)]
-        return records, [read for read in reads if isinstance(read, RefusedRecord)]
-
-    def _read_record(self, group: str, key: str) -> Union[ProducerInstance, RefusedRecord, None]:
-        """The record at ``key``; ``None`` if it was withdrawn meanwhile."""
-        try:
-            current = self.files.read(key, max_bytes=MAX_RECORD_BYTES)
-        except FileTooLargeError as error:
-            return RefusedRecord(key, f"not a producer instance's record: {error}")
-        if current is None:
-            return None
-        try:
-            return _parsed(current.data, group, unquote(key.rsplit("/", 1)[-1].removesuffix(".json")))
-        except CorruptInputError as error:
-            return RefusedRecord(key, f"not a producer instance's record: {error}"[:512])
-
     def _group_dir(self, group: str) -> str:
         return f"{self.lakehouse.group_dir(group)}/_producers"
-
-    def _key(self, group: str, instance_id: str) -> str:
-        return f"{self._group_dir(group)}/{quote(instance_id, safe='')}.json"
 
     def _claim_key(self, group: str, number: int) -> str:
         return f"{self._group_dir(group)}/commit_log.{number}.claim"
@@ -268,8 +290,9 @@ def json_object(data: bytes) -> dict:
     return raw
 
 
-def _parsed(data: bytes, group: str, instance_id: str) -> ProducerInstance:
-    """The instance record in ``data``, held to its shape; :class:`CorruptInputError` saying what is wrong."""
+def _parsed(data: bytes, group: str, instance_id: str) -> dict:
+    """The fields of the instance record in ``data``, held to their shape; :class:`CorruptInputError` saying what
+    is wrong."""
     raw = json_object(data)
     kinds = {"group": (str,), "instance_id": (str,), "host": (str,), "pid": (int,), "last_seen": (int, float),
              "heartbeat_s": (int, float), "pid_namespace": (str, type(None)), "started": (str, type(None))}
@@ -284,4 +307,4 @@ def _parsed(data: bytes, group: str, instance_id: str) -> ProducerInstance:
                          f"but is instance {instance_id[:128]!r}'s record of group {group!r}")
     if not (math.isfinite(raw["last_seen"]) and math.isfinite(raw["heartbeat_s"]) and raw["heartbeat_s"] > 0):
         raise CorruptInputError("last_seen and heartbeat_s must be finite, heartbeat_s positive")
-    return ProducerInstance(**{name: raw.get(name) for name in kinds})
+    return {name: raw.get(name) for name in kinds}

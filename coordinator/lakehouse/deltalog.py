@@ -169,5 +169,31 @@ def added_files(actions: list[dict]) -> list[AddedFile]:
     return files
 
 
+def commit_record_count(data: bytes) -> int:
+    """How many rows the data files a commit's ``data`` added hold, by their statistics (``numRecords``): 0 for
+    a file without them, and for a commit that is not one (the count is an estimate, never a refusal).
+
+    Example::
+
+        commit_record_count(b'{"add": {"path": "a.parquet", "stats": "{\\"numRecords\\": 3}"}}')  # 3
+    """
+    try:
+        actions = commit_actions(data)
+    except CorruptInputError:
+        return 0
+    count = 0
+    for action in actions:
+        add = action.get("add")
+        if not isinstance(add, dict) or add.get("dataChange", True) is False or not isinstance(add.get("stats"), str):
+            continue
+        try:
+            records = json.loads(add["stats"]).get("numRecords")
+        except (ValueError, AttributeError, RecursionError):
+            continue
+        if isinstance(records, int) and not isinstance(records, bool) and records > 0:
+            count += records
+    return count
+
+
 def _short(text: object) -> str:
     return str(text)[:_REASON_CHARS]

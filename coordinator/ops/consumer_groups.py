@@ -30,7 +30,7 @@ from coordinator.consumer.group import (DEFAULT_SHARES, MAX_SHARES, REDRIVE_SOUR
                                         ShareProgress, share_of)
 from coordinator.consumer.topic_log import TopicLog
 from coordinator.exceptions import ConsumerStateError, CorruptInputError, InvalidArgumentError, MessageValidationError
-from coordinator.lakehouse import CONSUMERS_KEY, Lakehouse, create_table, group_of_key, read_table
+from coordinator.lakehouse import CONSUMERS_KEY, Lakehouse, create_table, group_of_key, open_table, read_table
 from coordinator.names import NAME_MAX_LENGTH, validate_name
 from coordinator.tables import CONSUMER_ACTIONS, REDRIVE
 
@@ -175,13 +175,18 @@ def _position(lakehouse: Lakehouse, records: ConsumerGroup, grant: GroupGrant, s
             if start is None:
                 start = _recorded_start(records, source, log)
             progress = ShareProgress(start)
-        shares[number] = progress.version
+        shares[number] = progress.position
         retrying += len(progress.retrying)
-        for version in range(progress.version, latest + 1):
-            done = set(progress.done.get(version, ()))
+        for version in range(progress.position, latest + 1):
+            listed = set(progress.unhandled.get(version, ()))
+            skip = set(progress.skip.get(version, ()))
+            first = progress.offset if version == progress.version else 0
+            unread = version >= progress.version
             for row in log.rows(version):
-                if (share_of(row["keys"], row["msg_id"], grant.shares) == number and row["queue_offset"] >= progress.floor
-                        and row["queue_offset"] not in done):
+                offset = row["queue_offset"]
+                if share_of(row["keys"], row["msg_id"], grant.shares) != number:
+                    continue
+                if offset in listed or (unread and offset >= max(first, progress.floor) and offset not in skip):
                     lag += 1
                     stamp = row["commit_timestamp"]
                     oldest = stamp if oldest is None or (stamp is not None and stamp < oldest) else oldest
@@ -191,7 +196,7 @@ def _position(lakehouse: Lakehouse, records: ConsumerGroup, grant: GroupGrant, s
 
 def _recorded_start(records: ConsumerGroup, source: str, log: TopicLog) -> int:
     found = records.files.read(f"{records.directory}/progress/{source}/_start.json", max_bytes=4096)
-    return records.start_version(source, lambda: 0) if found is not None else log.earliest()
+    return records.start(source, lambda: 0).version if found is not None else log.earliest()
 
 
 def _source_table(lakehouse: Lakehouse, group: str, source: str) -> str:
@@ -202,8 +207,10 @@ def reset_consumer_group(config: CoordinatorConfig, group: str, topic: str, to: 
                          operator: Optional[str] = None) -> int:
     """Move ``group``'s position in ``topic`` to ``to``: ``earliest``, ``latest`` (past every message now), an ISO
     time with its zone (the first version committed then or after), or a queue offset (every message below it
-    taken as handled); every share's retries dropped. Refused (:class:`ConsumerStateError`) while an instance of
-    the group is live. Returns the version the group starts from.
+    taken as handled); every share's retries dropped. The topic starts a new epoch: a message delivered again and
+    dead again is a new dead letter, whatever became of the earlier one. Dead letters are untouched. Refused
+    (:class:`ConsumerStateError`) while an instance of the group is live. Returns the version the group starts
+    from.
 
     Example::
 
@@ -231,11 +238,10 @@ def reset_consumer_group(config: CoordinatorConfig, group: str, topic: str, to: 
     else:
         raise InvalidArgumentError(f"--to is earliest, latest, an ISO time with its zone or a queue offset, got {to!r}")
     who = _operator(operator)
-    for number in range(grant.shares):
-        records.overwrite_progress(topic, number, ShareProgress(version, floor), who)
-    records.set_start_version(topic, version)
+    epoch = records.reset_start(topic, version, floor, who).epoch
     _record_actions(lakehouse, group, [{"action": "RESET", "topic": topic,
-                                        "detail": f"--to {to}: version {version}, queue offsets from {floor}"}], who)
+                                        "detail": f"--to {to}: version {version}, queue offsets from {floor}, "
+                                                  f"epoch {epoch}"}], who)
     return version
 
 
@@ -248,12 +254,16 @@ def open_dead_letters(config: CoordinatorConfig, group: str) -> list[dict]:
         [(d["msg_id"], d["attempts"], d["last_error"]) for d in open_dead_letters(config, "credits")]
     """
     lakehouse = Lakehouse.of(config)
-    path = lakehouse.consumer_table(group, "dead_letters")
-    if not lakehouse.exists(f"{lakehouse.consumer_dir(group)}/dead_letters"):
-        return []
-    dead = read_table(path, storage=lakehouse.storage).to_pylist(maps_as_pydicts="strict")
+    dead = _dead_letters(lakehouse, group)
     closed = set(_actions(lakehouse, group).column("dead_letter_id").to_pylist())
     return sorted((d for d in dead if d["dead_letter_id"] not in closed), key=lambda d: (d["dead_at"], d["dead_letter_id"]))
+
+
+def _dead_letters(lakehouse: Lakehouse, group: str) -> list[dict]:
+    if not lakehouse.exists(f"{lakehouse.consumer_dir(group)}/dead_letters"):
+        return []
+    return read_table(lakehouse.consumer_table(group, "dead_letters"),
+                      storage=lakehouse.storage).to_pylist(maps_as_pydicts="strict")
 
 
 def operator_actions(config: CoordinatorConfig, group: str, limit: int = 50) -> list[dict]:
@@ -274,51 +284,85 @@ def operator_actions(config: CoordinatorConfig, group: str, limit: int = 50) -> 
 def redrive_dead_letters(config: CoordinatorConfig, group: str, msg_ids: Optional[Iterable[str]] = None,
                          operator: Optional[str] = None, reason: str = "") -> list[dict]:
     """Deliver ``group``'s open dead letters of ``msg_ids`` (``None``: all) to its listener again, attempts counted
-    afresh: their messages appended to the group's redrive table, then each closed by a ``REDRIVE`` action
-    naming the operator. Returns the dead letters redriven.
+    afresh. Returns the dead letters redriven.
+
+    Each is closed first by a ``REDRIVE`` action naming the operator, committed with an application transaction
+    named after the dead letter (``txcoord-close.<id>``), so that of two operators acting at once, or a redrive
+    and a discard, the first commit closes it and the other closes nothing of it (and redrives only the rest).
+    Its message is then appended to the group's redrive table, recorded by an application transaction of its
+    own (``txcoord-redrive.<id>``): a redrive interrupted between the two is completed by the next redrive or
+    discard of the group's dead letters, and none is appended twice.
 
     Example::
 
-        redrive_dead_letters(config, "credits", ["9f2c…"])  # [{'dead_letter_id': 'ORDER_TOPIC.3.1', ...}]
+        redrive_dead_letters(config, "credits", ["9f2c…"])  # [{'dead_letter_id': 'ORDER_TOPIC.3.977.9f2c.0', ...}]
     """
-    chosen = _chosen(config, group, msg_ids)
-    if not chosen:
-        return []
     lakehouse = Lakehouse.of(config)
-    path = lakehouse.consumer_table(group, "redrive")
-    create_table(REDRIVE, path, lakehouse.storage)
-    rows = [{name: d.get(name) for name in REDRIVE.column_names} | {"batch_id": None} for d in chosen]
-    for row in rows:
-        row["properties"] = None if row["properties"] is None else list(row["properties"].items())
-    from coordinator.appender import DeltaAppender
-
-    with DeltaAppender(path, storage=lakehouse.storage) as appender:
-        appender.append(pa.Table.from_pylist(rows, schema=REDRIVE.arrow_schema()))
-    _record_actions(lakehouse, group, [_closing("REDRIVE", d, reason) for d in chosen], _operator(operator))
-    return chosen
+    closed = _close(config, lakehouse, group, "REDRIVE", msg_ids, operator, reason)
+    _complete_redrives(lakehouse, group)
+    return closed
 
 
 def discard_dead_letters(config: CoordinatorConfig, group: str, msg_ids: Optional[Iterable[str]] = None,
                          operator: Optional[str] = None, reason: str = "") -> list[dict]:
     """Close ``group``'s open dead letters of ``msg_ids`` (``None``: all) for good, by a ``DISCARD`` action naming
-    the operator. Returns the dead letters discarded.
+    the operator (once each, as :func:`redrive_dead_letters` closes them). Returns the dead letters discarded.
 
     Example::
 
         discard_dead_letters(config, "credits", ["9f2c…"], reason="refunded by hand")
     """
-    chosen = _chosen(config, group, msg_ids)
-    if chosen:
-        _record_actions(Lakehouse.of(config), group, [_closing("DISCARD", d, reason) for d in chosen],
-                        _operator(operator))
-    return chosen
+    lakehouse = Lakehouse.of(config)
+    _complete_redrives(lakehouse, group)
+    return _close(config, lakehouse, group, "DISCARD", msg_ids, operator, reason)
 
 
-def _chosen(config: CoordinatorConfig, group: str, msg_ids: Optional[Iterable[str]]) -> list[dict]:
+def _close(config: CoordinatorConfig, lakehouse: Lakehouse, group: str, action: str,
+           msg_ids: Optional[Iterable[str]], operator: Optional[str], reason: str) -> list[dict]:
+    """Close the chosen open dead letters by ``action``, each once: a commit refused because another operator
+    closed one of them first is made again for the rest, until none is left."""
+    wanted = None if msg_ids is None else set(msg_ids)
+    chosen = _chosen(config, group, wanted)
+    closed: list[dict] = []
+    while chosen:
+        if _record_actions(lakehouse, group, [_closing(action, d, reason) for d in chosen], _operator(operator),
+                           [(f"txcoord-close.{d['dead_letter_id']}", 0) for d in chosen]) is not None:
+            closed += chosen
+            break
+        still_open = {d["dead_letter_id"] for d in open_dead_letters(config, group)}
+        chosen = [d for d in chosen if d["dead_letter_id"] in still_open]
+    return closed
+
+
+def _complete_redrives(lakehouse: Lakehouse, group: str) -> None:
+    """Append to the redrive table the message of each dead letter a ``REDRIVE`` action closed and the table does
+    not record yet (an operator's redrive interrupted between its two commits)."""
+    actions = _actions(lakehouse, group)
+    redriven = {identity for identity, action in zip(actions.column("dead_letter_id").to_pylist(),
+                                                     actions.column("action").to_pylist()) if action == "REDRIVE"}
+    if not redriven:
+        return
+    path = lakehouse.consumer_table(group, "redrive")
+    create_table(REDRIVE, path, lakehouse.storage)
+    table = open_table(path, storage=lakehouse.storage)
+    missing = [d for d in _dead_letters(lakehouse, group) if d["dead_letter_id"] in redriven
+               and table.transaction_version(f"txcoord-redrive.{d['dead_letter_id']}") is None]
+    if not missing:
+        return
+    rows = [{name: d.get(name) for name in REDRIVE.column_names} | {"batch_id": None} for d in missing]
+    for row in rows:
+        row["properties"] = None if row["properties"] is None else list(row["properties"].items())
+    from coordinator.appender import DeltaAppender
+
+    with DeltaAppender(path, storage=lakehouse.storage) as appender:
+        appender.append(pa.Table.from_pylist(rows, schema=REDRIVE.arrow_schema()),
+                        app_transactions=[(f"txcoord-redrive.{d['dead_letter_id']}", 0) for d in missing])
+
+
+def _chosen(config: CoordinatorConfig, group: str, wanted: Optional[set[str]]) -> list[dict]:
     found = open_dead_letters(config, group)
-    if msg_ids is None:
+    if wanted is None:
         return found
-    wanted = set(msg_ids)
     missing = wanted - {d["msg_id"] for d in found}
     if missing:
         raise InvalidArgumentError(f"consumer group {group!r} has no open dead letter of message(s) "
@@ -340,7 +384,10 @@ def _actions(lakehouse: Lakehouse, group: str) -> pa.Table:
                       storage=lakehouse.storage)
 
 
-def _record_actions(lakehouse: Lakehouse, group: str, actions: list[dict], operator: str) -> None:
+def _record_actions(lakehouse: Lakehouse, group: str, actions: list[dict], operator: str,
+                    app_transactions: Sequence[tuple[str, int]] = ()) -> Optional[int]:
+    """Append ``actions`` by ``operator`` to the group's operators' table, in one commit recording
+    ``app_transactions``; its version, or ``None`` if one of them was recorded already (nothing written)."""
     now = dt.datetime.now(dt.timezone.utc)
     rows = [{name: action.get(name) for name in CONSUMER_ACTIONS.column_names}
             | {"action_id": uuid.uuid4().hex, "operator": operator, "acted_at": now} for action in actions]
@@ -349,4 +396,5 @@ def _record_actions(lakehouse: Lakehouse, group: str, actions: list[dict], opera
     from coordinator.appender import DeltaAppender
 
     with DeltaAppender(path, storage=lakehouse.storage) as appender:
-        appender.append(pa.Table.from_pylist(rows, schema=CONSUMER_ACTIONS.arrow_schema()))
+        return appender.append(pa.Table.from_pylist(rows, schema=CONSUMER_ACTIONS.arrow_schema()),
+                               app_transactions=app_transactions)
