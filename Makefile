@@ -16,12 +16,12 @@ setup: $(INSTALLED) $(JARS)
 # The exact versions requirements.lock pins (hash-checked), then this package in editable mode. Compiled to
 # bytecode at install, as pip does and uv does not by default: where PYTHONDONTWRITEBYTECODE is set (this build
 # machine's environment) no process would cache its imports, and every one compiled pyspark, pyarrow and pandas
-# again (docs/performance.md#the-test-suite).
+# again (docs/performance-log.md#the-test-suite).
 # uv installs as pip would, downloading and unpacking in parallel (a third of pip's time). It installs from its
 # cache alone first (--offline; the lock's hashes are checked all the same), then from the index if the cache
 # lacks something: where the index's replies cannot be cached (this build machine's), uv asks again for each
 # one and downloads and builds pyspark's source distribution again at every install, keeping each copy; the
-# prune drops the copies no install refers to, and never fails the setup (docs/performance.md#the-test-suite).
+# prune drops the copies no install refers to, and never fails the setup (docs/performance-log.md#the-test-suite).
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==0.13.9
