@@ -71,8 +71,8 @@ test: system-packages
 
 # The Java client (clients/java): its jar, runtime jars (target/lib) and JUnit tests, with Maven, under the lock
 # tests/test_java_client.py takes too (support/java_client.py), so that the two never build at once. Maven's
-# repository is cached per machine (~/.m2: about 66 MB, downloaded once in about 15 s); a warm build and its
-# tests take about 25 s of one core, in the background of the Python tests.
+# repository is cached per machine (~/.m2, downloaded once); a warm build and its tests run in the background
+# of the Python tests (their time: docs/performance-log.md#java-client).
 JAVA_CLIENT_BUILD = if command -v mvn > /dev/null; then cd clients/java && flock target.lock mvn -B -ntp package; \
 	else echo "Tests run: none, Maven is missing (sudo apt-get install maven)"; fi
 

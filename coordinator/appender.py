@@ -10,8 +10,8 @@ much more around it: it plans the write, re-reads the log and rebuilds its
 snapshot after every commit, so one append costs many times the two writes, and a
 ``DeltaTable`` kept open gets slower with every commit it has seen
 (docs/performance-log.md#the-hand-written-commit-against-delta-rss).
-:class:`DeltaAppender` does only the two writes, in a few milliseconds, and
-leaves everything else (creating tables, checkpoints, reading) to delta-rs.
+:class:`DeltaAppender` does only the two writes, and leaves everything else
+(creating tables, checkpoints, reading) to delta-rs.
 
 What it honours of the Delta protocol, and how a lost race or a lost reply is handled, is
 :class:`DeltaAppender`'s to say.
