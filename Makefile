@@ -16,12 +16,12 @@ setup: $(INSTALLED) $(JARS)
 # The exact versions requirements.lock pins (hash-checked), then this package in editable mode. Compiled to
 # bytecode at install, as pip does and uv does not by default: where PYTHONDONTWRITEBYTECODE is set (this build
 # machine's environment) no process would cache its imports, and every one compiled pyspark, pyarrow and pandas
-# again (docs/performance.md#the-test-suite).
+# again (docs/performance-log.md#the-test-suite).
 # uv installs as pip would, downloading and unpacking in parallel (a third of pip's time). It installs from its
 # cache alone first (--offline; the lock's hashes are checked all the same), then from the index if the cache
 # lacks something: where the index's replies cannot be cached (this build machine's), uv asks again for each
 # one and downloads and builds pyspark's source distribution again at every install, keeping each copy; the
-# prune drops the copies no install refers to, and never fails the setup (docs/performance.md#the-test-suite).
+# prune drops the copies no install refers to, and never fails the setup (docs/performance-log.md#the-test-suite).
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv==0.13.9
@@ -71,8 +71,8 @@ test: system-packages
 
 # The Java client (clients/java): its jar, runtime jars (target/lib) and JUnit tests, with Maven, under the lock
 # tests/test_java_client.py takes too (support/java_client.py), so that the two never build at once. Maven's
-# repository is cached per machine (~/.m2: about 66 MB, downloaded once in about 15 s); a warm build and its
-# tests take about 25 s of one core, in the background of the Python tests.
+# repository is cached per machine (~/.m2, downloaded once); a warm build and its tests run in the background
+# of the Python tests (their time: docs/performance-log.md#java-client).
 JAVA_CLIENT_BUILD = if command -v mvn > /dev/null; then cd clients/java && flock target.lock mvn -B -ntp package; \
 	else echo "Tests run: none, Maven is missing (sudo apt-get install maven)"; fi
 

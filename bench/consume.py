@@ -108,8 +108,8 @@ def instance(root: str, storage: dict, group: str, settings: dict, counter, shar
     per_share = [0] * len(by_share)
     records = [] if record_path else None
     # What the listener was handed, counted by this process's main thread: a lock in the listener, taken by
-    # its 8 threads for each message, halved what one process handled (9,300 against 18,900 messages/s in
-    # process, 200,000 messages, load 9), which measured the count, not the consumer.
+    # its 8 threads for each message, halved what one process handled, which measured the count, not the
+    # consumer (docs/performance-log.md#what-changed-each-for-a-measured-reason).
     arrivals: collections.deque = collections.deque()
     share_of_keys: dict = {}
 

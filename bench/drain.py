@@ -61,7 +61,7 @@ from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-#: The last commit whose checker decided record by record (issue 27's measurement: 10,170 txn/s).
+#: The last commit whose checker decided record by record (issue 27's reference).
 REFERENCE_COMMIT = "28c6e6f"
 GROUP = "bench-drain"
 TOPIC = "BENCH_DRAIN"

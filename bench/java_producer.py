@@ -237,7 +237,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
                              "give it as --java-opts=...)")
     parser.add_argument("--commit-interval-ms", type=int, default=CoordinatorConfig().commit_interval_ms,
                         help="both clients' commit_interval_ms (default: the product's); at 64 threads on a local disk "
-                             "the default bounds a client that is not CPU-bound (docs/performance.md#java-client)")
+                             "the default bounds a client that is not CPU-bound (docs/performance-log.md#java-client)")
     parser.add_argument("--results", default=str(RESULTS / "java_producer.json"))
     args = harness.parse_args(parser, argv, "java_producer", TINY)
     reason = build_java_client()

@@ -65,7 +65,7 @@ RESULTS = harness.RESULTS
 BODY = support.BODY
 FLOOR_WARMUP = 20
 #: A DeltaTable kept open gets slower with every commit it has seen (delta-rs 1.6.6:
-#: docs/performance.md#figures-quoted-elsewhere-before), so the floor reopens it, untimed: its best case.
+#: docs/performance-log.md#figures-quoted-elsewhere-before), so the floor reopens it, untimed: its best case.
 FLOOR_REOPEN_EVERY = 20
 PROCESS_THREADS = 64
 #: ``--tiny``: every configuration (a thread count above one, the batched sends, the process curve) for half a second.

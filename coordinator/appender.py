@@ -9,9 +9,9 @@ delta-rs's ``write_deltalake`` does the same and
 much more around it: it plans the write, re-reads the log and rebuilds its
 snapshot after every commit, so one append costs many times the two writes, and a
 ``DeltaTable`` kept open gets slower with every commit it has seen
-(docs/performance.md#the-hand-written-commit-against-delta-rss).
-:class:`DeltaAppender` does only the two writes, in a few milliseconds, and
-leaves everything else (creating tables, checkpoints, reading) to delta-rs.
+(docs/performance-log.md#the-hand-written-commit-against-delta-rss).
+:class:`DeltaAppender` does only the two writes, and leaves everything else
+(creating tables, checkpoints, reading) to delta-rs.
 
 What it honours of the Delta protocol, and how a lost race or a lost reply is handled, is
 :class:`DeltaAppender`'s to say.
@@ -152,7 +152,7 @@ def file_stats(data: pa.Table) -> str:
         pa.types.is_string(field.type) or pa.types.is_integer(field.type) or pa.types.is_timestamp(field.type))]
     # One aggregation for every column: each pyarrow call lets go of the GIL, and under many busy threads
     # winning it back costs more than the work. On one thread, as Acero's threads cost more than they
-    # gain at any file's size (docs/performance.md#figures-quoted-elsewhere-before).
+    # gain at any file's size (docs/performance-log.md#figures-quoted-elsewhere-before).
     bounds = data.group_by([], use_threads=False).aggregate([(name, "min_max") for name in bounded]).to_pylist()[0] \
         if bounded else {}
     minimums, maximums = {}, {}
@@ -364,7 +364,7 @@ class DeltaAppender:
 
         delta-rs's compaction reads every commit made since its snapshot on each attempt, and gives
         up after 15: on a commit log taking a hundred commits a second it never commits, whatever
-        ``max_commit_retries`` says (docs/performance.md#figures-quoted-elsewhere-before). This one
+        ``max_commit_retries`` says (docs/performance-log.md#figures-quoted-elsewhere-before). This one
         commits as an append does, reading only each winner's log entry, and conflicts with nothing
         but a commit that removed one of its files.
 

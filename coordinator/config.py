@@ -100,7 +100,8 @@ class CoordinatorConfig:
     #: A listener call running longer counts as failed; its thread is abandoned, another takes its place.
     consumer_timeout_ms: int = 900_000
     #: Each consumer instance announces itself this often; one silent for two heartbeats is taken for dead.
-    #: 3 s: at 2 s the record's PUT alone was $0.22 of an idle instance's $0.25 a day on S3.
+    #: 3 s, not 2: on S3 the record's PUT is most of what an idle instance costs a day, and at 2 s it took
+    #: nearly all of the budget by itself (the figures: docs/performance-log.md#consumers).
     consumer_heartbeat_ms: int = 3000
     #: Listener calls one consumer instance runs at once (messages of different keys).
     consumer_threads: int = 8

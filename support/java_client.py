@@ -18,7 +18,7 @@ __all__ = ["JAVA_CLIENT", "JVM_OPTIONS", "build_java_client", "java_classpath"]
 JAVA_CLIENT = Path(REPO_ROOT) / "clients" / "java"
 _JAR = JAVA_CLIENT / "target" / "txcoord-client-0.1.0.jar"
 #: The JVM's settings for the client's runs on a small, shared machine: the serial collector, and C1 alone, whose
-#: compiles finish early where C2's compete with the run for two cores (docs/performance.md#java-client).
+#: compiles finish early where C2's compete with the run for two cores (docs/performance-log.md#java-client).
 JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 
 

@@ -113,8 +113,8 @@ _MESSAGE_OWN = _message_columns(MESSAGE_FIELDS)
 #: checkpoints come every 1,000 commits (not Delta's 100) and keep a removed file's tombstone for 2
 #: minutes (not a week): every checkpoint carries the compactions' tombstones of that retention, which grew
 #: each checkpoint for a week, and with 10 minutes still for 10 minutes
-#: (docs/performance.md#figures-quoted-elsewhere-before,
-#: docs/performance.md#the-checkers-own-maintenance-is-each-commit-logs-_delta_log-bounded). The checker never reads
+#: (docs/performance-log.md#figures-quoted-elsewhere-before,
+#: docs/performance-log.md#the-checkers-own-maintenance-is-each-commit-logs-_delta_log-bounded). The checker never reads
 #: a commit log through a snapshot, and maintenance vacuums it by listing (``coordinator.ops.maintenance``).
 #: No writer cleans its log after a commit: only maintenance does, once the checker no longer needs a commit.
 COMMIT_LOG = TableDef(

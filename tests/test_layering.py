@@ -256,8 +256,9 @@ def test_the_base_install_brings_no_spark_and_the_spark_extra_brings_the_checker
 
 def test_the_checkers_python_workers_import_no_pandas_and_no_retry_library():
     # Spark starts a Python worker for the streaming source, for each read's planning, and the read-ahead
-    # worker; pandas (brought by pyarrow.dataset) was a second of each one's start, stamina and tenacity
-    # (brought by coordinator.retries) 50-60 ms, and the source's workers make no storage request.
+    # worker; pandas (brought by pyarrow.dataset) and stamina and tenacity (brought by coordinator.retries)
+    # lengthened each one's start (docs/performance-log.md#figures-quoted-elsewhere-before), and the source's
+    # workers make no storage request.
     modules = loaded_after("import coordinator.checker.source, coordinator.checker.readahead")
     assert "coordinator.checker.segment" in modules and "coordinator.retries" in modules
     assert "pandas" not in modules and "pyarrow.dataset" not in modules

@@ -6,10 +6,10 @@ cannot rot unnoticed. Where each runs is a matter of CI time (two cores):
 
 - ``producer`` starts no JVM: a subprocess, among the fast tests;
 - ``history``, ``unresolved``, ``batch_cost`` and ``groups`` drive the checker's logic in a Spark session of their
-  own: in their own process, each would spend 10-35 s starting and warming up a JVM, so they run in
+  own: in their own process, each would start and warm up a JVM of its own, so they run in
   process, in this worker's shared session (``support.spark_session`` leaves it running);
-- ``cold_start``, ``e2e`` and ``soak`` start the checker job (``spark-submit``, about 20 s to its
-  first batch): one slow test runs the three through ``bench/run.py --tiny``;
+- ``cold_start``, ``e2e`` and ``soak`` start the checker job (``spark-submit``, a cold start to its
+  first batch each): one slow test runs the three through ``bench/run.py --tiny``;
 - ``failover`` (a chaos run per mode) and ``bench/peers`` on our side are slow tests of their own;
   ``bench/tests/test_chaos.py`` runs ``python -m bench.chaos --tiny`` (and a larger run on the S3 server); RocketMQ and
   Kafka need ``PEERS_TESTS=1`` (``bench/tests/test_bench_peers.py``).
@@ -394,7 +394,7 @@ def test_groups_tiny_run_times_triggers_of_one_group_and_of_many(spark, tmp_path
 @pytest.mark.slow
 def test_run_tiny_drives_cold_start_end_to_end_and_soak_and_every_count_adds_up(tmp_path):
     """``bench/run.py --tiny`` over the three benchmarks that start the checker job, e2e observed and sending from
-    two producer processes in two groups, soak with a checker kill and restart (about 150 s)."""
+    two producer processes in two groups, soak with a checker kill and restart."""
     argv = [sys.executable, "-m", "bench.run", "--tiny", "--only", "cold_start", "e2e", "soak",
             "--results", str(tmp_path / "run.json")]
     run = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, env=without_txcoord_settings(),
@@ -525,7 +525,7 @@ def assert_soak(report: dict) -> None:
 
 @pytest.mark.slow
 def test_failover_tiny_run_measures_one_takeover_per_mode(tmp_path):
-    """About 130 s: a tiny chaos run per mode, a standby taking over in one, a restart in the other."""
+    """A tiny chaos run per mode, a standby taking over in one, a restart in the other."""
     report = run_tiny("failover", tmp_path / "failover.json")
 
     assert_envelope(report, "failover")
@@ -543,7 +543,7 @@ def test_failover_tiny_run_measures_one_takeover_per_mode(tmp_path):
 
 @pytest.mark.slow
 def test_peers_tiny_run_on_our_side_delivers_every_commit_once_and_checks_every_unknown(tmp_path):
-    """About 50 s: bench/peers/run.py with our checker only (RocketMQ and Kafka: PEERS_TESTS=1)."""
+    """bench/peers/run.py with our checker only (RocketMQ and Kafka: PEERS_TESTS=1)."""
     report = run_tiny("peers.run", tmp_path / "peers.json", "--systems", "ours")
 
     assert_envelope(report, "peers")
@@ -580,7 +580,7 @@ def assert_consume_throughput(report: dict) -> None:
 @pytest.mark.slow
 def test_consume_tiny_run_handles_every_message_and_says_each_figure_against_its_target(tmp_path):
     """``bench/consume.py --tiny`` on a local disk: throughput from one process and two, commit→handled beside the
-    real checker job and a real producer, failover after a kill -9 (about 90 s)."""
+    real checker job and a real producer, failover after a kill -9."""
     report = run_tiny("consume", tmp_path / "consume.json", timeout=900)
 
     assert_envelope(report, "consume")

@@ -37,7 +37,7 @@ def test_ratios_of_figures_under_a_tenth_are_not_rounded_away():
 
 @pytest.mark.slow
 def test_drain_tiny_run_drains_the_same_backlog_in_both_trees_once(tmp_path):
-    """About 90 s: a worktree of the reference commit, then 200 transactions drained by each tree's checker."""
+    """A worktree of the reference commit, then 200 transactions drained by each tree's checker."""
     results = tmp_path / "drain.json"
     run = subprocess.run([sys.executable, "-m", "bench.drain", "--tiny", "--results", str(results)],
                          capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)

@@ -2,7 +2,7 @@
 
 mimalloc commits its arenas eagerly, so the first batch of a drain pays for its memory in page faults;
 the C library's allocator does not, and keeps a long run's memory as flat. The figures are in
-docs/performance.md#figures-quoted-elsewhere-before.
+docs/performance-log.md#figures-quoted-elsewhere-before.
 """
 
 from __future__ import annotations

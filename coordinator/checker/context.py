@@ -162,7 +162,7 @@ def grouped(table: pa.Table, keys) -> pa.TableGroupBy:
     """``table.group_by(keys)``, on one thread, which keeps the rows' order for ``first`` and ``last``.
 
     Acero's threads cost a fixed time per grouping, most of a small batch's (a dozen groupings), and gain
-    nothing on two cores at a backlog batch's size (docs/performance.md#figures-quoted-elsewhere-before).
+    nothing on two cores at a backlog batch's size (docs/performance-log.md#figures-quoted-elsewhere-before).
 
     Example::
 

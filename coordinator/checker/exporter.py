@@ -177,7 +177,7 @@ class _BatchHistogram:
 
     A batch working off a backlog delivers ~100,000 messages, each with its latency: observed one by one
     through ``Histogram.observe`` they took a sizeable part of the batch; counted into the buckets over
-    Arrow columns, almost nothing (docs/performance.md#backlog-drain).
+    Arrow columns, almost nothing (docs/performance-log.md#backlog-drain).
     """
 
     def __init__(self, name: str, documentation: str, labelnames: list[str], buckets: tuple[float, ...]):

@@ -141,7 +141,7 @@ class CheckerQuery:
         Spark then spends seconds on one core of two resolving the source (it looks up Python data sources
         and creates this one, each in a fresh Python process), and the read-ahead worker's start and read
         fit beside it; read once the lease is taken, they competed with the query's start instead, and the
-        first batch was longer (docs/performance.md#backlog-drain). The read after the lease
+        first batch was longer (docs/performance-log.md#backlog-drain). The read after the lease
         (:meth:`start`) is this one unless the progress record moved meanwhile; a start that finds the lease
         taken after all has read one segment for nothing."""
         try:

@@ -3,8 +3,8 @@
 Draining a backlog, a batch spends about as long reading its segment (2,000 commit-log versions:
 their JSON commits and ~2,000 small Parquet files) as deciding and writing it, and both hold the GIL:
 threads do not overlap them (more reader threads read the same files no faster than one; the figures:
-docs/performance.md#figures-quoted-elsewhere-before). So once a batch took a full segment (a backlog: more commits are
-waiting), the commits after it are read by a worker process while the batch is decided; the next
+docs/performance-log.md#figures-quoted-elsewhere-before). So once a batch took a full segment (a backlog: more
+commits are waiting), the commits after it are read by a worker process while the batch is decided; the next
 batch takes what the worker read and reads only the rest itself. At start, unless another checker
 holds the lease, the worker reads what the first batch will cover, from the progress record's next
 versions, while Spark resolves the source and starts its query.
@@ -148,7 +148,7 @@ def _imported() -> None:
 
 def _read_after(root: str, storage: Mapping[str, str], starts: dict[str, int], budget: int) -> tuple[pa.Table, list]:
     """The worker's read, packed as one table and an index: one table of the commits' rows pickles far faster
-    than 2,000 small tables (docs/performance.md#figures-quoted-elsewhere-before)."""
+    than 2,000 small tables (docs/performance-log.md#figures-quoted-elsewhere-before)."""
     lakehouse = Lakehouse(root, storage)
     read = read_commits(lakehouse, starts, grown_to(lakehouse, starts, budget))
     index = [(key, version, commit.modified_ms, commit.rows.num_rows, commit.refusals, commit.sha256, commit.size)

@@ -3,7 +3,7 @@
 Spark's first micro-batch in a session is slow: the streaming classes load, the source's Python
 runner starts, the ``foreachBatch`` callback is set up. Without a rehearsal a hot standby's first
 batch after a takeover was that one, and came seconds later than with one
-(docs/performance.md#figures-quoted-elsewhere-before).
+(docs/performance-log.md#figures-quoted-elsewhere-before).
 
 The rehearsal is a query of its own (:data:`REHEARSAL_NAME`, as Spark's UI shows it) over the same
 source, with ``Trigger.AvailableNow`` and a checkpoint in a temporary directory, deleted afterwards:

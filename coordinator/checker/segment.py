@@ -74,7 +74,7 @@ _REASON_CHARS = 512
 _COMMIT_LOG_SCHEMA = COMMIT_LOG.arrow_schema()
 #: A commit's records when it added none (the log's creation, a compaction). Not ``Schema.empty_table()``: that
 #: imports pandas, which the read-ahead worker otherwise never needs, inside its first read of a backlog
-#: (docs/performance.md#backlog-drain).
+#: (docs/performance-log.md#backlog-drain).
 _NO_RECORDS = pa.Table.from_batches([], schema=_COMMIT_LOG_SCHEMA)
 #: A checker record: a commit-log record, the log and version it entered with, when that version was
 #: committed, its commit's rank in the batch and the commit file's sha256 and size as read (null if it
@@ -105,7 +105,7 @@ def grown_to(lakehouse: Lakehouse, starts: Mapping[str, int], budget: int = MAX_
     """
     keys = sorted(set(starts) | {ref.key for ref in CommitLogs(lakehouse).discover(layout, known=starts, watch=watch)})
     ends = {key: starts.get(key, 0) for key in keys}
-    # One client for every log: building one per log cost each trigger (docs/performance.md#many-producer-groups).
+    # One client for every log: building one per log cost each trigger (docs/performance-log.md#many-producer-groups).
     files = lakehouse.files
     if watch is not None:  # the groups it probes; the logs of no group when it listed
         keys = [key for key in keys
@@ -200,7 +200,7 @@ def _listed_run(files: FileStore, key: str, start: int, limit: int) -> Optional[
 
 
 #: Logs probed at once. On S3 a probe is a request, and against AWS S3 a round trip long enough that many
-#: groups' probes one after the other would add seconds to every trigger (docs/performance.md#many-producer-groups).
+#: groups' probes one after the other would add seconds to every trigger (docs/performance-log.md#many-producer-groups).
 _CONCURRENT_PROBES = 16
 
 
@@ -249,7 +249,7 @@ class Segment:
             refusals.extend(commit.refusals)
             meta.append((key, version, rank, modified_ms * 1000, commit.rows.num_rows, commit.sha256, commit.size))
         # One chunk per column, not one per commit: every step after takes, filters and groups it, at a
-        # cost that grows with the chunks (docs/performance.md#the-records-in-one-chunk).
+        # cost that grows with the chunks (docs/performance-log.md#the-records-in-one-chunk).
         return pa.concat_tables([_with_origin(parts, refusals, meta), tick(self.clock_us)]).combine_chunks()
 
     def to_json(self) -> str:

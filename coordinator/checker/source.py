@@ -88,7 +88,7 @@ def _one_row(segment: str) -> pa.RecordBatch:
 
     Built from the string's bytes because any conversion of Python objects (``pa.array``, even of one
     string) makes pyarrow import pandas, in the fresh Python process that runs this source: inside the
-    first micro-batch of every checker start and takeover (docs/performance.md#backlog-drain).
+    first micro-batch of every checker start and takeover (docs/performance-log.md#backlog-drain).
     """
     data = segment.encode()
     offsets = pa.py_buffer(struct.pack("<ii", 0, len(data)))

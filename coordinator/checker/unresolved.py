@@ -36,8 +36,8 @@ __all__ = ["SPARK_REBUILD_MIN_ROWS", "rebuild_in_spark", "spark_unresolved_halve
 
 #: From how many half rows in the unresolved range a checker on a cluster rebuilds in Spark (``auto``).
 #: Below it Spark's fixed cost dominates: on one machine the driver was faster than Spark, warm or cold, at
-#: every size measured (docs/performance.md#figures-quoted-elsewhere-before). Spark pays where executors add cores the
-#: driver does not have, on a range large enough to spread.
+#: every size measured (docs/performance-log.md#figures-quoted-elsewhere-before). Spark pays where executors add
+#: cores the driver does not have, on a range large enough to spread.
 SPARK_REBUILD_MIN_ROWS = 1_000_000
 
 

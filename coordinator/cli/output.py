@@ -175,7 +175,7 @@ def print_spark_setup(properties, jars: list[str], provider: Optional[str], arch
         folder = jars[0].rsplit("/", 1)[0] if jars else "(none)"
         out.print(f"{len(jars)} jars cached in {folder}")
         out.print(f"driver class archive: {archive}" if archive else
-                  "driver class archive: none (jobs start about 3 s slower; `txcoord spark-setup` writes it)")
+                  "driver class archive: none (jobs start slower; `txcoord spark-setup` writes it)")
     environment = f"SPARK_CONF_DIR={conf_dir} " if conf_dir else ""
     options = f"--properties-file {properties} " if properties else ""
     for name, script in jobs.items():

@@ -106,7 +106,7 @@ def _add_spark_setup(commands) -> None:
                        help=f"print only the script spark-submit runs for JOB ({', '.join(sorted(_spark_jobs()))})")
     spark_setup.add_argument("--no-class-archive", dest="class_archive", action="store_false",
                              help="do not write the driver's class archive (a short run of the checker, once per JDK "
-                                  "and Spark, that makes every later start of a job about 3 s faster)")
+                                  "and Spark, that makes every later start of a job faster: docs/performance.md)")
     spark_setup.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     spark_setup.set_defaults(run=run_spark_setup)
 
@@ -165,7 +165,7 @@ def _write_class_archive() -> None:
     try:
         archive = write_class_archive()
     except SparkSetupError as error:
-        print(f"txcoord spark-setup: {error}\nThe jobs start without one (about 3 s slower); "
+        print(f"txcoord spark-setup: {error}\nThe jobs start without one, slower; "
               "`txcoord spark-setup` tries again.", file=sys.stderr)
         return
     print(f"txcoord spark-setup: class archive written ({archive.stat().st_size / 1e6:.0f} MB)", file=sys.stderr)

@@ -39,7 +39,7 @@ KIT_SETTINGS = {
 CHECKER_START_TIMEOUT_S = 300.0
 #: Cases run at once by default: every case of the kit (12 with --object-store), even on CI's 2 cores, as each
 #: spends most of its time waiting for the checker (its first batch first), and the waits overlap; a bound all
-#: the same, on the client processes alive at once (docs/performance.md#conformance-kit).
+#: the same, on the client processes alive at once (docs/performance-log.md#conformance-kit).
 DEFAULT_PARALLEL = 12
 _STOP_TIMEOUT_S = 60.0
 

@@ -10,7 +10,7 @@ Off the batches' path: the tables are maintained by processes of their own (fres
 priority), each one table at a time, started for each run and ended after it: on object storage
 :data:`PROCESSES_ON_OBJECT_STORAGE` at once, since a table's steps wait on requests one after another and a run of
 every table one after another took minutes
-(docs/performance.md#the-checkers-own-maintenance-is-each-commit-logs-_delta_log-bounded), on a local disk one. It
+(docs/performance-log.md#the-checkers-own-maintenance-is-each-commit-logs-_delta_log-bounded), on a local disk one. It
 holds no GIL of the driver's, none of its memory (a busy commit log's vacuum lists every file the log holds), and
 a crash of its own (delta-rs has died of SIGSEGV on a hostile log before) costs the table it was on, which is
 reported failed; a new process takes the next. A table that cannot be maintained is reported, with the reason, and

@@ -2,7 +2,7 @@
 the checker job, launched as :func:`~coordinator.spark.spark_submit` launches it, on a throwaway
 lakehouse holding one committed transaction, stopped once it has delivered it. Its JVM writes the
 classes it loaded as it exits. ``txcoord spark-setup`` runs it once per JDK and Spark installation
-(its time and size: docs/performance.md#figures-quoted-elsewhere-before).
+(its time and size: docs/performance-log.md#figures-quoted-elsewhere-before).
 
 Example::
 

@@ -6,7 +6,7 @@ application's last transaction (``txn``). delta-rs's ``create_checkpoint`` rebui
 from scratch: it loads the previous checkpoint and replays every commit since on a runtime of
 several hundred threads, then writes the whole state. A busy producer checkpoints its commit log
 often, and on two cores that CPU made the checker's slowest batches
-(docs/performance.md#figures-quoted-elsewhere-before). The state changes little between two checkpoints: this module
+(docs/performance-log.md#figures-quoted-elsewhere-before). The state changes little between two checkpoints: this module
 takes the previous checkpoint's rows, drops the files removed since and the tombstones and
 transactions superseded or expired, adds the commits' own actions, and writes the result in the
 previous checkpoint's schema, all in Arrow: a fraction of the CPU for the same checkpoint, on the

@@ -263,7 +263,7 @@ def _commit_log_appender(lakehouse: Lakehouse, name: str) -> DeltaAppender:
     """An appender for maintenance's own commits to commit log ``name``. It waits at most
     :data:`RACE_BACKOFF_MAX_S` after a race lost to the log's writer: a writer that always has its next commit
     in flight wins every round it is in, and a longer wait only gives it more versions to be read through
-    (docs/performance.md#the-checkers-own-maintenance-is-each-commit-logs-_delta_log-bounded)."""
+    (docs/performance-log.md#the-checkers-own-maintenance-is-each-commit-logs-_delta_log-bounded)."""
     return DeltaAppender(lakehouse.key_path(name), checkpoints=False, storage=lakehouse.storage,
                          backoff=CommitBackoff(max_s=RACE_BACKOFF_MAX_S))
 

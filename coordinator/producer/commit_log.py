@@ -50,7 +50,7 @@ DEFAULT_COMMIT_INTERVAL_MS = 10
 BATCHES_IN_FLIGHT = 2
 #: The same on a local disk, where a commit takes a fraction of a millisecond: a second batch buys no throughput
 #: there, and takes the first senders back while the rest are still resolving, in more and smaller commits that
-#: every reader of the log pays for (docs/performance.md#backlog-drain).
+#: every reader of the log pays for (docs/performance-log.md#backlog-drain).
 LOCAL_BATCHES_IN_FLIGHT = 1
 #: A writer compacts the files of its own appends every this many of them (as often as the log is checkpointed:
 #: each checkpoint then lists about this many small files, not every one since the last maintenance run).

@@ -1,8 +1,8 @@
 """The driver JVM's class-data-sharing archive: the Java classes a checker's start loads (Spark,
 Delta, Structured Streaming), written once by a short training run of the checker
 (:mod:`coordinator.jobs.training`, run by ``txcoord spark-setup``) and mapped by every later start
-instead of being loaded and verified again (what that saves: docs/performance.md, "Start-up and
-takeovers").
+instead of being loaded and verified again (what that saves: docs/performance-log.md#backlog-drain, "Start-up
+and takeovers").
 
 JDK 17's dynamic archive (``-XX:ArchiveClassesAtExit`` to write, ``-XX:SharedArchiveFile`` to use)
 holds only for the class path it was written with, and refuses a directory on it that is not empty.
@@ -54,7 +54,7 @@ def record_identity(archive: Path) -> None:
 
 
 def remove_stale_archives() -> None:
-    """Delete the archives (large: docs/performance.md#figures-quoted-elsewhere-before) whose JVM or Spark
+    """Delete the archives (large: docs/performance-log.md#figures-quoted-elsewhere-before) whose JVM or Spark
     installation is gone or has changed since; those of other installations still in place stay."""
     for archive in _archive_dir().glob("classes-*.jsa"):
         try:

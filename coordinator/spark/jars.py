@@ -47,7 +47,8 @@ MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 JARS_LOCK = Path(str(importlib.resources.files("coordinator.spark") / "spark-jars.lock"))
 
 #: The AWS SDK v2 that hadoop-aws 3.5.0 (pyspark 4.2's Hadoop) is built against. hadoop-aws declares
-#: the SDK's 680 MB ``bundle``; S3A needs only these of its modules (about 50 MB with their dependencies).
+#: the SDK's whole ``bundle``, many times the size of the few modules S3A needs: only these, with their
+#: dependencies (the sizes: docs/performance-log.md#figures-quoted-elsewhere-before).
 AWS_SDK_VERSION = "2.35.4"
 _S3A_SDK_MODULES = ("s3", "s3-transfer-manager", "sts")
 #: Spark's checkpoint file manager for object stores (``AbortableStreamBasedCheckpointFileManager``: writes a

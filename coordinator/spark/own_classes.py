@@ -1,6 +1,7 @@
 """txcoord's own Java class for Spark, compiled once into the user's cache from the source this package
 ships (``java/``): :data:`CONDITIONAL_PUT_CHECKPOINT_MANAGER`, which writes each streaming checkpoint file on
-S3 with one conditional PUT (why it is hand-written: docs/performance.md, "The checker at 500 txn/s").
+S3 with one conditional PUT (why it is hand-written:
+docs/performance-log.md#the-checker-at-500-txns-25-ms-a-request-issue-45-point-3).
 
 It needs a JDK's ``javac`` (``JAVA_HOME``'s, else the one on the ``PATH``), compiling against the Spark in use;
 without one, or if it will not compile there, sessions start without it and the checker writes its checkpoint

@@ -247,7 +247,7 @@ def write_streaming_checkpoints_in_place(spark, location: str) -> Optional[str]:
     delete, many requests one after another for each of a micro-batch's two checkpoint files. An upload makes
     a file appear whole or not at all, so writing in place is as safe, in a fraction of the requests: with
     txcoord's manager Spark's existence check, then one conditional PUT
-    (docs/performance.md#the-checker-at-500-txns-25-ms-a-request-issue-45-point-3).
+    (docs/performance-log.md#the-checker-at-500-txns-25-ms-a-request-issue-45-point-3).
     A query with a checkpoint elsewhere (a local directory) must not start while this is set: either manager
     refuses a filesystem other than S3.
 

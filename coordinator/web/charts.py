@@ -93,7 +93,7 @@ def _svg(figure: Figure, axes, has_data: bool) -> bytes:
     else:
         axes.text(0.5, 0.5, "no batch in this window", transform=axes.transAxes, ha="center", color="gray")
     out = io.BytesIO()
-    # Text as text, not outlines: smaller (docs/performance.md#figures-quoted-elsewhere-before), and readable by
+    # Text as text, not outlines: smaller (docs/performance-log.md#figures-quoted-elsewhere-before), and readable by
     # screen readers and searches.
     with rc_context({"svg.fonttype": "none"}):
         figure.savefig(out, format="svg")

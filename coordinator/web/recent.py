@@ -2,7 +2,7 @@
 
 The table gains one small file per batch (thousands an hour until ``txcoord maintain`` compacts
 them). Read whole at every refresh, the charts' window cost the console CPU at every page load, taken
-from the checker beside it (docs/performance.md#figures-quoted-elsewhere-before); kept here,
+from the checker beside it (docs/performance-log.md#figures-quoted-elsewhere-before); kept here,
 each refresh reads only the files holding batches newer than the newest one kept (a compaction
 that rewrote recent batches brings them again: they are told apart by batch id).
 

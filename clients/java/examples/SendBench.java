@@ -1,4 +1,4 @@
-// A load of sends from many threads, for the figures in docs/performance.md#java-client and bench/java_producer.py:
+// A load of sends from many threads, for the figures in docs/performance-log.md#java-client and bench/java_producer.py:
 // each thread sends one-message transactions (local state COMMIT_MESSAGE) back to back, either a share of
 // --sends each or for --seconds, after a warm-up of --warmup-seconds with the same threads (class loading and the
 // JIT; not counted). The run prints one JSON line: committed transactions a second, send latency percentiles;

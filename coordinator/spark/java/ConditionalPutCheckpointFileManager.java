@@ -17,7 +17,8 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
 /**
  * Spark's streaming checkpoint files written on S3 with one request each: a PUT that the store refuses when
  * the file exists (If-None-Match, through S3A's conditional create), where Spark's own managers check for the
- * file and its parent first, some of it twice (docs/performance.md, "The checker at 500 txn/s"). The upload is
+ * file and its parent first, some of it twice
+ * (docs/performance-log.md#the-checker-at-500-txns-25-ms-a-request-issue-45-point-3). The upload is
  * S3A's: nothing appears until it completes, and a cancelled one never does. Everything but writing is
  * Spark's FileSystem-based manager.
  *

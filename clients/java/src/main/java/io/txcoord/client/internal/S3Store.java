@@ -73,9 +73,10 @@ public final class S3Store implements ObjectStore {
                 .httpClientBuilder(ApacheHttpClient.builder().maxConnections(64)
                         .connectionTimeout(Duration.ofSeconds(5)).socketTimeout(Duration.ofSeconds(30)))
                 .overrideConfiguration(o -> o.retryStrategy(software.amazon.awssdk.awscore.retry.AwsRetryStrategy.doNotRetry()))
-                // A request's own cost is what a send waits for (docs/performance.md#java-client): no CRC32 checksum
-                // on a PUT or a GET (S3 requires one on none of the requests this client makes), no aws-chunked
-                // encoding of a body, and no `Expect: 100-continue` round of a PUT (the bodies are a few KiB).
+                // A request's own cost is what a send waits for (docs/performance-log.md#java-client): no CRC32
+                // checksum on a PUT or a GET (S3 requires one on none of the requests this client makes), no
+                // aws-chunked encoding of a body, and no `Expect: 100-continue` round of a PUT (the bodies are a
+                // few KiB).
                 .requestChecksumCalculation(RequestChecksumCalculation.WHEN_REQUIRED)
                 .responseChecksumValidation(ResponseChecksumValidation.WHEN_REQUIRED)
                 .serviceConfiguration(S3Configuration.builder().chunkedEncodingEnabled(false)
@@ -104,8 +105,9 @@ public final class S3Store implements ObjectStore {
     /**
      * S3's endpoint rules, evaluated once per bucket. The SDK evaluates them at every request, parsing the endpoint
      * again and building an exception with its stack trace for each rule that does not match (aws-sdk-java-v2#5846):
-     * CPU a send waits for (docs/performance.md#java-client). For this client's requests (objects of one bucket, one
-     * configuration) they give one endpoint per bucket; a resolution that fails would fail again, so it is kept too.
+     * CPU a send waits for (docs/performance-log.md#java-client). For this client's requests (objects of one bucket,
+     * one configuration) they give one endpoint per bucket; a resolution that fails would fail again, so it is kept
+     * too.
      */
     private static final class RulesOncePerBucket implements S3EndpointProvider {
         private final S3EndpointProvider rules = S3EndpointProvider.defaultProvider();
