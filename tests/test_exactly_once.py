@@ -252,7 +252,8 @@ class KillRun:
     def saved(self, body: bytes) -> bool:
         msg_id, offset = self.ids[BODIES.index(body)], BODIES.index(body)
         progress, _ = ConsumerGroup(Lakehouse.of(self.settings), "credits").progress("ORDERS", share_of("K", msg_id, 2))
-        return progress is not None and (progress.version > 0 or offset in progress.done.get(0, ()))
+        read = progress is not None and (progress.version > 0 or progress.offset > offset)
+        return read and offset not in progress.unhandled.get(0, ())
 
     def delivered(self) -> Counter:
         return Counter(self.deliveries.read_text().split())

@@ -1,0 +1,54 @@
+"""A consumer process that records every listener call it makes: one line per call, ``pid key body start end``
+(wall-clock seconds), appended to ``--calls`` once the call ends. What the pause tests read to tell whether two
+instances ever ran the same key at once. Stops on SIGTERM (closing within ``--close-timeout`` seconds).
+
+Example::
+
+    python -m support.calls_worker --lakehouse L --calls calls.txt --heartbeat-ms 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lakehouse", required=True)
+    parser.add_argument("--group", default="credits")
+    parser.add_argument("--topic", default="ORDERS")
+    parser.add_argument("--calls", required=True)
+    parser.add_argument("--heartbeat-ms", type=int, default=500)
+    parser.add_argument("--call-ms", type=float, default=5.0, help="how long each call takes")
+    parser.add_argument("--commit-ms", type=int, default=5000, help="consumer_commit_interval_ms")
+    parser.add_argument("--close-timeout", type=float, default=10.0)
+    args = parser.parse_args()
+
+    from coordinator import ConsumeResult, CoordinatorConfig, MessageListener, TopicConsumer
+
+    calls = open(args.calls, "ab", buffering=0)
+    pid = os.getpid()
+
+    class Recording(MessageListener):
+        def consume(self, message):
+            started = time.time()
+            time.sleep(args.call_ms / 1000)  # the call's own work: long enough for two calls to be seen at once
+            calls.write(f"{pid} {message.keys} {message.body.decode()} {started:.6f} {time.time():.6f}\n".encode())
+            return ConsumeResult.SUCCESS
+
+    config = CoordinatorConfig(lakehouse=args.lakehouse, consumer_heartbeat_ms=args.heartbeat_ms,
+                               consumer_poll_interval_ms=20, consumer_commit_interval_ms=args.commit_ms,
+                               consumer_threads=4)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    consumer = TopicConsumer(args.group, [args.topic], Recording(), config).start()
+    stop.wait()
+    consumer.close(timeout=args.close_timeout)
+
+
+if __name__ == "__main__":
+    main()
