@@ -12,8 +12,8 @@ Computed at each scrape, on the endpoint's thread, from what ``txcoord consumer-
   read (a corrupt grant or progress record, a refusal by the storage), each named in the checker's log.
 
 A group's redrive table shows as the topic ``~redrive``. A scrape reads every version a group has not finished:
-it costs what ``describe`` costs, as much as the groups' lag. Handled and failed calls are counted by no one
-but the consumer's process, which serves no metrics: its listener's own metrics say those.
+it costs what ``describe`` costs, as much as the groups' lag. Handled and failed calls are counted by the
+consumer's process, on its own endpoint (``consumer_metrics_port``: :mod:`coordinator.consumer.metrics`).
 
 Example::
 
