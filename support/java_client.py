@@ -32,7 +32,7 @@ def build_java_client(timeout_s: float = 600) -> Optional[str]:
     with open(JAVA_CLIENT / "target.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         sources = [p for p in (JAVA_CLIENT / "pom.xml", *(JAVA_CLIENT / "src" / "main").rglob("*")) if p.is_file()]
-        if _JAR.exists() and (JAVA_CLIENT / "target" / "lib").is_dir() and \
+        if _JAR.exists() and (JAVA_CLIENT / "target" / "lib").is_dir() and (JAVA_CLIENT / "target" / "examples-lib").is_dir() and \
                 _JAR.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
             return None
         for offline in (["-o"], []):
@@ -44,5 +44,7 @@ def build_java_client(timeout_s: float = 600) -> Optional[str]:
 
 
 def java_classpath() -> str:
-    """The classpath of the built client: its jar and its runtime dependencies."""
-    return os.pathsep.join([str(_JAR), str(JAVA_CLIENT / "target" / "lib" / "*")])
+    """The classpath of the built client: its jar, its runtime dependencies, and an SLF4J binding (slf4j-simple,
+    in target/examples-lib: the client brings none) that puts its logs on stderr."""
+    return os.pathsep.join([str(_JAR), str(JAVA_CLIENT / "target" / "lib" / "*"),
+                            str(JAVA_CLIENT / "target" / "examples-lib" / "*")])
