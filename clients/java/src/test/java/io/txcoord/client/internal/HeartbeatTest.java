@@ -21,7 +21,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
  * The instance's heartbeat against storage that stalls its reads: the check-request follower's read hangs (as one
  * S3 request retried for up to a minute would), and the record must go on being renewed meanwhile. A store of its
  * own here, not the S3 server: a read held until the test lets it go makes "renewed while a read is in progress"
- * a fact to assert, where a proxy's delay would only make it likely (tests/test_java_client.py runs the same
+ * a fact to assert, where a proxy's delay would only make it likely (tests/test_java_client_storage.py runs the same
  * against the S3 server through the fault proxy).
  */
 class HeartbeatTest {
