@@ -6,6 +6,9 @@ import io.txcoord.client.MessageExt;
 import io.txcoord.client.ProducerStateError;
 import io.txcoord.client.TransactionListener;
 
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
 import java.io.IOException;
 import java.net.URLDecoder;
 import java.nio.charset.StandardCharsets;
@@ -21,8 +24,6 @@ import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
-import org.slf4j.Logger;
-import org.slf4j.LoggerFactory;
 
 /**
  * Follows the group's {@code check_requests} table and answers each request addressed to this instance (or to no

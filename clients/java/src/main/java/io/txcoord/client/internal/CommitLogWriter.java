@@ -4,14 +4,15 @@ import io.txcoord.client.AccessDeniedError;
 import io.txcoord.client.CoordinatorException;
 import io.txcoord.client.ProducerStateError;
 
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.Semaphore;
-import org.slf4j.Logger;
-import org.slf4j.LoggerFactory;
 
 /**
  * Group commit (docs/protocol.md#group-commit): one thread takes everything waiting (up to 5,000 rows and 64 MiB of

@@ -7,6 +7,9 @@ import io.txcoord.client.CoordinatorException;
 import io.txcoord.client.StorageUnavailableError;
 import io.txcoord.client.UnsupportedTableError;
 
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
@@ -19,8 +22,6 @@ import java.util.concurrent.CompletionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ThreadLocalRandom;
-import org.slf4j.Logger;
-import org.slf4j.LoggerFactory;
 
 /**
  * Appends to one Delta table as docs/protocol.md#making-a-commit says: a data file, then the next version's

@@ -32,20 +32,22 @@ import software.amazon.awssdk.services.s3.model.NoSuchKeyException;
 import software.amazon.awssdk.services.s3.model.PutObjectRequest;
 import software.amazon.awssdk.services.s3.model.S3Object;
 
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
 import java.net.URI;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.Locale;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ThreadLocalRandom;
+import java.util.function.Consumer;
 import java.util.function.Supplier;
-
-import org.slf4j.Logger;
-import org.slf4j.LoggerFactory;
 
 /**
  * A lakehouse on S3 or an S3-compatible server, through the AWS SDK v2 over Apache's HTTP client. Create-if-absent
@@ -174,7 +176,7 @@ public final class S3Store implements ObjectStore {
             return null;
         }
         // No HTTP answer: the connection failed, was reset or closed before the reply, or timed out.
-        String text = String.valueOf(e.getMessage()).toLowerCase(java.util.Locale.ROOT);
+        String text = String.valueOf(e.getMessage()).toLowerCase(Locale.ROOT);
         return text.contains("timed out") || text.contains("timeout") ? "timeout" : "connection";
     }
 
@@ -221,7 +223,7 @@ public final class S3Store implements ObjectStore {
                     throw refused(operation, key, e);
                 }
                 if (attempt >= maxRetries || System.currentTimeMillis() >= deadline) {
-                    String message = String.format(java.util.Locale.ROOT, "%s: %s failed %d time(s) in %.1f s (the bound "
+                    String message = String.format(Locale.ROOT, "%s: %s failed %d time(s) in %.1f s (the bound "
                                     + "is %d retries and %s s: the [storage] settings max_retries and retry_timeout); "
                                     + "last: %s: %s", location(key), operation, attempt + 1,
                             (System.currentTimeMillis() - started) / 1000.0, maxRetries, seconds(retryTimeoutMs),
@@ -306,7 +308,7 @@ public final class S3Store implements ObjectStore {
      * or a record its instance), else another's. As coordinator/storage.py's {@code _conditional_put}.
      */
     private boolean conditionalPut(String operation, String key, byte[] data,
-                                   java.util.function.Consumer<PutObjectRequest.Builder> condition,
+                                   Consumer<PutObjectRequest.Builder> condition,
                                    Set<Integer> refusedStatuses) {
         int[] attempts = new int[1];
         boolean written = retrying(operation, key, true, attempts, () -> {
