@@ -87,6 +87,18 @@ def s3_lakehouse(s3_server) -> Lakehouse:
 
 
 @pytest.fixture(scope="session")
+def java_client() -> str:
+    """The Java client (clients/java) built (once per session, :func:`support.java_client.build_java_client`): the
+    classpath that runs it. Skips without Maven and a JDK."""
+    from support.java_client import build_java_client, java_classpath
+
+    reason = build_java_client()
+    if reason:
+        pytest.skip(reason)
+    return java_classpath()
+
+
+@pytest.fixture(scope="session")
 def azurite(tmp_path_factory):
     """Azurite, the Azure Storage emulator (``scripts/azurite.py``), on loopback for the session, with a
     container ``lakehouse``. Skips when it is neither installed nor installable (:func:`require_azurite`)."""

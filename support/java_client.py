@@ -13,10 +13,11 @@ from typing import Optional
 
 from support.environment import REPO_ROOT
 
-__all__ = ["JAVA_CLIENT", "JVM_OPTIONS", "build_java_client", "java_classpath"]
+__all__ = ["JAR", "JAVA_CLIENT", "JVM_OPTIONS", "build_java_client", "java_classpath"]
 
 JAVA_CLIENT = Path(REPO_ROOT) / "clients" / "java"
-_JAR = JAVA_CLIENT / "target" / "txcoord-client-0.1.0.jar"
+#: The client's jar, once built.
+JAR = JAVA_CLIENT / "target" / "txcoord-client-0.1.0.jar"
 #: The JVM's settings for the client's runs on a small, shared machine: the serial collector, and C1 alone, whose
 #: compiles finish early where C2's compete with the run for two cores (docs/performance-log.md#java-client).
 JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
@@ -32,8 +33,8 @@ def build_java_client(timeout_s: float = 600) -> Optional[str]:
     with open(JAVA_CLIENT / "target.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         sources = [p for p in (JAVA_CLIENT / "pom.xml", *(JAVA_CLIENT / "src" / "main").rglob("*")) if p.is_file()]
-        if _JAR.exists() and (JAVA_CLIENT / "target" / "lib").is_dir() and \
-                _JAR.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
+        if JAR.exists() and (JAVA_CLIENT / "target" / "lib").is_dir() and (JAVA_CLIENT / "target" / "examples-lib").is_dir() and \
+                JAR.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
             return None
         for offline in (["-o"], []):
             result = subprocess.run(["mvn", "-q", "-B", *offline, "-DskipTests", "package"], cwd=JAVA_CLIENT,
@@ -44,5 +45,7 @@ def build_java_client(timeout_s: float = 600) -> Optional[str]:
 
 
 def java_classpath() -> str:
-    """The classpath of the built client: its jar and its runtime dependencies."""
-    return os.pathsep.join([str(_JAR), str(JAVA_CLIENT / "target" / "lib" / "*")])
+    """The classpath of the built client: its jar, its runtime dependencies, and an SLF4J binding (slf4j-simple,
+    in target/examples-lib: the client brings none) that puts its logs on stderr."""
+    return os.pathsep.join([str(JAR), str(JAVA_CLIENT / "target" / "lib" / "*"),
+                            str(JAVA_CLIENT / "target" / "examples-lib" / "*")])

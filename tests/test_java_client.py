@@ -10,20 +10,12 @@ from collections import Counter
 import pytest
 
 from support import checker_on_fresh_lakehouse
-from support.java_client import JAVA_CLIENT, JVM_OPTIONS, build_java_client, java_classpath
+from support.java_client import JAVA_CLIENT, JVM_OPTIONS
 from support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 ORDERS = 6  # order i: i % 3 == 0 commits, 1 rolls back, 2 answers UNKNOW and is checked back (commit)
-
-
-@pytest.fixture(scope="module")
-def java_client():
-    reason = build_java_client()
-    if reason:
-        pytest.skip(reason)
-    return java_classpath()
 
 
 def topic_rows(lakehouse, topic: str) -> list[dict]:

@@ -1,12 +1,13 @@
 """Install the peers: resolve RocketMQ's and Kafka's jars from Maven Central into ``.cache/peers``
-and compile this directory's Java drivers against them.
+and compile this directory's Java drivers against them; and this product's Java client (clients/java, built with
+Maven by ``support.java_client``) with its driver, ``TxcoordPeer``.
 
 Nothing of theirs is committed: each system's artifacts are named here (group, artifact,
 version) and Maven resolves them, with their dependencies, into ``.cache/peers/<system>/lib``
 once; later runs find them there and need no network. Each system gets its own class path, so
 their dependencies never meet.
 
-    python bench/peers/install.py            # both; prints each system's class path
+    python -m bench.peers.install            # all three; prints each system's class path
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
+
+from support.java_client import JAR, build_java_client, java_classpath
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "peers"
@@ -31,15 +35,21 @@ class System:
     version: str
     artifacts: tuple[str, ...]  # group:artifact:version
     driver: str
+    #: The class path of jars built here rather than resolved (this product's Java client), or None.
+    libraries: Optional[str] = None
 
     @property
     def home(self) -> Path:
         return CACHE / self.name
 
     @property
+    def jars(self) -> str:
+        return self.libraries or f"{self.home / 'lib'}/*"
+
+    @property
     def classpath(self) -> str:
-        """The resolved jars, then the compiled driver."""
-        return f"{self.home / 'lib'}/*:{self.home / 'classes'}"
+        """The resolved (or built) jars, then the compiled driver."""
+        return f"{self.jars}:{self.home / 'classes'}"
 
 
 ROCKETMQ = System(
@@ -56,7 +66,10 @@ KAFKA = System(
     artifacts=("org.apache.kafka:kafka_2.13:4.3.1", "org.apache.kafka:kafka-clients:4.3.1"),
     driver="KafkaPeer",
 )
-SYSTEMS = {system.name: system for system in (ROCKETMQ, KAFKA)}
+# This product through its Java client, the jar clients/java builds (its version is the pom's).
+OURS_JAVA = System(name="ours-java", version=JAR.name.removeprefix("txcoord-client-").removesuffix(".jar"),
+                   artifacts=(), driver="TxcoordPeer", libraries=java_classpath())
+SYSTEMS = {system.name: system for system in (ROCKETMQ, KAFKA, OURS_JAVA)}
 
 
 def _pom(system: System) -> str:
@@ -98,13 +111,16 @@ def compile_driver(system: System) -> Path:
     """``Workload.java`` and the system's driver, compiled against its jars (again whenever a source changed)."""
     classes = system.home / "classes"
     sources = [JAVA_SOURCES / "Workload.java", JAVA_SOURCES / f"{system.driver}.java"]
+    if system.libraries:
+        sources.append(JAR)  # compiled against the client as built now
     built = classes / f"{system.driver}.class"
     if built.exists() and all(source.stat().st_mtime <= built.stat().st_mtime for source in sources):
         return classes
     javac = _require("javac")
     shutil.rmtree(classes, ignore_errors=True)
     classes.mkdir(parents=True)
-    result = subprocess.run([javac, "-nowarn", "-d", str(classes), "-cp", f"{system.home / 'lib'}/*", *map(str, sources)],
+    java_sources = [str(source) for source in sources if source.suffix == ".java"]
+    result = subprocess.run([javac, "-nowarn", "-d", str(classes), "-cp", system.jars, *java_sources],
                             capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"javac failed for {system.driver}:\n{result.stderr}")
@@ -112,8 +128,13 @@ def compile_driver(system: System) -> Path:
 
 
 def install(system: System) -> System:
-    """Resolve and compile; returns the system, ready to start."""
-    resolve(system)
+    """Resolve (or, for this product's client, build) and compile; returns the system, ready to start."""
+    if system.libraries:
+        reason = build_java_client()
+        if reason:
+            sys.exit(f"bench/peers cannot run {system.name}: {reason}")
+    else:
+        resolve(system)
     compile_driver(system)
     return system
 

@@ -1,6 +1,8 @@
 """The workload against this product, deployed as a user would: ``spark-submit jobs/checker.py``
 on a fresh lakehouse, one :class:`TransactionProducer` shared by every sender thread, the
-listener answering the planned outcome, its check-back committing the unknown ones.
+listener answering the planned outcome, its check-back committing the unknown ones. The producer is
+the Python one in this process (``client="python"``), or the Java client (clients/java) in a JVM of its own as
+the peers' drivers run (``client="java"``: ``java/TxcoordPeer.java``, the same ``Workload.java``).
 
 A message is consumable once the topic table version holding it is committed (its commitInfo
 timestamp): from then on any query of the table returns it. Deliveries are counted from the topic
@@ -9,12 +11,16 @@ table's log, so a duplicate row would show.
 
 from __future__ import annotations
 
+import csv
+import json
+import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import support
-from bench.peers import workload
+from bench.peers import install, servers, workload
 from bench.peers.servers import TRANSACTION_CHECK_INTERVAL_MS, TRANSACTION_TIMEOUT_MS
 from bench.peers.workload import COMMIT, ROLLBACK, UNKNOWN, Plan
 
@@ -90,16 +96,31 @@ def _send_all(producer, recorder: _Recorder, topic: str) -> float:
     return support.send_on_schedule(send_one, plan.transactions, plan.rate, plan.threads)
 
 
-def _record_deliveries(recorder: _Recorder, lakehouse: str, topic: str) -> int:
-    """Fill first-seen times and delivery counts from the topic table; returns how many transactions it holds."""
+def _record_deliveries(rows: list[dict], transaction_ids: dict[str, int], t0_s: float, lakehouse: str,
+                       topic: str) -> int:
+    """Fill ``rows``' first-seen times (ms from ``t0_s`` on the wall clock) and delivery counts from the topic table;
+    returns how many transactions it holds."""
     found = support.deliveries(lakehouse, topic)
     for transaction_id, delivery in found.items():
-        index = recorder.transaction_ids.get(transaction_id)
+        index = transaction_ids.get(transaction_id)
         if index is not None:
-            row = recorder.rows[index]
-            row["first_seen_ms"] = delivery.timestamp_s * 1000 - recorder.t0 * 1000
+            row = rows[index]
+            row["first_seen_ms"] = delivery.timestamp_s * 1000 - t0_s * 1000
             row["deliveries"] = delivery.rows
     return len(found)
+
+
+def _drain(delivered: Callable[[], int], expected: int, drain_s: float, grace_s: float) -> float:
+    """Wait until ``delivered()`` reaches ``expected`` or ``drain_s`` passed, then ``grace_s`` more (a late
+    duplicate or a leaked rollback is counted too); returns the seconds until drained."""
+    drain_start = time.monotonic()
+    while time.monotonic() - drain_start < drain_s:
+        if delivered() >= expected:
+            break
+        time.sleep(0.5)
+    drained_after_s = time.monotonic() - drain_start
+    time.sleep(grace_s)
+    return round(drained_after_s, 3)
 
 
 def _run_phase(plan: Plan, config_path: str, lakehouse: str, topic: str, drain_s: float, grace_s: float,
@@ -111,23 +132,66 @@ def _run_phase(plan: Plan, config_path: str, lakehouse: str, topic: str, drain_s
     # A producer group per phase, as each Java driver is its own producer group: check-backs reach this phase's recorder.
     with TransactionProducer(f"bench-peers-{topic}", _listener(recorder), CoordinatorConfig.load(config_path)) as producer:
         send_seconds = _send_all(producer, recorder, topic)
-        drain_start = time.monotonic()
-        while time.monotonic() - drain_start < drain_s:
-            if _record_deliveries(recorder, lakehouse, topic) >= expected:
-                break
-            time.sleep(0.5)
-        drained_after_s = time.monotonic() - drain_start
-        time.sleep(grace_s)
-    _record_deliveries(recorder, lakehouse, topic)
+        drained_after_s = _drain(
+            lambda: _record_deliveries(recorder.rows, recorder.transaction_ids, recorder.t0, lakehouse, topic),
+            expected, drain_s, grace_s)
+    _record_deliveries(recorder.rows, recorder.transaction_ids, recorder.t0, lakehouse, topic)
     workload.write_rows(str(csv_path), recorder.rows)
-    return {"send_seconds": send_seconds, "drained_after_s": round(drained_after_s, 3)}
+    return {"send_seconds": send_seconds, "drained_after_s": drained_after_s}
 
 
-def run(phases: dict[str, tuple[Plan, str]], workdir: Path, drain_s: float, grace_s: float) -> dict[str, tuple[Path, dict]]:
-    """Start the checker on a fresh lakehouse in ``workdir`` and run each phase's plan on its topic, one after the
-    other, as the peers' servers serve every phase: ``{phase: (plan, topic)}`` → ``{phase: (csv path, summary)}``.
+def _summary_line(driver: subprocess.Popen, log: Path) -> dict:
+    """The driver's next JSON line on its standard output."""
+    for line in driver.stdout:
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError(f"{install.OURS_JAVA.driver} ended (exit {driver.wait()}) without its summary; see {log}")
 
-    Each summary holds ``send_seconds``, ``drained_after_s``, ``checker_start_s`` and ``checker_exit_code``.
+
+def _run_java_phase(plan: Plan, config_path: str, lakehouse: str, topic: str, drain_s: float, grace_s: float,
+                    csv_path: Path) -> dict:
+    """One phase through the Java client: ``TxcoordPeer`` sends and answers check-backs in its JVM (started as the
+    peers' drivers are) until the deliveries, read here, are drained; its rows get their deliveries here."""
+    workdir, log = csv_path.parent, csv_path.with_suffix(".driver.log")
+    ids_path = csv_path.with_suffix(".ids.csv")
+    argv = servers.java(install.OURS_JAVA, install.OURS_JAVA.driver, "--config", config_path,
+                        "--group", f"bench-peers-{topic}", "--topic", topic, *plan.driver_args(),
+                        "--out", str(csv_path), "--ids", str(ids_path), heap="1g", cwd=workdir)
+    expected = sum(1 for k in range(plan.transactions) if plan.outcome_of(k) != ROLLBACK)
+    with open(log, "w") as stderr:
+        driver = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                  text=True)
+        try:
+            sent = _summary_line(driver, log)
+            with open(ids_path, newline="") as ids:
+                transaction_ids = {row["transaction_id"]: int(row["index"]) for row in csv.DictReader(ids)}
+            drained_after_s = _drain(lambda: len(support.deliveries(lakehouse, topic)), expected, drain_s, grace_s)
+            driver.stdin.close()  # drained: the driver writes its rows (checks counted) and stops
+            done = _summary_line(driver, log)
+            exit_code = driver.wait(timeout=120)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+    if exit_code != 0:
+        raise RuntimeError(f"{install.OURS_JAVA.driver} failed (exit {exit_code}); see {log}")
+    rows = workload.read_rows(str(csv_path))
+    _record_deliveries(rows, transaction_ids, sent["t0_epoch_ms"] / 1000, lakehouse, topic)
+    workload.write_rows(str(csv_path), rows)
+    return {"send_seconds": sent["send_seconds"], "drained_after_s": drained_after_s, **done}
+
+
+#: The phase runner of each client.
+CLIENTS = {"python": _run_phase, "java": _run_java_phase}
+
+
+def run(phases: dict[str, tuple[Plan, str]], workdir: Path, drain_s: float, grace_s: float,
+        client: str = "python") -> dict[str, tuple[Path, dict]]:
+    """Start the checker on a fresh lakehouse in ``workdir`` and run each phase's plan on its topic through
+    ``client``'s producer (:data:`CLIENTS`), one after the other, as the peers' servers serve every phase:
+    ``{phase: (plan, topic)}`` → ``{phase: (csv path, summary)}``.
+
+    Each summary holds ``send_seconds``, ``drained_after_s``, ``checker_start_s`` and ``checker_exit_code``; the Java
+    client's also ``errors`` and ``foreign_messages``, as the peers' drivers report them.
     """
     from coordinator.lakehouse import init_lakehouse
 
@@ -142,7 +206,7 @@ def run(phases: dict[str, tuple[Plan, str]], workdir: Path, drain_s: float, grac
         checker_start_s = checker.wait_ready(300)
         for phase, (plan, topic) in phases.items():
             csv_path = workdir / f"{topic}.csv"
-            summary = _run_phase(plan, config_path, lakehouse, topic, drain_s, grace_s, csv_path)
+            summary = CLIENTS[client](plan, config_path, lakehouse, topic, drain_s, grace_s, csv_path)
             results[phase] = (csv_path, {**summary, "checker_start_s": checker_start_s})
     finally:
         exit_code = checker.stop()

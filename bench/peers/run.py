@@ -1,13 +1,16 @@
 """Side by side: this product, Apache RocketMQ's transactional messages and Apache Kafka's
-transactions, on the same workload, on this machine, in one run.
+transactions, on the same workload, on this machine, in one run. This product runs twice: through the Python
+producer (``ours``) and through its Java client in a JVM like the peers' drivers (``ours-java``), so that the
+three Java clients compare in the same language.
 
     python -m bench.peers.run                       # docs/side-by-side.md's table (its time: docs/performance.md)
-    python -m bench.peers.run --transactions 2000 --paced-seconds 10 --systems rocketmq ours
+    python -m bench.peers.run --transactions 2000 --paced-seconds 10 --systems rocketmq ours ours-java
     python -m bench.peers.run --tiny --systems ours # 100 transactions per phase, for the tests
 
 Needs a JDK 17 and Maven (``install.py`` resolves RocketMQ 5.5.0 and Kafka 4.3.1 from Maven
-Central into ``.cache/peers`` on first use) and ``make setup`` for our side. Each system is
-started on loopback, runs two phases, and is stopped before the next one starts:
+Central into ``.cache/peers`` on first use, and builds clients/java) and ``make setup`` for our side. Each system
+is started on loopback (ours: its checker on a fresh lakehouse), runs two phases, and is stopped before the next
+one starts:
 
 * **max**: ``--transactions`` transactions as fast as ``--threads`` sender threads go: committed
   transactions per second and send latency;
@@ -34,7 +37,9 @@ from pathlib import Path
 from bench import harness
 from bench.peers import install, ours, servers, workload
 
-SYSTEMS = ("rocketmq", "kafka", "ours")
+SYSTEMS = ("rocketmq", "kafka", "ours", "ours-java")
+#: This product's rows: the system's name → the client whose producer sends (bench/peers/ours.py).
+OURS = {"ours": "python", "ours-java": "java"}
 PARTITIONS = 8  # RocketMQ queues / Kafka partitions of the topic
 #: ``--tiny``: every system and both phases, with 100 transactions each (the fewest with every outcome, since a
 #: transaction's index mod 100 plans it: 10 left unknown for check-back) sent from 4 threads.
@@ -66,6 +71,7 @@ GUARANTEES = {
         "sql_queryable": "yes: topics and the whole audit trail are Delta tables (Spark SQL, delta-rs)",
     },
 }
+GUARANTEES["ours-java"] = GUARANTEES["ours"]  # the same protocol and checker, another client
 
 
 def run_java_peer(system: install.System, plan: workload.Plan, topic: str, workdir: Path, connect: list[str],
@@ -97,9 +103,9 @@ def run_system(name: str, phases: dict[str, workload.Plan], workdir: Path, drain
               f"{f['duplicate_deliveries']}", flush=True)
 
     print(f"\n=== {name}", flush=True)
-    if name == "ours":
+    if name in OURS:
         topics = {phase: (plan, f"PEERS_{phase.upper()}") for phase, plan in phases.items()}
-        for phase, (csv_path, summary) in ours.run(topics, workdir, drain_s, grace_s).items():
+        for phase, (csv_path, summary) in ours.run(topics, workdir, drain_s, grace_s, client=OURS[name]).items():
             record(phase, csv_path, summary)
         return results
 
@@ -122,30 +128,34 @@ COMPARED = {"committed_txn_per_s": "max", "send_p50_ms": "max", "send_p99_ms": "
             "commit_to_consumable_p50_ms": "paced", "commit_to_consumable_p99_ms": "paced"}
 
 
-def ratios(phases: dict[str, dict[str, dict]]) -> dict:
-    """ours ÷ peer, per peer: above 1 means ours is higher (better for throughput, worse for latency)."""
-    return {peer: {field: ratio(phases[phase]["ours"].get(field), phases[phase][peer].get(field))
+def ratios(phases: dict[str, dict[str, dict]], ours_name: str = "ours") -> dict:
+    """``ours_name`` ÷ peer, per peer (not our other row): above 1 means ours is higher (better for throughput,
+    worse for latency)."""
+    return {peer: {field: ratio(phases[phase][ours_name].get(field), phases[phase][peer].get(field))
                    for field, phase in COMPARED.items()}
-            for peer in phases["max"] if peer != "ours"}
+            for peer in phases["max"] if peer not in OURS}
 
 
 def markdown_table(report: dict) -> str:
     """docs/side-by-side.md's table: one row per system, with ours ÷ it beside each figure."""
-    phases, ratio_of = report["phases"], report.get("ratios", {})
+    phases = report["phases"]
+    # Beside a peer's figure, each of our rows' ratio to it: "ours" the Python producer's, "ours in Java" the Java's.
+    versus_label = {"ratios": "ours", "ratios_java": "ours in Java"}
     names = {"rocketmq": f"RocketMQ {install.ROCKETMQ.version}", "kafka": f"Kafka {install.KAFKA.version}",
-             "ours": "this product"}
+             "ours": "this product (Python producer)", "ours-java": f"this product (Java client {install.OURS_JAVA.version})"}
     lines = ["| system | committed txn/s (max) | send p50 / p99 ms (max) | commit→consumable p50 / p99 ms (paced) "
              "| unknown→consumable p50 ms (paced) | exactly once | check-back | multi-topic atomic | SQL |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name in (n for n in SYSTEMS if n in phases["max"]):
         top, paced, promises = phases["max"][name], phases["paced"][name], GUARANTEES[name]
-        versus = ratio_of.get(name)
 
         def cell(value, key):
-            if versus is None or versus.get(key) is None:
-                return f"{value}"
-            times = versus[key]
-            return f"{value} (ours ×{times:,.0f})" if times >= 100 else f"{value} (ours ×{times:g})"
+            beside = []
+            for ratios_key, label in versus_label.items():
+                times = report.get(ratios_key, {}).get(name, {}).get(key)
+                if times is not None:
+                    beside.append(f"{label} ×{times:,.0f}" if times >= 100 else f"{label} ×{times:g}")
+            return f"{value} ({', '.join(beside)})" if beside else f"{value}"
 
         def short(text):
             return text.split(":")[0]
@@ -185,11 +195,12 @@ def main(argv: list[str] | None = None) -> dict:
              "paced": workload.Plan(transactions=int(args.paced_rate * args.paced_seconds), rate=args.paced_rate, **shared)}
     for name in args.systems:
         if name != "ours":
-            install.install(install.SYSTEMS[name])  # resolve before any timing starts
+            install.install(install.SYSTEMS[name])  # resolve (ours-java: build) before any timing starts
 
     report = harness.start_report("peers", vars(args))
     report.update(
-        versions={"rocketmq": install.ROCKETMQ.version, "kafka": install.KAFKA.version, "java": _java_version()},
+        versions={"rocketmq": install.ROCKETMQ.version, "kafka": install.KAFKA.version,
+                  "ours-java": install.OURS_JAVA.version, "java": _java_version()},
         durability={name: servers.DURABILITY[name] for name in args.systems},
         check_back_settings={"transaction_timeout_ms": servers.TRANSACTION_TIMEOUT_MS,
                              "transaction_check_interval_ms": servers.TRANSACTION_CHECK_INTERVAL_MS,
@@ -204,6 +215,8 @@ def main(argv: list[str] | None = None) -> dict:
     report["phases"] = {phase: {name: by_system[name][phase] for name in args.systems} for phase in plans}
     if "ours" in args.systems:
         report["ratios"] = ratios(report["phases"])
+    if "ours-java" in args.systems:
+        report["ratios_java"] = ratios(report["phases"], "ours-java")
     report["seconds"] = round(time.monotonic() - started, 1)
     if args.workdir is None:
         shutil.rmtree(root, ignore_errors=True)

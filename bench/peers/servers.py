@@ -37,6 +37,7 @@ DURABILITY = {
     "ours": "a send returns once its half's Delta commit is on the local filesystem; the commit-log writer "
             "issues no fsync (a write, then a hard link of the commit file, as delta-rs does), so: in the page cache",
 }
+DURABILITY["ours-java"] = DURABILITY["ours"]  # the Java client's commits are made alike (docs/java.md#storage)
 
 
 def java(system: System, main_class: str, *args: str, heap: str = "512m", cwd: Path) -> list[str]:

@@ -543,20 +543,30 @@ def test_failover_tiny_run_measures_one_takeover_per_mode(tmp_path):
 
 @pytest.mark.slow
 def test_peers_tiny_run_on_our_side_delivers_every_commit_once_and_checks_every_unknown(tmp_path):
-    """bench/peers/run.py with our checker only (RocketMQ and Kafka: PEERS_TESTS=1)."""
-    report = run_tiny("peers.run", tmp_path / "peers.json", "--systems", "ours")
+    """bench/peers/run.py with our checker only (RocketMQ and Kafka: PEERS_TESTS=1), through the Python producer,
+    and through the Java client too when its jar is built (``make test`` builds it)."""
+    from support.java_client import JAR
+
+    systems = ["ours", "ours-java"] if JAR.exists() else ["ours"]
+    report = run_tiny("peers.run", tmp_path / "peers.json", "--systems", *systems, timeout=600 * len(systems))
 
     assert_envelope(report, "peers")
     plans = report["plans"]
     for phase, by_system in report["phases"].items():
-        figures, transactions = by_system["ours"], plans[phase]["transactions"]
-        unknowns = transactions * (100 - plans[phase]["commit_percent"] - plans[phase]["rollback_percent"]) // 100
-        assert figures["transactions"] == transactions and figures["send_errors"] == 0, phase
-        assert figures["committed_missing"] == 0 and figures["committed_delivered"] == (
-            transactions * plans[phase]["commit_percent"] // 100)
-        assert figures["unknown_checked"] == figures["unknown_delivered"] == unknowns > 0
-        assert figures["rolled_back_delivered"] == figures["duplicate_deliveries"] == 0
+        assert sorted(by_system) == sorted(systems)
+        for system in systems:
+            figures, transactions = by_system[system], plans[phase]["transactions"]
+            unknowns = transactions * (100 - plans[phase]["commit_percent"] - plans[phase]["rollback_percent"]) // 100
+            assert figures["transactions"] == transactions and figures["send_errors"] == 0, (phase, system)
+            assert figures["committed_missing"] == 0 and figures["committed_delivered"] == (
+                transactions * plans[phase]["commit_percent"] // 100), (phase, system)
+            assert figures["unknown_checked"] == figures["unknown_delivered"] == unknowns > 0, (phase, system)
+            assert figures["rolled_back_delivered"] == figures["duplicate_deliveries"] == 0, (phase, system)
+        if "ours-java" in systems:  # what the Java driver reports itself, as the peers' drivers do
+            assert by_system["ours-java"]["errors"] == by_system["ours-java"]["foreign_messages"] == 0
     assert report["ratios"] == {}  # no peer ran: nothing to compare with
+    if "ours-java" in systems:
+        assert report["ratios_java"] == {} and report["versions"]["ours-java"] == "0.1.0"
 
 
 # ---------------------------------------------------------------------------------------------

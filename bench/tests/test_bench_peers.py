@@ -71,39 +71,44 @@ def _phase(committed, send_p50, consumable_p50, unknown_p50):
 def test_ratios_are_ours_over_each_peer_and_the_table_says_kafka_aborts_unknowns():
     phases = {
         "max": {"rocketmq": _phase(1000.0, 10.0, 1.0, 8000.0), "kafka": _phase(500.0, 40.0, 1.0, None),
-                "ours": _phase(2000.0, 20.0, 5000.0, 20000.0)},
+                "ours": _phase(2000.0, 20.0, 5000.0, 20000.0), "ours-java": _phase(3000.0, 10.0, 5000.0, 20000.0)},
         "paced": {"rocketmq": _phase(80.0, 1.0, 2.0, 8000.0), "kafka": _phase(80.0, 1.0, 4.0, None),
-                  "ours": _phase(80.0, 30.0, 10000.0, 20000.0)},
+                  "ours": _phase(80.0, 30.0, 10000.0, 20000.0), "ours-java": _phase(80.0, 30.0, 8000.0, 20000.0)},
     }
-    report = {"phases": phases, "ratios": peers.ratios(phases)}
+    report = {"phases": phases, "ratios": peers.ratios(phases), "ratios_java": peers.ratios(phases, "ours-java")}
+    assert set(report["ratios"]) == set(report["ratios_java"]) == {"rocketmq", "kafka"}  # our rows are not peers
     assert report["ratios"]["rocketmq"]["committed_txn_per_s"] == 2.0
+    assert report["ratios_java"]["rocketmq"]["committed_txn_per_s"] == 3.0
     assert report["ratios"]["kafka"]["send_p50_ms"] == 0.5
     assert report["ratios"]["kafka"]["commit_to_consumable_p50_ms"] == 2500.0  # paced phase
     table = peers.markdown_table(report).splitlines()
-    assert len(table) == 5 and table[0].startswith("| system |")
+    assert len(table) == 6 and table[0].startswith("| system |")
     kafka_row = next(line for line in table if line.startswith("| Kafka"))
     assert "aborted (no check-back)" in kafka_row and "(ours ×2)" not in kafka_row
-    assert "500.0 (ours ×4)" in kafka_row and "(ours ×2,500)" in kafka_row
+    assert "500.0 (ours ×4, ours in Java ×6)" in kafka_row and "(ours ×2,500, ours in Java ×2,000)" in kafka_row
+    java_row = next(line for line in table if line.startswith("| this product (Java client"))
+    assert java_row.startswith("| this product (Java client 0.1.0) | 3000.0 | 10.0 / 20.0 |") and "×" not in java_row
 
 
 @pytest.mark.skipif(os.environ.get("PEERS_TESTS") != "1",
-                    reason="starts RocketMQ and Kafka from Maven Central jars (about 2 min, and a download the "
+                    reason="starts RocketMQ and Kafka from Maven Central jars (about 4 min, and a download the "
                            "first time): set PEERS_TESTS=1 to run it")
 def test_peers_tiny_run_rocketmq_and_kafka_deliver_every_commit_once_and_treat_unknowns_as_they_promise(tmp_path):
-    """``python -m bench.peers.run --tiny``: every system, both phases, 100 transactions each."""
+    """``python -m bench.peers.run --tiny``: every system (ours through both clients), both phases, 100
+    transactions each."""
     results = tmp_path / "peers.json"
     subprocess.run([sys.executable, "-m", "bench.peers.run", "--tiny", "--results", str(results)],
-                   check=True, timeout=900, cwd=REPO_ROOT)
+                   check=True, timeout=1200, cwd=REPO_ROOT)
     report = json.loads(results.read_text())
     phases = report["phases"]
     for phase, plan in report["plans"].items():
         unknowns = plan["transactions"] * (100 - plan["commit_percent"] - plan["rollback_percent"]) // 100
-        for system in ("rocketmq", "kafka", "ours"):
+        for system in ("rocketmq", "kafka", "ours", "ours-java"):
             figures = phases[phase][system]
             assert figures["transactions"] == plan["transactions"], (phase, system)
             assert figures["send_errors"] == 0 and figures["committed_missing"] == 0
             assert figures["duplicate_deliveries"] == 0 and figures["rolled_back_delivered"] == 0
-        for system in ("rocketmq", "ours"):  # check-back commits every unknown
+        for system in ("rocketmq", "ours", "ours-java"):  # check-back commits every unknown
             assert phases[phase][system]["unknown_checked"] == phases[phase][system]["unknown_delivered"] == unknowns > 0
         assert phases[phase]["kafka"]["unknown_delivered"] == 0  # no check-back: aborted
-    assert set(report["ratios"]) == {"rocketmq", "kafka"}
+    assert set(report["ratios"]) == set(report["ratios_java"]) == {"rocketmq", "kafka"}

@@ -28,11 +28,7 @@ public final class RocketMQPeer implements Workload.Peer {
     private String topic;
 
     private static LocalTransactionState stateOf(Workload.Outcome outcome) {
-        return switch (outcome) {
-            case COMMIT -> LocalTransactionState.COMMIT_MESSAGE;
-            case ROLLBACK -> LocalTransactionState.ROLLBACK_MESSAGE;
-            case UNKNOWN -> LocalTransactionState.UNKNOW;
-        };
+        return LocalTransactionState.valueOf(Workload.stateName(outcome));
     }
 
     @Override

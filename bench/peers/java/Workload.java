@@ -85,6 +85,15 @@ final class Workload {
         return value;
     }
 
+    /** The name of the local transaction state an outcome is, in RocketMQ's LocalTransactionState and in ours alike. */
+    static String stateName(Outcome outcome) {
+        return switch (outcome) {
+            case COMMIT -> "COMMIT_MESSAGE";
+            case ROLLBACK -> "ROLLBACK_MESSAGE";
+            case UNKNOWN -> "UNKNOW";
+        };
+    }
+
     Outcome outcomeOf(int index) {
         int slot = index % 100;
         if (slot < commitPercent) {
@@ -116,6 +125,21 @@ final class Workload {
 
     private long now() {
         return System.nanoTime() - t0 + 1;  // +1: zero means "never" in the arrays
+    }
+
+    /** t0 on the wall clock, in ms since the epoch: where a delivery's time from another clock (a commit's) falls. */
+    double t0EpochMs() {
+        return System.currentTimeMillis() - (System.nanoTime() - t0) / 1e6;
+    }
+
+    /** Producer calls that threw. */
+    int errors() {
+        return errors.get();
+    }
+
+    /** Deliveries and check-backs of messages this workload did not send. */
+    int foreign() {
+        return foreign.get();
     }
 
     /** A consumer saw the message with this body. */
@@ -284,7 +308,7 @@ final class Workload {
                     Double.parseDouble(workload.option("grace-seconds")));
             workload.writeCsv(Path.of(workload.option("out")));
             System.out.printf("{\"send_seconds\": %.3f, \"drained_after_s\": %.3f, \"errors\": %d, \"foreign_messages\": %d}%n",
-                    sendSeconds, drained, workload.errors.get(), workload.foreign.get());
+                    sendSeconds, drained, workload.errors(), workload.foreign());
         }
     }
 }

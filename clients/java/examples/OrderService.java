@@ -3,7 +3,7 @@
 // transaction) and a message to ORDER_TOPIC, delivered only if the order was stored.
 //
 // Run it from clients/java after `mvn -B package`:
-//   java -cp "target/txcoord-client-0.1.0.jar:target/lib/*" examples/OrderService.java \
+//   java -cp "target/txcoord-client-0.1.0.jar:target/lib/*:target/examples-lib/*" examples/OrderService.java \
 //       --config ../../conf/coordinator.toml --group order_group --orders 9 --db /tmp/orders
 //
 // Order i: i % 3 == 0 commits, i % 3 == 1 rolls back (its local transaction fails and says so), and i % 3 == 2

@@ -5,7 +5,7 @@
 // with --ids FILE it writes every transaction id it sent (warm-up included), one a line, so that the commit log
 // can be checked against them.
 //
-//   java -cp "target/txcoord-client-0.1.0.jar:target/lib/*" examples/SendBench.java \
+//   java -cp "target/txcoord-client-0.1.0.jar:target/lib/*:target/examples-lib/*" examples/SendBench.java \
 //       --config /tmp/bench.toml --threads 64 --seconds 10 --warmup-seconds 3
 import io.txcoord.client.CoordinatorConfig;
 import io.txcoord.client.LocalTransactionState;

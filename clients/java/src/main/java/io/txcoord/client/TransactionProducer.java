@@ -7,6 +7,9 @@ import io.txcoord.client.internal.Instances;
 import io.txcoord.client.internal.ObjectStore;
 import io.txcoord.client.internal.Records;
 
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
 import java.nio.file.FileSystems;
 import java.nio.file.PathMatcher;
 import java.nio.file.Paths;
@@ -19,8 +22,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ExecutionException;
-import java.util.logging.Level;
-import java.util.logging.Logger;
+import java.util.concurrent.ExecutorService;
 import java.util.regex.Pattern;
 
 /**
@@ -39,7 +41,7 @@ import java.util.regex.Pattern;
  * }</pre>
  */
 public class TransactionProducer implements AutoCloseable {
-    private static final Logger LOG = Logger.getLogger(TransactionProducer.class.getName());
+    private static final Logger LOG = LoggerFactory.getLogger(TransactionProducer.class);
     public static final Pattern NAME = Pattern.compile("[A-Za-z0-9_-]+");
     public static final int NAME_MAX_LENGTH = 127;
     public static final int MAX_BODY_BYTES = 4 * 1024 * 1024;
@@ -61,6 +63,7 @@ public class TransactionProducer implements AutoCloseable {
     private Instances instances;
     private CommitLogWriter writer;
     private CheckBackWorker checkback;
+    private ExecutorService checkExecutor;
     private int logNumber = -1;
 
     public TransactionProducer(String group, TransactionListener listener, CoordinatorConfig config) {
@@ -105,6 +108,27 @@ public class TransactionProducer implements AutoCloseable {
     }
 
     /**
+     * The executor that runs the listener's {@code checkLocalTransaction} calls, as RocketMQ's
+     * {@code TransactionMQProducer.setExecutorService}: set before {@link #start()}; without one, a pool of 4 daemon
+     * threads. {@link #shutdown()} shuts it down and waits up to 30 s for the checks in progress, as RocketMQ's does.
+     * Throws {@link ProducerStateError} once started.
+     */
+    public void setExecutorService(ExecutorService executorService) {
+        synchronized (lock) {
+            if (state != State.CREATED) {
+                throw new ProducerStateError("producer " + group + " is started or shut down: its check-back executor is "
+                        + "set before start()");
+            }
+            this.checkExecutor = executorService;
+        }
+    }
+
+    /** The executor set by {@link #setExecutorService}, or {@code null} (the producer's own pool). */
+    public ExecutorService getExecutorService() {
+        return checkExecutor;
+    }
+
+    /**
      * Writes the instance record, claims a commit log (creating it and the group's logs below it if missing) and
      * starts answering check-backs. Idempotent; throws {@link ProducerStateError} after {@link #shutdown()}.
      */
@@ -130,14 +154,14 @@ public class TransactionProducer implements AutoCloseable {
                     if (number == 0) {
                         throw e;
                     }
-                    LOG.warning("this instance shares group " + group + "'s first commit log: " + e.getMessage());
+                    LOG.warn("this instance shares group " + group + "'s first commit log: " + e.getMessage());
                     registry.releaseLog(number);
                     number = 0;
                     claimed = -1;
                     logWriter = openLog(opened, 0);
                 }
                 CheckBackWorker worker = new CheckBackWorker(opened, group, instanceId, listener, logWriter, registry,
-                        config.getProducerHeartbeatMs(), config.getTransactionCheckIntervalMs());
+                        config.getProducerHeartbeatMs(), config.getTransactionCheckIntervalMs(), checkExecutor);
                 worker.start();
                 this.store = opened;
                 this.instances = registry;
@@ -187,7 +211,7 @@ public class TransactionProducer implements AutoCloseable {
         try {
             checkback.stop();
         } catch (RuntimeException e) {
-            LOG.log(Level.WARNING, "withdrawing instance " + instanceId + ": " + e.getMessage());
+            LOG.warn("withdrawing instance " + instanceId + ": " + e.getMessage());
         } finally {
             try {
                 writer.close();
@@ -285,18 +309,18 @@ public class TransactionProducer implements AutoCloseable {
                     : listener.executeLocalTransaction(Collections.unmodifiableList(msgs), arg);
             local = LocalTransactionState.coerce(returned);
         } catch (RuntimeException e) {
-            LOG.log(Level.WARNING, "local transaction failed transaction_id=" + transactionId + "; state UNKNOW", e);
+            LOG.warn("local transaction failed transaction_id=" + transactionId + "; state UNKNOW", e);
             local = LocalTransactionState.UNKNOW;
         }
         try {
             logWriter.submit(List.of(Records.end(group, transactionId, local.name(), null))).whenComplete((v, e) -> {
                 if (e != null) {
-                    LOG.warning("end record not stored transaction_id=" + transactionId + ": " + e
+                    LOG.warn("end record not stored transaction_id=" + transactionId + ": " + e
                             + "; check-back will resolve it");
                 }
             });
         } catch (ProducerStateError e) {
-            LOG.warning("end not sent, producer shutting down transaction_id=" + transactionId
+            LOG.warn("end not sent, producer shutting down transaction_id=" + transactionId
                     + "; check-back will resolve it");
         }
         return new TransactionSendResult(SendStatus.SEND_OK, transactionId, msgIds, local);

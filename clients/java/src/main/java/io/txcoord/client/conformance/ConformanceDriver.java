@@ -30,7 +30,7 @@ import java.util.concurrent.CountDownLatch;
  * lines on stdin, replies and events as JSON lines on stdout, logs on stderr. One producer instance per process.
  *
  * <pre>
- * txcoord conformance --producer "java -cp 'clients/java/target/txcoord-client-0.1.0.jar:clients/java/target/lib/*' \
+ * txcoord conformance --producer "java -cp 'clients/java/target/txcoord-client-0.1.0.jar:clients/java/target/lib/*:clients/java/target/examples-lib/*' \
  *     io.txcoord.client.conformance.ConformanceDriver"
  * </pre>
  */

@@ -6,6 +6,9 @@ import io.txcoord.client.MessageExt;
 import io.txcoord.client.ProducerStateError;
 import io.txcoord.client.TransactionListener;
 
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
 import java.io.IOException;
 import java.net.URLDecoder;
 import java.nio.charset.StandardCharsets;
@@ -18,18 +21,20 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
-import java.util.logging.Level;
-import java.util.logging.Logger;
 
 /**
  * Follows the group's {@code check_requests} table and answers each request addressed to this instance (or to no
  * instance) once, with an END carrying the request's {@code check_id} in this instance's own commit log
- * (docs/protocol.md#check-requests-and-answers). Renews the instance's record every heartbeat while it runs.
+ * (docs/protocol.md#check-requests-and-answers). Renews the instance's record every heartbeat while it runs, on a
+ * thread of its own: a read of the table that the storage stalls (retried up to {@code [storage] retry_timeout})
+ * must not outlast the liveness window (three heartbeats), or the checker would address this instance's checks
+ * to others and its commit log would be claimable.
  */
 public final class CheckBackWorker {
-    private static final Logger LOG = Logger.getLogger(CheckBackWorker.class.getName());
+    private static final Logger LOG = LoggerFactory.getLogger(CheckBackWorker.class);
     private static final int REMEMBERED_CHECKS = 100_000;
     private static final long POLL_MS = 200;
     private static final long RESYNC_MS = 10_000;
@@ -51,14 +56,19 @@ public final class CheckBackWorker {
     };
     private final ExecutorService pool;
     private final Thread thread;
+    private final ScheduledExecutorService heartbeat;
     private volatile boolean stopping;
     private long version = -1;
     private boolean waitedForTable;
-    private long announcedAt = Long.MIN_VALUE / 2;
     private long syncedAt;
 
+    /**
+     * {@code checkExecutor} runs the listener's {@code checkLocalTransaction} calls ({@code null}: a pool of 4 threads of
+     * its own); {@link #stop()} shuts it down either way, as RocketMQ's producer does the executor it is given.
+     */
     public CheckBackWorker(ObjectStore store, String group, String instanceId, TransactionListener listener,
-                           CommitLogWriter writer, Instances instances, long heartbeatMs, long checkIntervalMs) {
+                           CommitLogWriter writer, Instances instances, long heartbeatMs, long checkIntervalMs,
+                           ExecutorService checkExecutor) {
         this.store = store;
         this.group = group;
         this.instanceId = instanceId;
@@ -69,25 +79,46 @@ public final class CheckBackWorker {
         this.checkIntervalMs = checkIntervalMs;
         this.table = "groups/" + group + "/check_requests";
         AtomicInteger n = new AtomicInteger();
-        this.pool = Executors.newFixedThreadPool(4, r -> {
+        this.pool = checkExecutor != null ? checkExecutor : Executors.newFixedThreadPool(4, r -> {
             Thread t = new Thread(r, "txcoord-checkback-" + n.incrementAndGet());
             t.setDaemon(true);
             return t;
         });
         this.thread = new Thread(this::run, "txcoord-checkback-follower");
         this.thread.setDaemon(true);
+        this.heartbeat = Executors.newSingleThreadScheduledExecutor(r -> {
+            Thread t = new Thread(r, "txcoord-heartbeat");
+            t.setDaemon(true);
+            return t;
+        });
     }
 
+    /** Starts following; the record, announced by the producer's start, is renewed every heartbeat from now on. */
     public void start() {
+        // With a fixed delay, not rate: a renewal that the storage held up is not followed by a burst of others.
+        heartbeat.scheduleWithFixedDelay(this::renew, heartbeatMs, heartbeatMs, TimeUnit.MILLISECONDS);
         thread.start();
+    }
+
+    private void renew() {
+        try {
+            instances.announce();
+        } catch (RuntimeException e) {
+            // A task that throws is never run again: the next heartbeat tries anew.
+            LOG.warn("renewing the record of instance {} failed: {}", instanceId, e.toString());
+        }
     }
 
     /** Stops following and withdraws the instance's record; waits for the checks in progress. */
     public void stop() {
         stopping = true;
         thread.interrupt();
+        // Not interrupted: a renewal under way ends (bounded by the storage's retries) before the record is
+        // withdrawn, so that none lands after the withdrawal and leaves a live-looking record behind.
+        heartbeat.shutdown();
         try {
             thread.join();
+            heartbeat.awaitTermination(Long.MAX_VALUE, TimeUnit.MILLISECONDS);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
         }
@@ -106,13 +137,9 @@ public final class CheckBackWorker {
     private void run() {
         while (!stopping) {
             try {
-                if (System.currentTimeMillis() - announcedAt >= heartbeatMs) {
-                    instances.announce();
-                    announcedAt = System.currentTimeMillis();
-                }
                 poll();
             } catch (RuntimeException e) {
-                LOG.log(Level.WARNING, "reading " + table + " failed: " + e);
+                LOG.warn("reading {} failed: {}", table, e.toString());
                 version = -1; // start again from the recent requests
             }
             try {
@@ -157,7 +184,7 @@ public final class CheckBackWorker {
             // Log cleanup may have removed the versions after the last one read: go on from the checkpoint.
             long checkpoint = lastCheckpoint();
             if (checkpoint > version + 1) {
-                LOG.warning(table + ": versions " + (version + 1) + " to " + checkpoint + " are gone; going on from "
+                LOG.warn(table + ": versions " + (version + 1) + " to " + checkpoint + " are gone; going on from "
                         + checkpoint + " (the checker asks again)");
                 version = checkpoint;
             }
@@ -235,7 +262,7 @@ public final class CheckBackWorker {
                     removed.add(URLDecoder.decode(remove.path("path").asText(), StandardCharsets.UTF_8));
                 }
             } catch (IOException e) {
-                LOG.warning(table + " commit " + v + " has a line that is not JSON: skipped");
+                LOG.warn(table + " commit " + v + " has a line that is not JSON: skipped");
             }
         }
         return new Commit(added, removed, file.modifiedMs());
@@ -243,19 +270,19 @@ public final class CheckBackWorker {
 
     private void dispatch(String path, Instant cutoff) {
         if (path.startsWith("/") || path.contains("..") || path.contains("://")) {
-            LOG.warning(table + ": data file path " + path + " ignored");
+            LOG.warn(table + ": data file path " + path + " ignored");
             return;
         }
         ObjectStore.Versioned file = store.read(table + "/" + path);
         if (file == null) {
-            LOG.fine(() -> table + ": data file " + path + " is gone");
+            LOG.debug("{}: data file {} is gone", table, path);
             return;
         }
         List<Map<String, Object>> rows;
         try {
             rows = Parquet.read(file.data());
         } catch (IOException | RuntimeException e) {
-            LOG.warning(table + ": data file " + path + " cannot be read: " + e);
+            LOG.warn(table + ": data file " + path + " cannot be read: " + e);
             return;
         }
         for (Map<String, Object> row : rows) {
@@ -268,7 +295,7 @@ public final class CheckBackWorker {
             }
             Object checkId = row.get("check_id");
             if (!(checkId instanceof String id)) {
-                LOG.warning("check request without check_id ignored transaction_id=" + row.get("transaction_id"));
+                LOG.warn("check request without check_id ignored transaction_id=" + row.get("transaction_id"));
                 continue;
             }
             if (cutoff != null && row.get("requested_at") instanceof Instant at && at.isBefore(cutoff)) {
@@ -317,7 +344,7 @@ public final class CheckBackWorker {
         try {
             state = LocalTransactionState.coerce(listener.checkLocalTransaction(msg));
         } catch (RuntimeException e) {
-            LOG.log(Level.WARNING, "checkLocalTransaction failed transaction_id=" + transactionId + " check_id=" + checkId
+            LOG.warn("checkLocalTransaction failed transaction_id=" + transactionId + " check_id=" + checkId
                     + "; state UNKNOW", e);
             state = LocalTransactionState.UNKNOW;
         }
@@ -325,15 +352,15 @@ public final class CheckBackWorker {
             final LocalTransactionState answeredState = state;
             writer.submit(List.of(Records.end(group, transactionId, state.name(), checkId))).whenComplete((v, e) -> {
                 if (e != null) {
-                    LOG.warning("check answer not stored transaction_id=" + transactionId + " check_id=" + checkId + ": "
+                    LOG.warn("check answer not stored transaction_id=" + transactionId + " check_id=" + checkId + ": "
                             + e + "; the checker will ask again");
                 } else {
-                    LOG.fine(() -> "check answered transaction_id=" + transactionId + " check_id=" + checkId + " state="
-                            + answeredState);
+                    LOG.debug("check answered transaction_id={} check_id={} state={}", transactionId, checkId,
+                            answeredState);
                 }
             });
         } catch (ProducerStateError e) {
-            LOG.warning("check answer not sent, writer closed transaction_id=" + transactionId + " check_id=" + checkId);
+            LOG.warn("check answer not sent, writer closed transaction_id=" + transactionId + " check_id=" + checkId);
         }
     }
 }

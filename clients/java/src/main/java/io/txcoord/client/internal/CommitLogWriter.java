@@ -4,14 +4,15 @@ import io.txcoord.client.AccessDeniedError;
 import io.txcoord.client.CoordinatorException;
 import io.txcoord.client.ProducerStateError;
 
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.Semaphore;
-import java.util.logging.Level;
-import java.util.logging.Logger;
 
 /**
  * Group commit (docs/protocol.md#group-commit): one thread takes everything waiting (up to 5,000 rows and 64 MiB of
@@ -24,7 +25,7 @@ import java.util.logging.Logger;
 public final class CommitLogWriter implements AutoCloseable {
     public static final int MAX_BATCH_ROWS = 5000;
     public static final long MAX_COMMIT_BODY_BYTES = 64L * 1024 * 1024;
-    private static final Logger LOG = Logger.getLogger(CommitLogWriter.class.getName());
+    private static final Logger LOG = LoggerFactory.getLogger(CommitLogWriter.class);
     private static final Object CLOSE = new Object();
     private static final long RING_AFTER_QUIET_MS = 5000;
 
@@ -202,7 +203,7 @@ public final class CommitLogWriter implements AutoCloseable {
     private static void fail(List<Submit> batch, Throwable e) {
         Throwable error = e instanceof CoordinatorException ? e
                 : new CoordinatorException("writing the commit log failed: " + e, false, false, e);
-        LOG.log(Level.WARNING, "commit-log append failed for " + batch.size() + " submits: " + e);
+        LOG.warn("commit-log append failed for " + batch.size() + " submits: " + e);
         for (Submit s : batch) {
             s.future().completeExceptionally(error);
         }
@@ -224,11 +225,11 @@ public final class CommitLogWriter implements AutoCloseable {
             ringPending = false;
         } catch (AccessDeniedError e) {
             doorbellRefused = true;
-            LOG.warning("the doorbell " + doorbellKey + " is refused (" + e.getMessage() + "): the checker finds this "
+            LOG.warn("the doorbell " + doorbellKey + " is refused (" + e.getMessage() + "): the checker finds this "
                     + "group's commits within about a minute after a quiet spell");
         } catch (RuntimeException e) {
             ringPending = true;
-            LOG.fine("ringing the doorbell failed, retried after the next commit: " + e);
+            LOG.debug("ringing the doorbell failed, retried after the next commit: {}", e.toString());
         }
     }
 }

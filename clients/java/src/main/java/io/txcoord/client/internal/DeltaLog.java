@@ -7,6 +7,9 @@ import io.txcoord.client.CoordinatorException;
 import io.txcoord.client.StorageUnavailableError;
 import io.txcoord.client.UnsupportedTableError;
 
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
@@ -19,7 +22,6 @@ import java.util.concurrent.CompletionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ThreadLocalRandom;
-import java.util.logging.Logger;
 
 /**
  * Appends to one Delta table as docs/protocol.md#making-a-commit says: a data file, then the next version's
@@ -28,7 +30,7 @@ import java.util.logging.Logger;
  */
 public final class DeltaLog {
     static final ObjectMapper JSON = new ObjectMapper();
-    private static final Logger LOG = Logger.getLogger(DeltaLog.class.getName());
+    private static final Logger LOG = LoggerFactory.getLogger(DeltaLog.class);
     /** The writer features a blind append honours (docs/protocol.md, step 1). */
     private static final Set<String> HONOURED_FEATURES = Set.of("appendOnly", "invariants", "checkConstraints",
             "changeDataFeed", "generatedColumns");
@@ -105,7 +107,7 @@ public final class DeltaLog {
         configuration.forEach(conf::put);
         String content = commitInfo + "\n" + protocol + "\n" + metaData + "\n";
         if (!store.create(commitKey(0), content.getBytes(StandardCharsets.UTF_8))) {
-            LOG.fine(() -> "commit log " + key + " was created by another writer meanwhile");
+            LOG.debug("commit log {} was created by another writer meanwhile", key);
         }
     }
 

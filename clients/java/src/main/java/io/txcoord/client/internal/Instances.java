@@ -4,12 +4,14 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.txcoord.client.AccessDeniedError;
 
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
 import java.io.IOException;
 import java.net.InetAddress;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.logging.Logger;
 import java.util.zip.CRC32;
 
 /**
@@ -18,7 +20,7 @@ import java.util.zip.CRC32;
 public final class Instances {
     public static final int MAX_LOGS = 64;
     private static final int MAX_RECORD_BYTES = 4096;
-    private static final Logger LOG = Logger.getLogger(Instances.class.getName());
+    private static final Logger LOG = LoggerFactory.getLogger(Instances.class);
 
     private final ObjectStore store;
     private final String group;
@@ -149,7 +151,7 @@ public final class Instances {
         CRC32 crc = new CRC32();
         crc.update(instanceId.getBytes(StandardCharsets.UTF_8));
         int shared = (int) (crc.getValue() % MAX_LOGS);
-        LOG.warning("every commit log of group " + group + " is claimed: this instance shares log " + shared);
+        LOG.warn("every commit log of group " + group + " is claimed: this instance shares log " + shared);
         return shared;
     }
 
@@ -201,7 +203,7 @@ public final class Instances {
                 store.delete(key);
             }
         } catch (IOException | AccessDeniedError e) {
-            LOG.warning("releasing the claim " + key + ": " + e.getMessage());
+            LOG.warn("releasing the claim " + key + ": " + e.getMessage());
         }
     }
 }

@@ -34,7 +34,10 @@ public interface ObjectStore extends AutoCloseable {
      */
     boolean create(String key, byte[] data);
 
-    /** Replaces the file only if it is unchanged since read with {@code etag}: whether it was replaced. */
+    /**
+     * Replaces the file only if it is unchanged since read with {@code etag}: whether it was replaced. A lost reply
+     * is told from a refusal as in {@link #create}; {@link io.txcoord.client.WriteOutcomeUnknownError} likewise.
+     */
     boolean replace(String key, byte[] data, String etag);
 
     /** Deletes the file; a missing file is not an error. */

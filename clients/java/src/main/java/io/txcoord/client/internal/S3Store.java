@@ -29,27 +29,37 @@ import software.amazon.awssdk.services.s3.model.GetObjectResponse;
 import software.amazon.awssdk.services.s3.model.ListObjectsV2Request;
 import software.amazon.awssdk.services.s3.model.ListObjectsV2Response;
 import software.amazon.awssdk.services.s3.model.NoSuchKeyException;
+import software.amazon.awssdk.services.s3.model.PutObjectRequest;
 import software.amazon.awssdk.services.s3.model.S3Object;
+
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 import java.net.URI;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.Locale;
 import java.util.Map;
+import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ThreadLocalRandom;
+import java.util.function.Consumer;
 import java.util.function.Supplier;
 
 /**
- * A lakehouse on S3 or an S3-compatible server, through the AWS SDK v2 over Apache's HTTP client (the SDK's ApacheHttpClient). Create-if-absent
+ * A lakehouse on S3 or an S3-compatible server, through the AWS SDK v2 over Apache's HTTP client. Create-if-absent
  * is {@code PutObject} with {@code If-None-Match: *} (a 412 or 409 means taken); replace-if-unchanged is
  * {@code If-Match: <ETag>}. The SDK's own retries are off: this class retries a failed request within
  * {@code [storage] max_retries} and {@code retry_timeout}, with jittered exponential backoff, so that it can tell
- * a create whose reply was lost (read back: the same bytes are this client's) from one refused.
+ * a conditional write whose reply was lost (read back: the same bytes are this client's) from one refused. 401 and
+ * 403 are {@link AccessDeniedError}, at once. The errors, their wording and the log lines are the Python client's
+ * (coordinator/storage.py, coordinator/retries.py).
  */
 public final class S3Store implements ObjectStore {
+    private static final Logger LOG = LoggerFactory.getLogger(S3Store.class);
     private final S3Client s3;
     private final String bucket;
     private final String prefix;
@@ -149,53 +159,104 @@ public final class S3Store implements ObjectStore {
         return e instanceof SdkServiceException s ? s.statusCode() : -1;
     }
 
-    /** Whether a failed request may succeed if made again: no answer, throttling, a server error. */
-    private static boolean transientFailure(SdkException e) {
+    /**
+     * Why a failed request may succeed if made again, or {@code null} if it would fail the same way (refused,
+     * missing, a precondition, a bad request): coordinator/retries.py's causes, so both clients log alike.
+     */
+    static String transientCause(SdkException e) {
         int status = status(e);
-        return status < 0 || status == 408 || status == 429 || status >= 500;
-    }
-
-    private CoordinatorException refused(String what, String key, SdkException e) {
-        if (status(e) == 403) {
-            return new AccessDeniedError(what + " " + location(key) + ": access denied (" + e.getMessage() + ")", e);
+        if (status == 429 || status == 503) {
+            return "throttled";
         }
-        return new CoordinatorException(what + " " + location(key) + ": " + e.getMessage(), false, false, e);
-    }
-
-    private void backoff(int attempt, long deadline) {
-        long delay = Math.min(5000, 50L << Math.min(attempt, 10));
-        delay = ThreadLocalRandom.current().nextLong(delay / 2, delay + 1);
-        delay = Math.max(0, Math.min(delay, deadline - System.currentTimeMillis()));
-        try {
-            Thread.sleep(delay);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-            throw new StorageUnavailableError("interrupted", e);
+        if (status >= 500) {
+            return "server_error";
         }
+        if (status == 408) {
+            return "timeout";
+        }
+        if (status >= 0) {
+            return null;
+        }
+        // No HTTP answer: the connection failed, was reset or closed before the reply, or timed out.
+        String text = String.valueOf(e.getMessage()).toLowerCase(Locale.ROOT);
+        return text.contains("timed out") || text.contains("timeout") ? "timeout" : "connection";
     }
 
-    /** Runs {@code request} until it answers, within the retry bound; transient failures are retried. */
-    private <T> T retrying(String what, String key, Supplier<T> request) {
-        long deadline = System.currentTimeMillis() + retryTimeoutMs;
+    /** The error for a request the storage answered with a refusal: 401 and 403 are {@link AccessDeniedError}. */
+    private CoordinatorException refused(String operation, String key, SdkException e) {
+        int status = status(e);
+        if (status == 401 || status == 403) {
+            // coordinator/storage.py's wording: which file, that the credentials lack a grant, and where to look.
+            return new AccessDeniedError(location(key) + ": access denied by the storage to these credentials "
+                    + "(`txcoord grants` lists what each principal may read and write): " + operation + " answered "
+                    + status + " (" + firstLine(e) + ")", e);
+        }
+        return new CoordinatorException(location(key) + ": " + operation + " refused: " + firstLine(e), false, false, e);
+    }
+
+    private static String firstLine(Throwable e) {
+        String text = String.valueOf(e.getMessage()).strip();
+        int newline = text.indexOf('\n');
+        return newline < 0 ? text : text.substring(0, newline);
+    }
+
+    /** Exponential backoff with jitter, as coordinator/retries.py's: 50 ms doubling, plus up to 0.5 s, at most 5 s. */
+    private static void backoff(int attempt, long deadline) throws InterruptedException {
+        long delay = Math.min(5000, (50L << Math.min(attempt, 10)) + ThreadLocalRandom.current().nextLong(501));
+        Thread.sleep(Math.max(0, Math.min(delay, deadline - System.currentTimeMillis())));
+    }
+
+    /**
+     * Runs {@code request} until it answers, within {@code [storage] max_retries} and {@code retry_timeout}: each
+     * failure with a {@link #transientCause} is logged and retried, any other thrown at once ({@link #refused}). Out
+     * of retries: {@link StorageUnavailableError}, or {@link WriteOutcomeUnknownError} for a
+     * {@code conditionalWrite}, whose outcome nobody can know then. {@code attempts[0]} counts the attempts made.
+     */
+    private <T> T retrying(String operation, String key, boolean conditionalWrite, int[] attempts, Supplier<T> request) {
+        long started = System.currentTimeMillis();
+        long deadline = started + retryTimeoutMs;
         for (int attempt = 0; ; attempt++) {
+            attempts[0] = attempt + 1;
             try {
                 return request.get();
             } catch (SdkException e) {
-                if (!transientFailure(e)) {
-                    throw refused(what, key, e);
+                String cause = transientCause(e);
+                if (cause == null) {
+                    throw refused(operation, key, e);
                 }
                 if (attempt >= maxRetries || System.currentTimeMillis() >= deadline) {
-                    throw new StorageUnavailableError(what + " " + location(key) + " failed " + (attempt + 1)
-                            + " times: " + e.getMessage(), e);
+                    String message = String.format(Locale.ROOT, "%s: %s failed %d time(s) in %.1f s (the bound "
+                                    + "is %d retries and %s s: the [storage] settings max_retries and retry_timeout); "
+                                    + "last: %s: %s", location(key), operation, attempt + 1,
+                            (System.currentTimeMillis() - started) / 1000.0, maxRetries, seconds(retryTimeoutMs),
+                            e.getClass().getSimpleName(), firstLine(e));
+                    LOG.error(message);
+                    throw conditionalWrite ? new WriteOutcomeUnknownError(message, e) : new StorageUnavailableError(message, e);
                 }
-                backoff(attempt, deadline);
+                LOG.warn("{}: {} retried (attempt {}) after {}: {}: {}", location(key), operation, attempt + 2, cause,
+                        e.getClass().getSimpleName(), firstLine(e));
+                try {
+                    backoff(attempt, deadline);
+                } catch (InterruptedException interrupted) {
+                    Thread.currentThread().interrupt();
+                    String message = location(key) + ": " + operation + " interrupted while waiting to retry";
+                    throw conditionalWrite ? new WriteOutcomeUnknownError(message, e) : new StorageUnavailableError(message, e);
+                }
             }
         }
     }
 
+    private <T> T retrying(String operation, String key, Supplier<T> request) {
+        return retrying(operation, key, false, new int[1], request);
+    }
+
+    private static String seconds(long ms) {
+        return ms % 1000 == 0 ? Long.toString(ms / 1000) : Double.toString(ms / 1000.0);
+    }
+
     @Override
     public Versioned read(String key) {
-        return retrying("reading", key, () -> {
+        return retrying("read", key, () -> {
             try {
                 ResponseBytes<GetObjectResponse> got = s3.getObjectAsBytes(b -> b.bucket(bucket).key(s3Key(key)));
                 GetObjectResponse r = got.response();
@@ -213,7 +274,7 @@ public final class S3Store implements ObjectStore {
 
     @Override
     public boolean exists(String key) {
-        return retrying("probing", key, () -> {
+        return retrying("exists", key, () -> {
             try {
                 s3.headObject(b -> b.bucket(bucket).key(s3Key(key)));
                 return true;
@@ -228,57 +289,56 @@ public final class S3Store implements ObjectStore {
 
     @Override
     public void put(String key, byte[] data) {
-        retrying("writing", key, () -> s3.putObject(b -> b.bucket(bucket).key(s3Key(key)), RequestBody.fromBytes(data)));
+        retrying("put", key, () -> s3.putObject(b -> b.bucket(bucket).key(s3Key(key)), RequestBody.fromBytes(data)));
     }
 
     @Override
     public boolean create(String key, byte[] data) {
-        long deadline = System.currentTimeMillis() + retryTimeoutMs;
-        boolean unanswered = false; // an earlier attempt may have created the file
-        for (int attempt = 0; ; attempt++) {
-            try {
-                s3.putObject(b -> b.bucket(bucket).key(s3Key(key)).ifNoneMatch("*"), RequestBody.fromBytes(data));
-                return true;
-            } catch (SdkException e) {
-                int status = status(e);
-                if (status == 412 || status == 409) {
-                    if (!unanswered) {
-                        return false;
-                    }
-                    Versioned there = read(key);
-                    return there != null && Arrays.equals(there.data(), data);
-                }
-                if (!transientFailure(e)) {
-                    throw refused("creating", key, e);
-                }
-                unanswered = true;
-                if (attempt >= maxRetries || System.currentTimeMillis() >= deadline) {
-                    throw new WriteOutcomeUnknownError("creating " + location(key) + ": no answer after " + (attempt + 1)
-                            + " attempts (" + e.getMessage() + "); it may or may not exist", e);
-                }
-                backoff(attempt, deadline);
-            }
-        }
+        return conditionalPut("create", key, data, b -> b.ifNoneMatch("*"), Set.of(412, 409));
     }
 
     @Override
     public boolean replace(String key, byte[] data, String etag) {
-        return retrying("replacing", key, () -> {
+        return conditionalPut("replace", key, data, b -> b.ifMatch(etag), Set.of(412, 409, 404));
+    }
+
+    /**
+     * {@code data} put at {@code key} under {@code condition}, retried: whether it was written. Refused (one of
+     * {@code refusedStatuses}) on the first attempt: another writer's, {@code false}. Refused on a later attempt: an
+     * earlier one may have been made and its reply lost, so the file is read: holding exactly {@code data}, it is
+     * this writer's ({@code true}; every caller's content is its own: a commit names its data file by UUID, a claim
+     * or a record its instance), else another's. As coordinator/storage.py's {@code _conditional_put}.
+     */
+    private boolean conditionalPut(String operation, String key, byte[] data,
+                                   Consumer<PutObjectRequest.Builder> condition,
+                                   Set<Integer> refusedStatuses) {
+        int[] attempts = new int[1];
+        boolean written = retrying(operation, key, true, attempts, () -> {
             try {
-                s3.putObject(b -> b.bucket(bucket).key(s3Key(key)).ifMatch(etag), RequestBody.fromBytes(data));
+                s3.putObject(b -> condition.accept(b.bucket(bucket).key(s3Key(key))), RequestBody.fromBytes(data));
                 return true;
             } catch (SdkServiceException e) {
-                if (e.statusCode() == 412 || e.statusCode() == 409 || e.statusCode() == 404) {
+                if (refusedStatuses.contains(e.statusCode())) {
                     return false;
                 }
                 throw e;
             }
         });
+        if (written || attempts[0] == 1) {
+            return written;
+        }
+        Versioned there = read(key);
+        if (there == null || !Arrays.equals(there.data(), data)) {
+            return false;
+        }
+        LOG.warn("{}: {} found already made by this writer (an earlier attempt's reply was lost); taken as done",
+                location(key), operation);
+        return true;
     }
 
     @Override
     public void delete(String key) {
-        retrying("deleting", key, () -> s3.deleteObject(b -> b.bucket(bucket).key(s3Key(key))));
+        retrying("delete", key, () -> s3.deleteObject(b -> b.bucket(bucket).key(s3Key(key))));
     }
 
     @Override
@@ -288,7 +348,7 @@ public final class S3Store implements ObjectStore {
         String token = null;
         do {
             String continuation = token;
-            ListObjectsV2Response page = retrying("listing", key, () -> s3.listObjectsV2(
+            ListObjectsV2Response page = retrying("list", key, () -> s3.listObjectsV2(
                     ListObjectsV2Request.builder().bucket(bucket).prefix(dir).delimiter("/").continuationToken(continuation).build()));
             for (S3Object object : page.contents()) {
                 names.add(object.key().substring(dir.length()));

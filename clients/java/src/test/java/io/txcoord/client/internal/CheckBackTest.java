@@ -76,12 +76,9 @@ class CheckBackTest {
         table.append(Parquet.write(CHECKS, List.of(checks), CheckBackTest::fill), checks.length);
     }
 
-    @Test
-    void answersTheChecksAddressedToItOnceEach() throws Exception {
-        LocalStore store = new LocalStore(lakehouse.toString());
-        Instant now = Instant.now();
-        Map<String, MessageExt> asked = new ConcurrentHashMap<>();
-        TransactionListener listener = new TransactionListener() {
+    /** A listener whose local transactions commit and whose checks {@code check} answers. */
+    static TransactionListener checking(java.util.function.Function<MessageExt, LocalTransactionState> check) {
+        return new TransactionListener() {
             @Override
             public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
                 return LocalTransactionState.COMMIT_MESSAGE;
@@ -89,10 +86,20 @@ class CheckBackTest {
 
             @Override
             public LocalTransactionState checkLocalTransaction(MessageExt msg) {
-                asked.put(msg.getCheckId(), msg);
-                return msg.getTransactionId().equals("t1") ? LocalTransactionState.ROLLBACK_MESSAGE : null;
+                return check.apply(msg);
             }
         };
+    }
+
+    @Test
+    void answersTheChecksAddressedToItOnceEach() throws Exception {
+        LocalStore store = new LocalStore(lakehouse.toString());
+        Instant now = Instant.now();
+        Map<String, MessageExt> asked = new ConcurrentHashMap<>();
+        TransactionListener listener = checking(msg -> {
+            asked.put(msg.getCheckId(), msg);
+            return msg.getTransactionId().equals("t1") ? LocalTransactionState.ROLLBACK_MESSAGE : null;
+        });
         // Before start: one request of the last check interval (answered), one older (superseded: not answered).
         request(store, new Check("t1-1", "t1", null, now.minusSeconds(5)), new Check("t0-1", "t0", null, now.minusSeconds(600)));
         CoordinatorConfig config = CoordinatorConfig.builder().lakehouse(lakehouse.toString()).build();
@@ -128,6 +135,30 @@ class CheckBackTest {
             }
         }
         assertEquals(List.of("t1 ROLLBACK_MESSAGE t1-1", "t2 UNKNOW t2-1"), answers.stream().sorted().toList());
+    }
+
+    @Test
+    void checksRunOnTheExecutorSetAsRocketMQsSetExecutorServiceAndShutdownStopsIt() throws Exception {
+        LocalStore store = new LocalStore(lakehouse.toString());
+        java.util.concurrent.CompletableFuture<String> checkedOn = new java.util.concurrent.CompletableFuture<>();
+        TransactionListener listener = checking(msg -> {
+            checkedOn.complete(Thread.currentThread().getName());
+            return LocalTransactionState.COMMIT_MESSAGE;
+        });
+        java.util.concurrent.ExecutorService executor = java.util.concurrent.Executors.newFixedThreadPool(2,
+                r -> new Thread(r, "service-checks"));
+        request(store, new Check("t1-1", "t1", null, Instant.now()));
+        CoordinatorConfig config = CoordinatorConfig.builder().lakehouse(lakehouse.toString()).build();
+        TransactionProducer producer = new TransactionProducer("order_group", listener, config);
+        producer.setExecutorService(executor);
+        assertEquals(executor, producer.getExecutorService());
+        try (producer) {
+            producer.start();
+            assertEquals("service-checks", checkedOn.get(30, java.util.concurrent.TimeUnit.SECONDS));
+            org.junit.jupiter.api.Assertions.assertThrows(io.txcoord.client.ProducerStateError.class,
+                    () -> producer.setExecutorService(executor));
+        }
+        assertTrue(executor.isShutdown(), "shutdown() shuts the executor down, as RocketMQ's producer does");
     }
 
     static void waitFor(java.util.function.BooleanSupplier condition) throws InterruptedException {
