@@ -279,10 +279,10 @@ def test_an_error_of_the_consumers_own_stops_it_and_close_says_why(settings, fee
     grant(settings, "credits", ["ORDERS"])
     consumer = TopicConsumer("credits", ["ORDERS"], RecordingListener(), settings, clock=Clock()).start()
 
-    def broken():
+    def broken(shares):  # a bug in the consumer's own code, as the loop runs it
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(consumer, "_read", broken)
+    monkeypatch.setattr(consumer._reading, "read", broken)
     wait_until(lambda: consumer.health().state == "stopped", 30, "the consumer stopped")
     assert consumer.failure is not None and "a bug" in consumer.health().failure
     with pytest.raises(ConsumerStateError, match="a bug"):

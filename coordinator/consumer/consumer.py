@@ -6,7 +6,8 @@ consumer is made of three parts, each run by its loop thread:
 
 * :class:`~coordinator.consumer.membership.Membership`: the instance's record, the group's live instances, the
   claims of its shares, and the fence that keeps it from starting a call in a share it may have lost;
-* :class:`~coordinator.consumer.share.Share`: each share's reading, in the topic's order, and its progress record;
+* :class:`~coordinator.consumer.share.Share`: each share's reading, in the topic's order, and its progress record,
+  and :class:`~coordinator.consumer.reading.Reading`, when to look for new versions of each source;
 * :class:`~coordinator.consumer.dispatch.Dispatcher`: the listener calls, retries and dead letters.
 
 Every half heartbeat the instance works out which shares it should hold (rendezvous hashing with bounded loads
@@ -42,8 +43,9 @@ from coordinator.consumer.dispatch import Dispatcher, retry_delay_ms
 from coordinator.consumer.group import REDRIVE_SOURCE, ConsumerGroup
 from coordinator.consumer.listener import MessageListener
 from coordinator.consumer.membership import Membership
+from coordinator.consumer.reading import Reading
 from coordinator.consumer.share import Share
-from coordinator.consumer.topic_log import CACHED_VERSIONS, TopicLog
+from coordinator.consumer.topic_log import TopicLog
 from coordinator.consumer.workers import Run
 from coordinator.exceptions import (ConsumerStateError, CoordinatorError, InvalidArgumentError, PositionGoneError,
                                     one_line)
@@ -55,19 +57,6 @@ __all__ = ["ConsumerHealth", "TopicConsumer", "retry_delay_ms"]
 
 _log = logging.getLogger("coordinator.consumer")
 
-#: A quiet table is probed at most every this many poll intervals; an absent redrive table every _ABSENT_POLLS.
-_IDLE_POLLS = 10
-#: A table that grew within this many poll intervals is flowing: probed every poll interval, the quiet-time
-#: backoff only past it (the gaps between a busy topic's versions, and the checker's stalls on a loaded machine,
-#: had the next version wait up to a quarter longer: most of a p99).
-_FLOWING_POLLS = 50
-#: On a local disk, where a probe is no request, a flowing table is probed this many times a poll interval, and
-#: a quiet one every poll interval (the backoff saves requests on object storage; a local disk prices none).
-_LOCAL_PROBES_PER_POLL = 4
-_ABSENT_POLLS = 100
-#: How many versions past the furthest-behind share of a topic with room to read another share reads: within
-#: what the topic's log keeps of its versions (topic_log.CACHED_VERSIONS).
-_READ_AHEAD_VERSIONS = CACHED_VERSIONS // 2
 #: An instance owed shares that a live instance still holds (it lets go once its look finds this one) looks
 #: again after this many poll intervals, not half a heartbeat.
 _OWED_LOOK_POLLS = 2
@@ -134,10 +123,8 @@ class TopicConsumer:
         self._shares: dict[tuple[str, int], Share] = {}
         #: Shares this instance cannot take, by an error it does not retry (a progress record that is not one).
         self._refused: dict[tuple[str, int], str] = {}
-        self._logs: dict[str, TopicLog] = {}
-        self._probed_at: dict[str, float] = {}  # time.monotonic() of each source's last probe
-        self._grew_at: dict[str, float] = {}  # time.monotonic() of the last probe that found a source grown
-        self._probe_due = float("inf")  # time.monotonic() when a source's next probe is due, if one is
+        self._reading = Reading(config, self._remote, self._position_gone)
+        self._logs = self._reading.logs  # each source's TopicLog, by name
         self._finished: deque[Run] = deque()  # appended by worker threads, taken by the loop
         self._rebalanced_at = float("-inf")
         self._owed = False  # the last look found shares this instance should hold that a live one still held
@@ -168,7 +155,7 @@ class TopicConsumer:
             for source in (*self.topics, REDRIVE_SOURCE):
                 key = (f"topics/{source}" if source != REDRIVE_SOURCE
                        else f"{self.lakehouse.consumer_dir(self.group)}/redrive")
-                self._logs[source] = TopicLog(self.lakehouse.files, key, self.lakehouse.storage)
+                self._reading.add(source, TopicLog(self.lakehouse.files, key, self.lakehouse.storage))
             if self.config.consumer_metrics_port is not None:
                 from coordinator.consumer.metrics import serve_consumer_metrics
 
@@ -293,7 +280,7 @@ class TopicConsumer:
                 # Until the next probe is due, not a whole poll interval: a step woken early by a finished call
                 # skips a probe not yet due, and waiting a whole interval after it put the probe off by as much.
                 poll = self.config.consumer_poll_interval_ms / 1000
-                self._wake.wait(min(poll, max(0.0, self._probe_due - time.monotonic())))
+                self._wake.wait(min(poll, max(0.0, self._reading.probe_due - time.monotonic())))
                 self._wake.clear()
             if not self._halted:
                 self._drain()
@@ -321,7 +308,7 @@ class TopicConsumer:
                 membership.renew()  # a long look (shares taken, slow requests) must not cost this instance its record
         self._take_finished()
         self._expire()
-        self._read()
+        self._reading.read([share for share in self._shares.values() if not share.releasing])
         if not membership.fenced:
             self._dispatcher.dispatch([share for share in self._shares.values() if not share.releasing])
         self._save_due()
@@ -449,41 +436,6 @@ class TopicConsumer:
             self._shares.pop((share.source, share.number), None)
         self._membership.release(share.source, share.number, share.claim)
 
-    # Reading.
-
-    def _read(self) -> None:
-        self._probe_due = float("inf")
-        latest, reading = {}, {}
-        room = self.config.consumer_max_buffered
-        readable = [share for share in self._shares.values() if not share.releasing and share.stopped is None]
-        for share in readable:
-            if len(share.pending) < room:
-                reading[share.source] = min(reading.get(share.source, share.next_read), share.next_read)
-        for share in readable:
-            try:
-                if share.source not in latest:
-                    latest[share.source] = self._latest(share.source)
-                    first = reading.get(share.source)
-                    if first is not None:
-                        share.log.read_ahead(first, min(latest[share.source], first + 2 * _READ_AHEAD_VERSIONS - 1))
-                # Not far past the furthest-behind share that has room to read: the shares of a topic drifted
-                # apart past the versions the log keeps, and each version was read and converted again for each
-                # share that came to it late (docs/performance.md#consumers).
-                ahead = reading.get(share.source, share.next_read) + _READ_AHEAD_VERSIONS - 1
-                share.fill(min(latest[share.source], ahead), room)
-                share.failure = None
-            except PositionGoneError as error:
-                self._position_gone(share, error, latest.get(share.source))
-            except CoordinatorError as error:
-                if not error.retriable:
-                    share.stopped = error
-                    _log.error("consumer %s stopped share %d of %s: %s", self.instance_id, share.number,
-                               share.source, one_line(error))
-                elif share.failure != one_line(error):
-                    _log.error("consumer %s cannot read share %d of %s: %s", self.instance_id, share.number,
-                               share.source, one_line(error))
-                share.failure = one_line(error)
-
     def _position_gone(self, share: Share, error: PositionGoneError, latest: Optional[int]) -> None:
         policy = self.config.consumer_position_gone
         outcome = share.position_gone(error, policy, share.log.latest() if latest is None else latest)
@@ -494,44 +446,6 @@ class TopicConsumer:
             self._metrics.position_gone(self.group, share.source)
         if share.stopped is None:
             self._save(share)
-
-    def _latest(self, source: str) -> int:
-        """How far ``source`` has grown: probed (a request) only once one of its shares has read all it knew of,
-        and at most every :meth:`_probe_interval`: a busy loop steps often, and a probe each time would cost a
-        request per step."""
-        log, now = self._logs[source], time.monotonic()
-        known = log.known
-        caught_up = known is None or any(share.next_read > known for (name, _), share in self._shares.items()
-                                         if name == source and not share.releasing)
-        interval = self._probe_interval(source, now)
-        if caught_up and now - self._probed_at.get(source, float("-inf")) >= interval:
-            self._probed_at[source] = now
-            latest = log.latest()
-            if latest != known:
-                self._grew_at[source] = now
-                interval = self._probe_interval(source, now)
-            self._probe_due = min(self._probe_due, now + interval)
-            return latest
-        if caught_up:
-            self._probe_due = min(self._probe_due, self._probed_at[source] + interval)
-        return known
-
-    def _probe_interval(self, source: str, now: float) -> float:
-        """On object storage, the poll interval while ``source`` grows and until it has been quiet for
-        :data:`_FLOWING_POLLS` poll intervals; then a quarter of the time since it last grew (a message after a
-        quiet spell waits at most a quarter longer), up to :data:`_IDLE_POLLS` poll intervals. On a local disk
-        (a probe is no request) a :data:`_LOCAL_PROBES_PER_POLL`-th of the poll interval while flowing, then the
-        poll interval; :data:`_ABSENT_POLLS` while the group's redrive table does not exist (until an operator first
-        redrives; a topic that does not exist yet is probed as a quiet one: its first messages are not held up)."""
-        poll = self.config.consumer_poll_interval_ms / 1000
-        if source == REDRIVE_SOURCE and self._logs[source].known == -1:
-            return poll * _ABSENT_POLLS
-        quiet = now - self._grew_at.get(source, now)
-        if not self._remote:
-            return poll / _LOCAL_PROBES_PER_POLL if quiet < poll * _FLOWING_POLLS else poll
-        if quiet < poll * _FLOWING_POLLS:
-            return poll
-        return min(max(poll, quiet / 4), poll * _IDLE_POLLS)
 
     # Calls and saves.
 

@@ -24,7 +24,7 @@ Example::
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -32,16 +32,25 @@ from prometheus_client.core import GaugeMetricFamily
 from coordinator.config import CoordinatorConfig
 from coordinator.consumer.dispatch import CallCounts
 
-if TYPE_CHECKING:
-    from coordinator.consumer.consumer import TopicConsumer
-
 __all__ = ["ConsumerMetrics", "serve_consumer_metrics"]
+
+
+class _Instance(Protocol):
+    """What the gauges read of a consumer instance (a :class:`~coordinator.consumer.consumer.TopicConsumer`)."""
+
+    group: str
+    instance_id: str
+
+    def health(self): ...
+
+    def lag(self) -> dict[str, int]: ...
+
 
 _served: dict[tuple[str, int], "ConsumerMetrics"] = {}
 _serving = threading.Lock()
 
 
-def serve_consumer_metrics(consumer: "TopicConsumer", config: CoordinatorConfig) -> "ConsumerMetrics":
+def serve_consumer_metrics(consumer: _Instance, config: CoordinatorConfig) -> "ConsumerMetrics":
     """The process's consumer metrics at ``config``'s ``metrics_host:consumer_metrics_port``, served from the first
     call on, with ``consumer`` among the instances its gauges show.
 
@@ -68,7 +77,7 @@ class ConsumerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.port = 0
-        self.consumers: set["TopicConsumer"] = set()
+        self.consumers: set[_Instance] = set()
         self.calls = Counter("txcoord_consumer_calls", "Listener calls, by outcome.", ["group", "topic", "outcome"],
                              registry=self.registry)
         self.retries = Counter("txcoord_consumer_retries", "Failed messages scheduled for another attempt.",
@@ -94,7 +103,7 @@ class ConsumerMetrics:
     def position_gone(self, group: str, topic: str) -> None:
         self.gone.labels(group, topic).inc()
 
-    def forget(self, consumer: "TopicConsumer") -> None:
+    def forget(self, consumer: _Instance) -> None:
         """Show ``consumer`` no more (it closed); its counts stay."""
         with _serving:
             self.consumers.discard(consumer)

@@ -218,7 +218,7 @@ def reset_consumer_group(config: CoordinatorConfig, group: str, topic: str, to: 
     """
     lakehouse = Lakehouse.of(config)
     records = ConsumerGroup(lakehouse, group)
-    grant = records.require_grant([topic])
+    records.require_grant([topic])
     live = records.instances.live(group)
     if live:
         raise ConsumerStateError(f"consumer group {group!r} has {len(live)} live instance(s) "
