@@ -108,6 +108,14 @@ def test_the_checker_fell_behind_when_its_lag_grew_or_messages_are_missing():
     assert not e2e.kept_up(0, 46, None)  # the last quarter never sampled: nothing shows it kept up
 
 
+def test_poison_progress_tiny_run_keeps_the_record_small_and_the_next_instance_goes_on(tmp_path):
+    report = run_tiny("poison_progress", tmp_path / "poison-progress.json", timeout=300)
+    assert_envelope(report, "poison_progress")
+    assert report["messages_handled_past"] == 20_000 and report["met"] is True
+    assert report["unhandled_listed"] == 1 and report["poison_attempts_saved"] == 1
+    assert report["record_bytes_after_all"] <= 2 * report["record_bytes_after_first_version"]
+
+
 def test_producer_tiny_run_reports_every_configuration_with_consistent_counts(tmp_path):
     report = run_tiny("producer", tmp_path / "producer.json", "--processes", "1", "2", "--group-each", timeout=300)
 
