@@ -492,6 +492,8 @@ class TopicConsumer:
         except CoordinatorError as error:
             _log.warning("consumer %s could not save share %d of %s: %s", self.instance_id, share.number,
                          share.source, one_line(error))
+            if not error.retriable:
+                share.stopped = error  # its record refused for good: nothing more is started in it
             return False
         if version is None:
             self._lose(share, "its progress was written by another instance", release=True)

@@ -77,11 +77,14 @@ class Membership:
 
     def renew(self) -> None:
         """Renew the instance's record. The proof of its hold moves on if the renewal landed before the previous
-        proof ran out; else the instance is suspect until :meth:`prove` reads its claims back."""
+        proof ran out; else the instance is suspect until :meth:`prove` reads its claims back. An error the
+        storage may get over is logged (the next step tries again); one it will not is raised."""
         began = self.clock()
         try:
             self.group.instances.announce(self.group.group, self.instance_id, self.heartbeat_s)
         except CoordinatorError as error:
+            if not error.retriable:
+                raise  # its own record refused (a revoked grant): nothing this instance does can go on
             _log.warning("consumer %s could not renew its record: %s", self.instance_id, one_line(error))
             return
         self.renewed_at = began
