@@ -253,6 +253,8 @@ def test_a_stopped_group_whose_position_maintenance_removed_follows_its_policy(s
             wait_until(lambda: after.handled, 30, "what came after")
             assert [m.msg_id for m in after.handled] == new
     assert not set(before) & {m.msg_id for m in after.handled}
+    gone = ConsumerGroup(Lakehouse.of(settings), "credits").progress("ORDERS", 0)[0].gone
+    assert (gone["version"], gone["policy"]) == (1, policy)  # what describe shows
 
 
 def test_close_with_a_timeout_returns_in_time_and_the_call_still_running_is_delivered_again(settings, feed):

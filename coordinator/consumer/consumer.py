@@ -438,7 +438,7 @@ class TopicConsumer:
 
     def _position_gone(self, share: Share, error: PositionGoneError, latest: Optional[int]) -> None:
         policy = self.config.consumer_position_gone
-        outcome = share.position_gone(error, policy, share.log.latest() if latest is None else latest)
+        outcome = share.position_gone(error, policy, share.log.latest() if latest is None else latest, self.clock())
         level = logging.ERROR if share.stopped is not None else logging.WARNING
         _log.log(level, "consumer %s: share %d of %s: %s; consumer_position_gone = %r: %s", self.instance_id,
                  share.number, share.source, one_line(error), policy, outcome)

@@ -137,7 +137,9 @@ class ShareProgress:
     ``topic_rows_before``: how many messages (of every share) the source holds in versions before ``version``,
     when known: what the lag is counted from. ``batch``: the checker batch of the last version read. While
     ``snapshot`` is set, version ``snapshot`` means the topic's snapshot at that version, read from checker batch
-    ``snapshot_from_batch`` on (``consumer_position_gone``: :mod:`coordinator.consumer.share`).
+    ``snapshot_from_batch`` on (``consumer_position_gone``: :mod:`coordinator.consumer.share`). ``gone``: the
+    last time a version the share needed was gone: ``at_ms``, the ``version`` needed, the ``policy`` followed and its
+    ``outcome`` (what ``describe`` shows).
 
     Records written before this form (``format`` 1: a watermark, and the offsets handled past it) are read as
     ``version`` = the watermark with those offsets in ``skip``, and their retries keyed by offset alone
@@ -155,6 +157,7 @@ class ShareProgress:
     snapshot: Optional[int] = None
     snapshot_from_batch: Optional[int] = None
     batch: Optional[int] = None
+    gone: Optional[dict] = None
 
     @property
     def position(self) -> int:
@@ -165,7 +168,7 @@ class ShareProgress:
         """The record's bytes, naming its writer and time (which makes every write's content unique)."""
         record = {"format": PROGRESS_FORMAT, "version": self.version, "offset": self.offset, "floor": self.floor,
                   "epoch": self.epoch, "topic_rows_before": self.topic_rows_before, "batch": self.batch,
-                  "snapshot": self.snapshot, "snapshot_from_batch": self.snapshot_from_batch,
+                  "snapshot": self.snapshot, "snapshot_from_batch": self.snapshot_from_batch, "gone": self.gone,
                   "unhandled": {str(version): offsets for version, offsets in sorted(self.unhandled.items()) if offsets},
                   "retrying": [{"version": version, "offset": offset, **retry}
                                for (version, offset), retry in sorted(self.retrying.items())],
@@ -191,6 +194,10 @@ class ShareProgress:
         for name in ("topic_rows_before", "batch", "snapshot", "snapshot_from_batch"):
             if raw.get(name) is not None and not (_is_int(raw[name]) and raw[name] >= 0):
                 raise CorruptInputError(f"{name} is not a whole number of the right sign: {raw[name]!r}"[:300])
+        gone = raw.get("gone")
+        if gone is not None and not (isinstance(gone, dict) and _is_int(gone.get("at_ms")) and _is_int(gone.get("version"))
+                                     and isinstance(gone.get("policy"), str) and isinstance(gone.get("outcome"), str)):
+            raise CorruptInputError("gone is not {at_ms, version, policy, outcome}")
         unhandled, retrying = _offsets_by_version(raw.get("unhandled"), "unhandled"), raw.get("retrying")
         if not isinstance(retrying, list) or not all(
                 isinstance(retry, dict) and _is_int(retry.get("version")) and _is_int(retry.get("offset"))
@@ -199,7 +206,8 @@ class ShareProgress:
         return cls(raw["version"], raw["offset"], raw["floor"], unhandled,
                    {(retry["version"], retry["offset"]): _retry_state(retry) for retry in retrying}, raw["epoch"],
                    raw.get("topic_rows_before"), _offsets_by_version(raw.get("skip", {}), "skip"), raw.get("snapshot"),
-                   raw.get("snapshot_from_batch"), raw.get("batch"))
+                   raw.get("snapshot_from_batch"), raw.get("batch"),
+                   None if gone is None else {name: gone[name] for name in ("at_ms", "version", "policy", "outcome")})
 
     @classmethod
     def _parse_first_format(cls, raw: dict) -> "ShareProgress":

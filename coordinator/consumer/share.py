@@ -62,6 +62,7 @@ class Share:
         self.topic_rows_before = progress.topic_rows_before
         self.snapshot, self.snapshot_from_batch = progress.snapshot, progress.snapshot_from_batch
         self.batch = progress.batch  # the checker batch of the last version read from its position
+        self.gone = progress.gone  # the last time a version it needed was gone
         #: Unhandled messages of versions before the position, to read again before going on (version -> offsets).
         self.reread = {version: set(offsets) for version, offsets in progress.unhandled.items()}
         self.retries = dict(progress.retrying)  # (version, offset) -> retry state, taken as the message is read
@@ -98,7 +99,7 @@ class Share:
         in_snapshot = self._in_snapshot(unhandled)
         return ShareProgress(self.next_read, self.next_offset, self.floor, unhandled, retrying, self.epoch,
                              self.topic_rows_before, skip, self.snapshot if in_snapshot else None,
-                             self.snapshot_from_batch if in_snapshot else None, self.batch)
+                             self.snapshot_from_batch if in_snapshot else None, self.batch, self.gone)
 
     def _in_snapshot(self, unhandled: dict) -> bool:
         return self.snapshot is not None and (self.next_read == self.snapshot or self.snapshot in unhandled)
@@ -156,9 +157,10 @@ class Share:
         self.pending[Pending(row, version, offset, retry)] = None
         self.read_count += 1
 
-    def position_gone(self, error: PositionGoneError, policy: str, latest: int) -> str:
+    def position_gone(self, error: PositionGoneError, policy: str, latest: int, now: float) -> str:
         """Move the share on from a version that is gone, as ``policy`` says (``consumer_position_gone``); what was
-        done, for the log and the counter. With ``fail``, the share stops with ``error``. A share that has read
+        done, for the log and the counter, and kept in the share's record (``gone``) with ``now``. With ``fail``,
+        the share stops with ``error``. A share that has read
         nothing yet (a new group starting at ``earliest`` on a topic whose first versions are gone) reads the
         snapshot whatever the policy: what it asked for is every message the topic holds.
 
@@ -166,6 +168,13 @@ class Share:
         order): the messages of the checker's batches it had not read whole, and those it listed as unhandled,
         then goes on after ``latest``. A message of a batch it had read in part is delivered again (at least once).
         """
+        needed = min(self.reread, default=self.next_read)
+        outcome = self._move_on(error, policy, latest)
+        self.gone = {"at_ms": int(now * 1000), "version": needed, "policy": policy, "outcome": outcome[:300]}
+        self.dirty = True
+        return outcome
+
+    def _move_on(self, error: PositionGoneError, policy: str, latest: int) -> str:
         fresh = self.batch is None and self.snapshot is None and not self.pending and not self.reread
         if not fresh and policy == "fail":
             self.stopped = error
