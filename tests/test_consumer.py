@@ -211,14 +211,15 @@ def consumer_read(consumer, count):
 
 def tick(clock, consumers, seconds=0.5):
     """Move the clock, half a heartbeat at a time at most, and after each move wait until each consumer has gone
-    twice round its loop at the new time (a longer jump is a pause to them: they stop until they prove their
+    twice round its loop and its heartbeat's at the new time (a longer jump is a pause to them: they stop until they prove their
     hold on their shares again)."""
     while True:
         step = min(seconds, 0.5)
-        before = [consumer._steps for consumer in consumers]
+        before = [(consumer._steps, consumer._membership.rounds) for consumer in consumers]
         clock.now += step
-        wait_until(lambda: all(c._steps >= b + 2 for c, b in zip(consumers, before)), 30,
-                   "the consumers' next rounds", poll_s=0.005)
+        wait_until(lambda: all(c._steps >= steps + 2 and c._membership.rounds >= rounds + 2
+                               for c, (steps, rounds) in zip(consumers, before)), 30,
+                   "the consumers' next rounds (their loops' and their heartbeats')", poll_s=0.005)
         seconds -= step
         if seconds <= 0:
             return

@@ -160,7 +160,8 @@ class TopicConsumer:
                 from coordinator.consumer.metrics import serve_consumer_metrics
 
                 self._metrics = serve_consumer_metrics(self, self.config)
-            self._membership.renew()
+            self._membership.renew()  # its errors are start()'s
+            self._membership.start()
             self._dispatcher = Dispatcher(self._group, self.instance_id, self.listener, self.config, self.clock,
                                           self._runnable, self._on_finished, self._save, self._holds,
                                           self._metrics.counts(self.group) if self._metrics else None)
@@ -265,6 +266,7 @@ class TopicConsumer:
     def _halt(self) -> None:
         """Stop at once, saving nothing and withdrawing nothing: what ``kill -9`` leaves behind (for tests)."""
         self._halted = True
+        self._membership.stop()
         self._stopping.set()
         self._wake.set()
         self._thread.join()
@@ -291,12 +293,14 @@ class TopicConsumer:
                 self._shares.clear()
                 if self._state == "running":
                     self._state = "stopped"
+            self._membership.stop()  # no longer live: its claims free for the others at once
+            self._membership.withdraw()
 
     def _step(self) -> None:
         membership = self._membership
         heartbeat_s = membership.heartbeat_s
-        if self.clock() - membership.renewed_at >= heartbeat_s:
-            membership.renew()
+        if membership.failure is not None:
+            raise membership.failure
         if membership.prove_due(holding=bool(self._shares)):
             self._prove()
         look_s = heartbeat_s / 2
@@ -304,8 +308,6 @@ class TopicConsumer:
             look_s = min(look_s, _OWED_LOOK_POLLS * self.config.consumer_poll_interval_ms / 1000)
         if self.clock() - self._rebalanced_at >= look_s:
             self._rebalance()
-            if self.clock() - membership.renewed_at >= heartbeat_s:
-                membership.renew()  # a long look (shares taken, slow requests) must not cost this instance its record
         self._take_finished()
         self._expire()
         self._reading.read([share for share in self._shares.values() if not share.releasing])
@@ -328,6 +330,7 @@ class TopicConsumer:
         self._take_finished()
         for share in list(self._shares.values()):
             self._give_up(share)
+        self._membership.stop()
         self._membership.withdraw()
 
     def _prove(self) -> None:

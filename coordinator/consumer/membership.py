@@ -1,9 +1,11 @@
 """An instance's membership in its consumer group: its record, which instances are live, the claims of the shares
 it holds, and the *fence* that keeps it from starting a call in a share it may have lost.
 
-**Liveness.** The instance renews its record every heartbeat (:mod:`.instances`); the others take it for dead once
-the record is :data:`~coordinator.consumer.instances.LIVE_FOR_HEARTBEATS` heartbeats old, and may then replace its
-claims. So it holds its shares, proven, only while its last renewal is recent.
+**Liveness.** The instance renews its record every heartbeat (:mod:`.instances`), on a thread of its own
+(:meth:`Membership.start`): a long step of the consumer's loop (a version read and converted, slow requests on a
+loaded machine) must not make its renewal late; the others take it for dead once the record is
+:data:`~coordinator.consumer.instances.LIVE_FOR_HEARTBEATS` heartbeats old, and may then replace its claims. So it
+holds its shares, proven, only while its last renewal is recent.
 
 **The fence.** ``proven_at`` is the clock when the instance last proved it holds its shares: the start of a
 renewal that landed within :data:`FENCE_HEARTBEATS` heartbeats of the previous proof (its record never looked
@@ -20,14 +22,17 @@ the instances' clocks and the scheduling delay between a worker's check and its 
 Example::
 
     membership = Membership(ConsumerGroup(lakehouse, "credits"), "9c1e…", config, time.time)
-    membership.renew()
+    membership.renew()              # the first renewal, whose errors the caller sees
+    membership.start()              # then every heartbeat, on its own thread
     membership.fenced               # False: renewed just now
     live = membership.survey()      # {'9c1e…', …}
+    membership.stop()
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Callable, Iterable, Optional
 
 from coordinator.config import CoordinatorConfig
@@ -52,13 +57,21 @@ _SURVEY_HEARTBEATS = 5
 
 
 class Membership:
-    """Instance ``instance_id`` of ``group`` (see the module's docstring). Used by the consumer's loop thread,
-    but :attr:`fenced`, which workers read before each call."""
+    """Instance ``instance_id`` of ``group`` (see the module's docstring). Used by the consumer's loop thread, but
+    its renewals (its heartbeat thread) and :attr:`fenced` (which workers read before each call)."""
 
     def __init__(self, group: ConsumerGroup, instance_id: str, config: CoordinatorConfig, clock: Callable[[], float],
                  remote: bool):
         self.group, self.instance_id, self.clock, self.remote = group, instance_id, clock, remote
         self.heartbeat_s = config.consumer_heartbeat_ms / 1000
+        self._poll_s = config.consumer_poll_interval_ms / 1000
+        self._lock = threading.Lock()  # the proof's state, between the heartbeat thread and the loop's
+        self._stopped = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        #: An error the storage will not get over, met renewing the record: the consumer stops with it.
+        self.failure: Optional[CoordinatorError] = None
+        self.rounds = 0  # rounds of the heartbeat thread: a test moving the clock waits for the next ones
+        self._retry_at = float("-inf")  # after a failed renewal, when the next is tried
         self.renewed_at = float("-inf")  # when the last renewal that landed began
         self.proven_at = float("-inf")
         #: When the instance renewed after a gap in its proof: its claims are read back from
@@ -75,10 +88,35 @@ class Membership:
         """Whether the instance may have lost its shares: it starts no call while this holds."""
         return self.suspect_since is not None or self.clock() - self.proven_at > FENCE_HEARTBEATS * self.heartbeat_s
 
-    def renew(self) -> None:
+    def start(self) -> None:
+        """Renew the record every heartbeat from now on, on a thread of its own, until :meth:`stop`: it looks at
+        the clock every poll interval (no request), and renews when a heartbeat has passed since the last
+        renewal (after a failed one, a tenth of a heartbeat later)."""
+        self._thread = threading.Thread(target=self._beat, name=f"consumer-{self.group.group}-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop renewing (before the record is withdrawn, or as kill -9 leaves it)."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(self._poll_s):
+            now = self.clock()
+            if now - self.renewed_at >= self.heartbeat_s and now >= self._retry_at:
+                try:
+                    if not self.renew():
+                        self._retry_at = now + self.heartbeat_s / 10
+                except CoordinatorError as error:
+                    self.failure = error
+                    return
+            self.rounds += 1
+
+    def renew(self) -> bool:
         """Renew the instance's record. The proof of its hold moves on if the renewal landed before the previous
         proof ran out; else the instance is suspect until :meth:`prove` reads its claims back. An error the
-        storage may get over is logged (the next step tries again); one it will not is raised."""
+        storage may get over is logged (whether it was renewed); one it will not is raised."""
         began = self.clock()
         try:
             self.group.instances.announce(self.group.group, self.instance_id, self.heartbeat_s)
@@ -86,16 +124,18 @@ class Membership:
             if not error.retriable:
                 raise  # its own record refused (a revoked grant): nothing this instance does can go on
             _log.warning("consumer %s could not renew its record: %s", self.instance_id, one_line(error))
-            return
-        self.renewed_at = began
-        if self.suspect_since is None and self.clock() - self.proven_at <= FENCE_HEARTBEATS * self.heartbeat_s:
-            self.proven_at = began
-        elif self.suspect_since is None or began > self.suspect_since:
-            if self.suspect_since is None and self.proven_at > float("-inf"):
-                _log.warning("consumer %s went %.1f s without proving its hold on its shares (paused, or its "
-                             "storage failing): it starts no call until it has read its claims back",
-                             self.instance_id, began - self.proven_at)
-            self.suspect_since = began
+            return False
+        with self._lock:
+            self.renewed_at = began
+            if self.suspect_since is None and self.clock() - self.proven_at <= FENCE_HEARTBEATS * self.heartbeat_s:
+                self.proven_at = began
+            elif self.suspect_since is None or began > self.suspect_since:
+                if self.suspect_since is None and self.proven_at > float("-inf"):
+                    _log.warning("consumer %s went %.1f s without proving its hold on its shares (paused, or its "
+                                 "storage failing): it starts no call until it has read its claims back",
+                                 self.instance_id, began - self.proven_at)
+                self.suspect_since = began
+        return True
 
     def prove_due(self, holding: bool) -> bool:
         """Whether the instance is suspect and may read its claims back now (at once when ``holding`` none: there
@@ -114,11 +154,14 @@ class Membership:
         except CoordinatorError as error:
             _log.warning("consumer %s could not read its claims back: %s", self.instance_id, one_line(error))
             return None
-        if self.clock() - began > FENCE_HEARTBEATS * self.heartbeat_s:
-            self.suspect_since = None  # took too long: renewed again, then proven from that renewal
-            self.proven_at = float("-inf")
-            return None
-        self.suspect_since, self.proven_at = None, began
+        with self._lock:
+            if self.suspect_since != began:
+                return None  # renewed late again meanwhile: read back from that renewal
+            if self.clock() - began > FENCE_HEARTBEATS * self.heartbeat_s:
+                self.suspect_since = None  # took too long: renewed again, then proven from that renewal
+                self.proven_at = float("-inf")
+                return None
+            self.suspect_since, self.proven_at = None, began
         return holds
 
     def survey(self) -> set[str]:
