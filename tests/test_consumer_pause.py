@@ -52,6 +52,12 @@ class Flow:
         self.feed.close()
 
 
+def stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped by a signal, as /proc says."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
 def read_calls(path):
     calls = []
     for line in path.read_text().splitlines():
@@ -75,8 +81,10 @@ def test_a_paused_instance_starts_no_call_in_the_shares_it_lost_and_keys_stay_in
                        "both instances handling messages")
             paused = workers[0]
             for times_window in (2, 5):
-                at = time.time()
                 os.kill(paused.pid, signal.SIGSTOP)
+                # When the pause began: once the process is seen stopped, every call it started is under way.
+                wait_until(lambda: stopped(paused.pid), 10, "the process stopped", poll_s=0.001)
+                at = time.time()
                 # The pause is the event under test: real time passes while the process is stopped.
                 threading.Event().wait(times_window * WINDOW_S)
                 os.kill(paused.pid, signal.SIGCONT)
