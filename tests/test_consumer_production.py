@@ -1,8 +1,8 @@
 """Consumer groups through the ordinary events of production: an operator's resets, redrives and discards, a
 message that keeps failing in a busy share, a record that is not one, a topic's maintenance while a group is
-stopped, a close with a deadline, and the metrics an operator watches. Real Delta topics, the real consumer, a
-clock the test moves (support/clock.py); every message a listener was called with must end handled, retrying, or
-an open or closed dead letter."""
+stopped, a close with a deadline, and the metrics an operator watches. Real Delta topics, the real consumer, on a
+local disk and on the S3 server, a clock the test moves (support/clock.py); every message a listener was called
+with must end handled, retrying, or an open or closed dead letter."""
 
 from __future__ import annotations
 
@@ -27,9 +27,13 @@ from support.waiting import wait_until
 from tests.test_consumer import consumer_settings, tick
 
 
-@pytest.fixture
-def settings(tmp_path):
-    return consumer_settings(tmp_path).replace(consumer_retry_delays_ms=(1000,), consumer_max_attempts=2)
+@pytest.fixture(params=["local", "s3"])
+def settings(request, tmp_path):
+    local = consumer_settings(tmp_path).replace(consumer_retry_delays_ms=(1000,), consumer_max_attempts=2)
+    if request.param == "local":
+        return local
+    lakehouse = request.getfixturevalue("s3_lakehouse")
+    return local.replace(lakehouse=lakehouse.root, storage=lakehouse.storage)
 
 
 @pytest.fixture
@@ -48,7 +52,7 @@ def dead_letters_of(settings, group="credits"):
     lakehouse = Lakehouse.of(settings)
     if not lakehouse.exists(f"{lakehouse.consumer_dir(group)}/dead_letters"):
         return []
-    return read_table(lakehouse.consumer_table(group, "dead_letters")).to_pylist()
+    return read_table(lakehouse.consumer_table(group, "dead_letters"), storage=lakehouse.storage).to_pylist()
 
 
 def consume_until(settings, listener, clock, condition, what, group="credits"):
@@ -123,7 +127,8 @@ def redrive_rows(settings, group="credits"):
     lakehouse = Lakehouse.of(settings)
     if not lakehouse.exists(f"{lakehouse.consumer_dir(group)}/redrive"):
         return []
-    return [row["msg_id"] for row in read_table(lakehouse.consumer_table(group, "redrive")).to_pylist()]
+    return [row["msg_id"] for row in read_table(lakehouse.consumer_table(group, "redrive"),
+                                                storage=lakehouse.storage).to_pylist()]
 
 
 def test_a_redrive_interrupted_between_its_two_commits_is_completed_once_by_the_next(settings, feed):
