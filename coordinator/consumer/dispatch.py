@@ -224,7 +224,7 @@ def _failure(result: Any, error: Optional[BaseException]) -> Optional[str]:
 def _message(pending: Pending, source: str, attempt: int) -> ConsumedMessage:
     row = pending.row
     # Every field set at once: the frozen dataclass's __init__ sets each through object.__setattr__, the largest
-    # part of handing a message to a listener that does nothing (docs/performance.md#consumers).
+    # part of handing a message to a listener that does nothing (docs/performance-log.md#consumers).
     message = object.__new__(ConsumedMessage)
     message.__dict__.update(topic=row["topic"], msg_id=row["msg_id"], transaction_id=row["transaction_id"],
                             keys=row["keys"], tags=row["tags"], properties=dict(row["properties"] or {}),

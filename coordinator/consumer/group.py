@@ -69,7 +69,7 @@ def share_owners(group: str, topic: str, shares: int, live: Iterable[str]) -> li
     bounded loads. Shares in order, each goes to the instance its hash ranks first among those with room, where
     each has room for ``shares // len(live)`` and ``shares % len(live)`` of them for one more: every instance
     computes the same answer from the same live set, and each holds its part, give or take one (plain rendezvous
-    hashing spread them by chance, and the group went at the pace of the busiest: docs/performance.md#consumers).
+    hashing spread them by chance, and the group went at the pace of the busiest: docs/performance-log.md#consumers).
     ``None`` each when none is live.
 
     Example::

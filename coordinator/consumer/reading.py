@@ -9,7 +9,7 @@ the time since it last grew (a message after a quiet spell waits at most a quart
 :data:`_IDLE_POLLS` poll intervals; on a local disk, where a probe is no request, a
 :data:`_LOCAL_PROBES_PER_POLL`-th of the poll interval while flowing and the poll interval when quiet; the
 group's redrive table, until an operator first redrives, every :data:`_ABSENT_POLLS` poll intervals. Probing
-every poll interval was most of an idle consumer's requests (docs/performance.md#consumers).
+every poll interval was most of an idle consumer's requests (docs/performance-log.md#consumers).
 
 Example::
 
@@ -85,7 +85,7 @@ class Reading:
                         share.log.read_ahead(first, min(latest[share.source], first + 2 * _READ_AHEAD_VERSIONS - 1))
                 # Not far past the furthest-behind share that has room to read: the shares of a topic drifted
                 # apart past the versions the log keeps, and each version was read and converted again for each
-                # share that came to it late (docs/performance.md#consumers).
+                # share that came to it late (docs/performance-log.md#consumers).
                 ahead = reading.get(share.source, share.next_read) + _READ_AHEAD_VERSIONS - 1
                 share.fill(min(latest[share.source], ahead), room)
                 share.failure = None

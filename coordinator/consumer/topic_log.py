@@ -327,8 +327,8 @@ class TopicLog:
             found = self.files.read(f"{self.table}/{path}")
             if found is None:
                 raise PositionGoneError(f"{self.table} version {version}: its data file {path} is gone (vacuumed)")
-            # One file, one thread: read_table goes through the datasets layer and its thread pool, 2 to 40 times
-            # slower on a version's small file (docs/performance.md, consumers).
+            # One file, one thread: read_table goes through the datasets layer and its thread pool, many times
+            # slower on a version's small file (docs/performance-log.md#consumers).
             return pq.ParquetFile(pa.BufferReader(found.data)).read(use_threads=False)
 
         tables = read_all(read_file, paths, remote=self.files.remote)

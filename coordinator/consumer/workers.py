@@ -12,7 +12,7 @@ stopped from outside: an abandoned thread is a daemon one, so it never keeps the
 
 The threads share no lock per call: whether a call's answer counts or its call was abandoned is decided by
 whichever of its thread and the abandoning loop first pops the call's one-item *ticket* (``list.pop`` is atomic).
-A lock taken around each call made eight threads convoy on it (docs/performance.md, consumers).
+A lock taken around each call made eight threads convoy on it (docs/performance-log.md#consumers).
 
 Example::
 
