@@ -2,7 +2,7 @@
 checker must refuse it for: what the tests, the benchmarks and the chaos harness's poisoning tenant write
 (:class:`PoisoningTenant`, round after round).
 
-A :class:`PoisonedLog` (the conformance kit's :class:`~coordinator.conformance.malformed.RawCommitLog`) writes raw
+A :class:`PoisonedLog` (the conformance kit's :class:`~coordinator.conformance.raw_log.RawCommitLog`) writes raw
 versions into a group's commit log through :class:`FileStore` (a local disk or S3, created only if absent, as any
 writer of the log must), and raw files into its ``_producers/``.
 
@@ -24,7 +24,7 @@ from typing import Callable
 import pyarrow as pa
 
 from coordinator.checker.segment import MAX_DATA_FILE_ROWS
-from coordinator.conformance.malformed import RawCommitLog
+from coordinator.conformance.raw_log import RawCommitLog
 from coordinator.lakehouse import Lakehouse
 from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES
 from coordinator.names import NAME_PATTERN

@@ -14,7 +14,8 @@ import pytest
 
 from coordinator.conformance.cases import CASES, OBJECT_STORE_CASES, SLOWEST, start_order
 from coordinator.conformance.client import ClientProcess, Deadline
-from coordinator.conformance.kit import Run, run_cases
+from coordinator.conformance.kit import run_cases
+from coordinator.conformance.primitives import Run
 from coordinator.exceptions import CaseFailedError
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 

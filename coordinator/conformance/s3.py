@@ -1,6 +1,5 @@
 """``txcoord conformance --object-store``: the lakehouse on txcoord's S3 server (versitygw, started by the
-checkout's ``scripts/s3_server.py``) with an account per principal, and the ``grant`` case, which only
-accounts can make: a client started as one group with another group's credentials is refused by the storage.
+checkout's ``scripts/s3_server.py``) with an account per principal, which the ``grant`` case (:mod:`.grant`) needs.
 
 The kit, its checker and every other case reach the bucket as its owner (the server's root account); the
 ``grant`` case's clients as group A's own account, which the bucket policy ``txcoord grants`` makes
@@ -12,19 +11,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
-from coordinator.conformance.client import ClientProcess, Deadline, message
-from coordinator.conformance.kit import Run, write_config
+from coordinator.conformance.grant import GRANTED
+from coordinator.conformance.primitives import Run, write_config
 from coordinator.exceptions import ConformanceKitError
 from coordinator.lakehouse import Lakehouse, create_group_tables
 
-__all__ = ["GRANTED", "S3Accounts", "STRANGER", "case_grant"]
+__all__ = ["S3Accounts"]
 
 BUCKET = "conformance"
 ROOT = f"s3://{BUCKET}/lh"
-#: The group whose account the grant case uses, and the group it claims to be with it.
-GRANTED, STRANGER = "conformance_grant_a", "conformance_grant_b"
 _ACCOUNT = ("svc-conformance-a", "svc-conformance-a-secret")
 
 
@@ -87,25 +84,3 @@ class S3Accounts:
                      aws_access_key_id=root["aws_access_key_id"], aws_secret_access_key=root["aws_secret_access_key"],
                      ).put_bucket_policy(Bucket=BUCKET, Policy=json.dumps(policy))
 
-
-def case_grant(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    """Group A's account cannot write as group B (refused by the storage: nothing of B stored); as group A it can."""
-    from coordinator.conformance.cases import COMMIT, TOPIC, expect, expect_delivered
-
-    config = run.object_store.granted_config
-    stranger = new_client()
-    reply = stranger.request({"op": "start", "config": str(config), "group": STRANGER})
-    if reply.get("ok"):
-        reply = stranger.request(stranger.send_op([message(TOPIC, b"conformance: outside the grant")], COMMIT))
-    expect(reply.get("ok") is False and reply.get("error") in ("AccessDeniedError", "HalfNotStoredError")
-           and reply.get("retriable") is not True,
-           f"group A's account writing as group B: the client replied {reply}; expected AccessDeniedError "
-           "(or HalfNotStoredError, not retriable) at start or at the send")
-    halves = run.observed.halves(STRANGER)
-    expect(not halves, f"system/half holds {len(halves)} half(s) of group B, written with group A's account")
-    expect(not run.observed.log_records(STRANGER), "group B's commit log holds records written with group A's account")
-    granted = new_client()
-    granted.start(config, GRANTED)
-    messages = [message(TOPIC, b"conformance: inside the grant")]
-    expect_delivered(run, deadline, granted.send(messages, COMMIT), messages)
-    granted.stop()
