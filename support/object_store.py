@@ -62,7 +62,7 @@ class LatencyStore:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "LatencyStore":
-        from scripts.s3_server import S3Server
+        from coordinator.conformance.versitygw import S3Server
 
         try:
             server = self._stack.enter_context(S3Server(os.path.join(self.workdir, "s3")))

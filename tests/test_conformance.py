@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import pytest
 
@@ -66,9 +68,9 @@ def test_the_python_driver_answers_each_op_of_the_line_protocol(tmp_path):
     assert {r["body"] for r in rows if r["kind"] == "HALF"} == {b"hello"}
 
 
-def conformance(*args: str, cwd) -> subprocess.CompletedProcess:
+def conformance(*args: str, cwd, env: Optional[dict] = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "coordinator", "conformance", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=900)
+                          cwd=cwd, timeout=900, env=None if env is None else os.environ | env)
 
 
 def case_lines(stdout: str) -> dict[str, str]:
@@ -191,6 +193,16 @@ def test_an_unknown_case_is_a_usage_error_before_any_checker_starts(tmp_path):
         "case(s) grant need --object-store\n")
     listed = conformance("--list", cwd=tmp_path)
     assert listed.returncode == 0 and listed.stdout.split()[:len(CASES)] == list(CASES)
+
+
+def test_object_store_says_what_to_run_when_its_s3_server_is_not_built(tmp_path):
+    done = conformance("--producer", "true", "--object-store", "--workdir", str(tmp_path / "kit"), cwd=tmp_path,
+                       env={"TXCOORD_CACHE_DIR": str(tmp_path / "empty-cache")})
+    assert done.returncode == 2
+    assert done.stderr.startswith("txcoord conformance: --object-store runs txcoord's S3 server (versitygw), which is "
+                                  f"not built at {tmp_path / 'empty-cache' / 's3'}")
+    assert "run `python -m coordinator.conformance.versitygw build` once (it needs Go" in done.stderr
+    assert not (tmp_path / "kit" / "checker.log").exists() and not (tmp_path / "kit" / "s3").exists()
 
 
 @pytest.mark.parametrize("command, reason", [

@@ -109,10 +109,10 @@ def test_no_import_runs_up_the_floors_or_across_one():
 #: The conformance kit's own floors, lowest first (coordinator/conformance/__init__.py): a module of the kit
 #: imports only the kit's modules on lower floors, so its imports go one way. The Python driver stands apart.
 KIT_FLOORS = (
-    ("client", "observed", "raw_log"),
-    ("primitives",),
+    ("client", "observed", "raw_log", "loopback"),
+    ("primitives", "versitygw"),
     ("basic", "malformed", "checkpointed", "numbering", "grant"),
-    ("cases", "s3"),
+    ("cases", "object_store"),
     ("kit",),
 )
 KIT_APART = ("python_client",)
@@ -132,6 +132,15 @@ def test_the_kits_imports_go_one_way_and_its_python_driver_stands_apart():
             if module in KIT_APART or target in KIT_APART or floor_of[target] >= floor_of[module]:
                 wrong.append(f"{module} imports {target}")
     assert wrong == []
+
+
+def test_the_kits_s3_server_is_built_with_the_standard_library_alone():
+    """``make test`` builds it (and installs Azurite, whose server is a LoopbackServer) before the checkout's
+    virtual environment exists: importing its modules must load nothing but Python's own and txcoord's."""
+    before = loaded_after("")
+    loaded = loaded_after("import coordinator.conformance.versitygw, coordinator.conformance.loopback") - before
+    assert "coordinator.conformance.versitygw" in loaded
+    assert sorted({m.split(".")[0] for m in loaded} - set(sys.stdlib_module_names) - {"coordinator"}) == []
 
 
 def test_producer_side_never_imports_pyspark():

@@ -1,5 +1,5 @@
 """The lakehouse on S3-compatible object storage, against a real server on loopback (versitygw,
-``scripts/s3_server.py``): conditional writes, the checker's lease and progress record, and the
+``coordinator/conformance/versitygw.py``): conditional writes, the checker's lease and progress record, and the
 producer's commit log, with the same guarantees as on a local disk."""
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
     parser.add_argument("--standby", action="store_true",
                         help="run a second checker standing by; each checker kill hits the active one")
     parser.add_argument("--object-store", action="store_true",
-                        help="the lakehouse on a loopback S3 server (scripts/s3_server.py); --lakehouse keeps the logs")
+                        help="the lakehouse on a loopback S3 server (coordinator/conformance/versitygw.py); --lakehouse keeps the logs")
     parser.add_argument("--storage-faults", action="store_true",
                         help="with --object-store: every request through support/faults.py, which answers "
                              "503 and 500, delays, resets connections and drops replies after the write, at random "

@@ -33,7 +33,7 @@ from bench.chaos.verify import EXAMPLES, verify
 from support.faults import FaultProxyProcess
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse
-from scripts.s3_server import S3Server
+from coordinator.conformance.versitygw import S3Server
 
 __all__ = ["Activity", "Run", "main"]
 

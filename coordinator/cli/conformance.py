@@ -31,7 +31,8 @@ def register(commands) -> None:
                           "directory)")
     run.add_argument("--object-store", action="store_true",
                      help="the lakehouse on txcoord's S3 server with an account per group, which adds the grant "
-                          "case (from a checkout, the server built: `make s3-server`)")
+                          "case (it needs the server built once, `python -m coordinator.conformance.versitygw "
+                          "build`, with Go, and txcoord's conformance extra)")
     run.add_argument("--list", action="store_true", help="print the case names and exit")
     run.set_defaults(run=run_conformance)
 

@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Optional
 from coordinator.conformance.cases import chosen_cases, start_order
 from coordinator.conformance.client import Deadline
 from coordinator.conformance.primitives import Case, Run, write_config
-from coordinator.conformance.s3 import S3Accounts
+from coordinator.conformance.object_store import ObjectStore
 from coordinator.exceptions import CaseFailedError, ConformanceKitError
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 
@@ -114,17 +114,17 @@ def prepare(options: KitOptions, stack: contextlib.ExitStack, out: Out) -> Run:
     if options.workdir and workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    accounts = None
+    store = None
     if options.object_store:
-        accounts = stack.enter_context(S3Accounts(workdir / "s3"))
-        lakehouse = accounts.lakehouse
+        store = stack.enter_context(ObjectStore(workdir / "s3"))
+        lakehouse = store.lakehouse
     else:
         lakehouse = Lakehouse(str(workdir / "lakehouse"))
     init_lakehouse(lakehouse)
     run = Run(options.command, workdir, lakehouse, write_config(workdir / "coordinator.toml", lakehouse),
-              options.case_timeout_s, accounts)
-    if accounts is not None:
-        accounts.provision(run)
+              options.case_timeout_s, store)
+    if store is not None:
+        store.provision(run)
     out(f"lakehouse {lakehouse.root}; working directory {workdir} (the checker's log, each client's stderr)")
     return run
 

@@ -65,7 +65,7 @@ class Run:
     config: Path
     case_timeout_s: float
     #: The lakehouse's object store with ``--object-store`` (:class:`~coordinator.conformance.object_store.ObjectStore`:
-    #: its accounts and its fault proxy), else ``None``. Not imported here: the cases below it read its attributes.
+    #: its server and accounts), else ``None``. Not imported here: the cases below it read its attributes.
     object_store: Optional[Any] = None
     observed: Observed = field(init=False)
 
