@@ -109,7 +109,7 @@ def test_no_import_runs_up_the_floors_or_across_one():
 #: The conformance kit's own floors, lowest first (coordinator/conformance/__init__.py): a module of the kit
 #: imports only the kit's modules on lower floors, so its imports go one way. The Python driver stands apart.
 KIT_FLOORS = (
-    ("client", "observed", "raw_log", "loopback"),
+    ("client", "observed", "raw_log", "loopback", "faults"),
     ("primitives", "versitygw"),
     ("basic", "malformed", "checkpointed", "numbering", "grant"),
     ("cases", "object_store"),

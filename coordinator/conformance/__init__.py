@@ -5,8 +5,8 @@ by what the checker really did.
 Its imports go one way, each module importing only those below it (tests/test_layering.py):
 
 - at the bottom, what knows nothing of the kit: the client processes (:mod:`.client`), the checker's tables as
-  read (:mod:`.observed`), a commit log written raw (:mod:`.raw_log`), and a server on loopback
-  (:mod:`.loopback`), which the S3 server (:mod:`.versitygw`) is;
+  read (:mod:`.observed`), a commit log written raw (:mod:`.raw_log`), the storage-fault proxy (:mod:`.faults`)
+  and a server on loopback (:mod:`.loopback`), which the S3 server (:mod:`.versitygw`) is;
 - :mod:`.primitives`: the run a case is given, the kit's settings and TOML, the checks every case makes;
 - the case modules: :mod:`.basic`, :mod:`.malformed`, :mod:`.checkpointed`, :mod:`.numbering`, :mod:`.grant`;
 - the case list (:mod:`.cases`), and the object store of ``--object-store`` (:mod:`.object_store`);
