@@ -57,8 +57,8 @@ def test_the_python_driver_answers_each_op_of_the_line_protocol(tmp_path):
     assert sent | {"transaction_id": None, "msg_ids": None} == {
         "reply": "send", "request": "r1", "ok": True, "send_status": "SEND_OK", "transaction_id": None,
         "msg_ids": None, "local_state": "ROLLBACK_MESSAGE"}
-    assert refused | {"message": None} == {"reply": "send", "request": "r2", "ok": False,
-                                           "error": "MessageValidationError", "retriable": False, "message": None}
+    assert refused | {"message": None} == {"reply": "send", "request": "r2", "ok": False, "error": "MessageValidationError",
+                                           "retriable": False, "outcome_unknown": False, "message": None}
     assert (answered, stopped) == ({"reply": "answer", "ok": True}, {"reply": "stop", "ok": True})
     rows = lakehouse.read("groups/g/commit_log").to_pylist()
     halves = sorted((r["topic"], r["msg_id"]) for r in rows if r["kind"] == "HALF")
@@ -184,6 +184,98 @@ def test_the_kit_fails_a_client_that_commits_what_it_should_roll_back_writes_bel
                         done.stdout.splitlines()[-1])
 
 
+#: A client with a defect for each case of hostile storage, chosen by the group it starts as: it takes a create
+#: refused on its retry for another writer's (lost_reply), a half whose commit never answered for stored
+#: (throttled), and for not stored (unknown_outcome), and runs the local transaction of such a half all the same
+#: (slow_reply).
+BROKEN_ON_HOSTILE_STORAGE = """
+from concurrent.futures import Future
+
+from coordinator.conformance import python_client
+from coordinator.exceptions import HalfOutcomeUnknownError, StorageUnavailableError, WriteOutcomeUnknownError
+from coordinator.producer.commit_log import CommitLogWriter, end_record
+from coordinator.producer.transaction_producer import TransactionProducer
+from coordinator.storage import ObjectFileStore
+
+submit, send = CommitLogWriter.submit, TransactionProducer._send
+
+
+def unknown_as(outcome):
+    def submitted(self, records):
+        settled = Future()
+
+        def settle(done):
+            error = done.exception()
+            if isinstance(error, WriteOutcomeUnknownError):
+                outcome(settled)
+            elif error is not None:
+                settled.set_exception(error)
+            else:
+                settled.set_result(done.result())
+
+        submit(self, records).add_done_callback(settle)
+        return settled
+    return submitted
+
+
+def ran_anyway(self, msgs, listener_msg, arg):
+    try:
+        return send(self, msgs, listener_msg, arg)
+    except HalfOutcomeUnknownError as error:
+        state = self._execute_local_transaction(listener_msg, arg, error.transaction_id, {})
+        self._writer.submit([end_record(self.group, error.transaction_id, state)])
+        raise
+
+
+DEFECTS = {
+    "conformance_lost_reply": lambda: setattr(ObjectFileStore, "_own_write", lambda self, operation, key, data: None),
+    "conformance_throttled": lambda: setattr(CommitLogWriter, "submit", unknown_as(lambda f: f.set_result(-1))),
+    "conformance_unknown_outcome": lambda: setattr(CommitLogWriter, "submit", unknown_as(
+        lambda f: f.set_exception(StorageUnavailableError("taken for not stored")))),
+    "conformance_slow_reply": lambda: setattr(TransactionProducer, "_send", ran_anyway),
+}
+start = python_client.Driver._start
+
+
+def started_with_a_defect(self, op):
+    DEFECTS[op["group"]]()
+    return start(self, op)
+
+
+python_client.Driver._start = started_with_a_defect
+raise SystemExit(python_client.main())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.object_store
+def test_the_kit_fails_a_client_that_guesses_what_became_of_a_half_the_storage_never_confirmed(tmp_path):
+    from support.servers import require_s3_server
+
+    require_s3_server()
+    script = tmp_path / "broken_client.py"
+    script.write_text(BROKEN_ON_HOSTILE_STORAGE)
+    faults = ["lost_reply", "throttled", "unknown_outcome", "slow_reply"]
+    done = conformance("--producer", f"{sys.executable} {script}", "--object-store", *(f"--case={c}" for c in faults),
+                       "--case-timeout", "40", "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    verdicts = case_lines(done.stdout)
+    assert list(verdicts) == faults, done.stdout
+    # It committed its half again at the next version: the checker refused the copy.
+    assert verdicts["lost_reply"].startswith("system/rejected holds [(") and "'duplicate transaction_id')]" in \
+        verdicts["lost_reply"], verdicts
+    # Past the bound nothing was stored: its SEND_OK (and its END) stand for a message never delivered.
+    assert re.match(r"the client replied SEND_OK for \w+, yet timed out waiting for system/op to decide",
+                    verdicts["throttled"]), verdicts
+    assert verdicts["unknown_outcome"].startswith("the client replied {'ok': False, 'error': 'HalfNotStoredError', "
+                                                  "'retriable': True, 'outcome_unknown': False}, which says the half "
+                                                  "was not stored, yet the checker accepted ['"), verdicts
+    # The half landed while it waited, and it gave up only past its timeouts: its own END came after the immunity,
+    # refused, and the check rolled the half back; its END in its log says it ran the local transaction all the same.
+    assert re.match(r"the client's commit log holds its own END of \['\w+'\], a send it did not reply SEND_OK to: it "
+                    r"ran the local transaction of a half it was not told is durable", verdicts["slow_reply"]), verdicts
+
+
 def test_an_unknown_case_is_a_usage_error_before_any_checker_starts(tmp_path):
     done = conformance("--producer", "true", "--case", "no_such_case", "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
     assert done.returncode == 2
@@ -264,9 +356,10 @@ def test_the_cases_run_concurrently_at_most_parallel_at_once_their_lines_in_the_
 
 
 def test_the_slowest_cases_start_first_then_the_others_in_the_kits_order():
-    order = start_order(CASES)
-    assert sorted(order) == sorted(CASES) and order[:len(SLOWEST)] == list(SLOWEST)
-    assert order[len(SLOWEST):] == [name for name in CASES if name not in SLOWEST]
+    every = [*CASES, *OBJECT_STORE_CASES]
+    order = start_order(every)
+    assert sorted(order) == sorted(every) and set(SLOWEST) <= set(every) and order[:len(SLOWEST)] == list(SLOWEST)
+    assert order[len(SLOWEST):] == [name for name in every if name not in SLOWEST]
     assert start_order(["commit", "late_end", "rollback"]) == ["late_end", "commit", "rollback"]
 
 

@@ -8,7 +8,8 @@ Its imports go one way, each module importing only those below it (tests/test_la
   read (:mod:`.observed`), a commit log written raw (:mod:`.raw_log`), the storage-fault proxy (:mod:`.faults`)
   and a server on loopback (:mod:`.loopback`), which the S3 server (:mod:`.versitygw`) is;
 - :mod:`.primitives`: the run a case is given, the kit's settings and TOML, the checks every case makes;
-- the case modules: :mod:`.basic`, :mod:`.malformed`, :mod:`.checkpointed`, :mod:`.numbering`, :mod:`.grant`;
+- the case modules: :mod:`.basic`, :mod:`.malformed`, :mod:`.checkpointed`, :mod:`.numbering`, :mod:`.grant`,
+  :mod:`.storage_faults`;
 - the case list (:mod:`.cases`), and the object store of ``--object-store`` (:mod:`.object_store`);
 - on top, the runner (:mod:`.kit`), which the ``txcoord conformance`` command calls.
 

@@ -23,6 +23,7 @@ from coordinator.conformance.grant import case_grant
 from coordinator.conformance.malformed import case_malformed_neighbour
 from coordinator.conformance.numbering import case_log_numbering
 from coordinator.conformance.primitives import Case
+from coordinator.conformance.storage_faults import case_lost_reply, case_slow_reply, case_throttled, case_unknown_outcome
 from coordinator.exceptions import ConformanceKitError
 
 __all__ = ["CASES", "OBJECT_STORE_CASES", "SLOWEST", "chosen_cases", "start_order"]
@@ -42,8 +43,14 @@ CASES: dict[str, Case] = {
     "checkpointed_log": case_checkpointed_log,
     "log_numbering": case_log_numbering,
 }
-#: The cases only a lakehouse on the S3 server, with an account per group, can run.
-OBJECT_STORE_CASES: dict[str, Case] = {"grant": case_grant}
+#: The cases only a lakehouse on the S3 server, with an account per group and the storage-fault proxy, can run.
+OBJECT_STORE_CASES: dict[str, Case] = {
+    "grant": case_grant,
+    "lost_reply": case_lost_reply,
+    "throttled": case_throttled,
+    "unknown_outcome": case_unknown_outcome,
+    "slow_reply": case_slow_reply,
+}
 
 
 def chosen_cases(names: Iterable[str], object_store: bool) -> dict[str, Case]:
@@ -62,7 +69,8 @@ def chosen_cases(names: Iterable[str], object_store: bool) -> dict[str, Case]:
 
 #: The cases that wait longest (for immunities and checks), slowest first: started first when the cases run
 #: concurrently, so that the run ends with the quick ones, not with one of these alone.
-SLOWEST = ("late_end", "crash_after_half", "heartbeat_routing", "check_commit", "check_rollback")
+SLOWEST = ("slow_reply", "late_end", "unknown_outcome", "crash_after_half", "heartbeat_routing", "check_commit",
+           "check_rollback")
 
 
 def start_order(cases: Iterable[str]) -> list[str]:

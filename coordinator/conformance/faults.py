@@ -217,8 +217,9 @@ class FaultProxy:
     def counts(self) -> dict:
         """What ``GET /_faults`` answers: requests proxied (``/_faults`` aside), those forwarded to
         the server (``delay`` and ``drop_reply`` among them), faults injected by kind, requests by
-        HTTP method and by :func:`request_kind`, the server's replies by status, the schedule and
-        the added latency."""
+        HTTP method and by :func:`request_kind`, the server's replies by status, the schedule, the
+        added latency, and the faults :meth:`inject_next` queued that no request has had yet, in all and by
+        their ``path_contains`` (``""`` for any path)."""
         with self._lock:
             return {"requests": self._requests, "forwarded": self._forwarded,
                     "injected": {kind: self._injected[kind] for kind in KINDS},
@@ -227,7 +228,8 @@ class FaultProxy:
                     "latency_s": self.latency_s, "enabled": self._enabled,
                     "seed": self._schedule.seed, "rates": dict(self._schedule.rates),
                     "methods": None if self._schedule.methods is None else sorted(self._schedule.methods),
-                    "queued": len(self._queued)}
+                    "queued": len(self._queued),
+                    "queued_by_path": dict(Counter(queued.path_contains or "" for queued in self._queued))}
 
     def enable(self) -> None:
         """Turn the random schedule back on."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
-from coordinator.conformance.cases import chosen_cases, start_order
+from coordinator.conformance.cases import CASES, OBJECT_STORE_CASES, chosen_cases, start_order
 from coordinator.conformance.client import Deadline
 from coordinator.conformance.primitives import Case, Run, write_config
 from coordinator.conformance.object_store import ObjectStore
@@ -29,10 +29,10 @@ from coordinator.lakehouse import Lakehouse, init_lakehouse
 __all__ = ["DEFAULT_PARALLEL", "KitOptions", "run_cases", "run_kit"]
 
 CHECKER_START_TIMEOUT_S = 300.0
-#: Cases run at once by default: every case of the kit (12 with --object-store), even on CI's 2 cores, as each
+#: Cases run at once by default: every case of the kit (those of --object-store too), even on CI's 2 cores, as each
 #: spends most of its time waiting for the checker (its first batch first), and the waits overlap; a bound all
 #: the same, on the client processes alive at once (docs/performance.md#conformance-kit).
-DEFAULT_PARALLEL = 12
+DEFAULT_PARALLEL = len(CASES) + len(OBJECT_STORE_CASES)
 _STOP_TIMEOUT_S = 60.0
 
 Out = Callable[[str], None]
