@@ -127,9 +127,9 @@ def test_each_client_passes_every_case_of_the_kit_on_the_s3_server_with_the_gran
     assert "AccessDeniedError" in stderr and "groups/conformance_grant_b/_producers/" in stderr
 
 
-#: A client with three defects the kit must catch: it commits whatever its local transaction was told to return,
-#: it takes its next version from what it knew, never reading _last_checkpoint, and it creates its own commit log
-#: but not the missing ones below it.
+#: A client with four defects the kit must catch: it commits whatever its local transaction was told to return,
+#: it takes its next version from what it knew, never reading _last_checkpoint, it creates its own commit log
+#: but not the missing ones below it, and its commits name their protocol in a field no checker reads.
 BROKEN_CLIENT = """
 from concurrent.futures import Future
 
@@ -158,6 +158,7 @@ def own_log_only(create, logs, remote):  # the logs below its own, then its own
 python_client.ScriptedListener = Lying
 DeltaAppender._read_last_checkpoint = no_checkpoint_read
 created, commit_log.read_all = commit_log.read_all, own_log_only
+commit_log.PROTOCOL_FIELD = "protocol"
 raise SystemExit(python_client.main())
 """
 
@@ -168,11 +169,12 @@ def test_the_kit_fails_a_client_that_commits_what_it_should_roll_back_writes_bel
     script = tmp_path / "broken_client.py"
     script.write_text(BROKEN_CLIENT)
     done = conformance("--producer", f"{sys.executable} {script}", "--case", "commit", "--case", "rollback",
-                       "--case", "checkpointed_log", "--case", "log_numbering", "--case-timeout", "30",
-                       "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
+                       "--case", "checkpointed_log", "--case", "log_numbering", "--case", "protocol_version",
+                       "--case-timeout", "30", "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     verdicts = case_lines(done.stdout)
-    assert verdicts["commit"] == "PASS" and list(verdicts) == ["commit", "rollback", "checkpointed_log", "log_numbering"]
+    assert verdicts["commit"] == "PASS" and list(verdicts) == ["commit", "rollback", "checkpointed_log", "log_numbering",
+                                                               "protocol_version"]
     assert verdicts["rollback"].startswith("send replied local_state 'COMMIT_MESSAGE', the listener returned "
                                            "ROLLBACK_MESSAGE"), verdicts
     # Its second send reported success; the checker never read the version it recreated below the checkpoint.
@@ -180,8 +182,12 @@ def test_the_kit_fails_a_client_that_commits_what_it_should_roll_back_writes_bel
     assert verdicts["log_numbering"].startswith("the client wrote its transaction ") and (
         "groups/conformance_log_numbering/commit_log, groups/conformance_log_numbering/commit_log.1 missing"
         in verdicts["log_numbering"]), verdicts
-    assert re.fullmatch(r"1 of 4 cases passed in \d+ s; failed: rollback, checkpointed_log, log_numbering",
-                        done.stdout.splitlines()[-1])
+    assert verdicts["protocol_version"] == ("the client's commit(s) of groups/conformance_protocol_version/commit_log "
+                                            "name(s) no client protocol 1: ['version 1: txcoordProtocol None', 'version 2: "
+                                            "txcoordProtocol None'] (each commit's commitInfo says \"txcoordProtocol\": "
+                                            "1, a JSON number)"), verdicts  # its half's commit, then its END's
+    assert re.fullmatch(r"1 of 5 cases passed in \d+ s; failed: rollback, checkpointed_log, log_numbering, "
+                        r"protocol_version", done.stdout.splitlines()[-1])
 
 
 #: A client with a defect for each case of hostile storage, chosen by the group it starts as: it takes a create

@@ -111,7 +111,7 @@ def test_no_import_runs_up_the_floors_or_across_one():
 KIT_FLOORS = (
     ("client", "observed", "raw_log", "loopback", "faults"),
     ("primitives", "versitygw"),
-    ("basic", "malformed", "checkpointed", "numbering", "grant", "storage_faults"),
+    ("basic", "malformed", "checkpointed", "numbering", "grant", "storage_faults", "versioning"),
     ("cases", "object_store"),
     ("kit",),
 )

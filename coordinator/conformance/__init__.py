@@ -9,7 +9,7 @@ Its imports go one way, each module importing only those below it (tests/test_la
   and a server on loopback (:mod:`.loopback`), which the S3 server (:mod:`.versitygw`) is;
 - :mod:`.primitives`: the run a case is given, the kit's settings and TOML, the checks every case makes;
 - the case modules: :mod:`.basic`, :mod:`.malformed`, :mod:`.checkpointed`, :mod:`.numbering`, :mod:`.grant`,
-  :mod:`.storage_faults`;
+  :mod:`.storage_faults`, :mod:`.versioning`;
 - the case list (:mod:`.cases`), and the object store of ``--object-store`` (:mod:`.object_store`);
 - on top, the runner (:mod:`.kit`), which the ``txcoord conformance`` command calls.
 

@@ -24,6 +24,7 @@ from coordinator.conformance.malformed import case_malformed_neighbour
 from coordinator.conformance.numbering import case_log_numbering
 from coordinator.conformance.primitives import Case
 from coordinator.conformance.storage_faults import case_lost_reply, case_slow_reply, case_throttled, case_unknown_outcome
+from coordinator.conformance.versioning import case_protocol_version
 from coordinator.exceptions import ConformanceKitError
 
 __all__ = ["CASES", "OBJECT_STORE_CASES", "SLOWEST", "chosen_cases", "start_order"]
@@ -42,6 +43,7 @@ CASES: dict[str, Case] = {
     "malformed_neighbour": case_malformed_neighbour,
     "checkpointed_log": case_checkpointed_log,
     "log_numbering": case_log_numbering,
+    "protocol_version": case_protocol_version,
 }
 #: The cases only a lakehouse on the S3 server, with an account per group and the storage-fault proxy, can run.
 OBJECT_STORE_CASES: dict[str, Case] = {

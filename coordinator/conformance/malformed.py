@@ -11,7 +11,6 @@ Example::
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 from typing import Callable, Optional
 
@@ -35,12 +34,8 @@ class MalformedWriter:
         self.group, self.topic = group, topic
 
     def _half(self, transaction_id: Optional[str], **overrides: object) -> dict:
-        from coordinator.producer.transaction_producer import time_ordered_id
-
-        return {"record_id": uuid.uuid4().hex, "kind": "HALF", "transaction_id": transaction_id or time_ordered_id(),
-                "producer_group": self.group, "msg_id": uuid.uuid4().hex, "message_index": 0, "message_count": 1,
-                "topic": self.topic, "keys": "malformed", "body": b"malformed",
-                "born_timestamp": dt.datetime.now(dt.timezone.utc)} | overrides
+        fields = {"topic": self.topic, "keys": "malformed", "body": b"malformed"} | overrides
+        return self.log.half(**fields) | ({"transaction_id": transaction_id} if transaction_id else {})
 
     def writes(self, client_transaction_id: str) -> list[tuple[Callable[[], int], str]]:
         """Each malformed commit (written when called: its version), with what the reason the checker must

@@ -1,5 +1,5 @@
 """A commit log written raw, as a buggy or hostile writer of the group would: any bytes at all, each as the log's
-next version. The kit's malformed neighbour and its checkpointed-log case write through it,
+next version. The kit's malformed neighbour, its checkpointed-log and protocol-version cases write through it,
 and so do test support's poisons (``support/poisons.py``).
 
 Example::
@@ -10,9 +10,11 @@ Example::
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import uuid
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -50,10 +52,12 @@ class RawCommitLog:
             self._doorbell.landed()
         return version
 
-    def add(self, path: str) -> int:
-        """A commit adding ``path`` (as written, unencoded) with new data; its version."""
-        return self.commit(json.dumps({"add": {"path": path, "size": 1, "partitionValues": {}, "modificationTime": 0,
-                                               "dataChange": True}}).encode())
+    def add(self, path: str, commit_info: Optional[dict] = None) -> int:
+        """A commit adding ``path`` (as written, unencoded) with new data, after a ``commitInfo`` action of
+        ``commit_info``'s fields if given; its version."""
+        add = {"add": {"path": path, "size": 1, "partitionValues": {}, "modificationTime": 0, "dataChange": True}}
+        actions = [add] if commit_info is None else [{"commitInfo": commit_info}, add]
+        return self.commit("".join(json.dumps(action) + "\n" for action in actions).encode())
 
     def data_file(self, data: bytes) -> str:
         """``data`` as a new file of the log's directory; its path there."""
@@ -66,11 +70,22 @@ class RawCommitLog:
         pq.write_table(table, buffer)
         return self.data_file(buffer.getvalue())
 
-    def records(self, *rows: dict) -> int:
-        """A well-formed commit of ``rows`` (commit-log records, missing columns null); its version."""
+    def records(self, *rows: dict, commit_info: Optional[dict] = None) -> int:
+        """A well-formed commit of ``rows`` (commit-log records, missing columns null), its ``commitInfo`` as
+        :meth:`add` takes it; its version."""
         columns = {name: [row.get(name) for row in rows] for name in COMMIT_LOG.column_names}
         columns["properties"] = [list((value or {}).items()) for value in columns["properties"]]
-        return self.add(self.parquet(pa.table(columns, schema=COMMIT_LOG.arrow_schema())))
+        return self.add(self.parquet(pa.table(columns, schema=COMMIT_LOG.arrow_schema())), commit_info)
+
+    def half(self, topic: str, **overrides: object) -> dict:
+        """A well-formed HALF of this log's group, a transaction of one message to ``topic`` (a new time-ordered
+        id), with ``overrides``: what a case changes to make it malformed."""
+        from coordinator.producer.transaction_producer import time_ordered_id
+
+        return {"record_id": uuid.uuid4().hex, "kind": "HALF", "transaction_id": time_ordered_id(),
+                "producer_group": self.group, "msg_id": uuid.uuid4().hex, "message_index": 0, "message_count": 1,
+                "topic": topic, "keys": "raw", "body": b"raw", "born_timestamp": dt.datetime.now(dt.timezone.utc)
+                } | overrides
 
     def instance_record(self, name: str, data: bytes) -> str:
         """``data`` as ``_producers/<name>`` of the group; its key."""
