@@ -55,8 +55,8 @@ demo: setup
 # each lane's time and its slowest tests printed. CI runs `make test-bench` after it.
 test: system-packages
 	@mkdir -p .cache; start=$$(date +%s); \
-	$(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 & build=$$!; \
-	$(PYTHON) scripts/azurite.py install > .cache/azurite-install.log 2>&1 & azurite=$$!; \
+	$(PYTHON) -m coordinator.conformance.versitygw build > .cache/s3-build.log 2>&1 & build=$$!; \
+	$(PYTHON) -m scripts.azurite install > .cache/azurite-install.log 2>&1 & azurite=$$!; \
 	( $(JAVA_CLIENT_BUILD) ) > .cache/java-build.log 2>&1 & java=$$!; \
 	$(MAKE) --no-print-directory setup || { kill $$build $$azurite $$java 2>/dev/null; exit 1; }; \
 	$(COMPILE_CHECKOUT); \
@@ -82,7 +82,7 @@ JAVA_CLIENT_BUILD = if command -v mvn > /dev/null; then cd clients/java && flock
 test-bench: system-packages
 	@mkdir -p .cache; start=$$(date +%s); \
 	$(MAKE) --no-print-directory setup || exit 1; \
-	$(PYTHON) scripts/s3_server.py build > .cache/s3-build.log 2>&1 || { echo "--- the S3 server's build failed:"; \
+	$(PYTHON) -m coordinator.conformance.versitygw build > .cache/s3-build.log 2>&1 || { echo "--- the S3 server's build failed:"; \
 	  cat .cache/s3-build.log; exit 1; }; \
 	$(COMPILE_CHECKOUT); \
 	bash scripts/test_lanes.sh bench/tests; status=$$?; \
@@ -123,13 +123,14 @@ apt-install = missing=; for command in $(2); do command -v $$command >/dev/null 
 	      { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(1) >/dev/null; }; \
 	  else echo "$(strip $(3))"; fi; }
 
-# A real S3-compatible server on loopback (versitygw), built once into ~/.cache/txcoord/s3: `scripts/s3_server.py --help`.
+# A real S3-compatible server on loopback (versitygw), built once into ~/.cache/txcoord/s3: the lakehouse of
+# `txcoord conformance --object-store` and of the object-storage tests (`python -m coordinator.conformance.versitygw --help`).
 s3-server: setup
-	$(PY) scripts/s3_server.py build
+	$(PY) -m coordinator.conformance.versitygw build
 
-# Azurite, the Azure Storage emulator, installed once into ~/.cache/txcoord/azurite: `scripts/azurite.py --help`.
+# Azurite, the Azure Storage emulator, installed once into ~/.cache/txcoord/azurite: `python -m scripts.azurite --help`.
 azurite: setup
-	$(PY) scripts/azurite.py install
+	$(PY) -m scripts.azurite install
 
 # Kill -9 the checker and producers at random and verify every invariant: `python -m bench.chaos --help`.
 chaos: setup

@@ -33,7 +33,7 @@ from typing import Optional
 from bench import harness
 
 import support
-from support.faults import REQUEST_KINDS
+from coordinator.conformance.faults import REQUEST_KINDS
 
 from coordinator.spark.own_classes import CONDITIONAL_PUT_CHECKPOINT_MANAGER
 from coordinator.spark.session import CHECKPOINT_MANAGER_SETTING, IN_PLACE_CHECKPOINT_MANAGERS, get_spark, object_store_conf

@@ -37,7 +37,7 @@ within ``--drain`` seconds after sending stopped and the lag in the last quarter
 at most 1.5 times that of the second quarter, plus 3 versions (:func:`kept_up`).
 
 With ``--object-store`` the lakehouse (the reference's too) is a prefix of a bucket on a real
-S3-compatible server on loopback (``scripts/s3_server.py``, started for the run), as
+S3-compatible server on loopback (``coordinator/conformance/versitygw.py``, started for the run), as
 ``bench/producer.py --object-store`` does; the checker reaches it through the TOML's ``[storage]``
 table, and only its TOML and log stay on the local disk. There the log files' times are the
 objects' ``Last-Modified``, in whole seconds: ``e2e_p99_ms_by_log_file_mtime`` has a 1 s resolution,
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lakehouse", default=None, help="default: a temporary directory, removed afterwards "
                         "(with --object-store: only the checker's TOML and log go there)")
     parser.add_argument("--object-store", action="store_true",
-                        help="the lakehouse on a loopback S3 server (scripts/s3_server.py) instead of a local disk")
+                        help="the lakehouse on a loopback S3 server (coordinator/conformance/versitygw.py) instead of a local disk")
     parser.add_argument("--observed", action="store_true",
                         help="watch the run as operators do: the checker's metrics endpoint (metrics_port) scraped "
                              "every second, and txcoord console running with a signed-in browser reloading its "

@@ -12,7 +12,7 @@ time with records and heartbeat-only on each, and their ratios *many* / *one* (t
 1.5 with records).
 
     python -m bench.groups
-    python -m bench.groups --object-store      # both lakehouses on a loopback S3 server (scripts/s3_server.py)
+    python -m bench.groups --object-store      # both lakehouses on a loopback S3 server (coordinator/conformance/versitygw.py)
     python -m bench.groups --tiny              # the smallest run, for the tests (bench/tests/test_bench.py)
     python -m bench.groups --storage-latency-ms 25 --runs 1 --rounds 2
                                                # on the S3 server, 25 ms added to every request
@@ -42,7 +42,7 @@ from bench import harness
 
 import support
 
-from scripts.s3_server import S3Server
+from coordinator.conformance.versitygw import S3Server
 
 BUSY_GROUP = "bench-busy"
 TOPIC = "BENCH_GROUPS"

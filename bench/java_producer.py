@@ -14,7 +14,7 @@ The Java side is ``clients/java/examples/SendBench.java`` in a JVM of its own (c
 client's jar, built by :func:`support.java_client.build_java_client`; JVM options ``--java-opts``, by default
 :data:`JAVA_OPTS`); the Python side is :class:`coordinator.TransactionProducer` in this process, as
 bench/producer.py runs it. The two alternate within each round (which goes first alternates too), each on a
-fresh lakehouse, on each storage: a local disk, and the S3 server (scripts/s3_server.py) behind the latency proxy
+fresh lakehouse, on each storage: a local disk, and the S3 server (coordinator/conformance/versitygw.py) behind the latency proxy
 (:class:`support.LatencyStore`) at ``--storage-latency-ms`` (0: the S3 server straight, no proxy). A first round
 on each storage is not counted (``--warmup-round``: the server's and the page cache's warm-up; the report keeps
 it as ``warmup_round``). Each run also reports its client's CPU per transaction sent (``cpu_ms_per_txn``: the

@@ -24,7 +24,7 @@ and its txn/s and send p99 against the curve's one-process point (``vs_one_proce
 reference one group's instances are held to.
 
 With ``--object-store`` every lakehouse (the floor's too) is a prefix of a bucket on a real
-S3-compatible server on loopback (``scripts/s3_server.py``, started for the run): what object
+S3-compatible server on loopback (``coordinator/conformance/versitygw.py``, started for the run): what object
 storage costs a producer, beside the local-disk figures. With ``--storage-latency-ms N`` (N > 0) the
 same server sits behind the storage-fault proxy (``support.LatencyStore``), N ms added to every
 request, as an object store's round trip: each configuration then also reports the producers' requests
@@ -133,7 +133,7 @@ class Places:
             self.store = self._stack.enter_context(support.LatencyStore(
                 latency_ms, self._stack.enter_context(tempfile.TemporaryDirectory()), parties, request_logs))
         elif object_store:
-            from scripts.s3_server import S3Server
+            from coordinator.conformance.versitygw import S3Server
 
             server = self._stack.enter_context(S3Server(self._stack.enter_context(tempfile.TemporaryDirectory())))
             server.create_bucket(self.BUCKET)
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict:
                              "the reference one group's instances are held to)")
     parser.add_argument("--floor-appends", type=int, default=200, help="bare delta-rs appends for the floor")
     parser.add_argument("--object-store", action="store_true",
-                        help="every lakehouse on a loopback S3 server (scripts/s3_server.py) instead of a local disk")
+                        help="every lakehouse on a loopback S3 server (coordinator/conformance/versitygw.py) instead of a local disk")
     parser.add_argument("--storage-latency-ms", type=float, default=0, help=support.LATENCY_HELP)
     parser.add_argument("--results", default=None,
                         help="default: bench/results/producer.json (producer-s3.json, producer-s3-<N>ms.json)")

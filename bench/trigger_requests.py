@@ -1,6 +1,6 @@
 """Where a checker trigger's time goes on object storage: its requests, in sequence, by part.
 
-Reads the per-request log of the checker's storage proxy (``support/faults.py --request-log``,
+Reads the per-request log of the checker's storage proxy (``coordinator/conformance/faults.py --request-log``,
 written by ``bench/e2e.py --storage-latency-ms N --request-log DIR``) and the e2e report's idle and
 sending windows. Each trigger that ran a micro-batch is found by its checkpoint writes: it starts with
 the source's listing of ``groups/`` that precedes its ``offsets/<N>`` write and ends with the last

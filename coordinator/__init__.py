@@ -19,25 +19,22 @@ The package by role:
   :mod:`coordinator.exceptions`, :mod:`coordinator.logs`, and the table definitions ``coordinator.tables``.
 """
 
-from coordinator.config import CoordinatorConfig
-from coordinator.protocol import LocalTransactionState
+import importlib
 
 _PRODUCER_SIDE = {"Message", "SendStatus", "TransactionListener", "TransactionProducer", "TransactionSendResult"}
 _CONSUMER_SIDE = {"ConsumeResult", "ConsumedMessage", "DeltaTableListener", "MessageListener", "TopicConsumer",
                   "TransactionalListener"}
+#: Each name the package offers, and the module it comes from.
+_FROM = {"CoordinatorConfig": "coordinator.config", "LocalTransactionState": "coordinator.protocol",
+         **dict.fromkeys(_PRODUCER_SIDE, "coordinator.producer"), **dict.fromkeys(_CONSUMER_SIDE, "coordinator.consumer")}
 
 
 def __getattr__(name: str):
-    # Every module of the package imports this one first: the producer and consumer sides are loaded
-    # only when asked for, so that the checker, which never imports them, does not load them either.
-    if name in _PRODUCER_SIDE:
-        import coordinator.producer
-
-        return getattr(coordinator.producer, name)
-    if name in _CONSUMER_SIDE:
-        import coordinator.consumer
-
-        return getattr(coordinator.consumer, name)
+    # Every module of the package imports this one first, so it loads nothing until a name is asked for: the
+    # checker never loads the producer and consumer sides, and the kit's S3 server (coordinator.conformance.versitygw)
+    # is built with Python's standard library alone, before a checkout's virtual environment exists.
+    if name in _FROM:
+        return getattr(importlib.import_module(_FROM[name]), name)
     raise AttributeError(f"module 'coordinator' has no attribute {name!r}")
 
 

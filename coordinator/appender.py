@@ -207,8 +207,9 @@ class DeltaAppender:
     Safe to share between threads; several processes may append to one table at once.
     Raises :class:`UnsupportedTableError` if the table's protocol asks more of a writer
     than appending. ``checkpoints=False`` leaves checkpoints to another writer; ``storage`` holds
-    the object store's settings (``[storage]``) when ``path`` is on one; ``backoff``, ``clock`` and
-    ``sleep`` are injectable for tests.
+    the object store's settings (``[storage]``) when ``path`` is on one; ``commit_info``, fields every commit's
+    ``commitInfo`` action carries (a commit log's writers name their client protocol there); ``backoff``, ``clock``
+    and ``sleep`` are injectable for tests.
 
     It stays a correct Delta writer:
 
@@ -248,12 +249,14 @@ class DeltaAppender:
     """
 
     def __init__(self, path: str, *, checkpoints: bool = True, compact_every: Optional[int] = None,
-                 storage: Optional[Mapping[str, str]] = None, backoff: Optional[CommitBackoff] = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+                 storage: Optional[Mapping[str, str]] = None, commit_info: Optional[Mapping[str, object]] = None,
+                 backoff: Optional[CommitBackoff] = None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         if compact_every is not None and compact_every < 2:
             raise InvalidArgumentError(f"compact_every must be at least 2 appends, got {compact_every}")
         self.path = path if is_object_store(path) else os.path.abspath(path)
         self.storage = dict(storage or {})
+        self._commit_info = dict(commit_info or {})
         self._files = FileStore.at(self.path, self.storage)
         self._lock = threading.Lock()
         self._backoff = backoff or CommitBackoff()
@@ -327,8 +330,7 @@ class DeltaAppender:
         checkpoint_read = self._read_last_checkpoint()
         add = self._write_file(data, data_change=True)
         now_ms = int(time.time() * 1000)
-        actions = [{"commitInfo": {"timestamp": now_ms, "operation": "WRITE", "operationParameters": {"mode": "Append"},
-                                   "isBlindAppend": True, "engineInfo": _ENGINE, "clientVersion": _ENGINE}}]
+        actions = [self._commit_info_action(now_ms, "WRITE", {"mode": "Append"}, blind=True)]
         actions += [{"txn": {"appId": app_id, "version": app_version, "lastUpdated": now_ms}}
                     for app_id, app_version in transactions]
         actions.append({"add": add})
@@ -418,9 +420,7 @@ class DeltaAppender:
         loads, snapshot = self._loads, self._snapshot
         metadata = snapshot.metadata()
         now_ms = int(time.time() * 1000)
-        actions = [{"commitInfo": {"timestamp": now_ms, "operation": "SET TBLPROPERTIES",
-                                   "operationParameters": {"properties": json.dumps(dict(properties))},
-                                   "isBlindAppend": False, "engineInfo": _ENGINE, "clientVersion": _ENGINE}},
+        actions = [self._commit_info_action(now_ms, "SET TBLPROPERTIES", {"properties": json.dumps(dict(properties))}),
                    {"metaData": {"id": metadata.id, "name": metadata.name, "description": metadata.description,
                                  "format": {"provider": "parquet", "options": {}},
                                  "schemaString": snapshot.schema().to_json(),
@@ -454,9 +454,7 @@ class DeltaAppender:
         data = data.cast(self._schema)
         add = self._write_file(data, data_change=False)
         now_ms = int(time.time() * 1000)
-        actions = [{"commitInfo": {"timestamp": now_ms, "operation": "OPTIMIZE",
-                                   "operationParameters": {"targetSize": str(add["size"])}, "isBlindAppend": False,
-                                   "engineInfo": _ENGINE, "clientVersion": _ENGINE}}]
+        actions = [self._commit_info_action(now_ms, "OPTIMIZE", {"targetSize": str(add["size"])})]
         actions += [{"remove": {"path": f["path"], "deletionTimestamp": now_ms, "dataChange": False,
                                 "extendedFileMetadata": True, "partitionValues": {}, "size": f["size_bytes"]}}
                     for f in files]
@@ -465,6 +463,12 @@ class DeltaAppender:
         if version is None:
             self._files.delete(add["path"])
         return version
+
+    def _commit_info_action(self, now_ms: int, operation: str, parameters: dict, blind: bool = False) -> dict:
+        """A commit's ``commitInfo`` action, with the fields this appender was given (``commit_info``)."""
+        return {"commitInfo": {"timestamp": now_ms, "operation": operation, "operationParameters": parameters,
+                               "isBlindAppend": blind, "engineInfo": _ENGINE, "clientVersion": _ENGINE,
+                               **self._commit_info}}
 
     def _write_file(self, data: pa.Table, data_change: bool) -> dict:
         """Write ``data`` as a new Parquet file of the table; its ``add`` action."""

@@ -1,4 +1,4 @@
-"""The protocol's words, defined once for both sides: record kinds, local-transaction states,
+"""The protocol's words, defined once for both sides: its version, record kinds, local-transaction states,
 outcomes and the properties the protocol reads.
 
 Producers (no JVM) write these words into the commit log; the checker (Spark) reads them back.
@@ -14,11 +14,39 @@ Example::
 from __future__ import annotations
 
 import enum
-from typing import Any, Optional
+import json
+from typing import Any, Mapping, Optional
 
-__all__ = ["CHECK_IMMUNITY_TIME_IN_SECONDS", "DELAY_PROPERTIES", "LocalTransactionState", "MAX_COMMIT_BODY_BYTES",
-           "MAX_REASON_LENGTH", "OPERATOR_CHECK_PREFIX", "OPERATOR_PROPERTY", "OPERATOR_REASON_PROPERTY", "Outcome",
-           "RecordKind", "is_operators_check", "outcome_of"]
+__all__ = ["CHECK_IMMUNITY_TIME_IN_SECONDS", "DELAY_PROPERTIES", "KNOWN_PROTOCOLS", "LocalTransactionState",
+           "MAX_COMMIT_BODY_BYTES", "MAX_REASON_LENGTH", "OPERATOR_CHECK_PREFIX", "OPERATOR_PROPERTY",
+           "OPERATOR_REASON_PROPERTY", "Outcome", "PROTOCOL", "PROTOCOL_FIELD", "RecordKind", "is_operators_check",
+           "outcome_of", "protocol_refusal"]
+
+#: The client protocol this code writes (docs/protocol.md#versioning), and the field of each commit's ``commitInfo``
+#: action that says it: every commit a client makes to its commit log names the protocol it was written under.
+PROTOCOL = 1
+PROTOCOL_FIELD = "txcoordProtocol"
+#: The protocols the checker reads. A commit that names none was written under protocol 1 (before the field, or by
+#: maintenance and the operators' tools, which write no client's records).
+KNOWN_PROTOCOLS = frozenset({1})
+
+
+def protocol_refusal(commit_info: Any) -> Optional[str]:
+    """Why a commit whose ``commitInfo`` action is ``commit_info`` (``None``: it has none) cannot be read under a
+    protocol the checker knows, or ``None`` if it can. The number is a JSON integer: ``"1"`` or ``true`` is none
+    (named as the commit spells it).
+
+    Example::
+
+        protocol_refusal({"txcoordProtocol": 2})    # 'unsupported client protocol 2: this checker reads protocol 1'
+        protocol_refusal({"txcoordProtocol": "1"})  # 'unsupported client protocol "1": this checker reads ...'
+        protocol_refusal({"engineInfo": "x"})       # None: protocol 1
+    """
+    declared = commit_info.get(PROTOCOL_FIELD, PROTOCOL) if isinstance(commit_info, Mapping) else PROTOCOL
+    if type(declared) is int and declared in KNOWN_PROTOCOLS:
+        return None
+    known = ", ".join(str(version) for version in sorted(KNOWN_PROTOCOLS))
+    return f"unsupported client protocol {json.dumps(declared)[:64]}: this checker reads protocol {known}"
 
 #: The bodies of one transaction's messages together, and of one commit-log commit: the checker reads no
 #: data file that could not come from a commit within it (:mod:`coordinator.checker.segment`).

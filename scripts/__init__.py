@@ -1,2 +1,3 @@
-"""Tools run from the checkout's root: ``python scripts/s3_server.py build`` (standard library only, so
-``make test`` runs it before the virtualenv exists) and ``python -m scripts.cluster``."""
+"""Tools run from the checkout's root: ``python -m scripts.azurite install`` (standard library only, with
+txcoord's own :mod:`coordinator.conformance.loopback`, so ``make test`` runs it before the virtualenv exists) and
+``python -m scripts.cluster``."""

@@ -10,8 +10,8 @@ It is installed once per machine and lock from npm into txcoord's cache (``~/.ca
 ``npm ci`` of ``scripts/azurite/package-lock.json``, the version and every dependency pinned with its
 hash; about half a minute), and starts in a second or two. Telemetry is off: nothing leaves the machine.
 
-    python3 scripts/azurite.py install                          # once; a no-op when cached
-    .venv/bin/python scripts/azurite.py run --data /tmp/az --container lakehouse
+    python3 -m scripts.azurite install                          # once; a no-op when cached
+    .venv/bin/python -m scripts.azurite run --data /tmp/az --container lakehouse
                                                                 # serves until Ctrl-C, printing the
                                                                 # [storage] settings
 
@@ -32,10 +32,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-try:
-    from scripts.loopback import LoopbackServer, install_once, required_tool, server_command, tool_cache
-except ImportError:  # run as a script (python scripts/azurite.py install): its directory is on the path
-    from loopback import LoopbackServer, install_once, required_tool, server_command, tool_cache
+from coordinator.conformance.loopback import LoopbackServer, install_once, required_tool, server_command, tool_cache
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIR = PROJECT_ROOT / "scripts" / "azurite"

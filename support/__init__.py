@@ -1,8 +1,8 @@
 """What the tests, the benchmarks and the chaos harness share, in one place (``tests/`` and ``bench/`` import
 this package, never each other): processes and waiting for them, the real checker job and what it has done,
 records as producers write them, Delta logs read as files, the exactly-once verdict, a clock moved by hand,
-commands run as a user runs them, offered load, object storage at a chosen latency (the storage-fault proxy,
-:mod:`support.faults`, a proxy per party, its requests priced), Spark in-process and operators' views (metrics
+commands run as a user runs them, offered load, object storage at a chosen latency (the product's storage-fault
+proxy, :mod:`coordinator.conformance.faults`, a proxy per party, its requests priced), Spark in-process and operators' views (metrics
 endpoint, console). The pytest fixtures built from them are the plugin :mod:`support.fixtures`.
 
 This package loads nothing of the product, pyarrow or pytest. Modules that do are imported by name:

@@ -67,10 +67,10 @@ def own_cache(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    """A real S3-compatible server (``scripts/s3_server.py``: versitygw) on loopback for the session,
+    """A real S3-compatible server (``coordinator/conformance/versitygw.py``: versitygw) on loopback for the session,
     with a bucket ``lakehouse``. Skips when it is neither built nor buildable (:func:`require_s3_server`)."""
     require_s3_server()
-    from scripts.s3_server import S3Server
+    from coordinator.conformance.versitygw import S3Server
 
     server = S3Server(tmp_path_factory.mktemp("s3"), log_file=str(tmp_path_factory.mktemp("s3-log") / "server.log"))
     with server:

@@ -1,5 +1,5 @@
 """A benchmark's lakehouse on object storage at a chosen latency: the loopback S3 server behind one
-storage-fault proxy per party of the run (``support/faults.py``, no faults, ``latency_ms`` added
+storage-fault proxy per party of the run (``coordinator/conformance/faults.py``, no faults, ``latency_ms`` added
 to every request), and what each party's requests would cost on S3.
 
 Each party (``producer``, ``checker``) reaches the server through a proxy of its own, so each one's
@@ -25,12 +25,12 @@ import os
 import uuid
 from typing import Iterable, Mapping, Optional
 
-from support.faults import REQUEST_KINDS, FaultProxyProcess
 
 __all__ = ["LATENCY_HELP", "LatencyStore", "S3_PRICES", "S3_PRICES_USD_PER_1000", "idle_cost_per_day",
            "request_cost", "requests_between"]
 
 #: S3 Standard's request prices in us-east-1, USD per 1,000 requests (S3's price list; DELETE is free).
+#: By request kind, every one the proxy counts (coordinator.conformance.faults.REQUEST_KINDS).
 S3_PRICES_USD_PER_1000 = {"PUT": 0.005, "COPY": 0.005, "POST": 0.005, "LIST": 0.005,
                           "GET": 0.0004, "HEAD": 0.0004, "DELETE": 0.0, "OTHER": 0.005}
 S3_PRICES = "S3 Standard, us-east-1: PUT, COPY, POST, LIST $0.005 per 1,000; GET, HEAD $0.0004 per 1,000; DELETE free"
@@ -62,7 +62,8 @@ class LatencyStore:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "LatencyStore":
-        from scripts.s3_server import S3Server
+        from coordinator.conformance.faults import FaultProxyProcess
+        from coordinator.conformance.versitygw import S3Server
 
         try:
             server = self._stack.enter_context(S3Server(os.path.join(self.workdir, "s3")))
@@ -81,7 +82,7 @@ class LatencyStore:
         self._stack.close()
 
     def request_log(self, party: str) -> Optional[str]:
-        """The file ``party``'s proxy logs each request to (``support.faults``), if ``request_logs`` was given."""
+        """The file ``party``'s proxy logs each request to (``coordinator.conformance.faults``), if ``request_logs`` was given."""
         return None if self.request_logs is None else os.path.join(self.request_logs, f"{party}-requests.jsonl")
 
     def storage(self, party: str) -> dict[str, str]:
@@ -89,7 +90,7 @@ class LatencyStore:
         return self._proxies[party].storage_options(self.direct)
 
     def counts(self, party: str) -> dict:
-        """``party``'s proxy's counts now (``support.faults.FaultProxy.counts``)."""
+        """``party``'s proxy's counts now (``coordinator.conformance.faults.FaultProxy.counts``)."""
         return self._proxies[party].counts()
 
     def requests_since(self, party: str, before: Mapping) -> dict[str, int]:
@@ -111,20 +112,22 @@ class LatencyStore:
 
     def settings(self) -> dict:
         """What a report says about this store."""
-        return {"latency_ms": self.latency_ms, "server": "versitygw on loopback behind support/faults.py",
+        return {"latency_ms": self.latency_ms, "server": "versitygw on loopback behind coordinator/conformance/faults.py",
                 "proxies": list(self.parties), "prices": S3_PRICES}
 
 
 def requests_between(before: Mapping, after: Mapping) -> dict[str, int]:
     """Requests by kind (:data:`REQUEST_KINDS`) between two of a proxy's counts, and ``total``; also
     ``conditional_put_refused``: replies 412, each a conditional write that lost its race."""
+    from coordinator.conformance.faults import REQUEST_KINDS
+
     by_kind = {kind: after["by_kind"].get(kind, 0) - before["by_kind"].get(kind, 0) for kind in REQUEST_KINDS}
     refused = after["by_status"].get("412", 0) - before["by_status"].get("412", 0)
     return {**by_kind, "total": sum(by_kind.values()), "conditional_put_refused": refused}
 
 
 def _usd(requests: Mapping[str, float]) -> float:
-    return sum(requests.get(kind, 0) * S3_PRICES_USD_PER_1000[kind] / 1000 for kind in REQUEST_KINDS)
+    return sum(requests.get(kind, 0) * price / 1000 for kind, price in S3_PRICES_USD_PER_1000.items())
 
 
 def request_cost(requests: Mapping[str, int], transactions: int) -> dict:

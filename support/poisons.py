@@ -2,7 +2,7 @@
 checker must refuse it for: what the tests, the benchmarks and the chaos harness's poisoning tenant write
 (:class:`PoisoningTenant`, round after round).
 
-A :class:`PoisonedLog` (the conformance kit's :class:`~coordinator.conformance.malformed.RawCommitLog`) writes raw
+A :class:`PoisonedLog` (the conformance kit's :class:`~coordinator.conformance.raw_log.RawCommitLog`) writes raw
 versions into a group's commit log through :class:`FileStore` (a local disk or S3, created only if absent, as any
 writer of the log must), and raw files into its ``_producers/``.
 
@@ -24,10 +24,11 @@ from typing import Callable
 import pyarrow as pa
 
 from coordinator.checker.segment import MAX_DATA_FILE_ROWS
-from coordinator.conformance.malformed import RawCommitLog
+from coordinator.conformance.raw_log import RawCommitLog
 from coordinator.lakehouse import Lakehouse
 from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES
 from coordinator.names import NAME_PATTERN
+from coordinator.protocol import PROTOCOL_FIELD
 from coordinator.tables import COMMIT_LOG
 
 __all__ = ["INSTANCE_POISONS", "POISONS", "Poison", "PoisonedLog", "PoisoningTenant"]
@@ -71,6 +72,12 @@ POISONS = {
     "a path climbing out": Poison(lambda log: log.add("../../alice/commit_log/x.parquet"),
                                   "data file outside the commit log's directory"),
     "an absolute URI": Poison(lambda log: log.add("file:///etc/passwd"), "data file outside the commit log's directory"),
+    "a commit under a client protocol the checker does not know": Poison(
+        lambda log: log.records(_half(log.group, "ORDERS"), commit_info={PROTOCOL_FIELD: 2}),
+        "unsupported client protocol 2: this checker reads protocol 1"),
+    "a client protocol that is no number": Poison(
+        lambda log: log.records(_half(log.group, "ORDERS"), commit_info={PROTOCOL_FIELD: "1"}),
+        'unsupported client protocol "1"'),
     "a topic name that decodes to a path": Poison(
         lambda log: log.records(_half(log.group, "CAROL_%2F%2E%2E%2FPAYMENTS")), f"topic does not match {NAME_PATTERN}"),
 }

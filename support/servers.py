@@ -12,10 +12,10 @@ __all__ = ["require_azurite", "require_s3_server"]
 def require_s3_server() -> None:
     """Wait for the S3 server's binary (``make test`` builds it while the first tests run), build it
     if nobody is, or skip when it is not built and there is no Go to build it."""
-    from scripts.s3_server import BINARY, build
+    from coordinator.conformance.versitygw import BINARY, build
 
     if not BINARY.exists() and shutil.which("go") is None:
-        pytest.skip(f"no S3 server built at {BINARY}, and no Go to build it: see scripts/s3_server.py")
+        pytest.skip(f"no S3 server built at {BINARY}, and no Go to build it: see coordinator/conformance/versitygw.py")
     build(quiet=True)
 
 

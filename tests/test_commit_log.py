@@ -1,7 +1,9 @@
 """The group-committing commit-log writer, against real delta-rs tables."""
 
+import json
 import threading
 from collections import defaultdict
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -63,6 +65,9 @@ def test_submit_resolves_once_durable_with_the_commit_version(lakehouse):
         version = writer.submit(ends("t1", 3)).result(timeout=60)
         assert version == commit_log_version(lakehouse) == 1
         assert [r["transaction_id"] for r in commit_log_rows(lakehouse)] == ["t1"] * 3
+    # Each commit names the client protocol it was written under (docs/protocol.md#versioning).
+    commit = Path(lakehouse, "groups/order_group/commit_log/_delta_log/00000000000000000001.json").read_text()
+    assert json.loads(commit.splitlines()[0])["commitInfo"]["txcoordProtocol"] == 1
 
 
 def test_waiting_submits_share_a_commit_up_to_max_batch_rows_and_are_never_split(lakehouse, writes):

@@ -68,7 +68,7 @@ def test_new_versions_are_probed_in_rounds_on_object_storage_and_one_by_one_on_a
 def test_on_s3_one_listing_finds_a_logs_new_versions_whatever_their_number(s3_server):
     import uuid
 
-    from support.faults import FaultProxyProcess
+    from coordinator.conformance.faults import FaultProxyProcess
     from coordinator.checker.segment import committed_run
     from coordinator.lakehouse import Lakehouse, create_table
     from coordinator.producer.commit_log import records_to_arrow

@@ -7,7 +7,7 @@ import threading
 import uuid
 from collections import Counter
 
-from support.faults import FaultProxyProcess
+from coordinator.conformance.faults import FaultProxyProcess
 from coordinator.appender import DeltaAppender
 from coordinator.lakehouse import Lakehouse, create_table, init_lakehouse, read_table
 from coordinator.producer.commit_log import CommitLogWriter, end_record, records_to_arrow

@@ -150,7 +150,7 @@ def test_versitygw_refuses_the_printed_policy_and_inspect_flags_what_it_lets_a_t
     from coordinator.checker.batch import BatchRunner
     from coordinator.config import CoordinatorConfig
     from coordinator.producer.commit_log import CommitLogWriter
-    from scripts.s3_server import S3Server
+    from coordinator.conformance.versitygw import S3Server
 
     require_s3_server()
     root = "s3://rewrites/lh"

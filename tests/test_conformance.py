@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import pytest
 
 from coordinator.conformance.cases import CASES, OBJECT_STORE_CASES, SLOWEST, start_order
 from coordinator.conformance.client import ClientProcess, Deadline
-from coordinator.conformance.kit import Run, run_cases
+from coordinator.conformance.kit import run_cases
+from coordinator.conformance.primitives import Run
 from coordinator.exceptions import CaseFailedError
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 
@@ -54,8 +57,8 @@ def test_the_python_driver_answers_each_op_of_the_line_protocol(tmp_path):
     assert sent | {"transaction_id": None, "msg_ids": None} == {
         "reply": "send", "request": "r1", "ok": True, "send_status": "SEND_OK", "transaction_id": None,
         "msg_ids": None, "local_state": "ROLLBACK_MESSAGE"}
-    assert refused | {"message": None} == {"reply": "send", "request": "r2", "ok": False,
-                                           "error": "MessageValidationError", "retriable": False, "message": None}
+    assert refused | {"message": None} == {"reply": "send", "request": "r2", "ok": False, "error": "MessageValidationError",
+                                           "retriable": False, "outcome_unknown": False, "message": None}
     assert (answered, stopped) == ({"reply": "answer", "ok": True}, {"reply": "stop", "ok": True})
     rows = lakehouse.read("groups/g/commit_log").to_pylist()
     halves = sorted((r["topic"], r["msg_id"]) for r in rows if r["kind"] == "HALF")
@@ -65,9 +68,9 @@ def test_the_python_driver_answers_each_op_of_the_line_protocol(tmp_path):
     assert {r["body"] for r in rows if r["kind"] == "HALF"} == {b"hello"}
 
 
-def conformance(*args: str, cwd) -> subprocess.CompletedProcess:
+def conformance(*args: str, cwd, env: Optional[dict] = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "coordinator", "conformance", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=900)
+                          cwd=cwd, timeout=900, env=None if env is None else os.environ | env)
 
 
 def case_lines(stdout: str) -> dict[str, str]:
@@ -124,9 +127,9 @@ def test_each_client_passes_every_case_of_the_kit_on_the_s3_server_with_the_gran
     assert "AccessDeniedError" in stderr and "groups/conformance_grant_b/_producers/" in stderr
 
 
-#: A client with three defects the kit must catch: it commits whatever its local transaction was told to return,
-#: it takes its next version from what it knew, never reading _last_checkpoint, and it creates its own commit log
-#: but not the missing ones below it.
+#: A client with four defects the kit must catch: it commits whatever its local transaction was told to return,
+#: it takes its next version from what it knew, never reading _last_checkpoint, it creates its own commit log
+#: but not the missing ones below it, and its commits name their protocol in a field no checker reads.
 BROKEN_CLIENT = """
 from concurrent.futures import Future
 
@@ -155,6 +158,7 @@ def own_log_only(create, logs, remote):  # the logs below its own, then its own
 python_client.ScriptedListener = Lying
 DeltaAppender._read_last_checkpoint = no_checkpoint_read
 created, commit_log.read_all = commit_log.read_all, own_log_only
+commit_log.PROTOCOL_FIELD = "protocol"
 raise SystemExit(python_client.main())
 """
 
@@ -165,11 +169,12 @@ def test_the_kit_fails_a_client_that_commits_what_it_should_roll_back_writes_bel
     script = tmp_path / "broken_client.py"
     script.write_text(BROKEN_CLIENT)
     done = conformance("--producer", f"{sys.executable} {script}", "--case", "commit", "--case", "rollback",
-                       "--case", "checkpointed_log", "--case", "log_numbering", "--case-timeout", "30",
-                       "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
+                       "--case", "checkpointed_log", "--case", "log_numbering", "--case", "protocol_version",
+                       "--case-timeout", "30", "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     verdicts = case_lines(done.stdout)
-    assert verdicts["commit"] == "PASS" and list(verdicts) == ["commit", "rollback", "checkpointed_log", "log_numbering"]
+    assert verdicts["commit"] == "PASS" and list(verdicts) == ["commit", "rollback", "checkpointed_log", "log_numbering",
+                                                               "protocol_version"]
     assert verdicts["rollback"].startswith("send replied local_state 'COMMIT_MESSAGE', the listener returned "
                                            "ROLLBACK_MESSAGE"), verdicts
     # Its second send reported success; the checker never read the version it recreated below the checkpoint.
@@ -177,8 +182,104 @@ def test_the_kit_fails_a_client_that_commits_what_it_should_roll_back_writes_bel
     assert verdicts["log_numbering"].startswith("the client wrote its transaction ") and (
         "groups/conformance_log_numbering/commit_log, groups/conformance_log_numbering/commit_log.1 missing"
         in verdicts["log_numbering"]), verdicts
-    assert re.fullmatch(r"1 of 4 cases passed in \d+ s; failed: rollback, checkpointed_log, log_numbering",
-                        done.stdout.splitlines()[-1])
+    assert verdicts["protocol_version"] == ("the client's commit(s) of groups/conformance_protocol_version/commit_log "
+                                            "name(s) no client protocol 1: ['version 1: txcoordProtocol None', 'version 2: "
+                                            "txcoordProtocol None'] (each commit's commitInfo says \"txcoordProtocol\": "
+                                            "1, a JSON number)"), verdicts  # its half's commit, then its END's
+    assert re.fullmatch(r"1 of 5 cases passed in \d+ s; failed: rollback, checkpointed_log, log_numbering, "
+                        r"protocol_version", done.stdout.splitlines()[-1])
+
+
+#: A client with a defect for each case of hostile storage, chosen by the group it starts as: it takes a create
+#: refused on its retry for another writer's (lost_reply), a half whose commit never answered for stored
+#: (throttled), and for not stored (unknown_outcome), and runs the local transaction of such a half all the same
+#: (slow_reply).
+BROKEN_ON_HOSTILE_STORAGE = """
+from concurrent.futures import Future
+
+from coordinator.conformance import python_client
+from coordinator.exceptions import HalfOutcomeUnknownError, StorageUnavailableError, WriteOutcomeUnknownError
+from coordinator.producer.commit_log import CommitLogWriter, end_record
+from coordinator.producer.transaction_producer import TransactionProducer
+from coordinator.storage import ObjectFileStore
+
+submit, send = CommitLogWriter.submit, TransactionProducer._send
+
+
+def unknown_as(outcome):
+    def submitted(self, records):
+        settled = Future()
+
+        def settle(done):
+            error = done.exception()
+            if isinstance(error, WriteOutcomeUnknownError):
+                outcome(settled)
+            elif error is not None:
+                settled.set_exception(error)
+            else:
+                settled.set_result(done.result())
+
+        submit(self, records).add_done_callback(settle)
+        return settled
+    return submitted
+
+
+def ran_anyway(self, msgs, listener_msg, arg):
+    try:
+        return send(self, msgs, listener_msg, arg)
+    except HalfOutcomeUnknownError as error:
+        state = self._execute_local_transaction(listener_msg, arg, error.transaction_id, {})
+        self._writer.submit([end_record(self.group, error.transaction_id, state)])
+        raise
+
+
+DEFECTS = {
+    "conformance_lost_reply": lambda: setattr(ObjectFileStore, "_own_write", lambda self, operation, key, data: None),
+    "conformance_throttled": lambda: setattr(CommitLogWriter, "submit", unknown_as(lambda f: f.set_result(-1))),
+    "conformance_unknown_outcome": lambda: setattr(CommitLogWriter, "submit", unknown_as(
+        lambda f: f.set_exception(StorageUnavailableError("taken for not stored")))),
+    "conformance_slow_reply": lambda: setattr(TransactionProducer, "_send", ran_anyway),
+}
+start = python_client.Driver._start
+
+
+def started_with_a_defect(self, op):
+    DEFECTS[op["group"]]()
+    return start(self, op)
+
+
+python_client.Driver._start = started_with_a_defect
+raise SystemExit(python_client.main())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.object_store
+def test_the_kit_fails_a_client_that_guesses_what_became_of_a_half_the_storage_never_confirmed(tmp_path):
+    from support.servers import require_s3_server
+
+    require_s3_server()
+    script = tmp_path / "broken_client.py"
+    script.write_text(BROKEN_ON_HOSTILE_STORAGE)
+    faults = ["lost_reply", "throttled", "unknown_outcome", "slow_reply"]
+    done = conformance("--producer", f"{sys.executable} {script}", "--object-store", *(f"--case={c}" for c in faults),
+                       "--case-timeout", "40", "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    verdicts = case_lines(done.stdout)
+    assert list(verdicts) == faults, done.stdout
+    # It committed its half again at the next version: the checker refused the copy.
+    assert verdicts["lost_reply"].startswith("system/rejected holds [(") and "'duplicate transaction_id')]" in \
+        verdicts["lost_reply"], verdicts
+    # Past the bound nothing was stored: its SEND_OK (and its END) stand for a message never delivered.
+    assert re.match(r"the client replied SEND_OK for \w+, yet timed out waiting for system/op to decide",
+                    verdicts["throttled"]), verdicts
+    assert verdicts["unknown_outcome"].startswith("the client replied {'ok': False, 'error': 'HalfNotStoredError', "
+                                                  "'retriable': True, 'outcome_unknown': False}, which says the half "
+                                                  "was not stored, yet the checker accepted ['"), verdicts
+    # The half landed while it waited, and it gave up only past its timeouts: its own END came after the immunity,
+    # refused, and the check rolled the half back; its END in its log says it ran the local transaction all the same.
+    assert re.match(r"the client's commit log holds its own END of \['\w+'\], a send it did not reply SEND_OK to: it "
+                    r"ran the local transaction of a half it was not told is durable", verdicts["slow_reply"]), verdicts
 
 
 def test_an_unknown_case_is_a_usage_error_before_any_checker_starts(tmp_path):
@@ -190,6 +291,16 @@ def test_an_unknown_case_is_a_usage_error_before_any_checker_starts(tmp_path):
         "case(s) grant need --object-store\n")
     listed = conformance("--list", cwd=tmp_path)
     assert listed.returncode == 0 and listed.stdout.split()[:len(CASES)] == list(CASES)
+
+
+def test_object_store_says_what_to_run_when_its_s3_server_is_not_built(tmp_path):
+    done = conformance("--producer", "true", "--object-store", "--workdir", str(tmp_path / "kit"), cwd=tmp_path,
+                       env={"TXCOORD_CACHE_DIR": str(tmp_path / "empty-cache")})
+    assert done.returncode == 2
+    assert done.stderr.startswith("txcoord conformance: --object-store runs txcoord's S3 server (versitygw), which is "
+                                  f"not built at {tmp_path / 'empty-cache' / 's3'}")
+    assert "run `python -m coordinator.conformance.versitygw build` once (it needs Go" in done.stderr
+    assert not (tmp_path / "kit" / "checker.log").exists() and not (tmp_path / "kit" / "s3").exists()
 
 
 @pytest.mark.parametrize("command, reason", [
@@ -251,9 +362,10 @@ def test_the_cases_run_concurrently_at_most_parallel_at_once_their_lines_in_the_
 
 
 def test_the_slowest_cases_start_first_then_the_others_in_the_kits_order():
-    order = start_order(CASES)
-    assert sorted(order) == sorted(CASES) and order[:len(SLOWEST)] == list(SLOWEST)
-    assert order[len(SLOWEST):] == [name for name in CASES if name not in SLOWEST]
+    every = [*CASES, *OBJECT_STORE_CASES]
+    order = start_order(every)
+    assert sorted(order) == sorted(every) and set(SLOWEST) <= set(every) and order[:len(SLOWEST)] == list(SLOWEST)
+    assert order[len(SLOWEST):] == [name for name in every if name not in SLOWEST]
     assert start_order(["commit", "late_end", "rollback"]) == ["late_end", "commit", "rollback"]
 
 

@@ -347,7 +347,7 @@ def test_on_object_storage_an_idle_instance_lists_its_group_rarely_and_reads_no_
     live set changes, not each share's at every look."""
     import uuid
 
-    from support.faults import FaultProxyProcess
+    from coordinator.conformance.faults import FaultProxyProcess
     from support.object_store import requests_between
 
     root = f"s3://lakehouse/{uuid.uuid4().hex}"

@@ -126,7 +126,7 @@ def test_a_group_never_sleeps_past_a_commit_it_did_not_ring_for():
 def test_on_s3_a_trigger_probes_the_busy_groups_and_those_that_rang_not_every_quiet_one(s3_server):
     import uuid
 
-    from support.faults import FaultProxyProcess
+    from coordinator.conformance.faults import FaultProxyProcess
 
     quiet_groups = [f"quiet-{index:02d}" for index in range(40)]
     direct = Lakehouse(f"s3://lakehouse/{uuid.uuid4().hex}", s3_server.storage_options)

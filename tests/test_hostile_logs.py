@@ -68,6 +68,20 @@ def test_a_poisoned_version_between_good_ones_costs_only_itself(batches, config)
     assert [row["commit_version"] for row in rejected_from(batches)] == [bad]
 
 
+def test_a_commit_that_names_protocol_1_is_read_and_one_naming_another_is_refused_whole(batches, config):
+    log = PoisonedLog(Lakehouse(config.lakehouse), HOSTILE)
+    log.records(half_record("p-1", group=HOSTILE, topic="ORDERS"), commit_info={"txcoordProtocol": 1})
+    refused = log.records(half_record("p-2", group=HOSTILE, topic="ORDERS"), end_record("p-2", group=HOSTILE),
+                          commit_info={"txcoordProtocol": 2, "engineInfo": "a client from the future"})
+    log.records(end_record("p-1", group=HOSTILE), commit_info={"engineInfo": "no protocol named: 1"})
+
+    batches.run()
+
+    assert delivered(batches, "p-1") == 1 and delivered(batches, "p-2") == 0
+    assert [(row["commit_version"], row["transaction_id"], row["reason"]) for row in rejected_from(batches)] == [
+        (refused, None, "unsupported client protocol 2: this checker reads protocol 1")]
+
+
 def test_files_that_are_no_instance_records_cost_their_group_alone_and_are_removed(batches, config):
     lakehouse = Lakehouse(config.lakehouse)
     log = PoisonedLog(lakehouse, HOSTILE)

@@ -106,6 +106,43 @@ def test_no_import_runs_up_the_floors_or_across_one():
     assert wrong == []
 
 
+#: The conformance kit's own floors, lowest first (coordinator/conformance/__init__.py): a module of the kit
+#: imports only the kit's modules on lower floors, so its imports go one way. The Python driver stands apart.
+KIT_FLOORS = (
+    ("client", "observed", "raw_log", "loopback", "faults"),
+    ("primitives", "versitygw"),
+    ("basic", "malformed", "checkpointed", "numbering", "grant", "storage_faults", "versioning"),
+    ("cases", "object_store"),
+    ("kit",),
+)
+KIT_APART = ("python_client",)
+
+
+def test_the_kits_imports_go_one_way_and_its_python_driver_stands_apart():
+    modules = package_modules()
+    kit = {name.rsplit(".", 1)[1]: path for name, path in modules.items() if name.startswith("coordinator.conformance.")}
+    floor_of = {module: number for number, names in enumerate(KIT_FLOORS) for module in names}
+    assert sorted(kit) == sorted([*floor_of, *KIT_APART]), "place each in KIT_FLOORS and in coordinator/conformance"
+    wrong = []
+    for module, path in sorted(kit.items()):
+        for imported in sorted(package_imports(path, modules)):
+            target = imported.removeprefix("coordinator.conformance.")
+            if target == imported or target == module:
+                continue
+            if module in KIT_APART or target in KIT_APART or floor_of[target] >= floor_of[module]:
+                wrong.append(f"{module} imports {target}")
+    assert wrong == []
+
+
+def test_the_kits_s3_server_is_built_with_the_standard_library_alone():
+    """``make test`` builds it (and installs Azurite, whose server is a LoopbackServer) before the checkout's
+    virtual environment exists: importing its modules must load nothing but Python's own and txcoord's."""
+    before = loaded_after("")
+    loaded = loaded_after("import coordinator.conformance.versitygw, coordinator.conformance.loopback") - before
+    assert "coordinator.conformance.versitygw" in loaded
+    assert sorted({m.split(".")[0] for m in loaded} - set(sys.stdlib_module_names) - {"coordinator"}) == []
+
+
 def test_producer_side_never_imports_pyspark():
     modules = loaded_after("from coordinator import TransactionProducer, Message, CoordinatorConfig\n"
                            + "".join(f"import {m}\n" for m in modules_of("coordinator.producer")))

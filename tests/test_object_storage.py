@@ -1,5 +1,5 @@
 """The lakehouse on S3-compatible object storage, against a real server on loopback (versitygw,
-``scripts/s3_server.py``): conditional writes, the checker's lease and progress record, and the
+``coordinator/conformance/versitygw.py``): conditional writes, the checker's lease and progress record, and the
 producer's commit log, with the same guarantees as on a local disk."""
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def test_a_checkpoint_file_is_one_put_that_the_store_refuses_over_an_existing_fi
     a write whose reply was lost, sent again and refused by its own first attempt's file, is done."""
     from py4j.protocol import Py4JJavaError
 
-    from support.faults import FaultProxyProcess
+    from coordinator.conformance.faults import FaultProxyProcess
     from coordinator.spark import object_store_conf
 
     jvm = spark.sparkContext._jvm

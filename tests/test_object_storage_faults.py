@@ -1,5 +1,5 @@
 """When S3 errs, stalls or loses a reply: the product against the real loopback S3 server, through the
-fault proxy (support/faults.py) that answers 503/500, resets a connection, or makes the write
+fault proxy (coordinator/conformance/faults.py) that answers 503/500, resets a connection, or makes the write
 and drops its reply, exactly where each test asks. Nothing is committed twice, a send never reports a
 false result, retries are counted, and everything keeps working once the faults stop."""
 
@@ -23,7 +23,7 @@ from coordinator.retries import storage_request_counts
 from coordinator.tables import OP
 from support import end_record, half_record, wait_until
 
-from support.faults import FaultProxyProcess
+from coordinator.conformance.faults import FaultProxyProcess
 
 #: Few retries, so that a request failing every time gives up in a second or two; the time bound is never the
 #: one that ends the retries, however long a loaded machine stalls them (the tests count the attempts).

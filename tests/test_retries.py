@@ -18,7 +18,7 @@ LOCATION = "s3://lakehouse/lh/system/_checker_lease.json"
 
 
 def obstore_error(method: str, elapsed: str, says: str, inner: str) -> GenericError:
-    """A ``GenericError`` worded as obstore 0.12 words one (captured through support/faults.py): its
+    """A ``GenericError`` worded as obstore 0.12 words one (captured through coordinator/conformance/faults.py): its
     first line, then the debug dump, whose ``elapsed`` and ``retry_timeout`` must not be read as a cause."""
     return GenericError(f"Generic S3 error: Error performing {method} http://127.0.0.1:38867/lakehouse/lh/k in {elapsed} - "
                         f"{says}\n\nDebug source:\nGeneric {{\n    store: \"S3\",\n    source: RetryError(\n        "

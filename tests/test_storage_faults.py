@@ -1,4 +1,4 @@
-"""The storage-fault proxy (``support/faults.py``): transparent forwarding, each fault as an
+"""The storage-fault proxy (``coordinator/conformance/faults.py``): transparent forwarding, each fault as an
 S3 client sees it, and the seeded schedule. The client is obstore, configured as
 ``coordinator.storage.ObjectFileStore`` configures it, with its retries off so that each fault
 reaches the test as it reached the client; the server is the loopback versitygw."""
@@ -27,7 +27,7 @@ from obstore.exceptions import AlreadyExistsError, GenericError, PreconditionErr
 from obstore.store import S3Store
 
 
-from support.faults import KINDS, FaultProxy, FaultSchedule, request_kind
+from coordinator.conformance.faults import KINDS, FaultProxy, FaultSchedule, request_kind
 
 DELAY_S = 0.5
 #: Each fault reaches the test as the client got it: obstore tries once, gives up at the first error.
@@ -322,6 +322,10 @@ def test_faults_turned_off_and_on_and_injected_on_demand(s3_server):
         # Queued faults are served in order, each to the first request it matches.
         assert post("/next", {"kind": "error", "method": "PUT", "path_contains": "_delta_log/"})["queued"] == 1
         proxy.inject_next("reset", method="GET", path_contains="_delta_log/")
+        proxy.inject_next("slowdown", method="HEAD")
+        assert proxy.counts()["queued_by_path"] == {"_delta_log/": 2, "": 1}
+        with pytest.raises(GenericError, match="503"):
+            obstore.head(via, "k.json")
         obstore.put(via, "k.json", b"data")
         assert written(via, "k.json") == b"data"
         obstore.list_with_delimiter(via, "t/")
@@ -339,13 +343,13 @@ def test_faults_turned_off_and_on_and_injected_on_demand(s3_server):
         with pytest.raises(GenericError, match="503"):
             obstore.put(via, "k.json", b"data")
         counts = proxy.counts()
-    assert counts["injected"] == {"slowdown": 2, "error": 1, "delay": 0, "reset": 1, "drop_reply": 0}
-    assert (counts["requests"], counts["forwarded"], counts["queued"]) == (11, 7, 0)
+    assert counts["injected"] == {"slowdown": 3, "error": 1, "delay": 0, "reset": 1, "drop_reply": 0}
+    assert (counts["requests"], counts["forwarded"], counts["queued"], counts["queued_by_path"]) == (12, 7, 0, {})
 
 
 def test_the_command_line_proxies_and_prints_its_counts_on_sigterm(recorder):
     process = subprocess.Popen(
-        [sys.executable, "-m", "support.faults", "--upstream", recorder, "--seed", "5",
+        [sys.executable, "-m", "coordinator.conformance.faults", "--upstream", recorder, "--seed", "5",
          "--rates", "slowdown=0.25,drop_reply=0.5", "--methods", "PUT"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

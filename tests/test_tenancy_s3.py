@@ -61,7 +61,7 @@ class Tenancy:
 @pytest.fixture(scope="module")
 def tenancy(tmp_path_factory):
     require_s3_server()
-    from scripts.s3_server import S3Server
+    from coordinator.conformance.versitygw import S3Server
 
     work = tmp_path_factory.mktemp("s3-accounts")
     with S3Server(work / "data", log_file=str(work / "server.log"), with_accounts=True,

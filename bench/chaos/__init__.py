@@ -42,10 +42,10 @@ and exits 1 on any violation.
     python -m bench.chaos --poison                          # and a tenant writing bytes the checker must refuse
 
 With ``--object-store`` the lakehouse is a prefix of a bucket on a real S3-compatible server
-(``scripts/s3_server.py``, started for the run); the run's directory keeps only the logs, the
+(``coordinator/conformance/versitygw.py``, started for the run); the run's directory keeps only the logs, the
 producers' SQLite stores and the configuration (whose ``[storage]`` table reaches the server).
 With ``--storage-faults`` too, every request (the producers', the checker's, its Spark checkpoint's,
-maintenance's, the verification's) goes through ``support/faults.py``, which answers 503
+maintenance's, the verification's) goes through ``coordinator/conformance/faults.py``, which answers 503
 SlowDown and 500, delays, resets connections and drops replies after making the write, at the
 rates of ``STORAGE_FAULT_RATES`` until the kills are done; then the faults stop and everything must
 settle without a restart. The report adds the faults injected by kind, and how many retries and

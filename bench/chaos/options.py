@@ -16,7 +16,7 @@ __all__ = ["CONFIG_NAME", "FORGED_GROUP", "KIND_WEIGHTS", "OBJECT_STORE_BUCKET",
 
 #: The bucket of ``--object-store`` runs.
 OBJECT_STORE_BUCKET = "chaos"
-#: ``--storage-faults``: each request's chance of each fault (support/faults.py), about one in
+#: ``--storage-faults``: each request's chance of each fault (coordinator/conformance/faults.py), about one in
 #: twenty faulty in all, and a delayed request's wait.
 STORAGE_FAULT_RATES = {"slowdown": 0.02, "error": 0.01, "delay": 0.005, "reset": 0.01, "drop_reply": 0.01}
 STORAGE_FAULT_DELAY_S = 1.0
@@ -94,9 +94,9 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
     parser.add_argument("--standby", action="store_true",
                         help="run a second checker standing by; each checker kill hits the active one")
     parser.add_argument("--object-store", action="store_true",
-                        help="the lakehouse on a loopback S3 server (scripts/s3_server.py); --lakehouse keeps the logs")
+                        help="the lakehouse on a loopback S3 server (coordinator/conformance/versitygw.py); --lakehouse keeps the logs")
     parser.add_argument("--storage-faults", action="store_true",
-                        help="with --object-store: every request through support/faults.py, which answers "
+                        help="with --object-store: every request through coordinator/conformance/faults.py, which answers "
                              "503 and 500, delays, resets connections and drops replies after the write, at random "
                              f"(seeded by --seed; rates {STORAGE_FAULT_RATES}) until the kills are done")
     parser.add_argument("--poison", action="store_true",

@@ -30,10 +30,10 @@ from bench.chaos.options import (OBJECT_STORE_BUCKET, POISON_EVERY_S, SETTINGS, 
 from bench.chaos.producer import group_of
 from bench.chaos.report import print_report
 from bench.chaos.verify import EXAMPLES, verify
-from support.faults import FaultProxyProcess
+from coordinator.conformance.faults import FaultProxyProcess
 from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse
-from scripts.s3_server import S3Server
+from coordinator.conformance.versitygw import S3Server
 
 __all__ = ["Activity", "Run", "main"]
 

@@ -14,9 +14,10 @@ feed does. Each record also carries its commit file's sha256 and size as read, w
 keeps (:func:`commits_read`, ``system/commits_read``) so that a commit rewritten since can be told.
 A data file outside the log's own directory is never read (a writer could otherwise
 make another group's records, or any file the checker can read, appear in its own log). What a
-log's writer wrote is untrusted bytes (docs/design.md#hostile-input): a commit that cannot be read
-stands as one record whose ``refusal`` says why, and so does each data file that cannot be, which
-the batch refuses; nothing of one log costs another.
+log's writer wrote is untrusted bytes (docs/design.md#hostile-input): a commit that cannot be read, or that
+names a client protocol this checker does not know (:func:`~coordinator.protocol.protocol_refusal`), stands as
+one record whose ``refusal`` says why, and so does each data file that cannot be, which the batch refuses;
+nothing of one log costs another.
 
 The commits of the different logs are merged by commit time (ties by log, then version), each
 log's own commits staying in version order; ``commit_rank`` numbers them in that order. With the
@@ -49,7 +50,7 @@ from coordinator.doorbells import GroupWatch
 from coordinator.exceptions import CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse, delta_log_file
 from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, added_files, commit_actions, commit_digest
-from coordinator.protocol import MAX_COMMIT_BODY_BYTES
+from coordinator.protocol import MAX_COMMIT_BODY_BYTES, protocol_refusal
 from coordinator.storage import FileStore, read_all
 from coordinator.tables import COMMIT_LOG
 
@@ -309,9 +310,13 @@ def _read_commit(store: FileStore, version: int) -> CommitRead:
         return _refused(0, f"commit {delta_log_file(version)} is gone")
     digest = {"sha256": commit_digest(commit.data), "size": len(commit.data)}
     try:
-        files = added_files(commit_actions(commit.data))
+        actions = commit_actions(commit.data)
+        files = added_files(actions)
     except CorruptInputError as error:
         return _refused(commit.modified_ms, f"commit cannot be read: {error}")._replace(**digest)
+    unsupported = protocol_refusal(next((action["commitInfo"] for action in actions if "commitInfo" in action), None))
+    if unsupported is not None:  # its records may mean what this checker cannot tell: refused whole, unread
+        return _refused(commit.modified_ms, unsupported)._replace(**digest)
     parts, refusals = [], []
     for file in files:
         refusal = file.refusal

@@ -25,13 +25,14 @@ def register(commands) -> None:
                      help="the longest a case may take, the checker's start aside (default: %(default)s)")
     run.add_argument("--parallel", type=functools.partial(at_least, 1), default=None, metavar="N",
                      help="run at most N cases at once, each with its own client processes and producer group "
-                          "(default: 12, every case of the kit at once; 1 runs them one after another)")
+                          "(default: every case of the kit at once; 1 runs them one after another)")
     run.add_argument("--workdir", metavar="DIR",
                      help="keep the lakehouse, the TOML and the logs here, wiped first (default: a new temporary "
                           "directory)")
     run.add_argument("--object-store", action="store_true",
                      help="the lakehouse on txcoord's S3 server with an account per group, which adds the grant "
-                          "case (from a checkout, the server built: `make s3-server`)")
+                          "case (it needs the server built once, `python -m coordinator.conformance.versitygw "
+                          "build`, with Go, and txcoord's conformance extra)")
     run.add_argument("--list", action="store_true", help="print the case names and exit")
     run.set_defaults(run=run_conformance)
 

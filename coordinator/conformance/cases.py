@@ -1,265 +1,33 @@
-"""The kit's cases (docs/protocol.md#the-cases): each drives the client under test, then asserts what the
-checker really did (:mod:`.observed`). A case uses a producer group of its own, ``conformance_<case>``; it
-raises :class:`~coordinator.conformance.client.CaseFailedError` with the reason when the client or the checker's
-tables disagree with the protocol.
+"""The kit's cases, in the order it lists and reports them (docs/protocol.md#the-cases), and which to run.
 
-The cases run concurrently against one checker (:func:`~coordinator.conformance.kit.run_cases`): a case judges
-only its own transactions (by id: the topics are shared), its own group's halves, instance records and
-refusals (those of records stored under its group's directory), never a table as a whole.
+Every case module sits below this list and above :mod:`.primitives`; the runner (:mod:`.kit`) sits above it
+(tests/test_layering.py). A case uses a producer group of its own, ``conformance_<case>``. The cases run
+concurrently against one checker (:func:`~coordinator.conformance.kit.run_cases`): a case judges only its own
+transactions (by id: the topics are shared), its own group's halves, instance records and refusals (those of
+records stored under its group's directory), never a table as a whole.
+
+Example::
+
+    chosen_cases(["commit", "grant"], object_store=True)   # {'commit': case_commit, 'grant': case_grant}
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
-from coordinator.conformance.client import ClientProcess, Deadline, message
-from coordinator.exceptions import CaseFailedError, ConformanceKitError
-from coordinator.conformance.kit import KIT_SETTINGS, Case, Run
-from coordinator.validation import MAX_BODY_BYTES
+from coordinator.conformance.basic import (case_check_commit, case_check_rollback, case_commit, case_crash_after_half,
+                                           case_heartbeat_routing, case_late_end, case_multi_topic, case_name_rule,
+                                           case_rollback, case_size_limit)
+from coordinator.conformance.checkpointed import case_checkpointed_log
+from coordinator.conformance.grant import case_grant
+from coordinator.conformance.malformed import case_malformed_neighbour
+from coordinator.conformance.numbering import case_log_numbering
+from coordinator.conformance.primitives import Case
+from coordinator.conformance.storage_faults import case_lost_reply, case_slow_reply, case_throttled, case_unknown_outcome
+from coordinator.conformance.versioning import case_protocol_version
+from coordinator.exceptions import ConformanceKitError
 
-__all__ = ["CASES", "OBJECT_STORE_CASES", "SLOWEST", "chosen_cases", "expect", "group_of", "start_order"]
-
-COMMIT, ROLLBACK, UNKNOW, HANG = "COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW", "HANG"
-TOPIC, OTHER_TOPIC = "CONFORMANCE", "CONFORMANCE_AUDIT"
-LATE_END = "arrived after the immunity time: wait for check"
-
-
-def group_of(case: str) -> str:
-    """The producer group of ``case``: its instances and checks are its alone."""
-    return f"conformance_{case}"
-
-
-def expect(condition: object, reason: str) -> None:
-    if not condition:
-        raise CaseFailedError(reason)
-
-
-def started(run: Run, new_client: Callable[[], ClientProcess], case: str) -> ClientProcess:
-    """A new client process of ``case``'s group, started."""
-    client = new_client()
-    client.start(run.config, group_of(case))
-    return client
-
-
-def decided(run: Run, deadline: Deadline, transaction_id: str) -> dict:
-    """The transaction's row in ``system/op``, waited for."""
-    return deadline.wait_for(lambda: run.observed.outcome(transaction_id), f"system/op to decide {transaction_id}")
-
-
-def expect_outcome(run: Run, deadline: Deadline, transaction_id: str, outcome: str, by_check: bool) -> dict:
-    """Wait for the decision; fail unless it is ``outcome``, by a check's answer or by the producer's own END."""
-    row = decided(run, deadline, transaction_id)
-    how = "a check's answer" if by_check else "the producer's own END"
-    expect(row["outcome"] == outcome and (row["check_id"] is not None) == by_check,
-           f"system/op decided {transaction_id} {row['outcome']} with check id {row['check_id']!r}; "
-           f"expected {outcome} by {how}")
-    return row
-
-
-def expect_delivered(run: Run, deadline: Deadline, sent: dict, messages: list[dict]) -> None:
-    """Every message of the send in its topic table, once, with its id, body, keys, tags and properties."""
-    import base64
-
-    transaction_id = sent["transaction_id"]
-    for msg_id, sent_message in zip(sent["msg_ids"], messages):
-        topic = sent_message["topic"]
-        rows = deadline.wait_for(lambda: [row for row in run.observed.delivered(topic, transaction_id)
-                                          if row["msg_id"] == msg_id], f"message {msg_id} in topics/{topic}")
-        expect(len(rows) == 1, f"message {msg_id} delivered {len(rows)} times to topics/{topic}")
-        row = rows[0]
-        wanted = {"body": base64.b64decode(sent_message["body"]), "keys": sent_message["keys"],
-                  "tags": sent_message["tags"], "properties": sent_message["properties"]}
-        got = {"body": row["body"], "keys": row["keys"], "tags": row["tags"], "properties": dict(row["properties"] or [])}
-        expect(got == wanted, f"topics/{topic} holds {got} for message {msg_id}; sent {wanted}")
-
-
-def expect_nothing_delivered(run: Run, transaction_id: str, topics: Iterable[str] = (TOPIC,)) -> None:
-    for topic in topics:
-        rows = run.observed.delivered(topic, transaction_id)
-        expect(not rows, f"{len(rows)} message(s) of {transaction_id} delivered to topics/{topic}")
-
-
-def case_commit(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    client = started(run, new_client, "commit")
-    unknown = client.request({"op": "conformance_no_such_op"})
-    expect((unknown.get("ok"), unknown.get("error")) == (False, "UnknownOp"),
-           f"an unknown op got {unknown}; expected ok false, error UnknownOp")
-    messages = [message(TOPIC, b"conformance: commit", keys="order-1", tags="created", properties={"origin": "kit"})]
-    sent = client.send(messages, COMMIT, check_state=ROLLBACK)
-    expect_outcome(run, deadline, sent["transaction_id"], "COMMIT", by_check=False)
-    expect_delivered(run, deadline, sent, messages)
-    client.stop()
-
-
-def case_rollback(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    client = started(run, new_client, "rollback")
-    sent = client.send([message(TOPIC, b"conformance: rollback")], ROLLBACK, check_state=COMMIT)
-    expect_outcome(run, deadline, sent["transaction_id"], "ROLLBACK", by_check=False)
-    expect_nothing_delivered(run, sent["transaction_id"])
-    client.stop()
-
-
-def checked_back(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess], case: str, answer: str) -> None:
-    """An UNKNOW local transaction, decided by the check's ``answer``."""
-    client = started(run, new_client, case)
-    messages = [message(TOPIC, f"conformance: {case}".encode(), keys=case)]
-    sent = client.send(messages, UNKNOW, check_state=answer)
-    transaction_id = sent["transaction_id"]
-    asked = client.wait_event("check", f"a check of {transaction_id}", transaction_id=transaction_id)
-    expect((asked.get("msg_id"), asked.get("topic")) == (sent["msg_ids"][0], TOPIC),
-           f"the check handed the listener message {asked.get('msg_id')!r} of topic {asked.get('topic')!r}; "
-           f"the transaction's first is {sent['msg_ids'][0]} of {TOPIC}")
-    outcome = "COMMIT" if answer == COMMIT else "ROLLBACK"
-    expect_outcome(run, deadline, transaction_id, outcome, by_check=True)
-    if answer == COMMIT:
-        expect_delivered(run, deadline, sent, messages)
-    else:
-        expect_nothing_delivered(run, transaction_id)
-    client.stop()
-
-
-def case_check_commit(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    checked_back(run, deadline, new_client, "check_commit", COMMIT)
-
-
-def case_check_rollback(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    checked_back(run, deadline, new_client, "check_rollback", ROLLBACK)
-
-
-def case_multi_topic(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    client = started(run, new_client, "multi_topic")
-    committed = [message(TOPIC, b"first", keys="m-1"), message(OTHER_TOPIC, b"second", keys="m-2"),
-                 message(TOPIC, b"third", keys="m-3", tags="last")]
-    sent = client.send(committed, COMMIT)
-    rolled_back = client.send([message(TOPIC, b"not this"), message(OTHER_TOPIC, b"nor this")], ROLLBACK)
-    expect_outcome(run, deadline, sent["transaction_id"], "COMMIT", by_check=False)
-    expect_delivered(run, deadline, sent, committed)
-    offsets = [row["queue_offset"] for topic in (TOPIC, OTHER_TOPIC)
-               for row in run.observed.delivered(topic, sent["transaction_id"])]
-    expect(len(set(offsets)) == 3, f"the three messages have queue offsets {offsets}; expected three distinct")
-    expect_outcome(run, deadline, rolled_back["transaction_id"], "ROLLBACK", by_check=False)
-    expect_nothing_delivered(run, rolled_back["transaction_id"], (TOPIC, OTHER_TOPIC))
-    client.stop()
-
-
-def case_crash_after_half(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    first = started(run, new_client, "crash_after_half")
-    messages = [message(TOPIC, b"conformance: crash after the half", keys="crash")]
-    op = first.send_op(messages, HANG)
-    first.post(op)
-    executing = first.wait_event("executing", "the local transaction to start", request=op["request"])
-    transaction_id = executing.get("transaction_id")
-    expect(transaction_id, f"the executing event names no transaction: {executing}")
-    first.kill()
-    second = started(run, new_client, "crash_after_half")
-    second.answer(transaction_id, COMMIT)
-    second.wait_event("check", f"a check of {transaction_id} at the second instance", transaction_id=transaction_id)
-    row = expect_outcome(run, deadline, transaction_id, "COMMIT", by_check=True)
-    request = next((r for r in run.observed.check_requests(transaction_id) if r["check_id"] == row["check_id"]), None)
-    expect(request is not None, f"no check request {row['check_id']} in system/check_requests")
-    expect(request["producer_instance"] in (None, second.instance_id),
-           f"the deciding check {row['check_id']} was addressed to {request['producer_instance']}, "
-           f"not to the live instance {second.instance_id}")
-    rows = deadline.wait_for(lambda: run.observed.delivered(TOPIC, transaction_id), f"{transaction_id} in topics/{TOPIC}")
-    expect(len(rows) == 1 and rows[0]["body"] == b"conformance: crash after the half",
-           f"topics/{TOPIC} holds {len(rows)} row(s) of the crashed transaction")
-    second.stop()
-
-
-def case_late_end(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    client = started(run, new_client, "late_end")
-    delay_ms = 3 * KIT_SETTINGS["transaction_timeout_ms"]
-    sent = client.send([message(TOPIC, b"conformance: late END", keys="late")], COMMIT, UNKNOW, delay_ms=delay_ms)
-    transaction_id = sent["transaction_id"]
-    refused = deadline.wait_for(lambda: [row for row in run.observed.rejected(transaction_id) if row["kind"] == "END"],
-                                f"system/rejected to refuse the late END of {transaction_id}")
-    expect([row["reason"] for row in refused] == [LATE_END] and refused[0]["check_id"] is None
-           and refused[0]["state"] == COMMIT,
-           f"system/rejected holds {[(r['state'], r['check_id'], r['reason']) for r in refused]} for the END of "
-           f"{transaction_id}; expected its own COMMIT refused as {LATE_END!r}")
-    expect(run.observed.outcome(transaction_id) is None, f"{transaction_id} was decided by its late END")
-    client.answer(transaction_id, ROLLBACK)
-    expect_outcome(run, deadline, transaction_id, "ROLLBACK", by_check=True)
-    expect(client.events("check", transaction_id=transaction_id), f"the client reported no check of {transaction_id}")
-    expect_nothing_delivered(run, transaction_id)
-    client.stop()
-
-
-def refused_at_client(client: ClientProcess, messages: list[dict], what: str) -> None:
-    """A send the client must refuse with ``MessageValidationError``, not retriable."""
-    reply = client.request(client.send_op(messages, COMMIT))
-    expect(reply.get("ok") is False and reply.get("error") == "MessageValidationError" and reply.get("retriable") is False,
-           f"{what}: the client replied {({k: reply.get(k) for k in ('ok', 'error', 'retriable')})}; "
-           "expected MessageValidationError, not retriable")
-
-
-def expect_only_marker(run: Run, deadline: Deadline, client: ClientProcess, case: str) -> None:
-    """A valid send after the refused ones; once it is delivered, the checker holds nothing else of the group."""
-    messages = [message(TOPIC, f"conformance: {case} marker".encode())]
-    marker = client.send(messages, COMMIT)
-    expect_delivered(run, deadline, marker, messages)
-    others = {row["transaction_id"] for row in run.observed.halves(group_of(case))} - {marker["transaction_id"]}
-    expect(not others, f"system/half holds transaction(s) {sorted(others)} the client should have refused")
-    rejected = run.observed.rejected_from(group_of(case))
-    expect(not rejected, f"system/rejected holds {[row['reason'] for row in rejected]} from the group")
-
-
-def case_size_limit(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    client = started(run, new_client, "size_limit")
-    refused_at_client(client, [message(TOPIC, b"x" * (MAX_BODY_BYTES + 1))], f"a body of {MAX_BODY_BYTES + 1} bytes")
-    refused_at_client(client, [message(TOPIC, b"")], "an empty body")
-    expect_only_marker(run, deadline, client, "size_limit")
-    client.stop()
-
-
-def case_name_rule(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    client = started(run, new_client, "name_rule")
-    for topic in ("bad topic", "a/../b", "%41", "T" * 128, "", "T\n"):
-        refused_at_client(client, [message(topic, b"conformance: name rule")], f"topic {topic!r}")
-    expect_only_marker(run, deadline, client, "name_rule")
-    client.stop()
-
-
-def case_heartbeat_routing(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    client = started(run, new_client, "heartbeat_routing")
-    group = group_of("heartbeat_routing")
-    first = deadline.wait_for(lambda: run.observed.instance(group, client.instance_id),
-                              f"a live instance record of {client.instance_id} in groups/{group}/_producers")
-    deadline.wait_for(lambda: getattr(run.observed.instance(group, client.instance_id), "last_seen", 0) > first.last_seen,
-                      f"the instance record of {client.instance_id} to be renewed")
-    sent = client.send([message(TOPIC, b"conformance: routed check")], UNKNOW, check_state=COMMIT)
-    transaction_id = sent["transaction_id"]
-    expect_outcome(run, deadline, transaction_id, "COMMIT", by_check=True)
-    addressed = [row["producer_instance"] for row in run.observed.check_requests(transaction_id)]
-    expect(addressed and set(addressed) == {client.instance_id},
-           f"the checks of {transaction_id} were addressed to {addressed}; the group's one live instance is "
-           f"{client.instance_id}")
-    client.stop()
-
-
-def _malformed_neighbour(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    from coordinator.conformance.malformed import case_malformed_neighbour
-
-    case_malformed_neighbour(run, deadline, new_client)
-
-
-def _checkpointed_log(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    from coordinator.conformance.checkpointed import case_checkpointed_log
-
-    case_checkpointed_log(run, deadline, new_client)
-
-
-def _log_numbering(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    from coordinator.conformance.numbering import case_log_numbering
-
-    case_log_numbering(run, deadline, new_client)
-
-
-def _grant(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
-    from coordinator.conformance.s3 import case_grant
-
-    case_grant(run, deadline, new_client)
-
+__all__ = ["CASES", "OBJECT_STORE_CASES", "SLOWEST", "chosen_cases", "start_order"]
 
 CASES: dict[str, Case] = {
     "commit": case_commit,
@@ -272,12 +40,19 @@ CASES: dict[str, Case] = {
     "size_limit": case_size_limit,
     "name_rule": case_name_rule,
     "heartbeat_routing": case_heartbeat_routing,
-    "malformed_neighbour": _malformed_neighbour,
-    "checkpointed_log": _checkpointed_log,
-    "log_numbering": _log_numbering,
+    "malformed_neighbour": case_malformed_neighbour,
+    "checkpointed_log": case_checkpointed_log,
+    "log_numbering": case_log_numbering,
+    "protocol_version": case_protocol_version,
 }
-#: The cases only a lakehouse on the S3 server, with an account per group, can run.
-OBJECT_STORE_CASES: dict[str, Case] = {"grant": _grant}
+#: The cases only a lakehouse on the S3 server, with an account per group and the storage-fault proxy, can run.
+OBJECT_STORE_CASES: dict[str, Case] = {
+    "grant": case_grant,
+    "lost_reply": case_lost_reply,
+    "throttled": case_throttled,
+    "unknown_outcome": case_unknown_outcome,
+    "slow_reply": case_slow_reply,
+}
 
 
 def chosen_cases(names: Iterable[str], object_store: bool) -> dict[str, Case]:
@@ -296,7 +71,8 @@ def chosen_cases(names: Iterable[str], object_store: bool) -> dict[str, Case]:
 
 #: The cases that wait longest (for immunities and checks), slowest first: started first when the cases run
 #: concurrently, so that the run ends with the quick ones, not with one of these alone.
-SLOWEST = ("late_end", "crash_after_half", "heartbeat_routing", "check_commit", "check_rollback")
+SLOWEST = ("slow_reply", "late_end", "unknown_outcome", "crash_after_half", "heartbeat_routing", "check_commit",
+           "check_rollback")
 
 
 def start_order(cases: Iterable[str]) -> list[str]:

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Callable
 
-from coordinator.conformance.cases import COMMIT, TOPIC, expect, expect_delivered, expect_outcome, group_of, started
-from coordinator.conformance.client import ClientProcess, Deadline, message
-from coordinator.conformance.kit import Run
-from coordinator.conformance.malformed import RawCommitLog
-from coordinator.control.progress import CheckerProgress
+from coordinator.conformance.client import Deadline, message
+from coordinator.conformance.primitives import (COMMIT, TOPIC, NewClient, Run, expect, expect_delivered, expect_outcome,
+                                                group_of, read_through, started)
+from coordinator.conformance.raw_log import RawCommitLog
 from coordinator.lakehouse import delta_log_file
 from coordinator.lakehouse.checkpoints import write_delta_checkpoint
 
@@ -27,14 +25,14 @@ CASE = "checkpointed_log"
 OTHERS_COMMITS = 3
 
 
-def case_checkpointed_log(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
+def case_checkpointed_log(run: Run, deadline: Deadline, new_client: NewClient) -> None:
     client = started(run, new_client, CASE)
     first = [message(TOPIC, b"conformance: before the checkpoint", keys="checkpointed")]
     before = client.send(first, COMMIT)
     expect_delivered(run, deadline, before, first)
     log = RawCommitLog(run.lakehouse, group_of(CASE))
     latest = [log.commit(_empty_commit()) for _ in range(OTHERS_COMMITS)][-1]
-    deadline.wait_for(lambda: _read_past(run, log.key, latest), f"the checker to read {log.key} past version {latest}")
+    read_through(run, deadline, log.key)
     write_delta_checkpoint(run.lakehouse.key_path(log.key), latest, run.lakehouse.storage)
     for version in range(latest):  # what maintenance deletes once the checker has read it
         run.lakehouse.files.delete(f"{log.key}/{delta_log_file(version)}")
@@ -53,7 +51,3 @@ def _empty_commit() -> bytes:
                                       "operationParameters": {"mode": "Append"}, "isBlindAppend": True,
                                       "engineInfo": "txcoord-conformance"}}).encode()
 
-
-def _read_past(run: Run, key: str, version: int) -> bool:
-    progress = CheckerProgress(run.lakehouse).load()
-    return progress is not None and progress.next_versions.get(key, 0) > version

@@ -1,6 +1,7 @@
 """``txcoord conformance``: one real checker on a fresh lakehouse, then the cases against the client under
 test, several at once (each with its own client processes and producer group), one ``PASS``/``FAIL`` line each
-in the case list's order and a summary (docs/protocol.md#the-conformance-kit).
+in the case list's order and a summary (docs/protocol.md#the-conformance-kit). The top of the kit: it runs the
+case list (:mod:`.cases`), and nothing of the kit imports it.
 
 Example::
 
@@ -10,41 +11,31 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
-from coordinator.conformance.client import ClientProcess, Deadline
-from coordinator.conformance.observed import Observed
+from coordinator.conformance.cases import CASES, OBJECT_STORE_CASES, chosen_cases, start_order
+from coordinator.conformance.client import Deadline
+from coordinator.conformance.primitives import Case, Run, write_config
+from coordinator.conformance.object_store import ObjectStore
 from coordinator.exceptions import CaseFailedError, ConformanceKitError
 from coordinator.lakehouse import Lakehouse, init_lakehouse
 
-__all__ = ["Case", "DEFAULT_PARALLEL", "KIT_SETTINGS", "KitOptions", "Run", "run_cases", "run_kit"]
+__all__ = ["DEFAULT_PARALLEL", "KitOptions", "run_cases", "run_kit"]
 
-#: The checker's and the clients' timings: short, so that a check comes within seconds.
-KIT_SETTINGS = {
-    "transaction_timeout_ms": 1500,
-    "transaction_check_interval_ms": 1000,
-    "transaction_check_max": 60,
-    "producer_heartbeat_ms": 1000,
-    "trigger_interval_ms": 100,
-    "metrics_record_interval_ms": 0,
-    "maintenance_interval_ms": 0,
-}
 CHECKER_START_TIMEOUT_S = 300.0
-#: Cases run at once by default: every case of the kit (12 with --object-store), even on CI's 2 cores, as each
+#: Cases run at once by default: every case of the kit (those of --object-store too), even on CI's 2 cores, as each
 #: spends most of its time waiting for the checker (its first batch first), and the waits overlap; a bound all
 #: the same, on the client processes alive at once (docs/performance-log.md#conformance-kit).
-DEFAULT_PARALLEL = 12
+DEFAULT_PARALLEL = len(CASES) + len(OBJECT_STORE_CASES)
 _STOP_TIMEOUT_S = 60.0
 
 Out = Callable[[str], None]
-Case = Callable[["Run", Deadline, Callable[[], ClientProcess]], None]
 
 
 @dataclass(frozen=True)
@@ -57,50 +48,6 @@ class KitOptions:
     workdir: Optional[str] = None
     object_store: bool = False
     parallel: int = DEFAULT_PARALLEL
-
-
-@dataclass
-class Run:
-    """One run of the kit: where things are, and how a case starts a client."""
-
-    command: str
-    workdir: Path
-    lakehouse: Lakehouse
-    config: Path
-    case_timeout_s: float
-    object_store: Optional[object] = None  # the S3 server's accounts (coordinator.conformance.s3), if any
-    observed: Observed = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.observed = Observed(self.lakehouse)
-
-    @contextlib.contextmanager
-    def clients(self, case: str, deadline: Deadline) -> Iterator[Callable[[], ClientProcess]]:
-        """A factory of the case's client processes (each in ``<workdir>/<case>/client-<n>``); none outlives it."""
-        started: list[ClientProcess] = []
-
-        def new_client() -> ClientProcess:
-            started.append(ClientProcess(self.command, self.workdir / case / f"client-{len(started) + 1}", deadline))
-            return started[-1]
-
-        try:
-            yield new_client
-        finally:
-            for client in started:
-                client.close()
-
-
-def write_config(path: Path, lakehouse: Lakehouse, storage: Optional[Mapping[str, str]] = None,
-                 settings: Mapping[str, object] = KIT_SETTINGS) -> Path:
-    """A coordinator TOML for ``lakehouse`` with ``settings``, ``storage`` as its ``[storage]`` table (default: the
-    lakehouse's own). A JSON string is a valid TOML basic string: quotes and backslashes stay safe."""
-    lines = ["# Written by `txcoord conformance`; read by its checker and by the client under test.",
-             f"lakehouse = {json.dumps(lakehouse.root)}", *(f"{key} = {value}" for key, value in settings.items())]
-    storage = lakehouse.storage if storage is None else storage
-    if storage:
-        lines += ["", "[storage]", *(f"{key} = {json.dumps(value)}" for key, value in storage.items())]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 class Checker:
@@ -167,26 +114,24 @@ def prepare(options: KitOptions, stack: contextlib.ExitStack, out: Out) -> Run:
     if options.workdir and workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    accounts = None
+    store = None
     if options.object_store:
-        from coordinator.conformance.s3 import S3Accounts
-
-        accounts = stack.enter_context(S3Accounts(workdir / "s3"))
-        lakehouse = accounts.lakehouse
+        store = stack.enter_context(ObjectStore(workdir / "s3"))
+        lakehouse = store.lakehouse
     else:
         lakehouse = Lakehouse(str(workdir / "lakehouse"))
     init_lakehouse(lakehouse)
     run = Run(options.command, workdir, lakehouse, write_config(workdir / "coordinator.toml", lakehouse),
-              options.case_timeout_s, accounts)
-    if accounts is not None:
-        accounts.provision(run)
+              options.case_timeout_s, store)
+    if store is not None:
+        store.provision(run)
     out(f"lakehouse {lakehouse.root}; working directory {workdir} (the checker's log, each client's stderr)")
     return run
 
 
-def run_cases(run: Run, checker: Checker, cases: Mapping[str, Case], start_order: list[str], parallel: int,
+def run_cases(run: Run, checker: Checker, cases: Mapping[str, Case], order: list[str], parallel: int,
               out: Out) -> list[str]:
-    """Run ``cases``, at most ``parallel`` at once, started in ``start_order``; each case's line printed in the
+    """Run ``cases``, at most ``parallel`` at once, started in ``order``; each case's line printed in the
     case list's order, as soon as that case and every one before it are done. The failed cases' names."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
@@ -204,7 +149,7 @@ def run_cases(run: Run, checker: Checker, cases: Mapping[str, Case], start_order
 
     failed = []
     with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="conformance-case") as pool:
-        verdicts = {name: pool.submit(judged, name) for name in start_order}
+        verdicts = {name: pool.submit(judged, name) for name in order}
         try:
             for name in cases:
                 reason = verdicts[name].result()
@@ -226,8 +171,6 @@ def run_kit(options: KitOptions, out: Out = print) -> int:
 
     Raises :class:`ConformanceKitError` if the run cannot start (no checker, unknown case).
     """
-    from coordinator.conformance.cases import chosen_cases, start_order
-
     cases = chosen_cases(options.cases, options.object_store)
     with contextlib.ExitStack() as stack:
         run = prepare(options, stack, out)

@@ -8,12 +8,10 @@ skips this leaves a gap that hides its own log: its messages are never delivered
 from __future__ import annotations
 
 import uuid
-from typing import Callable
 
 from coordinator.commit_logs import CommitLogRef, committed
-from coordinator.conformance.cases import COMMIT, TOPIC, expect, expect_delivered, group_of, started
-from coordinator.conformance.client import ClientProcess, Deadline, message
-from coordinator.conformance.kit import Run
+from coordinator.conformance.client import Deadline, message
+from coordinator.conformance.primitives import COMMIT, TOPIC, NewClient, Run, expect, expect_delivered, group_of, started
 from coordinator.control.instances import ProducerInstances
 from coordinator.exceptions import ConformanceKitError
 
@@ -26,7 +24,7 @@ OTHERS = 2
 OTHERS_HEARTBEAT_S = 600.0
 
 
-def case_log_numbering(run: Run, deadline: Deadline, new_client: Callable[[], ClientProcess]) -> None:
+def case_log_numbering(run: Run, deadline: Deadline, new_client: NewClient) -> None:
     group = group_of(CASE)
     instances = ProducerInstances(run.lakehouse)
     for number in range(OTHERS):

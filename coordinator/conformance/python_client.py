@@ -83,8 +83,11 @@ class Driver:
             return reply | {"ok": True} | handler(op)
         except Exception as error:  # every failure is the op's answer, not the driver's end
             logging.getLogger("coordinator.conformance").info("op %s failed", name, exc_info=True)
-            return reply | {"ok": False, "error": type(error).__name__,
-                            "retriable": bool(getattr(error, "retriable", False)), "message": str(error)}
+            failed = {"ok": False, "error": type(error).__name__, "retriable": bool(getattr(error, "retriable", False)),
+                      "outcome_unknown": bool(getattr(error, "outcome_unknown", False)), "message": str(error)}
+            if getattr(error, "transaction_id", None):
+                failed["transaction_id"] = error.transaction_id
+            return reply | failed
 
     def _start(self, op: dict) -> dict:
         config = CoordinatorConfig.load(op["config"])

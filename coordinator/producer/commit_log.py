@@ -31,10 +31,9 @@ from coordinator.doorbells import Doorbell
 from coordinator.exceptions import InvalidArgumentError, ProducerStateError
 from coordinator.lakehouse import Lakehouse, create_table
 from coordinator.producer.message import Message
-from coordinator.protocol import LocalTransactionState, RecordKind
+from coordinator.protocol import MAX_COMMIT_BODY_BYTES, PROTOCOL, PROTOCOL_FIELD, LocalTransactionState, RecordKind
 from coordinator.storage import read_all
 from coordinator.tables import COMMIT_LOG
-from coordinator.protocol import MAX_COMMIT_BODY_BYTES
 
 __all__ = ["CommitLogWriter", "end_record", "half_records", "records_to_arrow"]
 
@@ -195,7 +194,9 @@ class CommitLogWriter:
         self._closed = False
         # It compacts its own appends: another process's compaction commit would race its commits, and lose
         # nearly every race to a writer that always has the next commit in flight.
-        self._appender = DeltaAppender(self.path, storage=lakehouse.storage, compact_every=COMPACT_OWN_APPENDS_EVERY)
+        # Each commit says the client protocol it was written under (docs/protocol.md#versioning).
+        self._appender = DeltaAppender(self.path, storage=lakehouse.storage, compact_every=COMPACT_OWN_APPENDS_EVERY,
+                                       commit_info={PROTOCOL_FIELD: PROTOCOL})
         # On object storage the checker probes a quiet group's logs only when the group rings (coordinator.doorbells).
         self._doorbell = (Doorbell(lakehouse.files, self.log.group)
                           if self.log.group is not None and not lakehouse.is_local else None)

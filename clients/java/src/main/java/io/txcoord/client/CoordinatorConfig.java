@@ -21,7 +21,7 @@ import java.util.regex.Pattern;
  * ({@code conf/coordinator.toml}), each top-level key overridable by the environment variable
  * {@code TXCOORD_<KEY>}. The client uses {@code lakehouse} (a local directory or {@code s3://bucket/prefix}),
  * {@code [storage]} (how to reach S3: {@code aws_endpoint}, {@code aws_region}, {@code aws_access_key_id},
- * {@code aws_secret_access_key}, {@code aws_allow_http}, {@code max_retries}, {@code retry_timeout}; the
+ * {@code aws_secret_access_key}, {@code aws_allow_http}, {@code max_retries}, {@code retry_timeout}, {@code timeout}; the
  * {@code AWS_*} environment fills in what is missing), {@code commit_interval_ms},
  * {@code producer_heartbeat_ms}, {@code transaction_check_interval_ms} and {@code [topic_grants]}; it accepts
  * and ignores the checker's and consumers' keys, and refuses unknown ones, as the Python client does.
@@ -71,6 +71,7 @@ public final class CoordinatorConfig {
         this.producerHeartbeatMs = atLeastOne("producer_heartbeat_ms", b.producerHeartbeatMs);
         this.topicGrants = b.topicGrants == null ? null : Collections.unmodifiableMap(new LinkedHashMap<>(b.topicGrants));
         retryTimeoutMs(); // checked now, not at the first retry
+        requestTimeoutMs();
         maxRetries();
     }
 
@@ -240,13 +241,25 @@ public final class CoordinatorConfig {
 
     /** {@code [storage] retry_timeout} (default 60 s: "30s", "2m", "500ms" or seconds), in milliseconds. */
     public long retryTimeoutMs() {
-        String value = storage.get("retry_timeout");
+        return storageDurationMs("retry_timeout", 60_000);
+    }
+
+    /**
+     * {@code [storage] timeout} (default 30 s, as object_store's): one request's bound, in milliseconds. A request
+     * with no reply by then is given up and, within the retry bound, tried again.
+     */
+    public long requestTimeoutMs() {
+        return storageDurationMs("timeout", 30_000);
+    }
+
+    private long storageDurationMs(String key, long defaultMs) {
+        String value = storage.get(key);
         if (value == null) {
-            return 60_000;
+            return defaultMs;
         }
         Matcher m = DURATION.matcher(value);
         if (!m.matches()) {
-            throw new ConfigError("[storage] retry_timeout must be a duration such as 60s or 2m, got " + value);
+            throw new ConfigError("[storage] " + key + " must be a duration such as 60s or 2m, got " + value);
         }
         double n = Double.parseDouble(m.group(1));
         String unit = m.group(2) == null ? "s" : m.group(2);
@@ -257,7 +270,7 @@ public final class CoordinatorConfig {
             default -> n * 1000;
         };
         if (ms <= 0) {
-            throw new ConfigError("[storage] retry_timeout must be more than 0, got " + value);
+            throw new ConfigError("[storage] " + key + " must be more than 0, got " + value);
         }
         return (long) ms;
     }

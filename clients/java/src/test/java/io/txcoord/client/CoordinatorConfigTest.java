@@ -37,6 +37,7 @@ class CoordinatorConfigTest {
                 aws_allow_http = true
                 max_retries = 3
                 retry_timeout = "2m"
+                timeout = "1500ms"
                 [topic_grants]
                 order_group = ["ORDER_TOPIC", "AUDIT_*"]
                 """);
@@ -49,6 +50,7 @@ class CoordinatorConfigTest {
         assertEquals("true", config.getStorage().get("aws_allow_http"));
         assertEquals(3, config.maxRetries());
         assertEquals(120_000, config.retryTimeoutMs());
+        assertEquals(1500, config.requestTimeoutMs());
         assertEquals(List.of("ORDER_TOPIC", "AUDIT_*"), config.getTopicGrants().get("order_group"));
     }
 
@@ -72,6 +74,7 @@ class CoordinatorConfigTest {
         assertThrows(ConfigError.class, () -> CoordinatorConfig.load(toml("lakehouse = [\n"), Map.of()));
         assertThrows(ConfigError.class, () -> CoordinatorConfig.load(dir.resolve("missing.toml"), Map.of()));
         assertThrows(ConfigError.class, () -> CoordinatorConfig.load(toml("[storage]\nretry_timeout = \"soon\"\n"), Map.of()));
+        assertThrows(ConfigError.class, () -> CoordinatorConfig.load(toml("[storage]\ntimeout = \"0s\"\n"), Map.of()));
     }
 
     @Test

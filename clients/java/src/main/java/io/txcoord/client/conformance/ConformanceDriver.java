@@ -5,6 +5,7 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import io.txcoord.client.CoordinatorConfig;
 import io.txcoord.client.CoordinatorException;
+import io.txcoord.client.HalfOutcomeUnknownError;
 import io.txcoord.client.LocalTransactionState;
 import io.txcoord.client.Message;
 import io.txcoord.client.MessageExt;
@@ -140,6 +141,10 @@ public final class ConformanceDriver {
             failed.put("ok", false);
             failed.put("error", e instanceof CoordinatorException ce ? ce.errorName() : e.getClass().getSimpleName());
             failed.put("retriable", e instanceof CoordinatorException ce && ce.retriable());
+            failed.put("outcome_unknown", e instanceof CoordinatorException ce && ce.outcomeUnknown());
+            if (e instanceof HalfOutcomeUnknownError unknown) {
+                failed.put("transaction_id", unknown.getTransactionId());
+            }
             failed.put("message", String.valueOf(e.getMessage()));
             return failed;
         }

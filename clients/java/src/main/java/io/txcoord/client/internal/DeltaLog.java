@@ -35,6 +35,9 @@ public final class DeltaLog {
     private static final Set<String> HONOURED_FEATURES = Set.of("appendOnly", "invariants", "checkConstraints",
             "changeDataFeed", "generatedColumns");
     public static final String ENGINE = "txcoord-java/0.1.0";
+    /** The client protocol each commit is written under, named in its commitInfo (docs/protocol.md#versioning). */
+    public static final int PROTOCOL = 1;
+    public static final String PROTOCOL_FIELD = "txcoordProtocol";
 
     /** Where a commit's read of _last_checkpoint runs beside its data file's write (object storage). */
     private static final ExecutorService BESIDE = Executors.newCachedThreadPool(r -> {
@@ -285,6 +288,7 @@ public final class DeltaLog {
         info.put("isBlindAppend", true);
         info.put("engineInfo", ENGINE);
         info.put("clientVersion", ENGINE);
+        info.put(PROTOCOL_FIELD, PROTOCOL);
         ObjectNode add = JSON.createObjectNode();
         ObjectNode a = add.putObject("add");
         a.put("path", path);

@@ -81,7 +81,8 @@ public final class S3Store implements ObjectStore {
         Map<String, String> storage = config.getStorage();
         S3ClientBuilder builder = S3Client.builder()
                 .httpClientBuilder(ApacheHttpClient.builder().maxConnections(64)
-                        .connectionTimeout(Duration.ofSeconds(5)).socketTimeout(Duration.ofSeconds(30)))
+                        .connectionTimeout(Duration.ofSeconds(5))
+                        .socketTimeout(Duration.ofMillis(config.requestTimeoutMs())))
                 .overrideConfiguration(o -> o.retryStrategy(software.amazon.awssdk.awscore.retry.AwsRetryStrategy.doNotRetry()))
                 // A request's own cost is what a send waits for (docs/performance-log.md#java-client): no CRC32
                 // checksum on a PUT or a GET (S3 requires one on none of the requests this client makes), no

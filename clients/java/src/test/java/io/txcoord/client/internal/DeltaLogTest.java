@@ -47,6 +47,11 @@ class DeltaLogTest {
         assertEquals(0, meta.get("partitionColumns").size());
         log.load();
         assertEquals(0, log.version());
+        assertEquals(1, log.append(file("t1"), 1));
+        var info = json.readTree(Files.readAllLines(
+                root.resolve("groups/g/commit_log/_delta_log/00000000000000000001.json")).get(0)).get("commitInfo");
+        assertEquals(1, info.get("txcoordProtocol").asInt()); // docs/protocol.md#versioning
+        assertTrue(info.get("txcoordProtocol").isInt());
     }
 
     @Test

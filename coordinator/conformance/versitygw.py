@@ -1,4 +1,5 @@
-"""A real S3-compatible server on loopback, for the tests, the demo and the chaos harness.
+"""A real S3-compatible server on loopback: the lakehouse of ``txcoord conformance --object-store``, and that of
+the tests, the benchmarks and the chaos harness.
 
 The server is `versitygw <https://github.com/versity/versitygw>`_ (Apache 2.0) with its POSIX
 backend: each bucket a directory, each object a file. It implements the conditional writes the
@@ -7,11 +8,12 @@ condition and publishes the object under a per-object file lock, so of several r
 exactly one wins (checked here with 16 concurrent PUTs on one key, 20 rounds).
 
 It is built once per machine from the Go module proxy into txcoord's cache (``~/.cache/txcoord/s3/``,
-about a minute and a half on two cores; the Go caches are removed afterwards), then started in a
-fraction of a second.
+about a minute and a half on two cores; the Go caches are removed afterwards; it needs Go), then started in a
+fraction of a second. Python's standard library only at import (pyarrow when a bucket is made): a checkout's
+``make test`` builds it before its virtual environment exists.
 
-    .venv/bin/python scripts/s3_server.py build                      # once; a no-op when cached
-    .venv/bin/python scripts/s3_server.py run --data /tmp/s3 --bucket lakehouse
+    python -m coordinator.conformance.versitygw build                # once; a no-op when cached
+    python -m coordinator.conformance.versitygw run --data /tmp/s3 --bucket lakehouse
                                                                      # serves until Ctrl-C, printing
                                                                      # the AWS_* variables to export
 
@@ -35,15 +37,17 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-try:
-    from scripts.loopback import LoopbackServer, install_once, required_tool, server_command, tool_cache
-except ImportError:  # run as a script (python scripts/s3_server.py build): its directory is on the path
-    from loopback import LoopbackServer, install_once, required_tool, server_command, tool_cache
+from coordinator.conformance.loopback import LoopbackServer, install_once, required_tool, server_command, tool_cache
+from coordinator.exceptions import ConformanceKitError
+
+__all__ = ["ACCESS_KEY", "BINARY", "BUILD_COMMAND", "REGION", "S3Server", "SECRET_KEY", "build", "main"]
 
 #: The one version the Go module proxy lists; built from source, so the pin is the module version.
 VERSITYGW_MODULE = "github.com/versity/versitygw/cmd/versitygw@v1.8.0"
 CACHE_DIR = tool_cache("s3", "versitygw-" + VERSITYGW_MODULE.rpartition("@")[2])
 BINARY = CACHE_DIR / "bin" / "versitygw"
+#: What builds it: the command an error names where it is missing.
+BUILD_COMMAND = "python -m coordinator.conformance.versitygw build"
 ACCESS_KEY = "txcoord"
 SECRET_KEY = "txcoord-secret"
 REGION = "us-east-1"
@@ -106,7 +110,7 @@ class S3Server(LoopbackServer):
         """Add the (non-admin) account ``access_key`` to a server started ``with_accounts``; return its
         ``[storage]`` settings. It may do only what bucket policies grant it."""
         if self.accounts_dir is None:
-            raise RuntimeError("this S3 server was started without accounts (with_accounts=False)")
+            raise ConformanceKitError("this S3 server was started without accounts (with_accounts=False)")
         subprocess.run([str(build()), "admin", "--access", ACCESS_KEY, "--secret", SECRET_KEY, "--endpoint-url",
                         self.endpoint, "create-user", "--access", access_key, "--secret", secret_key, "--role", "user"],
                        check=True, capture_output=True)

@@ -1,7 +1,9 @@
-"""A storage server of the tests run as a process on a free loopback port: started, awaited until it
-listens, stopped with its whole process group (a server's children go with it); where such a server is
-installed (:func:`tool_cache`), how it is installed once per machine (:func:`install_once`), and the command
-line of each server's script (:func:`server_command`). Standard library only.
+"""A storage server run as a process on a free loopback port: the conformance kit's S3 server
+(:mod:`.versitygw`), and the tests' Azurite (``scripts/azurite.py``). Started, awaited until it listens,
+stopped with its whole process group (a server's children go with it); where such a server is installed
+(:func:`tool_cache`), how it is installed once per machine (:func:`install_once`), and the command line of each
+server's module (:func:`server_command`). Python's standard library only (and txcoord's errors): a checkout's
+``make test`` installs these servers before its virtual environment exists (tests/test_layering.py).
 
 Example::
 
@@ -26,14 +28,18 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from coordinator.exceptions import ConformanceKitError
+
+__all__ = ["LoopbackServer", "free_port", "install_once", "listening", "required_tool", "server_command", "tool_cache"]
+
 _READY_TIMEOUT_S = 30.0
 
 
 def tool_cache(tool: str, version: str) -> Path:
-    """Where ``version`` of a test server ``tool`` is installed: under txcoord's cache (``TXCOORD_CACHE_DIR``,
-    else the user's cache directory, as for the Spark jars), so that every checkout of this machine, each
-    fresh CI clone included, builds it once. Python's standard library only: the scripts run before the
-    virtual environment exists, so this is platformdirs' Linux rule, not platformdirs.
+    """Where ``version`` of a loopback server ``tool`` is installed: under txcoord's cache (``TXCOORD_CACHE_DIR``,
+    else the user's cache directory, as for the Spark jars), so that every checkout and install of this machine,
+    each fresh CI clone included, builds it once. Python's standard library only (installs run before a
+    checkout's virtual environment exists), so this is platformdirs' Linux rule, not platformdirs.
 
     Example::
 
@@ -86,10 +92,10 @@ class LoopbackServer:
         deadline = time.monotonic() + _READY_TIMEOUT_S
         while not listening(self.port):
             if self._process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with code {self._process.returncode} (log: {self.log_file})")
+                raise ConformanceKitError(f"{self.name} exited with code {self._process.returncode} (log: {self.log_file})")
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"{self.name} did not listen on port {self.port} within {_READY_TIMEOUT_S:.0f} s")
+                raise ConformanceKitError(f"{self.name} did not listen on port {self.port} within {_READY_TIMEOUT_S:.0f} s")
             time.sleep(0.02)
 
     def stop(self) -> None:

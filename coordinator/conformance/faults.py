@@ -1,4 +1,6 @@
-"""A fault-injecting HTTP proxy between an S3 client (obstore, delta-rs) and the loopback S3 server.
+"""A fault-injecting HTTP proxy between an S3 client (obstore, delta-rs, the client under test) and the loopback
+S3 server: the storage faults of ``txcoord conformance --object-store``, and of the tests, the benchmarks (their
+latency) and the chaos harness. Its HTTP server and client are aiohttp's (txcoord's ``conformance`` extra).
 
 mitmproxy, the well-kept tool for this, does not fit (mitmproxy 10 requires flask<3.1 while the
 console pins flask 3.1.3; mitmproxy 11+ requires Python 3.12, we are on 3.11), and Toxiproxy works
@@ -46,9 +48,9 @@ Example::
         proxy.counts()  # {"requests": 120, "forwarded": 118, "injected": {"slowdown": 2, ...},
                         #  "by_kind": {"GET": 40, "LIST": 12, "PUT": 60, ...}, ...}
 
-    python -m support.faults --upstream http://127.0.0.1:9000 --seed 1 \\
+    python -m coordinator.conformance.faults --upstream http://127.0.0.1:9000 --seed 1 \\
         --rates slowdown=0.02,error=0.01,delay=0.01,reset=0.01,drop_reply=0.01 --methods PUT
-    python -m support.faults --upstream http://127.0.0.1:9000 --latency-ms 25   # no faults, 25 ms a request
+    python -m coordinator.conformance.faults --upstream http://127.0.0.1:9000 --latency-ms 25   # no faults, 25 ms a request
     # storage-faults: listening on http://127.0.0.1:41235      (the counts as JSON on SIGTERM)
 """
 
@@ -76,6 +78,8 @@ import aiohttp
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
+
+from coordinator.exceptions import ConformanceKitError, InvalidArgumentError
 
 __all__ = ["KINDS", "REQUEST_KINDS", "FaultProxy", "FaultProxyProcess", "FaultSchedule", "main", "request_kind"]
 
@@ -135,9 +139,9 @@ class FaultSchedule:
         rates = dict(rates or {})
         unknown = set(rates) - set(KINDS)
         if unknown:
-            raise ValueError(f"unknown fault kind(s) {sorted(unknown)}: the kinds are {', '.join(KINDS)}")
+            raise InvalidArgumentError(f"unknown fault kind(s) {sorted(unknown)}: the kinds are {', '.join(KINDS)}")
         if any(not 0.0 <= rate <= 1.0 for rate in rates.values()) or sum(rates.values()) > 1.0:
-            raise ValueError(f"fault rates are probabilities, at most 1 in all: got {rates}")
+            raise InvalidArgumentError(f"fault rates are probabilities, at most 1 in all: got {rates}")
         self.seed = seed
         self.rates = {kind: float(rates.get(kind, 0.0)) for kind in KINDS}
         self.methods = None if methods is None else frozenset(method.upper() for method in methods)
@@ -189,7 +193,7 @@ class FaultProxy:
                  delay_s: float = 2.0, methods: Optional[Iterable[str]] = None, host: str = "127.0.0.1",
                  port: int = 0, latency_s: float = 0.0, request_log: Optional[str] = None):
         if latency_s < 0:
-            raise ValueError(f"a latency is at least 0 s, got {latency_s}")
+            raise InvalidArgumentError(f"a latency is at least 0 s, got {latency_s}")
         self.upstream_url = upstream_url.rstrip("/")
         self.request_log = request_log
         self._request_log = None
@@ -213,8 +217,9 @@ class FaultProxy:
     def counts(self) -> dict:
         """What ``GET /_faults`` answers: requests proxied (``/_faults`` aside), those forwarded to
         the server (``delay`` and ``drop_reply`` among them), faults injected by kind, requests by
-        HTTP method and by :func:`request_kind`, the server's replies by status, the schedule and
-        the added latency."""
+        HTTP method and by :func:`request_kind`, the server's replies by status, the schedule, the
+        added latency, and the faults :meth:`inject_next` queued that no request has had yet, in all and by
+        their ``path_contains`` (``""`` for any path)."""
         with self._lock:
             return {"requests": self._requests, "forwarded": self._forwarded,
                     "injected": {kind: self._injected[kind] for kind in KINDS},
@@ -223,7 +228,8 @@ class FaultProxy:
                     "latency_s": self.latency_s, "enabled": self._enabled,
                     "seed": self._schedule.seed, "rates": dict(self._schedule.rates),
                     "methods": None if self._schedule.methods is None else sorted(self._schedule.methods),
-                    "queued": len(self._queued)}
+                    "queued": len(self._queued),
+                    "queued_by_path": dict(Counter(queued.path_contains or "" for queued in self._queued))}
 
     def enable(self) -> None:
         """Turn the random schedule back on."""
@@ -241,7 +247,7 @@ class FaultProxy:
         ``/lakehouse?list-type=2&prefix=lh/_delta_log/``), contain ``path_contains`` (any if ``None``),
         whatever the schedule says and whether or not it is enabled. Queued ones are served in order."""
         if kind not in KINDS:
-            raise ValueError(f"unknown fault kind {kind!r}: the kinds are {', '.join(KINDS)}")
+            raise InvalidArgumentError(f"unknown fault kind {kind!r}: the kinds are {', '.join(KINDS)}")
         with self._lock:
             self._queued.append(_Queued(kind, None if method is None else method.upper(), path_contains))
 
@@ -249,7 +255,7 @@ class FaultProxy:
         """The storage options ``direct`` (an S3 server's, e.g. ``S3Server.storage_options``) with
         ``aws_endpoint`` this proxy."""
         if self.url is None:
-            raise RuntimeError("the proxy is not running: use it as a context manager")
+            raise ConformanceKitError("the proxy is not running: use it as a context manager")
         return dict(direct, aws_endpoint=self.url)
 
     def __enter__(self) -> "FaultProxy":
@@ -414,8 +420,8 @@ class FaultProxyProcess:
                  latency_s: float = 0.0, request_log: Optional[str] = None):
         FaultSchedule(seed, rates, methods)  # a bad rate or kind is refused here, not in the child
         if latency_s < 0:
-            raise ValueError(f"a latency is at least 0 s, got {latency_s}")
-        self._argv = [sys.executable, __file__, "--upstream", upstream_url, "--seed", str(seed),
+            raise InvalidArgumentError(f"a latency is at least 0 s, got {latency_s}")
+        self._argv = [sys.executable, "-m", __name__, "--upstream", upstream_url, "--seed", str(seed),
                       "--delay-s", str(delay_s), "--latency-ms", repr(latency_s * 1000)]
         if rates:
             self._argv += ["--rates", ",".join(f"{kind}={rate}" for kind, rate in rates.items())]
@@ -435,7 +441,7 @@ class FaultProxyProcess:
         line = self._process.stdout.readline()
         if not line.startswith("storage-faults: listening on "):
             self._process.kill()
-            raise RuntimeError(f"the storage-fault proxy did not start: {line!r}")
+            raise ConformanceKitError(f"the storage-fault proxy did not start: {line!r}")
         self.url = line.split("listening on ", 1)[1].strip()
         return self
 
@@ -456,12 +462,12 @@ class FaultProxyProcess:
 
     def inject_next(self, kind: str, method: Optional[str] = None, path_contains: Optional[str] = None) -> None:
         if kind not in KINDS:
-            raise ValueError(f"unknown fault kind {kind!r}: the kinds are {', '.join(KINDS)}")
+            raise InvalidArgumentError(f"unknown fault kind {kind!r}: the kinds are {', '.join(KINDS)}")
         self._control("POST", "/next", {"kind": kind, "method": method, "path_contains": path_contains})
 
     def storage_options(self, direct: Mapping[str, str]) -> dict[str, str]:
         if self.url is None:
-            raise RuntimeError("the proxy is not running: use it as a context manager")
+            raise ConformanceKitError("the proxy is not running: use it as a context manager")
         return dict(direct, aws_endpoint=self.url)
 
     def _control(self, method: str, path: str, payload: Optional[dict] = None) -> dict:
