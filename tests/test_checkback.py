@@ -184,3 +184,33 @@ def test_on_object_storage_the_worker_reads_its_requests_through_no_filesystem_w
         append_check_requests(root, [later], storage)  # read from the table's change feed
         wait_until(lambda: answers(root, later["check_id"], storage))
     assert [m.transaction_id for m in listener.checked] == [first["transaction_id"], later["transaction_id"]]
+
+
+@pytest.mark.slow
+def test_the_producer_stays_live_while_the_storage_stalls_its_reads_of_check_requests(s3_lakehouse, s3_server):
+    """A read of the check-back follower's held 20 s by the fault proxy (past the liveness window of three
+    heartbeats of 1 s, many times): the heartbeat, on its own thread, goes on renewing the record, and the
+    instance stays live by the checker's own rule all along (as the Java client's: tests/test_java_client_storage)."""
+    import time
+
+    from coordinator.conformance.faults import FaultProxyProcess
+    from coordinator.control.instances import ProducerInstances
+
+    stall_s = 20.0
+    instances = ProducerInstances(s3_lakehouse)  # straight to the server: the test's reads are not held
+    with FaultProxyProcess(s3_server.endpoint, delay_s=stall_s) as proxy:  # beside delta-rs: a process of its own
+        config = CoordinatorConfig(lakehouse=s3_lakehouse.root,
+                                   storage=proxy.storage_options(s3_server.storage_options),
+                                   producer_heartbeat_ms=1000)
+        with TransactionProducer("stall_group", RecordingListener(), config) as producer:
+            proxy.inject_next("delay", path_contains="stall_group/check_requests")
+            wait_until(lambda: proxy.counts()["injected"]["delay"] >= 1, 60, "a read of the producer's held")
+            stalled_at, renewals = time.monotonic(), set()
+            # Half the stall: the read held at its start is still held at the end of this loop.
+            while time.monotonic() - stalled_at < stall_s / 2:
+                live = {each.instance_id: each for each in instances.live("stall_group")}
+                assert producer.instance_id in live, f"looked dead {time.monotonic() - stalled_at:.1f} s into the stall"
+                renewals.add(live[producer.instance_id].last_seen)
+                threading.Event().wait(0.5)
+            assert len(renewals) >= 3, renewals
+    assert instances.live("stall_group") == []  # withdrawn at shutdown, not renewed after

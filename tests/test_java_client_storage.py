@@ -1,6 +1,6 @@
-"""The Java client (clients/java) against the real S3 server through the storage-fault proxy (support/faults.py),
-issue 60 point 6: its instance stays live while the storage stalls its reads, and its S3 store answers a lost
-reply, a 503 and a 403 as coordinator/storage.py does.
+"""The Java client (clients/java) against the real S3 server through the storage-fault proxy
+(coordinator/conformance/faults.py), issue 60 point 6: its instance stays live while the storage stalls its reads,
+and its S3 store answers a lost reply, a 503 and a 403 as coordinator/storage.py does.
 
 - A conditional write whose reply was lost is retried; refused on the retry, the file is read back, and holding
   this writer's bytes it is taken as made (neither success nor failure blindly): a create, and a replace.
@@ -20,7 +20,7 @@ import time
 import pytest
 
 from support.checker import write_config
-from support.faults import FaultProxy
+from coordinator.conformance.faults import FaultProxy
 from support.java_client import JAVA_CLIENT, JVM_OPTIONS
 from support.waiting import wait_until
 

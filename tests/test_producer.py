@@ -267,7 +267,8 @@ def test_shutdown_ends_every_thread_the_producer_started(lakehouse):
     with producer_for(lakehouse, RecordingListener()) as producer:
         send_and_answer_a_check(lakehouse, producer)
         running = started_since(before)
-    assert {"commit-log-writer", "commit-log-committer", "delta-chores", "checkback-follower-order_group"} <= set(running)
+    assert {"commit-log-writer", "commit-log-committer", "delta-chores", "checkback-follower-order_group",
+            "checkback-heartbeat-order_group"} <= set(running)
     assert any(name.startswith("checkback-order_group_") for name in running)  # the check's pool
     assert started_since(before) == []
 

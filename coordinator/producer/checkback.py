@@ -58,7 +58,10 @@ _CDF_SCHEMA = GROUP_CHECK_REQUESTS.arrow_schema().append(pa.field("_change_type"
 class CheckBackWorker:
     """Follows one producer group's check requests and answers each request once.
 
-    It announces its instance (``instance_id``) every ``producer_heartbeat_ms`` while it runs
+    It announces its instance (``instance_id``) every ``producer_heartbeat_ms`` while it runs, on a thread of its
+    own (``checkback-heartbeat-<group>``): a slow read of the check requests, retried for as long as the storage
+    allows, must not make the instance look dead (its checks routed away, its log claimable), as the Java
+    client's heartbeat does
     (:mod:`coordinator.control.instances`) and answers the requests addressed to it, or to no
     instance in particular; the checker addresses the others to the group's other live
     instances. On start it also answers requests issued within the last
@@ -101,7 +104,6 @@ class CheckBackWorker:
         self.instance_id = instance_id or uuid.uuid4().hex
         self._instances = ProducerInstances(lakehouse)
         self._heartbeat_s = config.producer_heartbeat_ms / 1000
-        self._announced_at = float("-inf")
         self._answered: OrderedDict[str, None] = OrderedDict()
         self._table: Optional[DeltaTable] = None
         self._version = -1
@@ -109,6 +111,7 @@ class CheckBackWorker:
         self._waited_for_table = False  # everything in a table that appeared while this worker ran is for it
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._heartbeat: Optional[threading.Thread] = None
         self._pool: Optional[ThreadPoolExecutor] = None
 
     def start(self) -> None:
@@ -122,6 +125,8 @@ class CheckBackWorker:
             return
         self._pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix=f"checkback-{self.group}")
         self._thread = threading.Thread(target=self._run, name=f"checkback-follower-{self.group}", daemon=True)
+        self._heartbeat = threading.Thread(target=self._beat, name=f"checkback-heartbeat-{self.group}", daemon=True)
+        self._heartbeat.start()
         self._thread.start()
 
     def stop(self) -> None:
@@ -139,12 +144,25 @@ class CheckBackWorker:
         with contextlib.ExitStack() as steps:
             steps.callback(self._pool.shutdown, wait=True, cancel_futures=True)
             steps.callback(self._instances.withdraw, self.group, self.instance_id)
+            steps.callback(self._heartbeat.join)  # no renewal after the withdrawal
             self._thread.join()
+
+    def _beat(self) -> None:
+        """Renew the instance's record every heartbeat until stopped; a failed renewal is logged and tried again
+        a tenth of a heartbeat later."""
+        while True:
+            try:
+                self._instances.announce(self.group, self.instance_id, self._heartbeat_s)
+                wait = self._heartbeat_s
+            except Exception as error:  # noqa: BLE001 - the storage's failure, whatever it is: renewed next time
+                _log.warning("renewing the record of %s failed group=%s: %s", self.instance_id, self.group, error)
+                wait = self._heartbeat_s / 10
+            if self._stopping.wait(wait):
+                return
 
     def _run(self) -> None:
         while not self._stopping.is_set():
             try:
-                self._announce()
                 self._poll()
             except Exception:
                 # A read can fail transiently (a checkpoint being written, storage hiccups), or for good
@@ -153,11 +171,6 @@ class CheckBackWorker:
                 _log.exception("reading %s failed group=%s", self.path, self.group)
                 self._table = None
             self._stopping.wait(self.poll_interval_s)
-
-    def _announce(self) -> None:
-        if time.monotonic() - self._announced_at >= self._heartbeat_s:
-            self._instances.announce(self.group, self.instance_id, self._heartbeat_s)
-            self._announced_at = time.monotonic()
 
     def _ours(self) -> pc.Expression:
         """Requests of this group addressed to this instance or to none in particular."""

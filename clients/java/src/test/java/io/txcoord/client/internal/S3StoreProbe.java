@@ -13,7 +13,7 @@ import java.nio.file.Path;
 
 /**
  * {@link S3Store} driven one operation a line, for tests/test_java_client_storage.py: it puts the fault proxy
- * (support/faults.py) between this store and the real S3 server and tells it which fault the next request gets.
+ * (coordinator/conformance/faults.py) between this store and the real S3 server and tells it which fault the next request gets.
  * Ops on stdin ({@code {"op": "create", "key": "k", "data": "text"}}; also {@code read}, {@code replace} with
  * {@code etag}, {@code put}), one reply a line on stdout: {@code {"ok": true, "result": ...}}, or the error as the
  * conformance driver says it ({@code error}, {@code retriable}, {@code outcome_unknown}, {@code message}).
