@@ -1,6 +1,7 @@
 """Several producer processes of one group at once (docs/design.md#invariants): each instance appends to a
 commit log it claimed, and instances sharing a log take its versions in turn; every record lands once. And a
-producer process exits 0: nothing the producer started is left running once it is closed."""
+producer process exits 0: nothing the producer started is left running once it is closed, and nothing pyarrow's
+threads still do for the process's own reads once it exits."""
 
 import json
 import multiprocessing
@@ -12,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from coordinator.lakehouse.pools import wait_for_arrow_pools_at_exit
 from support import Job, checker_on_fresh_lakehouse, child_environment
 from support.producer_side import append_from_process, commit_log_rows, send_from_process
 
@@ -85,7 +87,8 @@ CLOSED = f"{TRANSACTIONS // 4} checked back"
 
 def test_a_producer_process_that_sent_from_threads_and_answered_checks_exits_0(tmp_path):
     """Issue 53: a process of this shape, its producer closed, exited 134 (SIGABRT, ``terminate called without an
-    active exception``) in 2 runs of 4."""
+    active exception``) in 2 runs of 4. Issue 60: so did one whose last read, after the producer closed, was its
+    own ``DeltaTable.to_pyarrow_table()``, until a producer had its process wait for pyarrow's pools at exit."""
     runs = 10
     statuses = exit_statuses([str(tmp_path / f"lakehouse-{run}") for run in range(runs)], {}, tmp_path)
     assert statuses == [(0, CLOSED)] * runs, statuses
@@ -97,6 +100,12 @@ def test_a_producer_process_on_object_storage_exits_0(s3_server, tmp_path):
     runs = 6
     lakehouses = [f"s3://lakehouse/{uuid.uuid4().hex}" for _ in range(runs)]
     assert exit_statuses(lakehouses, s3_server.storage_options, tmp_path) == [(0, CLOSED)] * runs
+
+
+def test_the_wait_for_pyarrows_pools_at_exit_is_in_place():
+    """The pools are reached through symbols of pyarrow's library: an upgrade that no longer exports them turns
+    the wait off, which the exit tests would notice only in the runs whose teardown happened to be late."""
+    assert wait_for_arrow_pools_at_exit()
 
 
 @pytest.mark.slow

@@ -50,6 +50,7 @@ from coordinator.consumer.workers import Run
 from coordinator.exceptions import (ConsumerStateError, CoordinatorError, InvalidArgumentError, PositionGoneError,
                                     one_line)
 from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse.pools import wait_for_arrow_pools_at_exit
 from coordinator.names import validate_name
 from coordinator.storage import read_all
 
@@ -160,6 +161,7 @@ class TopicConsumer:
                 from coordinator.consumer.metrics import serve_consumer_metrics
 
                 self._metrics = serve_consumer_metrics(self, self.config)
+            wait_for_arrow_pools_at_exit()  # the process's own pyarrow reads end before it does
             self._membership.renew()  # its errors are start()'s
             self._membership.start()
             self._dispatcher = Dispatcher(self._group, self.instance_id, self.listener, self.config, self.clock,

@@ -1,7 +1,8 @@
 """A lakehouse: where each of its tables and files lives (:mod:`.paths`), opening and creating a Delta
 table at a path (:mod:`.delta`), writing a table's checkpoint (:mod:`.checkpoints`), creating its
-tables from their definitions in ``tables/`` (:mod:`.provision`), reading them (:mod:`.reads`), and
-reading a Delta commit that somebody else wrote, as untrusted bytes (:mod:`.deltalog`).
+tables from their definitions in ``tables/`` (:mod:`.provision`), reading them (:mod:`.reads`), reading a
+Delta commit that somebody else wrote, as untrusted bytes (:mod:`.deltalog`), and waiting at exit for what
+pyarrow's threads still do (:mod:`.pools`).
 
 Runs through delta-rs, so ``txcoord init`` and producers start no JVM.
 

@@ -29,6 +29,7 @@ from coordinator.exceptions import (AccessDeniedError, CoordinatorError, HalfNot
                                     MessageValidationError, ProducerStateError, WriteOutcomeUnknownError)
 from coordinator.grants import TopicGrants
 from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse.pools import wait_for_arrow_pools_at_exit
 from coordinator.producer.checkback import CheckBackWorker
 from coordinator.producer.commit_log import CommitLogWriter, end_record, half_records
 from coordinator.producer.listener import TransactionListener
@@ -89,6 +90,8 @@ class TransactionProducer:
                                         instance_id=self.instance_id)
             checkback.start()
             self._writer, self._checkback, self._state = writer, checkback, "running"
+        # The process's own pyarrow scans (the caller's too) must be torn down before it finalizes, or it aborts.
+        wait_for_arrow_pools_at_exit()
         _log.info("producer started group=%s instance=%s lakehouse=%s commit_log=%s", self.group, self.instance_id,
                   self.config.lakehouse, self._writer.log)
         return self
