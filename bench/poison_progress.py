@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> dict:
           f"{last_bytes} bytes after {written:,} (x{report['ratio_to_first']}); target ≤ {TARGET_BYTES} bytes: "
           f"{'met' if report['met'] else 'MISSED'}; the next instance handled the {args.after} new messages in "
           f"{report['next_instance_handled_new_s']} s (the killed one's record going stale first)", flush=True)
-    return harness.finish_report(report, Path(args.results))
+    return harness.finish_report(report, Path(args.results or harness.RESULTS / "poison-progress.json"))
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -112,7 +112,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages handled past the poison one")
     parser.add_argument("--versions", type=int, default=300, help="versions they are written in")
     parser.add_argument("--after", type=int, default=200, help="messages written after the kill")
-    parser.add_argument("--results", default=str(harness.RESULTS / "poison-progress.json"))
+    parser.add_argument("--results", default=None, help="default: bench/results/poison-progress.json")
     args = harness.parse_args(parser, argv, "poison-progress", {"messages": 20_000, "versions": 10, "after": 20})
     run(args)
 
