@@ -46,7 +46,10 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     consumer = TopicConsumer(args.group, [args.topic], Recording(), config).start()
-    stop.wait()
+    # Woken twice a second: a SIGTERM right after a SIGCONT can reach a thread other than the main one, and a
+    # wait with no timeout would not see the handler's set() until something else woke it.
+    while not stop.wait(0.5):
+        pass
     consumer.close(timeout=args.close_timeout)
 
 
