@@ -260,7 +260,8 @@ class TopicConsumer:
         lag: dict[str, float] = {}
         for share in shares:
             log = share.log
-            unread = sum(log.known_count(version) for version in range(share.next_read, (log.known or -1) + 1))
+            known = -1 if log.known is None else log.known
+            unread = sum(log.known_count(version) for version in range(share.next_read, known + 1))
             lag[share.source] = (lag.get(share.source, 0) + len(share.pending) + sum(map(len, share.reread.values()))
                                  + unread / self._shares_per_topic)
         return {source: round(count) for source, count in lag.items()}
@@ -313,7 +314,7 @@ class TopicConsumer:
         self._take_finished()
         self._expire()
         self._reading.read([share for share in self._shares.values() if not share.releasing])
-        if not membership.fenced:
+        if not membership.fenced:  # the shares again: reading may have lost one (a save refused after a gone version)
             self._dispatcher.dispatch([share for share in self._shares.values() if not share.releasing])
         self._save_due()
         self._steps += 1

@@ -79,12 +79,6 @@ class Share:
         self.stopped: Optional[BaseException] = None  # an error it does not retry: nothing more is read or started
         self.claim: Optional[str] = None  # the version of this instance's claim of the share
 
-    @property
-    def position(self) -> int:
-        """The oldest version with a message of the share not handled (or not read) yet."""
-        return min((*self.reread, *(p.version for p in self.pending)), default=self.next_read) \
-            if self.reread or self.pending else self.next_read
-
     def progress(self) -> ShareProgress:
         """The record of where the share is now."""
         unhandled: dict[int, list[int]] = {version: sorted(offsets) for version, offsets in self.reread.items()}
