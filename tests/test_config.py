@@ -140,3 +140,16 @@ def test_consumer_settings_from_the_file_and_the_environment(tmp_path):
 def test_bad_consumer_settings_are_refused(tmp_path, text):
     with pytest.raises(ConfigError):
         CoordinatorConfig.load(write_toml(tmp_path, text), environ={})
+
+
+def test_the_java_client_knows_every_key_this_config_has():
+    """The Java client refuses keys it does not know (as this one does): a key added here and not there breaks
+    every Java service reading the same file. Read from its source, so this holds without a JVM."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    source = (Path(__file__).parent.parent / "clients/java/src/main/java/io/txcoord/client/CoordinatorConfig.java").read_text()
+    listed = re.search(r"KNOWN_KEYS = Set\.of\((.*?)\);", source, re.S).group(1)
+    java_keys = set(re.findall(r'"([a-z_]+)"', listed))
+    assert java_keys == {f.name for f in dataclasses.fields(CoordinatorConfig)}

@@ -2,6 +2,7 @@
 cached and fetched from, and what ``spark-submit`` is given."""
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.exceptions import InvalidArgumentError, SparkSetupError
-from coordinator.spark import jars, own_classes, session, submit
+from coordinator.spark import jars, own_classes, python_worker, session, submit
 
 
 def test_jars_listed_in_the_spark_defaults_come_after_the_cached_delta_jars():
@@ -74,7 +75,33 @@ def test_each_job_is_a_file_of_the_package_that_spark_submit_runs():
     assert argv[1:5] == ["--properties-file", str(submit.submit_properties()), "--conf", "spark.driver.memory=1g"]
     assert argv[5] == str(Path(submit.__file__).parent.parent / "jobs" / "checker.py")
     assert argv[6:] == ["--config", "c.toml"]
-    assert env["PYSPARK_PYTHON"] == sys.executable
+    assert env["PYSPARK_PYTHON"] == python_worker.python_worker()
+    assert env["PYSPARK_DRIVER_PYTHON"] == sys.executable
+
+
+def test_sparks_python_workers_import_pyspark_compiled_from_its_package_not_from_sparks_zip():
+    """Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on a worker's path and gives the worker 10 s to
+    connect back; from the zip every start compiles pyspark again. The worker's Python drops that zip alone."""
+    import pyspark
+
+    package = Path(pyspark.__file__).parent
+    own_zip = package / "python" / "lib" / "pyspark.zip"
+    assert own_zip.is_file()
+    path = os.pathsep.join([str(own_zip), "/elsewhere/first", str(package / "python" / "lib" / "py4j-x.zip"), "/a b"])
+    shown = subprocess.run(
+        [python_worker.python_worker(), "-c", "import json, sys, pyspark; print(json.dumps([sys.executable, pyspark.__file__, sys.path]))"],
+        env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True, check=True)
+    executable, imported, sys_path = json.loads(shown.stdout)
+    assert executable == sys.executable
+    assert imported == pyspark.__file__
+    assert str(own_zip) not in sys_path
+    assert sys_path[1:4] == ["/elsewhere/first", str(package / "python" / "lib" / "py4j-x.zip"), "/a b"]
+    # A process Spark started (the checker's driver) imported pyspark from the zip: it names the same worker.
+    from_zip = subprocess.run(
+        [sys.executable, "-c", "import pyspark; from coordinator.spark.python_worker import python_worker; "
+                               "print(pyspark.__file__); print(python_worker())"],
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(own_zip), os.getcwd()])), capture_output=True, text=True, check=True)
+    assert from_zip.stdout.split() == [str(own_zip / "pyspark" / "__init__.py"), python_worker.python_worker()]
 
 
 def test_the_lock_pins_every_cached_jar_for_these_pyspark_and_delta_versions():

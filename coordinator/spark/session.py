@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional
 from urllib.parse import urlparse
@@ -21,6 +20,7 @@ from urllib.parse import urlparse
 from coordinator.exceptions import InvalidArgumentError, SparkSetupError
 from coordinator.spark.class_archive import archive_java_options, can_share_classes, driver_java_options, empty_conf_dir
 from coordinator.spark.jars import cached_jars, delta_package, provided_delta, pyspark
+from coordinator.spark.python_worker import python_worker
 from coordinator.spark.own_classes import CONDITIONAL_PUT_CHECKPOINT_MANAGER, own_jar
 from coordinator.storage import AZURE_SCHEMES, S3_SCHEMES
 
@@ -203,7 +203,7 @@ def get_spark(app_name: str = "txcoord", conf: Optional[Mapping[str, str]] = Non
     from pyspark.sql import SparkSession
 
     # The checker's commit-log source runs in a Python worker: this interpreter, with this package.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", python_worker())
     settings = read_spark_defaults()
     settings.update(conf or {})
     under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ

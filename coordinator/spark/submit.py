@@ -21,6 +21,7 @@ from typing import Optional
 
 from coordinator.spark.class_archive import driver_java_options, empty_conf_dir
 from coordinator.spark.jars import jars_dir, provided_delta
+from coordinator.spark.python_worker import python_worker
 from coordinator.spark.session import LAUNCH_SETTINGS, launch_jars, read_spark_defaults
 
 __all__ = ["JOBS", "job_script", "spark_job_environment", "spark_submit", "submit_properties"]
@@ -85,7 +86,8 @@ def spark_submit(job: str, *args: str, conf: Optional[dict[str, str]] = None) ->
 
 
 def spark_job_environment() -> dict[str, str]:
-    """This environment, with this interpreter's folder first on ``PATH`` and as pyspark's Python,
+    """This environment, with this interpreter's folder first on ``PATH`` and as pyspark's Python (its workers'
+    by way of :func:`~coordinator.spark.python_worker.python_worker`),
     and ``SPARK_CONF_DIR`` an empty folder (unless Spark already has Delta): the settings come from
     :func:`submit_properties`, and the driver's class archive needs that folder empty.
 
@@ -98,7 +100,7 @@ def spark_job_environment() -> dict[str, str]:
 def _environment(properties: Optional[Path]) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     environment = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""),
-                       PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+                       PYSPARK_PYTHON=python_worker(), PYSPARK_DRIVER_PYTHON=sys.executable)
     if properties is not None:
         environment["SPARK_CONF_DIR"] = str(empty_conf_dir())
     return environment

@@ -40,7 +40,7 @@ public final class CoordinatorConfig {
             "maintenance_interval_ms", "maintenance_retention_hours", "maintenance_log_retention_hours",
             "consumer_start_from", "consumer_retry_delays_ms", "consumer_max_attempts", "consumer_timeout_ms",
             "consumer_heartbeat_ms", "consumer_threads", "consumer_poll_interval_ms", "consumer_commit_interval_ms",
-            "consumer_max_buffered");
+            "consumer_max_buffered", "consumer_position_gone", "consumer_metrics_port");
     private static final Set<String> INT_KEYS = Set.of("transaction_timeout_ms", "transaction_check_interval_ms",
             "transaction_check_max", "commit_interval_ms", "producer_heartbeat_ms");
     private static final Pattern DURATION = Pattern.compile("^\\s*([0-9]+(?:\\.[0-9]+)?)\\s*(ms|s|m|h)?\\s*$");
