@@ -153,6 +153,26 @@ def test_a_redrive_interrupted_between_its_two_commits_is_completed_once_by_the_
     assert again[0]["dead_letter_id"].startswith("~redrive.") and again[0]["dead_letter_id"].endswith(f".{ids[0]}.0")
 
 
+def test_a_message_dead_twice_is_redriven_once_and_dies_again_as_one_new_dead_letter(settings, feed):
+    """A reset delivered the message again and it died again: two open dead letters of one message. Redriving
+    both delivers it once more (two rows of one queue offset in one redrive version would share a dead letter's
+    id and a place in the share's progress, and one of them end neither handled nor dead)."""
+    clock = Clock()
+    grant(settings, "credits", ["ORDERS"])
+    [msg_id] = feed.deliver("ORDERS", [("k1", b"poison-1")])
+    listener = poison_listener()
+    consume_until(settings, listener, clock, lambda: len(dead_letters_of(settings)) >= 1, "dead once")
+    reset_consumer_group(settings, "credits", "ORDERS", "earliest", operator="alice@ops")
+    consume_until(settings, listener, clock, lambda: len(dead_letters_of(settings)) >= 2, "dead twice")
+    assert [d["msg_id"] for d in open_dead_letters(settings, "credits")] == [msg_id, msg_id]
+
+    assert len(redrive_dead_letters(settings, "credits", operator="bob@ops")) == 2
+    assert redrive_rows(settings) == [msg_id]
+    consume_until(settings, listener, clock, lambda: len(dead_letters_of(settings)) >= 3, "redriven, dead again")
+    [again] = open_dead_letters(settings, "credits")
+    assert again["dead_letter_id"].startswith("~redrive.") and len(listener.handled) == 6  # two calls each life
+
+
 def test_a_shares_record_stays_small_however_far_it_moves_past_a_message_that_keeps_failing(settings, feed):
     """The user's report: one poison message, then 200,000 others handled, grew the share's record to 2.6 MB;
     the next instance refused it and the share stopped. The record lists what is not handled, never what is."""

@@ -111,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     listener = CreditsListener(args.db)
     with TopicConsumer(CREDITS_GROUP, [ORDER_TOPIC], listener, config):
         log.info("credits service consuming %s as group %s", ORDER_TOPIC, CREDITS_GROUP)
-        stop.wait()
+        # Woken twice a second: a SIGTERM the kernel hands to another thread runs its handler only when this
+        # thread next runs Python, which a wait with no timeout never does.
+        while not stop.wait(0.5):
+            pass
     listener.close()
     log.info("credits service stopped")
     return 0

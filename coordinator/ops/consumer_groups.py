@@ -289,8 +289,8 @@ def redrive_dead_letters(config: CoordinatorConfig, group: str, msg_ids: Optiona
     Each is closed first by a ``REDRIVE`` action naming the operator, committed with an application transaction
     named after the dead letter (``txcoord-close.<id>``), so that of two operators acting at once, or a redrive
     and a discard, the first commit closes it and the other closes nothing of it (and redrives only the rest).
-    Its message is then appended to the group's redrive table, recorded by an application transaction of its
-    own (``txcoord-redrive.<id>``): a redrive interrupted between the two is completed by the next redrive or
+    Its message is then appended to the group's redrive table (once, however many of its dead letters are
+    redriven together), recorded by an application transaction of its own (``txcoord-redrive.<id>``): a redrive interrupted between the two is completed by the next redrive or
     discard of the group's dead letters, and none is appended twice.
 
     Example::
@@ -349,7 +349,10 @@ def _complete_redrives(lakehouse: Lakehouse, group: str) -> None:
                and table.transaction_version(f"txcoord-redrive.{d['dead_letter_id']}") is None]
     if not missing:
         return
-    rows = [{name: d.get(name) for name in REDRIVE.column_names} | {"batch_id": None} for d in missing]
+    # A message dead twice (delivered again by a reset) is delivered once more, not once for each of its dead
+    # letters: in one version of the redrive table each queue offset is one message, as in a topic's.
+    once = {(d["topic"], d["queue_offset"]): d for d in missing}.values()
+    rows = [{name: d.get(name) for name in REDRIVE.column_names} | {"batch_id": None} for d in once]
     for row in rows:
         row["properties"] = None if row["properties"] is None else list(row["properties"].items())
     from coordinator.appender import DeltaAppender
