@@ -51,6 +51,7 @@ from coordinator.exceptions import (ConsumerStateError, CoordinatorError, Invali
                                     one_line)
 from coordinator.lakehouse import Lakehouse
 from coordinator.lakehouse.pools import wait_for_arrow_pools_at_exit
+from coordinator.lakehouse.row_counts import RowCounts
 from coordinator.names import validate_name
 from coordinator.storage import read_all
 
@@ -126,6 +127,7 @@ class TopicConsumer:
         self._refused: dict[tuple[str, int], str] = {}
         self._reading = Reading(config, self._remote, self._position_gone)
         self._logs = self._reading.logs  # each source's TopicLog, by name
+        self._row_counts: dict[str, RowCounts] = {}  # for the group's start record only (its lag's origin)
         self._finished: deque[Run] = deque()  # appended by worker threads, taken by the loop
         self._rebalanced_at = float("-inf")
         self._owed = False  # the last look found shares this instance should hold that a live one still held
@@ -157,6 +159,7 @@ class TopicConsumer:
                 key = (f"topics/{source}" if source != REDRIVE_SOURCE
                        else f"{self.lakehouse.consumer_dir(self.group)}/redrive")
                 self._reading.add(source, TopicLog(self.lakehouse.files, key, self.lakehouse.storage))
+                self._row_counts[source] = RowCounts(self.lakehouse.files, key)
             if self.config.consumer_metrics_port is not None:
                 from coordinator.consumer.metrics import serve_consumer_metrics
 
@@ -393,7 +396,8 @@ class TopicConsumer:
                 return False  # its holder is live and lets go once it sees it should
             progress, version = self._group.progress(source, number)
             if progress is None:
-                progress = self._group.start(source, lambda: self._start_version(source))
+                progress = self._group.start(source, lambda: self._start_version(source),
+                                             lambda version: self._rows_before(source, version))
                 if progress.version == 0:
                     progress.topic_rows_before = 0
         except CoordinatorError as error:
@@ -418,6 +422,17 @@ class TopicConsumer:
         if start == "latest":
             return log.latest() + 1
         return log.first_at(int(parse_start_time(start).timestamp() * 1000))
+
+    def _rows_before(self, source: str, version: int) -> Optional[int]:
+        """How many messages ``source`` holds before ``version``, from its log's statistics, for the group's start
+        record: what its lag is counted from (``txcoord consumer-groups describe``); ``None`` if they cannot be
+        counted (each describe then counts them itself)."""
+        try:  # counted once: the shares taken at once wait for the first, then find its counts kept
+            return self._row_counts[source].before(version)
+        except CoordinatorError as error:
+            _log.warning("consumer %s: the messages of %s before version %d cannot be counted: %s", self.instance_id,
+                         source, version, one_line(error))
+            return None
 
     def _holds(self, share: Share) -> bool:
         return self._shares.get((share.source, share.number)) is share

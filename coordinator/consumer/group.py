@@ -10,7 +10,8 @@ each one single-writer (:mod:`coordinator.storage`).
   (:meth:`ConsumerGroup.release_share`), so that a release never removes a claim written since;
 * ``progress/<topic>/<share>.json``: the share's position and retry state (:class:`ShareProgress`), replaced
   only if unchanged since its holder read or wrote it, so an instance that lost its share cannot write over
-  its successor's; ``progress/<topic>/_start.json``: where the group started on the topic, fixed once;
+  its successor's; ``progress/<topic>/_start.json``: where the group started on the topic (and how many
+  messages the topic held before it), fixed once;
 * ``dead_letters``, ``operator_actions``, ``redrive``: Delta tables (``coordinator.tables``).
 
 The group writes its own records: to anyone else they are untrusted bytes, and a record that is not one is
@@ -262,6 +263,11 @@ def dead_letter_id(source: str, version: int, queue_offset: int, msg_id: str, ep
     return f"{source}.{version}.{queue_offset}.{msg_id}.{epoch}"
 
 
+def _start_record(version: int, epoch: int, rows_before: Optional[int]) -> bytes:
+    return json.dumps({"version": version, "epoch": epoch, "topic_rows_before": rows_before,
+                       "nonce": uuid.uuid4().hex}).encode()
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -466,34 +472,55 @@ class ConsumerGroup:
         key, data = self._progress_key(topic, share), progress.to_json(writer, self.clock())
         return self.files.create(key, data) if version is None else self.files.replace(key, data, version)
 
-    def start(self, topic: str, choose: Callable[[], int]) -> ShareProgress:
+    def start(self, topic: str, choose: Callable[[], int],
+              rows_before: Optional[Callable[[int], Optional[int]]] = None) -> ShareProgress:
         """The progress a share of ``topic`` with no record starts from: where the group started on the topic
         (recorded by its first instance to read it, ``choose()`` made once, the same for every share and
-        instance afterwards), in the topic's current epoch (:meth:`reset_start`).
+        instance afterwards), in the topic's current epoch (:meth:`reset_start`). ``rows_before(version)``: how
+        many messages the topic holds before the version chosen, recorded with it as every share's
+        ``topic_rows_before`` (what the group's lag is counted from; ``None``: not known).
 
         Example::
 
             group.start("ORDER_TOPIC", lambda: 0).version  # 0, or what the first instance chose
         """
+        recorded = self.recorded_start(topic)
+        if recorded is None:
+            version = choose()
+            rows = rows_before(version) if rows_before is not None else None
+            self.files.create(self._start_key(topic), _start_record(version, 0, rows))
+            recorded = self.recorded_start(topic)
+        return recorded
+
+    def recorded_start(self, topic: str) -> Optional[ShareProgress]:
+        """Where the group started on ``topic`` (:meth:`start`), as recorded; ``None`` before its first instance
+        chose.
+
+        Example::
+
+            group.recorded_start("ORDER_TOPIC")  # ShareProgress(version=0, epoch=0, topic_rows_before=0, ...)
+        """
         key = self._start_key(topic)
         found = self.files.read(key, max_bytes=4096)
         if found is None:
-            self.files.create(key, json.dumps({"version": choose(), "epoch": 0, "nonce": uuid.uuid4().hex}).encode())
-            found = self.files.read(key, max_bytes=4096)
+            return None
         try:
             raw = json.loads(found.data)
-            version, epoch = raw["version"], raw.get("epoch", 0)
-            if not (_is_int(version) and version >= 0 and _is_int(epoch) and epoch >= 0):
+            version, epoch, rows_before = raw["version"], raw.get("epoch", 0), raw.get("topic_rows_before")
+            if not (_is_int(version) and version >= 0 and _is_int(epoch) and epoch >= 0
+                    and (rows_before is None or _is_int(rows_before) and rows_before >= 0)):
                 raise ValueError
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise CorruptInputError(f"{key} is not where the group started: `txcoord consumer-groups reset` "
                                     "writes it anew") from None
-        return ShareProgress(version, epoch=epoch)
+        return ShareProgress(version, epoch=epoch, topic_rows_before=rows_before)
 
-    def reset_start(self, topic: str, version: int, floor: int, writer: str) -> ShareProgress:
+    def reset_start(self, topic: str, version: int, floor: int, writer: str,
+                    topic_rows_before: Optional[int] = None) -> ShareProgress:
         """An operator's reset, with every instance stopped: every share of ``topic`` starts again at ``version``
         (messages below queue offset ``floor`` taken as handled), in a new epoch, so that a message delivered
-        again and dead again is a new dead letter. Returns the progress every share was given.
+        again and dead again is a new dead letter. ``topic_rows_before``: how many messages the topic holds before
+        ``version``, if known. Returns the progress every share was given.
 
         Example::
 
@@ -503,9 +530,8 @@ class ConsumerGroup:
             epoch = self.start(topic, lambda: version).epoch + 1
         except CorruptInputError:
             epoch = 1 + max((progress.epoch for progress in self._readable_progress(topic)), default=0)
-        start = ShareProgress(version, floor=floor, epoch=epoch)
-        self.files.put(self._start_key(topic),
-                       json.dumps({"version": version, "epoch": epoch, "nonce": uuid.uuid4().hex}).encode())
+        start = ShareProgress(version, floor=floor, epoch=epoch, topic_rows_before=topic_rows_before)
+        self.files.put(self._start_key(topic), _start_record(version, epoch, topic_rows_before))
         for number in range(self.grant().shares):
             self.files.put(self._progress_key(topic, number), start.to_json(writer, self.clock()))
         return start

@@ -133,8 +133,10 @@ class Share:
                 if offset < floor or offset in skip or (from_batch is not None and (row.get("batch_id") or 0) < from_batch):
                     continue
                 self._hold(row, version)
-            if self.topic_rows_before is not None:
-                self.topic_rows_before += self.log.row_count(version) if version != self.snapshot else 0
+            if version == self.snapshot:  # every message of the versions up to it: counted again from here
+                self.topic_rows_before = self.log.snapshot_row_count(version)
+            elif self.topic_rows_before is not None:
+                self.topic_rows_before += self.log.row_count(version)
             self.next_read, self.next_offset = version + 1, 0
             self.skip.pop(version, None)
             self.dirty = True

@@ -276,6 +276,16 @@ class TopicLog:
             self._snapshot = (version, _Version(table.sort_by("queue_offset")))
         return self._snapshot[1].share_rows(number, shares, share_of)
 
+    def snapshot_row_count(self, version: int) -> Optional[int]:
+        """How many messages the table's snapshot at ``version`` holds, if :meth:`snapshot_share_rows` read it last
+        (else ``None``): every message of the versions up to it.
+
+        Example::
+
+            log.snapshot_row_count(41)  # 1000250
+        """
+        return self._snapshot[1].table.num_rows if self._snapshot is not None and self._snapshot[0] == version else None
+
     def _version(self, version: int) -> "_Version":
         with self._lock:
             reading = self._reading.get(version)

@@ -11,9 +11,15 @@ Computed at each scrape, on the endpoint's thread, from what ``txcoord consumer-
 * ``txcoord_consumer_groups_unreadable``: groups left out of this scrape because their records could not be
   read (a corrupt grant or progress record, a refusal by the storage), each named in the checker's log.
 
-A group's redrive table shows as the topic ``~redrive``. A scrape reads every version a group has not finished:
-it costs what ``describe`` costs, as much as the groups' lag. Handled and failed calls are counted by the
-consumer's process, on its own endpoint (``consumer_metrics_port``: :mod:`coordinator.consumer.metrics`).
+A group's redrive table shows as the topic ``~redrive``. A scrape reads no message, whatever the lag: for each
+group, its grant, its progress records (one a share), its instances' and its dead letters; for each of its
+topics, the log's listing from the newest version the collector knew, the commits since then (or the newest
+checkpoint and the commits after it, when that is fewer), and the commit of the oldest version a share has not
+finished, for the lag in seconds. The counts of the versions already seen are kept from scrape to scrape (they
+never change), so a topic written slowly costs a listing a scrape, and a busy one at most its checkpoint
+interval's commits (docs/consumer.md#watching-and-moving-a-group says how the lag is counted, and how near).
+Handled and failed calls are counted by the consumer's process, on its own endpoint (``consumer_metrics_port``:
+:mod:`coordinator.consumer.metrics`).
 
 Example::
 
@@ -32,6 +38,7 @@ from prometheus_client.core import GaugeMetricFamily
 from coordinator.config import CoordinatorConfig
 from coordinator.exceptions import one_line
 from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse.row_counts import RowCounts
 from coordinator.ops.consumer_groups import consumer_group_grants, describe_consumer_group
 
 __all__ = ["ConsumerGroupsCollector", "watch_consumer_groups"]
@@ -56,6 +63,7 @@ class ConsumerGroupsCollector:
 
     def __init__(self, config: CoordinatorConfig, clock: Callable[[], dt.datetime]):
         self.config, self.clock = config, clock
+        self.row_counts: dict[str, RowCounts] = {}  # each source's, kept across scrapes
 
     def describe(self):  # registering must not run a scrape's storage reads
         return []
@@ -101,7 +109,7 @@ class ConsumerGroupsCollector:
 
     def _describe(self, group: str, now: dt.datetime) -> Optional[object]:
         try:
-            return describe_consumer_group(self.config, group, now)
+            return describe_consumer_group(self.config, group, now, self.row_counts)
         except Exception as error:  # noqa: BLE001  (one group's corrupt record or refusal costs that group alone)
             log.warning("metrics: consumer group %s left out: %s", group, one_line(error))
             return None

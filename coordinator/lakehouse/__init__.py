@@ -1,8 +1,9 @@
 """A lakehouse: where each of its tables and files lives (:mod:`.paths`), opening and creating a Delta
 table at a path (:mod:`.delta`), writing a table's checkpoint (:mod:`.checkpoints`), creating its
 tables from their definitions in ``tables/`` (:mod:`.provision`), reading them (:mod:`.reads`), reading a
-Delta commit that somebody else wrote, as untrusted bytes (:mod:`.deltalog`), and waiting at exit for what
-pyarrow's threads still do (:mod:`.pools`).
+Delta commit that somebody else wrote, as untrusted bytes (:mod:`.deltalog`), counting a table's rows at each
+version from its log's statistics (:mod:`.row_counts`), and waiting at exit for what pyarrow's threads still do
+(:mod:`.pools`).
 
 Runs through delta-rs, so ``txcoord init`` and producers start no JVM.
 

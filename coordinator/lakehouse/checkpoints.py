@@ -89,15 +89,17 @@ def write_delta_checkpoint(path: str, version: int, storage: Optional[Mapping[st
     return True
 
 
-def last_delta_checkpoint(files: FileStore) -> Optional[int]:
+def last_delta_checkpoint(files: FileStore, table: str = "") -> Optional[int]:
     """The version of the table's newest checkpoint, as its ``_delta_log/_last_checkpoint`` records it
-    (``files`` at the table's root); ``None`` if it records none or cannot be read.
+    (``files`` at the table's root, or ``table`` its key under ``files``); ``None`` if it records none or cannot
+    be read.
 
     Example::
 
         last_delta_checkpoint(FileStore.at("lakehouse/system/op"))   # 200
+        last_delta_checkpoint(Lakehouse("lakehouse").files, "topics/ORDER_TOPIC")   # 1000
     """
-    pointer = files.read(_LAST_CHECKPOINT)
+    pointer = files.read(f"{table.rstrip('/')}/{_LAST_CHECKPOINT}" if table else _LAST_CHECKPOINT)
     if pointer is None:
         return None
     try:

@@ -24,8 +24,9 @@ from urllib.parse import unquote
 from coordinator.exceptions import CorruptInputError, FileTooLargeError
 from coordinator.storage import FileStore, read_all
 
-__all__ = ["DATA_PATH_PATTERN", "MAX_ACTION_DEPTH", "MAX_COMMIT_FILE_BYTES", "AddedFile", "added_files", "check_commits",
-           "commit_actions", "commit_digest"]
+__all__ = ["DATA_PATH_PATTERN", "MAX_ACTION_DEPTH", "MAX_COMMIT_FILE_BYTES", "AddedFile", "added_files", "added_statistics",
+           "check_commits", "commit_actions", "commit_digest", "commit_record_count", "file_record_count",
+           "parsed_statistics"]
 
 #: The largest commit file read. A producer's commit is one ``add`` and its commit info (well under a
 #: kilobyte); a compaction's lists every file it replaces. A larger one is refused unread.
@@ -169,6 +170,53 @@ def added_files(actions: list[dict]) -> list[AddedFile]:
     return files
 
 
+def added_statistics(actions: list[dict]) -> list[dict]:
+    """The statistics (``numRecords``, ``minValues``, ...) of each data file ``actions`` added with new data
+    (``dataChange`` not false), each as its ``add`` gives them; a file without them, or whose are not a JSON
+    object, gives none (statistics are estimates, never a refusal).
+
+    Example::
+
+        added_statistics([{"add": {"path": "a.parquet", "stats": "{\\"numRecords\\": 3}"}}])  # [{'numRecords': 3}]
+    """
+    found = []
+    for action in actions:
+        add = action.get("add")
+        if isinstance(add, dict) and add.get("dataChange", True) is not False:
+            stats = parsed_statistics(add.get("stats"))
+            if stats is not None:
+                found.append(stats)
+    return found
+
+
+def parsed_statistics(text: object) -> Optional[dict]:
+    """A data file's statistics (an ``add``'s ``stats``, in a commit or a checkpoint) as a dict; ``None`` if
+    ``text`` is not a JSON object.
+
+    Example::
+
+        parsed_statistics('{"numRecords": 3}')  # {'numRecords': 3}
+    """
+    if not isinstance(text, str):
+        return None
+    try:
+        stats = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return stats if isinstance(stats, dict) else None
+
+
+def file_record_count(stats: dict) -> int:
+    """How many rows a data file holds by its statistics (``numRecords``); 0 when they do not say.
+
+    Example::
+
+        file_record_count({"numRecords": 3})  # 3
+    """
+    records = stats.get("numRecords")
+    return records if isinstance(records, int) and not isinstance(records, bool) and records > 0 else 0
+
+
 def commit_record_count(data: bytes) -> int:
     """How many rows the data files a commit's ``data`` added hold, by their statistics (``numRecords``): 0 for
     a file without them, and for a commit that is not one (the count is an estimate, never a refusal).
@@ -181,18 +229,7 @@ def commit_record_count(data: bytes) -> int:
         actions = commit_actions(data)
     except CorruptInputError:
         return 0
-    count = 0
-    for action in actions:
-        add = action.get("add")
-        if not isinstance(add, dict) or add.get("dataChange", True) is False or not isinstance(add.get("stats"), str):
-            continue
-        try:
-            records = json.loads(add["stats"]).get("numRecords")
-        except (ValueError, AttributeError, RecursionError):
-            continue
-        if isinstance(records, int) and not isinstance(records, bool) and records > 0:
-            count += records
-    return count
+    return sum(map(file_record_count, added_statistics(actions)))
 
 
 def _short(text: object) -> str:

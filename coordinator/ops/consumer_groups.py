@@ -27,17 +27,21 @@ import pyarrow as pa
 
 from coordinator.config import CoordinatorConfig, parse_start_time
 from coordinator.consumer.group import (DEFAULT_SHARES, MAX_SHARES, REDRIVE_SOURCE, ConsumerGroup, GroupGrant,
-                                        ShareProgress, share_of)
+                                        ShareProgress)
 from coordinator.consumer.topic_log import TopicLog
-from coordinator.exceptions import ConsumerStateError, CorruptInputError, InvalidArgumentError, MessageValidationError
+from coordinator.exceptions import (ConsumerStateError, CorruptInputError, InvalidArgumentError, MessageValidationError,
+                                    PositionGoneError)
 from coordinator.lakehouse import CONSUMERS_KEY, Lakehouse, create_table, group_of_key, open_table, read_table
+from coordinator.lakehouse.row_counts import RowCounts
 from coordinator.names import NAME_MAX_LENGTH, validate_name
+from coordinator.storage import read_all
 from coordinator.tables import CONSUMER_ACTIONS, REDRIVE
 
 __all__ = ["GroupDescription", "TopicPosition", "add_consumer_group", "consumer_group_grants", "describe_consumer_group",
            "discard_dead_letters", "open_dead_letters", "operator_actions", "redrive_dead_letters", "reset_consumer_group"]
 
 _PATTERN = re.compile(r"[A-Za-z0-9_*?\[\]-]+")
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
 def _operator(operator: Optional[str]) -> str:
@@ -130,11 +134,13 @@ class GroupDescription:
         return asdict(self)
 
 
-def describe_consumer_group(config: CoordinatorConfig, group: str,
-                            now: Optional[dt.datetime] = None) -> GroupDescription:
+def describe_consumer_group(config: CoordinatorConfig, group: str, now: Optional[dt.datetime] = None,
+                            row_counts: Optional[dict[str, RowCounts]] = None) -> GroupDescription:
     """Where ``group`` is in each topic of its grant that has a table (and its redrive table), its live
-    instances and its open dead letters. Reads every version the group has not finished: costs as much as
-    its lag.
+    instances and its open dead letters. Reads no message: each topic's lag comes from the group's progress
+    records and the topic log's statistics (:func:`_position`), a few requests whatever the lag. ``row_counts``:
+    each source's :class:`RowCounts` by table, kept by a caller that describes again (the checker's metrics), so
+    that each call reads only what was committed since the last.
 
     Example::
 
@@ -144,10 +150,13 @@ def describe_consumer_group(config: CoordinatorConfig, group: str,
     records = ConsumerGroup(lakehouse, group)
     grant = records.grant()
     now = now or dt.datetime.now(dt.timezone.utc)
+    row_counts = {} if row_counts is None else row_counts
     positions = []
     if grant is not None:
         for source in _sources(lakehouse, records, grant):
-            positions.append(_position(lakehouse, records, grant, source, now))
+            table = _source_table(lakehouse, group, source)
+            counts = row_counts.setdefault(table, RowCounts(lakehouse.files, table))
+            positions.append(_position(records, grant, source, now, counts))
     live = [record.instance_id for record in records.instances.live(group)]
     return GroupDescription(group, positions, live, len(open_dead_letters(config, group)), grant)
 
@@ -163,40 +172,68 @@ def _sources(lakehouse: Lakehouse, records: ConsumerGroup, grant: GroupGrant) ->
     return sorted(found)
 
 
-def _position(lakehouse: Lakehouse, records: ConsumerGroup, grant: GroupGrant, source: str,
-              now: dt.datetime) -> TopicPosition:
-    log = TopicLog(lakehouse.files, _source_table(lakehouse, records.group, source))
-    latest = log.latest()
-    start = None
-    lag, retrying, oldest, shares = 0, 0, None, {}
-    for number in range(grant.shares):
-        progress, _ = records.progress(source, number)
-        if progress is None:
-            if start is None:
-                start = _recorded_start(records, source, log)
-            progress = ShareProgress(start)
-        shares[number] = progress.position
-        retrying += len(progress.retrying)
-        for version in range(progress.position, latest + 1):
-            listed = set(progress.unhandled.get(version, ()))
-            skip = set(progress.skip.get(version, ()))
-            first = progress.offset if version == progress.version else 0
-            unread = version >= progress.version
-            for row in log.rows(version):
-                offset = row["queue_offset"]
-                if share_of(row["keys"], row["msg_id"], grant.shares) != number:
-                    continue
-                if offset in listed or (unread and offset >= max(first, progress.floor) and offset not in skip):
-                    lag += 1
-                    stamp = row["commit_timestamp"]
-                    oldest = stamp if oldest is None or (stamp is not None and stamp < oldest) else oldest
-    seconds = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
-    return TopicPosition(source, min(shares.values(), default=0), latest, lag, seconds, retrying, shares)
+def _position(records: ConsumerGroup, grant: GroupGrant, source: str, now: dt.datetime,
+              counts: RowCounts) -> TopicPosition:
+    """Where the group is in ``source``, from its shares' progress records and the source log's statistics.
+
+    A share's messages not handled yet are those its record lists as read and not handled in versions before the
+    one it is in, and its part of the messages of the versions from that one on: the source's rows up to its
+    newest version (:class:`RowCounts`: its newest checkpoint's ``numRecords`` and those of the commits since)
+    less the rows before the share's version (the record's ``topic_rows_before``, else counted from the log), over
+    the number of shares. Exact when every share is at the start of one version; otherwise as near as the keys'
+    hash spreads those versions' messages evenly. Over by the messages a share read of the version it stopped
+    inside (its buffer was full) and by those below a reset's queue offset; a share reading a snapshot after its
+    position was gone counts only the versions from the snapshot's on."""
+    latest = counts.latest()
+    if latest < 0:  # no table (a redrive table before the first redrive): nothing to read, nothing read yet
+        return TopicPosition(source, 0, latest, 0, 0.0, 0, dict.fromkeys(range(grant.shares), 0))
+    found = read_all(lambda number: records.progress(source, number)[0], list(range(grant.shares)),
+                     remote=records.files.remote)
+    if None in found:
+        start = _recorded_start(records, source, counts)
+        found = [start if progress is None else progress for progress in found]
+    known = {progress.version - 1: progress.topic_rows_before for progress in found
+             if progress.topic_rows_before is not None}
+    total = counts.through(latest, known)
+    unread, listed, oldest = 0, 0, None
+    for progress in found:
+        behind = 0
+        if progress.version <= latest:
+            before = progress.topic_rows_before
+            behind = max(0, total - (counts.through(progress.version - 1, known) if before is None else before))
+        unread += behind
+        # Offsets listed in the version the share is in are among that version's rows, counted above.
+        before_position = sum(len(offsets) for version, offsets in progress.unhandled.items()
+                              if version < progress.version)
+        listed += before_position
+        if behind or before_position:
+            oldest = progress.position if oldest is None else min(oldest, progress.position)
+    lag = -(-unread // grant.shares) + listed  # a share's part of a version rounded up: never 0 while one is left
+    seconds = 0.0 if oldest is None else _waited(counts, oldest, now)
+    positions = {number: progress.position for number, progress in enumerate(found)}
+    return TopicPosition(source, min(positions.values(), default=0), latest, lag, seconds,
+                         sum(len(progress.retrying) for progress in found), positions)
 
 
-def _recorded_start(records: ConsumerGroup, source: str, log: TopicLog) -> int:
-    found = records.files.read(f"{records.directory}/progress/{source}/_start.json", max_bytes=4096)
-    return records.start(source, lambda: 0).version if found is not None else log.earliest()
+def _waited(counts: RowCounts, version: int, now: dt.datetime) -> float:
+    """How long the oldest message of ``version`` (or, if the log no longer holds it, of the oldest version it
+    holds) has waited since its commit, in seconds, to the millisecond (as the log's statistics keep it)."""
+    oldest = counts.oldest_ms(version)
+    if oldest is None:
+        oldest = counts.oldest_ms(counts.earliest())
+    if oldest is None:
+        return 0.0
+    return max(0, (now - _EPOCH) // dt.timedelta(milliseconds=1) - oldest) / 1000
+
+
+def _recorded_start(records: ConsumerGroup, source: str, counts: RowCounts) -> ShareProgress:
+    """Where a share with no record starts: where the group started on ``source``, else the oldest version its
+    log holds (as a consumer starting at ``earliest`` would)."""
+    recorded = records.recorded_start(source)
+    if recorded is not None:
+        return recorded
+    earliest = counts.earliest()
+    return ShareProgress(earliest, topic_rows_before=0 if earliest == 0 else None)
 
 
 def _source_table(lakehouse: Lakehouse, group: str, source: str) -> str:
@@ -238,11 +275,20 @@ def reset_consumer_group(config: CoordinatorConfig, group: str, topic: str, to: 
     else:
         raise InvalidArgumentError(f"--to is earliest, latest, an ISO time with its zone or a queue offset, got {to!r}")
     who = _operator(operator)
-    epoch = records.reset_start(topic, version, floor, who).epoch
+    epoch = records.reset_start(topic, version, floor, who, _rows_before(lakehouse, topic, version)).epoch
     _record_actions(lakehouse, group, [{"action": "RESET", "topic": topic,
                                         "detail": f"--to {to}: version {version}, queue offsets from {floor}, "
                                                   f"epoch {epoch}"}], who)
     return version
+
+
+def _rows_before(lakehouse: Lakehouse, topic: str, version: int) -> Optional[int]:
+    """How many messages ``topic`` holds before ``version``, from its log's statistics, for a reset's records (what
+    the group's lag is counted from); ``None`` if its log no longer holds what it takes to count them."""
+    try:
+        return RowCounts(lakehouse.files, f"topics/{topic}").before(version)
+    except PositionGoneError:
+        return None
 
 
 def open_dead_letters(config: CoordinatorConfig, group: str) -> list[dict]:
