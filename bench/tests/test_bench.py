@@ -256,6 +256,19 @@ def test_checkpoint_requests_tiny_run_writes_spark_checkpoints_with_fewest_reque
     assert requests["rename"]["COPY"] > 0 and requests["abortable"]["COPY"] == requests["conditional"]["COPY"] == 0
 
 
+def test_group_lag_tiny_run_serves_the_lag_it_wrote_in_fewer_requests_than_the_old_way(tmp_path):
+    require_s3_server()
+    report = run_tiny("group_lag", tmp_path / "group-lag.json", timeout=300)
+
+    assert_envelope(report, "group_lag")
+    scrapes, reference = report["scrapes"], report["reference"]
+    assert all(scrape["lag_messages"] == scrape["written_lag"] for scrape in scrapes.values())
+    assert reference["finished"] and reference["lag_messages"] == scrapes["cold"]["written_lag"]
+    total = {name: scrape["requests"]["total"] for name, scrape in scrapes.items()}
+    assert total["warm"] < total["cold"] < reference["requests"]["total"]
+    assert total["warm, again"] == total["warm"]  # nothing committed since: no commit read again
+
+
 def test_maintenance_tiny_run_maintains_a_log_in_each_tree_and_counts_its_commit_reads(tmp_path):
     require_s3_server()
     report = run_tiny("maintenance", tmp_path / "maintenance.json", timeout=300)
