@@ -102,8 +102,9 @@ def consumer_group_grants(lakehouse: Lakehouse) -> tuple[list[GroupGrant], list[
 @dataclass(frozen=True)
 class TopicPosition:
     """Where a consumer group is in one topic: the oldest version it has not finished (``position``), the
-    messages left to handle and how long the oldest has waited (seconds), how many are being retried, and
-    ``shares``: each share's own position (its version)."""
+    messages left to handle (from the log's statistics, as near as :func:`_position` says) and how long the
+    oldest has waited (seconds), how many are being retried, and ``shares``: each share's own position (its
+    version)."""
 
     topic: str
     position: int
@@ -153,38 +154,41 @@ def describe_consumer_group(config: CoordinatorConfig, group: str, now: Optional
     row_counts = {} if row_counts is None else row_counts
     positions = []
     if grant is not None:
-        for source in _sources(lakehouse, records, grant):
+        with_progress = set(lakehouse.files.directories(f"{records.directory}/progress"))
+        for source in _sources(lakehouse, grant, with_progress):
             table = _source_table(lakehouse, group, source)
             counts = row_counts.setdefault(table, RowCounts(lakehouse.files, table))
-            positions.append(_position(records, grant, source, now, counts))
+            latest = counts.latest()
+            if source in with_progress or latest >= 0:
+                positions.append(_position(records, grant, source, now, counts, latest))
     live = [record.instance_id for record in records.instances.live(group)]
     return GroupDescription(group, positions, live, len(open_dead_letters(config, group)), grant)
 
 
-def _sources(lakehouse: Lakehouse, records: ConsumerGroup, grant: GroupGrant) -> list[str]:
-    """What :func:`describe_consumer_group` reports on: each source with progress, and each granted topic with a
-    table. ``topics/`` is listed only for a grant with patterns: the group's own account may list its topics alone."""
-    found = set(lakehouse.files.directories(f"{records.directory}/progress"))
+def _sources(lakehouse: Lakehouse, grant: GroupGrant, with_progress: set[str]) -> list[str]:
+    """What :func:`describe_consumer_group` may report on: each source with progress, each topic the grant names
+    (reported if it has a table: its log is listed anyway, where a listing of its directory would go through
+    every data file), and each topic under ``topics/`` its patterns match (listed only for a grant with patterns:
+    the group's own account may list its topics alone)."""
     named = [topic for topic in grant.topics if not any(c in topic for c in "*?[")]
-    found |= {topic for topic in named if lakehouse.files.directories(f"topics/{topic}")}
+    found = with_progress | set(named)
     if len(named) < len(grant.topics):
         found |= {topic for topic in lakehouse.files.directories("topics") if grant.refusal(topic) is None}
     return sorted(found)
 
 
-def _position(records: ConsumerGroup, grant: GroupGrant, source: str, now: dt.datetime,
-              counts: RowCounts) -> TopicPosition:
+def _position(records: ConsumerGroup, grant: GroupGrant, source: str, now: dt.datetime, counts: RowCounts,
+              latest: int) -> TopicPosition:
     """Where the group is in ``source``, from its shares' progress records and the source log's statistics.
 
     A share's messages not handled yet are those its record lists as read and not handled in versions before the
     one it is in, and its part of the messages of the versions from that one on: the source's rows up to its
     newest version (:class:`RowCounts`: its newest checkpoint's ``numRecords`` and those of the commits since)
     less the rows before the share's version (the record's ``topic_rows_before``, else counted from the log), over
-    the number of shares. Exact when every share is at the start of one version; otherwise as near as the keys'
+    the number of shares (``latest``: the source's newest version). Exact when every share is at the start of one version; otherwise as near as the keys'
     hash spreads those versions' messages evenly. Over by the messages a share read of the version it stopped
     inside (its buffer was full) and by those below a reset's queue offset; a share reading a snapshot after its
     position was gone counts only the versions from the snapshot's on."""
-    latest = counts.latest()
     if latest < 0:  # no table (a redrive table before the first redrive): nothing to read, nothing read yet
         return TopicPosition(source, 0, latest, 0, 0.0, 0, dict.fromkeys(range(grant.shares), 0))
     found = read_all(lambda number: records.progress(source, number)[0], list(range(grant.shares)),
