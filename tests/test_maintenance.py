@@ -15,10 +15,10 @@ from deltalake import DeltaTable
 
 from coordinator.checker.query import CheckerQuery
 from coordinator.control.progress import BatchRecord, CheckerProgress, Epoch, Progress
-from coordinator.lakehouse import Lakehouse, checkpoints, create_group_tables, read_table
+from coordinator.lakehouse import Lakehouse, checkpoints, create_group_tables, create_table, read_table
 from coordinator.ops.maintenance import LOG_RETENTION_PROPERTY, maintain, maintained_tables
 from coordinator.producer.commit_log import CommitLogWriter
-from coordinator.tables import COMMIT_LOG
+from coordinator.tables import COMMIT_LOG, TOPIC
 from support import end_record, half_record
 from support.lakehouse import append_rows
 from tests.test_streaming_checkpoint import commit_and_await_delivery
@@ -182,6 +182,21 @@ def test_a_commit_log_made_before_its_properties_gains_them_in_one_commit(config
 
     assert DeltaTable(log).metadata().configuration == COMMIT_LOG.properties
     assert [entry["operation"] for entry in DeltaTable(log).history()].count("SET TBLPROPERTIES") == 1
+
+
+def test_a_topic_made_before_its_checkpoint_interval_gains_it_and_new_topics_are_made_with_it(config):
+    """A group's lag is counted from the topic's newest checkpoint and one read a commit after it."""
+    lakehouse = Lakehouse(config.lakehouse)
+    old = lakehouse.topic("OLD")
+    os.makedirs(old)
+    DeltaTable.create(old, schema=TOPIC.arrow_schema())
+    create_table(TOPIC, lakehouse.topic("NEW"))
+
+    maintain(config.lakehouse, tables=["topics/OLD"])
+
+    assert TOPIC.properties == {"delta.checkpointInterval": "20"}
+    for path in (old, lakehouse.topic("NEW")):
+        assert DeltaTable(path).metadata().configuration == TOPIC.properties
 
 
 def test_a_retention_shorter_than_an_hour_is_refused_while_writers_may_run(config):

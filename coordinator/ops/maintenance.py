@@ -62,7 +62,7 @@ from coordinator.lakehouse.checkpoints import last_delta_checkpoint, write_delta
 from coordinator.lakehouse.deltalog import check_commits
 from coordinator.lakehouse.delta import DEFAULT_DELETED_FILE_RETENTION, parse_interval
 from coordinator.storage import CONCURRENT_READS, FileStore
-from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES
+from coordinator.tables import CHECK_REQUESTS, COMMIT_LOG, SYSTEM_TABLES, TOPIC
 
 __all__ = ["COMMIT_LOG_COMPACTION_AGE", "COMMIT_LOG_COMPACTION_MIN_FILES", "DEFAULT_RETENTION_HOURS",
            "LOG_RETENTION_PROPERTY", "MIN_RETENTION_HOURS", "TableMaintenance", "log_retention_interval", "maintain",
@@ -296,14 +296,15 @@ def _versions_still_read(lakehouse: Lakehouse, name: str, table: DeltaTable) -> 
 
 
 def _set_properties(lakehouse: Lakehouse, table: DeltaTable, name: str, log_retention: Optional[str]) -> Optional[str]:
-    """Give ``table`` the log retention, if one is given, and a commit log the properties of its definition
-    (a commit log made by an earlier version lacks some), in one commit, if it lacks any; why not, if it could not.
+    """Give ``table`` the log retention, if one is given, and a commit log or a topic the properties of its
+    definition (one made by an earlier version lacks some), in one commit, if it lacks any; why not, if it could not.
 
     Every commit changes what a writer must have read (a property change conflicts with appends in
     flight), so an unchanged table gets none.
     """
     configuration = table.metadata().configuration
-    wanted = dict(COMMIT_LOG.properties) if _is_commit_log(name) else {}
+    wanted = (dict(COMMIT_LOG.properties) if _is_commit_log(name)
+              else dict(TOPIC.properties) if name.startswith("topics/") else {})
     if log_retention is not None:
         wanted[LOG_RETENTION_PROPERTY] = log_retention
     if (log_retention is None or _log_retention(table) == parse_interval(log_retention)) and \
