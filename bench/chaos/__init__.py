@@ -14,7 +14,10 @@ table maintenance (``coordinator.ops.maintenance.maintain``) at once, then:
   restarts them at once (a restarted producer skips what it already attempted); each kill is
   planned after a producer's n-th send and triggered by it, never by the clock;
 - runs a consumer group's processes (:mod:`bench.chaos.consumers`) on both topics, applying each message's
-  effect exactly once in SQLite, SIGKILLs them while they handle and restarts them at once;
+  effect exactly once in SQLite and logging each listener call's start and end; SIGKILLs them while they
+  handle and restarts them at once; pauses them (SIGSTOP, then SIGCONT) for 2 and 5 liveness windows, inside
+  a call or from outside; and, as an operator, stops the group to reset it (``reset_consumer_group``) and
+  starts it again, and redrives and discards its dead letters while it runs;
 - appends hostile records to a forging group's own commit log: malformed ones, and forgeries (claiming
   another group, an operator's mark, a topic the group is not granted);
 - commits by hand, as an operator would (``txcoord resolve --commit``), the first transaction the
@@ -25,8 +28,9 @@ table maintenance (``coordinator.ops.maintenance.maintain``) at once, then:
 Once every half is resolved (or the timeout passes), it stops everything gracefully and
 checks, from the Delta tables and each producer's SQLite ground truth: every locally
 committed transaction's messages are in their topics exactly once, and applied by the consumer
-group exactly once, per key in the topic's order (or, of the kind its listener fails, one dead letter); nothing else is in
-any topic; every half is resolved or pending with fewer than ``transaction_check_max``
+group exactly once, per key in the topic's order (or, of the kind its listener fails, a dead letter; or
+discarded, or reset past, as the operator allowed), a key's calls overlapping only across a pause, and
+delivered again from where a reset went; nothing else is in any topic; every half is resolved or pending with fewer than ``transaction_check_max``
 checks, with the outcome its database dictates (a discarded one an operator committed:
 delivered exactly once, a DISCARD then a COMMIT op row per half); no check before immunity,
 none beyond the maximum; every hostile record is in ``system/rejected``; neither the checker nor a
@@ -40,6 +44,7 @@ and exits 1 on any violation.
     python -m bench.chaos --object-store --storage-faults   # ... reached through a proxy that injects faults
     python -m bench.chaos --tiny                            # 10 transactions, one kill of each: about a minute
     python -m bench.chaos --poison                          # and a tenant writing bytes the checker must refuse
+    python -m bench.chaos --consumer-pauses 6 --consumer-resets 2 --dead-letter-rounds 4   # more consumer events
 
 With ``--object-store`` the lakehouse is a prefix of a bucket on a real S3-compatible server
 (``coordinator/conformance/versitygw.py``, started for the run); the run's directory keeps only the logs, the
@@ -55,7 +60,9 @@ recognised own writes the processes logged; the verdict adds two counts: records
 The parts: :mod:`~bench.chaos.options` (the command line and the run's settings),
 :mod:`~bench.chaos.actors` (the checkers, producers, maintenance and the operator, as processes and
 threads), :mod:`~bench.chaos.consumer` and :mod:`~bench.chaos.consumers` (a consumer process; the group's
-processes, their kills and their verdict), :mod:`~bench.chaos.hostile` (the forging writer), :mod:`~bench.chaos.run` (the run, from an
+processes, the harness's kills, pauses, resets and dead-letter rounds, and what the verdict reads of them),
+:mod:`~bench.chaos.hostile` (the forging writer), :mod:`~bench.chaos.run` (the run, from an
 empty lakehouse to the report), :mod:`~bench.chaos.verify` (the invariants, from the tables and the
-producers' databases) and :mod:`~bench.chaos.report` (the printed report).
+producers' databases; the consumer group's, from its tables, effects and calls) and :mod:`~bench.chaos.report`
+(the printed report).
 """

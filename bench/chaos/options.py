@@ -56,6 +56,9 @@ class Options:
     producer_kills: int = 3
     consumers: int = 2
     consumer_kills: int = 2
+    consumer_pauses: int = 3
+    consumer_resets: int = 1
+    dead_letter_rounds: int = 2
     seed: int = 1
     lakehouse: str = "chaos-lakehouse"
     results: str = str(harness.RESULTS / "chaos.json")
@@ -69,6 +72,10 @@ class Options:
     poison: bool = False
 
 
+#: The harness's events on the consumer group: none by default in a run without one.
+_CONSUMER_EVENTS = ("consumer_kills", "consumer_pauses", "consumer_resets", "dead_letter_rounds")
+
+
 def parse_options(argv: Optional[list[str]] = None) -> Options:
     defaults = Options()
     parser = argparse.ArgumentParser(prog="python -m bench.chaos",
@@ -79,8 +86,16 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
     parser.add_argument("--producer-kills", type=int, default=defaults.producer_kills)
     parser.add_argument("--consumers", type=int, default=defaults.consumers,
                         help="processes of the consumer group (bench/chaos/consumer.py) on both topics; 0: none")
-    parser.add_argument("--consumer-kills", type=int, default=defaults.consumer_kills,
+    parser.add_argument("--consumer-kills", type=int, default=None,
                         help="kill -9 of a consumer process while it handles, each restarted at once")
+    parser.add_argument("--consumer-pauses", type=int, default=None,
+                        help="SIGSTOP of a consumer process for 2 or 5 times the liveness window, then SIGCONT; in "
+                             "turn inside a listener call (before its record, holding its transaction) or from outside")
+    parser.add_argument("--consumer-resets", type=int, default=None,
+                        help="the operator stops the consumer group, resets each topic (earliest, or an ISO time a few "
+                             "seconds back) and starts it again")
+    parser.add_argument("--dead-letter-rounds", type=int, default=None,
+                        help="the operator redrives some open dead letters and discards others while the group runs")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seeds the plan and every random moment")
     parser.add_argument("--lakehouse", default=defaults.lakehouse, help="wiped and recreated (must be empty or a chaos run's)")
     parser.add_argument("--results", default=defaults.results, help="where to write the JSON report")
@@ -107,9 +122,14 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
         parser.error("--storage-faults needs --object-store: the faults are those of an S3 server's")
     if args.transactions < len(KINDS):
         parser.error(f"--transactions must be at least {len(KINDS)}, one of each kind")
-    if args.producers < 1 or args.checker_kills < 0 or args.producer_kills < 0 or args.consumer_kills < 0:
+    if args.producers < 1 or args.checker_kills < 0 or args.producer_kills < 0:
         parser.error("--producers must be at least 1, kill counts at least 0")
-    if args.consumers < 0 or (args.consumer_kills and not args.consumers):
-        parser.error("--consumers must be at least 0, and at least 1 with --consumer-kills")
+    given = {name: getattr(args, name) for name in _CONSUMER_EVENTS}
+    if args.consumers < 0 or any(count is not None and count < 0 for count in given.values()) or (
+            not args.consumers and any(given.values())):
+        parser.error("--consumers must be at least 0, and at least 1 with --consumer-kills, --consumer-pauses, "
+                     "--consumer-resets or --dead-letter-rounds (each at least 0)")
+    for name, count in given.items():  # none by default without consumers: nothing to do them to
+        setattr(args, name, count if count is not None else getattr(defaults, name) if args.consumers else 0)
     return Options(**{name: value for name, value in vars(args).items() if name != "tiny"})
 

@@ -57,12 +57,35 @@ def print_report(report: dict) -> None:
 def _consumer_rows(consumers: dict) -> list[tuple[str, object]]:
     if not consumers.get("consumer_processes"):
         return []
-    return [("consumer processes / kills (SIGKILL) / restarts",
-             f"{consumers['consumer_processes']} / {len(consumers['consumer_kills'])} / {consumers['consumer_restarts']}"),
-            ("consumer deliveries (of messages applied, delivered again / of the failing kind, attempts)",
-             f"{consumers['deliveries']} ({consumers['delivered_again']} / {consumers['deliveries_of_failing']})"),
-            ("consumer effects applied / dead letters", f"{consumers['applied']} / {consumers['dead_letters']}"),
-            ("keys whose effects were in order (topic, key)", consumers["keys_in_order"])]
+    rows = [("consumer processes / kills (SIGKILL) / restarts",
+             f"{consumers['consumer_processes']} / {len(consumers['consumer_kills'])} / {consumers['consumer_restarts']}")]
+    rows += [(f"consumer pause (SIGSTOP) {number + 1}",
+              f"consumer-{pause['consumer']} {pause['aim']}, {pause['windows']} liveness windows: stopped "
+              f"{pause['stopped_s']} s; calls running {len(pause['calls_running'])}; others' calls meanwhile "
+              f"{pause['others_calls_meanwhile']}, of {len(pause['taken_over'])} message(s) it had called (taken over)")
+             for number, pause in enumerate(consumers["consumer_pauses"])]
+    rows += [(f"consumer group reset {number + 1} (after {reset['after_deliveries']} deliveries)",
+              "; ".join(f"{topic['topic']} --to {topic['to']}: version {topic['version']}, epoch {topic['epoch']}"
+                        for topic in reset["topics"]) + f" (the group stopped {reset['stopped_s']} s; "
+              f"{reset['applied_before']} applied and {reset['dead_letters_before']} dead letters before it; "
+              f"{len(reset['counted_handled'])} counted handled by their share's progress, neither)")
+             for number, reset in enumerate(consumers["consumer_resets"])]
+    rows += [(f"dead-letter round {number + 1} (after {round_['after_deliveries']} deliveries)",
+              f"{round_['open']} open: {len(round_['redriven'])} redriven, {len(round_['discarded'])} discarded, "
+              f"{round_['left_open']} left open") for number, round_ in enumerate(consumers["dead_letter_rounds"])]
+    rows += [("consumer deliveries (of messages applied, delivered again / of the failing kind, attempts)",
+              f"{consumers['deliveries']} ({consumers['delivered_again']} / {consumers['deliveries_of_failing']})"),
+             ("consumer effects applied / dead letters (open)",
+              f"{consumers['applied']} / {consumers['dead_letters']} ({consumers['dead_letters_open']})"),
+             ("what became of each message", json.dumps(consumers["fates"], sort_keys=True)),
+             ("calls that skipped a message applied already (by processes started after the last reset)",
+              consumers["skipped_after_reset"]),
+             ("gaps the instances reported in the proof of their hold (s), the pauses among them",
+              ", ".join(map(str, consumers["instance_gaps"])) or "-"),
+             ("overlapping calls of a key across a pause (past the successor's first call)",
+              f"{consumers['overlaps_across_a_pause']} ({consumers['overlaps_past_the_successors_first_call']})"),
+             ("keys whose effects were in order (topic, key)", consumers["keys_in_order"])]
+    return rows
 
 
 def _print_rows(rows: list[tuple[str, object]]) -> None:

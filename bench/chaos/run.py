@@ -22,7 +22,7 @@ from bench import harness
 import support
 from bench.chaos.actors import (LOOK_EVERY_S, Checker, Maintenance, Operator, Producer, make_plan, plan_producer_kills,
                                 prepare)
-from bench.chaos.consumers import Consumers, kills_spread
+from bench.chaos.consumers import Consumers, events_spread
 from bench.chaos.hostile import HostileWriter
 from bench.chaos.poison import Poisoner
 from bench.chaos.options import (OBJECT_STORE_BUCKET, POISON_EVERY_S, SETTINGS, STORAGE_FAULT_DELAY_S,
@@ -78,7 +78,8 @@ class Activity:
     duration_s: float = 0.0
     #: --storage-faults: the proxy's counts when the faults stopped (requests, forwarded, injected by kind).
     storage_faults: Optional[dict] = None
-    #: The consumer group's processes: kills, restarts, deliveries, effects applied, dead letters.
+    #: The consumer group's processes and what was done to them: kills, pauses, resets, dead-letter rounds,
+    #: restarts; its deliveries, effects applied, dead letters and their fates.
     consumers: dict = field(default_factory=dict)
 
 
@@ -123,8 +124,10 @@ class Run:
             producer.plan_file.write_text(json.dumps(plan))
         self.lakehouse = Lakehouse.of(self.config)
         # Its own random numbers: a run's plan and kills are those of the same seed without consumers.
-        self.consumers = Consumers(self.root, config_path, self.lakehouse, options.consumers, options.consumer_kills,
-                                   kills_spread(options.transactions), random.Random(options.seed + 1))
+        self.consumers = Consumers(self.root, config_path, self.config, self.lakehouse, options.consumers,
+                                   options.consumer_kills, options.consumer_pauses, options.consumer_resets,
+                                   options.dead_letter_rounds, events_spread(options.transactions),
+                                   random.Random(options.seed + 1))
         self.checkers = [Checker(self.root, config_path, self.lakehouse)]
         if options.standby:
             self.checkers.append(Checker(self.root, config_path, self.lakehouse, name="standby"))
@@ -172,7 +175,7 @@ class Run:
         while time.monotonic() < deadline:
             now = time.monotonic()
             self._restart_failed_producers()
-            self.consumers.act(producers_done=all(p.done for p in self.producers))
+            self.consumers.act()
             self.operator.act()
             for producer in self.producers:
                 if producer.child.running and producer.kill_near:
@@ -213,8 +216,7 @@ class Run:
                     checker.start()
             # Done once a checker is up again (it has finished a batch since it took the lease) and a standby, if
             # any, stands by: a checker still starting when stopped would die of the SIGTERM (exit 143).
-            if (not any(p.kill_after for p in self.producers) and not checker_kill_after and not self.consumers.kills_left
-                    and blind_injected and checker is not None
+            if (not any(p.kill_after for p in self.producers) and not checker_kill_after and blind_injected and checker is not None
                     and batches and killed_at is None and all(p.done for p in self.producers)
                     and all(self._is_up(c) for c in self.checkers)):
                 if not targeted_injected:
@@ -302,14 +304,21 @@ class Run:
                                   self.operator.recovered, self._poisonings())
             except (OSError, ValueError, DeltaError) as error:  # a file vacuumed between snapshot and read: read again
                 print(f"  (reading the tables failed, retrying: {error})", flush=True)
-                time.sleep(LOOK_EVERY_S)
+                self._consumers_act_for(LOOK_EVERY_S)
                 continue
             if findings["pending_halves"] == 0 and findings["found"]["lost"] == 0:
                 if self.operator.act(now=True):  # discards it had not seen yet: their recoveries must land too
                     continue
                 return True
-            time.sleep(LOOK_EVERY_S)
+            self._consumers_act_for(LOOK_EVERY_S)
         return False
+
+    def _consumers_act_for(self, seconds: float) -> None:
+        """Let the consumer group's events go on (a pause resumed on time) while waiting ``seconds``."""
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            self.consumers.act()
+            time.sleep(_POLL_S)
 
     def _stop_all(self) -> dict:
         """SIGTERM whatever runs; return the exit codes (a process that was down already was reported then)."""

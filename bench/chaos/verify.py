@@ -1,15 +1,18 @@
 """The verdict of a chaos run: the invariants of docs/design.md#invariants, from the Delta tables against
-the producers' SQLite databases (their ground truth)."""
+the producers' SQLite databases (their ground truth); and the consumer group's (:func:`account_consumers`), from
+the topics, the group's tables, its SQLite effects and its processes' calls against what the harness did to it."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import support
 from bench.chaos.actors import Producer, table_rows
+from bench.chaos.consumer import fails_from_topic, fixed_by_redrive
 from bench.chaos.hostile import BadInput
 from bench.chaos.poison import Poisoning
 from bench.chaos.producer import COMMITTED, HALF_NOT_STORED, HALF_OUTCOME_UNKNOWN, INTERRUPTED, REVIEW, Store, group_of, plan_id_of
@@ -18,7 +21,8 @@ from coordinator.config import CoordinatorConfig
 from coordinator.lakehouse import Lakehouse, topic_names
 from coordinator.tables import CHECK_REQUESTS, HALF, OP, REJECTED
 
-__all__ = ["EXAMPLES", "Findings", "GroundTruth", "Tables", "verify"]
+__all__ = ["CONSUMER_FINDINGS", "EXAMPLES", "ConsumerWork", "Findings", "GroundTruth", "Tables", "account_consumers",
+           "before_reset", "counted_handled", "verify"]
 
 #: Examples kept per kind of violation.
 EXAMPLES = 5
@@ -313,3 +317,324 @@ def _undecided_ends(tables: Tables, reasons: dict[str, str]) -> int:
     looked_at = {row["end_record_id"] for row in tables.ops} | set(reasons)
     return sum(1 for row in tables.log if row["kind"] == "END" and row["state"] in ("COMMIT_MESSAGE", "ROLLBACK_MESSAGE")
                and row["record_id"] not in looked_at)
+
+
+# The consumer group's verdict.
+
+#: Each count must be 0 (docs/chaos.md says what each counts).
+CONSUMER_FINDINGS = ("consumer_missed", "consumer_applied_twice", "consumer_out_of_order", "consumer_overlap",
+                     "consumer_fenced_call", "consumer_leaked", "dead_letter_unaccounted", "reset_not_honoured")
+_REDRIVE_SOURCE = "~redrive"  # coordinator.consumer.group.REDRIVE_SOURCE: where a dead letter of a redrive was read
+
+
+@dataclass
+class ConsumerWork:
+    """What the consumer group did, as read at one moment, and what the harness did to it.
+
+    ``messages``: every message of the group's topics (``msg_id``, ``topic``, ``keys``, ``tags``, ``queue_offset``
+    and ``version``, the topic's version that added it). ``effects``: the rows of the group's SQLite ``effects``,
+    ``(msg_id, topic, keys, topic_version, queue_offset)``, in the order they committed. ``dead``: its dead letters
+    (``dead_letter_id``, ``msg_id``); ``actions``: the operators' (``action``, ``dead_letter_id``, ``msg_id``);
+    ``redriven``: the rows of its redrive table (``msg_id``, ``version``). ``calls``: every listener call its
+    processes logged (``pid``, ``start``, ``end``: wall times, ``end`` the process's end for a call it never
+    finished; ``topic``, ``msg_id``, ``keys``, ``version``, ``offset``, ``outcome``). ``pauses``: each pause of a
+    process, the harness's SIGSTOPs and the gaps an instance reported in the proof of its hold (``pid``; it began
+    between ``begin_lo`` and ``begin_hi``, wall times: a call of its process running then may overlap another's;
+    a gap's ``fenced``, from when its record may have been taken for dead to when it renewed it: no call of its
+    process may start then).
+    ``resets``: the operator's resets of the group, in order (``versions``: where each topic was reset to; ``pids``:
+    the processes started after it; ``counted_handled``: what :func:`before_reset` found); ``epochs``: each topic's
+    resets so far, as its records say."""
+
+    messages: list[dict]
+    effects: list[tuple]
+    dead: list[dict]
+    actions: list[dict] = field(default_factory=list)
+    redriven: list[dict] = field(default_factory=list)
+    calls: list[dict] = field(default_factory=list)
+    pauses: list[dict] = field(default_factory=list)
+    resets: list[dict] = field(default_factory=list)
+    epochs: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def last_reset(self) -> Optional[dict]:
+        return self.resets[-1] if self.resets else None
+
+
+def counted_handled(progress: Optional[dict], version: int, offset: int) -> bool:
+    """Whether a share's progress record (the fields of ``coordinator.consumer.group.ShareProgress``: ``version`` and
+    ``offset``, where its next read begins; ``floor``; ``unhandled`` and ``skip``, offsets by version) counts the
+    message at ``version`` and queue ``offset`` as handled: read, and not listed as still to do. ``None``: the share
+    never saved its progress, and counts nothing handled."""
+    if progress is None:
+        return False
+    if offset < progress["floor"] or offset in progress["skip"].get(version, ()):
+        return True
+    return offset not in progress["unhandled"].get(version, ()) and (version, offset) < (progress["version"],
+                                                                                       progress["offset"])
+
+
+def before_reset(messages: list[dict], handled: set[str], progress: dict[tuple[str, int], Optional[dict]],
+                 share_of: Callable[[Optional[str], str], int]) -> list[str]:
+    """At a reset, every instance stopped: the messages neither applied nor a dead letter (not in ``handled``) that
+    their share's ``progress`` (by topic and share; ``share_of(keys, msg_id)``) counts as handled. Each was lost
+    before the reset, which moves past it or delivers it again and hides it: the verdict counts it missed."""
+    return [row["msg_id"] for row in messages if row["msg_id"] not in handled
+            and counted_handled(progress.get((row["topic"], share_of(row["keys"], row["msg_id"]))), row["version"],
+                                row["queue_offset"])]
+
+
+@dataclass(frozen=True)
+class _DeadLetter:
+    """A dead letter's identity, parsed: where it was read (``source``, ``version``, ``offset``) and the epoch."""
+
+    source: str
+    version: int
+    offset: int
+    epoch: int
+
+    @classmethod
+    def parse(cls, dead_letter_id: str, msg_id: str) -> Optional["_DeadLetter"]:
+        """``<source>.<version>.<queue offset>.<msg id>.<epoch>`` (coordinator.consumer.group.dead_letter_id)."""
+        head, dot, tail = dead_letter_id.partition(f".{msg_id}.")
+        parts = head.split(".")
+        if not dot or len(parts) != 3 or not tail.isdigit():
+            return None
+        try:
+            return cls(parts[0], int(parts[1]), int(parts[2]), int(tail))
+        except ValueError:
+            return None
+
+
+def account_consumers(work: ConsumerWork, with_examples: bool = False):
+    """The counts of :data:`CONSUMER_FINDINGS` (and, ``with_examples``, their first examples and what the group's
+    messages came to).
+
+    What a reset and a discard allow: the messages of versions before the last reset of their topic that were not
+    handled when it was made are *reset past* (never delivered again; neither applied nor a dead letter is right),
+    provided the group's progress did not count them handled then (:func:`before_reset`: lost, and hidden);
+    every message from that version on must have been delivered after it, by a process started after it, and be
+    applied, or of the failing kind a dead letter of the topic's current epoch. A dead letter's fate is the
+    operators': open, discarded (closed for good), or redriven, and then each row of the redrive table must be
+    handled again: applied if the fix covers its message, else a dead letter of the redrive table's version."""
+    findings = Findings()
+    messages = {row["msg_id"]: row for row in work.messages}
+    reset_to = (work.last_reset or {}).get("versions", {})
+    applied = Counter(msg_id for msg_id, *_ in work.effects)
+    closed = {row["dead_letter_id"]: row["action"] for row in work.actions if row["action"] in ("REDRIVE", "DISCARD")}
+    redrive_actions = Counter(row["msg_id"] for row in work.actions if row["action"] == "REDRIVE")
+    redrive_versions: dict[str, list[int]] = defaultdict(list)
+    for row in work.redriven:
+        redrive_versions[row["msg_id"]].append(row["version"])
+    dead_of = _dead_letters(findings, work, messages, redrive_versions)
+    _effects(findings, work.effects, messages, redrive_versions)
+    states = Counter()
+    lost = {msg_id for reset in work.resets for msg_id in reset["counted_handled"]}  # counted missed below
+    for msg_id, row in messages.items():
+        state = _fate(row, applied[msg_id], dead_of[msg_id], closed, reset_to.get(row["topic"], 0),
+                      work.epochs.get(row["topic"], 0))
+        if state == "reset past" and msg_id in lost:
+            state = "lost before a reset"
+        if state.startswith("missed"):
+            findings.violation("consumer_missed", f"{row['topic']} {msg_id} ({row['tags']}, version {row['version']}): "
+                                                  f"{state.removeprefix('missed: ')}")
+        states[state if not state.startswith("missed") else "missed"] += 1
+    for msg_id, versions in redrive_versions.items():
+        _redrives_handled(findings, msg_id, versions, redrive_actions[msg_id], applied[msg_id], dead_of[msg_id])
+    for msg_id in set(redrive_actions) - set(redrive_versions):
+        findings.violation("consumer_missed", f"{msg_id}: redriven {redrive_actions[msg_id]} time(s), never in the "
+                                              f"redrive table")
+    for number, reset in enumerate(work.resets):
+        for msg_id in reset["counted_handled"]:
+            findings.violation("consumer_missed", f"{msg_id}: neither applied nor a dead letter at reset {number + 1}, "
+                                                  f"though its share's progress counted it handled")
+    if work.last_reset is not None:
+        _reset_honoured(findings, work.last_reset, messages, work.calls)
+    documented = _overlaps(findings, work.calls, work.pauses)
+    _fenced_calls(findings, work.calls, work.pauses)
+    found = {name: findings.found[name] for name in CONSUMER_FINDINGS}
+    if not with_examples:
+        return found
+    after_reset = set((work.last_reset or {}).get("pids", ()))
+    did = {"applied": sum(applied.values()), "fates": dict(states),
+           "dead_letters": len(work.dead), "dead_letters_open": sum(1 for row in work.dead
+                                                                    if row["dead_letter_id"] not in closed),
+           "skipped_after_reset": sum(1 for call in work.calls if call["pid"] in after_reset
+                                      and call.get("outcome") == "skipped"),
+           "overlaps_across_a_pause": len(documented),
+           "overlaps_past_the_successors_first_call": sum(1 for overlap in documented if overlap["past_first"]),
+           "overlap_examples": [overlap["overlap"] + (" (past the successor's first call of the key)"
+                                                      if overlap["past_first"] else "") for overlap in documented][:EXAMPLES],
+           "keys_in_order": len({(topic, keys) for _, topic, keys, version, _ in work.effects
+                                 if keys is not None and version >= 0})}
+    return found, {name: list(values) for name, values in findings.examples.items() if name in CONSUMER_FINDINGS}, did
+
+
+def _dead_letters(findings: Findings, work: ConsumerWork, messages: dict[str, dict],
+                  redrive_versions: dict[str, list[int]]) -> dict[str, list[tuple[str, _DeadLetter]]]:
+    """Each dead letter accounted for: written once, of a message of the failing kind read where its identity
+    says, in an epoch its topic has had; from the redrive table, of a redrive the fix does not cover. Returns each
+    message's dead letters, with their identities."""
+    dead_of: dict[str, list[tuple[str, _DeadLetter]]] = defaultdict(list)
+    for dead_letter_id, count in Counter(row["dead_letter_id"] for row in work.dead).items():
+        if count > 1:
+            findings.violation("dead_letter_unaccounted", f"dead letter {dead_letter_id} written {count} times")
+    for row in {row["dead_letter_id"]: row for row in work.dead}.values():
+        msg_id, identity = row["msg_id"], _DeadLetter.parse(row["dead_letter_id"], row["msg_id"])
+        message = messages.get(msg_id)
+        if message is None or identity is None or not fails_from_topic(message["tags"]):
+            findings.violation("dead_letter_unaccounted", f"{row['dead_letter_id']}: of "
+                                                          f"{'no message of the topics' if message is None else message['tags']}")
+            continue
+        if identity.source == _REDRIVE_SOURCE:
+            why = ("its message succeeds once redriven" if fixed_by_redrive(msg_id) else None
+                   if identity.version in redrive_versions.get(msg_id, ()) else "no redrive of it in that version")
+        else:
+            why = ("read where its message is not" if (identity.source, identity.version, identity.offset)
+                   != (message["topic"], message["version"], message["queue_offset"])
+                   else f"its topic has had {work.epochs.get(identity.source, 0)} reset(s)"
+                   if identity.epoch > work.epochs.get(identity.source, 0) else None)
+        if why:
+            findings.violation("dead_letter_unaccounted", f"{row['dead_letter_id']}: {why}")
+        dead_of[msg_id].append((row["dead_letter_id"], identity))
+    return dead_of
+
+
+def _effects(findings: Findings, effects: list[tuple], messages: dict[str, dict],
+             redrive_versions: dict[str, list[int]]) -> None:
+    """No effect twice, none of a message the listener fails, none from the redrive table but of a redriven message
+    the fix covers; a key's effects from its topic in the topic's order (its versions, then ``queue_offset``)."""
+    for msg_id, times in Counter(msg_id for msg_id, *_ in effects).items():
+        if times > 1:
+            findings.violation("consumer_applied_twice", f"{msg_id}: applied {times} times")
+    last: dict[tuple, tuple] = {}
+    for msg_id, topic, keys, version, offset in effects:
+        message = messages.get(msg_id)
+        redriven = version == -1
+        if message is None:
+            findings.violation("consumer_leaked", f"{msg_id}: applied, but in no topic")
+        elif fails_from_topic(message["tags"]) and not (redriven and fixed_by_redrive(msg_id)
+                                                         and msg_id in redrive_versions):
+            findings.violation("consumer_leaked", f"{msg_id}: applied {'from the redrive table' if redriven else ''}"
+                                                  f", but of the failing kind ({message['tags']})")
+        elif redriven and not fails_from_topic(message["tags"]):
+            findings.violation("consumer_leaked", f"{msg_id}: applied from the redrive table, never a dead letter")
+        if keys is None or redriven:
+            continue  # no key: a lane of its own; redriven: read from the redrive table, in its own order
+        if (topic, keys) in last and last[topic, keys] >= (version, offset):
+            findings.violation("consumer_out_of_order", f"{topic} key {keys}: {msg_id} at version {version} offset "
+                                                        f"{offset} applied after version {last[topic, keys][0]} offset "
+                                                        f"{last[topic, keys][1]}")
+        last[topic, keys] = max(last.get((topic, keys), (version, offset)), (version, offset))
+
+
+def _fate(message: dict, applied: int, dead: list[tuple[str, _DeadLetter]], closed: dict[str, str], reset_to: int,
+          epoch: int) -> str:
+    """What became of ``message``: applied, a dead letter (open, discarded, redriven), reset past; or ``missed: ...``
+    saying what is wrong (see :func:`account_consumers`)."""
+    if applied:
+        return "applied after a redrive" if fails_from_topic(message["tags"]) else "applied"
+    behind = message["version"] < reset_to
+    if not fails_from_topic(message["tags"]):
+        return "reset past" if behind else "missed: never applied"
+    if not dead:
+        return "reset past" if behind else "missed: no dead letter"
+    if not behind and not any(identity.source == message["topic"] and identity.epoch == epoch for _, identity in dead):
+        return f"missed: no dead letter of epoch {epoch} (after the last reset)"
+    actions = {closed.get(dead_letter_id) for dead_letter_id, _ in dead}
+    if None in actions:
+        return "dead letter"
+    return "discarded" if "DISCARD" in actions else "redriven, not handled again"
+
+
+def _redrives_handled(findings: Findings, msg_id: str, versions: list[int], redrives: int, applied: int,
+                      dead: list[tuple[str, _DeadLetter]]) -> None:
+    """Each redrive of ``msg_id`` appended to the redrive table once, and each of its rows there handled: applied
+    (once, whatever the rows) if the fix covers it, else a dead letter of that version of the redrive table."""
+    if len(versions) > redrives:
+        findings.violation("dead_letter_unaccounted", f"{msg_id}: {len(versions)} rows in the redrive table for "
+                                                      f"{redrives} redrive(s)")
+    elif len(versions) < redrives:
+        findings.violation("consumer_missed", f"{msg_id}: redriven {redrives} times, {len(versions)} row(s) in the "
+                                              f"redrive table")
+    if fixed_by_redrive(msg_id):
+        if not applied:
+            findings.violation("consumer_missed", f"{msg_id}: redriven (the fix covers it), never applied")
+        return
+    again = {identity.version for _, identity in dead if identity.source == _REDRIVE_SOURCE}
+    for version in sorted(set(versions) - again):
+        findings.violation("consumer_missed", f"{msg_id}: redriven in version {version} of the redrive table, "
+                                              f"not a dead letter again")
+
+
+def _reset_honoured(findings: Findings, reset: dict, messages: dict[str, dict], calls: list[dict]) -> None:
+    """After the last reset, its processes delivered every message of each topic from the version it was reset to
+    (applied already or not), and none before it."""
+    after = set(reset["pids"])
+    delivered = {call["msg_id"] for call in calls if call["pid"] in after and call["version"] != -1}
+    for msg_id, message in messages.items():
+        reset_to = reset["versions"].get(message["topic"])
+        if reset_to is None:
+            continue
+        if message["version"] >= reset_to and msg_id not in delivered:
+            findings.violation("reset_not_honoured", f"{message['topic']} {msg_id} at version {message['version']}: "
+                                                     f"not delivered after the reset to version {reset_to}")
+        elif message["version"] < reset_to and msg_id in delivered:
+            findings.violation("reset_not_honoured", f"{message['topic']} {msg_id} at version {message['version']}: "
+                                                     f"delivered after the reset to version {reset_to}")
+
+
+def _overlaps(findings: Findings, calls: list[dict], pauses: list[dict]) -> list[dict]:
+    """Two calls of one key (in one source) overlapping in time: allowed only where the first began before a pause
+    of its process and was still running when it began, and the second, another process's, began after that
+    (coordinator/consumer/membership.py: what may overlap a successor's calls is only a call already running when
+    the pause began). Returns
+    the overlaps so allowed, each saying whether it reached past the successor's first call of the key since the
+    pause began."""
+    lanes: dict[tuple, list[dict]] = defaultdict(list)
+    for call in calls:
+        if call["keys"] is not None:
+            source = _REDRIVE_SOURCE if call["version"] == -1 else call["topic"]
+            lanes[source, call["topic"], call["keys"]].append(call)
+    pauses_of: dict[int, list[dict]] = defaultdict(list)
+    for pause in pauses:
+        pauses_of[pause["pid"]].append(pause)
+    allowed = []
+    for (source, _, keys), lane in lanes.items():
+        lane.sort(key=lambda call: call["start"])
+        running: list[dict] = []
+        for call in lane:
+            running = [earlier for earlier in running if _end(earlier) > call["start"]]
+            for earlier in running:
+                pause = next((pause for pause in pauses_of[earlier["pid"]] if call["pid"] != earlier["pid"]
+                              and earlier["start"] <= pause["begin_hi"] and _end(earlier) >= pause["begin_lo"]
+                              and call["start"] >= pause["begin_lo"]), None)
+                what = (f"{source} key {keys}: {earlier['msg_id']} (pid {earlier['pid']}, {earlier['start']:.3f} to "
+                        f"{_end(earlier):.3f}) and {call['msg_id']} (pid {call['pid']}, from {call['start']:.3f})")
+                if pause is None:
+                    findings.violation("consumer_overlap", f"{what}: the first not running when a pause of its "
+                                                           f"process began, or the second begun before it")
+                    continue
+                first = min((other for other in lane if other["pid"] == call["pid"]
+                             and other["start"] >= pause["begin_lo"]), key=lambda other: other["start"])
+                allowed.append({"overlap": what, "past_first": first is not call})
+            running.append(call)
+    return allowed
+
+
+def _fenced_calls(findings: Findings, calls: list[dict], pauses: list[dict]) -> None:
+    """No call started by a process while its instance was fenced: past a liveness window since it last proved its
+    hold on its shares, before it renewed its record (and then read its claims back)."""
+    for pause in pauses:
+        if "fenced" not in pause:
+            continue
+        since, until = pause["fenced"]
+        for call in calls:
+            if call["pid"] == pause["pid"] and since < call["start"] < until:
+                findings.violation("consumer_fenced_call", f"{call['topic']} {call['msg_id']} called by pid "
+                                                           f"{call['pid']} at {call['start']:.3f}, its instance fenced "
+                                                           f"from {since:.3f} to {until:.3f}")
+
+
+def _end(call: dict) -> float:
+    return call["end"] if call.get("end") is not None else math.inf

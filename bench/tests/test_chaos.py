@@ -27,7 +27,8 @@ RUNS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["local disk", pytest.param("object store", marks=pytest.mark.object_store)])
 def test_the_chaos_run_kills_checker_and_producers_and_breaks_no_invariant(tmp_path, mode):
-    """Every invariant, after checker and producer kills, hostile records and an operator's commits."""
+    """Every invariant, after checker and producer kills, hostile records and an operator's commits; and the consumer
+    group's, after kills, pauses, a reset and dead-letter rounds."""
     if mode == "object store":
         require_s3_server()
     results = tmp_path / "chaos.json"
@@ -41,12 +42,26 @@ def test_the_chaos_run_kills_checker_and_producers_and_breaks_no_invariant(tmp_p
     assert len(report["did"]["checker_kills"]) == report["run"]["options"]["checker_kills"] >= 1
     assert len(report["did"]["producer_kills"]) >= 1
     assert report["did"]["bad_inputs"] and all(bad["reason"] for bad in report["did"]["bad_inputs"])
-    # The consumer group: killed -9 and restarted; every message applied once in order or a dead letter (found: 0).
-    consumers = report["did"]["consumers"]
-    assert len(consumers["consumer_kills"]) == report["run"]["options"]["consumer_kills"] >= 1
+    # The consumer group: killed -9, paused, reset and restarted, its dead letters redriven and discarded; every
+    # message applied once in its key's order, a dead letter, discarded or reset past; no overlap of a key's calls
+    # but across a pause; after the reset, every message from where it went delivered again (found: 0).
+    consumers, options = report["did"]["consumers"], report["run"]["options"]
+    assert len(consumers["consumer_kills"]) == options["consumer_kills"] >= 1
     assert consumers["consumer_processes"] == 2 and consumers["applied"] >= 1 and not consumers["consumer_failures"]
+    # SIGSTOP for 2 and 5 liveness windows, each at least as long as planned; one asked inside a call stopped inside
+    # one; and while one lasted, another process took its shares over (called messages the paused one had called).
+    pauses = consumers["consumer_pauses"]
+    assert len(pauses) == options["consumer_pauses"] >= 2 and {pause["windows"] for pause in pauses} == {2, 5}
+    assert all(pause["stopped_s"] >= pause["planned_s"] - 0.1 for pause in pauses), pauses
+    assert all(pause["calls_running"] for pause in pauses if not pause["aim"].startswith("from outside")), pauses
+    assert any(pause["taken_over"] for pause in pauses), pauses
+    assert len(consumers["consumer_resets"]) == options["consumer_resets"] >= 1
+    assert all(reset["topics"] for reset in consumers["consumer_resets"])  # each topic with a table reset
+    rounds = consumers["dead_letter_rounds"]
+    assert len(rounds) == options["dead_letter_rounds"] >= 1
+    assert all(round_["redriven"] or round_["discarded"] for round_ in rounds if round_["open"]), rounds
     if report["outcomes_by_kind"].get("unknown_then_commit", {}).get("COMMIT"):  # the kind the listener fails
-        assert consumers["dead_letters"] >= 1
+        assert consumers["dead_letters"] >= 1 and any(round_["open"] for round_ in rounds)
     if mode == "local disk":  # every poison refused with its reason, at least one round of each kind
         assert report["did"]["poison_rounds"] >= 1 and all(p["reason"] for p in report["did"]["poisonings"])
         assert {p["what"] for p in report["did"]["poisonings"]} == set(POISONS) | set(INSTANCE_POISONS)
