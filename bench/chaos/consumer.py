@@ -14,9 +14,9 @@ once in a SQLite database the group's instances share, the exactly-once way of
 - the gaps the instance itself reports in its proof of holding its shares (``coordinator.consumer``'s warning
   that it "went N s without proving its hold", after a pause or a stall the harness did not make: a loaded
   machine starves a process too), a ``gap`` line each in the calls log;
-- ``--pause-request``: a file the harness writes to have this process stop itself (SIGSTOP) inside its next call,
-  before the call inserts its record or while it holds its transaction (the file says which), writing a
-  ``pause`` line first; the harness sends SIGCONT.
+- ``--pause-request``: a file the harness writes to have the process that makes the group's next call stop itself
+  (SIGSTOP) inside it, before the call inserts its record or while it holds its transaction (the file says which),
+  writing a ``pause`` line first; the harness sends SIGCONT.
 
 Every message of the kind :data:`FAILING_KIND` (its tag) fails every delivery from its topic: each ends as a dead
 letter. Redriven by an operator, it is applied if :func:`fixed_by_redrive` (the operator fixed what made it
@@ -24,7 +24,7 @@ fail), else it fails again and is a new dead letter. Settings (:data:`SETTINGS`)
 letters and a paused instance's shares moving happen within the run.
 
     python -m bench.chaos.consumer --config chaos.toml --db consumers.db --calls consumer-0.calls \\
-        --pause-request consumer-0.pause
+        --pause-request consumers.pause
 
 Runs until SIGTERM (then closes the consumer, its calls finished and its progress saved, and exits 0).
 """
@@ -197,7 +197,8 @@ def main() -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--db", required=True, help="the group's SQLite database (effects and records)")
     parser.add_argument("--calls", required=True, help="every listener call's start and end appended here")
-    parser.add_argument("--pause-request", required=True, help="a pause inside the next call, when the harness writes it")
+    parser.add_argument("--pause-request", required=True,
+                        help="a pause inside the group's next call, when the harness writes it")
     args = parser.parse_args()
     stop = stopped_by_signals()
     create_effects(args.db)

@@ -4,23 +4,25 @@ while producers send; an operator resetting the group and acting on its dead let
 
 The harness's *events* on the group, one after another, each planned after the group's n-th delivery (n drawn at
 random, counted over every process and run, no two events at the same n) and triggered by it, never by the clock
-(the harness looks every 0.2 s); each waits for a delivery since the last one ended. Nothing is done while a
-process is stopped; a pause asked of a process waits for its next call, the other events going on meanwhile:
+(the harness looks every 0.2 s); a kill or a pause also waits for a delivery since the last event. Nothing is done while a
+process is stopped; a pause asked inside a call waits for the group's next call, the other events but pauses going
+on meanwhile:
 
 - **a kill**: SIGKILL of the process whose deliveries grew last (so while it handles, or just after), restarted at
   once;
-- **a pause**: SIGSTOP of the process whose deliveries grew last, SIGCONT after 2 or 5 times the liveness window
-  (an instance is live while its record is at most ``LIVE_FOR_HEARTBEATS`` heartbeats old): long enough for the
-  other instances to take its shares and deliver its messages again. In turn, the process stops itself inside its
-  next listener call (asked through its ``--pause-request`` file) before the call inserts its record, or while it
-  holds its transaction; or the harness stops it from outside, wherever it is. A call already running then may
+- **a pause**: SIGSTOP of a process, SIGCONT after 2 or 5 times the liveness window (an instance is live while
+  its record is at most ``LIVE_FOR_HEARTBEATS`` heartbeats old): long enough for the other instances to take its
+  shares and deliver its messages again. In turn, the process that makes the group's next listener call stops
+  itself inside it (asked through the ``--pause-request`` file every process looks at), before the call inserts
+  its record, or while it holds its transaction; or the harness stops the process whose deliveries grew last from
+  outside, wherever it is. A call already running then may
   overlap its successor's calls of that key, and only such a call (the verdict's ``consumer_overlap``);
 - **a reset**: the operator stops every process (SIGTERM: a reset is refused while an instance is live), resets
   each topic that has a table with ``reset_consumer_group``, to ``earliest`` or to an ISO time a few seconds back
   (drawn), and starts them again;
 - **a dead-letter round**: the operator redrives some of the open dead letters and discards others
-  (``redrive_dead_letters``, ``discard_dead_letters``), while the group runs; a round that finds none open comes
-  after the next event instead (or, when only such rounds are left, looks again every second).
+  (``redrive_dead_letters``, ``discard_dead_letters``), while the group runs; a round that finds none open looks
+  again a second later, the events after it going on meanwhile.
 
 Once every half is resolved (no message is to come) and the group has caught up, the events still planned (its
 deliveries did not reach them) are made at once, one after another; a dead-letter round with nothing open then is
@@ -89,8 +91,8 @@ class _Event:
 
 @dataclass
 class _Pause:
-    """A pause under way: asked of (``requested``, wall time) or made by the harness (``sent``), seen stopped,
-    resumed."""
+    """A pause under way: asked inside a call (``requested``, wall time) or made by the harness (``sent``), seen
+    stopped (its process, ``consumer``, known from then on), resumed."""
 
     consumer: int
     aim: str
@@ -156,11 +158,12 @@ class Consumers:
         self.db = root / "consumers.db"
         create_effects(str(self.db))
         self.calls_logs = [root / f"consumer-{index}.calls" for index in range(count)]
-        self.pause_requests = [root / f"consumer-{index}.pause" for index in range(count)]
+        self.pause_request = root / "consumers.pause"
         self.children = [support.Job([sys.executable, "-m", "bench.chaos.consumer", "--config", str(config_path),
-                                      "--db", str(self.db), "--calls", str(calls), "--pause-request", str(request)],
+                                      "--db", str(self.db), "--calls", str(calls),
+                                      "--pause-request", str(self.pause_request)],
                                      root / f"consumer-{index}.log", env=support.child_environment(os.environ))
-                         for index, (calls, request) in enumerate(zip(self.calls_logs, self.pause_requests))]
+                         for index, calls in enumerate(self.calls_logs)]
         self.events = _plan(count, kills, pauses, resets, dead_letter_rounds, spread, rng)
         self.kills: list[dict] = []
         self.pauses: list[dict] = []
@@ -173,7 +176,7 @@ class Consumers:
         self._log = _Calls(starts=[0] * count, read_to=[0] * count)
         self._grew_at = [0.0] * count
         self._next_look = 0.0
-        self._not_before = 0.0  # a dead-letter round that found none open looks again then (time.monotonic())
+        self._rounds_not_before = 0.0  # a dead-letter round that found none open looks again then (time.monotonic())
         self._at_last_event = 0  # the group's deliveries when the last event ended: the next waits for one more
         self._topics = {topic: _Versions(lakehouse, f"topics/{topic}") for topic in TOPICS}
         self._redrive = _Versions(lakehouse, f"{lakehouse.consumer_dir(GROUP)}/redrive")
@@ -196,13 +199,18 @@ class Consumers:
         delivered = sum(self._read_calls())
         if self._pause is not None and self._go_on_pausing(settled):
             return  # a process stopped: nothing else meanwhile
-        if not self.events or time.monotonic() < self._not_before or (self.events[0].kind == PAUSE
-                                                                      and self._pause is not None):
-            return  # one pause at a time
-        due = delivered >= self.events[0].after and delivered > self._at_last_event
+        # One pause at a time (while one asked inside a call waits for it, the next event but a pause); a dead-letter
+        # round that found none open is looked at again a second later, the events after it going on meanwhile.
+        now = time.monotonic()
+        event = next((event for event in self.events if not (event.kind == PAUSE and self._pause is not None)
+                      and not (event.kind == DEAD_LETTERS and now < self._rounds_not_before)), None)
+        if event is None:
+            return
+        # A kill or a pause lands while the group handles: after a delivery since the last event.
+        due = delivered >= event.after and (delivered > self._at_last_event or event.kind in (RESET, DEAD_LETTERS))
         idle = settled and self._idle()  # a dead-letter round due, with none open, is then recorded as such
         if due or idle:
-            self._make(self.events[0], idle)
+            self._make(event, idle)
 
     @property
     def events_left(self) -> int:
@@ -232,11 +240,10 @@ class Consumers:
         """SIGTERM every process (each closes its consumer and exits 0), a paused one resumed first; their exit
         codes by name."""
         pause = self._pause
-        if pause is not None and pause.stopped_seen is None and not _withdraw(self.pause_requests[pause.consumer]):
+        if pause is not None and pause.stopped_seen is None and not _withdraw(self.pause_request):
             # A call took the request as the run ended: it stops its process at once.
-            pid = self.children[pause.consumer].pid
-            support.wait_until(lambda: _stopped(pid), 30, f"consumer-{pause.consumer} stopped", poll_s=0.001)
-            pause.pid, pause.stopped_seen = pid, time.time()
+            support.wait_until(lambda: self._seen_stopped(pause), 30, "the process asked to pause stopped",
+                               poll_s=0.001)
         if pause is not None and pause.stopped_seen is not None:
             self._resume()
         codes = self._stop_all()
@@ -271,28 +278,25 @@ class Consumers:
 
     def _make(self, event: _Event, idle: bool) -> None:
         if event.kind == DEAD_LETTERS and not self._dead_letter_round(event, idle):
-            # None open yet: looked at again after the next event, which it does not hold up.
-            self.events.insert(1, self.events.pop(0))
-            return
-        asked = self._pause if self._pause is not None and self._pause.stopped_seen is None else None
-        if event.kind == RESET and asked is not None and not _withdraw(self.pause_requests[asked.consumer]):
-            return  # a call just took the pause asked for: its process stops, then the reset is made
-        self.events.pop(0)
-        restarted = None
+            return  # none open yet
+        # A kill or a reset while a pause asked inside a call waits: the request is withdrawn for the time of it (a
+        # process killed or stopped just after taking it would never pause), or, already taken, the event waits.
+        asked = self._pause is not None and event.kind in (KILL, RESET)
+        if asked and not _withdraw(self.pause_request):
+            return  # its process stops: seen at the next look, then this event is made
+        self.events.remove(event)
         if event.kind == KILL:
-            restarted = self._kill(self._busiest(), sum(self._log.starts))
+            self._kill(self._busiest(), sum(self._log.starts))
         elif event.kind == PAUSE:
             self._begin_pause(event)
         elif event.kind == RESET:
             self._reset()
-            restarted = asked.consumer if asked is not None else None
-        if asked is not None and restarted == asked.consumer and not self.pause_requests[restarted].exists():
-            # Withdrawn for the reset, or taken by a call the kill cut short: asked of the process started again.
-            write_atomically(self.pause_requests[restarted], asked.aim)
+        if asked:
+            write_atomically(self.pause_request, self._pause.aim)
         self._at_last_event = sum(self._read_calls())
 
-    def _kill(self, index: int, delivered: int) -> int:
-        """Kill -9 process ``index`` and start it again; ``index``."""
+    def _kill(self, index: int, delivered: int) -> None:
+        """Kill -9 process ``index`` and start it again."""
         child = self.children[index]
         at = time.time()
         child.kill()
@@ -301,34 +305,28 @@ class Consumers:
                            "after_start_s": round(time.monotonic() - child.started_at, 1)})
         self._start(index)
         self.restarts += 1
-        return index
 
     def _begin_pause(self, event: _Event) -> None:
         aim, windows = PAUSES[event.number % len(PAUSES)]
-        index = self._busiest()
-        pause = self._pause = _Pause(index, aim, windows, windows * LIVENESS_WINDOW_S)
-        print(f"  consumer-{index}: pause {aim} for {pause.planned_s:g} s, after {sum(self._log.starts)} deliveries",
-              flush=True)
+        pause = self._pause = _Pause(-1, aim, windows, windows * LIVENESS_WINDOW_S)
+        print(f"  pause {aim} for {pause.planned_s:g} s, after {sum(self._log.starts)} deliveries", flush=True)
         if aim == FROM_OUTSIDE:
             self._stop_from_outside(pause)
         else:
             pause.requested = time.time()
-            write_atomically(self.pause_requests[index], aim)
+            write_atomically(self.pause_request, aim)
 
     def _go_on_pausing(self, settled: bool) -> bool:
         """The pause under way: once its process is seen stopped, resumed when its time is up; whether its process
-        is stopped now. While a pause asked of a process waits for its next call, the other events go on (a reset
-        brings calls); once only pauses are left and the group has caught up, no call comes: it is made from
-        outside."""
+        is stopped now. While a pause asked inside a call waits for the group's next call, the other events but
+        pauses go on (a reset brings calls); once only pauses are left and the group has caught up, no call comes:
+        it is made from outside."""
         pause = self._pause
         if pause.stopped_seen is None:
-            child = self.children[pause.consumer]
-            if _stopped(child.pid):
-                pause.pid, pause.stopped_seen = child.pid, time.time()
-                pause.resume_at = time.monotonic() + pause.planned_s
+            if self._seen_stopped(pause):
                 return True
             if (settled and all(event.kind == PAUSE for event in self.events) and self._idle()
-                    and _withdraw(self.pause_requests[pause.consumer])):
+                    and _withdraw(self.pause_request)):
                 pause.aim = f"{FROM_OUTSIDE} (asked {pause.aim}, no call came)"
                 self._stop_from_outside(pause)
                 return True
@@ -338,7 +336,17 @@ class Consumers:
             return False
         return True
 
+    def _seen_stopped(self, pause: _Pause) -> bool:
+        """Whether a process stopped itself as ``pause`` asked (then it is the pause's)."""
+        index = next((index for index, child in enumerate(self.children) if _stopped(child.pid)), None)
+        if index is None:
+            return False
+        pause.consumer, pause.pid, pause.stopped_seen = index, self.children[index].pid, time.time()
+        pause.resume_at = time.monotonic() + pause.planned_s
+        return True
+
     def _stop_from_outside(self, pause: _Pause) -> None:
+        pause.consumer = self._busiest()
         child = self.children[pause.consumer]
         pause.pid, pause.sent = child.pid, time.time()
         os.killpg(child.pid, signal.SIGSTOP)
@@ -393,8 +401,7 @@ class Consumers:
         found = _retrying(lambda: open_dead_letters(self.config, GROUP), "listing the open dead letters")
         messages = sorted({row["msg_id"] for row in found})
         if not messages and not idle:
-            if all(other.kind == DEAD_LETTERS for other in self.events):
-                self._not_before = time.monotonic() + _LOOK_S
+            self._rounds_not_before = time.monotonic() + _LOOK_S
             return False
         self.rng.shuffle(messages)
         chosen: dict[str, list[str]] = {"redrive": [], "discard": [], "leave open": []}
@@ -605,7 +612,7 @@ def _stopped(pid: int) -> bool:
 
 
 def _withdraw(request: Path) -> bool:
-    """Take back a pause asked of a process; ``False`` if a call of it took it first."""
+    """Take back a pause asked inside the group's next call; ``False`` if a call took it first."""
     try:
         request.unlink()
         return True

@@ -29,7 +29,8 @@ def print_report(report: dict) -> None:
              ("discarded, then committed by an operator (COMMITs accepted / refused as too late)",
               f"{did['operator_recoveries']} ({did['operator_commits_sent']} / {did['operator_commits_refused']})"),
              *_consumer_rows(did.get("consumers") or {}),
-             ("settled", did["settled"]),
+             ("settled (every half resolved, then the consumer group caught up: s after the start)",
+              f"{did['settled']} ({did.get('halves_resolved_s')}, {did.get('consumers_caught_up_s')})"),
              ("duration (s)", did["duration_s"])]
     if did["storage_faults"] is not None:
         faults = did["storage_faults"]

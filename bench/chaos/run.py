@@ -75,6 +75,9 @@ class Activity:
     operator_commits_sent: int = 0
     operator_commits_refused: int = 0
     settled: bool = False
+    #: Seconds from the start until every half was resolved, and until the consumer group had caught up after that.
+    halves_resolved_s: Optional[float] = None
+    consumers_caught_up_s: Optional[float] = None
     duration_s: float = 0.0
     #: --storage-faults: the proxy's counts when the faults stopped (requests, forwarded, injected by kind).
     storage_faults: Optional[dict] = None
@@ -151,7 +154,11 @@ class Run:
             if self.faults is not None:  # the storage heals: everything must go on, with no restart
                 self.faults.disable()
                 self.activity.storage_faults = self.faults.counts() | {"seen_in_logs": self._storage_log_lines()}
-            self.activity.settled = self._settle(deadline) and self.consumers.wait_caught_up(deadline)
+            if self._settle(deadline):
+                self.activity.halves_resolved_s = round(time.monotonic() - started, 1)
+                self.activity.settled = self.consumers.wait_caught_up(deadline)
+                self.activity.consumers_caught_up_s = round(time.monotonic() - started, 1) if self.activity.settled \
+                    else None
         finally:
             stop_codes = self._stop_all()
         self.activity.duration_s = round(time.monotonic() - started, 1)
