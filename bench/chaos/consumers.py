@@ -372,8 +372,9 @@ class Consumers:
                           for index, code in codes.items() if code != 0]
         messages, effects, dead = self._handled_before_reset()
         progress = _retrying(self._progress, "reading the shares' progress")
+        since = {topic["topic"]: topic["version"] for topic in self.resets[-1]["topics"]} if self.resets else {}
         lost = before_reset(messages, set(effects) | set(dead), progress,
-                            lambda keys, msg_id: share_of(keys, msg_id, SHARES))
+                            lambda keys, msg_id: share_of(keys, msg_id, SHARES), since)
         topics = []
         for topic in TOPICS:
             if self._topics[topic].read_to < 0:
@@ -506,7 +507,7 @@ class Consumers:
         dead = table_rows(self.lakehouse, f"{directory}/dead_letters", ["dead_letter_id", "msg_id"])
         actions = table_rows(self.lakehouse, f"{directory}/operator_actions", ["action", "dead_letter_id", "msg_id"])
         with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=60) as db:
-            effects = db.execute("SELECT msg_id, topic, keys, topic_version, queue_offset FROM effects "
+            effects = db.execute("SELECT msg_id, topic, keys, topic_version, queue_offset, pid FROM effects "
                                  "ORDER BY rowid").fetchall()
         ended = {incarnation.pid: incarnation.ended for incarnation in self.incarnations}
         calls = [call | {"end": call["end"] if call["end"] is not None else ended.get(call["pid"]) if final else None}

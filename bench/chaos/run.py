@@ -165,7 +165,8 @@ class Run:
         return self._report(stop_codes)
 
     def _chaos(self, checker_kill_after: list[float], blind_injection_at: float, deadline: float) -> None:
-        """Kill, restart and inject until every planned kill is done and every producer has sent its plan.
+        """Kill, restart and inject until every planned checker and producer kill is done and every producer has
+        sent its plan (the consumer group's events go on after, each when its deliveries reach it).
 
         What the checkers did is read where operators read it: who holds the lease (and who stands by) from
         the lease, the batches finished from ``system/metrics``. One checker holds the lease at a time, so the

@@ -333,7 +333,7 @@ class ConsumerWork:
 
     ``messages``: every message of the group's topics (``msg_id``, ``topic``, ``keys``, ``tags``, ``queue_offset``
     and ``version``, the topic's version that added it). ``effects``: the rows of the group's SQLite ``effects``,
-    ``(msg_id, topic, keys, topic_version, queue_offset)``, in the order they committed. ``dead``: its dead letters
+    ``(msg_id, topic, keys, topic_version, queue_offset, pid)``, in the order they committed. ``dead``: its dead letters
     (``dead_letter_id``, ``msg_id``); ``actions``: the operators' (``action``, ``dead_letter_id``, ``msg_id``);
     ``redriven``: the rows of its redrive table (``msg_id``, ``version``). ``calls``: every listener call its
     processes logged (``pid``, ``start``, ``end``: wall times, ``end`` the process's end for a call it never
@@ -375,11 +375,13 @@ def counted_handled(progress: Optional[dict], version: int, offset: int) -> bool
 
 
 def before_reset(messages: list[dict], handled: set[str], progress: dict[tuple[str, int], Optional[dict]],
-                 share_of: Callable[[Optional[str], str], int]) -> list[str]:
+                 share_of: Callable[[Optional[str], str], int], since: dict[str, int]) -> list[str]:
     """At a reset, every instance stopped: the messages neither applied nor a dead letter (not in ``handled``) that
     their share's ``progress`` (by topic and share; ``share_of(keys, msg_id)``) counts as handled. Each was lost
-    before the reset, which moves past it or delivers it again and hides it: the verdict counts it missed."""
+    before the reset, which moves past it or delivers it again and hides it: the verdict counts it missed. Those of
+    versions before ``since`` (by topic: where the previous reset went) are left out: that reset moved past them."""
     return [row["msg_id"] for row in messages if row["msg_id"] not in handled
+            and row["version"] >= since.get(row["topic"], 0)
             and counted_handled(progress.get((row["topic"], share_of(row["keys"], row["msg_id"]))), row["version"],
                                 row["queue_offset"])]
 
@@ -427,7 +429,7 @@ def account_consumers(work: ConsumerWork, with_examples: bool = False):
     for row in work.redriven:
         redrive_versions[row["msg_id"]].append(row["version"])
     dead_of = _dead_letters(findings, work, messages, redrive_versions)
-    _effects(findings, work.effects, messages, redrive_versions)
+    _effects(findings, work.effects, messages, redrive_versions, work.resets)
     states = Counter()
     lost = {msg_id for reset in work.resets for msg_id in reset["counted_handled"]}  # counted missed below
     for msg_id, row in messages.items():
@@ -465,7 +467,7 @@ def account_consumers(work: ConsumerWork, with_examples: bool = False):
            "overlaps_past_the_successors_first_call": sum(1 for overlap in documented if overlap["past_first"]),
            "overlap_examples": [overlap["overlap"] + (" (past the successor's first call of the key)"
                                                       if overlap["past_first"] else "") for overlap in documented][:EXAMPLES],
-           "keys_in_order": len({(topic, keys) for _, topic, keys, version, _ in work.effects
+           "keys_in_order": len({(topic, keys) for _, topic, keys, version, *_ in work.effects
                                  if keys is not None and version >= 0})}
     return found, {name: list(values) for name, values in findings.examples.items() if name in CONSUMER_FINDINGS}, did
 
@@ -501,14 +503,15 @@ def _dead_letters(findings: Findings, work: ConsumerWork, messages: dict[str, di
 
 
 def _effects(findings: Findings, effects: list[tuple], messages: dict[str, dict],
-             redrive_versions: dict[str, list[int]]) -> None:
+             redrive_versions: dict[str, list[int]], resets: list[dict]) -> None:
     """No effect twice, none of a message the listener fails, none from the redrive table but of a redriven message
-    the fix covers; a key's effects from its topic in the topic's order (its versions, then ``queue_offset``)."""
+    the fix covers; a key's effects from its topic in the topic's order (its versions, then ``queue_offset``), between
+    two resets (a reset to an earlier version delivers again what the group had not handled, after what it had)."""
     for msg_id, times in Counter(msg_id for msg_id, *_ in effects).items():
         if times > 1:
             findings.violation("consumer_applied_twice", f"{msg_id}: applied {times} times")
     last: dict[tuple, tuple] = {}
-    for msg_id, topic, keys, version, offset in effects:
+    for msg_id, topic, keys, version, offset, pid in effects:
         message = messages.get(msg_id)
         redriven = version == -1
         if message is None:
@@ -521,11 +524,12 @@ def _effects(findings: Findings, effects: list[tuple], messages: dict[str, dict]
             findings.violation("consumer_leaked", f"{msg_id}: applied from the redrive table, never a dead letter")
         if keys is None or redriven:
             continue  # no key: a lane of its own; redriven: read from the redrive table, in its own order
-        if (topic, keys) in last and last[topic, keys] >= (version, offset):
+        lane = (sum(1 for reset in resets if pid in reset["pids"]), topic, keys)  # the resets before its process
+        if lane in last and last[lane] >= (version, offset):
             findings.violation("consumer_out_of_order", f"{topic} key {keys}: {msg_id} at version {version} offset "
-                                                        f"{offset} applied after version {last[topic, keys][0]} offset "
-                                                        f"{last[topic, keys][1]}")
-        last[topic, keys] = max(last.get((topic, keys), (version, offset)), (version, offset))
+                                                        f"{offset} applied after version {last[lane][0]} offset "
+                                                        f"{last[lane][1]}")
+        last[lane] = max(last.get(lane, (version, offset)), (version, offset))
 
 
 def _fate(message: dict, applied: int, dead: list[tuple[str, _DeadLetter]], closed: dict[str, str], reset_to: int,
@@ -586,7 +590,8 @@ def _reset_honoured(findings: Findings, reset: dict, messages: dict[str, dict], 
 
 def _overlaps(findings: Findings, calls: list[dict], pauses: list[dict]) -> list[dict]:
     """Two calls of one key (in one source) overlapping in time: allowed only where the first began before a pause
-    of its process and was still running when it began, and the second, another process's, began after that
+    of its process and was still running when it began, and the second began after that: another process's, or
+    its own once the pause was over (it lost the share, and holds it again: a successor too)
     (coordinator/consumer/membership.py: what may overlap a successor's calls is only a call already running when
     the pause began). Returns
     the overlaps so allowed, each saying whether it reached past the successor's first call of the key since the
@@ -606,9 +611,10 @@ def _overlaps(findings: Findings, calls: list[dict], pauses: list[dict]) -> list
         for call in lane:
             running = [earlier for earlier in running if _end(earlier) > call["start"]]
             for earlier in running:
-                pause = next((pause for pause in pauses_of[earlier["pid"]] if call["pid"] != earlier["pid"]
-                              and earlier["start"] <= pause["begin_hi"] and _end(earlier) >= pause["begin_lo"]
-                              and call["start"] >= pause["begin_lo"]), None)
+                pause = next((pause for pause in pauses_of[earlier["pid"]]
+                              if earlier["start"] <= pause["begin_hi"] and _end(earlier) >= pause["begin_lo"]
+                              and call["start"] >= (pause["begin_lo"] if call["pid"] != earlier["pid"]
+                                                    else pause["resumed"])), None)
                 what = (f"{source} key {keys}: {earlier['msg_id']} (pid {earlier['pid']}, {earlier['start']:.3f} to "
                         f"{_end(earlier):.3f}) and {call['msg_id']} (pid {call['pid']}, from {call['start']:.3f})")
                 if pause is None:

@@ -138,13 +138,13 @@ def test_the_consumer_groups_verdict_finds_each_violation_and_none_where_it_kept
     """Missed, applied twice, out of a key's order, leaked, unaccounted dead letters."""
     topics = [message(f"m{n}", 4, offset=10 + n) for n in range(2)] + [message("m2", 5, offset=3)]
     topics.append(message("bad", 6, tags="unknown_then_commit"))
-    effects = [("m0", "CHAOS_ORDERS", "customer-1", 4, 10), ("m1", "CHAOS_ORDERS", "customer-1", 4, 11),
-               ("m2", "CHAOS_ORDERS", "customer-1", 5, 3)]  # version 5 after 4: in order, its offset lower
+    effects = [("m0", "CHAOS_ORDERS", "customer-1", 4, 10, 1), ("m1", "CHAOS_ORDERS", "customer-1", 4, 11, 1),
+               ("m2", "CHAOS_ORDERS", "customer-1", 5, 3, 1)]  # version 5 after 4: in order, its offset lower
     kept = account_consumers(ConsumerWork(topics, effects, [dead(topics[3])]))
     assert set(kept.values()) == {0}
     broken = account_consumers(ConsumerWork(topics, [effects[1], effects[0], effects[1],
-                                                     ("bad", "CHAOS_ORDERS", "customer-1", 6, 60),
-                                                     ("x", "CHAOS_ORDERS", None, 6, 2)],
+                                                     ("bad", "CHAOS_ORDERS", "customer-1", 6, 60, 1),
+                                                     ("x", "CHAOS_ORDERS", None, 6, 2, 1)],
                                             [dead(topics[2]), dead(topics[2]), dead(topics[3], epoch=1)]))
     assert broken == {"consumer_missed": 1,  # m2 never applied
                       "consumer_applied_twice": 1, "consumer_out_of_order": 2,  # m0 after m1, m1 again after m0
@@ -154,12 +154,21 @@ def test_the_consumer_groups_verdict_finds_each_violation_and_none_where_it_kept
                       "reset_not_honoured": 0}
 
 
+def test_a_keys_effects_are_in_the_topics_order_between_two_resets():
+    """A reset to an earlier version delivers again what the group had not handled: after what it had handled."""
+    effects = [("m20", "CHAOS_ORDERS", "customer-1", 20, 200, 1), ("m0", "CHAOS_ORDERS", "customer-1", 0, 5, 1)]
+    assert account_consumers(ConsumerWork([], effects, []))["consumer_out_of_order"] == 1
+    reset = {"versions": {"CHAOS_ORDERS": 0}, "pids": [2], "counted_handled": []}
+    effects[1] = ("m0", "CHAOS_ORDERS", "customer-1", 0, 5, 2)  # applied by a process started after the reset
+    assert account_consumers(ConsumerWork([], effects, [], resets=[reset]))["consumer_out_of_order"] == 0
+
+
 def test_a_reset_allows_what_it_moved_past_and_demands_what_it_went_back_to():
     """Reset to version 5, epoch 1: m4 (version 4) never handled is reset past; m5 applied before the reset must be
     delivered after it (skipped); the failing kind's message at version 6 needs a dead letter of epoch 1."""
     topics = [message("m4", 4), message("m5", 5), message("bad", 6, tags="unknown_then_commit")]
     reset = {"versions": {"CHAOS_ORDERS": 5}, "pids": [20], "counted_handled": []}
-    effects = [("m5", "CHAOS_ORDERS", "customer-1", 5, 50)]
+    effects = [("m5", "CHAOS_ORDERS", "customer-1", 5, 50, 1)]
     after = [call("m5", 20, 10.0, 10.1, version=5, outcome="skipped"), call("bad", 20, 10.2, 10.3, version=6)]
     work = ConsumerWork(topics, effects, [dead(topics[2], epoch=0), dead(topics[2], epoch=1)], calls=after,
                         resets=[reset], epochs={"CHAOS_ORDERS": 1})
@@ -185,9 +194,11 @@ def test_a_message_its_shares_progress_counts_handled_must_be_applied_or_a_dead_
 
     topics = [message("m3", 3, offset=30), message("m4", 3, offset=31), message("m5", 5, offset=50)]
     lost = before_reset(topics, handled={"m5"}, progress={("CHAOS_ORDERS", 0): progress},
-                        share_of=lambda keys, msg_id: 0)
+                        share_of=lambda keys, msg_id: 0, since={})
     assert lost == ["m4"]  # m3 listed as unhandled: the reset may move past it; m5 applied
-    work = ConsumerWork(topics, [("m5", "CHAOS_ORDERS", "customer-1", 5, 50)], [],
+    # m4 before where a previous reset went: that reset moved past it (its progress starts there)
+    assert before_reset(topics, {"m5"}, {("CHAOS_ORDERS", 0): progress}, lambda keys, msg_id: 0, {"CHAOS_ORDERS": 4}) == []
+    work = ConsumerWork(topics, [("m5", "CHAOS_ORDERS", "customer-1", 5, 50, 1)], [],
                         resets=[{"versions": {"CHAOS_ORDERS": 6}, "pids": [], "counted_handled": lost}],
                         epochs={"CHAOS_ORDERS": 1})
     found, examples, did = account_consumers(work, with_examples=True)
@@ -203,7 +214,7 @@ def test_dead_letters_discarded_or_redriven_are_accounted_for_and_a_redrive_must
                {"action": "DISCARD", **letters[2]}]
     redriven = [{"msg_id": FIXED, "version": 0}, {"msg_id": NOT_FIXED, "version": 0}]
     again = {"dead_letter_id": f"~redrive.0.50.{NOT_FIXED}.0", "msg_id": NOT_FIXED}
-    applied = [(FIXED, "CHAOS_ORDERS", "customer-1", -1, 40)]
+    applied = [(FIXED, "CHAOS_ORDERS", "customer-1", -1, 40, 1)]
     found, _, did = account_consumers(ConsumerWork([fixed, not_fixed, kept], applied, letters + [again], actions,
                                                    redriven), with_examples=True)
     assert set(found.values()) == {0}
@@ -225,10 +236,13 @@ def test_only_a_call_running_when_its_process_was_paused_may_overlap_another_pro
                                       with_examples=True)
     assert found["consumer_overlap"] == 0 and did["overlaps_across_a_pause"] == 2
     assert did["overlaps_past_the_successors_first_call"] == 1  # m2, after the successor's m1
+    # Its own process, after the pause: it lost the share and holds it again, a successor too.
+    again = call("m1", 1, 15.1, 15.2, outcome="skipped")
+    assert account_consumers(ConsumerWork([], [], [], calls=[across, again], pauses=[pause]))["consumer_overlap"] == 0
 
     for calls in ([call("m1", 1, 5.5, 15.5), successor[0]],  # began after the pause began
                   [across, call("m1", 2, 4.5, 4.6)],  # the other began before the pause
-                  [across, call("m2", 1, 15.2, 15.3, version=2)],  # its own process, after the pause
+                  [across, call("m2", 1, 14.0, 14.1, version=2)],  # its own process, before the pause ended
                   [call("m1", 3, 4.0, 9.0), successor[0]]):  # a process never paused
         assert account_consumers(ConsumerWork([], [], [], calls=calls, pauses=[pause]))["consumer_overlap"] == 1, calls
 
