@@ -43,7 +43,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.chaos.producer import AUDIT_TOPIC, KIND_UNKNOWN_COMMIT, ORDER_TOPIC, stopped_by_signals
+from bench.chaos.producer import AUDIT_TOPIC, KIND_UNKNOWN_COMMIT, ORDER_TOPIC, stopped_by_signals, wait_for_signal
 from coordinator import CoordinatorConfig, TopicConsumer
 from coordinator.consumer.exactly_once import TransactionalListener
 
@@ -207,7 +207,7 @@ def main() -> int:
     logging.getLogger("coordinator.consumer").addHandler(Gaps(calls))
     listener = Effects(args.db, calls, Path(args.pause_request))
     with TopicConsumer(GROUP, list(TOPICS), listener, config):
-        stop.wait()
+        wait_for_signal(stop)
     listener.close()
     return 0
 

@@ -59,6 +59,8 @@ KINDS = (KIND_COMMIT, KIND_ROLLBACK, KIND_UNKNOWN_COMMIT, KIND_UNKNOWN_ROLLBACK,
 
 #: How long a connection waits for another's lock: the harness's threads and processes share one database.
 _LOCK_TIMEOUT_S = 60
+#: A chaos process's main thread, waiting for SIGTERM, wakes this often (:func:`wait_for_signal`).
+_WAKE_S = 0.5
 
 ORDER_TOPIC = "CHAOS_ORDERS"
 AUDIT_TOPIC = "CHAOS_AUDIT"
@@ -291,6 +293,14 @@ def stopped_by_signals() -> threading.Event:
     return stop
 
 
+def wait_for_signal(stop: threading.Event) -> None:
+    """In the main thread, until SIGTERM or SIGINT set ``stop``. Woken every :data:`_WAKE_S`: Python runs a signal's
+    handler in the main thread, once that thread runs Python code again, and the kernel may hand the signal to
+    another thread (a SIGTERM right after a SIGCONT, say), which leaves a wait with no timeout asleep for good."""
+    while not stop.wait(_WAKE_S):
+        pass
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
@@ -312,7 +322,7 @@ def main() -> int:
         send_plan(producer, store, plan, args.start_at, args.send_seconds, stop, args.hold_after)
         if not stop.is_set():
             Path(args.done_file).touch()
-        stop.wait()  # keep answering check-backs
+        wait_for_signal(stop)  # keep answering check-backs
     return 0
 
 
