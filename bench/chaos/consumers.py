@@ -19,7 +19,7 @@ on meanwhile:
   overlap its successor's calls of that key, and only such a call (the verdict's ``consumer_overlap``);
 - **a reset**: the operator stops every process (SIGTERM: a reset is refused while an instance is live), resets
   each topic that has a table with ``reset_consumer_group``, to ``earliest`` or to an ISO time a few seconds back
-  (drawn), and starts them again;
+  (drawn, unless ``--reset-to`` says which), and starts them again;
 - **a dead-letter round**: the operator redrives some of the open dead letters and discards others
   (``redrive_dead_letters``, ``discard_dead_letters``), while the group runs; a round that finds none open looks
   again a second later, the events after it going on meanwhile.
@@ -50,6 +50,7 @@ import support
 from bench.chaos.actors import table_rows
 from bench.chaos.consumer import (BEFORE_RECORD, GROUP, HOLDING_TRANSACTION, SETTINGS, SHARES, TOPICS, create_effects,
                                   fails_from_topic, write_atomically)
+from bench.chaos.options import RESET_BACK_S, Options
 from bench.chaos.verify import CONSUMER_FINDINGS, ConsumerWork, account_consumers, before_reset
 from coordinator.config import CoordinatorConfig
 from coordinator.consumer.group import ConsumerGroup, share_of
@@ -73,8 +74,6 @@ PAUSES = ((BEFORE_RECORD, 5), (HOLDING_TRANSACTION, 2), (FROM_OUTSIDE, 2), (BEFO
           (HOLDING_TRANSACTION, 5), (FROM_OUTSIDE, 5))
 #: The actions of a dead-letter round on its open dead letters' messages (shuffled), in turn from the round's number.
 _ROUND_ACTIONS = ("redrive", "discard", "redrive", "leave open")
-#: A reset to an ISO time goes back this many seconds at most.
-_RESET_BACK_S = 10.0
 #: How often the group's progress (and, for a postponed round, its dead letters) is read while waiting.
 _LOOK_S = 1.0
 _OPERATOR = "chaos-operator"
@@ -146,14 +145,15 @@ class _Versions:
 
 
 class Consumers:
-    """``count`` processes of the chaos consumer group, sharing one SQLite database in ``root``, and the events the
-    harness makes on them (``kills``, ``pauses``, ``resets``, ``dead_letter_rounds``), planned after deliveries drawn
-    from 1 to ``spread``."""
+    """The run's ``options.consumers`` processes of the chaos consumer group, sharing one SQLite database in ``root``,
+    and the events the harness makes on them (``options.consumer_kills``, ``consumer_pauses``, ``consumer_resets``,
+    ``dead_letter_rounds``), planned after deliveries drawn from 1 to :func:`events_spread`."""
 
-    def __init__(self, root: Path, config_path: Path, config: CoordinatorConfig, lakehouse: Lakehouse, count: int,
-                 kills: int, pauses: int, resets: int, dead_letter_rounds: int, spread: int,
-                 rng: random.Random) -> None:
+    def __init__(self, root: Path, config_path: Path, config: CoordinatorConfig, lakehouse: Lakehouse,
+                 options: Options, rng: random.Random) -> None:
         self.config, self.lakehouse, self.rng = config, lakehouse, rng
+        self.reset_to = options.reset_to
+        count = options.consumers
         ConsumerGroup(lakehouse, GROUP).write_grant(TOPICS, SHARES, _OPERATOR)
         self.db = root / "consumers.db"
         create_effects(str(self.db))
@@ -164,7 +164,8 @@ class Consumers:
                                       "--pause-request", str(self.pause_request)],
                                      root / f"consumer-{index}.log", env=support.child_environment(os.environ))
                          for index, calls in enumerate(self.calls_logs)]
-        self.events = _plan(count, kills, pauses, resets, dead_letter_rounds, spread, rng)
+        self.events = _plan(count, options.consumer_kills, options.consumer_pauses, options.consumer_resets,
+                            options.dead_letter_rounds, events_spread(options.transactions), rng)
         self.kills: list[dict] = []
         self.pauses: list[dict] = []
         self.resets: list[dict] = []
@@ -379,8 +380,9 @@ class Consumers:
         for topic in TOPICS:
             if self._topics[topic].read_to < 0:
                 continue  # no table yet (read just now): nothing to reset
-            back = round(self.rng.uniform(0, _RESET_BACK_S), 1)
-            to = "earliest" if self.rng.random() < 0.5 else \
+            back = round(self.rng.uniform(0, RESET_BACK_S), 1)
+            drawn = "earliest" if self.rng.random() < 0.5 else "back"
+            to = "earliest" if (self.reset_to if self.reset_to != "drawn" else drawn) == "earliest" else \
                 dt.datetime.fromtimestamp(time.time() - back, dt.timezone.utc).isoformat(timespec="milliseconds")
             version = _retrying(lambda: reset_consumer_group(self.config, GROUP, topic, to, operator=_OPERATOR),
                                 f"resetting {topic}")

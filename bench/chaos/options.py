@@ -11,7 +11,7 @@ from bench import harness
 from bench.chaos.producer import KINDS
 
 __all__ = ["CONFIG_NAME", "FORGED_GROUP", "KIND_WEIGHTS", "OBJECT_STORE_BUCKET", "Options", "POISON_EVERY_S",
-           "POISON_GROUP", "SETTINGS",
+           "POISON_GROUP", "RESET_BACK_S", "SETTINGS",
            "STORAGE_FAULT_DELAY_S", "STORAGE_FAULT_RATES", "TINY", "parse_options"]
 
 #: The bucket of ``--object-store`` runs.
@@ -37,6 +37,8 @@ FORGED_GROUP = "chaos_forged"
 #: every poison again while the honest groups send.
 POISON_GROUP = "chaos_poison"
 POISON_EVERY_S = 3.0
+#: ``--consumer-resets``: a reset to an ISO time goes back this many seconds at most (drawn).
+RESET_BACK_S = 10.0
 #: ``--tiny``: a few transactions (every kind, and more than one of some) from two producers over 5 s, one
 #: checker, one producer and one consumer kill. Its seed plans two transactions held for review, so the run goes through a
 #: recovery (the operator commits the first discard) even when the producer kill cuts one of the two short.
@@ -59,6 +61,7 @@ class Options:
     consumer_pauses: int = 3
     consumer_resets: int = 1
     dead_letter_rounds: int = 2
+    reset_to: str = "drawn"
     seed: int = 1
     lakehouse: str = "chaos-lakehouse"
     results: str = str(harness.RESULTS / "chaos.json")
@@ -96,6 +99,9 @@ def parse_options(argv: Optional[list[str]] = None) -> Options:
                              "seconds back) and starts it again")
     parser.add_argument("--dead-letter-rounds", type=int, default=None,
                         help="the operator redrives some open dead letters and discards others while the group runs")
+    parser.add_argument("--reset-to", choices=("drawn", "earliest", "back"), default=defaults.reset_to,
+                        help=f"where each reset moves each topic: earliest, back (an ISO time up to {RESET_BACK_S:g} s "
+                             "before it), or either, drawn per topic")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seeds the plan and every random moment")
     parser.add_argument("--lakehouse", default=defaults.lakehouse, help="wiped and recreated (must be empty or a chaos run's)")
     parser.add_argument("--results", default=defaults.results, help="where to write the JSON report")

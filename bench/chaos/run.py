@@ -22,7 +22,7 @@ from bench import harness
 import support
 from bench.chaos.actors import (LOOK_EVERY_S, Checker, Maintenance, Operator, Producer, make_plan, plan_producer_kills,
                                 prepare)
-from bench.chaos.consumers import Consumers, events_spread
+from bench.chaos.consumers import Consumers
 from bench.chaos.hostile import HostileWriter
 from bench.chaos.poison import Poisoner
 from bench.chaos.options import (OBJECT_STORE_BUCKET, POISON_EVERY_S, SETTINGS, STORAGE_FAULT_DELAY_S,
@@ -127,9 +127,7 @@ class Run:
             producer.plan_file.write_text(json.dumps(plan))
         self.lakehouse = Lakehouse.of(self.config)
         # Its own random numbers: a run's plan and kills are those of the same seed without consumers.
-        self.consumers = Consumers(self.root, config_path, self.config, self.lakehouse, options.consumers,
-                                   options.consumer_kills, options.consumer_pauses, options.consumer_resets,
-                                   options.dead_letter_rounds, events_spread(options.transactions),
+        self.consumers = Consumers(self.root, config_path, self.config, self.lakehouse, options,
                                    random.Random(options.seed + 1))
         self.checkers = [Checker(self.root, config_path, self.lakehouse)]
         if options.standby:

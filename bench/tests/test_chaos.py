@@ -17,8 +17,10 @@ from support import REPO_ROOT
 #: ``python -m bench.chaos --tiny``, and a larger run with the lakehouse on a loopback S3 server reached through the
 #: storage-fault proxy (503, 500, delays, resets, replies dropped after the write).
 RUNS = {
-    # bench.chaos's tiny run: every kind of transaction, one kill of each, a recovery; and a poisoning tenant.
-    "local disk": ["--tiny", "--poison"],
+    # bench.chaos's tiny run: every kind of transaction, one kill of each, a recovery; and a poisoning tenant. Its
+    # reset goes to the earliest version: the failing kind's message is delivered again and dies again, so the
+    # first dead-letter round, which redrives, finds it open whatever the timing.
+    "local disk": ["--tiny", "--poison", "--reset-to", "earliest"],
     "object store": ["--object-store", "--storage-faults", "--transactions", "80", "--send-seconds", "15",
                      "--checker-kills", "1", "--producer-kills", "2"],
 }
@@ -61,7 +63,10 @@ def test_the_chaos_run_kills_checker_and_producers_and_breaks_no_invariant(tmp_p
     assert len(rounds) == options["dead_letter_rounds"] >= 1
     assert all(round_["redriven"] or round_["discarded"] for round_ in rounds if round_["open"]), rounds
     if report["outcomes_by_kind"].get("unknown_then_commit", {}).get("COMMIT"):  # the kind the listener fails
-        assert consumers["dead_letters"] >= 1 and any(round_["open"] for round_ in rounds)
+        # Dead letters; or a reset to a time moved past them all before the group had read them.
+        assert consumers["dead_letters"] >= 1 or consumers["fates"].get("reset past")
+        if mode == "local disk":
+            assert any(round_["redriven"] for round_ in rounds), rounds
     if mode == "local disk":  # every poison refused with its reason, at least one round of each kind
         assert report["did"]["poison_rounds"] >= 1 and all(p["reason"] for p in report["did"]["poisonings"])
         assert {p["what"] for p in report["did"]["poisonings"]} == set(POISONS) | set(INSTANCE_POISONS)
