@@ -11,7 +11,7 @@ and the consumer go straight.
 1. Group ``lagging`` (``--shares`` shares) consumes a first version of ``--per-version`` messages with a real
    ``TopicConsumer``, and stops: each share's progress record (and its redrive table's) is as an instance wrote it.
 2. ``--lag`` messages more, ``--per-version`` a version with random keys, appended as the checker appends
-   (``support.TopicFeed``, whose appender checkpoints the topic every 100 versions): the group's lag.
+   (``support.TopicFeed``, whose appender checkpoints the topic every ``delta.checkpointInterval`` versions, 20): the group's lag.
 3. Scrapes (``ConsumerGroupsCollector.collect``, what the checker's endpoint runs at each scrape): a new
    collector's (``cold``), then the same collector's again (``warm``, nothing committed since). Then the topic
    grows by one-message versions to the last version before its next checkpoint (the most commits a scrape reads
