@@ -1,5 +1,6 @@
-"""A consumer process that records every listener call it makes: one line per call, ``pid key body start end``
-(wall-clock seconds), appended to ``--calls`` once the call ends. What the pause tests read to tell whether two
+"""A consumer process that records every listener call it makes: one line per call, ``pid key body start end
+checked`` (wall-clock seconds; ``checked``: when the consumer last let the calling thread start a call, its fence
+checked), appended to ``--calls`` once the call ends. What the pause tests read to tell whether two
 instances ever ran the same key at once. Stops on SIGTERM (closing within ``--close-timeout`` seconds).
 
 Example::
@@ -32,12 +33,21 @@ def main() -> None:
 
     calls = open(args.calls, "ab", buffering=0)
     pid = os.getpid()
+    checked = threading.local()  # a call whose check came before a pause was under way when it began
+    runnable = TopicConsumer._runnable
+
+    def recording_check(consumer, run):
+        checked.at = time.time()  # before the fence is read: a pause after this leaves the check to find it
+        return runnable(consumer, run)
+
+    TopicConsumer._runnable = recording_check
 
     class Recording(MessageListener):
         def consume(self, message):
             started = time.time()
             time.sleep(args.call_ms / 1000)  # the call's own work: long enough for two calls to be seen at once
-            calls.write(f"{pid} {message.keys} {message.body.decode()} {started:.6f} {time.time():.6f}\n".encode())
+            calls.write(f"{pid} {message.keys} {message.body.decode()} {started:.6f} {time.time():.6f} "
+                        f"{checked.at:.6f}\n".encode())
             return ConsumeResult.SUCCESS
 
     config = CoordinatorConfig(lakehouse=args.lakehouse, consumer_heartbeat_ms=args.heartbeat_ms,

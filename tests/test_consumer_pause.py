@@ -60,15 +60,15 @@ def stopped(pid: int) -> bool:
 
 def taken_over(calls, paused_pid: int, at: float) -> bool:
     """Whether another instance has handled, since ``at``, a key the paused one handled in the second before."""
-    keys_before = {key for pid, key, _, start, _ in calls if pid == paused_pid and at - 1 < start < at}
-    return any(pid != paused_pid and key in keys_before and start > at for pid, key, _, start, _ in calls)
+    keys_before = {key for pid, key, _, start, *_ in calls if pid == paused_pid and at - 1 < start < at}
+    return any(pid != paused_pid and key in keys_before and start > at for pid, key, _, start, *_ in calls)
 
 
 def read_calls(path):
     calls = []
     for line in path.read_text().splitlines():
-        pid, key, body, start, end = line.split()
-        calls.append((int(pid), key, int(body.split(":")[1]), float(start), float(end)))
+        pid, key, body, start, end, checked = line.split()
+        calls.append((int(pid), key, int(body.split(":")[1]), float(start), float(end), float(checked)))
     return calls
 
 
@@ -99,7 +99,7 @@ def test_a_paused_instance_starts_no_call_in_the_shares_it_lost_and_keys_stay_in
                 pauses.append((paused.pid, at, time.time()))
                 threading.Event().wait(3 * WINDOW_S)  # keys flow to both instances again
         sent = dict(flow.sent)
-        wait_until(lambda: {(key, n) for _, key, n, _, _ in read_calls(calls_path)}
+        wait_until(lambda: {(key, n) for _, key, n, *_ in read_calls(calls_path)}
                    >= {(key, n) for key, count in sent.items() for n in range(count)}, 120, "every message handled")
     finally:
         for worker in workers:
@@ -112,8 +112,9 @@ def test_a_paused_instance_starts_no_call_in_the_shares_it_lost_and_keys_stay_in
         by_key[call[1]].append(call)
 
     def running_at_a_pause(call):
-        pid, _, _, start, end = call
-        return any(pid == paused_pid and start < at < end for paused_pid, at, _ in pauses)
+        # Under way: its instance had let it start (checked its fence) before the pause began, and it ended after.
+        pid, _, _, _, end, checked = call
+        return any(pid == paused_pid and checked < at < end for paused_pid, at, _ in pauses)
 
     overlaps, order_breaks = [], []
     for key, key_calls in by_key.items():
@@ -135,4 +136,5 @@ def test_a_paused_instance_starts_no_call_in_the_shares_it_lost_and_keys_stay_in
     # Delivered again: at most what an instance handled and had not saved when its shares moved (a commit
     # interval's worth, 5 s at the flow's 100 a second, at each of the two pauses and the two moves back).
     assert handled_twice <= 4 * 500, handled_twice
-    assert Lakehouse.of(settings).files.list("consumers/credits/_instances") == []  # both withdrew on SIGTERM
+    records = [key for key in Lakehouse.of(settings).files.list("consumers/credits/_instances") if key.endswith(".json")]
+    assert records == []  # both withdrew on SIGTERM

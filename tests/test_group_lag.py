@@ -176,7 +176,7 @@ def test_on_object_storage_a_describe_costs_the_same_few_requests_whatever_the_l
     """Through the proxy: a group that has read nothing of a topic ten versions long, then of the same topic a
     hundred times longer, costs about as many requests, none for a data file; a caller's kept counts then
     read no commit when nothing was committed since, and only the new ones when some were."""
-    from support.faults import FaultProxyProcess
+    from coordinator.conformance.faults import FaultProxyProcess
     from support.object_store import requests_between
 
     root = f"s3://lakehouse/{uuid.uuid4().hex}"

@@ -166,6 +166,7 @@ class TopicConsumer:
                 self._metrics = serve_consumer_metrics(self, self.config)
             wait_for_arrow_pools_at_exit()  # the process's own pyarrow reads end before it does
             self._membership.renew()  # its errors are start()'s
+            self._membership.join()
             self._membership.start()
             self._dispatcher = Dispatcher(self._group, self.instance_id, self.listener, self.config, self.clock,
                                           self._runnable, self._on_finished, self._save, self._holds,

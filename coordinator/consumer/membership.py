@@ -7,6 +7,13 @@ loaded machine) must not make its renewal late; the others take it for dead once
 :data:`~coordinator.consumer.instances.LIVE_FOR_HEARTBEATS` heartbeats old, and may then replace its claims. So it
 holds its shares, proven, only while its last renewal is recent.
 
+**Who is live, at O(1) a look.** At each look an instance reads the group's change token and the record of its
+successor (the next live instance by id). It reads every record only when the token changed, or when it finds
+its successor dead (it then changes the token, as an instance joining or leaving does); and it lists the records
+every :data:`_SURVEY_HEARTBEATS` heartbeats, reading those written since by instances it does not know
+(:meth:`~coordinator.consumer.instances.ConsumerInstances.joined`). A dead instance is found by the one before it
+within half a heartbeat of its record going stale, and by the others at their next look after that.
+
 **The fence.** ``proven_at`` is the clock when the instance last proved it holds its shares: the start of a
 renewal that landed within :data:`FENCE_HEARTBEATS` heartbeats of the previous proof (its record never looked
 stale), or of a renewal followed by reading its claims back. Past :data:`FENCE_HEARTBEATS` heartbeats from it,
@@ -23,6 +30,7 @@ Example::
 
     membership = Membership(ConsumerGroup(lakehouse, "credits"), "9c1e…", config, time.time)
     membership.renew()              # the first renewal, whose errors the caller sees
+    membership.join()               # the others list the group's records at their next look
     membership.start()              # then every heartbeat, on its own thread
     membership.fenced               # False: renewed just now
     live = membership.survey()      # {'9c1e…', …}
@@ -50,10 +58,8 @@ FENCE_HEARTBEATS = 1.5
 #: Another instance replaces a claim only within this many heartbeats of reading the record of the instance the
 #: claim names; an instance back from a pause waits this long after renewing before reading its claims back.
 DECIDE_WITHIN_HEARTBEATS = 0.25
-#: The group's instances are listed every look for this many heartbeats after a change, then every
-#: _SURVEY_HEARTBEATS (:meth:`Membership.survey`).
-_SETTLE_HEARTBEATS = 2
-_SURVEY_HEARTBEATS = 5
+#: The group's records are listed at least this often, whatever the change token says (:meth:`Membership.survey`).
+_SURVEY_HEARTBEATS = 20
 
 
 class Membership:
@@ -78,7 +84,9 @@ class Membership:
         #: ``suspect_since + DECIDE_WITHIN_HEARTBEATS`` heartbeats on; ``None`` while its proof holds.
         self.suspect_since: Optional[float] = None
         self.live: set[str] = set()  # the group's live instances, as the last look found them
-        self._settled_from = self._surveyed_at = float("-inf")
+        self._listed: dict[str, int] = {}  # the group's records at the last listing, each with its time then
+        self._surveyed_at = float("-inf")
+        self._change_seen: Optional[bytes] = b""  # the group's change token at the last reading of every record
         #: Claims of shares this instance dropped, still to release: a claim left naming a live instance would
         #: stall its share (the instance the hashing names never replaces it).
         self.unreleased: dict[tuple[str, int], str] = {}
@@ -127,6 +135,7 @@ class Membership:
             return False
         with self._lock:
             self.renewed_at = began
+            gap = False
             if self.suspect_since is None and self.clock() - self.proven_at <= FENCE_HEARTBEATS * self.heartbeat_s:
                 self.proven_at = began
             elif self.suspect_since is None or began > self.suspect_since:
@@ -134,8 +143,19 @@ class Membership:
                     _log.warning("consumer %s went %.1f s without proving its hold on its shares (paused, or its "
                                  "storage failing): it starts no call until it has read its claims back",
                                  self.instance_id, began - self.proven_at)
+                    gap = True
                 self.suspect_since = began
+        if gap:  # the others may have taken it for dead: it joins again, as they then see
+            self._rejoin()
         return True
+
+    def _rejoin(self) -> None:
+        """Change the group's token after a gap: the others list the records again, and so does this instance
+        (the token is not the one it last listed by)."""
+        try:
+            self.group.instances.mark_changed(self.group.group)
+        except CoordinatorError as error:
+            _log.warning("consumer %s could not tell its group it is back: %s", self.instance_id, one_line(error))
 
     def prove_due(self, holding: bool) -> bool:
         """Whether the instance is suspect and may read its claims back now (at once when ``holding`` none: there
@@ -165,27 +185,51 @@ class Membership:
         return holds
 
     def survey(self) -> set[str]:
-        """The group's live instances. Listed (a LIST, and a GET a record) while the membership settles, for
-        :data:`_SETTLE_HEARTBEATS` heartbeats since this instance started or the live set last changed, and then
-        every :data:`_SURVEY_HEARTBEATS` heartbeats, when an instance that joined is found; in between, the records
-        of the instances known live are read again (a GET each), to find one dead as soon. A LIST every half
-        heartbeat cost an idle instance more than its heartbeat: on S3 a LIST is priced as 12.5 GETs."""
+        """The group's live instances, at a cost that does not grow with them while the group is steady: the
+        group's change token (a GET) and the record of this instance's successor among the live ones, by id (a
+        GET). When the token changed (an instance joined or left, or one was found dead), every record is read
+        (a LIST, and a GET each); when the successor is found dead, this instance changes the token (for the
+        others) and does the same. Every :data:`_SURVEY_HEARTBEATS` heartbeats the records are listed, and those
+        written since the last listing by instances not known live are read (a join whose token another
+        overwrote). Every instance reading every other's record at every look cost a group of N instances N²
+        requests a look."""
         now = self.clock()
-        if (now - self._settled_from < _SETTLE_HEARTBEATS * self.heartbeat_s
-                or now - self._surveyed_at >= _SURVEY_HEARTBEATS * self.heartbeat_s):
+        instances, group = self.group.instances, self.group.group
+        token = instances.changes(group)
+        if token != self._change_seen:
+            live = self._read_all(token)
+        elif now - self._surveyed_at >= _SURVEY_HEARTBEATS * self.heartbeat_s:
             self._surveyed_at = now
-            live = {record.instance_id for record in self.group.instances.live(self.group.group)}
+            joined, self._listed = instances.joined(group, self.live, self._listed)
+            live = self.live | joined
         else:
-            others = sorted(self.live - {self.instance_id})
-            alive = read_all(lambda other: self.group.instances.is_live(self.group.group, other), others,
-                             remote=self.remote)
-            live = {other for other, is_live in zip(others, alive) if is_live}
-            if now - self.renewed_at <= LIVE_FOR_HEARTBEATS * self.heartbeat_s:
-                live.add(self.instance_id)
-        if live != self.live:
-            self._settled_from = now
+            successor = self._successor()
+            if successor is None or instances.is_live(group, successor):
+                live = set(self.live)
+            else:
+                live = self._read_all(instances.mark_changed(group))
+        live.discard(self.instance_id)
+        if now - self.renewed_at <= LIVE_FOR_HEARTBEATS * self.heartbeat_s:
+            live.add(self.instance_id)
         self.live = live
         return live
+
+    def _read_all(self, token: Optional[bytes]) -> set[str]:
+        """Every live instance, from every record (read after the token, so a record written before a token
+        change is read after it)."""
+        self._surveyed_at, self._change_seen = self.clock(), token
+        live, self._listed = self.group.instances.joined(self.group.group, (), {})
+        return live
+
+    def _successor(self) -> Optional[str]:
+        """The live instance after this one by id (the first after the last): the one whose record it watches."""
+        others = sorted(self.live - {self.instance_id})
+        return next((other for other in others if other > self.instance_id), others[0] if others else None)
+
+    def join(self) -> None:
+        """Tell the group's instances this one joined (after its first renewal): they list the records at their
+        next look."""
+        self._change_seen = self.group.instances.mark_changed(self.group.group)
 
     def holders(self, sources: Iterable[str], shares: int) -> dict[str, list[Optional[str]]]:
         """Which live instance should hold each share of each source, by the last :meth:`survey`."""
@@ -226,5 +270,6 @@ class Membership:
     def withdraw(self) -> None:
         try:
             self.group.instances.withdraw(self.group.group, self.instance_id)
+            self.group.instances.mark_changed(self.group.group)
         except CoordinatorError as error:
             _log.warning("consumer %s could not withdraw its record: %s", self.instance_id, one_line(error))
