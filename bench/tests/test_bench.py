@@ -630,6 +630,20 @@ def test_consume_tiny_run_handles_every_message_and_says_each_figure_against_its
     assert all(v["met"] in (True, False) for v in report["verdicts"])
 
 
+def test_group_membership_tiny_run_counts_an_idle_groups_requests_per_instance_and_moves_a_stopped_ones_shares(tmp_path):
+    require_s3_server()
+    report = run_tiny("group_membership", tmp_path / "members.json", timeout=600)
+
+    assert_envelope(report, "group_membership")
+    assert report["two"]["instances"] == 2 and report["group"]["instances"] == 4
+    for figures in (report["two"], report["group"]):
+        assert figures["requests_per_s"] > 0 and figures["requests"]["PUT"] > 0  # renewals, counted per instance
+    stopped = report["group"]["stopped"]
+    assert stopped["shares"] >= 1 and stopped["moved_after_heartbeats"] is not None
+    assert [v["figure"] for v in report["verdicts"]] == ["requests/s per instance", "$ a day per instance",
+                                                        "shares moved, heartbeats after the last renewal"]
+
+
 def test_consume_tiny_run_behind_a_storage_latency_counts_the_idle_consumers_requests(tmp_path):
     """The latency path (a few seconds, no checker): the idle consumer's requests, through its own proxy."""
     require_s3_server()
