@@ -7,12 +7,13 @@ loaded machine) must not make its renewal late; the others take it for dead once
 :data:`~coordinator.consumer.instances.LIVE_FOR_HEARTBEATS` heartbeats old, and may then replace its claims. So it
 holds its shares, proven, only while its last renewal is recent.
 
-**Who is live, at O(1) a look.** At each look an instance reads the group's change token and the record of its
-successor (the next live instance by id). It reads every record only when the token changed, or when it finds
-its successor dead (it then changes the token, as an instance joining or leaving does); and it lists the records
-every :data:`_SURVEY_HEARTBEATS` heartbeats, reading those written since by instances it does not know
-(:meth:`~coordinator.consumer.instances.ConsumerInstances.joined`). A dead instance is found by the one before it
-within half a heartbeat of its record going stale, and by the others at their next look after that.
+**Who is live, at O(1) a look.** At each look an instance reads the group's membership changes and the record
+of its successor (the next live instance by id), and applies the changes made since its last look: reads the
+record of an instance that joined, drops one that left or was found dead. It records its own joining and
+leaving, and its successor found dead. It reads every record only when it missed more changes than are kept,
+and lists the records every :data:`_SURVEY_HEARTBEATS` heartbeats, reading those written since by instances it
+does not know (:meth:`~coordinator.consumer.instances.ConsumerInstances.joined`). A dead instance is found by the
+one before it within half a heartbeat of its record going stale, and by the others at their next look after that.
 
 **The fence.** ``proven_at`` is the clock when the instance last proved it holds its shares: the start of a
 renewal that landed within :data:`FENCE_HEARTBEATS` heartbeats of the previous proof (its record never looked
@@ -45,9 +46,9 @@ from typing import Callable, Iterable, Optional
 
 from coordinator.config import CoordinatorConfig
 from coordinator.consumer.group import ConsumerGroup, share_owners
-from coordinator.consumer.instances import LIVE_FOR_HEARTBEATS
+from coordinator.consumer.instances import LIVE_FOR_HEARTBEATS, membership_changes
 from coordinator.exceptions import CoordinatorError, one_line
-from coordinator.storage import read_all
+from coordinator.storage import Versioned, read_all
 
 __all__ = ["DECIDE_WITHIN_HEARTBEATS", "FENCE_HEARTBEATS", "Membership"]
 
@@ -58,7 +59,7 @@ FENCE_HEARTBEATS = 1.5
 #: Another instance replaces a claim only within this many heartbeats of reading the record of the instance the
 #: claim names; an instance back from a pause waits this long after renewing before reading its claims back.
 DECIDE_WITHIN_HEARTBEATS = 0.25
-#: The group's records are listed at least this often, whatever the change token says (:meth:`Membership.survey`).
+#: The group's records are listed at least this often, whatever its membership changes say (:meth:`Membership.survey`).
 _SURVEY_HEARTBEATS = 20
 
 
@@ -86,7 +87,8 @@ class Membership:
         self.live: set[str] = set()  # the group's live instances, as the last look found them
         self._listed: dict[str, int] = {}  # the group's records at the last listing, each with its time then
         self._surveyed_at = float("-inf")
-        self._change_seen: Optional[bytes] = b""  # the group's change token at the last reading of every record
+        self._changes: Optional[Versioned] = None  # the group's membership changes as this instance last read them
+        self._applied: Optional[str] = None  # the id of the last of them applied to ``live``
         #: Claims of shares this instance dropped, still to release: a claim left naming a live instance would
         #: stall its share (the instance the hashing names never replaces it).
         self.unreleased: dict[tuple[str, int], str] = {}
@@ -150,10 +152,9 @@ class Membership:
         return True
 
     def _rejoin(self) -> None:
-        """Change the group's token after a gap: the others list the records again, and so does this instance
-        (the token is not the one it last listed by)."""
+        """Record that this instance is back (after a gap, or taken for dead): the others read its record again."""
         try:
-            self.group.instances.mark_changed(self.group.group)
+            self.group.instances.record_change(self.group.group, "joined", self.instance_id)
         except CoordinatorError as error:
             _log.warning("consumer %s could not tell its group it is back: %s", self.instance_id, one_line(error))
 
@@ -185,51 +186,68 @@ class Membership:
         return holds
 
     def survey(self) -> set[str]:
-        """The group's live instances, at a cost that does not grow with them while the group is steady: the
-        group's change token (a GET) and the record of this instance's successor among the live ones, by id (a
-        GET). When the token changed (an instance joined or left, or one was found dead), every record is read
-        (a LIST, and a GET each); when the successor is found dead, this instance changes the token (for the
-        others) and does the same. Every :data:`_SURVEY_HEARTBEATS` heartbeats the records are listed, and those
-        written since the last listing by instances not known live are read (a join whose token another
-        overwrote). Every instance reading every other's record at every look cost a group of N instances N²
-        requests a look."""
+        """The group's live instances, at a cost that does not grow with the group: its membership changes (a
+        GET) and the record of this instance's successor among the live ones, by id (a GET). The changes since
+        the last look are applied: an instance that joined is read (a GET), one that left or was found dead is
+        dropped; one that missed changes no longer kept reads every record (a LIST, and a GET each). A successor
+        found dead is recorded as such, for the others. Every :data:`_SURVEY_HEARTBEATS` heartbeats the records
+        are listed, and those written since by instances not known live are read (a change another overwrote).
+        Every instance reading every other's record at every look cost a group of N instances N² requests a
+        look, and reading every record at each change cost it N² requests at once."""
         now = self.clock()
         instances, group = self.group.instances, self.group.group
-        token = instances.changes(group)
-        if token != self._change_seen:
-            live = self._read_all(token)
-        elif now - self._surveyed_at >= _SURVEY_HEARTBEATS * self.heartbeat_s:
+        written = instances.changes(group)
+        live = set(self.live)
+        if (written is None) != (self._changes is None) or (written is not None and written.data != self._changes.data):
+            live = self._apply(written, live)
+        if now - self._surveyed_at >= _SURVEY_HEARTBEATS * self.heartbeat_s:
             self._surveyed_at = now
-            joined, self._listed = instances.joined(group, self.live, self._listed)
-            live = self.live | joined
+            joined, self._listed = instances.joined(group, live, self._listed)
+            live |= joined
         else:
-            successor = self._successor()
-            if successor is None or instances.is_live(group, successor):
-                live = set(self.live)
-            else:
-                live = self._read_all(instances.mark_changed(group))
+            successor = self._successor(live)
+            if successor is not None and not instances.is_live(group, successor):
+                instances.record_change(group, "dead", successor)  # applied at the next look, after any before it
+                live.discard(successor)
         live.discard(self.instance_id)
         if now - self.renewed_at <= LIVE_FOR_HEARTBEATS * self.heartbeat_s:
             live.add(self.instance_id)
         self.live = live
         return live
 
-    def _read_all(self, token: Optional[bytes]) -> set[str]:
-        """Every live instance, from every record (read after the token, so a record written before a token
-        change is read after it)."""
-        self._surveyed_at, self._change_seen = self.clock(), token
-        live, self._listed = self.group.instances.joined(self.group.group, (), {})
+    def _apply(self, written, live: set[str]) -> set[str]:
+        """``live`` after the changes ``written`` holds since the last one applied; every record read when that one
+        is no longer kept (or never was)."""
+        changes = membership_changes(written)
+        ids = [change_id for change_id, _, _ in changes]
+        self._changes = written
+        if self._applied not in ids:
+            self._applied = ids[-1] if ids else None
+            self._surveyed_at = self.clock()
+            live, self._listed = self.group.instances.joined(self.group.group, (), {})
+            return live
+        for change_id, kind, instance_id in changes[ids.index(self._applied) + 1:]:
+            if instance_id == self.instance_id:
+                if kind == "dead":  # taken for dead (a pause): the others drop it until it says it is back
+                    self._rejoin()
+            elif kind == "joined":
+                if self.group.instances.is_live(self.group.group, instance_id):
+                    live.add(instance_id)
+            else:
+                live.discard(instance_id)
+        self._applied = ids[-1]
         return live
 
-    def _successor(self) -> Optional[str]:
+    def _successor(self, live: set[str]) -> Optional[str]:
         """The live instance after this one by id (the first after the last): the one whose record it watches."""
-        others = sorted(self.live - {self.instance_id})
+        others = sorted(live - {self.instance_id})
         return next((other for other in others if other > self.instance_id), others[0] if others else None)
 
     def join(self) -> None:
-        """Tell the group's instances this one joined (after its first renewal): they list the records at their
-        next look."""
-        self._change_seen = self.group.instances.mark_changed(self.group.group)
+        """Record that this instance joined (after its first renewal): the others read its record at their next
+        look. Its own first look reads every record."""
+        written = self.group.instances.record_change(self.group.group, "joined", self.instance_id)
+        self._applied = membership_changes(written)[-1][0]  # what came before it, the first look's listing finds
 
     def holders(self, sources: Iterable[str], shares: int) -> dict[str, list[Optional[str]]]:
         """Which live instance should hold each share of each source, by the last :meth:`survey`."""
@@ -270,6 +288,6 @@ class Membership:
     def withdraw(self) -> None:
         try:
             self.group.instances.withdraw(self.group.group, self.instance_id)
-            self.group.instances.mark_changed(self.group.group)
+            self.group.instances.record_change(self.group.group, "left", self.instance_id)
         except CoordinatorError as error:
             _log.warning("consumer %s could not withdraw its record: %s", self.instance_id, one_line(error))
