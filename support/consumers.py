@@ -52,7 +52,8 @@ class TopicFeed:
         path = self.lakehouse.topic(topic)
         storage = self.lakehouse.storage or None
         created = created_unless_exists(path, storage, lambda: write_deltalake(
-            path, data, mode="append", storage_options=storage, commit_properties=CommitProperties(
+            path, data, mode="append", storage_options=storage, configuration=dict(TOPIC.properties),
+            commit_properties=CommitProperties(
                 app_transactions=[Transaction("txcoord-checker", self.batch_id)])))
         if not created:
             if topic not in self._appenders:

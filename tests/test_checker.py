@@ -13,10 +13,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from coordinator.checker.ends import WAIT_FOR_CHECK
-from coordinator.lakehouse import Lakehouse, read_table, table_dataset
+from coordinator.lakehouse import Lakehouse, open_table, read_table, table_dataset
 from coordinator.protocol import CHECK_IMMUNITY_TIME_IN_SECONDS
 from coordinator.validation import MAX_BODY_BYTES
-from coordinator.tables import CHECK_REQUESTS, HALF, OP, REJECTED
+from coordinator.tables import CHECK_REQUESTS, HALF, OP, REJECTED, TOPIC
 from support import end_record, half_record
 from support.batches import stored_time
 
@@ -40,6 +40,8 @@ def test_commit_delivers_once_and_rollback_never(checker):
     ]
     ops = {r.transaction_id: r.outcome for r in checker.rows("op")}
     assert ops == {"t-commit": "COMMIT", "t-rollback": "ROLLBACK"}
+    # Its first delivery made the topic, with the topic's properties (a checkpoint every 20 commits).
+    assert open_table(checker.lakehouse.topic("T")).metadata().configuration == TOPIC.properties
     half = sorted(checker.rows("half"), key=lambda r: r.queue_offset)
     assert half[0].queue_offset < half[1].queue_offset and len({r.queue_offset for r in half}) == 2
 

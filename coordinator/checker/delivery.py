@@ -105,7 +105,7 @@ def deliver(writer: TableWriter, lakehouse: Lakehouse, batch_id: int, new: pa.Ta
             rows, earlier = _not_landed(writer, path, rows, batch_id)
             landed.append(earlier)
             if rows.num_rows:
-                appends[topic] = rows, writer.submit(path, _topic_rows(rows, batch_id), batch_id)
+                appends[topic] = rows, writer.submit(path, _topic_rows(rows, batch_id), batch_id, created_with=TOPIC)
         except Exception as error:  # the isolation boundary: whatever fails here costs this topic alone
             withheld.append(_withheld(writer, topic, path, rows, batch_id, error, reasons))
     wait([append for _, append in appends.values()])

@@ -46,7 +46,8 @@ class TableWriter:
         self._appenders: dict[str, DeltaAppender] = {}
         self._threads: Optional[ThreadPoolExecutor] = None
 
-    def submit(self, path: str, data: pa.Table, batch_id: int, create_as: Optional[TableDef] = None) -> Future:
+    def submit(self, path: str, data: pa.Table, batch_id: int, create_as: Optional[TableDef] = None,
+               created_with: Optional[TableDef] = None) -> Future:
         """Start :meth:`append` in the writer's threads; the future holds what it returns or raises. Appends
         to different tables run at once; one table takes one append at a time (never two at once).
 
@@ -56,20 +57,21 @@ class TableWriter:
         """
         if self._threads is None:
             self._threads = ThreadPoolExecutor(CONCURRENT_APPENDS, thread_name_prefix="table-writer")
-        return self._threads.submit(self.append, path, data, batch_id, create_as=create_as)
+        return self._threads.submit(self.append, path, data, batch_id, create_as=create_as, created_with=created_with)
 
-    def append(self, path: str, data: pa.Table, batch_id: int, create_as: Optional[TableDef] = None) -> Optional[int]:
+    def append(self, path: str, data: pa.Table, batch_id: int, create_as: Optional[TableDef] = None,
+               created_with: Optional[TableDef] = None) -> Optional[int]:
         """Append ``data`` to the table at ``path`` as batch ``batch_id``'s write; return the
         version written, or ``None`` if this batch's write is there already. A table that does
         not exist yet is created: as ``create_as`` says, if given (a group's check requests, whose
-        readers need its change feed), else by this append, with ``data``'s schema (a topic's,
-        before its first delivery).
+        readers need its change feed), else by this append, with ``data``'s schema and the properties of
+        ``created_with`` (a topic's, before its first delivery).
         """
         appender = self._appenders.get(path)
         if appender is None:
             if create_as is not None:
                 create_table(create_as, path, self.storage)
-            created = self._created_by(path, data, batch_id)
+            created = self._created_by(path, data, batch_id, created_with.properties if created_with else {})
             appender = self._appenders[path] = DeltaAppender(path, storage=self.storage)
             if created:
                 return 0
@@ -89,13 +91,13 @@ class TableWriter:
         if appender is not None:
             appender.close()
 
-    def _created_by(self, path: str, data: pa.Table, batch_id: int) -> bool:
+    def _created_by(self, path: str, data: pa.Table, batch_id: int, properties: Mapping[str, str]) -> bool:
         """Create the table at ``path`` by writing ``data`` as its version 0, so that time travel to it
         shows rows, unless it exists; whether this call created it. Tried again as a table's creation is
         (a storage fault here failed the whole checker): an attempt whose reply was lost finds the table
         made, and the append that follows finds this batch's transaction in it and writes nothing."""
         return created_unless_exists(path, self.storage, lambda: write_deltalake(
-            path, data, mode="append", storage_options=self.storage or None,
+            path, data, mode="append", storage_options=self.storage or None, configuration=dict(properties) or None,
             commit_properties=CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])))
 
     def close(self) -> None:
