@@ -53,7 +53,7 @@ class TopicsInMemory:
     def recorded(self, path: str) -> int:
         return self.batches[path]
 
-    def append(self, path: str, data: pa.Table, batch_id: int, create_as=None):
+    def append(self, path: str, data: pa.Table, batch_id: int, create_as=None, created_with=None):
         if path.rsplit("/", 1)[-1] in self.broken:
             raise PermissionError(f"{path}: access denied")
         if self.batches[path] >= batch_id:
@@ -63,7 +63,7 @@ class TopicsInMemory:
         self.batches[path] = batch_id
         return 1
 
-    def submit(self, path: str, data: pa.Table, batch_id: int, create_as=None) -> Future:
+    def submit(self, path: str, data: pa.Table, batch_id: int, create_as=None, created_with=None) -> Future:
         """:meth:`append`, its outcome held in a future as :meth:`TableWriter.submit`'s is."""
         future: Future = Future()
         try:
