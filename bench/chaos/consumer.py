@@ -43,9 +43,15 @@ import threading
 import time
 from pathlib import Path
 
-from bench.chaos.producer import AUDIT_TOPIC, KIND_UNKNOWN_COMMIT, ORDER_TOPIC, stopped_by_signals, wait_for_signal
-from coordinator import CoordinatorConfig, TopicConsumer
-from coordinator.consumer.exactly_once import TransactionalListener
+#: Set by SIGTERM or SIGINT from before the imports below (a second or more on a loaded machine): the harness may
+#: stop a consumer it has just started, for a reset, and one stopped while importing must still end cleanly.
+_STOP = threading.Event()
+for _signum in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(_signum, lambda *_: _STOP.set())
+
+from bench.chaos.producer import AUDIT_TOPIC, KIND_UNKNOWN_COMMIT, ORDER_TOPIC, stopped_by_signals, wait_for_signal  # noqa: E402
+from coordinator import CoordinatorConfig, TopicConsumer  # noqa: E402
+from coordinator.consumer.exactly_once import TransactionalListener  # noqa: E402
 
 __all__ = ["BEFORE_RECORD", "FAILING_KIND", "GROUP", "HOLDING_TRANSACTION", "SETTINGS", "SHARES", "TOPICS",
            "create_effects", "fails_from_topic", "fixed_by_redrive", "write_atomically"]
@@ -201,6 +207,8 @@ def main() -> int:
                         help="a pause inside the group's next call, when the harness writes it")
     args = parser.parse_args()
     stop = stopped_by_signals()
+    if _STOP.is_set():  # stopped before the handlers above took over: nothing taken, nothing to hand back
+        return 0
     create_effects(args.db)
     config = CoordinatorConfig.load(args.config, environ={}).replace(**SETTINGS)
     calls = Calls(args.calls)

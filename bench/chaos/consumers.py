@@ -78,7 +78,9 @@ _ROUND_ACTIONS = ("redrive", "discard", "redrive", "leave open")
 _LOOK_S = 1.0
 _OPERATOR = "chaos-operator"
 _STOP_TIMEOUT_S = 120.0
-_RETRIED = (DeltaError, OSError)
+#: ``sqlite3.OperationalError``: the consumers' database locked by a consumer paused inside its transaction (and a
+#: hot journal a killed one left, which a read-write connection rolls back).
+_RETRIED = (DeltaError, OSError, sqlite3.OperationalError)
 
 
 @dataclass
@@ -508,7 +510,9 @@ class Consumers:
         directory = self.lakehouse.consumer_dir(GROUP)
         dead = table_rows(self.lakehouse, f"{directory}/dead_letters", ["dead_letter_id", "msg_id"])
         actions = table_rows(self.lakehouse, f"{directory}/operator_actions", ["action", "dead_letter_id", "msg_id"])
-        with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=60) as db:
+        # While the group runs, a consumer the harness paused inside its transaction holds the database's lock until
+        # this loop resumes it: a read waits a second, not a minute, and is asked again at the next look.
+        with sqlite3.connect(self.db, timeout=60 if final else 1) as db:
             effects = db.execute("SELECT msg_id, topic, keys, topic_version, queue_offset, pid FROM effects "
                                  "ORDER BY rowid").fetchall()
         ended = {incarnation.pid: incarnation.ended for incarnation in self.incarnations}
@@ -549,7 +553,7 @@ class Consumers:
         group stopped."""
         messages = _retrying(lambda: [row for versions in self._topics.values() for row in versions.update()],
                              "reading the topics")
-        with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=60) as db:
+        with sqlite3.connect(self.db, timeout=60) as db:
             effects = [msg_id for msg_id, in db.execute("SELECT msg_id FROM effects")]
         dead = _retrying(lambda: [row["msg_id"] for row in table_rows(
             self.lakehouse, f"{self.lakehouse.consumer_dir(GROUP)}/dead_letters", ["msg_id"])], "reading the dead letters")
