@@ -105,16 +105,16 @@ class ConsumerInstances(InstanceRecords):
         """
         return self.files.read(self._changes_key(group), max_bytes=_MAX_CHANGES_BYTES)
 
-    def record_change(self, group: str, kind: str, instance_id: str) -> Versioned:
+    def record_change(self, group: str, kind: str, instance_id: str) -> str:
         """Add a change of ``group``'s membership (``kind``: ``joined``, ``left`` or ``dead``, of ``instance_id``)
         to the last :data:`KEPT_CHANGES` ones, by a conditional write (two instances recording at once both
-        land, one after the other); returns what was written. Refused for :data:`_RECORD_WITHIN_S` seconds, it is
+        land, one after the other); returns the change's id. Refused for :data:`_RECORD_WITHIN_S` seconds, it is
         written whatever is there: the changes it replaced are missing for the others, who then read every
         record.
 
         Example::
 
-            ConsumerInstances(lakehouse).record_change("credits", "joined", "9c1e…")
+            ConsumerInstances(lakehouse).record_change("credits", "joined", "9c1e…")  # '5d41…'
         """
         key = self._changes_key(group)
         change = [uuid.uuid4().hex[:16], kind, instance_id]
@@ -126,12 +126,11 @@ class ConsumerInstances(InstanceRecords):
             version = (self.files.create(key, data) if current is None
                        else self.files.replace(key, data, current.version))
             if version is not None:
-                return Versioned(data, version, 0)
+                return change[0]
             attempt += 1  # another instance wrote first: after a while drawn at random, so that the losers spread
             time.sleep(random.uniform(0, min(0.1, 0.005 * 2 ** attempt)))
-        data = json.dumps([change]).encode()
-        self.files.put(key, data)
-        return Versioned(data, "", 0)
+        self.files.put(key, json.dumps([change]).encode())
+        return change[0]
 
     def is_live(self, group: str, instance_id: str) -> bool:
         """Whether ``instance_id``'s own record, read now, says it is live (one GET).

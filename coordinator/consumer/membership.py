@@ -31,7 +31,7 @@ Example::
 
     membership = Membership(ConsumerGroup(lakehouse, "credits"), "9c1e…", config, time.time)
     membership.renew()              # the first renewal, whose errors the caller sees
-    membership.join()               # the others list the group's records at their next look
+    membership.join()               # the others read its record at their next look
     membership.start()              # then every heartbeat, on its own thread
     membership.fenced               # False: renewed just now
     live = membership.survey()      # {'9c1e…', …}
@@ -87,7 +87,7 @@ class Membership:
         self.live: set[str] = set()  # the group's live instances, as the last look found them
         self._listed: dict[str, int] = {}  # the group's records at the last listing, each with its time then
         self._surveyed_at = float("-inf")
-        self._changes: Optional[Versioned] = None  # the group's membership changes as this instance last read them
+        self._changes: Optional[bytes] = None  # the group's membership changes as this instance last read them
         self._applied: Optional[str] = None  # the id of the last of them applied to ``live``
         #: Claims of shares this instance dropped, still to release: a claim left naming a live instance would
         #: stall its share (the instance the hashing names never replaces it).
@@ -198,7 +198,7 @@ class Membership:
         instances, group = self.group.instances, self.group.group
         written = instances.changes(group)
         live = set(self.live)
-        if (written is None) != (self._changes is None) or (written is not None and written.data != self._changes.data):
+        if (None if written is None else written.data) != self._changes:
             live = self._apply(written, live)
         if now - self._surveyed_at >= _SURVEY_HEARTBEATS * self.heartbeat_s:
             self._surveyed_at = now
@@ -215,28 +215,26 @@ class Membership:
         self.live = live
         return live
 
-    def _apply(self, written, live: set[str]) -> set[str]:
-        """``live`` after the changes ``written`` holds since the last one applied; every record read when that one
+    def _apply(self, written: Optional[Versioned], live: set[str]) -> set[str]:
+        """``live`` after the changes ``written`` holds since the last one applied (each instance's last change
+        decides: one whose last is joining is read, at once on object storage); every record read when that one
         is no longer kept (or never was)."""
         changes = membership_changes(written)
         ids = [change_id for change_id, _, _ in changes]
-        self._changes = written
+        self._changes = None if written is None else written.data
         if self._applied not in ids:
             self._applied = ids[-1] if ids else None
             self._surveyed_at = self.clock()
             live, self._listed = self.group.instances.joined(self.group.group, (), {})
             return live
-        for change_id, kind, instance_id in changes[ids.index(self._applied) + 1:]:
-            if instance_id == self.instance_id:
-                if kind == "dead":  # taken for dead (a pause): the others drop it until it says it is back
-                    self._rejoin()
-            elif kind == "joined":
-                if self.group.instances.is_live(self.group.group, instance_id):
-                    live.add(instance_id)
-            else:
-                live.discard(instance_id)
+        last = {instance_id: kind for _, kind, instance_id in changes[ids.index(self._applied) + 1:]}
         self._applied = ids[-1]
-        return live
+        if last.pop(self.instance_id, None) == "dead":  # taken for dead (a pause): the others drop it until it
+            self._rejoin()                               # says it is back
+        joined = [instance_id for instance_id, kind in last.items() if kind == "joined"]
+        alive = read_all(lambda instance_id: self.group.instances.is_live(self.group.group, instance_id), joined,
+                         remote=self.remote)
+        return (live - set(last)) | {instance_id for instance_id, is_live in zip(joined, alive) if is_live}
 
     def _successor(self, live: set[str]) -> Optional[str]:
         """The live instance after this one by id (the first after the last): the one whose record it watches."""
@@ -246,8 +244,8 @@ class Membership:
     def join(self) -> None:
         """Record that this instance joined (after its first renewal): the others read its record at their next
         look. Its own first look reads every record."""
-        written = self.group.instances.record_change(self.group.group, "joined", self.instance_id)
-        self._applied = membership_changes(written)[-1][0]  # what came before it, the first look's listing finds
+        # What came before it, the first look's listing finds.
+        self._applied = self.group.instances.record_change(self.group.group, "joined", self.instance_id)
 
     def holders(self, sources: Iterable[str], shares: int) -> dict[str, list[Optional[str]]]:
         """Which live instance should hold each share of each source, by the last :meth:`survey`."""
