@@ -587,9 +587,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     report["verdicts"] = verdicts(report, args.storage_latency_ms)
     where = "local disk" if not args.storage_latency_ms else f"S3 server at {args.storage_latency_ms:g} ms a request"
     print(f"\nconsumer, {where}:")
-    for verdict in report["verdicts"]:
-        said = {True: "met", False: "MISSED", None: "not measured"}[verdict["met"]]
-        print(f"  {verdict['figure']:<48} {verdict['value']!s:>10}   target {verdict['target']:<10} {said}")
+    harness.print_verdicts(report["verdicts"])
     return harness.finish_report(report, Path(args.results))
 
 

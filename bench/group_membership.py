@@ -114,7 +114,7 @@ class Group:
                 process.join()
 
 
-def idle_cost(store, group: Group, instances: int, seconds: float) -> dict:
+def idle_cost(store, instances: int, seconds: float) -> dict:
     before, started = store.counts("consumer"), time.monotonic()
     time.sleep(seconds)
     spent = store.requests_since("consumer", before)
@@ -144,7 +144,7 @@ def run_group(store, args, instances: int, processes: int, stop_one: bool) -> di
     with Group(lakehouse.root, store.storage("consumer"), settings, per_process, shares) as group:
         group.wait_all_held(shares, START_TIMEOUT_S)
         time.sleep(args.settle_seconds)
-        figures = idle_cost(store, group, instances, args.idle_seconds)
+        figures = idle_cost(store, instances, args.idle_seconds)
         print(f"  idle, per instance: {figures['requests_per_s']} requests/s, ${figures['usd_per_day']} a day "
               f"({ {k: v for k, v in figures['requests'].items() if v} })", flush=True)
         if stop_one:
@@ -202,9 +202,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     ]
     print(f"\nan idle group of {args.instances} / of two, per instance: requests/s "
           f"{report['per_instance_over_two']['requests_per_s']}×, $ a day {report['per_instance_over_two']['usd_per_day']}×")
-    for verdict in report["verdicts"]:
-        said = {True: "met", False: "MISSED", None: "not measured"}[verdict["met"]]
-        print(f"  {verdict['figure']:<50} {verdict['value']!s:>8}   target {verdict['target']:<6} {said}")
+    harness.print_verdicts(report["verdicts"])
     return harness.finish_report(report, Path(args.results))
 
 

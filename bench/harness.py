@@ -20,7 +20,8 @@ from typing import Mapping, Optional
 from support import REPO_ROOT
 from support.quantiles import median, percentile
 
-__all__ = ["RESULTS", "ROOT", "TINY_HELP", "finish_report", "machine", "median", "parse_args", "percentile", "start_report"]
+__all__ = ["RESULTS", "ROOT", "TINY_HELP", "finish_report", "machine", "median", "parse_args", "percentile",
+           "print_verdicts", "start_report"]
 
 #: The checkout the benchmarks run from.
 ROOT = REPO_ROOT
@@ -51,6 +52,14 @@ def start_report(benchmark: str, args: dict) -> dict:
         "loadavg_start": now,
         "args": args,
     }
+
+
+def print_verdicts(verdicts: list[dict]) -> None:
+    """Each ``{"figure", "value", "target", "met"}`` a line: the figure, its value, its target and whether it was
+    met (``met`` ``None``: not measured)."""
+    for verdict in verdicts:
+        said = {True: "met", False: "MISSED", None: "not measured"}[verdict["met"]]
+        print(f"  {verdict['figure']:<50} {verdict['value']!s:>10}   target {verdict['target']!s:<10} {said}")
 
 
 def finish_report(report: dict, path: Path) -> dict:
