@@ -90,11 +90,11 @@ START_TIMEOUT_S = 120
 
 
 def instance(root: str, storage: dict, group: str, settings: dict, counter, shares_held, holding, by_share, seen,
-             ready, go, stop, cpu, record_path: Optional[str]) -> None:
+             ready, go, stop, cpu, read, record_path: Optional[str]) -> None:
     """One ``TopicConsumer`` of ``group`` on :data:`TOPIC`, what its listener is handed counted into ``counter`` (and
     per share into ``by_share``, and marking each queue offset below ``len(seen)`` in ``seen``, shared by the instances, so
     that a message handled twice counts once); ``shares_held`` says how many of the topic's shares it holds and
-    ``holding`` which (1 at each share's index). Ready
+    ``holding`` which (1 at each share's index), ``read`` the bytes and rows of the topic's files it has read. Ready
     once configured, consuming from ``go`` until ``stop``; with ``record_path``, writes each handled transaction
     id and when."""
     from coordinator import CoordinatorConfig, ConsumeResult, MessageListener, TopicConsumer
@@ -149,6 +149,7 @@ def instance(root: str, storage: dict, group: str, settings: dict, counter, shar
         held = {number for source, number in consumer.shares if source == TOPIC}
         holding[:] = [1 if number in held else 0 for number in range(len(holding))]
         shares_held.value = len(held)
+        read[:] = consumer.read_totals().get(TOPIC, (0, 0))
     consumer.close()
     publish()
     if record_path:
@@ -171,11 +172,14 @@ class Instances:
         self.holding = [context.Array("b", SHARES, lock=False) for _ in storages]
         self.ready = [context.RawValue("b", 0) for _ in storages]
         self.cpu = [context.RawValue("d", 0.0) for _ in storages]
+        #: Each instance's bytes and rows read of the topic's data files, as it last published them.
+        self.read = [context.RawArray("q", 2) for _ in storages]
         self.records = [None if record_dir is None else os.path.join(record_dir, f"handled-{n}.json")
                         for n in range(len(storages))]
         self.processes = [context.Process(target=instance, daemon=True, args=(
             root, storage, group, settings or {}, self.counters[n], self.held[n], self.holding[n], self.by_share[n], self.seen, self.ready[n],
-            self.go_event, self.stop_event, self.cpu[n], self.records[n])) for n, storage in enumerate(storages)]
+            self.go_event, self.stop_event, self.cpu[n], self.read[n], self.records[n]))
+            for n, storage in enumerate(storages)]
 
     def __enter__(self) -> "Instances":
         for process in self.processes:

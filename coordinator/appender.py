@@ -49,6 +49,7 @@ from coordinator.exceptions import InvalidArgumentError, UnsupportedTableError
 from coordinator.lakehouse import delta_log_file, open_table
 from coordinator.lakehouse.checkpoints import last_delta_checkpoint, write_delta_checkpoint
 from coordinator.lakehouse.deltalog import commit_actions
+from coordinator.lakehouse.slots import write_by_slot
 from coordinator.retries import note_commit_race_lost
 from coordinator.storage import CONCURRENT_READS, FileStore, Versioned, is_object_store, read_all
 
@@ -208,7 +209,8 @@ class DeltaAppender:
     Raises :class:`UnsupportedTableError` if the table's protocol asks more of a writer
     than appending. ``checkpoints=False`` leaves checkpoints to another writer; ``storage`` holds
     the object store's settings (``[storage]``) when ``path`` is on one; ``commit_info``, fields every commit's
-    ``commitInfo`` action carries (a commit log's writers name their client protocol there); ``backoff``, ``clock``
+    ``commitInfo`` action carries (a commit log's writers name their client protocol there); ``by_slot`` writes
+    each append's file by slot (a topic's: :mod:`coordinator.lakehouse.slots`); ``backoff``, ``clock``
     and ``sleep`` are injectable for tests.
 
     It stays a correct Delta writer:
@@ -250,13 +252,14 @@ class DeltaAppender:
 
     def __init__(self, path: str, *, checkpoints: bool = True, compact_every: Optional[int] = None,
                  storage: Optional[Mapping[str, str]] = None, commit_info: Optional[Mapping[str, object]] = None,
-                 backoff: Optional[CommitBackoff] = None, clock: Callable[[], float] = time.monotonic,
+                 by_slot: bool = False, backoff: Optional[CommitBackoff] = None, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         if compact_every is not None and compact_every < 2:
             raise InvalidArgumentError(f"compact_every must be at least 2 appends, got {compact_every}")
         self.path = path if is_object_store(path) else os.path.abspath(path)
         self.storage = dict(storage or {})
         self._commit_info = dict(commit_info or {})
+        self._by_slot = by_slot
         self._files = FileStore.at(self.path, self.storage)
         self._lock = threading.Lock()
         self._backoff = backoff or CommitBackoff()
@@ -473,13 +476,17 @@ class DeltaAppender:
     def _write_file(self, data: pa.Table, data_change: bool) -> dict:
         """Write ``data`` as a new Parquet file of the table; its ``add`` action."""
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        # Encoded in memory, written in one call: half the time of writing the file through pyarrow.
-        encoded = pa.BufferOutputStream()
-        pq.write_table(data, encoded, compression="snappy")
-        content = encoded.getvalue().to_pybytes()
+        tags: dict[str, str] = {}
+        if self._by_slot and data_change:
+            content, tags = write_by_slot(data)
+        else:
+            # Encoded in memory, written in one call: half the time of writing the file through pyarrow.
+            encoded = pa.BufferOutputStream()
+            pq.write_table(data, encoded, compression="snappy")
+            content = encoded.getvalue().to_pybytes()
         written_ms = self._files.put(name, content)
         return {"path": name, "partitionValues": {}, "size": len(content), "modificationTime": written_ms,
-                "dataChange": data_change, "stats": file_stats(data)}
+                "dataChange": data_change, "stats": file_stats(data), **({"tags": tags} if tags else {})}
 
     def _commit(self, commit: bytes, schema: pa.Schema, app_transactions: tuple[tuple[str, int], ...],
                 removes: frozenset[str] = frozenset(), snapshot_loads: int = 0, metadata_change: bool = False,

@@ -176,6 +176,11 @@ class FileStore(abc.ABC):
         ``max_bytes`` raises :class:`FileTooLargeError` before its content is read."""
 
     @abc.abstractmethod
+    def read_range(self, key: str, start: int, end: int) -> Optional[bytes]:
+        """Bytes ``start`` to ``end`` (not included) of the file (a ranged GET on object storage), or ``None`` if
+        there is no such file."""
+
+    @abc.abstractmethod
     def exists(self, key: str) -> bool:
         """Whether the file exists."""
 
@@ -252,6 +257,15 @@ class LocalFileStore(FileStore):
         except FileNotFoundError:
             return None
         return Versioned(data, _local_version(data), modified_ns // 1_000_000)
+
+    @_naming_denied_paths
+    def read_range(self, key: str, start: int, end: int) -> Optional[bytes]:
+        try:
+            with open(self._path(key), "rb") as file:
+                file.seek(start)
+                return file.read(end - start)
+        except FileNotFoundError:
+            return None
 
     @_naming_denied_paths
     def exists(self, key: str) -> bool:
@@ -395,6 +409,16 @@ class ObjectFileStore(FileStore):
             except FileNotFoundError:
                 return None
             return Versioned(data, result.meta["e_tag"], _milliseconds(result.meta["last_modified"]))
+
+        return self._retrying("read", key, attempt)
+
+    @_naming_denied_paths
+    def read_range(self, key: str, start: int, end: int) -> Optional[bytes]:
+        def attempt() -> Optional[bytes]:
+            try:
+                return bytes(obstore.get_range(self._store, key, start=start, end=end))
+            except FileNotFoundError:
+                return None
 
         return self._retrying("read", key, attempt)
 

@@ -12,8 +12,9 @@ __all__ = ["RecordingListener", "TopicFeed", "grant"]
 
 
 class TopicFeed:
-    """Appends to topic tables as the checker does: one version per batch, its rows in queue-offset order, with
-    the checker's application transaction; queue offsets count up across every topic, as the half queue's do.
+    """Appends to topic tables as the checker does: one version per batch, its rows in queue-offset order (by slot
+    unless ``by_slot=False``, a topic as written before that), with the checker's application transaction; queue
+    offsets count up across every topic, as the half queue's do.
 
     Example::
 
@@ -21,10 +22,11 @@ class TopicFeed:
         feed.deliver("T", [("k1", b"a"), ("k2", b"b")])   # version 0 of topics/T; returns the msg ids
     """
 
-    def __init__(self, config):
+    def __init__(self, config, by_slot: bool = True):
         from coordinator.lakehouse import Lakehouse
 
         self.lakehouse = Lakehouse.of(config)
+        self.by_slot = by_slot
         self.next_offset = 0
         self.batch_id = 0
         self._appenders = {}
@@ -57,7 +59,7 @@ class TopicFeed:
                 app_transactions=[Transaction("txcoord-checker", self.batch_id)])))
         if not created:
             if topic not in self._appenders:
-                self._appenders[topic] = DeltaAppender(path, storage=storage)
+                self._appenders[topic] = DeltaAppender(path, storage=storage, by_slot=self.by_slot)
             self._appenders[topic].append(data, app_transaction=("txcoord-checker", self.batch_id))
         return ids
 

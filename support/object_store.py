@@ -43,7 +43,8 @@ SECONDS_PER_DAY = 86_400
 
 class LatencyStore:
     """The S3 server (data under ``workdir``) and one :class:`FaultProxyProcess` per party, each adding
-    ``latency_ms`` to every request; started by ``with``. A proxy of its own process: delta-rs holds
+    ``latency_ms`` to every request (and with ``bandwidth_mb_s``, passing the bodies through a link of that many
+    megabytes a second, one per party); started by ``with``. A proxy of its own process: delta-rs holds
     the GIL while it waits, so a proxy thread beside it would never answer.
 
     :meth:`storage` is a party's storage options, :attr:`direct` the benchmark's own; :meth:`counts` a
@@ -51,8 +52,9 @@ class LatencyStore:
     each proxy also logs every request there, one JSON line each (:meth:`request_log`)."""
 
     def __init__(self, latency_ms: float, workdir: str, parties: Iterable[str] = ("producer", "checker"),
-                 request_logs: Optional[str] = None):
+                 request_logs: Optional[str] = None, bandwidth_mb_s: float = 0.0):
         self.latency_ms = latency_ms
+        self.bandwidth_mb_s = bandwidth_mb_s
         self.request_logs = request_logs
         self.workdir = workdir
         self.bucket = BUCKET
@@ -71,7 +73,7 @@ class LatencyStore:
             self.direct = server.storage_options
             for party in self.parties:
                 self._proxies[party] = self._stack.enter_context(FaultProxyProcess(
-                    server.endpoint, latency_s=self.latency_ms / 1000,
+                    server.endpoint, latency_s=self.latency_ms / 1000, bandwidth_bytes_s=self.bandwidth_mb_s * 1e6,
                     log_path=os.path.join(self.workdir, f"proxy-{party}.log"), request_log=self.request_log(party)))
         except BaseException:
             self._stack.close()

@@ -49,6 +49,8 @@ class TableDef:
     name: str
     columns: tuple[tuple[str, str], ...]
     properties: dict[str, str] = field(default_factory=dict)
+    #: Each file's rows by slot, for the consumers that read a share of each (``coordinator.lakehouse.slots``).
+    by_slot: bool = False
 
     @property
     def column_names(self) -> list[str]:
@@ -250,6 +252,7 @@ TOPIC = TableDef(
         ("batch_id", "long"),
     ),
     {"delta.checkpointInterval": "20"},
+    by_slot=True,
 )
 
 #: Committed messages whose topic could not be written when they were decided: their delivery is

@@ -367,6 +367,10 @@ def test_a_consumer_serves_its_calls_shares_and_lag_to_prometheus(settings, feed
         assert metric(text, "txcoord_consumer_instance_lag_messages", group="credits",
                       instance=consumer.instance_id, topic="ORDERS") == 0
         assert metric(text, "txcoord_consumer_fenced", group="credits", instance=consumer.instance_id) == 0
+        assert metric(text, "txcoord_consumer_read_rows_total", group="credits", instance=consumer.instance_id,
+                      topic="ORDERS") == 9  # the one version, whole (a small one is not cut by slot)
+        assert metric(text, "txcoord_consumer_read_bytes_total", group="credits", instance=consumer.instance_id,
+                      topic="ORDERS") == consumer.read_totals()["ORDERS"][0] > 0
     assert describe_consumer_group(settings, "credits").open_dead_letters == 1
 
 

@@ -266,6 +266,30 @@ def test_every_request_is_held_for_the_latency_and_counted_by_kind_as_s3_bills_i
     assert counts["by_status"]["412"] == 1 and sum(counts["by_status"].values()) == counts["requests"] == 15
 
 
+def test_a_bandwidth_is_shared_by_the_transfers_on_the_link_and_the_bodies_are_counted(s3_server):
+    bandwidth = 1_000_000
+    with FaultProxy(s3_server.endpoint, bandwidth_bytes_s=bandwidth) as proxy:
+        prefix = uuid.uuid4().hex
+        obstore.put(s3_store(s3_server.storage_options, prefix), "large", b"x" * bandwidth)
+        via = s3_store(proxy.storage_options(s3_server.storage_options), prefix)
+        finished = {}
+
+        def read(key):
+            started = time.monotonic()
+            obstore.get(via, key).bytes() if key == "large" else obstore.head(via, "large")
+            finished[key] = time.monotonic() - started
+
+        with ThreadPoolExecutor(2) as pool:
+            large = pool.submit(read, "large")
+            time.sleep(0.2)  # the large read under way: a small request beside it waits for its own bytes only
+            pool.submit(read, "small").result()
+            large.result()
+        counts = proxy.counts()
+    assert finished["large"] >= 1.0  # a megabyte at a megabyte a second, at the least
+    assert finished["small"] < finished["large"] / 2
+    assert counts["body_bytes"] == bandwidth and counts["bandwidth_bytes_s"] == bandwidth
+
+
 def test_request_kind_tells_a_listing_from_a_read_and_a_copy_from_a_write():
     assert request_kind("GET", {"list-type": "2", "prefix": "lh/_delta_log/"}, {}) == "LIST"
     assert request_kind("GET", {}, {}) == "GET"

@@ -269,6 +269,24 @@ def test_group_lag_tiny_run_serves_the_lag_it_wrote_in_fewer_requests_than_the_o
     assert total["warm, again"] == total["warm"]  # nothing committed since: no commit read again
 
 
+def test_share_reads_tiny_run_has_each_instance_read_a_part_and_the_same_topic_as_before_read_whole(tmp_path):
+    require_s3_server()
+    report = run_tiny("share_reads", tmp_path / "share-reads.json", timeout=600)
+
+    assert_envelope(report, "share_reads")
+    write = report["write"]
+    assert write["slots"] >= 2 and write["footer_bytes"] < write["by_slot_bytes"] / 10
+    one, four = report["reads"]["1"], report["reads"]["4"]
+    assert one["handled_all"] and four["handled_all"]
+    assert one["most_bytes_over_share"] == one["most_rows_over_share"] == 1.0
+    assert four["topic_rows"] == one["topic_rows"] == 4_000
+    assert four["most_rows_over_share"] < 2  # each of four read well under half of the rows
+    assert sum(each["rows"] for each in four["each"]) < 1.5 * four["topic_rows"]
+    runs = report["scaling"]["runs"]
+    assert all(run["steady_messages_per_s"] for run in runs.values())
+    assert set(runs) == {"by slot, 1", "by slot, 2", "as before, 2"}
+
+
 def test_maintenance_tiny_run_maintains_a_log_in_each_tree_and_counts_its_commit_reads(tmp_path):
     require_s3_server()
     report = run_tiny("maintenance", tmp_path / "maintenance.json", timeout=300)

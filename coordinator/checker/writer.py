@@ -72,7 +72,8 @@ class TableWriter:
             if create_as is not None:
                 create_table(create_as, path, self.storage)
             created = self._created_by(path, data, batch_id, created_with.properties if created_with else {})
-            appender = self._appenders[path] = DeltaAppender(path, storage=self.storage)
+            appender = self._appenders[path] = DeltaAppender(
+                path, storage=self.storage, by_slot=created_with is not None and created_with.by_slot)
             if created:
                 return 0
         return appender.append(data, app_transaction=(self.app_id, batch_id))

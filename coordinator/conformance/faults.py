@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import concurrent.futures
 import json
 import logging
@@ -191,9 +192,15 @@ class FaultProxy:
 
     def __init__(self, upstream_url: str, seed: int = 0, rates: Optional[Mapping[str, float]] = None,
                  delay_s: float = 2.0, methods: Optional[Iterable[str]] = None, host: str = "127.0.0.1",
-                 port: int = 0, latency_s: float = 0.0, request_log: Optional[str] = None):
+                 port: int = 0, latency_s: float = 0.0, request_log: Optional[str] = None,
+                 bandwidth_bytes_s: float = 0.0):
         if latency_s < 0:
             raise InvalidArgumentError(f"a latency is at least 0 s, got {latency_s}")
+        if bandwidth_bytes_s < 0:
+            raise InvalidArgumentError(f"a bandwidth is at least 0 (none: no limit), got {bandwidth_bytes_s}")
+        self.bandwidth_bytes_s = bandwidth_bytes_s
+        self._link = _Link(bandwidth_bytes_s) if bandwidth_bytes_s else None
+        self._body_bytes = 0
         self.upstream_url = upstream_url.rstrip("/")
         self.request_log = request_log
         self._request_log = None
@@ -217,15 +224,16 @@ class FaultProxy:
     def counts(self) -> dict:
         """What ``GET /_faults`` answers: requests proxied (``/_faults`` aside), those forwarded to
         the server (``delay`` and ``drop_reply`` among them), faults injected by kind, requests by
-        HTTP method and by :func:`request_kind`, the server's replies by status, the schedule, the
-        added latency, and the faults :meth:`inject_next` queued that no request has had yet, in all and by
+        HTTP method and by :func:`request_kind`, the server's replies by status, the bytes of the bodies forwarded
+        both ways (``body_bytes``), the schedule, the added latency and bandwidth, and the faults :meth:`inject_next` queued that no request has had yet, in all and by
         their ``path_contains`` (``""`` for any path)."""
         with self._lock:
             return {"requests": self._requests, "forwarded": self._forwarded,
                     "injected": {kind: self._injected[kind] for kind in KINDS},
                     "by_method": dict(self._by_method), "by_kind": {kind: self._by_kind[kind] for kind in REQUEST_KINDS},
                     "by_status": {str(status): count for status, count in sorted(self._by_status.items())},
-                    "latency_s": self.latency_s, "enabled": self._enabled,
+                    "body_bytes": self._body_bytes, "latency_s": self.latency_s,
+                    "bandwidth_bytes_s": self.bandwidth_bytes_s, "enabled": self._enabled,
                     "seed": self._schedule.seed, "rates": dict(self._schedule.rates),
                     "methods": None if self._schedule.methods is None else sorted(self._schedule.methods),
                     "queued": len(self._queued),
@@ -388,6 +396,9 @@ class FaultProxy:
             return web.Response(status=502, text=f"{error!r}\n")
         with self._lock:
             self._by_status[status] += 1
+            self._body_bytes += len(body) + len(data)
+        if self._link is not None:
+            await self._link.carry(len(body) + len(data))
         if kind == "drop_reply":
             return _abort(request, reset=False)
         if hdrs.CONTENT_LENGTH not in headers and request.method != hdrs.METH_HEAD:
@@ -398,6 +409,48 @@ class FaultProxy:
         await response.prepare(request)
         await response.write_eof(data)
         return response
+
+
+class _Link:
+    """A link of ``bytes_s`` bytes a second shared evenly by the transfers on it at each moment, as TCP flows share
+    a machine's network: a small request beside a large read waits for its own bytes, not for the read's."""
+
+    def __init__(self, bytes_s: float):
+        self.bytes_s = bytes_s
+        self._left: dict[asyncio.Future, float] = {}  # each transfer under way: its bytes not carried yet
+        self._changed: Optional[asyncio.Event] = None
+        self._carrier: Optional[asyncio.Task] = None
+
+    async def carry(self, size: int) -> None:
+        """Return once ``size`` bytes have crossed the link beside whatever else crosses it."""
+        if size <= 0:
+            return
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        done = asyncio.get_running_loop().create_future()
+        self._left[done] = float(size)
+        self._changed.set()
+        if self._carrier is None or self._carrier.done():
+            self._carrier = asyncio.ensure_future(self._carry_all())
+        await done
+
+    async def _carry_all(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._changed is not None
+        while self._left:
+            self._changed.clear()
+            sharing = list(self._left)  # one arriving while they share it has carried nothing yet
+            share = self.bytes_s / len(sharing)  # each transfer's rate while this many share the link
+            started = loop.time()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(self._left.values()) / share)
+            carried = (loop.time() - started) * share
+            for done in sharing:
+                self._left[done] -= carried
+                if self._left[done] <= 1e-6:
+                    del self._left[done]
+                    if not done.done():
+                        done.set_result(None)
 
 
 class FaultProxyProcess:
@@ -417,12 +470,15 @@ class FaultProxyProcess:
 
     def __init__(self, upstream_url: str, seed: int = 0, rates: Optional[Mapping[str, float]] = None,
                  delay_s: float = 2.0, methods: Optional[Iterable[str]] = None, log_path: Optional[str] = None,
-                 latency_s: float = 0.0, request_log: Optional[str] = None):
+                 latency_s: float = 0.0, request_log: Optional[str] = None, bandwidth_bytes_s: float = 0.0):
         FaultSchedule(seed, rates, methods)  # a bad rate or kind is refused here, not in the child
         if latency_s < 0:
             raise InvalidArgumentError(f"a latency is at least 0 s, got {latency_s}")
+        if bandwidth_bytes_s < 0:
+            raise InvalidArgumentError(f"a bandwidth is at least 0 (none: no limit), got {bandwidth_bytes_s}")
         self._argv = [sys.executable, "-m", __name__, "--upstream", upstream_url, "--seed", str(seed),
-                      "--delay-s", str(delay_s), "--latency-ms", repr(latency_s * 1000)]
+                      "--delay-s", str(delay_s), "--latency-ms", repr(latency_s * 1000),
+                      "--bandwidth-mb-s", repr(bandwidth_bytes_s / 1e6)]
         if rates:
             self._argv += ["--rates", ",".join(f"{kind}={rate}" for kind, rate in rates.items())]
         if methods:
@@ -524,6 +580,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--latency-ms", type=float, default=0.0,
                         help="milliseconds added to every request, faults or not: an object store's round trip "
                              "(default 0)")
+    parser.add_argument("--bandwidth-mb-s", type=float, default=0.0,
+                        help="megabytes (10^6 bytes) a second the request and reply bodies share: a client's link "
+                             "(default 0: no limit)")
     parser.add_argument("--methods", type=lambda text: [m for m in text.split(",") if m],
                         help="only these HTTP methods get random faults, e.g. PUT,POST (default: all)")
     parser.add_argument("--request-log", default=None,
@@ -534,7 +593,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         proxy = FaultProxy(args.upstream, seed=args.seed, rates=args.rates, delay_s=args.delay_s,
                            methods=args.methods, host=args.host, port=args.port, latency_s=args.latency_ms / 1000,
-                           request_log=args.request_log)
+                           request_log=args.request_log, bandwidth_bytes_s=args.bandwidth_mb_s * 1e6)
     except ValueError as error:
         parser.error(str(error))
     stop = {signal.SIGTERM, signal.SIGINT}

@@ -270,6 +270,16 @@ class TopicConsumer:
                                  + unread / self._shares_per_topic)
         return {source: round(count) for source, count in lag.items()}
 
+    def read_totals(self) -> dict[str, tuple[int, int]]:
+        """Bytes and rows of each topic's data files this instance has read so far: of a topic the checker wrote by
+        slot, about its shares' part (what the consumer's read metrics show).
+
+        Example::
+
+            consumer.read_totals()  # {'ORDER_TOPIC': (1048576, 1000)}
+        """
+        return {source: (log.bytes_read, log.rows_read) for source, log in self._reading.logs.items()}
+
     def _halt(self) -> None:
         """Stop at once, saving nothing and withdrawing nothing: what ``kill -9`` leaves behind (for tests)."""
         self._halted = True

@@ -39,6 +39,7 @@ from coordinator.consumer.instances import ConsumerInstances
 from coordinator.control.instances import claim_owner, json_object
 from coordinator.exceptions import AccessDeniedError, CorruptInputError, FileTooLargeError
 from coordinator.lakehouse import Lakehouse
+from coordinator.lakehouse.slots import key_hash
 
 __all__ = ["DEFAULT_SHARES", "GRANT_FILE", "MAX_ERROR_CHARS", "MAX_SHARES", "REDRIVE_SOURCE",
            "ConsumerGroup", "GroupGrant", "ShareProgress", "dead_letter_id", "share_of", "share_owners"]
@@ -61,8 +62,7 @@ def share_of(keys: Optional[str], msg_id: str, shares: int) -> int:
 
         share_of("order-42", "9f2c…", 16)  # 11, on every host and every run
     """
-    text = keys if keys else f"\0{msg_id}"
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") % shares
+    return key_hash(keys, msg_id) % shares
 
 
 def share_owners(group: str, topic: str, shares: int, live: Iterable[str]) -> list[Optional[str]]:

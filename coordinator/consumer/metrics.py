@@ -9,7 +9,9 @@
 * ``txcoord_consumer_shares_held{group, instance}``, ``txcoord_consumer_shares_stopped{group, instance}`` (by an
   error it does not retry), ``txcoord_consumer_fenced{group, instance}`` (1 while it may have lost its shares);
 * ``txcoord_consumer_instance_lag_messages{group, instance, topic}``: messages of its shares not handled yet, as
-  far as the instance has looked (:meth:`TopicConsumer.lag`).
+  far as the instance has looked (:meth:`TopicConsumer.lag`);
+* ``txcoord_consumer_read_bytes_total{group, instance, topic}``, ``txcoord_consumer_read_rows_total{...}``: what the
+  instance has read of the topic's data files (of a topic written by slot, about its shares' part).
 
 ``topic`` is ``~redrive`` for the group's redrive table. The gauges are computed at each scrape from the
 instances' memory: a scrape makes no request to the storage.
@@ -27,7 +29,7 @@ import threading
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from coordinator.config import CoordinatorConfig
 from coordinator.consumer.dispatch import CallCounts
@@ -44,6 +46,8 @@ class _Instance(Protocol):
     def health(self): ...
 
     def lag(self) -> dict[str, int]: ...
+
+    def read_totals(self) -> dict[str, tuple[int, int]]: ...
 
 
 _served: dict[tuple[str, int], "ConsumerMetrics"] = {}
@@ -125,6 +129,10 @@ class _InstancesCollector:
                                    labels=["group", "instance"])
         lag = GaugeMetricFamily("txcoord_consumer_instance_lag_messages",
                                 "Messages of the instance's shares not handled yet.", labels=["group", "instance", "topic"])
+        read_bytes = CounterMetricFamily("txcoord_consumer_read_bytes", "Bytes of the topic's data files the "
+                                         "instance has read.", labels=["group", "instance", "topic"])
+        read_rows = CounterMetricFamily("txcoord_consumer_read_rows", "Rows of the topic's data files the instance "
+                                        "has read.", labels=["group", "instance", "topic"])
         with _serving:
             consumers = list(self.metrics.consumers)
         for consumer in consumers:
@@ -135,4 +143,7 @@ class _InstancesCollector:
             fenced.add_metric(labels, 1 if health.fenced else 0)
             for topic, count in consumer.lag().items():
                 lag.add_metric([*labels, topic], count)
-        return [held, stopped, fenced, lag]
+            for topic, (count_bytes, count_rows) in consumer.read_totals().items():
+                read_bytes.add_metric([*labels, topic], count_bytes)
+                read_rows.add_metric([*labels, topic], count_rows)
+        return [held, stopped, fenced, lag, read_bytes, read_rows]

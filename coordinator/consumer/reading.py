@@ -73,6 +73,12 @@ class Reading:
         latest, reading = {}, {}
         room = self.config.consumer_max_buffered
         readable = [share for share in shares if share.stopped is None]
+        held: dict[str, set[int]] = {}
+        for share in readable:
+            held.setdefault(share.source, set()).add(share.number)
+        for share in readable:  # each source's log reads the parts of its versions holding these shares
+            if share.source in held:
+                share.log.want(held.pop(share.source), share.shares)
         for share in readable:
             if len(share.pending) < room:
                 reading[share.source] = min(reading.get(share.source, share.next_read), share.next_read)

@@ -6,7 +6,9 @@ versions in order, and ``queue_offset`` within a version. ``queue_offset`` alone
 message withheld while its topic could not be written lands in a later version than messages with higher
 offsets. A consumer reads a version's commit file (``_delta_log/<version>.json``), then the data files it
 added with new data (a compaction's, ``dataChange=false``, are skipped, as Delta's change feed skips them),
-each straight from the storage; how far the table has grown is found by probing the next commit file, one
+each straight from the storage: of a file the checker wrote by slot (:mod:`coordinator.lakehouse.slots`), only
+the row groups of the shares this instance holds (:meth:`TopicLog.want`), with the file's footer, at once; how far
+the table has grown is found by probing the next commit file, one
 request per poll, as the checker finds new commit-log versions. The probe is a GET (priced as a HEAD on S3), and
 the commit file it finds is kept for the read: on object storage the found version's data files are read at
 once beside the probe of the version after it, so a new version costs the reader two round trips, not four.
@@ -29,7 +31,7 @@ import datetime as dt
 import re
 import threading
 from collections import OrderedDict
-from typing import Mapping, Optional
+from typing import Mapping, NamedTuple, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,8 +39,10 @@ import pyarrow.parquet as pq
 
 from coordinator.exceptions import CorruptInputError, FileTooLargeError, PositionGoneError, one_line
 from coordinator.lakehouse.delta import open_table
-from coordinator.lakehouse.deltalog import MAX_COMMIT_FILE_BYTES, added_files, commit_actions, commit_record_count
+from coordinator.lakehouse.deltalog import (MAX_COMMIT_FILE_BYTES, added_files, added_statistics, commit_actions,
+                                            commit_record_count)
 from coordinator.lakehouse.reads import query_snapshot
+from coordinator.lakehouse.slots import SLOTS_TAG, SlotIndex, read_row_groups
 from coordinator.storage import FileStore, read_all
 from coordinator.tables import TOPIC
 
@@ -72,12 +76,29 @@ class TopicLog:
         #: Probes made (GETs of a next commit file), for tests that count a consumer's requests.
         self.probes = 0
         self._reading: dict[int, threading.Event] = {}  # versions read_ahead is reading: set once they are read
+        self._wanted: Optional[_Shares] = None  # the shares whose rows a read fetches; None: every row
+        #: Bytes of data files and rows read so far (tests and benchmarks: what an instance reads of a topic).
+        self.bytes_read = 0
+        self.rows_read = 0
+        self._counting = threading.Lock()
         self._lock = threading.Lock()
 
     @property
     def known(self) -> Optional[int]:
         """The newest version the last :meth:`latest` found (``None`` before one), with no request."""
         return self._latest
+
+    def want(self, numbers: "frozenset[int] | set[int]", shares: int) -> None:
+        """From now on read of each version only the rows of shares ``numbers`` of ``shares`` (and whatever else
+        lies in the same parts of its files): where the checker wrote a file by slot, the row groups holding them.
+        A share asked for later of a version read without it reads that version again.
+
+        Example::
+
+            log.want({3, 11}, 16)   # an instance holding shares 3 and 11 of 16 reads about an eighth of each file
+        """
+        with self._lock:
+            self._wanted = _Shares(frozenset(numbers), shares)
 
     def listed(self) -> dict[int, int]:
         """Every commit version in the table's log now, with when it was written (epoch milliseconds).
@@ -114,10 +135,10 @@ class TopicLog:
                 version = self._latest = self._latest + 1
                 if read_ahead and version not in self._cache and found is not None:
                     read_ahead -= 1
-                    table, found = read_all(lambda read: read(), [lambda: self._table_or_none(version, found),
-                                                                  lambda: self._probe(version + 1)], remote=True)
-                    if table is not None:  # else read again by rows(), which says what is wrong with it
-                        self._remember(version, _Version(table))
+                    read, found = read_all(lambda call: call(), [lambda: self._version_or_none(version, found),
+                                                                 lambda: self._probe(version + 1)], remote=True)
+                    if read is not None:  # else read again by rows(), which says what is wrong with it
+                        self._remember(version, read)
                     continue
                 self._keep(version, found)
                 found = self._probe(version + 1)
@@ -138,9 +159,10 @@ class TopicLog:
         while len(self._commits) > _KEPT_COMMITS:
             self._commits.popitem(last=False)
 
-    def _table_or_none(self, version: int, commit: Optional[bytes]) -> Optional[pa.Table]:
+    def _version_or_none(self, version: int, commit: Optional[bytes]) -> "Optional[_Version]":
+        """The version read for the shares wanted now, or ``None`` if it cannot be (off the reader's thread)."""
         try:
-            return self._read(version, commit)
+            return self._read(version, commit, self._wanted)
         except Exception:  # noqa: BLE001 - read again by rows(), on the reader's thread, where it is reported
             return None
 
@@ -169,11 +191,11 @@ class TopicLog:
 
     def _read_in_background(self, wanted: list[tuple[int, Optional[bytes]]], read: threading.Event) -> None:
         try:
-            tables = read_all(lambda item: self._table_or_none(*item), wanted, remote=True)
+            versions = read_all(lambda item: self._version_or_none(*item), wanted, remote=True)
             with self._lock:
-                for (version, _), table in zip(wanted, tables):
-                    if table is not None:
-                        self._remember(version, _Version(table))
+                for (version, _), found in zip(wanted, versions):
+                    if found is not None:
+                        self._remember(version, found)
         finally:
             with self._lock:
                 for version, _ in wanted:
@@ -208,7 +230,7 @@ class TopicLog:
 
             TopicLog(files, "topics/T").rows(3)[0]["msg_id"]  # '9f2c…'
         """
-        return self._version(version).rows()
+        return self._version(version, None).rows()
 
     def share_rows(self, version: int, number: int, shares: int, share_of) -> list[dict]:
         """The :meth:`rows` of ``version`` in share ``number`` of ``shares`` by ``share_of(keys, msg_id, shares)``,
@@ -219,7 +241,7 @@ class TopicLog:
 
             TopicLog(files, "topics/T").share_rows(3, 5, 16, share_of)   # the rows of share 5 of 16
         """
-        return self._version(version).share_rows(number, shares, share_of)
+        return self._version(version, (number, shares)).share_rows(number, shares, share_of)
 
     def known_count(self, version: int) -> int:
         """How many messages version ``version`` added, as far as known with no request: from its rows if read,
@@ -232,7 +254,7 @@ class TopicLog:
         with self._lock:
             cached = self._cache.get(version)
             if cached is not None:
-                return cached.table.num_rows
+                return cached.total_rows
             commit = self._commits.get(version)
         return 0 if commit is None else commit_record_count(commit)
 
@@ -243,7 +265,7 @@ class TopicLog:
 
             TopicLog(files, "topics/T").row_count(3)  # 250
         """
-        return self._version(version).table.num_rows
+        return self._version(version, ()).total_rows
 
     def batch_of(self, version: int) -> Optional[int]:
         """The checker batch that wrote version ``version`` (its rows' ``batch_id``), or ``None`` if none says.
@@ -252,10 +274,7 @@ class TopicLog:
 
             TopicLog(files, "topics/T").batch_of(3)  # 1207
         """
-        table = self._version(version).table
-        if "batch_id" not in table.column_names or table.num_rows == 0:
-            return None
-        return pc.max(table.column("batch_id")).as_py()
+        return self._version(version, ()).batch
 
     def snapshot_share_rows(self, version: int, number: int, shares: int, share_of) -> list[dict]:
         """The rows of share ``number`` of ``shares`` in the table's snapshot at ``version``: every message the
@@ -286,21 +305,36 @@ class TopicLog:
         """
         return self._snapshot[1].table.num_rows if self._snapshot is not None and self._snapshot[0] == version else None
 
-    def _version(self, version: int) -> "_Version":
+    def _version(self, version: int, share: "tuple[int, int] | tuple[()] | None") -> "_Version":
+        """Version ``version`` as read, holding the rows of ``share`` (number, shares); every row if ``None``; any
+        part of it if ``()``. Read again if what is kept of it lacks them."""
         with self._lock:
             reading = self._reading.get(version)
         if reading is not None:
             reading.wait()
         with self._lock:
             cached = self._cache.get(version)
-            if cached is not None:
+            if cached is not None and cached.holds(share):
                 self._cache.move_to_end(version)
                 return cached
             commit = self._commits.pop(version, None)
-        read = _Version(self._read(version, commit))
+            wanted = None if share is None else self._wanted if not share else _Shares.joined(self._wanted, *share)
+        read = self._read(version, commit, wanted)
         with self._lock:
+            self._forget(version)
             self._remember(version, read)
-            return self._cache.get(version, read)
+            return read
+
+    def _count(self, bytes_read: int = 0, rows_read: int = 0) -> None:
+        with self._counting:  # reads run on several threads at once
+            self.bytes_read += bytes_read
+            self.rows_read += rows_read
+
+    def _forget(self, version: int) -> None:
+        """Drop what is kept of ``version`` (the lock held)."""
+        dropped = self._cache.pop(version, None)
+        if dropped is not None:
+            self._cached_rows -= dropped.table.num_rows
 
     def _remember(self, version: int, read: "_Version") -> None:
         """Cache ``read`` as ``version`` (the lock held)."""
@@ -311,8 +345,9 @@ class TopicLog:
         while len(self._cache) > CACHED_VERSIONS and self._cached_rows > CACHED_ROWS:
             self._cached_rows -= self._cache.popitem(last=False)[1].table.num_rows
 
-    def _read(self, version: int, commit: Optional[bytes] = None) -> pa.Table:
-        """The rows ``version`` added, from ``commit`` (its commit file, as a probe found it) or its file read now."""
+    def _read(self, version: int, commit: Optional[bytes], wanted: "Optional[_Shares]") -> "_Version":
+        """The rows ``version`` added (of the shares ``wanted``, ``None``: all), from ``commit`` (its commit file, as
+        a probe found it) or its file read now."""
         if commit is None:
             key = f"{self.table}/_delta_log/{version:020d}.json"
             try:
@@ -324,32 +359,78 @@ class TopicLog:
                                         "past it): `txcoord consumer-groups reset` moves the group to a version it "
                                         "holds")
             commit = found.data
-        return self._table_of(version, commit)
+        return self._version_of(version, commit, wanted)
 
-    def _table_of(self, version: int, commit: bytes) -> pa.Table:
-        paths = []
-        for added in added_files(commit_actions(commit)):
+    def _version_of(self, version: int, commit: bytes, wanted: "Optional[_Shares]") -> "_Version":
+        actions = commit_actions(commit)
+        files = []
+        for added in added_files(actions):
             if added.path is None:
                 raise CorruptInputError(f"{self.table} version {version}: {added.refusal}")
-            paths.append(added.path)
+            index = SlotIndex.parse(added.tags.get(SLOTS_TAG), added.size) \
+                if wanted is not None and isinstance(added.tags, dict) else None
+            row_groups = None if index is None else index.row_groups_for(wanted.numbers, wanted.shares)
+            files.append((added.path, index, row_groups))
 
-        def read_file(path: str) -> pa.Table:
-            found = self.files.read(f"{self.table}/{path}")
+        def read_file(file: tuple) -> pa.Table:
+            path, index, row_groups = file
+            key = f"{self.table}/{path}"
+            if row_groups is not None:
+                ranges = index.ranges_for(row_groups)
+                pieces = read_all(lambda span: self.files.read_range(key, *span), ranges, remote=self.files.remote)
+                if any(piece is None for piece in pieces):
+                    raise PositionGoneError(f"{self.table} version {version}: its data file {path} is gone (vacuumed)")
+                self._count(bytes_read=sum(map(len, pieces)))
+                try:
+                    return read_row_groups(index.size, dict(zip(ranges, pieces)), row_groups)
+                except (pa.ArrowException, OSError) as error:
+                    raise CorruptInputError(f"{self.table} version {version}: {path}'s slots are not where its "
+                                            f"tags say ({one_line(error)})") from None
+            found = self.files.read(key)
             if found is None:
                 raise PositionGoneError(f"{self.table} version {version}: its data file {path} is gone (vacuumed)")
+            self._count(bytes_read=len(found.data))
             # One file, one thread: read_table goes through the datasets layer and its thread pool, many times
             # slower on a version's small file (docs/performance-log.md#consumers).
             return pq.ParquetFile(pa.BufferReader(found.data)).read(use_threads=False)
 
-        tables = read_all(read_file, paths, remote=self.files.remote)
+        tables = read_all(read_file, files, remote=self.files.remote)
+        whole = all(row_groups is None for _, _, row_groups in files)
         if not tables:
-            return pa.table({"keys": pa.array([], pa.string()), "msg_id": pa.array([], pa.string()),
-                             "queue_offset": pa.array([], pa.int64())})
-        table = pa.concat_tables(tables, promote_options="default")
-        missing = _SHARED_COLUMNS.difference(table.column_names)
-        if missing:
-            raise CorruptInputError(f"{self.table} version {version}: no column {', '.join(sorted(missing))}")
-        return table.sort_by("queue_offset")
+            table = pa.table({"keys": pa.array([], pa.string()), "msg_id": pa.array([], pa.string()),
+                              "queue_offset": pa.array([], pa.int64())})
+        else:
+            table = pa.concat_tables(tables, promote_options="default")
+            missing = _SHARED_COLUMNS.difference(table.column_names)
+            if missing:
+                raise CorruptInputError(f"{self.table} version {version}: no column {', '.join(sorted(missing))}")
+        self._count(rows_read=table.num_rows)
+        statistics = added_statistics(actions)
+        return _Version(table.sort_by("queue_offset"), None if whole else wanted,
+                        table.num_rows if whole else commit_record_count(commit), _batch(table, statistics))
+
+
+def _batch(table: pa.Table, statistics: list[dict]) -> Optional[int]:
+    """The checker batch that wrote a version: its rows' ``batch_id``, or its files' statistics' when none was read."""
+    if "batch_id" in table.column_names and table.num_rows:
+        return pc.max(table.column("batch_id")).as_py()
+    batches = [stats.get("maxValues", {}).get("batch_id") for stats in statistics if isinstance(stats.get("maxValues"), dict)]
+    batches = [batch for batch in batches if type(batch) is int]
+    return max(batches) if batches else None
+
+
+class _Shares(NamedTuple):
+    """Shares ``numbers`` of ``shares``: the rows a read fetches."""
+
+    numbers: frozenset[int]
+    shares: int
+
+    @staticmethod
+    def joined(wanted: "Optional[_Shares]", number: int, shares: int) -> "_Shares":
+        """``wanted`` and share ``number`` of ``shares`` (that share alone if ``wanted`` counts other shares)."""
+        if wanted is None or wanted.shares != shares:
+            return _Shares(frozenset({number}), shares)
+        return _Shares(wanted.numbers | {number}, shares)
 
 
 #: The columns a version's rows are shared out and ordered by.
@@ -359,13 +440,24 @@ _SHARED_COLUMNS = frozenset({"keys", "msg_id", "queue_offset"})
 class _Version:
     """A version's rows as read, and converted to dicts only as asked: whole, or the rows of one share."""
 
-    __slots__ = ("table", "_rows", "_positions", "_share_rows")
+    __slots__ = ("table", "read_for", "total_rows", "batch", "_rows", "_positions", "_share_rows")
 
-    def __init__(self, table: pa.Table):
+    def __init__(self, table: pa.Table, read_for: Optional[_Shares] = None, total_rows: Optional[int] = None,
+                 batch: Optional[int] = None):
         self.table = table
+        self.read_for = read_for  # the shares whose rows were read; None: every row
+        self.total_rows = table.num_rows if total_rows is None else total_rows
+        self.batch = batch
         self._rows: Optional[list[dict]] = None
         self._positions: dict[int, list[list[int]]] = {}  # shares → each share's row positions
         self._share_rows: dict[tuple[int, int], list[dict]] = {}
+
+    def holds(self, share: "tuple[int, int] | tuple[()] | None") -> bool:
+        """Whether the rows read include those of ``share`` (number, shares); of every share if ``None``; ``()``:
+        any part will do."""
+        if self.read_for is None or share == ():
+            return True
+        return share is not None and share[1] == self.read_for.shares and share[0] in self.read_for.numbers
 
     def rows(self) -> list[dict]:
         if self._rows is None:

@@ -52,6 +52,9 @@ class AddedFile(NamedTuple):
 
     path: Optional[str]
     refusal: Optional[str] = None
+    #: Its ``size`` and ``tags`` as the add action gives them (untrusted: checked by whoever uses them).
+    size: object = None
+    tags: object = None
 
 
 def commit_actions(data: bytes) -> list[dict]:
@@ -164,7 +167,7 @@ def added_files(actions: list[dict]) -> list[AddedFile]:
             continue
         path = unquote(add["path"])
         if _DATA_PATH.fullmatch(path) and not {".", ".."} & set(path.split("/")):
-            files.append(AddedFile(path))
+            files.append(AddedFile(path, size=add.get("size"), tags=add.get("tags")))
         else:
             files.append(AddedFile(None, _short(f"data file outside the commit log's directory: {add['path']}")))
     return files
