@@ -86,18 +86,18 @@ def lakehouse(tmp_path):
     feed = TopicFeed(settings)
     feed.deliver("ORDERS", messages(10))  # the table's first version, made by delta-rs
     for seed in range(3):
-        feed.deliver("ORDERS", messages(1200, seed))
+        feed.deliver("ORDERS", messages(1600, seed))
     feed.close()
     return Lakehouse(settings.lakehouse)
 
 
 def test_spark_and_delta_rs_readers_see_every_row_of_a_topic_written_by_slot(lakehouse):
     table = DeltaTable(lakehouse.topic("ORDERS")).to_pyarrow_table()
-    assert table.num_rows == 3610
+    assert table.num_rows == 4810
     assert table.schema.names == TOPIC.column_names
     commit = FileStore.at(lakehouse.topic("ORDERS")).read("_delta_log/00000000000000000003.json")
     [add] = [action["add"] for action in commit_actions(commit.data) if "add" in action]
-    assert json.loads(add["stats"])["numRecords"] == 1200
+    assert json.loads(add["stats"])["numRecords"] == 1600
     assert SlotIndex.parse(add["tags"][SLOTS_TAG], add["size"]).bits >= 4
 
 
@@ -113,7 +113,7 @@ def test_each_instance_of_sixteen_reads_its_share_of_each_file_and_little_more(l
         part.want({number}, 16)
         for version in (1, 2, 3):
             assert part.share_rows(version, number, 16, share_of) == share_of_rows(whole.rows(version), number, 16)
-            assert part.row_count(version) == whole.row_count(version) == 1200
+            assert part.row_count(version) == whole.row_count(version) == 1600
             assert part.batch_of(version) == whole.batch_of(version)
         share = len(share_of_rows(rows, number, 16)) / len(rows)  # about a sixteenth, by chance
         assert part.rows_read == len(share_of_rows(rows, number, 16))
@@ -133,3 +133,24 @@ def test_a_share_asked_for_later_reads_the_version_again_with_it(lakehouse):
     assert log.share_rows(2, 5, 16, share_of) == share_of_rows(whole.rows(2), 5, 16)
     assert log.bytes_read == read  # kept: the two read together
     assert log.rows(2) == whole.rows(2)
+
+
+def test_a_topic_by_slot_past_its_checkpoint_reads_the_same_in_spark_and_delta_rs_and_takes_sparks_appends(spark, tmp_path):
+    settings = CoordinatorConfig(lakehouse=str(tmp_path / "lakehouse"))
+    init_lakehouse(settings.lakehouse)
+    feed = TopicFeed(settings)
+    for seed in range(22):  # the topic checkpoints every 20 commits: versions 20 and 21 past it
+        feed.deliver("ORDERS", messages(200, seed))
+    feed.close()
+    path = Lakehouse(settings.lakehouse).topic("ORDERS")
+    assert FileStore.at(path).exists("_delta_log/00000000000000000020.checkpoint.parquet")
+    seen_by_spark = spark.read.format("delta").load(path)
+    assert seen_by_spark.count() == DeltaTable(path).to_pyarrow_table().num_rows == 22 * 200
+    assert seen_by_spark.filter("queue_offset >= 4000").count() == 400
+    more = seen_by_spark.limit(1).collect()[0].asDict()
+    spark.createDataFrame([more], seen_by_spark.schema).write.format("delta").mode("append").save(path)
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 22 * 200 + 1
+    log = TopicLog(FileStore.at(settings.lakehouse), "topics/ORDERS")
+    log.want({0}, 2)
+    assert len(log.share_rows(21, 0, 2, share_of)) + len(log.share_rows(21, 1, 2, share_of)) == 200
+    assert log.rows(22)[0]["msg_id"] == more["msg_id"]  # Spark's file: no slots, read whole

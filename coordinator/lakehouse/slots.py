@@ -37,9 +37,9 @@ __all__ = ["MAX_SLOT_BITS", "SLOTS_TAG", "SlotIndex", "key_hash", "read_row_grou
 #: each read their part and no more (with more, a slot holds the rows of several instances).
 MAX_SLOT_BITS = 6
 #: A slot's row group holds about this many bytes (in memory) at the least: each row group costs the footer about
-#: 60 bytes a column, which a reader of any part fetches whole, so that the footer stays within about 1/64 of the
-#: data (docs/performance.md#consumers-reading-their-share).
-MIN_SLOT_BYTES = 48 * 1024
+#: 900 bytes, which a reader of any part fetches whole, so that the footer stays within about 1 % of the data
+#: (docs/performance-log.md#consumers-reading-their-share-issue-61-point-4-2026-12-06).
+MIN_SLOT_BYTES = 96 * 1024
 #: The add action's tag with the file's :class:`SlotIndex`.
 SLOTS_TAG = "txcoord.slots"
 _MAGIC = b"PAR1"
