@@ -44,7 +44,7 @@ TARGETS = {"read_over_share": 1.25, "scaling": 6.0}
 #: A group's steady rate: from when it has handled the first of these parts of the topic to the second (its start and
 #: the last instance's last share, which the keys' hash made a little larger than the others, left out).
 STEADY = (0.2, 0.8)
-TINY = {"write_runs": 2, "read_groups": [1, 4], "scaling_groups": [1, 2], "messages": 4_000, "versions": 4, "scaling_messages": 4_000, "scaling_versions": 4, "scaling_latency_ms": 25,
+TINY = {"write_runs": 2, "read_groups": [1, 4], "scaling_groups": [1, 2], "messages": 4_000, "versions": 2, "scaling_messages": 4_000, "scaling_versions": 4, "scaling_latency_ms": 25,
         "bandwidth_mb_s": 4.0, "timeout": 180}
 KEYS = 1_000_000
 START_TIMEOUT_S = 180

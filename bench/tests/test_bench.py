@@ -280,7 +280,9 @@ def test_share_reads_tiny_run_has_each_instance_read_a_part_and_the_same_topic_a
     assert one["handled_all"] and four["handled_all"]
     assert one["most_bytes_over_share"] == one["most_rows_over_share"] == 1.0
     assert four["topic_rows"] == one["topic_rows"] == 4_000
-    assert four["most_rows_over_share"] < 2  # each of four read well under half of the rows
+    # 16 slots a version: each of four reads its four shares' slots, about a quarter of the rows (by chance; more
+    # only if a share moved during the run)
+    assert four["most_rows_over_share"] < 2
     assert sum(each["rows"] for each in four["each"]) < 1.5 * four["topic_rows"]
     runs = report["scaling"]["runs"]
     assert all(run["steady_messages_per_s"] for run in runs.values())
