@@ -263,7 +263,7 @@ def test_the_kit_fails_a_client_that_guesses_what_became_of_a_half_the_storage_n
     script.write_text(BROKEN_ON_HOSTILE_STORAGE)
     faults = ["lost_reply", "throttled", "unknown_outcome", "slow_reply"]
     done = conformance("--producer", f"{sys.executable} {script}", "--object-store", *(f"--case={c}" for c in faults),
-                       "--case-timeout", "40", "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
+                       "--case-timeout", "60", "--workdir", str(tmp_path / "kit"), cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     verdicts = case_lines(done.stdout)
     assert list(verdicts) == faults, done.stdout
