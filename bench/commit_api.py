@@ -54,7 +54,6 @@ from typing import Callable, Optional
 
 import deltalake
 import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.transaction import AddAction
 
@@ -63,6 +62,7 @@ from bench import harness
 import support
 from coordinator.appender import DeltaAppender, file_stats
 from coordinator.lakehouse import create_table, open_table
+from coordinator.lakehouse.slots import parquet_file
 from coordinator.producer.commit_log import records_to_arrow
 from coordinator.storage import FileStore
 from coordinator.tables import COMMIT_LOG
@@ -147,9 +147,7 @@ class WriteTransaction(DeltaRsWriter):
         if self.recorded(n):
             return
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        encoded = pa.BufferOutputStream()
-        pq.write_table(data, encoded, compression="snappy")
-        content = encoded.getvalue().to_pybytes()
+        content = parquet_file(data)
         written_ms = self.files.put(name, content)
         add = AddAction(name, len(content), {}, written_ms, True, file_stats(data))
         self.table.create_write_transaction([add], "append", data.schema, commit_properties=self.commit_properties(n))

@@ -37,7 +37,7 @@ from typing import Optional
 
 import support
 from bench import harness
-from bench.consume import SHARES, TOPIC, Instances
+from bench.consume import SHARES, TOPIC, Instances, grant
 
 PHASES = ("write", "reads", "scaling")
 TARGETS = {"read_over_share": 1.25, "scaling": 6.0}
@@ -81,20 +81,12 @@ def topic_files(lakehouse, first: int) -> tuple[int, int]:
     return size, rows
 
 
-def grant(lakehouse, group: str) -> None:
-    from coordinator.config import CoordinatorConfig
-    from support.consumers import grant as grant_group
-
-    grant_group(CoordinatorConfig(lakehouse=lakehouse.root, storage=lakehouse.storage), group, [TOPIC], SHARES)
-
-
 def write(args: argparse.Namespace) -> dict:
     import datetime as dt
 
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    from coordinator.lakehouse.slots import SLOTS_TAG, SlotIndex, write_by_slot
+    from coordinator.lakehouse.slots import SLOTS_TAG, SlotIndex, parquet_file, write_by_slot
     from coordinator.tables import TOPIC as TOPIC_TABLE
 
     chance = random.Random(61)
@@ -106,14 +98,9 @@ def write(args: argparse.Namespace) -> dict:
          "body": chance.randbytes(args.body_bytes), "born_timestamp": now, "commit_timestamp": now,
          "queue_offset": offset, "batch_id": 1} for offset in range(count)], schema=TOPIC_TABLE.arrow_schema())
 
-    def plain() -> bytes:
-        encoded = pa.BufferOutputStream()
-        pq.write_table(data, encoded, compression="snappy")
-        return encoded.getvalue().to_pybytes()
-
     timed: dict[str, list[float]] = {"plain": [], "by_slot": []}
     for _ in range(args.write_runs):
-        for name, encode in (("plain", plain), ("by_slot", lambda: write_by_slot(data)[0])):
+        for name, encode in (("plain", lambda: parquet_file(data)), ("by_slot", lambda: write_by_slot(data)[0])):
             started = time.perf_counter()
             encode()
             timed[name].append(time.perf_counter() - started)
@@ -121,7 +108,7 @@ def write(args: argparse.Namespace) -> dict:
     index = SlotIndex.parse(tags.get(SLOTS_TAG), len(content))
     found = {"rows": count, "plain_ms": round(harness.median(timed["plain"]) * 1000, 2),
              "by_slot_ms": round(harness.median(timed["by_slot"]) * 1000, 2),
-             "plain_bytes": len(plain()), "by_slot_bytes": len(content),
+             "plain_bytes": len(parquet_file(data)), "by_slot_bytes": len(content),
              "slots": 0 if index is None else len(index.row_groups),
              "footer_bytes": 0 if index is None else len(content) - index.footer}
     found["by_slot_over_plain"] = round(found["by_slot_ms"] / found["plain_ms"], 2)

@@ -49,7 +49,7 @@ from coordinator.exceptions import InvalidArgumentError, UnsupportedTableError
 from coordinator.lakehouse import delta_log_file, open_table
 from coordinator.lakehouse.checkpoints import last_delta_checkpoint, write_delta_checkpoint
 from coordinator.lakehouse.deltalog import commit_actions
-from coordinator.lakehouse.slots import write_by_slot
+from coordinator.lakehouse.slots import parquet_file, write_by_slot
 from coordinator.retries import note_commit_race_lost
 from coordinator.storage import CONCURRENT_READS, FileStore, Versioned, is_object_store, read_all
 
@@ -476,14 +476,7 @@ class DeltaAppender:
     def _write_file(self, data: pa.Table, data_change: bool) -> dict:
         """Write ``data`` as a new Parquet file of the table; its ``add`` action."""
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        tags: dict[str, str] = {}
-        if self._by_slot and data_change:
-            content, tags = write_by_slot(data)
-        else:
-            # Encoded in memory, written in one call: half the time of writing the file through pyarrow.
-            encoded = pa.BufferOutputStream()
-            pq.write_table(data, encoded, compression="snappy")
-            content = encoded.getvalue().to_pybytes()
+        content, tags = write_by_slot(data) if self._by_slot and data_change else (parquet_file(data), {})
         written_ms = self._files.put(name, content)
         return {"path": name, "partitionValues": {}, "size": len(content), "modificationTime": written_ms,
                 "dataChange": data_change, "stats": file_stats(data), **({"tags": tags} if tags else {})}

@@ -394,11 +394,12 @@ class FaultProxy:
         except aiohttp.ClientError as error:
             _log.warning("%s %s: the server did not answer: %r", request.method, request.raw_path, error)
             return web.Response(status=502, text=f"{error!r}\n")
+        carried = len(body) + len(data)
         with self._lock:
             self._by_status[status] += 1
-            self._body_bytes += len(body) + len(data)
+            self._body_bytes += carried
         if self._link is not None:
-            await self._link.carry(len(body) + len(data))
+            await self._link.carry(carried)
         if kind == "drop_reply":
             return _abort(request, reset=False)
         if hdrs.CONTENT_LENGTH not in headers and request.method != hdrs.METH_HEAD:

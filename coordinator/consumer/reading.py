@@ -77,8 +77,7 @@ class Reading:
         for share in readable:
             held.setdefault(share.source, set()).add(share.number)
         for share in readable:  # each source's log reads the parts of its versions holding these shares
-            if share.source in held:
-                share.log.want(held.pop(share.source), share.shares)
+            share.log.want(held[share.source], share.shares)
         for share in readable:
             if len(share.pending) < room:
                 reading[share.source] = min(reading.get(share.source, share.next_read), share.next_read)

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from coordinator.exceptions import CorruptInputError, FileTooLargeError, PositionGoneError, one_line
 from coordinator.lakehouse.delta import open_table
 from coordinator.lakehouse.deltalog import (MAX_COMMIT_FILE_BYTES, added_files, added_statistics, commit_actions,
-                                            commit_record_count)
+                                            commit_record_count, file_record_count)
 from coordinator.lakehouse.reads import query_snapshot
 from coordinator.lakehouse.slots import SLOTS_TAG, SlotIndex, read_row_groups
 from coordinator.storage import FileStore, read_all
@@ -407,14 +407,14 @@ class TopicLog:
         self._count(rows_read=table.num_rows)
         statistics = added_statistics(actions)
         return _Version(table.sort_by("queue_offset"), None if whole else wanted,
-                        table.num_rows if whole else commit_record_count(commit), _batch(table, statistics))
+                        table.num_rows if whole else sum(map(file_record_count, statistics)), _batch(table, statistics))
 
 
 def _batch(table: pa.Table, statistics: list[dict]) -> Optional[int]:
     """The checker batch that wrote a version: its rows' ``batch_id``, or its files' statistics' when none was read."""
     if "batch_id" in table.column_names and table.num_rows:
         return pc.max(table.column("batch_id")).as_py()
-    batches = [stats.get("maxValues", {}).get("batch_id") for stats in statistics if isinstance(stats.get("maxValues"), dict)]
+    batches = [stats["maxValues"].get("batch_id") for stats in statistics if isinstance(stats.get("maxValues"), dict)]
     batches = [batch for batch in batches if type(batch) is int]
     return max(batches) if batches else None
 

@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 from coordinator.lakehouse.delta import DEFAULT_DELETED_FILE_RETENTION, open_table, parse_interval
 from coordinator.lakehouse.deltalog import commit_actions
 from coordinator.lakehouse.paths import delta_checkpoint_file, delta_log_file
+from coordinator.lakehouse.slots import parquet_file
 from coordinator.storage import FileStore, read_all
 
 __all__ = ["last_delta_checkpoint", "write_delta_checkpoint"]
@@ -77,9 +78,7 @@ def write_delta_checkpoint(path: str, version: int, storage: Optional[Mapping[st
     if state is None:
         open_table(path, version=version, storage=storage).create_checkpoint()
         return False
-    encoded = pa.BufferOutputStream()
-    pq.write_table(state, encoded, compression="snappy")
-    content = encoded.getvalue().to_pybytes()
+    content = parquet_file(state)
     files.put(delta_checkpoint_file(version), content)
     newest = last_delta_checkpoint(files)
     if newest is None or newest < version:  # never point readers back to an older checkpoint
